@@ -1,0 +1,32 @@
+# Each target creates .venv and installs what it needs on a fresh machine.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test test-unit bench protos clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[tf,dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/tfcluster demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider
+
+test-unit: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider tests/unit
+
+bench: $(STAMP)
+	$(PY) bench/run.py
+
+# Regenerate tfcluster/api/v1 from protos/ (commit the result; a test checks they match).
+protos: $(STAMP)
+	$(PY) scripts/genproto.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

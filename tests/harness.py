@@ -1,0 +1,192 @@
+"""A local cluster for tests: a real coordinator and real agents as separate processes on loopback.
+
+Every process is started in its own process group and killed by process group at teardown; tasks the
+agents started (each in its own group, under a shim) are found from the agents' state dirs and killed
+too. `job_processes` finds any process still carrying a job's TFCLUSTER_JOB_ID.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def port_block(size: int = 100) -> int:
+    """A random base port in the 20000-29999 area (tasks bind these; a collision fails loudly)."""
+    return random.randrange(20000, 29000 - size, size)
+
+
+def kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def wait_until(predicate, timeout: float, interval: float = 0.1, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})")
+
+
+def job_processes(job_id: str) -> list[psutil.Process]:
+    """Live processes whose environment carries this job's id (the task and anything it started)."""
+    found = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                continue
+            if proc.environ().get("TFCLUSTER_JOB_ID") == job_id:
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+@dataclass
+class Daemon:
+    name: str
+    args: list[str]
+    log_path: Path
+    proc: subprocess.Popen | None = None
+
+    def start(self, env: dict[str, str] | None = None) -> "Daemon":
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen([PYTHON, "-m", "tfcluster.cli", *self.args], stdout=log, stderr=log,
+                                     stdin=subprocess.DEVNULL, start_new_session=True,
+                                     env={**os.environ, **(env or {})})
+        log.close()
+        return self
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self) -> None:
+        """kill -9 of the daemon's whole process group (tasks live in their own groups)."""
+        if self.proc is not None:
+            kill_group(self.proc.pid)
+            self.proc.wait(timeout=10)
+
+    def terminate(self, timeout: float = 10) -> None:
+        if self.alive:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+@dataclass
+class LocalCluster:
+    root: Path
+    lost_after: float = 3.0
+    coordinator: Daemon | None = None
+    agents: dict[str, Daemon] = field(default_factory=dict)
+    address: str = ""
+
+    def start_coordinator(self) -> Daemon:
+        if not self.address:
+            self.address = f"127.0.0.1:{free_port()}"
+        self.coordinator = Daemon("coordinator", ["coordinator", "--listen", self.address, "--state-dir",
+                                                  str(self.root / "coordinator"), "--lost-after", str(self.lost_after)],
+                                  self.root / "coordinator.log").start()
+        wait_until(lambda: self._reachable(), 30, what=f"the coordinator on {self.address}")
+        return self.coordinator
+
+    def _reachable(self) -> bool:
+        if not self.coordinator.alive:
+            raise AssertionError(f"coordinator exited:\n{self.coordinator.log()}")
+        with socket.socket() as s:
+            return s.connect_ex(("127.0.0.1", int(self.address.rsplit(":", 1)[1]))) == 0
+
+    def agent_state_dir(self, name: str) -> Path:
+        return self.root / "agents" / name
+
+    def start_agent(self, name: str, gpus: int = 0, ports: tuple[int, int] | None = None,
+                    extra: list[str] | None = None, wait: bool = True) -> Daemon:
+        state = self.agent_state_dir(name)
+        state.mkdir(parents=True, exist_ok=True)
+        inventory = state.parent / f"{name}-gpus.json"
+        inventory.write_text(json.dumps([{"index": i, "uuid": f"GPU-{name}-{i}", "name": "Test GPU",
+                                          "memory_mib": 16384} for i in range(gpus)]))
+        base = port_block()
+        first, last = ports or (base, base + 99)
+        args = ["agent", "--coordinator", self.address, "--name", name, "--advertise-address", "127.0.0.1",
+                "--port-range", f"{first}-{last}", "--state-dir", str(state), "--gpu-inventory", str(inventory),
+                *(extra or [])]
+        daemon = self.agents[name] = Daemon(name, args, self.root / f"agent-{name}.log").start()
+        if wait:
+            wait_until(lambda: self.node_state(name) == "READY", 30, what=f"agent {name} to register")
+        return daemon
+
+    def cli(self, *args: str, timeout: float = 120, check: bool = False) -> subprocess.CompletedProcess:
+        result = subprocess.run([PYTHON, "-m", "tfcluster.cli", *args], capture_output=True, text=True,
+                                timeout=timeout, env={**os.environ, "TFCLUSTER_COORDINATOR": self.address})
+        if check and result.returncode != 0:
+            raise AssertionError(f"tfcluster {' '.join(args)} exited {result.returncode}:\n{result.stderr}")
+        return result
+
+    def status(self, job_id: str | None = None) -> dict:
+        from tfcluster.client import Client, status_dict
+        with Client(self.address) as client:
+            return status_dict(client.status(job_id or ""))
+
+    def job(self, job_id: str) -> dict:
+        return self.status(job_id)["jobs"][0]
+
+    def node_state(self, name: str) -> str | None:
+        try:
+            nodes = {n["name"]: n for n in self.status()["nodes"]}
+        except Exception:
+            return None
+        return nodes.get(name, {}).get("state")
+
+    def wait_job(self, job_id: str, states=("SUCCEEDED", "FAILED", "STOPPED"), timeout: float = 60) -> dict:
+        return wait_until(lambda: (lambda j: j if j["state"] in states else None)(self.job(job_id)), timeout,
+                          what=f"{job_id} to reach {'/'.join(states)}")
+
+    def task_groups(self) -> list[int]:
+        """Process groups of every task (and shim) the agents ever started."""
+        groups = []
+        for status in self.root.glob("agents/*/jobs/*/tasks/*/attempt-*/status.json"):
+            try:
+                data = json.loads(status.read_text())
+            except (OSError, ValueError):
+                continue
+            groups += [data.get("pgid"), data.get("shim_pid")]
+        return [g for g in groups if g]
+
+    def teardown(self) -> None:
+        for daemon in [*self.agents.values(), self.coordinator]:
+            if daemon is not None:
+                daemon.kill()
+        for group in self.task_groups():
+            kill_group(group)

@@ -1,0 +1,319 @@
+"""The control plane with real processes: a coordinator and three agents on loopback, driven by the CLI."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+import time
+
+import grpc
+import pytest
+
+from harness import job_processes, wait_until
+from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc, control_pb2, control_pb2_grpc
+from tfcluster.api.v1 import types_pb2 as pb
+
+PY = sys.executable
+
+
+def write_spec(tmp_path, text: str, name: str = "job.toml"):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def start(cluster, *args) -> str:
+    result = cluster.cli("start", *args, check=True)
+    job_id = result.stdout.strip()
+    assert job_id and "\n" not in job_id, f"stdout must be the job id alone, got {result.stdout!r}"
+    return job_id
+
+
+def test_agents_register_with_their_inventory(shared_cluster):
+    result = shared_cluster.cli("status", "--json", check=True)
+    status = json.loads(result.stdout)
+    nodes = {n["name"]: n for n in status["nodes"]}
+    assert set(nodes) == {"a", "b", "c"}
+    for name, count in (("a", 2), ("b", 2), ("c", 0)):
+        node = nodes[name]
+        assert node["state"] == "READY"
+        assert node["address"] == "127.0.0.1"
+        assert node["gpus"] == [{"index": i, "uuid": f"GPU-{name}-{i}", "name": "Test GPU", "memory_mib": 16384}
+                                for i in range(count)]
+        assert node["cpu_count"] >= 1 and node["memory_bytes"] > 0
+        assert node["agent_version"]
+
+
+def test_status_table_renders_nodes(shared_cluster):
+    result = shared_cluster.cli("status", check=True)
+    for name in ("a", "b", "c"):
+        assert f"│ {name} " in result.stdout
+    assert "READY" in result.stdout
+
+
+def test_job_lifecycle_with_environment_and_placement(shared_cluster, tmp_path):
+    spec = write_spec(tmp_path, f"""
+        name = "envcheck"
+        strategy = "multi_worker_mirrored"
+        command = ["{PY}", "-c", "import os, json; print(json.dumps({{k: v for k, v in os.environ.items() if k.startswith(('TF', 'CUDA', 'EXTRA'))}}))"]
+        env = {{ EXTRA = "yes" }}
+        [roles.worker]
+        count = 2
+        gpus = 1
+    """)
+    job_id = start(shared_cluster, str(spec))
+    job = shared_cluster.wait_job(job_id)
+    assert job["state"] == "SUCCEEDED", job
+    assert job["strategy"] == "multi_worker_mirrored"
+    tasks = {f"{t['type']}:{t['index']}": t for t in job["tasks"]}
+    assert set(tasks) == {"worker:0", "worker:1"}
+    used = set()
+    for key, task in tasks.items():
+        assert task["state"] == "SUCCEEDED" and task["exit_code"] == 0 and task["attempt"] == 1
+        assert task["node"] in ("a", "b"), "GPU tasks only go to nodes with GPUs"
+        assert len(task["gpus"]) == 1
+        used.add((task["node"], task["gpus"][0]["index"]))
+    assert len(used) == 2, "one GPU is never given to two tasks"
+    cluster_addresses = [tasks["worker:0"]["address"], tasks["worker:1"]["address"]]
+    for key, task in tasks.items():
+        out = shared_cluster.cli("logs", job_id, key, check=True).stdout
+        env = json.loads(out)
+        tf_config = json.loads(env["TF_CONFIG"])
+        assert tf_config == {"cluster": {"worker": cluster_addresses}, "task": {"type": "worker", "index": task["index"]}}
+        assert env["CUDA_VISIBLE_DEVICES"] == task["gpus"][0]["uuid"]
+        assert env["TF_USE_LEGACY_KERAS"] == "1"
+        assert env["TFCLUSTER_JOB_ID"] == job_id
+        assert env["TFCLUSTER_TASK_TYPE"] == "worker" and env["TFCLUSTER_TASK_INDEX"] == str(task["index"])
+        assert env["TFCLUSTER_ATTEMPT"] == "1"
+        assert env["TFCLUSTER_CHECKPOINT_DIR"].endswith(f"/jobs/{job_id}/checkpoints")
+        assert env["TFCLUSTER_MODEL_DIR"] == env["TFCLUSTER_CHECKPOINT_DIR"]
+        assert env["EXTRA"] == "yes"
+    # Ports and GPUs are released once the tasks end.
+    nodes = {n["name"]: n for n in shared_cluster.status()["nodes"]}
+    assert all(n["running_tasks"] == 0 for n in nodes.values())
+
+
+def test_logs_are_exact_with_tail_and_follow(shared_cluster):
+    script = ("import sys, time\n"
+              "for i in range(5): print(f'line {i}', flush=True)\n"
+              "sys.stderr.write('to stderr\\n'); sys.stderr.flush()\n"
+              "sys.stdout.write('no newline at end'); sys.stdout.flush()\n"
+              "time.sleep(2)\n")
+    job_id = start(shared_cluster, "--name", "logs", "--strategy", "mirrored", "--workers", "1", "--", PY, "-c", script)
+    follow = shared_cluster.cli("logs", job_id, "worker:0", "-f", check=True)
+    expected = "line 0\nline 1\nline 2\nline 3\nline 4\nto stderr\nno newline at end"
+    assert follow.stdout == expected
+    assert shared_cluster.job(job_id)["state"] in ("SUCCEEDED", "STOPPING")
+    assert shared_cluster.cli("logs", job_id, "worker:0", check=True).stdout == expected
+    assert shared_cluster.cli("logs", job_id, "worker:0", "--tail", "2", check=True).stdout == \
+        "to stderr\nno newline at end"
+
+
+def test_failed_task_fails_job_with_cause_and_stops_the_rest(shared_cluster):
+    script = ("import os, sys, time\n"
+              "if os.environ['TFCLUSTER_TASK_INDEX'] == '1':\n"
+              "    print('giving up', flush=True); sys.exit(3)\n"
+              "time.sleep(60)\n")
+    job_id = start(shared_cluster, "--name", "fails", "--strategy", "multi_worker_mirrored", "--workers", "2",
+                   "--max-restarts", "0", "--", PY, "-c", script)
+    job = shared_cluster.wait_job(job_id, timeout=60)
+    assert job["state"] == "FAILED"
+    assert "worker:1" in job["message"] and "exited with code 3" in job["message"]
+    tasks = {t["index"]: t for t in job["tasks"]}
+    assert tasks[1]["state"] == "FAILED" and tasks[1]["exit_code"] == 3
+    assert tasks[0]["state"] == "STOPPED"
+    assert job_processes(job_id) == []
+
+
+def test_failed_group_restarts_and_resumes(shared_cluster, tmp_path):
+    marker = tmp_path / "failed-once"
+    script = ("import os, sys, pathlib\n"
+              f"m = pathlib.Path({str(marker)!r})\n"
+              "print('attempt', os.environ['TFCLUSTER_ATTEMPT'], flush=True)\n"
+              "if os.environ['TFCLUSTER_TASK_INDEX'] == '1' and not m.exists():\n"
+              "    m.touch(); sys.exit(1)\n")
+    job_id = start(shared_cluster, "--name", "restarts", "--strategy", "multi_worker_mirrored", "--workers", "2",
+                   "--max-restarts", "1", "--", PY, "-c", script)
+    job = shared_cluster.wait_job(job_id, timeout=60)
+    assert job["state"] == "SUCCEEDED", job
+    assert job["restarts"] == 1
+    for task in job["tasks"]:
+        assert task["attempt"] == 2
+    out = shared_cluster.cli("logs", job_id, "worker:1", "--attempt", "1", check=True).stdout
+    assert out == "attempt 1\n"
+
+
+def test_stop_kills_the_process_group_after_the_grace_period(shared_cluster, tmp_path):
+    # The task ignores SIGTERM and leaves a grandchild: only SIGKILL to the group ends both.
+    spec = write_spec(tmp_path, f"""
+        name = "stubborn"
+        strategy = "mirrored"
+        command = ["sh", "-c", "trap '' TERM; sleep 300 & echo started; wait"]
+        stop_grace_seconds = 1
+        [roles.worker]
+        count = 1
+    """)
+    job_id = start(shared_cluster, str(spec))
+    wait_until(lambda: shared_cluster.cli("logs", job_id, "worker:0").stdout == "started\n", 20,
+               what="the task to start")
+    assert len(job_processes(job_id)) >= 2
+    began = time.monotonic()
+    result = shared_cluster.cli("stop", job_id, check=True)
+    assert "STOPPED" in result.stderr
+    assert time.monotonic() - began >= 1.0, "SIGKILL came before the grace period"
+    assert shared_cluster.job(job_id)["state"] == "STOPPED"
+    assert job_processes(job_id) == []
+
+
+def test_job_waits_pending_until_it_fits(shared_cluster):
+    hold = start(shared_cluster, "--name", "hold", "--strategy", "multi_worker_mirrored", "--workers", "2",
+                 "--gpus-per-task", "2", "--", "sleep", "3")
+    waiting = start(shared_cluster, "--name", "waiting", "--strategy", "mirrored", "--workers", "1",
+                    "--gpus-per-task", "2", "--", "true")
+    job = shared_cluster.job(waiting)
+    assert job["state"] == "PENDING"
+    assert "waiting for resources" in job["message"]
+    assert shared_cluster.wait_job(hold)["state"] == "SUCCEEDED"
+    assert shared_cluster.wait_job(waiting)["state"] == "SUCCEEDED"
+
+
+def test_roles_pinned_to_nodes_and_role_overrides(shared_cluster, tmp_path):
+    spec = write_spec(tmp_path, f"""
+        name = "pinned"
+        strategy = "multi_worker_mirrored"
+        command = ["{PY}", "-c", "import os; print(os.environ['WHO'])"]
+        env = {{ WHO = "job" }}
+        [roles.chief]
+        nodes = ["b"]
+        gpus = 1
+        env = {{ WHO = "chief" }}
+        [roles.worker]
+        count = 1
+        gpus = 1
+        nodes = ["a"]
+        [roles.evaluator]
+        nodes = ["c"]
+        gpus = 0
+        command = ["{PY}", "-c", "import os, json; print(json.loads(os.environ['TF_CONFIG'])['task']['type'])"]
+    """)
+    job_id = start(shared_cluster, str(spec))
+    job = shared_cluster.wait_job(job_id)
+    assert job["state"] == "SUCCEEDED", job
+    nodes = {f"{t['type']}:{t['index']}": t["node"] for t in job["tasks"]}
+    assert nodes == {"chief:0": "b", "worker:0": "a", "evaluator:0": "c"}
+    assert shared_cluster.cli("logs", job_id, "chief:0", check=True).stdout == "chief\n"
+    assert shared_cluster.cli("logs", job_id, "worker:0", check=True).stdout == "job\n"
+    assert shared_cluster.cli("logs", job_id, "evaluator:0", check=True).stdout == "evaluator\n"
+
+
+def test_plan_shows_placement_and_tf_configs_without_launching(shared_cluster, tmp_path):
+    spec = write_spec(tmp_path, """
+        name = "planned"
+        strategy = "multi_worker_mirrored"
+        command = ["true"]
+        [roles.worker]
+        count = 2
+        [roles.evaluator]
+    """)
+    result = shared_cluster.cli("plan", str(spec), "--json", check=True)
+    plan = json.loads(result.stdout)
+    assert plan["fits"] and plan["strategy"] == "multi_worker_mirrored"
+    by_key = {f"{t['type']}:{t['index']}": t for t in plan["tasks"]}
+    assert set(by_key) == {"worker:0", "worker:1", "evaluator:0"}
+    workers = [by_key["worker:0"]["address"], by_key["worker:1"]["address"]]
+    assert by_key["evaluator:0"]["tf_config"] == {"cluster": {"worker": workers},
+                                                  "task": {"type": "evaluator", "index": 0}}
+    assert not any(j["name"] == "planned" for j in shared_cluster.status()["jobs"])
+    table = shared_cluster.cli("plan", str(spec), check=True).stdout
+    assert "worker:1" in table and "TF_CONFIG" in table
+
+
+@pytest.mark.parametrize("toml, needle", [
+    ('name = "x"\nstrategy = "mirrored"\ncommand = ["true"]\ncolour = 1\n', "colour: unknown key"),
+    ('name = "x"\nstrategy = "mirrored"\ncommand = ["true"]\n[roles.worker]\ncount = "two"\n',
+     "roles.worker.count: expected an integer, got a string ('two')"),
+    ('name = "x"\nstrategy = "mirrored"\ncommand = ["true"]\n[roles.ps]\ncount = 1\n', "roles.ps: ps tasks only"),
+    ('name = "x"\nstrategy = "nope"\n', "strategy: expected one of"),
+    ('name = "x"\nstrategy = [\n', "not valid TOML"),
+])
+def test_bad_spec_is_one_clear_line(shared_cluster, tmp_path, toml, needle):
+    spec = tmp_path / "bad.toml"
+    spec.write_text(toml)
+    result = shared_cluster.cli("start", str(spec))
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert needle in result.stderr and str(spec) in result.stderr
+    assert "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_impossible_job_fails_at_once_with_the_reason(shared_cluster):
+    result = shared_cluster.cli("start", "--name", "huge", "--strategy", "multi_worker_mirrored", "--workers", "2",
+                                "--gpus-per-task", "8", "--", "true")
+    assert result.returncode == 1 and result.stdout == ""
+    assert "cannot ever be placed" in result.stderr and "8 GPUs" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_unknown_job_and_bad_task_names(shared_cluster):
+    for args in (("status", "nope-1"), ("stop", "nope-1"), ("logs", "nope-1", "worker:0")):
+        result = shared_cluster.cli(*args)
+        assert result.returncode == 1, args
+        assert "unknown job 'nope-1'" in result.stderr and "Traceback" not in result.stderr
+    result = shared_cluster.cli("logs", "nope-1", "boss:0")
+    assert result.returncode == 2 and "TYPE:INDEX" in result.stderr
+
+
+def test_unreachable_coordinator_is_one_line(tmp_path):
+    from harness import LocalCluster, free_port
+    cluster = LocalCluster(root=tmp_path, address=f"127.0.0.1:{free_port()}")
+    result = cluster.cli("status")
+    assert result.returncode == 1
+    assert "cannot reach the coordinator" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_bad_rpc_fields_get_invalid_argument_and_the_coordinator_lives_on(shared_cluster):
+    with grpc.insecure_channel(shared_cluster.address) as channel:
+        control = control_pb2_grpc.ControlServiceStub(channel)
+        agents = agent_pb2_grpc.AgentServiceStub(channel)
+        bad_specs = [
+            (pb.JobSpec(name="x", strategy="mirrored"), "command"),
+            (pb.JobSpec(name="Bad Name", strategy="mirrored", command=["true"]), "name"),
+            (pb.JobSpec(name="x", strategy="mirrored", command=["true"],
+                        roles={"boss": pb.RoleSpec(count=1)}), "roles.boss"),
+            (pb.JobSpec(name="x", strategy="multi_worker_mirrored", command=["true"],
+                        env={"TF_CONFIG": "{}"}, roles={"worker": pb.RoleSpec(count=1)}), "env.TF_CONFIG"),
+        ]
+        for spec, field in bad_specs:
+            with pytest.raises(grpc.RpcError) as info:
+                control.SubmitJob(control_pb2.SubmitJobRequest(spec=spec), timeout=5)
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert field in info.value.details()
+        with pytest.raises(grpc.RpcError) as info:
+            agents.Register(agent_pb2.RegisterRequest(node=pb.NodeInfo(name="z", address="127.0.0.1",
+                                                                       port_range_start=9, port_range_end=2)),
+                            timeout=5)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "port_range" in info.value.details()
+        with pytest.raises(grpc.RpcError) as info:
+            control.StreamLogs(control_pb2.StreamLogsRequest(job_id="x"), timeout=5).next()
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert shared_cluster.coordinator.alive
+    assert shared_cluster.cli("status", check=True).returncode == 0
+
+
+def test_command_that_cannot_start_is_reported(shared_cluster):
+    job_id = start(shared_cluster, "--name", "nocmd", "--strategy", "mirrored", "--workers", "1",
+                   "--max-restarts", "0", "--", "/nonexistent/program")
+    job = shared_cluster.wait_job(job_id)
+    assert job["state"] == "FAILED"
+    assert "/nonexistent/program" in job["message"]
+
+
+def test_start_wait_exit_code_follows_the_job(shared_cluster):
+    ok = shared_cluster.cli("start", "--name", "waitok", "--strategy", "mirrored", "--wait", "--", "true")
+    assert ok.returncode == 0 and ok.stdout.strip().startswith("waitok-")
+    bad = shared_cluster.cli("start", "--name", "waitbad", "--strategy", "mirrored", "--max-restarts", "0",
+                             "--wait", "--", "false")
+    assert bad.returncode == 1 and "FAILED" in bad.stderr

@@ -1,0 +1,116 @@
+"""Daemons coming and going: a killed agent turns LOST, a returning node never runs an old attempt,
+a restarted agent reattaches to its tasks, a restarted coordinator loses no job, NVML-less nodes
+register as CPU only."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from harness import job_processes, wait_until
+
+PY = sys.executable
+
+
+def start(cluster, *args) -> str:
+    return cluster.cli("start", *args, check=True).stdout.strip()
+
+
+def test_killed_agent_turns_lost_and_its_old_attempt_is_stopped_when_it_returns(make_cluster):
+    cluster = make_cluster(lost_after=2.0)
+    cluster.start_agent("a")
+    cluster.start_agent("b")
+    job_id = start(cluster, "--name", "lossy", "--strategy", "multi_worker_mirrored", "--workers", "2",
+                   "--max-restarts", "0", "--", "sleep", "300")
+    job = wait_until(lambda: (lambda j: j if j["state"] == "RUNNING" else None)(cluster.job(job_id)), 20,
+                     what="RUNNING")
+    on_b = next(t for t in job["tasks"] if t["node"] == "b")
+    killed = time.monotonic()
+    cluster.agents["b"].kill()
+    wait_until(lambda: cluster.node_state("b") == "LOST", 10, interval=0.05, what="b to be LOST")
+    assert time.monotonic() - killed < 2.0 + 1.5, "LOST later than the timeout allows"
+    job = cluster.wait_job(job_id, timeout=20)
+    assert job["state"] == "FAILED"
+    lost = next(t for t in job["tasks"] if t["node"] == "b")
+    assert lost["state"] == "LOST" and "node b lost" in job["message"]
+    # The task on b outlived its agent (agents never take tasks down with them) ...
+    assert any(p.pid == on_b["pid"] for p in job_processes(job_id))
+    # ... and when b's agent comes back, the coordinator has it stopped: that attempt is stale.
+    cluster.start_agent("b", ports=None)
+    wait_until(lambda: job_processes(job_id) == [], 30, what="the stale task to be stopped")
+
+
+def test_restarted_agent_reattaches_and_reports_the_exit(make_cluster, tmp_path):
+    cluster = make_cluster()
+    cluster.start_agent("a")
+    gate = tmp_path / "go"
+    script = (f"import pathlib, time, sys\n"
+              f"print('waiting', flush=True)\n"
+              f"while not pathlib.Path({str(gate)!r}).exists(): time.sleep(0.05)\n"
+              f"print('done', flush=True); sys.exit(7)\n")
+    job_id = start(cluster, "--name", "reattach", "--strategy", "mirrored", "--max-restarts", "0", "--",
+                   PY, "-c", script)
+    job = wait_until(lambda: (lambda j: j if j["state"] == "RUNNING" else None)(cluster.job(job_id)), 20,
+                     what="RUNNING")
+    pid = job["tasks"][0]["pid"]
+    cluster.agents["a"].kill()
+    gate.touch()  # the task ends while no agent watches it
+    wait_until(lambda: not any(p.pid == pid for p in job_processes(job_id)), 10, what="the task to end")
+    cluster.start_agent("a", ports=None)
+    job = cluster.wait_job(job_id, timeout=20)
+    assert job["state"] == "FAILED"
+    task = job["tasks"][0]
+    assert task["exit_code"] == 7 and task["attempt"] == 1 and task["pid"] == pid
+    assert cluster.cli("logs", job_id, "worker:0", check=True).stdout == "waiting\ndone\n"
+
+
+def test_restarted_coordinator_keeps_jobs_and_tasks(make_cluster, tmp_path):
+    cluster = make_cluster()
+    cluster.start_agent("a")
+    gate = tmp_path / "go"
+    script = (f"import pathlib, time\n"
+              f"while not pathlib.Path({str(gate)!r}).exists(): time.sleep(0.05)\n")
+    job_id = start(cluster, "--name", "survivor", "--strategy", "mirrored", "--", PY, "-c", script)
+    job = wait_until(lambda: (lambda j: j if j["state"] == "RUNNING" else None)(cluster.job(job_id)), 20,
+                     what="RUNNING")
+    pid = job["tasks"][0]["pid"]
+    cluster.coordinator.kill()
+    cluster.start_coordinator()
+    wait_until(lambda: cluster.node_state("a") == "READY", 20, what="the agent to re-register")
+    job = cluster.job(job_id)
+    assert job["state"] == "RUNNING" and job["tasks"][0]["pid"] == pid and job["tasks"][0]["attempt"] == 1
+    gate.touch()
+    job = cluster.wait_job(job_id, timeout=20)
+    assert job["state"] == "SUCCEEDED" and job["restarts"] == 0 and job["tasks"][0]["attempt"] == 1
+
+
+def test_agent_without_nvml_registers_cpu_only(make_cluster):
+    cluster = make_cluster()
+    state = cluster.root / "agents" / "plain"
+    state.mkdir(parents=True)
+    from harness import Daemon, port_block
+    base = port_block()
+    daemon = Daemon("plain", ["agent", "--coordinator", cluster.address, "--name", "plain", "--port-range",
+                              f"{base}-{base + 9}", "--state-dir", str(state)], cluster.root / "agent-plain.log")
+    cluster.agents["plain"] = daemon.start(env={"LD_LIBRARY_PATH": ""})
+    wait_until(lambda: cluster.node_state("plain") == "READY", 20, what="registration")
+    node = next(n for n in cluster.status()["nodes"] if n["name"] == "plain")
+    assert node["gpus"] == []
+    assert node["address"] == "127.0.0.1", "the address that reaches the coordinator is advertised"
+    nvml_lines = [line for line in daemon.log().splitlines() if "NVML" in line]
+    assert len(nvml_lines) == 1 and "CPU only" in nvml_lines[0]
+
+
+def test_agent_rejects_bad_flags_with_one_line(make_cluster, tmp_path):
+    cluster = make_cluster()
+    bad_inventory = tmp_path / "gpus.json"
+    bad_inventory.write_text('[{"index": 0, "memory": 5}]')
+    for args, needle in (
+        (["--port-range", "9000"], "--port-range"),
+        (["--gpu-inventory", str(bad_inventory)], "unknown key 'memory'"),
+        (["--gpu-inventory", str(tmp_path / "missing.json")], "cannot read GPU inventory"),
+        (["--advertise-address", "not-an-ip"], "--advertise-address"),
+    ):
+        result = cluster.cli("agent", "--coordinator", cluster.address, *args)
+        assert result.returncode == 2, (args, result.stderr)
+        assert needle in result.stderr and "Traceback" not in result.stderr

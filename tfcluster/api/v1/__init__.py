@@ -1,0 +1,1 @@
+# Generated from protos/ by scripts/genproto.py. Package marker.

@@ -1,0 +1,113 @@
+# Generated from protos/ by scripts/genproto.py. Do not edit.
+from tfcluster.api.v1 import types_pb2 as _types_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class RegisterRequest(_message.Message):
+    __slots__ = ("node", "tasks")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    TASKS_FIELD_NUMBER: _ClassVar[int]
+    node: _types_pb2.NodeInfo
+    tasks: _containers.RepeatedCompositeFieldContainer[_types_pb2.TaskReport]
+    def __init__(self, node: _Optional[_Union[_types_pb2.NodeInfo, _Mapping]] = ..., tasks: _Optional[_Iterable[_Union[_types_pb2.TaskReport, _Mapping]]] = ...) -> None: ...
+
+class RegisterResponse(_message.Message):
+    __slots__ = ("session_id", "heartbeat_interval_seconds")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_INTERVAL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    heartbeat_interval_seconds: float
+    def __init__(self, session_id: _Optional[str] = ..., heartbeat_interval_seconds: _Optional[float] = ...) -> None: ...
+
+class Heartbeat(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+
+class StreamOpen(_message.Message):
+    __slots__ = ("node_name", "session_id")
+    NODE_NAME_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    node_name: str
+    session_id: str
+    def __init__(self, node_name: _Optional[str] = ..., session_id: _Optional[str] = ...) -> None: ...
+
+class LogData(_message.Message):
+    __slots__ = ("request_id", "data", "eof", "error")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    EOF_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    data: bytes
+    eof: bool
+    error: str
+    def __init__(self, request_id: _Optional[int] = ..., data: _Optional[bytes] = ..., eof: _Optional[bool] = ..., error: _Optional[str] = ...) -> None: ...
+
+class AgentMessage(_message.Message):
+    __slots__ = ("open", "heartbeat", "task", "log")
+    OPEN_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    LOG_FIELD_NUMBER: _ClassVar[int]
+    open: StreamOpen
+    heartbeat: Heartbeat
+    task: _types_pb2.TaskReport
+    log: LogData
+    def __init__(self, open: _Optional[_Union[StreamOpen, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., task: _Optional[_Union[_types_pb2.TaskReport, _Mapping]] = ..., log: _Optional[_Union[LogData, _Mapping]] = ...) -> None: ...
+
+class StopTask(_message.Message):
+    __slots__ = ("job_id", "task_type", "task_index", "attempt", "grace_seconds")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_TYPE_FIELD_NUMBER: _ClassVar[int]
+    TASK_INDEX_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    GRACE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    task_type: str
+    task_index: int
+    attempt: int
+    grace_seconds: float
+    def __init__(self, job_id: _Optional[str] = ..., task_type: _Optional[str] = ..., task_index: _Optional[int] = ..., attempt: _Optional[int] = ..., grace_seconds: _Optional[float] = ...) -> None: ...
+
+class ReadLog(_message.Message):
+    __slots__ = ("request_id", "job_id", "task_type", "task_index", "attempt", "follow", "tail_lines")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_TYPE_FIELD_NUMBER: _ClassVar[int]
+    TASK_INDEX_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    FOLLOW_FIELD_NUMBER: _ClassVar[int]
+    TAIL_LINES_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    job_id: str
+    task_type: str
+    task_index: int
+    attempt: int
+    follow: bool
+    tail_lines: int
+    def __init__(self, request_id: _Optional[int] = ..., job_id: _Optional[str] = ..., task_type: _Optional[str] = ..., task_index: _Optional[int] = ..., attempt: _Optional[int] = ..., follow: _Optional[bool] = ..., tail_lines: _Optional[int] = ...) -> None: ...
+
+class CancelLog(_message.Message):
+    __slots__ = ("request_id",)
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    def __init__(self, request_id: _Optional[int] = ...) -> None: ...
+
+class CoordinatorMessage(_message.Message):
+    __slots__ = ("launch", "stop", "read_log", "cancel_log")
+    LAUNCH_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    READ_LOG_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_LOG_FIELD_NUMBER: _ClassVar[int]
+    launch: _types_pb2.TaskLaunch
+    stop: StopTask
+    read_log: ReadLog
+    cancel_log: CancelLog
+    def __init__(self, launch: _Optional[_Union[_types_pb2.TaskLaunch, _Mapping]] = ..., stop: _Optional[_Union[StopTask, _Mapping]] = ..., read_log: _Optional[_Union[ReadLog, _Mapping]] = ..., cancel_log: _Optional[_Union[CancelLog, _Mapping]] = ...) -> None: ...

@@ -1,0 +1,210 @@
+# Generated from protos/ by scripts/genproto.py. Do not edit.
+from tfcluster.api.v1 import types_pb2 as _types_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class SubmitJobRequest(_message.Message):
+    __slots__ = ("spec",)
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    spec: _types_pb2.JobSpec
+    def __init__(self, spec: _Optional[_Union[_types_pb2.JobSpec, _Mapping]] = ...) -> None: ...
+
+class SubmitJobResponse(_message.Message):
+    __slots__ = ("job_id", "state")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    state: str
+    def __init__(self, job_id: _Optional[str] = ..., state: _Optional[str] = ...) -> None: ...
+
+class PlanJobRequest(_message.Message):
+    __slots__ = ("spec",)
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    spec: _types_pb2.JobSpec
+    def __init__(self, spec: _Optional[_Union[_types_pb2.JobSpec, _Mapping]] = ...) -> None: ...
+
+class PlannedTask(_message.Message):
+    __slots__ = ("task_type", "task_index", "node", "address", "gpus", "tf_config", "command")
+    TASK_TYPE_FIELD_NUMBER: _ClassVar[int]
+    TASK_INDEX_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    TF_CONFIG_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_FIELD_NUMBER: _ClassVar[int]
+    task_type: str
+    task_index: int
+    node: str
+    address: str
+    gpus: _containers.RepeatedCompositeFieldContainer[_types_pb2.Gpu]
+    tf_config: str
+    command: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, task_type: _Optional[str] = ..., task_index: _Optional[int] = ..., node: _Optional[str] = ..., address: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[_types_pb2.Gpu, _Mapping]]] = ..., tf_config: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class PlanJobResponse(_message.Message):
+    __slots__ = ("fits", "reason", "strategy", "tasks")
+    FITS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    STRATEGY_FIELD_NUMBER: _ClassVar[int]
+    TASKS_FIELD_NUMBER: _ClassVar[int]
+    fits: bool
+    reason: str
+    strategy: str
+    tasks: _containers.RepeatedCompositeFieldContainer[PlannedTask]
+    def __init__(self, fits: _Optional[bool] = ..., reason: _Optional[str] = ..., strategy: _Optional[str] = ..., tasks: _Optional[_Iterable[_Union[PlannedTask, _Mapping]]] = ...) -> None: ...
+
+class StopJobRequest(_message.Message):
+    __slots__ = ("job_id", "graceful")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    GRACEFUL_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    graceful: bool
+    def __init__(self, job_id: _Optional[str] = ..., graceful: _Optional[bool] = ...) -> None: ...
+
+class StopJobResponse(_message.Message):
+    __slots__ = ("state",)
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    state: str
+    def __init__(self, state: _Optional[str] = ...) -> None: ...
+
+class GetStatusRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class NodeStatus(_message.Message):
+    __slots__ = ("name", "address", "state", "gpus", "hostname", "cpu_count", "memory_bytes", "agent_version", "last_seen_seconds_ago", "port_range_start", "port_range_end", "running_tasks")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    HOSTNAME_FIELD_NUMBER: _ClassVar[int]
+    CPU_COUNT_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEEN_SECONDS_AGO_FIELD_NUMBER: _ClassVar[int]
+    PORT_RANGE_START_FIELD_NUMBER: _ClassVar[int]
+    PORT_RANGE_END_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_TASKS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    address: str
+    state: str
+    gpus: _containers.RepeatedCompositeFieldContainer[_types_pb2.Gpu]
+    hostname: str
+    cpu_count: int
+    memory_bytes: int
+    agent_version: str
+    last_seen_seconds_ago: float
+    port_range_start: int
+    port_range_end: int
+    running_tasks: int
+    def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ..., state: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[_types_pb2.Gpu, _Mapping]]] = ..., hostname: _Optional[str] = ..., cpu_count: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., agent_version: _Optional[str] = ..., last_seen_seconds_ago: _Optional[float] = ..., port_range_start: _Optional[int] = ..., port_range_end: _Optional[int] = ..., running_tasks: _Optional[int] = ...) -> None: ...
+
+class TaskStatus(_message.Message):
+    __slots__ = ("type", "index", "node", "address", "gpus", "state", "pid", "exit_code", "signal", "attempt", "message", "tf_config")
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    SIGNAL_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    TF_CONFIG_FIELD_NUMBER: _ClassVar[int]
+    type: str
+    index: int
+    node: str
+    address: str
+    gpus: _containers.RepeatedCompositeFieldContainer[_types_pb2.Gpu]
+    state: str
+    pid: int
+    exit_code: int
+    signal: int
+    attempt: int
+    message: str
+    tf_config: str
+    def __init__(self, type: _Optional[str] = ..., index: _Optional[int] = ..., node: _Optional[str] = ..., address: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[_types_pb2.Gpu, _Mapping]]] = ..., state: _Optional[str] = ..., pid: _Optional[int] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., attempt: _Optional[int] = ..., message: _Optional[str] = ..., tf_config: _Optional[str] = ...) -> None: ...
+
+class EvaluationResult(_message.Message):
+    __slots__ = ("checkpoint", "step", "metrics", "time")
+    class MetricsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    checkpoint: str
+    step: int
+    metrics: _containers.ScalarMap[str, float]
+    time: float
+    def __init__(self, checkpoint: _Optional[str] = ..., step: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ..., time: _Optional[float] = ...) -> None: ...
+
+class JobStatus(_message.Message):
+    __slots__ = ("id", "name", "state", "strategy", "restarts", "tasks", "message", "created", "finished", "last_evaluation", "evaluations")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    STRATEGY_FIELD_NUMBER: _ClassVar[int]
+    RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    TASKS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
+    LAST_EVALUATION_FIELD_NUMBER: _ClassVar[int]
+    EVALUATIONS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    name: str
+    state: str
+    strategy: str
+    restarts: int
+    tasks: _containers.RepeatedCompositeFieldContainer[TaskStatus]
+    message: str
+    created: float
+    finished: float
+    last_evaluation: EvaluationResult
+    evaluations: _containers.RepeatedCompositeFieldContainer[EvaluationResult]
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[str] = ..., strategy: _Optional[str] = ..., restarts: _Optional[int] = ..., tasks: _Optional[_Iterable[_Union[TaskStatus, _Mapping]]] = ..., message: _Optional[str] = ..., created: _Optional[float] = ..., finished: _Optional[float] = ..., last_evaluation: _Optional[_Union[EvaluationResult, _Mapping]] = ..., evaluations: _Optional[_Iterable[_Union[EvaluationResult, _Mapping]]] = ...) -> None: ...
+
+class GetStatusResponse(_message.Message):
+    __slots__ = ("nodes", "jobs")
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    nodes: _containers.RepeatedCompositeFieldContainer[NodeStatus]
+    jobs: _containers.RepeatedCompositeFieldContainer[JobStatus]
+    def __init__(self, nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., jobs: _Optional[_Iterable[_Union[JobStatus, _Mapping]]] = ...) -> None: ...
+
+class StreamLogsRequest(_message.Message):
+    __slots__ = ("job_id", "task_type", "task_index", "follow", "tail_lines", "attempt")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_TYPE_FIELD_NUMBER: _ClassVar[int]
+    TASK_INDEX_FIELD_NUMBER: _ClassVar[int]
+    FOLLOW_FIELD_NUMBER: _ClassVar[int]
+    TAIL_LINES_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    task_type: str
+    task_index: int
+    follow: bool
+    tail_lines: int
+    attempt: int
+    def __init__(self, job_id: _Optional[str] = ..., task_type: _Optional[str] = ..., task_index: _Optional[int] = ..., follow: _Optional[bool] = ..., tail_lines: _Optional[int] = ..., attempt: _Optional[int] = ...) -> None: ...
+
+class LogChunk(_message.Message):
+    __slots__ = ("data",)
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    def __init__(self, data: _Optional[bytes] = ...) -> None: ...

@@ -1,0 +1,393 @@
+"""The `tfcluster` command: parses, calls the coordinator (or runs a daemon), renders. Thin by design.
+
+Errors are one line on stderr and a non-zero exit (2 for bad input, 1 otherwise), never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from tfcluster import __version__
+from tfcluster.client import Client, ClientError, default_coordinator, status_dict
+from tfcluster.render import gpu_list, render_status
+from tfcluster.spec import STRATEGIES, SpecError, load_spec_file, parse_spec, resolve_paths, spec_from_flags
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
+                  help="TensorFlow distributed training on bare-metal machines.")
+out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+TERMINAL_STATES = ("SUCCEEDED", "FAILED", "STOPPED")
+# Spec keys as `tfcluster start` flags, so an error names what the user typed.
+FLAG_FOR_KEY = {"name": "--name", "strategy": "--strategy", "roles.worker.count": "--workers",
+                "roles.chief.count": "--chief", "roles.ps.count": "--ps", "roles.ps": "--ps",
+                "roles.evaluator.count": "--evaluator", "gpus": "--gpus-per-task", "roles.chief.gpus": "--gpus-per-task",
+                "command": "COMMAND", "roles.worker.command": "COMMAND", "roles.chief.command": "COMMAND",
+                "roles.evaluator.command": "COMMAND", "checkpoint_dir": "--checkpoint-dir",
+                "restart.max_restarts": "--max-restarts", "roles": "--workers/--chief"}
+CoordinatorOpt = typer.Option(None, "--coordinator", "-c", metavar="HOST:PORT",
+                              help="Coordinator address [default: $TFCLUSTER_COORDINATOR or localhost:7070].")
+
+
+def fail(message: str, code: int = 1) -> None:
+    err.print(f"error: {message}", markup=False)
+    raise typer.Exit(code)
+
+
+def default_state_dir(role: str) -> Path:
+    base = Path("/var/lib/tfcluster") if os.geteuid() == 0 else \
+        Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local" / "state")) / "tfcluster"
+    return base / role
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def run_until_signal(stop) -> None:
+    """Blocks until SIGTERM or SIGINT, then calls stop()."""
+    done = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: done.set())
+    while not done.wait(1.0):
+        pass
+    stop()
+
+
+# ---- daemons -------------------------------------------------------------------------------------
+
+@app.command()
+def coordinator(
+    listen: str = typer.Option("0.0.0.0:7070", metavar="HOST:PORT", help="Address to serve gRPC on."),
+    state_dir: Optional[Path] = typer.Option(None, help="Where the SQLite state lives "
+                                                        "[default: /var/lib/tfcluster/coordinator as root, else ~/.local/state/tfcluster/coordinator]."),
+    lost_after: float = typer.Option(3.0, min=0.5, help="Seconds without a heartbeat before a node is LOST."),
+    heartbeat_interval: float = typer.Option(1.0, min=0.1, help="Seconds between agent heartbeats."),
+    log_level: str = typer.Option("info", help="debug, info, warning or error."),
+) -> None:
+    """Run the coordinator: registrations, scheduling, job state."""
+    from tfcluster.daemon.coordinator.service import CoordinatorServer
+
+    setup_logging(log_level)
+    if heartbeat_interval >= lost_after:
+        fail(f"--heartbeat-interval ({heartbeat_interval}) must be shorter than --lost-after ({lost_after})", 2)
+    try:
+        server = CoordinatorServer(listen, state_dir or default_state_dir("coordinator"), lost_after,
+                                   heartbeat_interval).start()
+    except (OSError, RuntimeError) as e:
+        fail(f"cannot start the coordinator on {listen}: {e}")
+    run_until_signal(server.stop)
+
+
+@app.command()
+def agent(
+    coordinator: str = typer.Option(..., "--coordinator", "-c", metavar="HOST:PORT", help="Coordinator address."),
+    name: Optional[str] = typer.Option(None, help="Node name [default: the hostname]."),
+    advertise_address: Optional[str] = typer.Option(None, metavar="IP",
+                                                    help="IP other nodes use to reach this node's tasks "
+                                                         "[default: the address of the interface that reaches the coordinator]."),
+    port_range: str = typer.Option("20000-20999", metavar="FIRST-LAST", help="Ports tasks on this node may use."),
+    gpu_inventory: Optional[str] = typer.Option(None, metavar="FILE|none",
+                                                help="Declare GPUs from a JSON file instead of NVML; 'none' for CPU only."),
+    state_dir: Optional[Path] = typer.Option(None, help="Task logs and files "
+                                                        "[default: /var/lib/tfcluster/agent as root, else ~/.local/state/tfcluster/agent]."),
+    stop_tasks_on_exit: bool = typer.Option(False, help="Stop this node's tasks when the agent exits "
+                                                        "(by default they keep running and a restarted agent reattaches)."),
+    log_level: str = typer.Option("info", help="debug, info, warning or error."),
+) -> None:
+    """Run the agent of this node: discover GPUs, register, launch and watch tasks."""
+    import socket
+
+    from tfcluster.daemon.agent.agent import Agent, AgentConfig
+    from tfcluster.daemon.agent.discovery import InventoryError, advertise_address as find_address
+    from tfcluster.daemon.agent.discovery import discover_gpus, host_info
+
+    setup_logging(log_level)
+    log = logging.getLogger("tfcluster.agent")
+    try:
+        first, last = (int(p) for p in port_range.split("-"))
+        if not 1 <= first <= last <= 65535:
+            raise ValueError
+    except ValueError:
+        fail(f"--port-range: expected FIRST-LAST with 1 <= FIRST <= LAST <= 65535, got {port_range!r}", 2)
+    if ":" not in coordinator:
+        fail(f"--coordinator: expected HOST:PORT, got {coordinator!r}", 2)
+    if advertise_address is not None:
+        import ipaddress
+        try:
+            ipaddress.ip_address(advertise_address)
+        except ValueError:
+            fail(f"--advertise-address: expected an IP address, got {advertise_address!r}", 2)
+    try:
+        gpus = discover_gpus(gpu_inventory)
+        address = advertise_address or find_address(coordinator)
+    except (InventoryError, OSError) as e:
+        fail(str(e), 2)
+    directory = (state_dir or default_state_dir("agent")).resolve()
+    directory.mkdir(parents=True, exist_ok=True)
+    config = AgentConfig(coordinator=coordinator, name=name or socket.gethostname(), address=address,
+                         port_range=(first, last), gpus=tuple(gpus), host=host_info(), state_dir=directory)
+    log.info("agent %s: node %s, address %s, %d GPUs%s, ports %d-%d, state %s", __version__, config.name, address,
+             len(gpus), "".join(f" [{g.index}: {g.name} {g.uuid}]" for g in gpus), first, last, directory)
+    node_agent = Agent(config)
+    thread = threading.Thread(target=node_agent.run, name="agent", daemon=True)
+    thread.start()
+    run_until_signal(lambda: node_agent.stop(stop_tasks=stop_tasks_on_exit))
+    thread.join(timeout=5)
+
+
+# ---- jobs ----------------------------------------------------------------------------------------
+
+def _client(coordinator: Optional[str]) -> Client:
+    return Client(coordinator or default_coordinator())
+
+
+def _load_spec(spec_file: Path):
+    try:
+        return load_spec_file(spec_file)
+    except SpecError as e:
+        fail(str(e), 2)
+
+
+@app.command()
+def start(
+    args: list[str] = typer.Argument(None, metavar="[SPEC.toml | -- COMMAND ...]",
+                                     help="A job spec file, or (with --name and --strategy) the command after --."),
+    name: Optional[str] = typer.Option(None, help="Job name (with flags instead of a spec file)."),
+    strategy: Optional[str] = typer.Option(None, help=f"One of: {', '.join(STRATEGIES)}."),
+    workers: int = typer.Option(1, min=0, help="Number of workers."),
+    chief: bool = typer.Option(False, "--chief", help="Add a chief task."),
+    ps: int = typer.Option(0, min=0, help="Number of parameter servers."),
+    evaluator: bool = typer.Option(False, "--evaluator", help="Add an evaluator task."),
+    gpus_per_task: int = typer.Option(0, min=0, help="GPUs per training task."),
+    checkpoint_dir: Optional[str] = typer.Option(None, help="Shared checkpoint dir (host-local when absent)."),
+    env: list[str] = typer.Option([], "--env", "-e", metavar="NAME=VALUE", help="Environment for every task."),
+    max_restarts: Optional[int] = typer.Option(None, min=0, help="Restart budget of the job [default: 3]."),
+    wait: bool = typer.Option(False, "--wait", help="Wait for the job to end; exit 0 only if it SUCCEEDED."),
+    follow: bool = typer.Option(False, "--follow", help="Stream the chief's (or worker 0's) log; implies --wait."),
+    coordinator: Optional[str] = CoordinatorOpt,
+) -> None:
+    """Submit a job. Prints the job id alone on stdout."""
+    args = args or []
+    if name is None and strategy is None:
+        if len(args) != 1:
+            fail("expected a spec file (tfcluster start job.toml), or --name, --strategy and a command after --", 2)
+        spec = _load_spec(Path(args[0]))
+    else:
+        if name is None or strategy is None:
+            fail("--name and --strategy go together (or give a spec file instead)", 2)
+        env_table = {}
+        for item in env:
+            key, sep, value = item.partition("=")
+            if not sep:
+                fail(f"--env: expected NAME=VALUE, got {item!r}", 2)
+            env_table[key] = value
+        data = spec_from_flags(name=name, strategy=strategy, workers=workers, chief=chief, ps=ps,
+                               evaluator=evaluator, gpus_per_task=gpus_per_task, checkpoint_dir=checkpoint_dir,
+                               command=args, env=env_table, max_restarts=max_restarts)
+        try:
+            spec = resolve_paths(parse_spec(data, source="flags"), Path.cwd())
+        except SpecError as e:
+            fail(str(SpecError("flags", FLAG_FOR_KEY.get(e.key, e.key), e.message)), 2)
+    with _client(coordinator) as client:
+        try:
+            job_id = client.submit(spec)
+        except ClientError as e:
+            fail(str(e), e.exit_code)
+        print(job_id, flush=True)
+        if not (wait or follow):
+            err.print(f"job {job_id} submitted; watch it with: tfcluster status {job_id}")
+            return
+        raise typer.Exit(_wait_for(client, job_id, follow))
+
+
+def _wait_for(client: Client, job_id: str, follow: bool) -> int:
+    if follow:
+        _follow_primary(client, job_id)
+    last = None
+    while True:
+        try:
+            job = client.status(job_id).jobs[0]
+        except ClientError as e:
+            err.print(f"warning: {e}; retrying", markup=False)
+            time.sleep(2)
+            continue
+        if job.state != last:
+            err.print(f"{job_id}: {job.state}" + (f" ({job.message})" if job.message else ""), markup=False)
+            last = job.state
+        if job.state in TERMINAL_STATES:
+            return 0 if job.state == "SUCCEEDED" else 1
+        time.sleep(0.5)
+
+
+def _follow_primary(client: Client, job_id: str) -> None:
+    """Streams the chief's (or worker 0's) log, attempt after attempt, until the job ends."""
+    attempt_seen = 0
+    while True:
+        job = client.status(job_id).jobs[0]
+        primary = next((t for t in job.tasks if t.type == "chief"), None) or \
+            next((t for t in job.tasks if t.type == "worker" and t.index == 0), None)
+        if job.state in TERMINAL_STATES and (primary is None or primary.attempt <= attempt_seen):
+            return
+        if primary is None or primary.attempt <= attempt_seen or primary.state in ("PENDING",):
+            time.sleep(0.5)
+            continue
+        attempt_seen = primary.attempt
+        try:
+            for data in client.logs(job_id, primary.type, primary.index, follow=True, attempt=primary.attempt):
+                sys.stdout.buffer.write(data)
+                sys.stdout.buffer.flush()
+        except ClientError as e:
+            err.print(f"warning: log stream ended: {e}", markup=False)
+            time.sleep(1)
+
+
+@app.command()
+def plan(
+    spec_file: Path = typer.Argument(..., metavar="SPEC.toml"),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    coordinator: Optional[str] = CoordinatorOpt,
+) -> None:
+    """Show where a job's tasks would go and every TF_CONFIG; launches nothing."""
+    spec = _load_spec(spec_file)
+    with _client(coordinator) as client:
+        try:
+            result = client.plan(spec)
+        except ClientError as e:
+            fail(str(e), e.exit_code)
+    if as_json:
+        print(json.dumps({"fits": result.fits, "reason": result.reason, "strategy": result.strategy, "tasks": [
+            {"type": t.task_type, "index": t.task_index, "node": t.node, "address": t.address,
+             "gpus": [g.index for g in t.gpus], "command": list(t.command), "tf_config": json.loads(t.tf_config)}
+            for t in result.tasks]}, indent=2))
+    elif not result.fits:
+        err.print(f"{spec.name} does not fit now: {result.reason}", markup=False)
+    else:
+        table = Table(title=f"{spec.name}: {result.strategy}, {len(result.tasks)} tasks")
+        for col in ("task", "node", "address", "GPUs", "TF_CONFIG"):
+            table.add_column(col, overflow="fold")
+        for t in result.tasks:
+            table.add_row(f"{t.task_type}:{t.task_index}", t.node, t.address, gpu_list(t.gpus) or "-", t.tf_config)
+        out.print(table)
+    if not result.fits:
+        raise typer.Exit(1)
+
+
+@app.command()
+def status(
+    job_id: Optional[str] = typer.Argument(None, metavar="[JOB]"),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object: {\"nodes\": [...], \"jobs\": [...]}."),
+    watch: bool = typer.Option(False, "--watch", "-w", help="Refresh every second until interrupted."),
+    coordinator: Optional[str] = CoordinatorOpt,
+) -> None:
+    """Show nodes, jobs and (for one job) its tasks."""
+    with _client(coordinator) as client:
+        def fetch():
+            try:
+                return client.status(job_id or "")
+            except ClientError as e:
+                fail(str(e), e.exit_code)
+        if as_json:
+            print(json.dumps(status_dict(fetch()), indent=2))
+            return
+        if not watch:
+            out.print(render_status(fetch(), job_id))
+            return
+        with Live(render_status(fetch(), job_id), console=out, refresh_per_second=4) as live:
+            try:
+                while True:
+                    time.sleep(1.0)
+                    response = fetch()
+                    live.update(render_status(response, job_id))
+                    if job_id and response.jobs and response.jobs[0].state in TERMINAL_STATES:
+                        break
+            except KeyboardInterrupt:
+                pass
+
+
+@app.command()
+def stop(
+    job_id: str = typer.Argument(..., metavar="JOB"),
+    graceful: bool = typer.Option(True, "--graceful/--now",
+                                  help="SIGTERM and the job's grace period before SIGKILL (default), or SIGKILL at once."),
+    wait: bool = typer.Option(True, "--wait/--no-wait", help="Wait until every task has exited."),
+    coordinator: Optional[str] = CoordinatorOpt,
+) -> None:
+    """Stop a job: SIGTERM to every task's process group, SIGKILL after the grace period."""
+    with _client(coordinator) as client:
+        try:
+            state = client.stop(job_id, graceful)
+            while wait and state not in TERMINAL_STATES:
+                time.sleep(0.3)
+                state = client.status(job_id).jobs[0].state
+        except ClientError as e:
+            fail(str(e), e.exit_code)
+    err.print(f"{job_id}: {state}")
+
+
+@app.command()
+def logs(
+    job_id: str = typer.Argument(..., metavar="JOB"),
+    task: str = typer.Argument(..., metavar="TYPE:INDEX", help="For example worker:1 or chief:0."),
+    follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing until the task ends."),
+    tail: int = typer.Option(0, "--tail", "-n", min=0, help="Only the last N lines."),
+    attempt: int = typer.Option(0, min=0, help="An earlier attempt's log [default: the current one]."),
+    coordinator: Optional[str] = CoordinatorOpt,
+) -> None:
+    """Print a task's log, exactly as the task wrote it, from whichever node it runs on."""
+    task_type, sep, index = task.partition(":")
+    if not sep or not index.isdigit() or task_type not in ("chief", "worker", "ps", "evaluator"):
+        fail(f"expected TYPE:INDEX with TYPE one of chief, worker, ps, evaluator (e.g. worker:1), got {task!r}", 2)
+    with _client(coordinator) as client:
+        try:
+            for data in client.logs(job_id, task_type, int(index), follow=follow, tail_lines=tail, attempt=attempt):
+                sys.stdout.buffer.write(data)
+                sys.stdout.buffer.flush()
+        except ClientError as e:
+            fail(str(e), e.exit_code)
+        except KeyboardInterrupt:
+            pass
+        except BrokenPipeError:  # `tfcluster logs ... | head`
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+@app.command()
+def demo(
+    epochs: int = typer.Option(5, min=1, help="Training epochs."),
+    keep: bool = typer.Option(False, help="Keep the temporary state dirs (logs, checkpoints) and print where."),
+) -> None:
+    """Run a local cluster (a coordinator and three agents) and a real 2-worker training job on it."""
+    from tfcluster.demo import run_demo
+
+    raise typer.Exit(run_demo(epochs=epochs, keep=keep, console=out))
+
+
+@app.command()
+def version() -> None:
+    """Print the version."""
+    print(__version__)
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""The two daemons: the coordinator and the per-node agent."""

@@ -1,0 +1,205 @@
+"""The coordinator's model of the cluster: nodes, their liveness, jobs and what runs where. Pure.
+
+Time comes in as an argument and every change returns the actions to send, so the gRPC layer
+(service.py) only adds a lock, the SQLite store and the agents' streams around it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tfcluster.daemon.coordinator import jobs as J
+from tfcluster.daemon.coordinator.scheduler import Gpu, NodeCapacity, TaskPlacement, Unfit, place, task_list
+from tfcluster.roles.tfconfig import build_tf_configs
+from tfcluster.spec import JobSpec, resolve_strategy
+
+READY, LOST = "READY", "LOST"
+DEFAULT_LOST_AFTER_SECONDS = 3.0
+
+
+@dataclass
+class NodeInfo:
+    name: str
+    address: str
+    port_range: tuple[int, int]
+    gpus: tuple[Gpu, ...] = ()
+    hostname: str = ""
+    cpu_count: int = 0
+    memory_bytes: int = 0
+    agent_version: str = ""
+    state_dir: str = ""
+
+
+@dataclass
+class Node:
+    info: NodeInfo
+    state: str = READY
+    last_seen: float = 0.0
+    session_id: str = ""
+
+
+@dataclass
+class Report:
+    """A task's condition as an agent reported it (wire-free copy of TaskReport)."""
+    job_id: str
+    task_type: str
+    task_index: int
+    attempt: int
+    phase: str  # RUNNING | EXITED | FAILED_TO_START
+    pid: int = 0
+    exit_code: int | None = None
+    signal: int | None = None
+    message: str = ""
+    log_tail: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Plan:
+    strategy: str
+    placement: list[TaskPlacement] | None
+    reason: str = ""
+    tf_configs: dict[tuple[str, int], str] = field(default_factory=dict)
+
+
+class Unplaceable(Exception):
+    """A job that can never fit on the registered nodes."""
+
+
+class Cluster:
+    def __init__(self, lost_after_seconds: float = DEFAULT_LOST_AFTER_SECONDS):
+        self.lost_after = lost_after_seconds
+        self.nodes: dict[str, Node] = {}
+        self.jobs: dict[str, J.Job] = {}
+        self.dirty_jobs: set[str] = set()
+        self.dirty_nodes: set[str] = set()
+
+    # ---- nodes ---------------------------------------------------------------------------------
+
+    def register(self, info: NodeInfo, reports: list[Report], session_id: str, now: float) -> list[J.Action]:
+        node = self.nodes.get(info.name)
+        if node is None:
+            node = self.nodes[info.name] = Node(info=info)
+        node.info, node.state, node.last_seen, node.session_id = info, READY, now, session_id
+        self.dirty_nodes.add(info.name)
+        actions: list[J.Action] = []
+        reported = set()
+        for report in reports:
+            reported.add((report.job_id, report.task_type, report.task_index, report.attempt))
+            actions += self.report(info.name, report, now)
+        for job in self.live_jobs():
+            for task in job.tasks:
+                if task.node != info.name or not task.live:
+                    continue
+                if (job.id, task.type, task.index, task.attempt) in reported:
+                    continue
+                self.dirty_jobs.add(job.id)
+                if task.state == J.T_LAUNCHING:  # the launch may have been lost with the old stream
+                    actions.append(job.launch_action(task))
+                else:
+                    actions += job.on_lost(task, now, f"{info.name}'s agent no longer has this task")
+        return actions + self.schedule(now)
+
+    def heartbeat(self, name: str, session_id: str, now: float) -> bool:
+        """False when the node must register again (unknown, or it was declared lost)."""
+        node = self.nodes.get(name)
+        if node is None or node.session_id != session_id or node.state != READY:
+            return False
+        node.last_seen = now
+        return True
+
+    def expire(self, now: float) -> list[J.Action]:
+        """Nodes silent for longer than the timeout become LOST; their tasks count as failed."""
+        actions: list[J.Action] = []
+        for node in self.nodes.values():
+            if node.state == READY and now - node.last_seen > self.lost_after:
+                node.state = LOST
+                self.dirty_nodes.add(node.info.name)
+                why = f"node {node.info.name} lost (no heartbeat for {now - node.last_seen:.1f} s)"
+                for job in self.live_jobs():
+                    for task in job.tasks:
+                        if task.node == node.info.name and task.live:
+                            self.dirty_jobs.add(job.id)
+                            actions += job.on_lost(task, now, why)
+        return actions + (self.schedule(now) if actions else [])
+
+    def ready_nodes(self) -> list[Node]:
+        return sorted((n for n in self.nodes.values() if n.state == READY), key=lambda n: n.info.name)
+
+    def capacity(self, idle: bool = False) -> list[NodeCapacity]:
+        used_gpus: dict[str, set[int]] = {}
+        used_ports: dict[str, set[int]] = {}
+        if not idle:
+            for job in self.jobs.values():
+                for task in job.tasks:
+                    if task.live:
+                        used_gpus.setdefault(task.node, set()).update(g.index for g in task.gpus)
+                        used_ports.setdefault(task.node, set()).add(task.port)
+        return [NodeCapacity(n.info.name, n.info.address, n.info.gpus, n.info.port_range,
+                             frozenset(used_gpus.get(n.info.name, ())), frozenset(used_ports.get(n.info.name, ())))
+                for n in self.ready_nodes()]
+
+    # ---- jobs ----------------------------------------------------------------------------------
+
+    def live_jobs(self) -> list[J.Job]:
+        return sorted((j for j in self.jobs.values() if not j.terminal), key=lambda j: (j.created, j.id))
+
+    def plan(self, spec: JobSpec) -> Plan:
+        strategy = resolve_strategy(spec)
+        result = place(spec, self.capacity())
+        if isinstance(result, Unfit):
+            return Plan(strategy, None, result.reason)
+        return Plan(strategy, result, tf_configs=build_tf_configs([(p.type, p.index, p.address) for p in result]))
+
+    def submit(self, job_id: str, spec: JobSpec, now: float) -> tuple[J.Job, list[J.Action]]:
+        """Accepts a job (PENDING, then placed at once if it fits) or raises Unplaceable."""
+        never = place(spec, [n.idle() for n in self.capacity()])
+        if isinstance(never, Unfit):
+            raise Unplaceable(never.reason)
+        job = J.Job(id=job_id, spec=spec, strategy=resolve_strategy(spec), created=now,
+                    tasks=[J.Task(type=t, index=i) for t, i in task_list(spec)])
+        self.jobs[job_id] = job
+        self.dirty_jobs.add(job_id)
+        return job, self.schedule(now)
+
+    def schedule(self, now: float) -> list[J.Action]:
+        """Places every PENDING job that fits now, oldest first."""
+        actions: list[J.Action] = []
+        for job in self.live_jobs():
+            if job.state != J.PENDING or job.not_before > now:
+                continue
+            result = place(job.spec, self.capacity(), previous=job.previous_nodes())
+            self.dirty_jobs.add(job.id)
+            if isinstance(result, Unfit):
+                job.on_unplaceable(result.reason, never=False, now=now)
+                continue
+            dirs = {n.info.name: n.info.state_dir for n in self.ready_nodes()}
+            actions += job.place(result, dirs, now)
+        return actions
+
+    def report(self, node_name: str, report: Report, now: float) -> list[J.Action]:
+        """Applies an agent's task report; stale or unknown running tasks are told to stop."""
+        job = self.jobs.get(report.job_id)
+        task = job.task(report.task_type, report.task_index) if job else None
+        current = task is not None and task.node == node_name and task.attempt == report.attempt
+        # A process running for a task that is not live (lost, given up, not launched yet) is stale too.
+        if not current or (report.phase == "RUNNING" and not task.live):
+            if report.phase == "RUNNING":
+                return [J.Stop(node=node_name, job_id=report.job_id, task_type=report.task_type,
+                               task_index=report.task_index, attempt=report.attempt,
+                               grace_seconds=job.spec.stop_grace_seconds if job else 0.0)]
+            return []
+        self.dirty_jobs.add(job.id)
+        if report.phase == "RUNNING":
+            return job.on_running(task, report.pid)
+        actions = job.on_exit(task, report.exit_code, report.signal, report.message, report.log_tail, now)
+        return actions + self.schedule(now)
+
+    def stop(self, job_id: str, now: float, graceful: bool = True) -> list[J.Action]:
+        job = self.jobs[job_id]
+        self.dirty_jobs.add(job_id)
+        return job.stop(now, graceful)
+
+    def tick(self, now: float) -> list[J.Action]:
+        """Periodic work: node liveness and jobs whose restart backoff has passed."""
+        return self.expire(now) + self.schedule(now)
+

@@ -1,0 +1,383 @@
+"""The job state machine: PENDING -> STARTING -> RUNNING -> SUCCEEDED | FAILED | STOPPED. Pure.
+
+Every transition is a method that changes a Job and returns the actions (launch, stop) the coordinator
+must send to agents. A job that has to end or restart first passes through STOPPING until every task
+has exited, so no state says "done" while a process of the job is still alive.
+
+Restarts (DESIGN.md, LESSONS.md 3): the coordinator owns one budget per job; a failed training task
+restarts the whole training group on the same addresses where the nodes are still there; exit code 42
+(a preemption checkpoint was saved) restarts without using the budget; a permanent exit code fails the
+job at once. An evaluator failing restarts the evaluator alone and never fails training.
+"""
+
+from __future__ import annotations
+
+import json
+import signal as signals
+from dataclasses import asdict, dataclass, field
+
+from tfcluster.daemon.coordinator.scheduler import Gpu, TaskPlacement
+from tfcluster.roles.tfconfig import build_tf_configs
+from tfcluster.spec import JobSpec
+
+PREEMPTION_EXIT_CODE = 42
+
+# Job states
+PENDING, STARTING, RUNNING, STOPPING = "PENDING", "STARTING", "RUNNING", "STOPPING"
+SUCCEEDED, FAILED, STOPPED = "SUCCEEDED", "FAILED", "STOPPED"
+JOB_TERMINAL = (SUCCEEDED, FAILED, STOPPED)
+# What a STOPPING job becomes once its tasks are gone (RESTART: back to PENDING, attempt + 1).
+RESTART = "RESTART"
+
+# Task states
+T_PENDING, T_LAUNCHING, T_RUNNING = "PENDING", "LAUNCHING", "RUNNING"
+T_SUCCEEDED, T_FAILED, T_STOPPED, T_LOST = "SUCCEEDED", "FAILED", "STOPPED", "LOST"
+TASK_LIVE = (T_LAUNCHING, T_RUNNING)
+TASK_TERMINAL = (T_SUCCEEDED, T_FAILED, T_STOPPED, T_LOST)
+
+
+@dataclass
+class Task:
+    type: str
+    index: int
+    node: str = ""
+    host: str = ""
+    port: int = 0
+    gpus: list[Gpu] = field(default_factory=list)
+    state: str = T_PENDING
+    attempt: int = 0
+    pid: int = 0
+    exit_code: int | None = None
+    signal: int | None = None
+    message: str = ""
+    log_tail: list[str] = field(default_factory=list)
+    tf_config: str = ""
+    stop_requested: bool = False
+
+    @property
+    def key(self) -> str:
+        return f"{self.type}:{self.index}"
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}" if self.host else ""
+
+    @property
+    def live(self) -> bool:
+        return self.state in TASK_LIVE
+
+
+@dataclass
+class Failure:
+    """The last failure's cause, shown by status."""
+    task: str
+    node: str
+    exit_code: int | None
+    signal: int | None
+    message: str
+    log_tail: list[str]
+    time: float
+
+    def describe(self) -> str:
+        if self.signal:
+            how = f"killed by {_signal_name(self.signal)}"
+        elif self.exit_code is not None:
+            how = f"exited with code {self.exit_code}"
+        else:
+            how = self.message or "failed"
+        extra = f" ({self.message})" if self.message and how != self.message else ""
+        return f"{self.task} on {self.node} {how}{extra}"
+
+
+@dataclass
+class Launch:
+    node: str
+    job_id: str
+    task: Task
+    command: list[str]
+    env: dict[str, str]
+    workdir: str
+    stop_grace_seconds: float
+
+
+@dataclass
+class Stop:
+    node: str
+    job_id: str
+    task_type: str
+    task_index: int
+    attempt: int
+    grace_seconds: float
+
+
+Action = Launch | Stop
+
+
+@dataclass
+class Job:
+    id: str
+    spec: JobSpec
+    strategy: str
+    state: str = PENDING
+    tasks: list[Task] = field(default_factory=list)
+    restarts: int = 0
+    preemptions: int = 0
+    message: str = ""
+    created: float = 0.0
+    finished: float = 0.0
+    outcome: str = ""           # while STOPPING: the state to take once every task is gone
+    not_before: float = 0.0     # restart backoff: not placed again before this time
+    last_failure: Failure | None = None
+    evaluations: list[dict] = field(default_factory=list)
+    # Filled by the coordinator when placing: node name -> that node's state dir.
+    node_state_dirs: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in JOB_TERMINAL
+
+    def task(self, task_type: str, index: int) -> Task | None:
+        for t in self.tasks:
+            if t.type == task_type and t.index == index:
+                return t
+        return None
+
+    def training_tasks(self) -> list[Task]:
+        return [t for t in self.tasks if t.type != "evaluator"]
+
+    def decisive_task(self) -> Task:
+        """The task whose success means training succeeded: the chief, else worker 0."""
+        return self.task("chief", 0) or self.task("worker", 0)
+
+    def previous_nodes(self) -> dict[tuple[str, int], str]:
+        return {(t.type, t.index): t.node for t in self.tasks if t.node}
+
+    # ---- transitions ---------------------------------------------------------------------------
+
+    def place(self, placement: list[TaskPlacement], node_state_dirs: dict[str, str], now: float) -> list[Action]:
+        """PENDING -> STARTING: tasks get nodes, GPUs, ports and TF_CONFIG; the first wave launches."""
+        assert self.state == PENDING, self.state
+        by_key = {(t.type, t.index): t for t in self.tasks}
+        tf_configs = build_tf_configs([(p.type, p.index, p.address) for p in placement])
+        tasks = []
+        for p in placement:
+            old = by_key.get((p.type, p.index))
+            tasks.append(Task(type=p.type, index=p.index, node=p.node, host=p.host, port=p.port, gpus=list(p.gpus),
+                              attempt=(old.attempt if old else 0), tf_config=tf_configs[(p.type, p.index)]))
+        self.tasks = tasks
+        self.node_state_dirs = dict(node_state_dirs)
+        self.state = STARTING
+        self.message = ""
+        return self._launch([t for t in self.tasks if self._in_first_wave(t)])
+
+    def _in_first_wave(self, task: Task) -> bool:
+        # ParameterServerStrategy's chief fails at connect unless ps and workers already listen.
+        return not (self.strategy == "parameter_server" and task.type == "chief")
+
+    def _launch(self, tasks: list[Task]) -> list[Action]:
+        actions: list[Action] = []
+        for task in tasks:
+            task.attempt += 1
+            task.state = T_LAUNCHING
+            task.pid, task.exit_code, task.signal, task.message = 0, None, None, ""
+            task.log_tail, task.stop_requested = [], False
+            actions.append(self.launch_action(task))
+        return actions
+
+    def launch_action(self, task: Task) -> Launch:
+        """What the task's agent is told to run (the same for a resend of the same attempt)."""
+        return Launch(node=task.node, job_id=self.id, task=task, command=self.command_for(task),
+                      env=self.task_env(task), workdir=self.spec.workdir,
+                      stop_grace_seconds=self.spec.stop_grace_seconds)
+
+    def command_for(self, task: Task) -> list[str]:
+        if self.strategy == "parameter_server" and task.type in ("worker", "ps") and not self.spec.role(task.type).command:
+            return [self._python(), "-m", "tfcluster.roles.server"]
+        return list(self.spec.command_for(task.type))
+
+    def _python(self) -> str:
+        """The interpreter of the job's own program (it has TensorFlow), for built-in role programs."""
+        program = self.spec.command[0] if self.spec.command else ""
+        return program if program.rsplit("/", 1)[-1].startswith("python") else "python3"
+
+    def checkpoint_dir(self, node: str) -> str:
+        if self.spec.checkpoint_dir:
+            return self.spec.checkpoint_dir
+        return f"{self.node_state_dirs.get(node, '/tmp/tfcluster')}/jobs/{self.id}/checkpoints"
+
+    def model_dir(self, node: str) -> str:
+        return self.spec.model_dir or self.checkpoint_dir(node)
+
+    def task_env(self, task: Task) -> dict[str, str]:
+        env = {"TF_USE_LEGACY_KERAS": "1"}
+        if self.strategy == "parameter_server":
+            env["GRPC_FAIL_FAST"] = "use_caller"
+        env.update(self.spec.env_for(task.type))
+        env.update({
+            "TF_CONFIG": task.tf_config,
+            "CUDA_VISIBLE_DEVICES": ",".join(g.uuid or str(g.index) for g in task.gpus) or "-1",
+            "TFCLUSTER_JOB_ID": self.id,
+            "TFCLUSTER_JOB_NAME": self.spec.name,
+            "TFCLUSTER_STRATEGY": self.strategy,
+            "TFCLUSTER_TASK_TYPE": task.type,
+            "TFCLUSTER_TASK_INDEX": str(task.index),
+            "TFCLUSTER_ATTEMPT": str(task.attempt),
+            "TFCLUSTER_NUM_WORKERS": str(self.spec.count("worker")),
+            "TFCLUSTER_PORT": str(task.port),
+            "TFCLUSTER_CHECKPOINT_DIR": self.checkpoint_dir(task.node),
+            "TFCLUSTER_MODEL_DIR": self.model_dir(task.node),
+        })
+        return env
+
+    def on_running(self, task: Task, pid: int) -> list[Action]:
+        if task.state != T_LAUNCHING:
+            return []
+        task.state, task.pid = T_RUNNING, pid
+        if self.state != STARTING:
+            return []
+        waiting = [t for t in self.tasks if t.state == T_PENDING or t.state == T_LAUNCHING]
+        if any(t.state == T_LAUNCHING for t in waiting):
+            return []
+        if waiting:  # the next wave: every earlier task is up
+            return self._launch(waiting)
+        self.state = RUNNING
+        return []
+
+    def on_exit(self, task: Task, exit_code: int | None, signal: int | None, message: str,
+                log_tail: list[str], now: float) -> list[Action]:
+        """A task ended: exit code or signal; exit_code None and signal None means it never started."""
+        if task.state in TASK_TERMINAL or task.state == T_PENDING:
+            return []
+        task.exit_code, task.signal = exit_code, signal
+        task.message, task.log_tail = message, log_tail[-20:]
+        if task.stop_requested:
+            task.state = T_SUCCEEDED if exit_code == 0 else T_STOPPED
+        else:
+            task.state = T_SUCCEEDED if exit_code == 0 else T_FAILED
+        return self._after_task_end(task, now)
+
+    def on_lost(self, task: Task, now: float, why: str) -> list[Action]:
+        if not task.live:
+            return []
+        task.state, task.message = T_LOST, why
+        return self._after_task_end(task, now)
+
+    def _after_task_end(self, task: Task, now: float) -> list[Action]:
+        if self.state == STOPPING:
+            return self._finish_if_quiet(now)
+        if task.state in (T_FAILED, T_LOST):
+            failure = Failure(task=task.key, node=task.node, exit_code=task.exit_code, signal=task.signal,
+                              message=task.message, log_tail=task.log_tail, time=now)
+            if task.type == "evaluator":
+                return self._restart_evaluator(task, failure, now)
+            return self._training_failed(failure, now)
+        if task.state == T_SUCCEEDED and task.type != "evaluator":
+            return self._check_training_done(now)
+        return []
+
+    def _training_failed(self, failure: Failure, now: float) -> list[Action]:
+        self.last_failure = failure
+        preempted = failure.exit_code == PREEMPTION_EXIT_CODE
+        if failure.exit_code in self.spec.restart.permanent_exit_codes:
+            return self._wind_down(FAILED, f"{failure.describe()}: a permanent exit code, not restarted", now)
+        if not preempted and self.restarts >= self.spec.restart.max_restarts:
+            return self._wind_down(FAILED, f"{failure.describe()}; restart budget spent "
+                                           f"({self.restarts} of {self.spec.restart.max_restarts})", now)
+        why = "preemption checkpoint saved" if preempted else "restarting the training group"
+        return self._wind_down(RESTART, f"{failure.describe()}; {why}", now)
+
+    def _restart_evaluator(self, task: Task, failure: Failure, now: float) -> list[Action]:
+        self.last_failure = failure
+        if self.restarts >= self.spec.restart.max_restarts:
+            self.message = f"{failure.describe()}; evaluator not restarted (restart budget spent)"
+            return []
+        self.restarts += 1
+        self.message = f"{failure.describe()}; evaluator restarted"
+        return self._launch([task])
+
+    def _check_training_done(self, now: float) -> list[Action]:
+        decisive = self.decisive_task()
+        if decisive.state != T_SUCCEEDED:
+            return []
+        # Training tasks that run the user program must all finish; the built-in ps/worker servers never do.
+        others = [t for t in self.training_tasks() if t is not decisive and not self._runs_forever(t)]
+        if any(t.state != T_SUCCEEDED for t in others):
+            return []
+        return self._wind_down(SUCCEEDED, "", now)
+
+    def _runs_forever(self, task: Task) -> bool:
+        return self.strategy == "parameter_server" and task.type in ("worker", "ps")
+
+    def stop(self, now: float, graceful: bool = True) -> list[Action]:
+        if self.terminal:
+            return []
+        if self.state == PENDING:
+            self.state, self.message, self.finished = STOPPED, "stopped by user", now
+            return []
+        return self._wind_down(STOPPED, "stopped by user", now, grace=None if graceful else 0.0)
+
+    def _wind_down(self, outcome: str, message: str, now: float, grace: float | None = None) -> list[Action]:
+        """Stop every live task, then become outcome once all are gone."""
+        self.state, self.outcome, self.message = STOPPING, outcome, message
+        actions: list[Action] = []
+        for task in self.tasks:
+            if task.state == T_PENDING:
+                task.state = T_STOPPED
+            elif task.live:
+                actions.extend(self._stop_task(task, grace))
+        return actions + self._finish_if_quiet(now)
+
+    def _stop_task(self, task: Task, grace: float | None) -> list[Action]:
+        task.stop_requested = True
+        return [Stop(node=task.node, job_id=self.id, task_type=task.type, task_index=task.index, attempt=task.attempt,
+                     grace_seconds=self.spec.stop_grace_seconds if grace is None else grace)]
+
+    def _finish_if_quiet(self, now: float) -> list[Action]:
+        if self.state != STOPPING or any(t.live for t in self.tasks):
+            return []
+        if self.outcome == RESTART:
+            preempted = self.last_failure is not None and self.last_failure.exit_code == PREEMPTION_EXIT_CODE
+            if preempted:
+                self.preemptions += 1
+            else:
+                self.restarts += 1
+            self.state, self.outcome = PENDING, ""
+            self.not_before = now + self.spec.restart.backoff_seconds
+            return []
+        self.state, self.outcome, self.finished = self.outcome, "", now
+        return []
+
+    def on_unplaceable(self, reason: str, never: bool, now: float) -> None:
+        if never:
+            self.state, self.message, self.finished = FAILED, f"cannot ever be placed: {reason}", now
+        else:
+            self.message = f"waiting for resources: {reason}"
+
+    # ---- persistence ---------------------------------------------------------------------------
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        return json.dumps(data)
+
+    @staticmethod
+    def from_json(text: str) -> "Job":
+        from tfcluster.spec import RestartPolicy, RoleSpec  # local: keeps the import surface small
+
+        data = json.loads(text)
+        spec_data = data.pop("spec")
+        spec_data["roles"] = {k: RoleSpec(**{**v, "command": tuple(v["command"]), "nodes": tuple(v["nodes"])})
+                              for k, v in spec_data["roles"].items()}
+        r = spec_data["restart"]
+        spec_data["restart"] = RestartPolicy(**{**r, "permanent_exit_codes": tuple(r["permanent_exit_codes"])})
+        spec_data["command"] = tuple(spec_data["command"])
+        tasks = [Task(**{**t, "gpus": [Gpu(**g) for g in t["gpus"]]}) for t in data.pop("tasks")]
+        failure = data.pop("last_failure")
+        return Job(spec=JobSpec(**spec_data), tasks=tasks,
+                   last_failure=Failure(**failure) if failure else None, **data)
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signals.Signals(number).name
+    except ValueError:
+        return f"signal {number}"

@@ -1,0 +1,61 @@
+"""Rich renderings of the coordinator's status, shared by `tfcluster status` and the demo."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from rich.console import Group
+from rich.table import Table
+
+
+def gpu_list(gpus) -> str:
+    return ",".join(str(g.index) for g in gpus)
+
+
+def _ago(seconds: float) -> str:
+    return f"{seconds:.1f}s ago"
+
+
+def render_status(response, job_id: Optional[str] = None) -> Group:
+    parts = []
+    nodes = Table(title="nodes", title_justify="left")
+    for col in ("node", "address", "state", "GPUs", "CPUs", "memory", "tasks", "agent", "heartbeat"):
+        nodes.add_column(col)
+    for n in response.nodes:
+        gpu_text = ", ".join(f"{g.index}:{g.name or 'gpu'}" for g in n.gpus) or "-"
+        state = f"[green]{n.state}[/]" if n.state == "READY" else f"[red]{n.state}[/]"
+        nodes.add_row(n.name, n.address, state, gpu_text, str(n.cpu_count), f"{n.memory_bytes / 2**30:.1f} GiB",
+                      str(n.running_tasks), n.agent_version, _ago(n.last_seen_seconds_ago))
+    parts.append(nodes)
+    jobs = Table(title="jobs", title_justify="left")
+    for col in ("job", "strategy", "state", "restarts", "tasks", "message"):
+        jobs.add_column(col, overflow="fold")
+    for j in response.jobs:
+        counts: dict[str, int] = {}
+        for t in j.tasks:
+            counts[t.state] = counts.get(t.state, 0) + 1
+        summary = ", ".join(f"{v} {k.lower()}" for k, v in sorted(counts.items()))
+        jobs.add_row(j.id, j.strategy, _colour_state(j.state), str(j.restarts), summary, j.message or "")
+    parts.append(jobs)
+    if job_id and response.jobs:
+        job = response.jobs[0]
+        tasks = Table(title=f"tasks of {job.id}", title_justify="left")
+        for col in ("task", "node", "address", "GPUs", "state", "pid", "exit", "attempt", "message"):
+            tasks.add_column(col, overflow="fold")
+        for t in job.tasks:
+            exit_text = f"signal {t.signal}" if t.HasField("signal") else \
+                (str(t.exit_code) if t.HasField("exit_code") else "")
+            tasks.add_row(f"{t.type}:{t.index}", t.node or "-", t.address or "-", gpu_list(t.gpus) or "-",
+                          _colour_state(t.state), str(t.pid or ""), exit_text, str(t.attempt), t.message)
+        parts.append(tasks)
+        if job.HasField("last_evaluation"):
+            e = job.last_evaluation
+            metrics = ", ".join(f"{k}={v:.4g}" for k, v in sorted(e.metrics.items()))
+            parts.append(f"latest evaluation: step {e.step} ({e.checkpoint}): {metrics}")
+    return Group(*parts)
+
+
+def _colour_state(state: str) -> str:
+    colour = {"SUCCEEDED": "green", "RUNNING": "cyan", "FAILED": "red", "LOST": "red", "STOPPED": "yellow",
+              "STOPPING": "yellow", "PENDING": "magenta", "STARTING": "blue", "LAUNCHING": "blue"}.get(state)
+    return f"[{colour}]{state}[/]" if colour else state

@@ -1,0 +1,39 @@
+"""TF_CONFIG for every task of a job (TF_FACTS.md: TF_CONFIG rules). Pure.
+
+The evaluator is never inside the training tasks' cluster: under parameter_server an evaluator entry
+makes the chief hang at connect, and TensorFlow accepts an evaluator that is absent from the cluster.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+
+CLUSTER_JOBS = ("chief", "worker", "ps")
+
+
+def build_cluster(tasks: Iterable[tuple[str, int, str]]) -> dict[str, list[str]]:
+    """{job name: [host:port by index]} for the training tasks among (type, index, address)."""
+    by_type: dict[str, dict[int, str]] = {}
+    for task_type, index, address in tasks:
+        if task_type in CLUSTER_JOBS:
+            by_type.setdefault(task_type, {})[index] = address
+    cluster = {}
+    for task_type in CLUSTER_JOBS:
+        indexed = by_type.get(task_type)
+        if not indexed:
+            continue
+        if sorted(indexed) != list(range(len(indexed))):
+            raise ValueError(f"{task_type} indices must be 0..{len(indexed) - 1}, got {sorted(indexed)}")
+        cluster[task_type] = [indexed[i] for i in range(len(indexed))]
+    return cluster
+
+
+def build_tf_configs(tasks: list[tuple[str, int, str]]) -> dict[tuple[str, int], str]:
+    """One TF_CONFIG JSON string per (type, index)."""
+    cluster = build_cluster(tasks)
+    if "chief" not in cluster and "worker" not in cluster:
+        raise ValueError("a job needs at least one chief or worker")
+    return {(task_type, index): json.dumps({"cluster": cluster, "task": {"type": task_type, "index": index}},
+                                           sort_keys=True)
+            for task_type, index, _ in tasks}
