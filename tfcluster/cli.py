@@ -169,11 +169,11 @@ def start(
                                      help="A job spec file, or (with --name and --strategy) the command after --."),
     name: Optional[str] = typer.Option(None, help="Job name (with flags instead of a spec file)."),
     strategy: Optional[str] = typer.Option(None, help=f"One of: {', '.join(STRATEGIES)}."),
-    workers: int = typer.Option(1, min=0, help="Number of workers."),
+    workers: Optional[int] = typer.Option(None, min=0, help="Number of workers [default: 1]."),
     chief: bool = typer.Option(False, "--chief", help="Add a chief task."),
-    ps: int = typer.Option(0, min=0, help="Number of parameter servers."),
+    ps: Optional[int] = typer.Option(None, min=0, help="Number of parameter servers."),
     evaluator: bool = typer.Option(False, "--evaluator", help="Add an evaluator task."),
-    gpus_per_task: int = typer.Option(0, min=0, help="GPUs per training task."),
+    gpus_per_task: Optional[int] = typer.Option(None, min=0, help="GPUs per training task [default: 0]."),
     checkpoint_dir: Optional[str] = typer.Option(None, help="Shared checkpoint dir (host-local when absent)."),
     env: list[str] = typer.Option([], "--env", "-e", metavar="NAME=VALUE", help="Environment for every task."),
     max_restarts: Optional[int] = typer.Option(None, min=0, help="Restart budget of the job [default: 3]."),
@@ -186,6 +186,13 @@ def start(
     if name is None and strategy is None:
         if len(args) != 1:
             fail("expected a spec file (tfcluster start job.toml), or --name, --strategy and a command after --", 2)
+        given = {"--workers": workers is not None, "--chief": chief, "--ps": ps is not None,
+                 "--evaluator": evaluator, "--gpus-per-task": gpus_per_task is not None,
+                 "--checkpoint-dir": checkpoint_dir is not None, "--env": bool(env),
+                 "--max-restarts": max_restarts is not None}
+        clashing = [flag for flag, present in given.items() if present]
+        if clashing:
+            fail(f"{clashing[0]} describes the job and cannot be combined with a spec file; set it in {args[0]}", 2)
         spec = _load_spec(Path(args[0]))
     else:
         if name is None or strategy is None:
@@ -196,8 +203,9 @@ def start(
             if not sep:
                 fail(f"--env: expected NAME=VALUE, got {item!r}", 2)
             env_table[key] = value
-        data = spec_from_flags(name=name, strategy=strategy, workers=workers, chief=chief, ps=ps,
-                               evaluator=evaluator, gpus_per_task=gpus_per_task, checkpoint_dir=checkpoint_dir,
+        data = spec_from_flags(name=name, strategy=strategy, workers=1 if workers is None else workers, chief=chief,
+                               ps=ps or 0, evaluator=evaluator, gpus_per_task=gpus_per_task or 0,
+                               checkpoint_dir=checkpoint_dir,
                                command=args, env=env_table, max_restarts=max_restarts)
         try:
             spec = resolve_paths(parse_spec(data, source="flags"), Path.cwd())

@@ -44,9 +44,9 @@ def spec_from_proto(msg: pb.JobSpec) -> JobSpec:
         del data["strategy"]
     if msg.command:
         data["command"] = list(msg.command)
-    if msg.stop_grace_seconds:
+    if msg.HasField("stop_grace_seconds"):
         data["stop_grace_seconds"] = msg.stop_grace_seconds
-    if msg.evaluator_deadline_seconds:
+    if msg.HasField("evaluator_deadline_seconds"):
         data["evaluator_deadline_seconds"] = msg.evaluator_deadline_seconds
     roles = {}
     for role_type, r in msg.roles.items():

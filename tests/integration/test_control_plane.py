@@ -182,7 +182,7 @@ def test_roles_pinned_to_nodes_and_role_overrides(shared_cluster, tmp_path):
     spec = write_spec(tmp_path, f"""
         name = "pinned"
         strategy = "multi_worker_mirrored"
-        command = ["{PY}", "-c", "import os; print(os.environ['WHO'])"]
+        command = ["{PY}", "-c", "import os, time; print(os.environ['WHO'], flush=True); time.sleep(1.5)"]
         env = {{ WHO = "job" }}
         [roles.chief]
         nodes = ["b"]
@@ -317,3 +317,19 @@ def test_start_wait_exit_code_follows_the_job(shared_cluster):
     bad = shared_cluster.cli("start", "--name", "waitbad", "--strategy", "mirrored", "--max-restarts", "0",
                              "--wait", "--", "false")
     assert bad.returncode == 1 and "FAILED" in bad.stderr
+
+
+def test_status_watch_of_a_finished_job_prints_and_returns(shared_cluster):
+    job_id = start(shared_cluster, "--name", "watched", "--strategy", "mirrored", "--", "true")
+    shared_cluster.wait_job(job_id)
+    result = shared_cluster.cli("status", job_id, "--watch", timeout=30, check=True)
+    assert job_id in result.stdout and "SUCCEEDED" in result.stdout
+
+
+def test_spec_flags_do_not_mix_with_a_spec_file(shared_cluster, tmp_path):
+    spec = write_spec(tmp_path, 'name = "mixed"\nstrategy = "mirrored"\ncommand = ["true"]\n')
+    result = shared_cluster.cli("start", str(spec), "--workers", "3")
+    assert result.returncode == 2
+    assert "--workers" in result.stderr and "spec file" in result.stderr
+    ok = shared_cluster.cli("start", str(spec), "--wait")
+    assert ok.returncode == 0, ok.stderr

@@ -114,3 +114,43 @@ def test_agent_rejects_bad_flags_with_one_line(make_cluster, tmp_path):
         result = cluster.cli("agent", "--coordinator", cluster.address, *args)
         assert result.returncode == 2, (args, result.stderr)
         assert needle in result.stderr and "Traceback" not in result.stderr
+
+
+def test_coordinator_down_longer_than_the_node_timeout_loses_nothing(make_cluster, tmp_path):
+    cluster = make_cluster(lost_after=2.0)
+    cluster.start_agent("a")
+    gate = tmp_path / "go"
+    script = (f"import pathlib, time\n"
+              f"while not pathlib.Path({str(gate)!r}).exists(): time.sleep(0.05)\n")
+    job_id = start(cluster, "--name", "outage", "--strategy", "multi_worker_mirrored", "--workers", "2", "--",
+                   PY, "-c", script)
+    wait_until(lambda: cluster.job(job_id)["state"] == "RUNNING", 20, what="RUNNING")
+    cluster.coordinator.kill()
+    time.sleep(5)  # agents retry with backoff meanwhile; their tasks keep running
+    gate.touch()   # and the tasks finish while nobody coordinates
+    cluster.start_coordinator()
+    job = cluster.wait_job(job_id, timeout=30)
+    assert job["state"] == "SUCCEEDED", job
+    assert job["restarts"] == 0 and all(t["attempt"] == 1 for t in job["tasks"])
+
+
+def test_port_taken_by_another_program_moves_the_task(make_cluster):
+    import socket
+    cluster = make_cluster()
+    from harness import port_block
+    base = port_block()
+    blocker = socket.socket()
+    blocker.bind(("0.0.0.0", base))
+    blocker.listen()
+    try:
+        cluster.start_agent("a", ports=(base, base + 5))
+        job_id = start(cluster, "--name", "busy", "--strategy", "mirrored", "--max-restarts", "0", "--",
+                       PY, "-c", "import os; print(os.environ['TFCLUSTER_PORT'])")
+        job = cluster.wait_job(job_id)
+        assert job["state"] == "SUCCEEDED", job
+        assert job["restarts"] == 0
+        port = int(cluster.cli("logs", job_id, "worker:0", check=True).stdout)
+        assert port != base and base < port <= base + 5
+        assert job["tasks"][0]["address"] == f"127.0.0.1:{port}"
+    finally:
+        blocker.close()

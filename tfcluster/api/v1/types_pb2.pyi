@@ -162,7 +162,7 @@ class TaskLaunch(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., task_type: _Optional[str] = ..., task_index: _Optional[int] = ..., attempt: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., workdir: _Optional[str] = ..., port: _Optional[int] = ..., stop_grace_seconds: _Optional[float] = ...) -> None: ...
 
 class TaskReport(_message.Message):
-    __slots__ = ("job_id", "task_type", "task_index", "attempt", "phase", "pid", "exit_code", "signal", "message", "log_tail", "log_path")
+    __slots__ = ("job_id", "task_type", "task_index", "attempt", "phase", "pid", "exit_code", "signal", "message", "log_tail", "log_path", "busy_port")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     TASK_TYPE_FIELD_NUMBER: _ClassVar[int]
     TASK_INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -174,6 +174,7 @@ class TaskReport(_message.Message):
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     LOG_TAIL_FIELD_NUMBER: _ClassVar[int]
     LOG_PATH_FIELD_NUMBER: _ClassVar[int]
+    BUSY_PORT_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     task_type: str
     task_index: int
@@ -185,4 +186,5 @@ class TaskReport(_message.Message):
     message: str
     log_tail: _containers.RepeatedScalarFieldContainer[str]
     log_path: str
-    def __init__(self, job_id: _Optional[str] = ..., task_type: _Optional[str] = ..., task_index: _Optional[int] = ..., attempt: _Optional[int] = ..., phase: _Optional[_Union[TaskPhase, str]] = ..., pid: _Optional[int] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., message: _Optional[str] = ..., log_tail: _Optional[_Iterable[str]] = ..., log_path: _Optional[str] = ...) -> None: ...
+    busy_port: int
+    def __init__(self, job_id: _Optional[str] = ..., task_type: _Optional[str] = ..., task_index: _Optional[int] = ..., attempt: _Optional[int] = ..., phase: _Optional[_Union[TaskPhase, str]] = ..., pid: _Optional[int] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., message: _Optional[str] = ..., log_tail: _Optional[_Iterable[str]] = ..., log_path: _Optional[str] = ..., busy_port: _Optional[int] = ...) -> None: ...

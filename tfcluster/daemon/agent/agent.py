@@ -29,7 +29,8 @@ log = logging.getLogger("tfcluster.agent")
 LOG_CHUNK_BYTES = 64 * 1024
 LOG_FOLLOW_POLL_SECONDS = 0.1
 BACKOFF_START_SECONDS = 0.5
-BACKOFF_MAX_SECONDS = 10.0
+# Short enough that agents are back well inside a restarted coordinator's reconnect grace.
+BACKOFF_MAX_SECONDS = 2.0
 PHASES = {"RUNNING": pb.TASK_PHASE_RUNNING, "EXITED": pb.TASK_PHASE_EXITED,
           "FAILED_TO_START": pb.TASK_PHASE_FAILED_TO_START}
 
@@ -46,10 +47,9 @@ class AgentConfig:
 
 
 def task_report(record: TaskRecord) -> pb.TaskReport:
-    phase = record.phase if record.phase in PHASES else "RUNNING"
     msg = pb.TaskReport(job_id=record.job_id, task_type=record.task_type, task_index=record.task_index,
-                        attempt=record.attempt, phase=PHASES[phase], pid=record.pid, message=record.message,
-                        log_tail=record.log_tail, log_path=str(record.log_path))
+                        attempt=record.attempt, phase=PHASES[record.phase], pid=record.pid, message=record.message,
+                        log_tail=record.log_tail, log_path=str(record.log_path), busy_port=record.busy_port)
     if record.exit_code is not None:
         msg.exit_code = record.exit_code
     if record.signal is not None:
@@ -109,7 +109,8 @@ class Agent:
         while not self.outbound.empty():
             self.outbound.get_nowait()
         request = agent_pb2.RegisterRequest(node=self._node_info(),
-                                            tasks=[task_report(r) for r in self.supervisor.snapshot()])
+                                            tasks=[task_report(r) for r in self.supervisor.snapshot()
+                                                   if r.phase != "STARTING"])
         reply = stub.Register(request, timeout=10)
         interval = reply.heartbeat_interval_seconds or 1.0
         log.info("registered with %s as %s (%s)", self.config.coordinator, self.config.name, self.config.address)

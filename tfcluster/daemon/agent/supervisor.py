@@ -30,6 +30,7 @@ log = logging.getLogger("tfcluster.agent")
 
 TaskKey = tuple[str, str, int]  # job id, task type, task index
 FINISHED_KEPT_SECONDS = 3600.0
+ADOPTED_POLL_SECONDS = 0.5
 
 
 @dataclass
@@ -48,6 +49,7 @@ class TaskRecord:
     message: str = ""
     log_tail: list[str] = field(default_factory=list)
     finished_at: float = 0.0
+    busy_port: int = 0
     exited: threading.Event = field(default_factory=threading.Event)
 
     @property
@@ -93,7 +95,7 @@ class Supervisor:
             if current is not None and current.attempt >= attempt:
                 log.info("launch of %s:%d attempt %d ignored: attempt %d is known", task_type, task_index,
                          attempt, current.attempt)
-                if current.attempt == attempt:
+                if current.attempt == attempt and current.phase != "STARTING":
                     self.on_report(current)
                 return
             if current is not None and current.phase in ("STARTING", "RUNNING"):
@@ -105,6 +107,7 @@ class Supervisor:
         try:
             record.dir.mkdir(parents=True, exist_ok=True)
             if port and port_in_use(port):
+                record.busy_port = port
                 raise _StartError(f"port {port} is already in use on this node")
             task_env = {**os.environ, **env}
             for name in ("TFCLUSTER_CHECKPOINT_DIR", "TFCLUSTER_MODEL_DIR"):
@@ -242,9 +245,15 @@ class Supervisor:
         return found
 
     def _watch_adopted(self, record: TaskRecord) -> None:
+        """Waits for an adopted shim (not our child, so no wait()) to exit, then collects its status."""
         try:
             fd = os.pidfd_open(record.shim_pid)
-        except OSError:
+        except ProcessLookupError:
+            self._collect(record)
+            return
+        except OSError:  # no pidfd (Linux < 5.3): fall back to polling the pid
+            while _is_shim(record.shim_pid, record.dir):
+                time.sleep(ADOPTED_POLL_SECONDS)
             self._collect(record)
             return
         try:

@@ -15,6 +15,7 @@ from tfcluster.spec import JobSpec, resolve_strategy
 
 READY, LOST = "READY", "LOST"
 DEFAULT_LOST_AFTER_SECONDS = 3.0
+BUSY_PORT_AVOID_SECONDS = 600.0
 
 
 @dataclass
@@ -36,6 +37,8 @@ class Node:
     state: str = READY
     last_seen: float = 0.0
     session_id: str = ""
+    # Ports found taken by something else on the node, and until when to avoid them.
+    busy_ports: dict[int, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -51,6 +54,7 @@ class Report:
     signal: int | None = None
     message: str = ""
     log_tail: list[str] = field(default_factory=list)
+    busy_port: int = 0
 
 
 @dataclass
@@ -125,9 +129,10 @@ class Cluster:
     def ready_nodes(self) -> list[Node]:
         return sorted((n for n in self.nodes.values() if n.state == READY), key=lambda n: n.info.name)
 
-    def capacity(self, idle: bool = False) -> list[NodeCapacity]:
+    def capacity(self, idle: bool = False, now: float = 0.0) -> list[NodeCapacity]:
         used_gpus: dict[str, set[int]] = {}
-        used_ports: dict[str, set[int]] = {}
+        used_ports: dict[str, set[int]] = {n.info.name: {p for p, until in n.busy_ports.items() if until > now}
+                                           for n in self.ready_nodes()} if not idle else {}
         if not idle:
             for job in self.jobs.values():
                 for task in job.tasks:
@@ -143,9 +148,9 @@ class Cluster:
     def live_jobs(self) -> list[J.Job]:
         return sorted((j for j in self.jobs.values() if not j.terminal), key=lambda j: (j.created, j.id))
 
-    def plan(self, spec: JobSpec) -> Plan:
+    def plan(self, spec: JobSpec, now: float) -> Plan:
         strategy = resolve_strategy(spec)
-        result = place(spec, self.capacity())
+        result = place(spec, self.capacity(now=now))
         if isinstance(result, Unfit):
             return Plan(strategy, None, result.reason)
         return Plan(strategy, result, tf_configs=build_tf_configs([(p.type, p.index, p.address) for p in result]))
@@ -167,7 +172,7 @@ class Cluster:
         for job in self.live_jobs():
             if job.state != J.PENDING or job.not_before > now:
                 continue
-            result = place(job.spec, self.capacity(), previous=job.previous_nodes())
+            result = place(job.spec, self.capacity(now=now), previous=job.previous_nodes())
             self.dirty_jobs.add(job.id)
             if isinstance(result, Unfit):
                 job.on_unplaceable(result.reason, never=False, now=now)
@@ -191,7 +196,10 @@ class Cluster:
         self.dirty_jobs.add(job.id)
         if report.phase == "RUNNING":
             return job.on_running(task, report.pid)
-        actions = job.on_exit(task, report.exit_code, report.signal, report.message, report.log_tail, now)
+        if report.busy_port and node_name in self.nodes:
+            self.nodes[node_name].busy_ports[report.busy_port] = now + BUSY_PORT_AVOID_SECONDS
+        actions = job.on_exit(task, report.exit_code, report.signal, report.message, report.log_tail, now,
+                              busy_port=report.busy_port)
         return actions + self.schedule(now)
 
     def stop(self, job_id: str, now: float, graceful: bool = True) -> list[J.Action]:

@@ -53,6 +53,7 @@ class Task:
     log_tail: list[str] = field(default_factory=list)
     tf_config: str = ""
     stop_requested: bool = False
+    busy_port: int = 0  # the launch failed because this port was taken on the node
 
     @property
     def key(self) -> str:
@@ -77,6 +78,16 @@ class Failure:
     message: str
     log_tail: list[str]
     time: float
+    busy_port: int = 0
+
+    @property
+    def preempted(self) -> bool:
+        return self.exit_code == PREEMPTION_EXIT_CODE
+
+    @property
+    def costs_budget(self) -> bool:
+        """Preemption saves and port conflicts restart the group for free: nothing in the job went wrong."""
+        return not (self.preempted or self.busy_port)
 
     def describe(self) -> str:
         if self.signal:
@@ -180,7 +191,7 @@ class Job:
             task.attempt += 1
             task.state = T_LAUNCHING
             task.pid, task.exit_code, task.signal, task.message = 0, None, None, ""
-            task.log_tail, task.stop_requested = [], False
+            task.log_tail, task.stop_requested, task.busy_port = [], False, 0
             actions.append(self.launch_action(task))
         return actions
 
@@ -230,9 +241,15 @@ class Job:
         return env
 
     def on_running(self, task: Task, pid: int) -> list[Action]:
+        if task.state == T_RUNNING and not task.pid:
+            task.pid = pid
         if task.state != T_LAUNCHING:
             return []
         task.state, task.pid = T_RUNNING, pid
+        return self._advance()
+
+    def _advance(self) -> list[Action]:
+        """While STARTING: launch the next wave once every earlier task runs; RUNNING once all do."""
         if self.state != STARTING:
             return []
         waiting = [t for t in self.tasks if t.state == T_PENDING or t.state == T_LAUNCHING]
@@ -244,11 +261,11 @@ class Job:
         return []
 
     def on_exit(self, task: Task, exit_code: int | None, signal: int | None, message: str,
-                log_tail: list[str], now: float) -> list[Action]:
+                log_tail: list[str], now: float, busy_port: int = 0) -> list[Action]:
         """A task ended: exit code or signal; exit_code None and signal None means it never started."""
         if task.state in TASK_TERMINAL or task.state == T_PENDING:
             return []
-        task.exit_code, task.signal = exit_code, signal
+        task.exit_code, task.signal, task.busy_port = exit_code, signal, busy_port
         task.message, task.log_tail = message, log_tail[-20:]
         if task.stop_requested:
             task.state = T_SUCCEEDED if exit_code == 0 else T_STOPPED
@@ -267,23 +284,24 @@ class Job:
             return self._finish_if_quiet(now)
         if task.state in (T_FAILED, T_LOST):
             failure = Failure(task=task.key, node=task.node, exit_code=task.exit_code, signal=task.signal,
-                              message=task.message, log_tail=task.log_tail, time=now)
+                              message=task.message, log_tail=task.log_tail, time=now, busy_port=task.busy_port)
             if task.type == "evaluator":
-                return self._restart_evaluator(task, failure, now)
+                # An evaluator given up while STARTING must not hold back the chief's wave or RUNNING.
+                return self._restart_evaluator(task, failure, now) + self._advance()
             return self._training_failed(failure, now)
         if task.state == T_SUCCEEDED and task.type != "evaluator":
             return self._check_training_done(now)
-        return []
+        return self._advance()
 
     def _training_failed(self, failure: Failure, now: float) -> list[Action]:
         self.last_failure = failure
-        preempted = failure.exit_code == PREEMPTION_EXIT_CODE
         if failure.exit_code in self.spec.restart.permanent_exit_codes:
             return self._wind_down(FAILED, f"{failure.describe()}: a permanent exit code, not restarted", now)
-        if not preempted and self.restarts >= self.spec.restart.max_restarts:
+        if failure.costs_budget and self.restarts >= self.spec.restart.max_restarts:
             return self._wind_down(FAILED, f"{failure.describe()}; restart budget spent "
                                            f"({self.restarts} of {self.spec.restart.max_restarts})", now)
-        why = "preemption checkpoint saved" if preempted else "restarting the training group"
+        why = ("preemption checkpoint saved" if failure.preempted else
+               "placing the group again" if failure.busy_port else "restarting the training group")
         return self._wind_down(RESTART, f"{failure.describe()}; {why}", now)
 
     def _restart_evaluator(self, task: Task, failure: Failure, now: float) -> list[Action]:
@@ -336,11 +354,11 @@ class Job:
         if self.state != STOPPING or any(t.live for t in self.tasks):
             return []
         if self.outcome == RESTART:
-            preempted = self.last_failure is not None and self.last_failure.exit_code == PREEMPTION_EXIT_CODE
-            if preempted:
-                self.preemptions += 1
-            else:
+            failure = self.last_failure
+            if failure is None or failure.costs_budget:
                 self.restarts += 1
+            elif failure.preempted:
+                self.preemptions += 1
             self.state, self.outcome = PENDING, ""
             self.not_before = now + self.spec.restart.backoff_seconds
             return []

@@ -32,6 +32,7 @@ log = logging.getLogger("tfcluster.coordinator")
 
 HEARTBEAT_INTERVAL_SECONDS = 1.0
 TICK_SECONDS = 0.2
+RECONNECT_GRACE_SECONDS = 10.0
 LOG_POLL_SECONDS = 0.5
 
 
@@ -79,7 +80,9 @@ class _LogWaiter:
 class Coordinator:
     def __init__(self, state_dir: Path, lost_after_seconds: float = 3.0,
                  heartbeat_interval_seconds: float = HEARTBEAT_INTERVAL_SECONDS,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time,
+                 reconnect_grace_seconds: float = RECONNECT_GRACE_SECONDS):
+        self.reconnect_grace = reconnect_grace_seconds
         self.clock = clock
         self.heartbeat_interval = heartbeat_interval_seconds
         self.cluster = Cluster(lost_after_seconds)
@@ -96,8 +99,9 @@ class Coordinator:
         for job in self.store.load_jobs():
             self.cluster.jobs[job.id] = job
         for node in self.store.load_nodes():
-            # Agents get a full timeout to reconnect after a coordinator restart before their tasks count as lost.
-            node.last_seen = now
+            # After a coordinator restart, agents get the reconnect grace (they retry with backoff) on top of
+            # the usual timeout before their nodes, and the tasks on them, count as lost.
+            node.last_seen = now + self.reconnect_grace
             node.session_id = ""
             self.cluster.nodes[node.info.name] = node
         if self.cluster.jobs:
@@ -315,7 +319,7 @@ def _report(msg: pb.TaskReport) -> Report:
                   phase=PHASE_NAMES[msg.phase], pid=msg.pid,
                   exit_code=msg.exit_code if msg.HasField("exit_code") else None,
                   signal=msg.signal if msg.HasField("signal") else None,
-                  message=msg.message, log_tail=list(msg.log_tail))
+                  message=msg.message, log_tail=list(msg.log_tail), busy_port=msg.busy_port)
 
 
 # ---- gRPC servicers ----------------------------------------------------------------------------
@@ -394,7 +398,7 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
         except SpecError as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         with self.c.lock:
-            plan = self.c.cluster.plan(spec)
+            plan = self.c.cluster.plan(spec, self.c.clock())
             scratch = J.Job(id=f"{spec.name}-plan", spec=spec, strategy=plan.strategy)
         response = control_pb2.PlanJobResponse(fits=plan.placement is not None, reason=plan.reason,
                                                strategy=plan.strategy)

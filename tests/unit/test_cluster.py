@@ -1,0 +1,736 @@
+"""The coordinator's pure model driven end to end with fake time: nodes, jobs, reports, restarts, loss."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tfcluster.daemon.coordinator import jobs as J
+from tfcluster.daemon.coordinator.cluster import LOST, READY, Cluster, NodeInfo, Report, Unplaceable
+from tfcluster.daemon.coordinator.scheduler import Gpu
+from tfcluster.spec import parse_spec
+
+PORTS = (20000, 20099)
+
+
+def gpus(node: str, n: int) -> tuple[Gpu, ...]:
+    return tuple(Gpu(i, uuid=f"GPU-{node}-{i}", name="A100", memory_mib=40000) for i in range(n))
+
+
+def info(name: str, n_gpus: int = 0, ports=PORTS) -> NodeInfo:
+    return NodeInfo(name=name, address=f"10.0.0.{name[-1]}", port_range=ports, gpus=gpus(name, n_gpus),
+                    state_dir=f"/state/{name}")
+
+
+def make_spec(strategy="multi_worker_mirrored", gpus=0, env=None, restart=None, **roles):
+    table = {r: (v if isinstance(v, dict) else {"count": v}) for r, v in roles.items()}
+    data = {"name": "job", "strategy": strategy, "command": ["python", "train.py"], "gpus": gpus,
+            "roles": table, "workdir": "/work/job"}
+    if env:
+        data["env"] = env
+    if restart:
+        data["restart"] = restart
+    return parse_spec(data, "test")
+
+
+class Sim:
+    """A Cluster plus fake time and helpers that play the agents' part."""
+
+    def __init__(self, *nodes: NodeInfo, lost_after: float = 3.0):
+        self.c = Cluster(lost_after_seconds=lost_after)
+        self.now = 100.0
+        self.pid = 1000
+        for n in nodes:
+            assert self.c.register(n, [], f"session-{n.name}", self.now) == []
+
+    def submit(self, spec, job_id="j1"):
+        job, actions = self.c.submit(job_id, spec, self.now)
+        return job, actions
+
+    def report(self, job, task_type, index, phase, attempt=None, node=None, **kw) -> list:
+        task = job.task(task_type, index)
+        if phase == "RUNNING" and "pid" not in kw:
+            self.pid += 1
+            kw["pid"] = self.pid
+        r = Report(job_id=job.id, task_type=task_type, task_index=index,
+                   attempt=task.attempt if attempt is None else attempt, phase=phase, **kw)
+        return self.c.report(node or task.node, r, self.now)
+
+    def running(self, job, actions) -> list:
+        """Every launched task reports RUNNING; returns the actions that come back."""
+        out = []
+        for a in launches(actions):
+            out += self.report(job, a.task.type, a.task.index, "RUNNING", attempt=a.task.attempt, node=a.node)
+        return out
+
+    def exit(self, job, key, code=0, signal=None, **kw) -> list:
+        t, i = key.split(":")
+        return self.report(job, t, int(i), "EXITED", exit_code=code, signal=signal, **kw)
+
+    def exit_stopped(self, job, actions) -> list:
+        """Every task told to stop exits by SIGTERM."""
+        out = []
+        for s in stops(actions):
+            out += self.report(job, s.task_type, s.task_index, "EXITED", attempt=s.attempt, node=s.node,
+                               exit_code=None, signal=15)
+        return out
+
+    def heartbeat_all(self, *except_nodes):
+        for name, n in self.c.nodes.items():
+            if name not in except_nodes:
+                self.c.heartbeat(name, n.session_id, self.now)
+
+    def free(self):
+        """node -> (free GPU indices, used ports)."""
+        return {n.name: (sorted(g.index for g in n.gpus if g.index not in n.used_gpus), sorted(n.used_ports))
+                for n in self.c.capacity()}
+
+
+def launches(actions):
+    return [a for a in actions if isinstance(a, J.Launch)]
+
+
+def stops(actions):
+    return [a for a in actions if isinstance(a, J.Stop)]
+
+
+def keys(actions):
+    return sorted(f"{a.task.type}:{a.task.index}" if isinstance(a, J.Launch) else f"{a.task_type}:{a.task_index}"
+                  for a in actions)
+
+
+def three_nodes():
+    return Sim(info("n1", 2), info("n2", 2), info("n3", 0))
+
+
+def mwms(**kw):
+    roles = kw.pop("roles", None) or {"worker": {"count": 2}, "evaluator": {"count": 1, "gpus": 0}}
+    return make_spec(gpus=kw.pop("gpus", 1), env=kw.pop("env", {"EPOCHS": "5"}), **kw, **roles)
+
+
+def start(sim, spec, job_id="j1"):
+    job, actions = sim.submit(spec, job_id)
+    assert sim.running(job, actions) == []
+    return job, actions
+
+
+# ---- launch -----------------------------------------------------------------------------------
+
+def test_submit_launches_every_task_with_its_environment():
+    sim = three_nodes()
+    job, actions = sim.submit(mwms())
+    assert job.state == J.STARTING and job.strategy == "multi_worker_mirrored"
+    assert keys(actions) == ["evaluator:0", "worker:0", "worker:1"]
+    assert all(isinstance(a, J.Launch) for a in actions)
+    by_key = {f"{a.task.type}:{a.task.index}": a for a in actions}
+    cluster = {"worker": [job.task("worker", 0).address, job.task("worker", 1).address]}
+    for key, a in by_key.items():
+        task = a.task
+        assert a.node == task.node and a.job_id == "j1"
+        assert a.command == ["python", "train.py"] and a.workdir == "/work/job"
+        assert task.attempt == 1 and task.state == J.T_LAUNCHING
+        env = a.env
+        tf_config = json.loads(env["TF_CONFIG"])
+        assert tf_config == {"cluster": cluster, "task": {"type": task.type, "index": task.index}}
+        assert env["TF_USE_LEGACY_KERAS"] == "1"
+        assert env["EPOCHS"] == "5"
+        assert env["TFCLUSTER_JOB_ID"] == "j1"
+        assert env["TFCLUSTER_TASK_TYPE"] == task.type
+        assert env["TFCLUSTER_TASK_INDEX"] == str(task.index)
+        assert env["TFCLUSTER_ATTEMPT"] == "1"
+        assert env["TFCLUSTER_CHECKPOINT_DIR"] == f"/state/{task.node}/jobs/j1/checkpoints"
+        assert env["TFCLUSTER_MODEL_DIR"] == env["TFCLUSTER_CHECKPOINT_DIR"]
+        assert "GRPC_FAIL_FAST" not in env
+    # Workers each have one GPU, named by UUID; the GPU-less evaluator sees none.
+    w0, w1 = by_key["worker:0"].task, by_key["worker:1"].task
+    assert {w0.node, w1.node} == {"n1", "n2"}  # spread
+    for w in (w0, w1):
+        assert len(w.gpus) == 1
+        assert by_key[w.key].env["CUDA_VISIBLE_DEVICES"] == f"GPU-{w.node}-{w.gpus[0].index}"
+    assert by_key["evaluator:0"].env["CUDA_VISIBLE_DEVICES"] == "-1"
+
+
+def test_spec_env_overrides_legacy_keras_and_checkpoint_dir_is_shared():
+    sim = three_nodes()
+    spec = make_spec(env={"TF_USE_LEGACY_KERAS": "0"}, worker=2)
+    spec = type(spec)(**{**spec.__dict__, "checkpoint_dir": "/shared/ckpt"})
+    job, actions = sim.submit(spec)
+    for a in actions:
+        assert a.env["TF_USE_LEGACY_KERAS"] == "0"
+        assert a.env["TFCLUSTER_CHECKPOINT_DIR"] == "/shared/ckpt"
+        assert a.env["TFCLUSTER_MODEL_DIR"] == "/shared/ckpt"
+
+
+def test_gpu_uuids_listed_for_multi_gpu_tasks():
+    sim = Sim(info("n1", 4))
+    job, actions = sim.submit(make_spec(strategy="mirrored", gpus=3, worker=1))
+    (a,) = actions
+    assert a.env["CUDA_VISIBLE_DEVICES"] == "GPU-n1-0,GPU-n1-1,GPU-n1-2"
+
+
+def test_running_only_when_every_task_runs():
+    sim = three_nodes()
+    job, actions = sim.submit(mwms())
+    for a in actions[:-1]:
+        assert sim.report(job, a.task.type, a.task.index, "RUNNING") == []
+        assert job.state == J.STARTING
+    sim.report(job, actions[-1].task.type, actions[-1].task.index, "RUNNING", pid=4242)
+    assert job.state == J.RUNNING
+    assert actions[-1].task.pid == 4242 and actions[-1].task.state == J.T_RUNNING
+    # A repeated report changes nothing.
+    assert sim.report(job, actions[-1].task.type, actions[-1].task.index, "RUNNING") == []
+    assert job.state == J.RUNNING
+
+
+def test_capacity_accounts_for_running_jobs():
+    sim = three_nodes()
+    job, _ = start(sim, mwms())
+    free = sim.free()
+    assert len(free["n1"][0]) == 1 and len(free["n2"][0]) == 1  # one of two GPUs taken on each
+    assert all(len(ports) == 1 for _, ports in free.values())
+
+
+# ---- success ----------------------------------------------------------------------------------
+
+def test_all_exit_zero_succeeds_and_frees_resources():
+    sim = three_nodes()
+    job, _ = start(sim, mwms(roles={"worker": {"count": 2}}))
+    assert sim.exit(job, "worker:1", 0) == []
+    assert job.state == J.RUNNING  # worker 0 still training
+    assert sim.exit(job, "worker:0", 0) == []
+    assert job.state == J.SUCCEEDED and job.finished == sim.now
+    assert all(t.state == J.T_SUCCEEDED for t in job.tasks)
+    assert sim.free() == {"n1": ([0, 1], []), "n2": ([0, 1], []), "n3": ([], [])}
+
+
+@pytest.mark.parametrize("roles, order", [
+    ({"worker": {"count": 2}}, ["worker:0", "worker:1"]),
+    ({"chief": {"count": 1}, "worker": {"count": 2}}, ["chief:0", "worker:1", "worker:0"]),
+])
+def test_success_needs_every_training_task_whatever_the_exit_order(roles, order):
+    sim = three_nodes()
+    job, _ = start(sim, mwms(roles=roles))
+    for key in order[:-1]:
+        assert sim.exit(job, key, 0) == []
+        assert job.state == J.RUNNING, f"done after only {key}"
+    sim.exit(job, order[-1], 0)
+    assert job.state == J.SUCCEEDED
+
+
+def test_success_stops_the_evaluator_then_succeeds():
+    sim = three_nodes()
+    job, _ = start(sim, mwms())
+    sim.exit(job, "worker:1", 0)
+    actions = sim.exit(job, "worker:0", 0)
+    assert keys(actions) == ["evaluator:0"] and all(isinstance(a, J.Stop) for a in actions)
+    assert job.state == J.STOPPING
+    assert sim.free()["n3"][1] != []  # the evaluator's port is still held
+    sim.exit_stopped(job, actions)
+    assert job.state == J.SUCCEEDED
+    assert job.task("evaluator", 0).state == J.T_STOPPED
+    assert sim.free() == {"n1": ([0, 1], []), "n2": ([0, 1], []), "n3": ([], [])}
+
+
+# ---- restarts ---------------------------------------------------------------------------------
+
+def test_worker_failure_restarts_the_whole_group_on_the_same_addresses():
+    sim = three_nodes()
+    job, first = start(sim, mwms())
+    before = {a.task.key: (a.node, a.task.address, a.env["TF_CONFIG"], a.env["CUDA_VISIBLE_DEVICES"])
+              for a in first}
+    actions = sim.exit(job, "worker:1", 1, log_tail=["Traceback", "RuntimeError: boom"])
+    assert job.state == J.STOPPING
+    assert keys(actions) == ["evaluator:0", "worker:0"]
+    assert all(isinstance(a, J.Stop) and a.attempt == 1 and a.grace_seconds == 30.0 for a in actions)
+    assert job.last_failure.task == "worker:1" and job.last_failure.exit_code == 1
+    assert job.last_failure.log_tail == ["Traceback", "RuntimeError: boom"]
+    assert "worker:1" in job.message and "exited with code 1" in job.message
+
+    assert sim.exit_stopped(job, actions[:1]) == []
+    assert job.state == J.STOPPING  # one survivor left
+    relaunch = sim.exit_stopped(job, actions[1:])
+    assert job.state == J.STARTING and job.restarts == 1
+    assert keys(relaunch) == ["evaluator:0", "worker:0", "worker:1"]
+    after = {a.task.key: (a.node, a.task.address, a.env["TF_CONFIG"], a.env["CUDA_VISIBLE_DEVICES"])
+             for a in relaunch}
+    assert after == before
+    for a in relaunch:
+        assert a.task.attempt == 2 and a.env["TFCLUSTER_ATTEMPT"] == "2"
+    assert sim.running(job, relaunch) == []
+    assert job.state == J.RUNNING
+
+
+def test_restart_budget_spent_fails_naming_task_and_exit_code():
+    sim = three_nodes()
+    job, actions = start(sim, mwms(roles={"worker": {"count": 2}}, restart={"max_restarts": 1}))
+    relaunch = sim.exit_stopped(job, sim.exit(job, "worker:0", 3))
+    assert job.restarts == 1 and job.state == J.STARTING
+    sim.running(job, relaunch)
+    stop = sim.exit(job, "worker:1", 5)
+    assert job.state == J.STOPPING and keys(stop) == ["worker:0"]
+    assert sim.exit_stopped(job, stop) == []
+    assert job.state == J.FAILED
+    assert job.restarts == 1
+    assert "worker:1" in job.message and "exited with code 5" in job.message and "budget spent" in job.message
+    assert job.last_failure.describe().startswith("worker:1 on n")
+
+
+def test_no_restarts_allowed_fails_at_first_failure():
+    sim = three_nodes()
+    job, _ = start(sim, mwms(roles={"worker": {"count": 1}}, strategy="mirrored", restart={"max_restarts": 0}))
+    assert sim.exit(job, "worker:0", None, signal=9) == []
+    assert job.state == J.FAILED
+    assert "worker:0" in job.message and "SIGKILL" in job.message
+
+
+def test_preemption_exit_42_restarts_without_using_the_budget():
+    sim = three_nodes()
+    job, _ = start(sim, mwms(roles={"worker": {"count": 2}}, restart={"max_restarts": 0}))
+    for attempt in (2, 3):
+        stop = sim.exit(job, "worker:0", 42)
+        assert job.state == J.STOPPING
+        assert "preemption" in job.message and job.last_failure.exit_code == 42
+        # Under MWMS every worker saves and exits 42 itself.
+        relaunch = sim.exit(job, "worker:1", 42)
+        assert job.state == J.STARTING
+        assert keys(relaunch) == ["worker:0", "worker:1"] and keys(stop) == ["worker:1"]
+        assert all(a.task.attempt == attempt for a in relaunch)
+        sim.running(job, relaunch)
+    assert job.restarts == 0 and job.preemptions == 2
+
+
+def test_permanent_exit_code_fails_at_once():
+    sim = three_nodes()
+    job, _ = start(sim, mwms(restart={"max_restarts": 5, "permanent_exit_codes": [7]}))
+    stop = sim.exit(job, "worker:0", 7)
+    assert keys(stop) == ["evaluator:0", "worker:1"]
+    sim.exit_stopped(job, stop)
+    assert job.state == J.FAILED and job.restarts == 0
+    assert "worker:0" in job.message and "code 7" in job.message and "permanent" in job.message
+
+
+def test_failure_while_starting_restarts_too():
+    sim = three_nodes()
+    job, actions = sim.submit(mwms(roles={"worker": {"count": 2}}))
+    sim.report(job, "worker", 0, "RUNNING")
+    stop = sim.report(job, "worker", 1, "FAILED_TO_START", message="python: not found")
+    assert job.state == J.STOPPING and keys(stop) == ["worker:0"]
+    assert "python: not found" in job.message
+    relaunch = sim.exit_stopped(job, stop)
+    assert keys(relaunch) == ["worker:0", "worker:1"] and job.restarts == 1
+
+
+def test_restart_backoff_waits_for_tick():
+    sim = three_nodes()
+    job, _ = start(sim, mwms(roles={"worker": {"count": 1}}, strategy="mirrored",
+                             restart={"backoff_seconds": 10}))
+    assert sim.exit(job, "worker:0", 1) == []
+    assert job.state == J.PENDING and job.not_before == sim.now + 10
+    sim.now += 5
+    sim.heartbeat_all()
+    assert sim.c.tick(sim.now) == []
+    sim.now += 6
+    sim.heartbeat_all()
+    relaunch = sim.c.tick(sim.now)
+    assert keys(relaunch) == ["worker:0"] and relaunch[0].task.attempt == 2
+
+
+def test_evaluator_failure_restarts_only_the_evaluator():
+    sim = three_nodes()
+    job, _ = start(sim, mwms())
+    workers = [(t.state, t.attempt, t.pid) for t in job.training_tasks()]
+    actions = sim.exit(job, "evaluator:0", 1)
+    assert keys(actions) == ["evaluator:0"] and isinstance(actions[0], J.Launch)
+    assert actions[0].task.attempt == 2 and actions[0].env["TFCLUSTER_ATTEMPT"] == "2"
+    assert job.state == J.RUNNING
+    assert [(t.state, t.attempt, t.pid) for t in job.training_tasks()] == workers
+    assert "evaluator restarted" in job.message
+    assert sim.report(job, "evaluator", 0, "RUNNING") == []
+    assert job.state == J.RUNNING
+    # Training still ends normally.
+    sim.exit(job, "worker:1", 0)
+    sim.exit_stopped(job, sim.exit(job, "worker:0", 0))
+    assert job.state == J.SUCCEEDED
+
+
+def test_evaluator_failures_never_fail_the_job():
+    sim = three_nodes()
+    job, _ = start(sim, mwms(restart={"max_restarts": 0}))
+    assert sim.exit(job, "evaluator:0", 1) == []  # budget spent: not restarted, but training goes on
+    assert job.state == J.RUNNING and "evaluator not restarted" in job.message
+    sim.exit(job, "worker:1", 0)
+    assert sim.exit(job, "worker:0", 0) == []
+    assert job.state == J.SUCCEEDED
+
+
+# ---- parameter server -------------------------------------------------------------------------
+
+def ps_spec(**kw):
+    return make_spec(strategy="parameter_server", chief=1, worker=2, ps={"count": 2, "gpus": 0},
+                     evaluator={"count": 1, "gpus": 0}, **kw)
+
+
+def test_parameter_server_chief_starts_after_ps_and_workers_and_success_stops_the_rest():
+    sim = Sim(info("n1"), info("n2"), info("n3"))
+    job, actions = sim.submit(ps_spec())
+    assert keys(actions) == ["evaluator:0", "ps:0", "ps:1", "worker:0", "worker:1"]
+    assert job.task("chief", 0).state == J.T_PENDING
+    for a in actions:
+        assert a.env["GRPC_FAIL_FAST"] == "use_caller"
+        if a.task.type in ("worker", "ps"):
+            assert a.command == ["python", "-m", "tfcluster.roles.server"]
+        else:
+            assert a.command == ["python", "train.py"]
+        tf_config = json.loads(a.env["TF_CONFIG"])
+        assert sorted(tf_config["cluster"]) == ["chief", "ps", "worker"]
+    out = []
+    for a in actions[:-1]:
+        out += sim.report(job, a.task.type, a.task.index, "RUNNING")
+    assert out == [] and job.state == J.STARTING
+    chief = sim.report(job, actions[-1].task.type, actions[-1].task.index, "RUNNING")
+    assert keys(chief) == ["chief:0"] and chief[0].task.attempt == 1
+    assert chief[0].command == ["python", "train.py"]
+    assert job.state == J.STARTING
+    sim.report(job, "chief", 0, "RUNNING")
+    assert job.state == J.RUNNING
+
+    stop = sim.exit(job, "chief:0", 0)
+    assert keys(stop) == ["evaluator:0", "ps:0", "ps:1", "worker:0", "worker:1"]
+    assert all(isinstance(s, J.Stop) for s in stop)
+    assert job.state == J.STOPPING
+    # The servers die of the SIGTERM (or exit non-zero on it): that is no failure.
+    for s in stop[:2]:
+        sim.report(job, s.task_type, s.task_index, "EXITED", exit_code=None, signal=15)
+    for s in stop[2:]:
+        sim.report(job, s.task_type, s.task_index, "EXITED", exit_code=1)
+    assert job.state == J.SUCCEEDED and job.restarts == 0 and job.last_failure is None
+
+
+def test_parameter_server_chief_failure_restarts():
+    sim = Sim(info("n1"), info("n2"), info("n3"))
+    job, actions = sim.submit(ps_spec())
+    sim.running(job, sim.running(job, actions))
+    assert job.state == J.RUNNING
+    stop = sim.exit(job, "chief:0", 1)
+    assert keys(stop) == ["evaluator:0", "ps:0", "ps:1", "worker:0", "worker:1"]
+    relaunch = sim.exit_stopped(job, stop)
+    assert job.restarts == 1
+    assert keys(relaunch) == ["evaluator:0", "ps:0", "ps:1", "worker:0", "worker:1"]  # chief waits again
+    chief = sim.running(job, relaunch)
+    assert keys(chief) == ["chief:0"] and chief[0].task.attempt == 2
+
+
+# ---- placement over time ----------------------------------------------------------------------
+
+def test_job_that_can_never_fit_is_refused():
+    sim = three_nodes()
+    with pytest.raises(Unplaceable, match="GPU"):
+        sim.submit(make_spec(gpus=4, worker=2))
+    with pytest.raises(Unplaceable, match="GPU"):
+        sim.submit(make_spec(gpus=2, worker=3))  # 6 GPUs; the cluster has 4
+    assert sim.c.jobs == {}
+
+
+def test_pending_job_waits_then_starts_when_another_finishes():
+    sim = three_nodes()
+    a, _ = start(sim, make_spec(gpus=2, worker=1, strategy="mirrored"), "a")
+    b, _ = start(sim, make_spec(gpus=2, worker=1, strategy="mirrored"), "b")
+    assert {a.task("worker", 0).node, b.task("worker", 0).node} == {"n1", "n2"}
+    c, actions = sim.submit(make_spec(gpus=1, worker=2), "c")
+    assert actions == [] and c.state == J.PENDING
+    assert c.message.startswith("waiting for resources:") and "GPU" in c.message
+    assert sim.c.tick(sim.now) == [] and c.state == J.PENDING
+    launched = sim.exit(a, "worker:0", 0)
+    assert a.state == J.SUCCEEDED
+    # The freed node has 2 GPUs: both 1-GPU workers land there, on different GPUs.
+    assert keys(launched) == ["worker:0", "worker:1"] and c.state == J.STARTING
+    assert {x.node for x in launched} == {a.task("worker", 0).node}
+    assert len({g.index for x in launched for g in x.task.gpus}) == 2
+
+
+def test_pending_jobs_start_oldest_first():
+    sim = Sim(info("n1", 1))
+    a, _ = start(sim, make_spec(gpus=1, worker=1, strategy="mirrored"), "a")
+    sim.now += 1
+    b, _ = sim.submit(make_spec(gpus=1, worker=1, strategy="mirrored"), "b")
+    sim.now += 1
+    c, _ = sim.submit(make_spec(gpus=1, worker=1, strategy="mirrored"), "c")
+    assert b.state == c.state == J.PENDING
+    launched = sim.exit(a, "worker:0", 0)
+    assert [x.job_id for x in launched] == ["b"] and c.state == J.PENDING
+
+
+def test_plan_changes_nothing():
+    sim = three_nodes()
+    plan = sim.c.plan(mwms(), sim.now)
+    assert plan.strategy == "multi_worker_mirrored" and plan.reason == ""
+    assert len(plan.placement) == 3 and set(plan.tf_configs) == {("worker", 0), ("worker", 1), ("evaluator", 0)}
+    assert sim.c.jobs == {}
+    assert sim.free() == {"n1": ([0, 1], []), "n2": ([0, 1], []), "n3": ([], [])}
+    bad = sim.c.plan(make_spec(gpus=8, worker=1, strategy="mirrored"), sim.now)
+    assert bad.placement is None and "GPU" in bad.reason
+
+
+# ---- nodes ------------------------------------------------------------------------------------
+
+def test_heartbeat_needs_the_current_session():
+    sim = three_nodes()
+    assert sim.c.heartbeat("n1", "session-n1", sim.now + 1)
+    assert not sim.c.heartbeat("n1", "old-session", sim.now + 1)
+    assert not sim.c.heartbeat("nope", "session-n1", sim.now + 1)
+
+
+def test_silent_node_is_lost_and_its_job_restarts_elsewhere():
+    sim = Sim(info("n1", 1), info("n2", 1), info("n3", 1))
+    job, _ = start(sim, mwms(roles={"worker": {"count": 2}}))
+    nodes = {t.key: t.node for t in job.tasks}
+    assert sorted(nodes.values()) == ["n1", "n2"]
+    lost_key = next(k for k, n in nodes.items() if n == "n1")
+    survivor_key = next(k for k, n in nodes.items() if n == "n2")
+
+    sim.now += 2.0
+    sim.heartbeat_all("n1")
+    assert sim.c.tick(sim.now) == []
+    assert sim.c.nodes["n1"].state == READY  # 2 s silent: not yet
+    sim.now += 2.0
+    sim.heartbeat_all("n1")
+    stop = sim.c.tick(sim.now)
+    assert sim.c.nodes["n1"].state == LOST
+    assert not sim.c.heartbeat("n1", "session-n1", sim.now)  # it must register again
+    lost = next(t for t in job.tasks if t.key == lost_key)
+    assert lost.state == J.T_LOST and "n1 lost" in lost.message
+    assert keys(stop) == [survivor_key] and stop[0].node == "n2"
+    assert job.state == J.STOPPING
+    assert "n1" not in [n.name for n in sim.c.capacity()]
+
+    relaunch = sim.exit_stopped(job, stop)
+    assert keys(relaunch) == ["worker:0", "worker:1"]
+    placed = {a.task.key: a.node for a in relaunch}
+    assert placed[survivor_key] == "n2"  # kept where it was
+    assert placed[lost_key] == "n3"      # moved off the lost node
+    assert job.restarts == 1 and all(a.task.attempt == 2 for a in relaunch)
+
+
+def test_lost_node_with_the_whole_job_restarts_on_tick():
+    sim = Sim(info("n1", 2), info("n2", 2))
+    job, _ = start(sim, make_spec(strategy="mirrored", gpus=2, worker=1))
+    node = job.task("worker", 0).node
+    other = "n2" if node == "n1" else "n1"
+    sim.now += 5
+    sim.heartbeat_all(node)
+    relaunch = sim.c.tick(sim.now)
+    assert keys(relaunch) == ["worker:0"] and relaunch[0].node == other
+    assert relaunch[0].task.attempt == 2 and job.restarts == 1
+
+
+def test_lost_node_and_no_room_waits_pending():
+    sim = Sim(info("n1"), info("n2"))
+    job, _ = start(sim, make_spec(worker={"count": 1, "nodes": ["n1"]}, strategy="mirrored"))
+    sim.now += 5
+    sim.heartbeat_all("n1")
+    assert sim.c.tick(sim.now) == []
+    assert job.state == J.PENDING and "n1" in job.message
+
+
+# ---- reports and re-registration --------------------------------------------------------------
+
+def test_stale_attempt_running_report_is_told_to_stop():
+    sim = three_nodes()
+    job, _ = start(sim, mwms(roles={"worker": {"count": 2}}))
+    relaunch = sim.exit_stopped(job, sim.exit(job, "worker:0", 1))
+    sim.running(job, relaunch)
+    w1 = job.task("worker", 1)
+    actions = sim.report(job, "worker", 1, "RUNNING", attempt=1)
+    assert actions == [J.Stop(node=w1.node, job_id="j1", task_type="worker", task_index=1, attempt=1,
+                              grace_seconds=30.0)]
+    assert w1.state == J.T_RUNNING and w1.attempt == 2 and job.state == J.RUNNING
+    # A stale exit changes nothing either.
+    assert sim.report(job, "worker", 1, "EXITED", attempt=1, exit_code=1) == []
+    assert w1.state == J.T_RUNNING and job.state == J.RUNNING
+
+
+def test_running_report_from_the_wrong_node_is_told_to_stop():
+    sim = three_nodes()
+    job, _ = start(sim, mwms(roles={"worker": {"count": 2}}))
+    actions = sim.report(job, "worker", 0, "RUNNING", node="n3")
+    assert keys(actions) == ["worker:0"] and actions[0].node == "n3"
+    assert job.state == J.RUNNING
+
+
+def test_unknown_job_running_report_is_told_to_stop():
+    sim = three_nodes()
+    r = Report(job_id="gone", task_type="worker", task_index=0, attempt=3, phase="RUNNING", pid=9)
+    assert sim.c.report("n1", r, sim.now) == [J.Stop(node="n1", job_id="gone", task_type="worker", task_index=0,
+                                                      attempt=3, grace_seconds=0.0)]
+    r = Report(job_id="gone", task_type="worker", task_index=0, attempt=3, phase="EXITED", exit_code=0)
+    assert sim.c.report("n1", r, sim.now) == []
+
+
+def test_register_reconciles_with_the_agents_reports():
+    sim = Sim(info("n1"), info("n2"))
+    job, actions = sim.submit(mwms(roles={"worker": {"count": 2}}, gpus=0))
+    w_n1 = next(t for t in job.tasks if t.node == "n1")
+    w_n2 = next(t for t in job.tasks if t.node == "n2")
+    sim.report(job, w_n1.type, w_n1.index, "RUNNING", pid=77)
+    assert w_n1.state == J.T_RUNNING and w_n2.state == J.T_LAUNCHING
+
+    # n1's agent reconnects: still runs its task, plus a task of a job the coordinator does not know.
+    sim.now += 1
+    reports = [Report(job.id, w_n1.type, w_n1.index, w_n1.attempt, "RUNNING", pid=77),
+               Report("old-job", "worker", 0, 1, "RUNNING", pid=55)]
+    actions = sim.c.register(info("n1"), reports, "session-n1-b", sim.now)
+    assert actions == [J.Stop(node="n1", job_id="old-job", task_type="worker", task_index=0, attempt=1,
+                              grace_seconds=0.0)]
+    assert w_n1.state == J.T_RUNNING and w_n1.pid == 77 and w_n1.attempt == 1
+    assert sim.c.heartbeat("n1", "session-n1-b", sim.now)
+    assert not sim.c.heartbeat("n1", "session-n1", sim.now)
+
+    # n2's agent reconnects without the task it was told to launch: the same launch is sent again.
+    actions = sim.c.register(info("n2"), [], "session-n2-b", sim.now)
+    assert len(actions) == 1 and isinstance(actions[0], J.Launch)
+    assert actions[0].node == "n2" and actions[0].task is w_n2 and w_n2.attempt == 1
+    assert actions[0].env["TFCLUSTER_ATTEMPT"] == "1"
+    assert w_n2.state == J.T_LAUNCHING and job.state == J.STARTING
+    sim.report(job, w_n2.type, w_n2.index, "RUNNING")
+    assert job.state == J.RUNNING
+
+
+def test_register_without_a_running_task_counts_it_lost():
+    sim = Sim(info("n1"), info("n2"))
+    job, _ = start(sim, mwms(roles={"worker": {"count": 2}}, gpus=0))
+    w_n1 = next(t for t in job.tasks if t.node == "n1")
+    w_n2 = next(t for t in job.tasks if t.node == "n2")
+    actions = sim.c.register(info("n1"), [], "session-n1-b", sim.now)
+    assert w_n1.state == J.T_LOST and "no longer has this task" in w_n1.message
+    assert keys(actions) == [w_n2.key] and isinstance(actions[0], J.Stop)
+    relaunch = sim.exit_stopped(job, actions)
+    assert keys(relaunch) == ["worker:0", "worker:1"] and job.restarts == 1
+
+
+def test_register_reports_an_exit_that_happened_while_away():
+    sim = Sim(info("n1"), info("n2"))
+    job, _ = start(sim, mwms(roles={"worker": {"count": 2}}, gpus=0))
+    w_n1 = next(t for t in job.tasks if t.node == "n1")
+    sim.c.register(info("n1"), [Report(job.id, w_n1.type, w_n1.index, w_n1.attempt, "EXITED", exit_code=0)],
+                   "session-n1-b", sim.now)
+    assert w_n1.state == J.T_SUCCEEDED and w_n1.exit_code == 0
+
+
+def test_task_of_a_lost_node_still_running_when_it_returns_is_stopped():
+    # n1 is lost and the job cannot fit without it, so it waits. n1 comes back and its agent still runs the
+    # old process: that process must be told to stop, not adopted silently nor left beside the new attempt.
+    sim = Sim(info("n1", 1), info("n2", 1))
+    job, _ = start(sim, mwms(roles={"worker": {"count": 2}}))
+    w_n1 = next(t for t in job.tasks if t.node == "n1")
+    key, old_attempt, port = (w_n1.type, w_n1.index), w_n1.attempt, w_n1.port
+    sim.now += 5
+    sim.heartbeat_all("n1")
+    sim.exit_stopped(job, sim.c.tick(sim.now))
+    assert job.state == J.PENDING and "waiting for resources" in job.message
+
+    actions = sim.c.register(info("n1", 1), [Report(job.id, *key, old_attempt, "RUNNING", pid=31)], "s-b", sim.now)
+    old_stop = [a for a in actions if isinstance(a, J.Stop)]
+    assert old_stop == [J.Stop(node="n1", job_id=job.id, task_type=key[0], task_index=key[1],
+                               attempt=old_attempt, grace_seconds=30.0)]
+    # The job is placed again with n1 back; the stop is sent before the new launch.
+    assert keys(launches(actions)) == ["worker:0", "worker:1"]
+    assert actions.index(old_stop[0]) < actions.index(launches(actions)[0])
+    assert all(a.task.attempt == old_attempt + 1 for a in launches(actions))
+
+
+def test_running_report_for_a_task_already_given_up_is_told_to_stop():
+    # The agent restarted and lost track of its task (LOST), the job failed (no restarts left); then the
+    # process turns up again with the current attempt. Nothing may keep running for a finished job.
+    sim = three_nodes()
+    job, _ = start(sim, mwms(roles={"worker": {"count": 1}}, strategy="mirrored", restart={"max_restarts": 0}))
+    w = job.task("worker", 0)
+    assert sim.c.register(info(w.node, 2), [], "s-b", sim.now) == []
+    assert w.state == J.T_LOST and job.state == J.FAILED
+    actions = sim.report(job, "worker", 0, "RUNNING")
+    assert actions == [J.Stop(node=w.node, job_id=job.id, task_type="worker", task_index=0, attempt=w.attempt,
+                              grace_seconds=30.0)]
+    assert job.state == J.FAILED and w.state == J.T_LOST
+
+
+@pytest.mark.parametrize("evaluator_end", [{"code": 1}, {"code": 0}])
+def test_parameter_server_chief_still_starts_when_the_evaluator_ends_while_starting(evaluator_end):
+    # The evaluator is in the first wave with ps and workers. If it ends for good (no restarts left, or it
+    # simply exits) after the others already run, the chief must still be launched: nothing else will.
+    sim = Sim(info("n1"), info("n2"), info("n3"))
+    job, actions = sim.submit(ps_spec(restart={"max_restarts": 0}))
+    for a in actions:
+        if a.task.type != "evaluator":
+            assert sim.report(job, a.task.type, a.task.index, "RUNNING") == []
+    chief = sim.exit(job, "evaluator:0", evaluator_end["code"])
+    assert keys(chief) == ["chief:0"] and isinstance(chief[0], J.Launch)
+    sim.report(job, "chief", 0, "RUNNING")
+    assert job.state == J.RUNNING
+
+
+def test_job_becomes_running_when_the_evaluator_gives_up_while_starting():
+    sim = three_nodes()
+    job, actions = sim.submit(mwms(restart={"max_restarts": 0}))
+    for a in actions:
+        if a.task.type != "evaluator":
+            sim.report(job, a.task.type, a.task.index, "RUNNING")
+    assert job.state == J.STARTING
+    assert sim.report(job, "evaluator", 0, "FAILED_TO_START", message="no such module") == []
+    assert job.state == J.RUNNING and "evaluator not restarted" in job.message
+
+
+def test_user_stop_through_the_cluster_frees_everything():
+    sim = three_nodes()
+    job, _ = start(sim, mwms())
+    sim.c.dirty_jobs.clear()
+    stop = sim.c.stop(job.id, sim.now)
+    assert keys(stop) == ["evaluator:0", "worker:0", "worker:1"] and job.state == J.STOPPING
+    assert job.id in sim.c.dirty_jobs
+    sim.exit_stopped(job, stop)
+    assert job.state == J.STOPPED and job.restarts == 0
+    assert sim.free() == {"n1": ([0, 1], []), "n2": ([0, 1], []), "n3": ([], [])}
+
+
+def test_stopping_a_pending_job_is_immediate_and_it_never_starts():
+    sim = Sim(info("n1", 1))
+    a, _ = start(sim, make_spec(gpus=1, worker=1, strategy="mirrored"), "a")
+    b, _ = sim.submit(make_spec(gpus=1, worker=1, strategy="mirrored"), "b")
+    assert b.state == J.PENDING
+    assert sim.c.stop("b", sim.now) == []
+    assert b.state == J.STOPPED and b.finished == sim.now
+    assert sim.exit(a, "worker:0", 0) == []  # resources free: b stays stopped
+    assert b.state == J.STOPPED and all(t.state == J.T_PENDING for t in b.tasks)
+
+
+def test_busy_port_replaces_the_group_on_other_ports_without_using_the_budget():
+    sim = Sim(info("a"), info("b"))
+    job, actions = sim.submit(make_spec(worker=2, restart={"max_restarts": 0}))
+    sim.running(job, [a for a in launches(actions) if a.task.index == 0])
+    taken = job.task("worker", 1)
+    port, node = taken.port, taken.node
+    actions = sim.report(job, "worker", 1, "FAILED_TO_START", message=f"port {port} is already in use",
+                         busy_port=port)
+    actions += sim.exit_stopped(job, actions)
+    assert job.state == J.STARTING, job.message
+    assert job.restarts == 0, "a port conflict is not the job's fault"
+    again = job.task("worker", 1)
+    assert again.attempt == 2
+    assert (again.node, again.port) != (node, port)
+    assert "already in use" in job.last_failure.describe()
+
+
+def test_lost_node_that_returns_gets_one_restart_not_two():
+    sim = Sim(info("a"))
+    job, actions = sim.submit(make_spec(worker=2, restart={"max_restarts": 5}))
+    sim.running(job, actions)
+    sim.now += 4.0
+    sim.c.tick(sim.now)
+    assert sim.c.nodes["a"].state == LOST
+    assert job.state == J.PENDING and job.restarts == 1
+    old = [Report(job.id, "worker", i, 1, "RUNNING", pid=10 + i) for i in range(2)]
+    actions = sim.c.register(info("a"), old, "session-2", sim.now)
+    stale = stops(actions)
+    assert {(s.task_index, s.attempt) for s in stale} == {(0, 1), (1, 1)}
+    relaunched = launches(actions)
+    assert sorted((a.task.index, a.task.attempt) for a in relaunched) == [(0, 2), (1, 2)]
+    assert job.restarts == 1
