@@ -53,6 +53,8 @@ class Sim:
         if phase == "RUNNING" and "pid" not in kw:
             self.pid += 1
             kw["pid"] = self.pid
+        if phase == "RUNNING":
+            kw.setdefault("listening", True)  # as agents report servers once they accept connections
         r = Report(job_id=job.id, task_type=task_type, task_index=index,
                    attempt=task.attempt if attempt is None else attempt, phase=phase, **kw)
         return self.c.report(node or task.node, r, self.now)
@@ -218,18 +220,34 @@ def test_success_needs_every_training_task_whatever_the_exit_order(roles, order)
     assert job.state == J.SUCCEEDED
 
 
-def test_success_stops_the_evaluator_then_succeeds():
+def test_training_done_tells_the_evaluator_the_final_checkpoint_then_succeeds():
     sim = three_nodes()
     job, _ = start(sim, mwms())
     sim.exit(job, "worker:1", 0)
-    actions = sim.exit(job, "worker:0", 0)
-    assert keys(actions) == ["evaluator:0"] and all(isinstance(a, J.Stop) for a in actions)
-    assert job.state == J.STOPPING
-    assert sim.free()["n3"][1] != []  # the evaluator's port is still held
-    sim.exit_stopped(job, actions)
+    actions = sim.exit(job, "worker:0", 0, final_checkpoint="ckpt-7")
+    assert len(actions) == 1 and isinstance(actions[0], J.FinishTraining)
+    assert (actions[0].task_type, actions[0].final_checkpoint) == ("evaluator", "ckpt-7")
+    assert actions[0].attempt == job.task("evaluator", 0).attempt
+    assert job.state == J.RUNNING and "ckpt-7" in job.message
+    assert sim.exit(job, "evaluator:0", 0) == []
     assert job.state == J.SUCCEEDED
-    assert job.task("evaluator", 0).state == J.T_STOPPED
     assert sim.free() == {"n1": ([0, 1], []), "n2": ([0, 1], []), "n3": ([], [])}
+
+
+def test_final_evaluation_is_bounded_by_its_deadline():
+    sim = three_nodes()
+    job, _ = start(sim, mwms())
+    sim.exit(job, "worker:1", 0)
+    sim.exit(job, "worker:0", 0, final_checkpoint="ckpt-2")
+    sim.now += job.spec.evaluator_deadline_seconds - 1
+    sim.heartbeat_all()
+    assert stops(sim.c.tick(sim.now)) == []
+    sim.now += 2
+    sim.heartbeat_all()
+    actions = sim.c.tick(sim.now)
+    assert keys(actions) == ["evaluator:0"] and job.state == J.STOPPING
+    sim.exit_stopped(job, actions)
+    assert job.state == J.SUCCEEDED and "did not finish the final evaluation" in job.message
 
 
 # ---- restarts ---------------------------------------------------------------------------------
@@ -348,9 +366,11 @@ def test_evaluator_failure_restarts_only_the_evaluator():
     assert "evaluator restarted" in job.message
     assert sim.report(job, "evaluator", 0, "RUNNING") == []
     assert job.state == J.RUNNING
-    # Training still ends normally.
+    # Training still ends normally, with the restarted evaluator's final evaluation.
     sim.exit(job, "worker:1", 0)
-    sim.exit_stopped(job, sim.exit(job, "worker:0", 0))
+    finish = sim.exit(job, "worker:0", 0)
+    assert [a.attempt for a in finish if isinstance(a, J.FinishTraining)] == [2]
+    sim.exit(job, "evaluator:0", 0)
     assert job.state == J.SUCCEEDED
 
 
@@ -384,19 +404,28 @@ def test_parameter_server_chief_starts_after_ps_and_workers_and_success_stops_th
             assert a.command == ["python", "train.py"]
         tf_config = json.loads(a.env["TF_CONFIG"])
         assert sorted(tf_config["cluster"]) == ["chief", "ps", "worker"]
+    assert {a.task.key: a.report_listening for a in actions} == {
+        "evaluator:0": False, "ps:0": True, "ps:1": True, "worker:0": True, "worker:1": True}
     out = []
-    for a in actions[:-1]:
-        out += sim.report(job, a.task.type, a.task.index, "RUNNING")
+    for a in actions:
+        out += sim.report(job, a.task.type, a.task.index, "RUNNING", listening=False)
+    assert out == [] and job.state == J.STARTING, "running is not enough: ps and workers must listen"
+    servers = [a for a in actions if a.report_listening]
+    for a in servers[:-1]:
+        out += sim.report(job, a.task.type, a.task.index, "RUNNING", listening=True)
     assert out == [] and job.state == J.STARTING
-    chief = sim.report(job, actions[-1].task.type, actions[-1].task.index, "RUNNING")
+    chief = sim.report(job, servers[-1].task.type, servers[-1].task.index, "RUNNING", listening=True)
     assert keys(chief) == ["chief:0"] and chief[0].task.attempt == 1
-    assert chief[0].command == ["python", "train.py"]
+    assert chief[0].command == ["python", "train.py"] and not chief[0].report_listening
     assert job.state == J.STARTING
     sim.report(job, "chief", 0, "RUNNING")
     assert job.state == J.RUNNING
 
-    stop = sim.exit(job, "chief:0", 0)
-    assert keys(stop) == ["evaluator:0", "ps:0", "ps:1", "worker:0", "worker:1"]
+    finish = sim.exit(job, "chief:0", 0, final_checkpoint="ckpt-4")
+    assert [(type(a), a.final_checkpoint) for a in finish] == [(J.FinishTraining, "ckpt-4")]
+    assert job.state == J.RUNNING, "ps and workers serve on while the final evaluation runs"
+    stop = sim.exit(job, "evaluator:0", 0)
+    assert keys(stop) == ["ps:0", "ps:1", "worker:0", "worker:1"]
     assert all(isinstance(s, J.Stop) for s in stop)
     assert job.state == J.STOPPING
     # The servers die of the SIGTERM (or exit non-zero on it): that is no failure.
@@ -405,6 +434,7 @@ def test_parameter_server_chief_starts_after_ps_and_workers_and_success_stops_th
     for s in stop[2:]:
         sim.report(job, s.task_type, s.task_index, "EXITED", exit_code=1)
     assert job.state == J.SUCCEEDED and job.restarts == 0 and job.last_failure is None
+    assert job.task("evaluator", 0).state == J.T_SUCCEEDED
 
 
 def test_parameter_server_chief_failure_restarts():

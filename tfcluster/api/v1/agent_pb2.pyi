@@ -51,16 +51,18 @@ class LogData(_message.Message):
     def __init__(self, request_id: _Optional[int] = ..., data: _Optional[bytes] = ..., eof: _Optional[bool] = ..., error: _Optional[str] = ...) -> None: ...
 
 class AgentMessage(_message.Message):
-    __slots__ = ("open", "heartbeat", "task", "log")
+    __slots__ = ("open", "heartbeat", "task", "log", "evaluation")
     OPEN_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
     LOG_FIELD_NUMBER: _ClassVar[int]
+    EVALUATION_FIELD_NUMBER: _ClassVar[int]
     open: StreamOpen
     heartbeat: Heartbeat
     task: _types_pb2.TaskReport
     log: LogData
-    def __init__(self, open: _Optional[_Union[StreamOpen, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., task: _Optional[_Union[_types_pb2.TaskReport, _Mapping]] = ..., log: _Optional[_Union[LogData, _Mapping]] = ...) -> None: ...
+    evaluation: _types_pb2.Evaluation
+    def __init__(self, open: _Optional[_Union[StreamOpen, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., task: _Optional[_Union[_types_pb2.TaskReport, _Mapping]] = ..., log: _Optional[_Union[LogData, _Mapping]] = ..., evaluation: _Optional[_Union[_types_pb2.Evaluation, _Mapping]] = ...) -> None: ...
 
 class StopTask(_message.Message):
     __slots__ = ("job_id", "task_type", "task_index", "attempt", "grace_seconds")
@@ -94,6 +96,20 @@ class ReadLog(_message.Message):
     tail_lines: int
     def __init__(self, request_id: _Optional[int] = ..., job_id: _Optional[str] = ..., task_type: _Optional[str] = ..., task_index: _Optional[int] = ..., attempt: _Optional[int] = ..., follow: _Optional[bool] = ..., tail_lines: _Optional[int] = ...) -> None: ...
 
+class FinishTraining(_message.Message):
+    __slots__ = ("job_id", "task_type", "task_index", "attempt", "final_checkpoint")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_TYPE_FIELD_NUMBER: _ClassVar[int]
+    TASK_INDEX_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    FINAL_CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    task_type: str
+    task_index: int
+    attempt: int
+    final_checkpoint: str
+    def __init__(self, job_id: _Optional[str] = ..., task_type: _Optional[str] = ..., task_index: _Optional[int] = ..., attempt: _Optional[int] = ..., final_checkpoint: _Optional[str] = ...) -> None: ...
+
 class CancelLog(_message.Message):
     __slots__ = ("request_id",)
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
@@ -101,13 +117,15 @@ class CancelLog(_message.Message):
     def __init__(self, request_id: _Optional[int] = ...) -> None: ...
 
 class CoordinatorMessage(_message.Message):
-    __slots__ = ("launch", "stop", "read_log", "cancel_log")
+    __slots__ = ("launch", "stop", "read_log", "cancel_log", "finish_training")
     LAUNCH_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
     READ_LOG_FIELD_NUMBER: _ClassVar[int]
     CANCEL_LOG_FIELD_NUMBER: _ClassVar[int]
+    FINISH_TRAINING_FIELD_NUMBER: _ClassVar[int]
     launch: _types_pb2.TaskLaunch
     stop: StopTask
     read_log: ReadLog
     cancel_log: CancelLog
-    def __init__(self, launch: _Optional[_Union[_types_pb2.TaskLaunch, _Mapping]] = ..., stop: _Optional[_Union[StopTask, _Mapping]] = ..., read_log: _Optional[_Union[ReadLog, _Mapping]] = ..., cancel_log: _Optional[_Union[CancelLog, _Mapping]] = ...) -> None: ...
+    finish_training: FinishTraining
+    def __init__(self, launch: _Optional[_Union[_types_pb2.TaskLaunch, _Mapping]] = ..., stop: _Optional[_Union[StopTask, _Mapping]] = ..., read_log: _Optional[_Union[ReadLog, _Mapping]] = ..., cancel_log: _Optional[_Union[CancelLog, _Mapping]] = ..., finish_training: _Optional[_Union[FinishTraining, _Mapping]] = ...) -> None: ...

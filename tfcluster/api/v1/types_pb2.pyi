@@ -133,7 +133,7 @@ class JobSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., strategy: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., workdir: _Optional[str] = ..., checkpoint_dir: _Optional[str] = ..., model_dir: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., gpus: _Optional[int] = ..., roles: _Optional[_Mapping[str, RoleSpec]] = ..., restart: _Optional[_Union[RestartPolicy, _Mapping]] = ..., stop_grace_seconds: _Optional[float] = ..., evaluator_deadline_seconds: _Optional[float] = ...) -> None: ...
 
 class TaskLaunch(_message.Message):
-    __slots__ = ("job_id", "task_type", "task_index", "attempt", "command", "env", "workdir", "port", "stop_grace_seconds")
+    __slots__ = ("job_id", "task_type", "task_index", "attempt", "command", "env", "workdir", "port", "stop_grace_seconds", "report_listening")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -150,6 +150,7 @@ class TaskLaunch(_message.Message):
     WORKDIR_FIELD_NUMBER: _ClassVar[int]
     PORT_FIELD_NUMBER: _ClassVar[int]
     STOP_GRACE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    REPORT_LISTENING_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     task_type: str
     task_index: int
@@ -159,10 +160,11 @@ class TaskLaunch(_message.Message):
     workdir: str
     port: int
     stop_grace_seconds: float
-    def __init__(self, job_id: _Optional[str] = ..., task_type: _Optional[str] = ..., task_index: _Optional[int] = ..., attempt: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., workdir: _Optional[str] = ..., port: _Optional[int] = ..., stop_grace_seconds: _Optional[float] = ...) -> None: ...
+    report_listening: bool
+    def __init__(self, job_id: _Optional[str] = ..., task_type: _Optional[str] = ..., task_index: _Optional[int] = ..., attempt: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., workdir: _Optional[str] = ..., port: _Optional[int] = ..., stop_grace_seconds: _Optional[float] = ..., report_listening: _Optional[bool] = ...) -> None: ...
 
 class TaskReport(_message.Message):
-    __slots__ = ("job_id", "task_type", "task_index", "attempt", "phase", "pid", "exit_code", "signal", "message", "log_tail", "log_path", "busy_port")
+    __slots__ = ("job_id", "task_type", "task_index", "attempt", "phase", "pid", "exit_code", "signal", "message", "log_tail", "log_path", "busy_port", "final_checkpoint", "listening")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     TASK_TYPE_FIELD_NUMBER: _ClassVar[int]
     TASK_INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -175,6 +177,8 @@ class TaskReport(_message.Message):
     LOG_TAIL_FIELD_NUMBER: _ClassVar[int]
     LOG_PATH_FIELD_NUMBER: _ClassVar[int]
     BUSY_PORT_FIELD_NUMBER: _ClassVar[int]
+    FINAL_CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    LISTENING_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     task_type: str
     task_index: int
@@ -187,4 +191,33 @@ class TaskReport(_message.Message):
     log_tail: _containers.RepeatedScalarFieldContainer[str]
     log_path: str
     busy_port: int
-    def __init__(self, job_id: _Optional[str] = ..., task_type: _Optional[str] = ..., task_index: _Optional[int] = ..., attempt: _Optional[int] = ..., phase: _Optional[_Union[TaskPhase, str]] = ..., pid: _Optional[int] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., message: _Optional[str] = ..., log_tail: _Optional[_Iterable[str]] = ..., log_path: _Optional[str] = ..., busy_port: _Optional[int] = ...) -> None: ...
+    final_checkpoint: str
+    listening: bool
+    def __init__(self, job_id: _Optional[str] = ..., task_type: _Optional[str] = ..., task_index: _Optional[int] = ..., attempt: _Optional[int] = ..., phase: _Optional[_Union[TaskPhase, str]] = ..., pid: _Optional[int] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., message: _Optional[str] = ..., log_tail: _Optional[_Iterable[str]] = ..., log_path: _Optional[str] = ..., busy_port: _Optional[int] = ..., final_checkpoint: _Optional[str] = ..., listening: _Optional[bool] = ...) -> None: ...
+
+class Evaluation(_message.Message):
+    __slots__ = ("job_id", "task_type", "task_index", "attempt", "checkpoint", "step", "metrics", "time")
+    class MetricsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_TYPE_FIELD_NUMBER: _ClassVar[int]
+    TASK_INDEX_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    task_type: str
+    task_index: int
+    attempt: int
+    checkpoint: str
+    step: int
+    metrics: _containers.ScalarMap[str, float]
+    time: float
+    def __init__(self, job_id: _Optional[str] = ..., task_type: _Optional[str] = ..., task_index: _Optional[int] = ..., attempt: _Optional[int] = ..., checkpoint: _Optional[str] = ..., step: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ..., time: _Optional[float] = ...) -> None: ...

@@ -6,6 +6,7 @@ disconnected is lost.
 
 from __future__ import annotations
 
+import json
 import logging
 import queue
 import random
@@ -28,6 +29,7 @@ log = logging.getLogger("tfcluster.agent")
 
 LOG_CHUNK_BYTES = 64 * 1024
 LOG_FOLLOW_POLL_SECONDS = 0.1
+EVENTS_POLL_SECONDS = 0.2
 BACKOFF_START_SECONDS = 0.5
 # Short enough that agents are back well inside a restarted coordinator's reconnect grace.
 BACKOFF_MAX_SECONDS = 2.0
@@ -49,7 +51,8 @@ class AgentConfig:
 def task_report(record: TaskRecord) -> pb.TaskReport:
     msg = pb.TaskReport(job_id=record.job_id, task_type=record.task_type, task_index=record.task_index,
                         attempt=record.attempt, phase=PHASES[record.phase], pid=record.pid, message=record.message,
-                        log_tail=record.log_tail, log_path=str(record.log_path), busy_port=record.busy_port)
+                        log_tail=record.log_tail, log_path=str(record.log_path), busy_port=record.busy_port,
+                        listening=record.listening, final_checkpoint=record.final_checkpoint)
     if record.exit_code is not None:
         msg.exit_code = record.exit_code
     if record.signal is not None:
@@ -66,6 +69,8 @@ class Agent:
         self._stop = threading.Event()
         self._call = None
         self.connected = threading.Event()
+        self.event_offsets: dict[tuple, int] = {}  # how far each task's events file has been sent
+        self.events_lock = threading.Lock()
 
     # ---- lifecycle -----------------------------------------------------------------------------
 
@@ -74,6 +79,7 @@ class Agent:
         adopted = self.supervisor.adopt_running()
         if adopted:
             log.info("reattached to %d running tasks", adopted)
+        threading.Thread(target=self._forward_events, name="events", daemon=True).start()
         backoff = BACKOFF_START_SECONDS
         with grpc.insecure_channel(self.config.coordinator, options=[
                 ("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000)]) as channel:
@@ -112,6 +118,10 @@ class Agent:
                                             tasks=[task_report(r) for r in self.supervisor.snapshot()
                                                    if r.phase != "STARTING"])
         reply = stub.Register(request, timeout=10)
+        with self.events_lock:
+            # The coordinator keeps one result per checkpoint, so re-sending every task's events after a
+            # registration costs nothing, and a restarted coordinator gets them all.
+            self.event_offsets.clear()
         interval = reply.heartbeat_interval_seconds or 1.0
         log.info("registered with %s as %s (%s)", self.config.coordinator, self.config.name, self.config.address)
 
@@ -152,7 +162,45 @@ class Agent:
                            state_dir=str(c.state_dir))
 
     def _on_task_change(self, record: TaskRecord) -> None:
+        if record.exited.is_set():
+            # What the task reported last (its final evaluation) must reach the coordinator before its exit.
+            self._send_events(record)
         self.outbound.put(agent_pb2.AgentMessage(task=task_report(record)))
+
+    def _forward_events(self) -> None:
+        """Sends what tasks append to their events files (evaluation results) to the coordinator."""
+        while not self._stop.wait(EVENTS_POLL_SECONDS):
+            if self.connected.is_set():
+                for record in self.supervisor.snapshot():
+                    self._send_events(record)
+
+    def _send_events(self, record: TaskRecord) -> None:
+        key = (record.key, record.attempt)
+        with self.events_lock:
+            try:
+                with open(record.events_path, "rb") as f:
+                    f.seek(self.event_offsets.get(key, 0))
+                    data = f.read()
+            except OSError:
+                return
+            complete = data[:data.rfind(b"\n") + 1]
+            self.event_offsets[key] = self.event_offsets.get(key, 0) + len(complete)
+            for line in complete.splitlines():
+                self._send_event(record, line)
+
+    def _send_event(self, record: TaskRecord, line: bytes) -> None:
+        try:
+            event = json.loads(line)
+            if event.get("kind") != "evaluation":
+                return
+            message = pb.Evaluation(job_id=record.job_id, task_type=record.task_type, task_index=record.task_index,
+                                    attempt=record.attempt, checkpoint=str(event["checkpoint"]),
+                                    step=int(event["step"]), time=float(event["time"]),
+                                    metrics={str(k): float(v) for k, v in event["metrics"].items()})
+        except (ValueError, KeyError, TypeError, AttributeError):
+            log.warning("%s: ignoring a malformed event line: %r", record.name, line[:200])
+            return
+        self.outbound.put(agent_pb2.AgentMessage(evaluation=message))
 
     # ---- commands ------------------------------------------------------------------------------
 
@@ -164,7 +212,11 @@ class Agent:
                 # In line, not in a thread: a stop that follows must find the task it stops.
                 self.supervisor.launch(job_id=m.job_id, task_type=m.task_type, task_index=m.task_index,
                                        attempt=m.attempt, command=list(m.command), env=dict(m.env),
-                                       workdir=m.workdir, port=m.port, stop_grace_seconds=m.stop_grace_seconds)
+                                       workdir=m.workdir, port=m.port, stop_grace_seconds=m.stop_grace_seconds,
+                                       report_listening=m.report_listening)
+            elif kind == "finish_training":
+                m = command.finish_training
+                self.supervisor.finish_training(m.job_id, m.task_type, m.task_index, m.attempt, m.final_checkpoint)
             elif kind == "stop":
                 m = command.stop
                 self.supervisor.stop(m.job_id, m.task_type, m.task_index, m.attempt, m.grace_seconds)

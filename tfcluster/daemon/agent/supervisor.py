@@ -25,11 +25,13 @@ from pathlib import Path
 import psutil
 
 from tfcluster.daemon.agent.taskrunner import group_alive, kill_group, write_json_atomic
+from tfcluster.task import latest_checkpoint
 
 log = logging.getLogger("tfcluster.agent")
 
 TaskKey = tuple[str, str, int]  # job id, task type, task index
 FINISHED_KEPT_SECONDS = 3600.0
+LISTEN_POLL_SECONDS = 0.1
 ADOPTED_POLL_SECONDS = 0.5
 
 
@@ -50,6 +52,9 @@ class TaskRecord:
     log_tail: list[str] = field(default_factory=list)
     finished_at: float = 0.0
     busy_port: int = 0
+    port: int = 0
+    listening: bool = False
+    final_checkpoint: str = ""
     exited: threading.Event = field(default_factory=threading.Event)
 
     @property
@@ -59,6 +64,16 @@ class TaskRecord:
     @property
     def log_path(self) -> Path:
         return self.dir / "output.log"
+
+    @property
+    def events_path(self) -> Path:
+        """Where the task appends its events (evaluation results), one JSON object a line."""
+        return self.dir / "events.jsonl"
+
+    @property
+    def control_path(self) -> Path:
+        """What the coordinator tells the task while it runs (training finished, final checkpoint)."""
+        return self.dir / "control.json"
 
     @property
     def name(self) -> str:
@@ -88,7 +103,8 @@ class Supervisor:
     # ---- launching -------------------------------------------------------------------------------
 
     def launch(self, job_id: str, task_type: str, task_index: int, attempt: int, command: list[str],
-               env: dict[str, str], workdir: str, port: int, stop_grace_seconds: float) -> None:
+               env: dict[str, str], workdir: str, port: int, stop_grace_seconds: float,
+               report_listening: bool = False) -> None:
         key = (job_id, task_type, task_index)
         with self.lock:
             current = self.tasks.get(key)
@@ -102,14 +118,15 @@ class Supervisor:
                 log.warning("%s still runs while attempt %d is launched: killing it", current.name, attempt)
                 self._kill_now(current)
             record = TaskRecord(job_id, task_type, task_index, attempt,
-                                attempt_dir(self.state_dir, job_id, task_type, task_index, attempt))
+                                attempt_dir(self.state_dir, job_id, task_type, task_index, attempt), port=port)
             self.tasks[key] = record
         try:
             record.dir.mkdir(parents=True, exist_ok=True)
             if port and port_in_use(port):
                 record.busy_port = port
                 raise _StartError(f"port {port} is already in use on this node")
-            task_env = {**os.environ, **env}
+            task_env = {**os.environ, **env, "TFCLUSTER_EVENTS_FILE": str(record.events_path),
+                        "TFCLUSTER_CONTROL_FILE": str(record.control_path)}
             for name in ("TFCLUSTER_CHECKPOINT_DIR", "TFCLUSTER_MODEL_DIR"):
                 if task_env.get(name):
                     Path(task_env[name]).mkdir(parents=True, exist_ok=True)
@@ -127,6 +144,22 @@ class Supervisor:
         record.shim_pid = shim.pid
         threading.Thread(target=self._watch_child, args=(record, shim), name=f"watch-{record.name}",
                          daemon=True).start()
+        if report_listening and port:
+            threading.Thread(target=self._watch_listening, args=(record,), name=f"listen-{record.name}",
+                             daemon=True).start()
+
+    def _watch_listening(self, record: TaskRecord) -> None:
+        """Reports the task again once it accepts connections on its port."""
+        while not record.exited.is_set():
+            if record.phase == "RUNNING":
+                with socket.socket() as s:
+                    s.settimeout(1.0)
+                    if s.connect_ex(("127.0.0.1", record.port)) == 0:
+                        record.listening = True
+                        log.info("%s listens on port %d", record.name, record.port)
+                        self.on_report(record)
+                        return
+            record.exited.wait(LISTEN_POLL_SECONDS)
 
     def _watch_child(self, record: TaskRecord, shim: subprocess.Popen) -> None:
         line = shim.stdout.readline()
@@ -151,6 +184,8 @@ class Supervisor:
             status = {}
         phase = status.get("phase")
         if phase == "EXITED":
+            if status.get("exit_code") == 0:
+                record.final_checkpoint = self._newest_checkpoint(record)
             self._finish(record, phase="EXITED", exit_code=status.get("exit_code"), signal=status.get("signal"),
                          log_tail=status.get("log_tail", []))
         elif phase == "FAILED_TO_START":
@@ -162,6 +197,24 @@ class Supervisor:
                 kill_group(pgid, signal.SIGKILL)
             self._finish(record, phase="EXITED", signal=signal.SIGKILL,
                          message="the task's supervisor process died; the task was killed")
+
+    def _newest_checkpoint(self, record: TaskRecord) -> str:
+        """The newest committed checkpoint in the task's checkpoint dir, relative to it ("" if none)."""
+        try:
+            directory = json.loads((record.dir / "launch.json").read_text())["env"].get("TFCLUSTER_CHECKPOINT_DIR")
+        except (OSError, ValueError, KeyError):
+            return ""
+        newest = latest_checkpoint(directory) if directory else None
+        return os.path.relpath(newest, directory) if newest else ""
+
+    def finish_training(self, job_id: str, task_type: str, task_index: int, attempt: int,
+                        final_checkpoint: str) -> None:
+        """Tells a running task (the evaluator) that training is over, through its control file."""
+        with self.lock:
+            record = self.tasks.get((job_id, task_type, task_index))
+        if record is None or record.attempt != attempt:
+            return
+        write_json_atomic(record.control_path, {"training_finished": True, "final_checkpoint": final_checkpoint})
 
     def _finish(self, record: TaskRecord, phase: str, exit_code: int | None = None, signal: int | None = None,
                 message: str = "", log_tail: list[str] | None = None) -> None:
@@ -221,7 +274,7 @@ class Supervisor:
             if known is not None and known.attempt >= launch["attempt"]:
                 continue
             record = TaskRecord(*key, launch["attempt"], status_path.parent, pid=status.get("pid", 0),
-                                shim_pid=status.get("shim_pid", 0))
+                                shim_pid=status.get("shim_pid", 0), port=launch.get("port", 0))
             if status.get("phase") == "RUNNING":
                 if not _is_shim(record.shim_pid, record.dir):
                     if record.pid and group_alive(record.pid):
@@ -240,6 +293,8 @@ class Supervisor:
                     status.get("signal")
                 record.message, record.log_tail = status.get("message", ""), status.get("log_tail", [])
                 record.finished_at = status.get("finished", 0)
+                if record.exit_code == 0:
+                    record.final_checkpoint = self._newest_checkpoint(record)
                 record.exited.set()
                 self.tasks[key] = record
         return found

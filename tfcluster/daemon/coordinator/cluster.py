@@ -9,9 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tfcluster.daemon.coordinator import jobs as J
-from tfcluster.daemon.coordinator.scheduler import Gpu, NodeCapacity, TaskPlacement, Unfit, place, task_list
+from tfcluster.daemon.coordinator.scheduler import (Gpu, NodeCapacity, TaskPlacement, Unfit, choose_strategy, place,
+                                                    task_list)
 from tfcluster.roles.tfconfig import build_tf_configs
-from tfcluster.spec import JobSpec, resolve_strategy
+from tfcluster.spec import JobSpec
 
 READY, LOST = "READY", "LOST"
 DEFAULT_LOST_AFTER_SECONDS = 3.0
@@ -55,6 +56,8 @@ class Report:
     message: str = ""
     log_tail: list[str] = field(default_factory=list)
     busy_port: int = 0
+    listening: bool = False
+    final_checkpoint: str = ""
 
 
 @dataclass
@@ -63,6 +66,7 @@ class Plan:
     placement: list[TaskPlacement] | None
     reason: str = ""
     tf_configs: dict[tuple[str, int], str] = field(default_factory=dict)
+    spec: JobSpec | None = None  # with `auto` resolved
 
 
 class Unplaceable(Exception):
@@ -149,18 +153,21 @@ class Cluster:
         return sorted((j for j in self.jobs.values() if not j.terminal), key=lambda j: (j.created, j.id))
 
     def plan(self, spec: JobSpec, now: float) -> Plan:
-        strategy = resolve_strategy(spec)
-        result = place(spec, self.capacity(now=now))
+        capacity = self.capacity(now=now)
+        spec = choose_strategy(spec, capacity)
+        result = place(spec, capacity)
         if isinstance(result, Unfit):
-            return Plan(strategy, None, result.reason)
-        return Plan(strategy, result, tf_configs=build_tf_configs([(p.type, p.index, p.address) for p in result]))
+            return Plan(spec.strategy, None, result.reason)
+        return Plan(spec.strategy, result,
+                    tf_configs=build_tf_configs([(p.type, p.index, p.address) for p in result]), spec=spec)
 
     def submit(self, job_id: str, spec: JobSpec, now: float) -> tuple[J.Job, list[J.Action]]:
         """Accepts a job (PENDING, then placed at once if it fits) or raises Unplaceable."""
+        spec = choose_strategy(spec, self.capacity(now=now))
         never = place(spec, [n.idle() for n in self.capacity()])
         if isinstance(never, Unfit):
             raise Unplaceable(never.reason)
-        job = J.Job(id=job_id, spec=spec, strategy=resolve_strategy(spec), created=now,
+        job = J.Job(id=job_id, spec=spec, strategy=spec.strategy, created=now,
                     tasks=[J.Task(type=t, index=i) for t, i in task_list(spec)])
         self.jobs[job_id] = job
         self.dirty_jobs.add(job_id)
@@ -195,11 +202,11 @@ class Cluster:
             return []
         self.dirty_jobs.add(job.id)
         if report.phase == "RUNNING":
-            return job.on_running(task, report.pid)
+            return job.on_running(task, report.pid, report.listening)
         if report.busy_port and node_name in self.nodes:
             self.nodes[node_name].busy_ports[report.busy_port] = now + BUSY_PORT_AVOID_SECONDS
         actions = job.on_exit(task, report.exit_code, report.signal, report.message, report.log_tail, now,
-                              busy_port=report.busy_port)
+                              busy_port=report.busy_port, final_checkpoint=report.final_checkpoint)
         return actions + self.schedule(now)
 
     def stop(self, job_id: str, now: float, graceful: bool = True) -> list[J.Action]:
@@ -207,7 +214,23 @@ class Cluster:
         self.dirty_jobs.add(job_id)
         return job.stop(now, graceful)
 
+    def evaluation(self, node_name: str, job_id: str, task_type: str, task_index: int, attempt: int,
+                   result: dict) -> None:
+        """An evaluator's result, kept when it comes from the job's current evaluator."""
+        job = self.jobs.get(job_id)
+        task = job.task(task_type, task_index) if job else None
+        if task is None or task.node != node_name or task.attempt != attempt:
+            return
+        job.on_evaluation(result)
+        self.dirty_jobs.add(job_id)
+
     def tick(self, now: float) -> list[J.Action]:
-        """Periodic work: node liveness and jobs whose restart backoff has passed."""
-        return self.expire(now) + self.schedule(now)
+        """Periodic work: node liveness, deadlines, and jobs whose restart backoff has passed."""
+        actions = self.expire(now)
+        for job in self.live_jobs():
+            deadline_actions = job.on_tick(now)
+            if deadline_actions:
+                self.dirty_jobs.add(job.id)
+                actions += deadline_actions
+        return actions + self.schedule(now)
 

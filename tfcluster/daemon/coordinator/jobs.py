@@ -54,6 +54,8 @@ class Task:
     tf_config: str = ""
     stop_requested: bool = False
     busy_port: int = 0  # the launch failed because this port was taken on the node
+    ready: bool = False  # running, and listening on its port where the next launch wave needs that
+    final_checkpoint: str = ""  # newest checkpoint in its dir when it exited 0
 
     @property
     def key(self) -> str:
@@ -109,6 +111,7 @@ class Launch:
     env: dict[str, str]
     workdir: str
     stop_grace_seconds: float
+    report_listening: bool = False
 
 
 @dataclass
@@ -121,7 +124,19 @@ class Stop:
     grace_seconds: float
 
 
-Action = Launch | Stop
+@dataclass
+class FinishTraining:
+    """Tells the evaluator that training is over and which checkpoint is final."""
+    node: str
+    job_id: str
+    task_type: str
+    task_index: int
+    attempt: int
+    final_checkpoint: str
+
+
+Action = Launch | Stop | FinishTraining
+MAX_EVALUATIONS_KEPT = 1000
 
 
 @dataclass
@@ -140,6 +155,8 @@ class Job:
     not_before: float = 0.0     # restart backoff: not placed again before this time
     last_failure: Failure | None = None
     evaluations: list[dict] = field(default_factory=list)
+    # Training is over and the evaluator evaluates the final checkpoint until this time.
+    final_evaluation_until: float = 0.0
     # Filled by the coordinator when placing: node name -> that node's state dir.
     node_state_dirs: dict[str, str] = field(default_factory=dict)
 
@@ -177,6 +194,7 @@ class Job:
                               attempt=(old.attempt if old else 0), tf_config=tf_configs[(p.type, p.index)]))
         self.tasks = tasks
         self.node_state_dirs = dict(node_state_dirs)
+        self.final_evaluation_until = 0.0
         self.state = STARTING
         self.message = ""
         return self._launch([t for t in self.tasks if self._in_first_wave(t)])
@@ -192,6 +210,7 @@ class Job:
             task.state = T_LAUNCHING
             task.pid, task.exit_code, task.signal, task.message = 0, None, None, ""
             task.log_tail, task.stop_requested, task.busy_port = [], False, 0
+            task.ready, task.final_checkpoint = False, ""
             actions.append(self.launch_action(task))
         return actions
 
@@ -199,12 +218,19 @@ class Job:
         """What the task's agent is told to run (the same for a resend of the same attempt)."""
         return Launch(node=task.node, job_id=self.id, task=task, command=self.command_for(task),
                       env=self.task_env(task), workdir=self.spec.workdir,
-                      stop_grace_seconds=self.spec.stop_grace_seconds)
+                      stop_grace_seconds=self.spec.stop_grace_seconds, report_listening=self.needs_listening(task))
 
     def command_for(self, task: Task) -> list[str]:
-        if self.strategy == "parameter_server" and task.type in ("worker", "ps") and not self.spec.role(task.type).command:
+        role = self.spec.role(task.type)
+        if self.strategy == "parameter_server" and task.type in ("worker", "ps") and not role.command:
             return [self._python(), "-m", "tfcluster.roles.server"]
+        if task.type == "evaluator" and role.entrypoint and not role.command:
+            return [self._python(), "-m", "tfcluster.roles.evaluator", role.entrypoint]
         return list(self.spec.command_for(task.type))
+
+    def needs_listening(self, task: Task) -> bool:
+        """ps and workers under parameter_server must listen before the chief starts."""
+        return self.strategy == "parameter_server" and task.type in ("worker", "ps")
 
     def _python(self) -> str:
         """The interpreter of the job's own program (it has TensorFlow), for built-in role programs."""
@@ -240,32 +266,36 @@ class Job:
         })
         return env
 
-    def on_running(self, task: Task, pid: int) -> list[Action]:
-        if task.state == T_RUNNING and not task.pid:
-            task.pid = pid
+    def on_running(self, task: Task, pid: int, listening: bool = False) -> list[Action]:
+        if task.state == T_RUNNING:
+            task.pid = task.pid or pid
+            task.ready = task.ready or listening
+            return self._advance()
         if task.state != T_LAUNCHING:
             return []
         task.state, task.pid = T_RUNNING, pid
+        task.ready = listening or not self.needs_listening(task)
         return self._advance()
 
     def _advance(self) -> list[Action]:
-        """While STARTING: launch the next wave once every earlier task runs; RUNNING once all do."""
+        """While STARTING: launch the next wave once every earlier task is up; RUNNING once all are."""
         if self.state != STARTING:
             return []
-        waiting = [t for t in self.tasks if t.state == T_PENDING or t.state == T_LAUNCHING]
-        if any(t.state == T_LAUNCHING for t in waiting):
+        if any(t.state == T_LAUNCHING or (t.state == T_RUNNING and not t.ready) for t in self.tasks):
             return []
-        if waiting:  # the next wave: every earlier task is up
+        waiting = [t for t in self.tasks if t.state == T_PENDING]
+        if waiting:
             return self._launch(waiting)
         self.state = RUNNING
         return []
 
     def on_exit(self, task: Task, exit_code: int | None, signal: int | None, message: str,
-                log_tail: list[str], now: float, busy_port: int = 0) -> list[Action]:
+                log_tail: list[str], now: float, busy_port: int = 0, final_checkpoint: str = "") -> list[Action]:
         """A task ended: exit code or signal; exit_code None and signal None means it never started."""
         if task.state in TASK_TERMINAL or task.state == T_PENDING:
             return []
         task.exit_code, task.signal, task.busy_port = exit_code, signal, busy_port
+        task.final_checkpoint = final_checkpoint
         task.message, task.log_tail = message, log_tail[-20:]
         if task.stop_requested:
             task.state = T_SUCCEEDED if exit_code == 0 else T_STOPPED
@@ -282,6 +312,11 @@ class Job:
     def _after_task_end(self, task: Task, now: float) -> list[Action]:
         if self.state == STOPPING:
             return self._finish_if_quiet(now)
+        if self.final_evaluation_until:
+            if task.type != "evaluator":  # training is over: a ps or worker server ending changes nothing
+                return []
+            how = "done" if task.state == T_SUCCEEDED else f"ended {task.state}"
+            return self._wind_down(SUCCEEDED, f"final evaluation {how}", now)
         if task.state in (T_FAILED, T_LOST):
             failure = Failure(task=task.key, node=task.node, exit_code=task.exit_code, signal=task.signal,
                               message=task.message, log_tail=task.log_tail, time=now, busy_port=task.busy_port)
@@ -321,7 +356,30 @@ class Job:
         others = [t for t in self.training_tasks() if t is not decisive and not self._runs_forever(t)]
         if any(t.state != T_SUCCEEDED for t in others):
             return []
-        return self._wind_down(SUCCEEDED, "", now)
+        evaluator = self.task("evaluator", 0)
+        if evaluator is None or not evaluator.live:
+            return self._wind_down(SUCCEEDED, "", now)
+        # Completion is explicit (LESSONS.md 2): the evaluator evaluates the final checkpoint and exits,
+        # within a deadline; only then are ps tasks stopped.
+        final = decisive.final_checkpoint
+        self.final_evaluation_until = now + self.spec.evaluator_deadline_seconds
+        self.message = f"training finished; evaluating the final checkpoint {final}" if final else \
+            "training finished without a checkpoint; waiting for the evaluator to exit"
+        return [FinishTraining(node=evaluator.node, job_id=self.id, task_type=evaluator.type,
+                               task_index=evaluator.index, attempt=evaluator.attempt, final_checkpoint=final)]
+
+    def on_evaluation(self, result: dict) -> None:
+        """An evaluator's result: {checkpoint, step, metrics, time}; one entry per checkpoint."""
+        self.evaluations = [e for e in self.evaluations if e["checkpoint"] != result["checkpoint"]]
+        self.evaluations.append(result)
+        del self.evaluations[:-MAX_EVALUATIONS_KEPT]
+
+    def on_tick(self, now: float) -> list[Action]:
+        """Deadlines: the final evaluation's."""
+        if self.final_evaluation_until and self.state in (STARTING, RUNNING) and now > self.final_evaluation_until:
+            return self._wind_down(SUCCEEDED, f"the evaluator did not finish the final evaluation within "
+                                              f"{self.spec.evaluator_deadline_seconds:g} s; stopped it", now)
+        return []
 
     def _runs_forever(self, task: Task) -> bool:
         return self.strategy == "parameter_server" and task.type in ("worker", "ps")

@@ -7,7 +7,7 @@ GPUs are placed first; a bounded search backtracks when a greedy choice blocks a
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tfcluster.spec import ROLE_TYPES, JobSpec
 
@@ -158,3 +158,22 @@ def _no_node_reason(spec: JobSpec, role_type: str, nodes: list[NodeCapacity], fr
     state = ", ".join(f"{n.name}: {len(n.gpus) - len(n.used_gpus)} of {len(n.gpus)} GPUs free" for n in nodes)
     return (f"cannot place all {len(task_list(spec))} tasks at once ({gpus_needed} GPUs in all); "
             f"no node left for {task} (needs {what}); {state}")
+
+
+def choose_strategy(spec: JobSpec, nodes: list[NodeCapacity]) -> JobSpec:
+    """Resolves `auto` from the hardware: ps asked for -> parameter_server; the training GPUs fit on one
+    node -> mirrored (one task with all of them); otherwise multi_worker_mirrored across nodes."""
+    if spec.strategy != "auto":
+        return spec
+    if spec.count("ps"):
+        return replace(spec, strategy="parameter_server")
+    if spec.training_task_count == 1:
+        return replace(spec, strategy="mirrored")
+    total = sum(spec.gpus_for(r) * spec.count(r) for r in ("chief", "worker"))
+    allowed = set(spec.role("worker").nodes) or {n.name for n in nodes}
+    if total and any(n.name in allowed and len(n.gpus) - len(n.used_gpus) >= total for n in nodes):
+        worker = spec.role("worker")
+        single = replace(worker, count=1, gpus=total)
+        roles = {"worker": single, **({"evaluator": spec.role("evaluator")} if spec.count("evaluator") else {})}
+        return replace(spec, strategy="mirrored", roles=roles)
+    return replace(spec, strategy="multi_worker_mirrored")

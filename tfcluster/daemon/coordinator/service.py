@@ -131,8 +131,14 @@ class Coordinator:
             msg = agent_pb2.CoordinatorMessage(launch=pb.TaskLaunch(
                 job_id=action.job_id, task_type=task.type, task_index=task.index, attempt=task.attempt,
                 command=action.command, env=action.env, workdir=action.workdir, port=task.port,
-                stop_grace_seconds=action.stop_grace_seconds))
+                stop_grace_seconds=action.stop_grace_seconds, report_listening=action.report_listening))
             log.info("launch %s %s attempt %d on %s", action.job_id, task.key, task.attempt, action.node)
+        elif isinstance(action, J.FinishTraining):
+            msg = agent_pb2.CoordinatorMessage(finish_training=agent_pb2.FinishTraining(
+                job_id=action.job_id, task_type=action.task_type, task_index=action.task_index,
+                attempt=action.attempt, final_checkpoint=action.final_checkpoint))
+            log.info("training of %s finished: evaluator told the final checkpoint is %r", action.job_id,
+                     action.final_checkpoint)
         else:
             msg = agent_pb2.CoordinatorMessage(stop=agent_pb2.StopTask(
                 job_id=action.job_id, task_type=action.task_type, task_index=action.task_index,
@@ -185,6 +191,11 @@ class Coordinator:
                     return False
             report = _report(msg.task)
             self.mutate(lambda now: self.cluster.report(node_name, report, now))
+        elif kind == "evaluation":
+            e = msg.evaluation
+            result = {"checkpoint": e.checkpoint, "step": e.step, "metrics": dict(e.metrics), "time": e.time}
+            self.mutate(lambda now: self.cluster.evaluation(node_name, e.job_id, e.task_type, e.task_index,
+                                                            e.attempt, result) or [])
         elif kind == "log":
             waiter = self.log_waiters.get(msg.log.request_id)
             if waiter is not None:
@@ -319,7 +330,8 @@ def _report(msg: pb.TaskReport) -> Report:
                   phase=PHASE_NAMES[msg.phase], pid=msg.pid,
                   exit_code=msg.exit_code if msg.HasField("exit_code") else None,
                   signal=msg.signal if msg.HasField("signal") else None,
-                  message=msg.message, log_tail=list(msg.log_tail), busy_port=msg.busy_port)
+                  message=msg.message, log_tail=list(msg.log_tail), busy_port=msg.busy_port,
+                  listening=msg.listening, final_checkpoint=msg.final_checkpoint)
 
 
 # ---- gRPC servicers ----------------------------------------------------------------------------
@@ -399,7 +411,7 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         with self.c.lock:
             plan = self.c.cluster.plan(spec, self.c.clock())
-            scratch = J.Job(id=f"{spec.name}-plan", spec=spec, strategy=plan.strategy)
+            scratch = J.Job(id=f"{spec.name}-plan", spec=plan.spec or spec, strategy=plan.strategy)
         response = control_pb2.PlanJobResponse(fits=plan.placement is not None, reason=plan.reason,
                                                strategy=plan.strategy)
         for p in plan.placement or []:
