@@ -142,7 +142,9 @@ class LocalCluster:
         args = ["agent", "--coordinator", self.address, "--name", name, "--advertise-address", "127.0.0.1",
                 "--port-range", f"{first}-{last}", "--state-dir", str(state), "--gpu-inventory", str(inventory),
                 *(extra or [])]
-        daemon = self.agents[name] = Daemon(name, args, self.root / f"agent-{name}.log").start()
+        # As a systemd unit's PATH would: `python3` in a job's command is the interpreter with TensorFlow.
+        path = f"{Path(PYTHON).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}"
+        daemon = self.agents[name] = Daemon(name, args, self.root / f"agent-{name}.log").start(env={"PATH": path})
         if wait:
             wait_until(lambda: self.node_state(name) == "READY", 30, what=f"agent {name} to register")
         return daemon

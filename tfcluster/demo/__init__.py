@@ -2,7 +2,8 @@
 
 An embedded coordinator and three agents (loopback, temporary state dirs, declared GPU inventories so
 placement is visible) run in this process; the job goes through the same gRPC API as `tfcluster start`:
-a MultiWorkerMirroredStrategy job with two workers training a tf-keras model on scikit-learn's digits.
+a MultiWorkerMirroredStrategy job with two workers training a tf-keras model on scikit-learn's digits,
+and the built-in evaluator evaluating each checkpoint they save.
 Live status while it runs, then the metrics and the final status table; everything is torn down.
 """
 
@@ -89,10 +90,12 @@ def run_demo(epochs: int = 5, keep: bool = False, console: Console | None = None
                 "command": [sys.executable, "-m", "tfcluster.demo.train_digits"],
                 "workdir": str(root), "checkpoint_dir": str(root / "checkpoints"),
                 "env": {"EPOCHS": str(epochs)}, "stop_grace_seconds": 5,
-                "roles": {"worker": {"count": 2, "gpus": 1}},
+                "roles": {"worker": {"count": 2, "gpus": 1},
+                          "evaluator": {"gpus": 0, "entrypoint": "tfcluster.demo.digits:evaluation"}},
             }, source="demo")
             job_id = client.submit(spec)
-            console.print(f"submitted {job_id}: multi_worker_mirrored, 2 workers with 1 GPU each")
+            console.print(f"submitted {job_id}: multi_worker_mirrored, 2 workers with 1 GPU each, "
+                          "and an evaluator following their checkpoints")
             job = _watch(client, job_id, console)
             console.print(render_status(client.status(job_id), job_id))
             if job.state == "SUCCEEDED":
@@ -101,6 +104,9 @@ def run_demo(epochs: int = 5, keep: bool = False, console: Console | None = None
                               f"{metrics['accuracy']:.3f}, loss {metrics['loss']:.3f} "
                               f"({metrics['test_examples']} test digits, {metrics['epochs']} epochs, "
                               f"{metrics['replicas']} replicas)")
+                for e in client.status(job_id).jobs[0].evaluations:
+                    shown = ", ".join(f"{k} {v:.3f}" for k, v in sorted(e.metrics.items()))
+                    console.print(f"  evaluator: {Path(e.checkpoint).name} (step {e.step}): {shown}")
                 return 0
             console.print(f"{job_id} ended {job.state}: {job.message}", markup=False)
             for task in job.tasks:
