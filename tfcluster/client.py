@@ -100,6 +100,12 @@ def evaluation_dict(e) -> dict[str, Any]:
     return {"checkpoint": e.checkpoint, "step": e.step, "metrics": dict(e.metrics), "time": e.time}
 
 
+def failure_dict(f) -> dict[str, Any]:
+    return {"task": f.task, "node": f.node, "exit_code": f.exit_code if f.HasField("exit_code") else None,
+            "signal": f.signal if f.HasField("signal") else None, "message": f.message,
+            "log_tail": list(f.log_tail), "time": f.time, "description": f.description}
+
+
 def status_dict(response: control_pb2.GetStatusResponse) -> dict[str, Any]:
     nodes = [{"name": n.name, "address": n.address, "state": n.state, "gpus": [gpu_dict(g) for g in n.gpus],
               "hostname": n.hostname, "cpu_count": n.cpu_count, "memory_bytes": n.memory_bytes,
@@ -117,5 +123,7 @@ def status_dict(response: control_pb2.GetStatusResponse) -> dict[str, Any]:
                      "message": j.message, "created": j.created, "finished": j.finished or None, "tasks": tasks,
                      "evaluation": {"latest": evaluation_dict(j.last_evaluation) if j.HasField("last_evaluation")
                                     else None,
-                                    "history": [evaluation_dict(e) for e in j.evaluations]}})
+                                    "history": [evaluation_dict(e) for e in j.evaluations]},
+                     "last_failure": failure_dict(j.last_failure) if j.HasField("last_failure") else None,
+                     "evaluator_restarts": j.evaluator_restarts, "preemptions": j.preemptions})
     return {"nodes": nodes, "jobs": jobs}

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Optional
 
 from rich.console import Group
+from rich.text import Text
 from rich.table import Table
 
 
@@ -48,10 +49,14 @@ def render_status(response, job_id: Optional[str] = None) -> Group:
             tasks.add_row(f"{t.type}:{t.index}", t.node or "-", t.address or "-", gpu_list(t.gpus) or "-",
                           _colour_state(t.state), str(t.pid or ""), exit_text, str(t.attempt), t.message)
         parts.append(tasks)
+        if job.HasField("last_failure"):
+            f = job.last_failure
+            tail = "\n".join(f"    {line}" for line in f.log_tail[-8:])
+            parts.append(Text(f"last failure: {f.description}" + (f"\n  last lines:\n{tail}" if tail else "")))
         if job.HasField("last_evaluation"):
             e = job.last_evaluation
             metrics = ", ".join(f"{k}={v:.4g}" for k, v in sorted(e.metrics.items()))
-            parts.append(f"latest evaluation: step {e.step} ({e.checkpoint}): {metrics}")
+            parts.append(Text(f"latest evaluation: step {e.step} ({e.checkpoint}): {metrics}"))
     return Group(*parts)
 
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from tfcluster.daemon.coordinator import jobs as J
-from tfcluster.daemon.coordinator.cluster import LOST, READY, Cluster, NodeInfo, Report, Unplaceable
+from tfcluster.daemon.coordinator.cluster import LOST, READY, Cluster, NodeInfo, Progress, Report, Unplaceable
 from tfcluster.daemon.coordinator.scheduler import Gpu
 from tfcluster.spec import parse_spec
 
@@ -437,18 +437,133 @@ def test_parameter_server_chief_starts_after_ps_and_workers_and_success_stops_th
     assert job.task("evaluator", 0).state == J.T_SUCCEEDED
 
 
-def test_parameter_server_chief_failure_restarts():
+def test_parameter_server_chief_failure_restarts_ps_and_chief_while_workers_stay():
     sim = Sim(info("n1"), info("n2"), info("n3"))
     job, actions = sim.submit(ps_spec())
     sim.running(job, sim.running(job, actions))
     assert job.state == J.RUNNING
+    workers = [(t.attempt, t.pid) for t in job.tasks if t.type == "worker"]
+    addresses = {t.key: t.address for t in job.tasks}
     stop = sim.exit(job, "chief:0", 1)
-    assert keys(stop) == ["evaluator:0", "ps:0", "ps:1", "worker:0", "worker:1"]
+    assert keys(stop) == ["ps:0", "ps:1"] and job.state == J.STOPPING
     relaunch = sim.exit_stopped(job, stop)
-    assert job.restarts == 1
-    assert keys(relaunch) == ["evaluator:0", "ps:0", "ps:1", "worker:0", "worker:1"]  # chief waits again
+    assert job.restarts == 1 and job.state == J.STARTING
+    assert keys(relaunch) == ["ps:0", "ps:1"], "ps first; the chief waits until they listen"
     chief = sim.running(job, relaunch)
     assert keys(chief) == ["chief:0"] and chief[0].task.attempt == 2
+    sim.running(job, chief)
+    assert job.state == J.RUNNING
+    assert [(t.attempt, t.pid) for t in job.tasks if t.type == "worker"] == workers, "workers were not touched"
+    assert {t.key: t.address for t in job.tasks} == addresses, "same addresses: TF_CONFIGs stay valid"
+
+
+def test_parameter_server_ps_failure_restarts_ps_and_chief():
+    sim = Sim(info("n1"), info("n2"), info("n3"))
+    job, actions = sim.submit(ps_spec())
+    sim.running(job, sim.running(job, actions))
+    stop = sim.exit(job, "ps:1", None, signal=9)
+    assert keys(stop) == ["chief:0", "ps:0"]
+    assert "ps:1" in job.message and "SIGKILL" in job.message
+    relaunch = sim.exit_stopped(job, stop)
+    assert keys(relaunch) == ["ps:0", "ps:1"] and job.restarts == 1
+
+
+def test_parameter_server_worker_failure_restarts_that_worker_alone():
+    sim = Sim(info("n1"), info("n2"), info("n3"))
+    job, actions = sim.submit(ps_spec())
+    sim.running(job, sim.running(job, actions))
+    others = {t.key: (t.attempt, t.state) for t in job.tasks if t.key != "worker:1"}
+    address = job.task("worker", 1).address
+    again = sim.exit(job, "worker:1", None, signal=9)
+    assert keys(again) == ["worker:1"] and isinstance(again[0], J.Launch)
+    assert again[0].task.attempt == 2 and again[0].task.address == address
+    assert job.state == J.RUNNING and job.restarts == 1
+    assert {t.key: (t.attempt, t.state) for t in job.tasks if t.key != "worker:1"} == others
+    sim.running(job, again)
+    assert job.task("worker", 1).state == J.T_RUNNING
+
+
+def test_parameter_server_task_on_a_lost_node_restarts_the_whole_group_elsewhere():
+    sim = Sim(info("n1"), info("n2"), info("n3"), info("n4"))
+    job, actions = sim.submit(ps_spec())
+    sim.running(job, sim.running(job, actions))
+    lost_node = job.task("worker", 1).node
+    sim.now += 4
+    sim.heartbeat_all(lost_node)
+    stop = sim.c.tick(sim.now)
+    assert job.state == J.STOPPING and "lost" in job.message
+    sim.exit_stopped(job, stop)
+    assert job.state == J.STARTING, "re-placed on the remaining nodes at once"
+    assert all(t.node != lost_node for t in job.tasks)
+
+
+def test_a_failure_outside_a_partial_restart_escalates_to_the_whole_group():
+    sim = Sim(info("n1"), info("n2"), info("n3"))
+    job, actions = sim.submit(ps_spec())
+    sim.running(job, sim.running(job, actions))
+    stop = sim.exit(job, "chief:0", 1)
+    assert keys(stop) == ["ps:0", "ps:1"]
+    more = sim.exit(job, "worker:0", 1)
+    assert keys(more) == ["evaluator:0", "worker:1"]
+    sim.exit_stopped(job, stop + more)
+    assert job.state == J.STARTING
+    assert {t.attempt for t in job.tasks if t.type != "chief"} == {2}
+
+
+def test_evaluator_has_a_budget_of_its_own():
+    sim = three_nodes()
+    job, _ = start(sim, mwms(restart={"max_restarts": 1}))
+    relaunch = sim.exit(job, "evaluator:0", 1)
+    assert keys(relaunch) == ["evaluator:0"] and job.evaluator_restarts == 1 and job.restarts == 0
+    sim.running(job, relaunch)
+    assert sim.exit(job, "evaluator:0", 1) == [], "its restarts are spent"
+    assert "training goes on" in job.message and job.state == J.RUNNING
+    stop = sim.exit(job, "worker:1", 1)  # training still has its whole budget
+    assert job.state == J.STOPPING and "restarting the training group" in job.message
+
+
+def test_evaluator_on_a_lost_node_is_placed_again_without_touching_training():
+    sim = Sim(info("n1"), info("n2"), info("n3"), info("n4"))
+    job, actions = sim.submit(make_spec(worker=2, evaluator={"count": 1, "nodes": ["n3", "n4"]}))
+    sim.running(job, actions)
+    evaluator = job.task("evaluator", 0)
+    lost = evaluator.node
+    workers = {t.key: (t.attempt, t.node) for t in job.training_tasks()}
+    sim.now += 4
+    sim.heartbeat_all(lost)
+    relaunch = sim.c.tick(sim.now)
+    assert keys(relaunch) == ["evaluator:0"]
+    assert relaunch[0].node in ("n3", "n4") and relaunch[0].node != lost
+    assert relaunch[0].task.attempt == 2
+    tf_config = json.loads(relaunch[0].env["TF_CONFIG"])
+    assert tf_config["task"] == {"type": "evaluator", "index": 0} and "evaluator" not in tf_config["cluster"]
+    assert {t.key: (t.attempt, t.node) for t in job.training_tasks()} == workers
+    assert job.state == J.RUNNING
+
+
+def test_hang_watchdog_restarts_a_job_whose_tasks_make_no_progress():
+    sim = three_nodes()
+    job, _ = start(sim, mwms(restart={"hang_seconds": 30}))
+    worker = job.task("worker", 0)
+    for _ in range(5):  # output keeps growing: not hung
+        sim.now += 20
+        progress = [Progress(job.id, "worker", 0, worker.attempt, output_bytes=int(sim.now))]
+        for name in sim.c.nodes:
+            sim.c.heartbeat(name, f"session-{name}", sim.now, progress if name == worker.node else [])
+        assert stops(sim.c.tick(sim.now)) == []
+    sim.now += 31
+    sim.heartbeat_all()
+    stop = sim.c.tick(sim.now)
+    assert job.state == J.STOPPING and len(stops(stop)) == 3
+    assert "hung" in job.message and "hang_seconds = 30" in job.message
+
+
+def test_restarted_group_gets_the_same_addresses():
+    sim = three_nodes()
+    job, first = start(sim, mwms(roles={"worker": {"count": 2}}))
+    before = {t.key: t.address for t in job.tasks}
+    relaunch = sim.exit_stopped(job, sim.exit(job, "worker:1", 1))
+    assert {a.task.key: a.task.address for a in launches(relaunch)} == before
 
 
 # ---- placement over time ----------------------------------------------------------------------

@@ -250,14 +250,14 @@ def test_previous_placement_is_preferred():
     fresh = by_task(place(s, nodes))
     assert {p.node for p in fresh.values()} == {"a", "b", "c"}
     previous = {("worker", 0): "d", ("worker", 1): "c", ("worker", 2): "a"}
-    again = by_task(place(s, nodes, previous=previous))
+    again = by_task(place(s, nodes, previous={k: (n, 0) for k, n in previous.items()}))
     assert {k: p.node for k, p in again.items()} == previous
 
 
 def test_previous_placement_yields_when_the_node_is_gone_or_full():
     s = spec(gpus=1, worker=2)
     nodes = [node("a", gpus=1, used_gpus={0}), node("b", gpus=1), node("c", gpus=1)]
-    result = by_task(place(s, nodes, previous={("worker", 0): "a", ("worker", 1): "x"}))
+    result = by_task(place(s, nodes, previous={("worker", 0): ("a", 0), ("worker", 1): ("x", 0)}))
     assert {p.node for p in result.values()} == {"b", "c"}
 
 
@@ -266,7 +266,7 @@ def test_a_task_moved_off_a_lost_node_does_not_push_a_survivor_off_its_node():
     # name: it must go to c and leave b to worker 1.
     s = spec(gpus=1, worker=2)
     nodes = [node("b", gpus=1), node("c", gpus=1)]
-    result = by_task(place(s, nodes, previous={("worker", 0): "gone", ("worker", 1): "b"}))
+    result = by_task(place(s, nodes, previous={("worker", 0): ("gone", 0), ("worker", 1): ("b", 0)}))
     assert result[("worker", 0)].node == "c"
     assert result[("worker", 1)].node == "b"
 
@@ -275,7 +275,7 @@ def test_previous_gives_the_same_ports_when_nothing_else_changed():
     s = spec(worker=3, evaluator={"count": 1, "gpus": 0})
     nodes = [node("a"), node("b")]
     first = by_task(place(s, nodes))
-    again = by_task(place(s, nodes, previous={k: p.node for k, p in first.items()}))
+    again = by_task(place(s, nodes, previous={k: (p.node, p.port) for k, p in first.items()}))
     assert {k: p.address for k, p in again.items()} == {k: p.address for k, p in first.items()}
 
 

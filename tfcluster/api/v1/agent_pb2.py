@@ -26,7 +26,7 @@ _sym_db = _symbol_database.Default()
 from tfcluster.api.v1 import types_pb2 as tfcluster_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18tfcluster/v1/agent.proto\x12\x0ctfcluster.v1\x1a\x18tfcluster/v1/types.proto\"`\n\x0fRegisterRequest\x12$\n\x04node\x18\x01 \x01(\x0b\x32\x16.tfcluster.v1.NodeInfo\x12\'\n\x05tasks\x18\x02 \x03(\x0b\x32\x18.tfcluster.v1.TaskReport\"J\n\x10RegisterResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\"\n\x1aheartbeat_interval_seconds\x18\x02 \x01(\x01\"\x1f\n\tHeartbeat\x12\x12\n\nsession_id\x18\x01 \x01(\t\"3\n\nStreamOpen\x12\x11\n\tnode_name\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\"G\n\x07LogData\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x0b\n\x03\x65of\x18\x03 \x01(\x08\x12\r\n\x05\x65rror\x18\x04 \x01(\t\"\xee\x01\n\x0c\x41gentMessage\x12(\n\x04open\x18\x01 \x01(\x0b\x32\x18.tfcluster.v1.StreamOpenH\x00\x12,\n\theartbeat\x18\x02 \x01(\x0b\x32\x17.tfcluster.v1.HeartbeatH\x00\x12(\n\x04task\x18\x03 \x01(\x0b\x32\x18.tfcluster.v1.TaskReportH\x00\x12$\n\x03log\x18\x04 \x01(\x0b\x32\x15.tfcluster.v1.LogDataH\x00\x12.\n\nevaluation\x18\x05 \x01(\x0b\x32\x18.tfcluster.v1.EvaluationH\x00\x42\x06\n\x04kind\"i\n\x08StopTask\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\ttask_type\x18\x02 \x01(\t\x12\x12\n\ntask_index\x18\x03 \x01(\r\x12\x0f\n\x07\x61ttempt\x18\x04 \x01(\r\x12\x15\n\rgrace_seconds\x18\x05 \x01(\x01\"\x89\x01\n\x07ReadLog\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x11\n\ttask_type\x18\x03 \x01(\t\x12\x12\n\ntask_index\x18\x04 \x01(\r\x12\x0f\n\x07\x61ttempt\x18\x05 \x01(\r\x12\x0e\n\x06\x66ollow\x18\x06 \x01(\x08\x12\x12\n\ntail_lines\x18\x07 \x01(\r\"r\n\x0e\x46inishTraining\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\ttask_type\x18\x02 \x01(\t\x12\x12\n\ntask_index\x18\x03 \x01(\r\x12\x0f\n\x07\x61ttempt\x18\x04 \x01(\r\x12\x18\n\x10\x66inal_checkpoint\x18\x05 \x01(\t\"\x1f\n\tCancelLog\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\"\x83\x02\n\x12\x43oordinatorMessage\x12*\n\x06launch\x18\x01 \x01(\x0b\x32\x18.tfcluster.v1.TaskLaunchH\x00\x12&\n\x04stop\x18\x02 \x01(\x0b\x32\x16.tfcluster.v1.StopTaskH\x00\x12)\n\x08read_log\x18\x03 \x01(\x0b\x32\x15.tfcluster.v1.ReadLogH\x00\x12-\n\ncancel_log\x18\x04 \x01(\x0b\x32\x17.tfcluster.v1.CancelLogH\x00\x12\x37\n\x0f\x66inish_training\x18\x05 \x01(\x0b\x32\x1c.tfcluster.v1.FinishTrainingH\x00\x42\x06\n\x04kind2\xa6\x01\n\x0c\x41gentService\x12I\n\x08Register\x12\x1d.tfcluster.v1.RegisterRequest\x1a\x1e.tfcluster.v1.RegisterResponse\x12K\n\x07\x43onnect\x12\x1a.tfcluster.v1.AgentMessage\x1a .tfcluster.v1.CoordinatorMessage(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18tfcluster/v1/agent.proto\x12\x0ctfcluster.v1\x1a\x18tfcluster/v1/types.proto\"`\n\x0fRegisterRequest\x12$\n\x04node\x18\x01 \x01(\x0b\x32\x16.tfcluster.v1.NodeInfo\x12\'\n\x05tasks\x18\x02 \x03(\x0b\x32\x18.tfcluster.v1.TaskReport\"J\n\x10RegisterResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\"\n\x1aheartbeat_interval_seconds\x18\x02 \x01(\x01\"M\n\tHeartbeat\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12,\n\x08progress\x18\x02 \x03(\x0b\x32\x1a.tfcluster.v1.TaskProgress\"\x80\x01\n\x0cTaskProgress\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\ttask_type\x18\x02 \x01(\t\x12\x12\n\ntask_index\x18\x03 \x01(\r\x12\x0f\n\x07\x61ttempt\x18\x04 \x01(\r\x12\x14\n\x0coutput_bytes\x18\x05 \x01(\x04\x12\x12\n\ncheckpoint\x18\x06 \x01(\t\"3\n\nStreamOpen\x12\x11\n\tnode_name\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\"G\n\x07LogData\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x0b\n\x03\x65of\x18\x03 \x01(\x08\x12\r\n\x05\x65rror\x18\x04 \x01(\t\"\xee\x01\n\x0c\x41gentMessage\x12(\n\x04open\x18\x01 \x01(\x0b\x32\x18.tfcluster.v1.StreamOpenH\x00\x12,\n\theartbeat\x18\x02 \x01(\x0b\x32\x17.tfcluster.v1.HeartbeatH\x00\x12(\n\x04task\x18\x03 \x01(\x0b\x32\x18.tfcluster.v1.TaskReportH\x00\x12$\n\x03log\x18\x04 \x01(\x0b\x32\x15.tfcluster.v1.LogDataH\x00\x12.\n\nevaluation\x18\x05 \x01(\x0b\x32\x18.tfcluster.v1.EvaluationH\x00\x42\x06\n\x04kind\"i\n\x08StopTask\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\ttask_type\x18\x02 \x01(\t\x12\x12\n\ntask_index\x18\x03 \x01(\r\x12\x0f\n\x07\x61ttempt\x18\x04 \x01(\r\x12\x15\n\rgrace_seconds\x18\x05 \x01(\x01\"\x89\x01\n\x07ReadLog\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x11\n\ttask_type\x18\x03 \x01(\t\x12\x12\n\ntask_index\x18\x04 \x01(\r\x12\x0f\n\x07\x61ttempt\x18\x05 \x01(\r\x12\x0e\n\x06\x66ollow\x18\x06 \x01(\x08\x12\x12\n\ntail_lines\x18\x07 \x01(\r\"r\n\x0e\x46inishTraining\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\ttask_type\x18\x02 \x01(\t\x12\x12\n\ntask_index\x18\x03 \x01(\r\x12\x0f\n\x07\x61ttempt\x18\x04 \x01(\r\x12\x18\n\x10\x66inal_checkpoint\x18\x05 \x01(\t\"\x1f\n\tCancelLog\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\"\x83\x02\n\x12\x43oordinatorMessage\x12*\n\x06launch\x18\x01 \x01(\x0b\x32\x18.tfcluster.v1.TaskLaunchH\x00\x12&\n\x04stop\x18\x02 \x01(\x0b\x32\x16.tfcluster.v1.StopTaskH\x00\x12)\n\x08read_log\x18\x03 \x01(\x0b\x32\x15.tfcluster.v1.ReadLogH\x00\x12-\n\ncancel_log\x18\x04 \x01(\x0b\x32\x17.tfcluster.v1.CancelLogH\x00\x12\x37\n\x0f\x66inish_training\x18\x05 \x01(\x0b\x32\x1c.tfcluster.v1.FinishTrainingH\x00\x42\x06\n\x04kind2\xa6\x01\n\x0c\x41gentService\x12I\n\x08Register\x12\x1d.tfcluster.v1.RegisterRequest\x1a\x1e.tfcluster.v1.RegisterResponse\x12K\n\x07\x43onnect\x12\x1a.tfcluster.v1.AgentMessage\x1a .tfcluster.v1.CoordinatorMessage(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,23 +38,25 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REGISTERRESPONSE']._serialized_start=166
   _globals['_REGISTERRESPONSE']._serialized_end=240
   _globals['_HEARTBEAT']._serialized_start=242
-  _globals['_HEARTBEAT']._serialized_end=273
-  _globals['_STREAMOPEN']._serialized_start=275
-  _globals['_STREAMOPEN']._serialized_end=326
-  _globals['_LOGDATA']._serialized_start=328
-  _globals['_LOGDATA']._serialized_end=399
-  _globals['_AGENTMESSAGE']._serialized_start=402
-  _globals['_AGENTMESSAGE']._serialized_end=640
-  _globals['_STOPTASK']._serialized_start=642
-  _globals['_STOPTASK']._serialized_end=747
-  _globals['_READLOG']._serialized_start=750
-  _globals['_READLOG']._serialized_end=887
-  _globals['_FINISHTRAINING']._serialized_start=889
-  _globals['_FINISHTRAINING']._serialized_end=1003
-  _globals['_CANCELLOG']._serialized_start=1005
-  _globals['_CANCELLOG']._serialized_end=1036
-  _globals['_COORDINATORMESSAGE']._serialized_start=1039
-  _globals['_COORDINATORMESSAGE']._serialized_end=1298
-  _globals['_AGENTSERVICE']._serialized_start=1301
-  _globals['_AGENTSERVICE']._serialized_end=1467
+  _globals['_HEARTBEAT']._serialized_end=319
+  _globals['_TASKPROGRESS']._serialized_start=322
+  _globals['_TASKPROGRESS']._serialized_end=450
+  _globals['_STREAMOPEN']._serialized_start=452
+  _globals['_STREAMOPEN']._serialized_end=503
+  _globals['_LOGDATA']._serialized_start=505
+  _globals['_LOGDATA']._serialized_end=576
+  _globals['_AGENTMESSAGE']._serialized_start=579
+  _globals['_AGENTMESSAGE']._serialized_end=817
+  _globals['_STOPTASK']._serialized_start=819
+  _globals['_STOPTASK']._serialized_end=924
+  _globals['_READLOG']._serialized_start=927
+  _globals['_READLOG']._serialized_end=1064
+  _globals['_FINISHTRAINING']._serialized_start=1066
+  _globals['_FINISHTRAINING']._serialized_end=1180
+  _globals['_CANCELLOG']._serialized_start=1182
+  _globals['_CANCELLOG']._serialized_end=1213
+  _globals['_COORDINATORMESSAGE']._serialized_start=1216
+  _globals['_COORDINATORMESSAGE']._serialized_end=1475
+  _globals['_AGENTSERVICE']._serialized_start=1478
+  _globals['_AGENTSERVICE']._serialized_end=1644
 # @@protoc_insertion_point(module_scope)

@@ -25,10 +25,28 @@ class RegisterResponse(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., heartbeat_interval_seconds: _Optional[float] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
-    __slots__ = ("session_id",)
+    __slots__ = ("session_id", "progress")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
-    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+    progress: _containers.RepeatedCompositeFieldContainer[TaskProgress]
+    def __init__(self, session_id: _Optional[str] = ..., progress: _Optional[_Iterable[_Union[TaskProgress, _Mapping]]] = ...) -> None: ...
+
+class TaskProgress(_message.Message):
+    __slots__ = ("job_id", "task_type", "task_index", "attempt", "output_bytes", "checkpoint")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_TYPE_FIELD_NUMBER: _ClassVar[int]
+    TASK_INDEX_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    task_type: str
+    task_index: int
+    attempt: int
+    output_bytes: int
+    checkpoint: str
+    def __init__(self, job_id: _Optional[str] = ..., task_type: _Optional[str] = ..., task_index: _Optional[int] = ..., attempt: _Optional[int] = ..., output_bytes: _Optional[int] = ..., checkpoint: _Optional[str] = ...) -> None: ...
 
 class StreamOpen(_message.Message):
     __slots__ = ("node_name", "session_id")

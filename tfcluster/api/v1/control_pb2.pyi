@@ -153,8 +153,28 @@ class EvaluationResult(_message.Message):
     time: float
     def __init__(self, checkpoint: _Optional[str] = ..., step: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ..., time: _Optional[float] = ...) -> None: ...
 
+class Failure(_message.Message):
+    __slots__ = ("task", "node", "exit_code", "signal", "message", "log_tail", "time", "description")
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    SIGNAL_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    LOG_TAIL_FIELD_NUMBER: _ClassVar[int]
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    task: str
+    node: str
+    exit_code: int
+    signal: int
+    message: str
+    log_tail: _containers.RepeatedScalarFieldContainer[str]
+    time: float
+    description: str
+    def __init__(self, task: _Optional[str] = ..., node: _Optional[str] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., message: _Optional[str] = ..., log_tail: _Optional[_Iterable[str]] = ..., time: _Optional[float] = ..., description: _Optional[str] = ...) -> None: ...
+
 class JobStatus(_message.Message):
-    __slots__ = ("id", "name", "state", "strategy", "restarts", "tasks", "message", "created", "finished", "last_evaluation", "evaluations")
+    __slots__ = ("id", "name", "state", "strategy", "restarts", "tasks", "message", "created", "finished", "last_evaluation", "evaluations", "last_failure", "evaluator_restarts", "preemptions")
     ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -166,6 +186,9 @@ class JobStatus(_message.Message):
     FINISHED_FIELD_NUMBER: _ClassVar[int]
     LAST_EVALUATION_FIELD_NUMBER: _ClassVar[int]
     EVALUATIONS_FIELD_NUMBER: _ClassVar[int]
+    LAST_FAILURE_FIELD_NUMBER: _ClassVar[int]
+    EVALUATOR_RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    PREEMPTIONS_FIELD_NUMBER: _ClassVar[int]
     id: str
     name: str
     state: str
@@ -177,7 +200,10 @@ class JobStatus(_message.Message):
     finished: float
     last_evaluation: EvaluationResult
     evaluations: _containers.RepeatedCompositeFieldContainer[EvaluationResult]
-    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[str] = ..., strategy: _Optional[str] = ..., restarts: _Optional[int] = ..., tasks: _Optional[_Iterable[_Union[TaskStatus, _Mapping]]] = ..., message: _Optional[str] = ..., created: _Optional[float] = ..., finished: _Optional[float] = ..., last_evaluation: _Optional[_Union[EvaluationResult, _Mapping]] = ..., evaluations: _Optional[_Iterable[_Union[EvaluationResult, _Mapping]]] = ...) -> None: ...
+    last_failure: Failure
+    evaluator_restarts: int
+    preemptions: int
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[str] = ..., strategy: _Optional[str] = ..., restarts: _Optional[int] = ..., tasks: _Optional[_Iterable[_Union[TaskStatus, _Mapping]]] = ..., message: _Optional[str] = ..., created: _Optional[float] = ..., finished: _Optional[float] = ..., last_evaluation: _Optional[_Union[EvaluationResult, _Mapping]] = ..., evaluations: _Optional[_Iterable[_Union[EvaluationResult, _Mapping]]] = ..., last_failure: _Optional[_Union[Failure, _Mapping]] = ..., evaluator_restarts: _Optional[int] = ..., preemptions: _Optional[int] = ...) -> None: ...
 
 class GetStatusResponse(_message.Message):
     __slots__ = ("nodes", "jobs")

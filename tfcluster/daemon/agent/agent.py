@@ -128,8 +128,7 @@ class Agent:
         def messages():
             yield agent_pb2.AgentMessage(open=agent_pb2.StreamOpen(node_name=self.config.name,
                                                                    session_id=reply.session_id))
-            heartbeat = agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat(session_id=reply.session_id))
-            yield heartbeat
+            yield self._heartbeat(reply.session_id)
             next_beat = time.monotonic() + interval
             while not self._stop.is_set():
                 try:
@@ -141,7 +140,7 @@ class Agent:
                 if item is not None:
                     yield item
                 if time.monotonic() >= next_beat:
-                    yield heartbeat
+                    yield self._heartbeat(reply.session_id)
                     next_beat = time.monotonic() + interval
 
         self._call = stub.Connect(messages())
@@ -152,6 +151,12 @@ class Agent:
         finally:
             self.outbound.put(_END)
             self._call = None
+
+    def _heartbeat(self, session_id: str) -> agent_pb2.AgentMessage:
+        progress = [agent_pb2.TaskProgress(job_id=r.job_id, task_type=r.task_type, task_index=r.task_index,
+                                           attempt=r.attempt, output_bytes=size, checkpoint=checkpoint)
+                    for r, size, checkpoint in self.supervisor.progress()]
+        return agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat(session_id=session_id, progress=progress))
 
     def _node_info(self) -> pb.NodeInfo:
         c = self.config

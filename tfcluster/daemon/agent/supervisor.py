@@ -53,6 +53,7 @@ class TaskRecord:
     finished_at: float = 0.0
     busy_port: int = 0
     port: int = 0
+    checkpoint_dir: str = ""
     listening: bool = False
     final_checkpoint: str = ""
     exited: threading.Event = field(default_factory=threading.Event)
@@ -127,6 +128,7 @@ class Supervisor:
                 raise _StartError(f"port {port} is already in use on this node")
             task_env = {**os.environ, **env, "TFCLUSTER_EVENTS_FILE": str(record.events_path),
                         "TFCLUSTER_CONTROL_FILE": str(record.control_path)}
+            record.checkpoint_dir = task_env.get("TFCLUSTER_CHECKPOINT_DIR", "")
             for name in ("TFCLUSTER_CHECKPOINT_DIR", "TFCLUSTER_MODEL_DIR"):
                 if task_env.get(name):
                     Path(task_env[name]).mkdir(parents=True, exist_ok=True)
@@ -198,14 +200,25 @@ class Supervisor:
             self._finish(record, phase="EXITED", signal=signal.SIGKILL,
                          message="the task's supervisor process died; the task was killed")
 
-    def _newest_checkpoint(self, record: TaskRecord) -> str:
+    @staticmethod
+    def _newest_checkpoint(record: TaskRecord) -> str:
         """The newest committed checkpoint in the task's checkpoint dir, relative to it ("" if none)."""
-        try:
-            directory = json.loads((record.dir / "launch.json").read_text())["env"].get("TFCLUSTER_CHECKPOINT_DIR")
-        except (OSError, ValueError, KeyError):
-            return ""
+        directory = record.checkpoint_dir
         newest = latest_checkpoint(directory) if directory else None
         return os.path.relpath(newest, directory) if newest else ""
+
+    def progress(self) -> list[tuple[TaskRecord, int, str]]:
+        """(task, bytes of output so far, newest checkpoint) for every running task."""
+        found = []
+        for record in self.snapshot():
+            if record.phase != "RUNNING" or record.exited.is_set():
+                continue
+            try:
+                size = record.log_path.stat().st_size
+            except OSError:
+                size = 0
+            found.append((record, size, self._newest_checkpoint(record)))
+        return found
 
     def finish_training(self, job_id: str, task_type: str, task_index: int, attempt: int,
                         final_checkpoint: str) -> None:
@@ -274,7 +287,8 @@ class Supervisor:
             if known is not None and known.attempt >= launch["attempt"]:
                 continue
             record = TaskRecord(*key, launch["attempt"], status_path.parent, pid=status.get("pid", 0),
-                                shim_pid=status.get("shim_pid", 0), port=launch.get("port", 0))
+                                shim_pid=status.get("shim_pid", 0), port=launch.get("port", 0),
+                                checkpoint_dir=launch["env"].get("TFCLUSTER_CHECKPOINT_DIR", ""))
             if status.get("phase") == "RUNNING":
                 if not _is_shim(record.shim_pid, record.dir):
                     if record.pid and group_alive(record.pid):

@@ -61,6 +61,17 @@ class Report:
 
 
 @dataclass
+class Progress:
+    """How far a running task has got, sent with heartbeats (for the hang watchdog)."""
+    job_id: str
+    task_type: str
+    task_index: int
+    attempt: int
+    output_bytes: int
+    checkpoint: str = ""
+
+
+@dataclass
 class Plan:
     strategy: str
     placement: list[TaskPlacement] | None
@@ -107,12 +118,17 @@ class Cluster:
                     actions += job.on_lost(task, now, f"{info.name}'s agent no longer has this task")
         return actions + self.schedule(now)
 
-    def heartbeat(self, name: str, session_id: str, now: float) -> bool:
+    def heartbeat(self, name: str, session_id: str, now: float, progress: list[Progress] = ()) -> bool:
         """False when the node must register again (unknown, or it was declared lost)."""
         node = self.nodes.get(name)
         if node is None or node.session_id != session_id or node.state != READY:
             return False
         node.last_seen = now
+        for p in progress:
+            job = self.jobs.get(p.job_id)
+            task = job.task(p.task_type, p.task_index) if job else None
+            if task is not None and task.node == name and task.attempt == p.attempt and task.live:
+                job.on_progress(task, p.output_bytes, p.checkpoint, now)
         return True
 
     def expire(self, now: float) -> list[J.Action]:
@@ -174,12 +190,19 @@ class Cluster:
         return job, self.schedule(now)
 
     def schedule(self, now: float) -> list[J.Action]:
-        """Places every PENDING job that fits now, oldest first."""
+        """Places every PENDING job that fits now, oldest first, and tasks that lost their node."""
         actions: list[J.Action] = []
         for job in self.live_jobs():
+            unplaced = job.unplaced_tasks()
+            if unplaced:
+                result = place(job.spec, self.capacity(now=now), only={(t.type, t.index) for t in unplaced})
+                if not isinstance(result, Unfit):
+                    self.dirty_jobs.add(job.id)
+                    actions += job.place_again(result)
+                continue
             if job.state != J.PENDING or job.not_before > now:
                 continue
-            result = place(job.spec, self.capacity(now=now), previous=job.previous_nodes())
+            result = place(job.spec, self.capacity(now=now), previous=job.previous_places())
             self.dirty_jobs.add(job.id)
             if isinstance(result, Unfit):
                 job.on_unplaceable(result.reason, never=False, now=now)
@@ -202,7 +225,7 @@ class Cluster:
             return []
         self.dirty_jobs.add(job.id)
         if report.phase == "RUNNING":
-            return job.on_running(task, report.pid, report.listening)
+            return job.on_running(task, report.pid, report.listening, now)
         if report.busy_port and node_name in self.nodes:
             self.nodes[node_name].busy_ports[report.busy_port] = now + BUSY_PORT_AVOID_SECONDS
         actions = job.on_exit(task, report.exit_code, report.signal, report.message, report.log_tail, now,

@@ -4,10 +4,13 @@ Every transition is a method that changes a Job and returns the actions (launch,
 must send to agents. A job that has to end or restart first passes through STOPPING until every task
 has exited, so no state says "done" while a process of the job is still alive.
 
-Restarts (DESIGN.md, LESSONS.md 3): the coordinator owns one budget per job; a failed training task
-restarts the whole training group on the same addresses where the nodes are still there; exit code 42
-(a preemption checkpoint was saved) restarts without using the budget; a permanent exit code fails the
-job at once. An evaluator failing restarts the evaluator alone and never fails training.
+Restarts (DESIGN.md, LESSONS.md 3): the coordinator owns the job's budget. A failed training task
+restarts the whole training group on the same addresses where the nodes are still there, except under
+parameter_server: a worker restarts alone, a ps or the chief restarts ps + chief (the workers stay).
+Exit code 42 (a preemption checkpoint was saved) and a port conflict restart without using the budget;
+a permanent exit code fails the job at once. An evaluator failing restarts the evaluator alone, on a
+budget of its own, and never fails training. With `hang_seconds`, a job whose tasks write no output
+and whose chief saves no checkpoint for that long is restarted as if a task had failed.
 """
 
 from __future__ import annotations
@@ -56,6 +59,8 @@ class Task:
     busy_port: int = 0  # the launch failed because this port was taken on the node
     ready: bool = False  # running, and listening on its port where the next launch wave needs that
     final_checkpoint: str = ""  # newest checkpoint in its dir when it exited 0
+    output_bytes: int = 0  # progress, for the hang watchdog
+    checkpoint: str = ""
 
     @property
     def key(self) -> str:
@@ -157,6 +162,11 @@ class Job:
     evaluations: list[dict] = field(default_factory=list)
     # Training is over and the evaluator evaluates the final checkpoint until this time.
     final_evaluation_until: float = 0.0
+    evaluator_restarts: int = 0
+    # While STOPPING for a partial restart (parameter_server): the tasks being restarted.
+    restarting: list[str] = field(default_factory=list)
+    # Hang watchdog: when any task's output or the chief's checkpoint last advanced.
+    last_progress: float = 0.0
     # Filled by the coordinator when placing: node name -> that node's state dir.
     node_state_dirs: dict[str, str] = field(default_factory=dict)
 
@@ -177,8 +187,8 @@ class Job:
         """The task whose success means training succeeded: the chief, else worker 0."""
         return self.task("chief", 0) or self.task("worker", 0)
 
-    def previous_nodes(self) -> dict[tuple[str, int], str]:
-        return {(t.type, t.index): t.node for t in self.tasks if t.node}
+    def previous_places(self) -> dict[tuple[str, int], tuple[str, int]]:
+        return {(t.type, t.index): (t.node, t.port) for t in self.tasks if t.node}
 
     # ---- transitions ---------------------------------------------------------------------------
 
@@ -197,7 +207,7 @@ class Job:
         self.final_evaluation_until = 0.0
         self.state = STARTING
         self.message = ""
-        return self._launch([t for t in self.tasks if self._in_first_wave(t)])
+        return self._advance(now)
 
     def _in_first_wave(self, task: Task) -> bool:
         # ParameterServerStrategy's chief fails at connect unless ps and workers already listen.
@@ -266,27 +276,29 @@ class Job:
         })
         return env
 
-    def on_running(self, task: Task, pid: int, listening: bool = False) -> list[Action]:
+    def on_running(self, task: Task, pid: int, listening: bool = False, now: float = 0.0) -> list[Action]:
         if task.state == T_RUNNING:
             task.pid = task.pid or pid
             task.ready = task.ready or listening
-            return self._advance()
+            return self._advance(now)
         if task.state != T_LAUNCHING:
             return []
         task.state, task.pid = T_RUNNING, pid
         task.ready = listening or not self.needs_listening(task)
-        return self._advance()
+        return self._advance(now)
 
-    def _advance(self) -> list[Action]:
+    def _advance(self, now: float) -> list[Action]:
         """While STARTING: launch the next wave once every earlier task is up; RUNNING once all are."""
         if self.state != STARTING:
             return []
         if any(t.state == T_LAUNCHING or (t.state == T_RUNNING and not t.ready) for t in self.tasks):
             return []
-        waiting = [t for t in self.tasks if t.state == T_PENDING]
-        if waiting:
-            return self._launch(waiting)
+        pending = [t for t in self.tasks if t.state == T_PENDING and t.node]
+        wave = [t for t in pending if self._in_first_wave(t)] or pending
+        if wave:
+            return self._launch(wave)
         self.state = RUNNING
+        self.last_progress = now
         return []
 
     def on_exit(self, task: Task, exit_code: int | None, signal: int | None, message: str,
@@ -311,6 +323,9 @@ class Job:
 
     def _after_task_end(self, task: Task, now: float) -> list[Action]:
         if self.state == STOPPING:
+            if self.restarting and task.key not in self.restarting and task.state in (T_FAILED, T_LOST):
+                # A task outside a partial restart failed meanwhile: restart everything instead.
+                return self._wind_down(RESTART, f"{self.message}; then {task.key} {task.state.lower()}", now)
             return self._finish_if_quiet(now)
         if self.final_evaluation_until:
             if task.type != "evaluator":  # training is over: a ps or worker server ending changes nothing
@@ -322,31 +337,77 @@ class Job:
                               message=task.message, log_tail=task.log_tail, time=now, busy_port=task.busy_port)
             if task.type == "evaluator":
                 # An evaluator given up while STARTING must not hold back the chief's wave or RUNNING.
-                return self._restart_evaluator(task, failure, now) + self._advance()
-            return self._training_failed(failure, now)
+                return self._restart_evaluator(task, failure, now) + self._advance(now)
+            return self._training_failed(failure, task, now)
         if task.state == T_SUCCEEDED and task.type != "evaluator":
             return self._check_training_done(now)
-        return self._advance()
+        return self._advance(now)
 
-    def _training_failed(self, failure: Failure, now: float) -> list[Action]:
+    def _training_failed(self, failure: Failure, task: Task | None, now: float) -> list[Action]:
         self.last_failure = failure
         if failure.exit_code in self.spec.restart.permanent_exit_codes:
             return self._wind_down(FAILED, f"{failure.describe()}: a permanent exit code, not restarted", now)
         if failure.costs_budget and self.restarts >= self.spec.restart.max_restarts:
             return self._wind_down(FAILED, f"{failure.describe()}; restart budget spent "
                                            f"({self.restarts} of {self.spec.restart.max_restarts})", now)
+        if self.strategy == "parameter_server" and task is not None and task.state != T_LOST and \
+                not failure.busy_port and self.state == RUNNING:
+            if task.type == "worker":
+                # The chief reschedules a dead worker's work and takes it back once it listens again.
+                self._count_restart(failure)
+                self.message = f"{failure.describe()}; restarting {task.key} alone"
+                return self._launch([task])
+            group = [t for t in self.tasks if t.type in ("chief", "ps")]
+            if all(t.state != T_LOST for t in group):
+                return self._wind_down(RESTART, f"{failure.describe()}; restarting ps and chief", now,
+                                       only=[t.key for t in group])
         why = ("preemption checkpoint saved" if failure.preempted else
                "placing the group again" if failure.busy_port else "restarting the training group")
         return self._wind_down(RESTART, f"{failure.describe()}; {why}", now)
 
+    def _count_restart(self, failure: Failure | None) -> None:
+        if failure is None or failure.costs_budget:
+            self.restarts += 1
+        elif failure.preempted:
+            self.preemptions += 1
+
     def _restart_evaluator(self, task: Task, failure: Failure, now: float) -> list[Action]:
         self.last_failure = failure
-        if self.restarts >= self.spec.restart.max_restarts:
-            self.message = f"{failure.describe()}; evaluator not restarted (restart budget spent)"
+        if self.evaluator_restarts >= self.spec.restart.max_restarts:
+            self.message = f"{failure.describe()}; evaluator not restarted (its {self.evaluator_restarts} " \
+                           f"restarts are spent); training goes on"
             return []
-        self.restarts += 1
+        self.evaluator_restarts += 1
+        if task.state == T_LOST:  # its node is gone: the coordinator places it anew (Cluster.schedule)
+            task.state, task.node, task.host, task.port, task.gpus = T_PENDING, "", "", 0, []
+            self.message = f"{failure.describe()}; evaluator to be placed again"
+            return []
         self.message = f"{failure.describe()}; evaluator restarted"
         return self._launch([task])
+
+    def unplaced_tasks(self) -> list[Task]:
+        """Tasks of a placed job that lost their node and wait for a new one (the evaluator)."""
+        if self.state not in (STARTING, RUNNING):
+            return []
+        return [t for t in self.tasks if t.state == T_PENDING and not t.node]
+
+    def place_again(self, placement: list[TaskPlacement]) -> list[Action]:
+        """Gives unplaced tasks their new place and launches them (the evaluator: not in the cluster,
+        so no other task's TF_CONFIG changes)."""
+        training = [(t.type, t.index, t.address) for t in self.tasks if t.type != "evaluator"]
+        actions: list[Action] = []
+        for p in placement:
+            task = self.task(p.type, p.index)
+            task.node, task.host, task.port, task.gpus = p.node, p.host, p.port, list(p.gpus)
+            task.tf_config = build_tf_configs(training + [(p.type, p.index, p.address)])[(p.type, p.index)]
+            actions += self._launch([task])
+        return actions
+
+    def on_progress(self, task: Task, output_bytes: int, checkpoint: str, now: float) -> None:
+        """Output grew or the chief's checkpoint changed: the job is not hung."""
+        if task.output_bytes != output_bytes or (checkpoint and task.checkpoint != checkpoint):
+            task.output_bytes, task.checkpoint = output_bytes, checkpoint or task.checkpoint
+            self.last_progress = max(self.last_progress, now)
 
     def _check_training_done(self, now: float) -> list[Action]:
         decisive = self.decisive_task()
@@ -375,10 +436,20 @@ class Job:
         del self.evaluations[:-MAX_EVALUATIONS_KEPT]
 
     def on_tick(self, now: float) -> list[Action]:
-        """Deadlines: the final evaluation's."""
+        """Deadlines: the final evaluation's, and the hang watchdog's."""
         if self.final_evaluation_until and self.state in (STARTING, RUNNING) and now > self.final_evaluation_until:
             return self._wind_down(SUCCEEDED, f"the evaluator did not finish the final evaluation within "
                                               f"{self.spec.evaluator_deadline_seconds:g} s; stopped it", now)
+        hang = self.spec.restart.hang_seconds
+        if hang and self.state == RUNNING and not self.final_evaluation_until and self.last_progress and \
+                now - self.last_progress > hang:
+            decisive = self.decisive_task()
+            failure = Failure(task="job", node=decisive.node, exit_code=None, signal=None,
+                              message=f"hung: no task wrote output and the chief saved no checkpoint for "
+                                      f"{now - self.last_progress:.0f} s (hang_seconds = {hang:g})",
+                              log_tail=[], time=now)
+            self.last_progress = now
+            return self._training_failed(failure, None, now)
         return []
 
     def _runs_forever(self, task: Task) -> bool:
@@ -392,14 +463,19 @@ class Job:
             return []
         return self._wind_down(STOPPED, "stopped by user", now, grace=None if graceful else 0.0)
 
-    def _wind_down(self, outcome: str, message: str, now: float, grace: float | None = None) -> list[Action]:
-        """Stop every live task, then become outcome once all are gone."""
+    def _wind_down(self, outcome: str, message: str, now: float, grace: float | None = None,
+                   only: list[str] | None = None) -> list[Action]:
+        """Stop every live task (or only those named, for a partial restart), then become outcome once
+        they are gone."""
         self.state, self.outcome, self.message = STOPPING, outcome, message
+        self.restarting = list(only or [])
         actions: list[Action] = []
         for task in self.tasks:
-            if task.state == T_PENDING:
+            if only and task.key not in only:
+                continue
+            if task.state == T_PENDING and not only:
                 task.state = T_STOPPED
-            elif task.live:
+            elif task.live and not (task.stop_requested and grace is None):
                 actions.extend(self._stop_task(task, grace))
         return actions + self._finish_if_quiet(now)
 
@@ -409,15 +485,18 @@ class Job:
                      grace_seconds=self.spec.stop_grace_seconds if grace is None else grace)]
 
     def _finish_if_quiet(self, now: float) -> list[Action]:
-        if self.state != STOPPING or any(t.live for t in self.tasks):
+        scope = [t for t in self.tasks if not self.restarting or t.key in self.restarting]
+        if self.state != STOPPING or any(t.live for t in scope):
             return []
         if self.outcome == RESTART:
-            failure = self.last_failure
-            if failure is None or failure.costs_budget:
-                self.restarts += 1
-            elif failure.preempted:
-                self.preemptions += 1
-            self.state, self.outcome = PENDING, ""
+            self._count_restart(self.last_failure)
+            self.outcome = ""
+            if self.restarting:  # relaunched in place, on the same addresses, in waves
+                for task in scope:
+                    task.state = T_PENDING
+                self.restarting, self.state = [], STARTING
+                return self._advance(now)
+            self.state = PENDING
             self.not_before = now + self.spec.restart.backoff_seconds
             return []
         self.state, self.outcome, self.finished = self.outcome, "", now

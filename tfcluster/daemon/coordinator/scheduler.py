@@ -7,6 +7,7 @@ GPUs are placed first; a bounded search backtracks when a greedy choice blocks a
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field, replace
 
 from tfcluster.spec import ROLE_TYPES, JobSpec
@@ -67,11 +68,15 @@ def task_list(spec: JobSpec) -> list[tuple[str, int]]:
 
 
 def place(spec: JobSpec, nodes: list[NodeCapacity],
-          previous: dict[tuple[str, int], str] | None = None) -> list[TaskPlacement] | Unfit:
-    """Places every task of spec on nodes, or says why it cannot. previous (task -> node) is tried first,
-    so a restarted group lands where it was."""
+          previous: dict[tuple[str, int], tuple[str, int]] | None = None,
+          only: set[tuple[str, int]] | None = None) -> list[TaskPlacement] | Unfit:
+    """Places every task of spec (or only those named) on nodes, or says why it cannot.
+
+    previous (task -> (node, port)) is tried first, so a restarted group lands where it was, on the same
+    addresses when they are free."""
+    previous = previous or {}
     by_name = {n.name: n for n in nodes}
-    for role_type in ROLE_TYPES:
+    for role_type in ROLE_TYPES if only is None else ():  # re-placing a task uses the pinned nodes left
         for pinned in spec.role(role_type).nodes:
             if pinned not in by_name:
                 known = ", ".join(sorted(by_name)) or "none"
@@ -84,9 +89,10 @@ def place(spec: JobSpec, nodes: list[NodeCapacity],
             for n in nodes}
 
     def candidates(role_type: str) -> list[str]:
-        return list(spec.role(role_type).nodes) or [n.name for n in nodes]
+        pinned = spec.role(role_type).nodes
+        return [n for n in pinned if n in by_name] if pinned else [n.name for n in nodes]
 
-    tasks = task_list(spec)
+    tasks = [t for t in task_list(spec) if only is None or t in only]
     # Most constrained first: pinned roles, then GPU-hungry ones; keep index order within a role.
     tasks.sort(key=lambda t: (len(candidates(t[0])), -spec.gpus_for(t[0])))
 
@@ -102,11 +108,11 @@ def place(spec: JobSpec, nodes: list[NodeCapacity],
     def order(task: tuple[str, int]) -> list[str]:
         role_type = task[0]
         names = candidates(role_type)
-        preferred = (previous or {}).get(task)
+        preferred = previous.get(task, ("", 0))[0]
         # Keep off nodes that tasks not placed yet were on (they go back there: a task moved off a lost node
         # must not push a survivor off its own), spread a job across nodes, then prefer the node with the
         # most GPUs left (fewer strands).
-        theirs = {n for t, n in (previous or {}).items() if t != task and t not in assignment}
+        theirs = {n for t, (n, _) in previous.items() if t != task and t not in assignment}
         names.sort(key=lambda n: (n != preferred, n in theirs, free[n].tasks, -len(free[n].gpus), n))
         return names
 
@@ -124,21 +130,23 @@ def place(spec: JobSpec, nodes: list[NodeCapacity],
             slot = free[name]
             if len(slot.gpus) < need or not slot.ports:
                 continue
-            gpus, port = slot.gpus[:need], slot.ports[0]
+            old_node, old_port = previous.get(task, ("", 0))
+            port = old_port if name == old_node and old_port in slot.ports else slot.ports[0]
+            gpus = slot.gpus[:need]
             del slot.gpus[:need]
-            slot.ports.pop(0)
+            slot.ports.remove(port)
             slot.tasks += 1
             assignment[task] = TaskPlacement(task[0], task[1], name, by_name[name].address, port, tuple(gpus))
             if search(i + 1):
                 return True
             del assignment[task]
             slot.tasks -= 1
-            slot.ports.insert(0, port)
+            bisect.insort(slot.ports, port)
             slot.gpus[:0] = gpus
         return False
 
     if search(0):
-        return [assignment[t] for t in task_list(spec)]
+        return [assignment[t] for t in task_list(spec) if t in assignment]
     if budget[0] < 0:
         return Unfit(f"no placement found within {SEARCH_BUDGET} tries for {len(tasks)} tasks")
     stuck = deepest[1]

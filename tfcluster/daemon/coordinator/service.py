@@ -23,7 +23,7 @@ from tfcluster import __version__
 from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc, control_pb2, control_pb2_grpc
 from tfcluster.api.v1 import types_pb2 as pb
 from tfcluster.daemon.coordinator import jobs as J
-from tfcluster.daemon.coordinator.cluster import Cluster, LOST, NodeInfo, READY, Report, Unplaceable
+from tfcluster.daemon.coordinator.cluster import Cluster, LOST, NodeInfo, Progress, READY, Report, Unplaceable
 from tfcluster.daemon.coordinator.store import Store
 from tfcluster.spec import SpecError
 from tfcluster.wire import PHASE_NAMES, gpu_from_proto, gpu_to_proto, spec_from_proto
@@ -97,6 +97,8 @@ class Coordinator:
     def _load(self) -> None:
         now = self.clock()
         for job in self.store.load_jobs():
+            if not job.terminal:  # the hang watchdog counts from now: progress was not seen while away
+                job.last_progress = now
             self.cluster.jobs[job.id] = job
         for node in self.store.load_nodes():
             # After a coordinator restart, agents get the reconnect grace (they retry with backoff) on top of
@@ -183,8 +185,10 @@ class Coordinator:
         """Handles one message from a node's stream; False ends the stream (the node must register again)."""
         kind = msg.WhichOneof("kind")
         if kind == "heartbeat":
+            progress = [Progress(p.job_id, p.task_type, p.task_index, p.attempt, p.output_bytes, p.checkpoint)
+                        for p in msg.heartbeat.progress]
             with self.lock:
-                return self.cluster.heartbeat(node_name, session_id, self.clock())
+                return self.cluster.heartbeat(node_name, session_id, self.clock(), progress)
         if kind == "task":
             with self.lock:
                 if not self.cluster.heartbeat(node_name, session_id, self.clock()):
@@ -303,6 +307,16 @@ def _job_status(job: J.Job) -> control_pb2.JobStatus:
                                                                metrics=e["metrics"], time=e["time"]))
     if job.evaluations:
         status.last_evaluation.CopyFrom(status.evaluations[-1])
+    f = job.last_failure
+    if f is not None:
+        status.last_failure.CopyFrom(control_pb2.Failure(task=f.task, node=f.node, message=f.message,
+                                                         log_tail=f.log_tail, time=f.time,
+                                                         description=f.describe()))
+        if f.exit_code is not None:
+            status.last_failure.exit_code = f.exit_code
+        if f.signal is not None:
+            status.last_failure.signal = f.signal
+    status.evaluator_restarts, status.preemptions = job.evaluator_restarts, job.preemptions
     return status
 
 
