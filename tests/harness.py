@@ -111,6 +111,7 @@ class LocalCluster:
     coordinator: Daemon | None = None
     agents: dict[str, Daemon] = field(default_factory=dict)
     address: str = ""
+    port_ranges: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     def start_coordinator(self) -> Daemon:
         if not self.address:
@@ -138,7 +139,9 @@ class LocalCluster:
         inventory.write_text(json.dumps([{"index": i, "uuid": f"GPU-{name}-{i}", "name": "Test GPU",
                                           "memory_mib": 16384} for i in range(gpus)]))
         base = port_block()
-        first, last = ports or (base, base + 99)
+        # A restarted agent keeps its node's port range, as a systemd unit with the same env file would.
+        first, last = ports or self.port_ranges.get(name) or (base, base + 99)
+        self.port_ranges[name] = (first, last)
         args = ["agent", "--coordinator", self.address, "--name", name, "--advertise-address", "127.0.0.1",
                 "--port-range", f"{first}-{last}", "--state-dir", str(state), "--gpu-inventory", str(inventory),
                 *(extra or [])]

@@ -36,7 +36,7 @@ def test_killed_agent_turns_lost_and_its_old_attempt_is_stopped_when_it_returns(
     # The task on b outlived its agent (agents never take tasks down with them) ...
     assert any(p.pid == on_b["pid"] for p in job_processes(job_id))
     # ... and when b's agent comes back, the coordinator has it stopped: that attempt is stale.
-    cluster.start_agent("b", ports=None)
+    cluster.start_agent("b")
     wait_until(lambda: job_processes(job_id) == [], 30, what="the stale task to be stopped")
 
 
@@ -56,7 +56,7 @@ def test_restarted_agent_reattaches_and_reports_the_exit(make_cluster, tmp_path)
     cluster.agents["a"].kill()
     gate.touch()  # the task ends while no agent watches it
     wait_until(lambda: not any(p.pid == pid for p in job_processes(job_id)), 10, what="the task to end")
-    cluster.start_agent("a", ports=None)
+    cluster.start_agent("a")
     job = cluster.wait_job(job_id, timeout=20)
     assert job["state"] == "FAILED"
     task = job["tasks"][0]
@@ -154,3 +154,73 @@ def test_port_taken_by_another_program_moves_the_task(make_cluster):
         assert job["tasks"][0]["address"] == f"127.0.0.1:{port}"
     finally:
         blocker.close()
+
+
+def test_hang_watchdog_restarts_a_silent_job_then_gives_up(make_cluster):
+    cluster = make_cluster()
+    cluster.start_agent("a")
+    spec_path = cluster.root / "hang.toml"
+    spec_path.write_text(f'name = "hangs"\nstrategy = "mirrored"\nstop_grace_seconds = 1\n'
+                         f'command = ["{PY}", "-c", "import time; print(1, flush=True); time.sleep(600)"]\n'
+                         f'[restart]\nmax_restarts = 1\nhang_seconds = 2\n')
+    job_id = cluster.cli("start", str(spec_path), check=True).stdout.strip()
+    job = cluster.wait_job(job_id, timeout=30)
+    assert job["state"] == "FAILED" and job["restarts"] == 1
+    assert "hung" in job["message"] and "hang_seconds = 2" in job["message"]
+    assert job["last_failure"]["task"] == "job"
+    assert job_processes(job_id) == []
+
+
+def test_last_failure_shows_the_task_its_exit_and_its_last_lines(make_cluster):
+    cluster = make_cluster()
+    cluster.start_agent("a")
+    job_id = start(cluster, "--name", "crash", "--strategy", "mirrored", "--max-restarts", "0", "--",
+                   PY, "-c", "import sys\nfor i in range(30): print('line', i)\nsys.exit('boom: bad input')")
+    job = cluster.wait_job(job_id)
+    failure = job["last_failure"]
+    assert failure["task"] == "worker:0" and failure["node"] == "a" and failure["exit_code"] == 1
+    assert failure["log_tail"][-1] == "boom: bad input" and failure["log_tail"][-2] == "line 29"
+    assert failure["description"] == "worker:0 on a exited with code 1"
+    table = cluster.cli("status", job_id, check=True).stdout
+    assert "last failure: worker:0 on a exited with code 1" in table and "boom: bad input" in table
+
+
+def test_parameter_server_worker_killed_restarts_alone(make_cluster, tmp_path):
+    cluster = make_cluster()
+    cluster.start_agent("a")
+    cluster.start_agent("b")
+    gate = tmp_path / "go"
+    server = ("import os, socket, time\n"
+              "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+              "s.bind(('0.0.0.0', int(os.environ['TFCLUSTER_PORT']))); s.listen()\n"
+              "print('serving attempt', os.environ['TFCLUSTER_ATTEMPT'], flush=True)\n"
+              "time.sleep(600)\n")
+    chief = f"import pathlib, time\nwhile not pathlib.Path({str(gate)!r}).exists(): time.sleep(0.05)\n"
+    spec_path = tmp_path / "ps.toml"
+    spec_path.write_text(f'name = "psw"\nstrategy = "parameter_server"\nstop_grace_seconds = 1\n'
+                         f'command = ["{PY}", "-c", "{chief.encode("unicode_escape").decode()}"]\n'
+                         f'[roles.chief]\n[roles.ps]\ncount = 1\n'
+                         f'command = ["{PY}", "-c", "{server.encode("unicode_escape").decode()}"]\n'
+                         f'[roles.worker]\ncount = 2\n'
+                         f'command = ["{PY}", "-c", "{server.encode("unicode_escape").decode()}"]\n')
+    job_id = cluster.cli("start", str(spec_path), check=True).stdout.strip()
+    job = wait_until(lambda: (lambda j: j if j["state"] == "RUNNING" else None)(cluster.job(job_id)), 30,
+                     what="RUNNING")
+    before = {f"{t['type']}:{t['index']}": (t["attempt"], t["pid"]) for t in job["tasks"]}
+    import os
+    import signal
+    os.kill(before["worker:1"][1], signal.SIGKILL)
+    def worker_back():
+        job = cluster.job(job_id)
+        worker = next(t for t in job["tasks"] if (t["type"], t["index"]) == ("worker", 1))
+        running = worker["attempt"] == 2 and all(t["state"] == "RUNNING" for t in job["tasks"])
+        return job if running and job["state"] == "RUNNING" else None
+    job = wait_until(worker_back, 30, what="worker:1 to run again")
+    after = {f"{t['type']}:{t['index']}": (t["attempt"], t["pid"]) for t in job["tasks"]}
+    assert after["worker:1"][0] == 2
+    assert {k: v for k, v in after.items() if k != "worker:1"} == \
+        {k: v for k, v in before.items() if k != "worker:1"}, "nothing else was restarted"
+    assert job["restarts"] == 1 and "restarting worker:1 alone" in job["message"]
+    gate.touch()
+    assert cluster.wait_job(job_id)["state"] == "SUCCEEDED"
+    assert job_processes(job_id) == []

@@ -8,6 +8,7 @@ the evaluator can follow after every epoch. Imports TensorFlow; import it from t
 from __future__ import annotations
 
 import os
+import time
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -103,6 +104,8 @@ class SaveEveryEpoch(keras.callbacks.Callback):
         path = self.manager.save(checkpoint_number=epoch + 1)
         if task.is_chief:
             print(f"saved {path} (epoch {epoch + 1})", flush=True)
+        # EPOCH_PAUSE_SECONDS stretches a run so that it can be watched, or disturbed on purpose.
+        time.sleep(float(os.environ.get("EPOCH_PAUSE_SECONDS", "0")))
 
 
 def write_metrics(model: keras.Model, strategy_name: str, epochs: int, replicas: int) -> dict:

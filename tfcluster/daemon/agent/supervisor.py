@@ -86,7 +86,10 @@ def attempt_dir(state_dir: Path, job_id: str, task_type: str, task_index: int, a
 
 
 def port_in_use(port: int) -> bool:
+    """True when something listens on the port. SO_REUSEADDR, as servers (gRPC, TensorFlow) set it: the
+    TIME_WAIT connections a finished task leaves behind do not make its port busy."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("0.0.0.0", port))
         except OSError as e:

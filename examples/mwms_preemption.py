@@ -1,0 +1,59 @@
+"""MultiWorkerMirroredStrategy custom loop that survives preemption: PreemptionCheckpointHandler.
+
+On SIGTERM (`tfcluster stop` sends it, as does a node shutting down) every worker saves a checkpoint
+at the same step and exits with code 42. tfcluster restarts a group that exited 42 without using the
+restart budget; after `tfcluster stop` the job ends STOPPED and a new job with the same checkpoint_dir
+resumes at the saved step. The handler restores that checkpoint when it is created.
+"""
+
+import os
+import time
+
+from tfcluster import task
+from tfcluster.demo import digits
+
+import tensorflow as tf  # noqa: E402
+import tf_keras as keras  # noqa: E402
+
+EPOCHS = int(os.environ.get("EPOCHS", "5"))
+STEP_PAUSE_SECONDS = float(os.environ.get("STEP_PAUSE_SECONDS", "0"))
+
+strategy = task.make_strategy()
+global_batch = digits.BATCH_PER_REPLICA * strategy.num_replicas_in_sync
+steps = digits.steps_per_epoch(global_batch)
+
+with strategy.scope():
+    model = digits.make_model()
+    optimizer = keras.optimizers.Adam(0.01)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=keras.losses.Reduction.NONE)
+    step = tf.Variable(0, dtype=tf.int64, trainable=False)
+
+checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step)
+# Created on the main thread: it installs the SIGTERM handler. Non-chief workers save to temp dirs.
+handler = tf.distribute.experimental.PreemptionCheckpointHandler(
+    strategy.cluster_resolver, checkpoint, os.path.join(task.checkpoint_dir, "preemption"))
+if handler.total_run_calls:
+    print(f"resumed at step {handler.total_run_calls}", flush=True)
+
+batches = iter(strategy.experimental_distribute_dataset(digits.train_dataset(global_batch)))
+
+
+@tf.function
+def train_step(inputs):
+    def replica_step(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.nn.compute_average_loss(loss_fn(y, model(x, training=True)), global_batch_size=global_batch)
+        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+        return loss
+
+    step.assign_add(1)
+    return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(replica_step, args=inputs), axis=None)
+
+
+for epoch in range(handler.total_run_calls // steps, EPOCHS):
+    for _ in range(handler.total_run_calls % steps, steps):
+        loss = handler.run(train_step, next(batches))
+        time.sleep(STEP_PAUSE_SECONDS)
+    print(f"epoch {epoch + 1}/{EPOCHS}: loss {float(loss):.4f} (step {int(step.numpy())})", flush=True)
+
+digits.write_metrics(model, task.strategy, EPOCHS, strategy.num_replicas_in_sync)

@@ -1,0 +1,195 @@
+"""Chaos, end to end with real TensorFlow: kill -9 a worker, the coordinator, an agent, a ps, mid-training.
+Each time the job must reach SUCCEEDED with the same final checkpoint (epoch and step) as an undisturbed
+run of the same spec, and leave no process behind."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from harness import LocalCluster, ROOT, job_processes, wait_until
+
+pytestmark = [pytest.mark.e2e,
+              pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="needs the tf extra")]
+
+EXAMPLES = ROOT / "examples"
+EPOCHS = {"mwms_fit": 6, "parameter_server_fit": 5, "mwms_preemption": 4}
+EPOCH_PAUSE_SECONDS = 1.5  # long enough to kill something between two epochs
+JOB_TIMEOUT = 360
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    cluster = LocalCluster(root=tmp_path_factory.mktemp("chaos"))
+    try:
+        cluster.start_coordinator()
+        for name in ("a", "b", "c"):
+            cluster.start_agent(name, wait=False)
+        for name in ("a", "b", "c"):
+            wait_until(lambda: cluster.node_state(name) == "READY", 30, what=f"agent {name}")
+        yield cluster
+    finally:
+        cluster.teardown()
+
+
+def spec_for(example: str, tmp_path: Path) -> tuple[Path, Path]:
+    checkpoints = tmp_path / "ckpt"
+    lines = []
+    for line in (EXAMPLES / f"{example}.toml").read_text().splitlines():
+        if line.startswith("checkpoint_dir"):
+            line = f'checkpoint_dir = "{checkpoints}"'
+        if line.startswith("stop_grace_seconds"):
+            continue  # set below: a short grace keeps restarts quick here
+        if line.startswith("env"):
+            line = f'env = {{ EPOCHS = "{EPOCHS[example]}", EPOCH_PAUSE_SECONDS = "{EPOCH_PAUSE_SECONDS}" }}'
+        lines.append(line)
+    spec = tmp_path / f"{example}.toml"
+    spec.write_text(f'workdir = "{EXAMPLES}"\nstop_grace_seconds = 5\n' + "\n".join(lines) + "\n")
+    return spec, checkpoints
+
+
+def submit(cluster: LocalCluster, spec: Path) -> str:
+    return cluster.cli("start", str(spec), check=True).stdout.strip()
+
+
+def wait_for_checkpoint(checkpoints: Path, number: int) -> None:
+    wait_until(lambda: (checkpoints / f"ckpt-{number}.index").exists(), 240, interval=0.2,
+               what=f"checkpoint {number}")
+
+
+def finish(cluster: LocalCluster, job_id: str) -> dict:
+    job = cluster.wait_job(job_id, timeout=JOB_TIMEOUT)
+    assert job["state"] == "SUCCEEDED", f"{job['state']}: {job['message']}\n{job.get('last_failure')}"
+    wait_until(lambda: job_processes(job_id) == [], 10, what="no process of the job left")
+    return job
+
+
+def final_checkpoint(job: dict) -> tuple[str, int]:
+    latest = job["evaluation"]["latest"]
+    assert latest is not None, "the evaluator reported nothing"
+    return Path(latest["checkpoint"]).name, latest["step"]
+
+
+_undisturbed: dict[str, tuple[str, int]] = {}
+
+
+def undisturbed(cluster: LocalCluster, example: str, tmp_path_factory) -> tuple[str, int]:
+    """The final (checkpoint, step) of a run nobody disturbed (computed once per example)."""
+    if example not in _undisturbed:
+        spec, _ = spec_for(example, tmp_path_factory.mktemp(f"{example}-undisturbed"))
+        job = finish(cluster, submit(cluster, spec))
+        assert job["restarts"] == 0
+        _undisturbed[example] = final_checkpoint(job)
+    return _undisturbed[example]
+
+
+def task_of(cluster: LocalCluster, job_id: str, task_type: str, index: int) -> dict:
+    return next(t for t in cluster.job(job_id)["tasks"] if (t["type"], t["index"]) == (task_type, index))
+
+
+def test_mwms_worker_killed(cluster, tmp_path, tmp_path_factory):
+    expected = undisturbed(cluster, "mwms_fit", tmp_path_factory)
+    spec, checkpoints = spec_for("mwms_fit", tmp_path)
+    job_id = submit(cluster, spec)
+    wait_for_checkpoint(checkpoints, 2)
+    os.kill(task_of(cluster, job_id, "worker", 1)["pid"], signal.SIGKILL)
+    job = finish(cluster, job_id)
+    assert job["restarts"] == 1 and "worker:1" in job["last_failure"]["description"]
+    assert all(t["attempt"] == 2 for t in job["tasks"] if t["type"] == "worker")
+    assert final_checkpoint(job) == expected
+
+
+def test_mwms_coordinator_killed_and_restarted(cluster, tmp_path, tmp_path_factory):
+    expected = undisturbed(cluster, "mwms_fit", tmp_path_factory)
+    spec, checkpoints = spec_for("mwms_fit", tmp_path)
+    job_id = submit(cluster, spec)
+    wait_for_checkpoint(checkpoints, 2)
+    cluster.coordinator.kill()
+    time.sleep(2)
+    cluster.start_coordinator()
+    job = finish(cluster, job_id)
+    assert job["restarts"] == 0 and all(t["attempt"] == 1 for t in job["tasks"]), "nothing was launched twice"
+    assert final_checkpoint(job) == expected
+
+
+def test_mwms_agent_killed_and_restarted(cluster, tmp_path, tmp_path_factory):
+    expected = undisturbed(cluster, "mwms_fit", tmp_path_factory)
+    spec, checkpoints = spec_for("mwms_fit", tmp_path)
+    job_id = submit(cluster, spec)
+    wait_for_checkpoint(checkpoints, 2)
+    node = task_of(cluster, job_id, "worker", 1)["node"]
+    cluster.agents[node].kill()
+    cluster.start_agent(node)
+    job = finish(cluster, job_id)
+    assert job["restarts"] == 0 and all(t["attempt"] == 1 for t in job["tasks"]), "the tasks kept running"
+    assert final_checkpoint(job) == expected
+
+
+def test_parameter_server_worker_killed(cluster, tmp_path, tmp_path_factory):
+    expected = undisturbed(cluster, "parameter_server_fit", tmp_path_factory)
+    spec, checkpoints = spec_for("parameter_server_fit", tmp_path)
+    job_id = submit(cluster, spec)
+    wait_for_checkpoint(checkpoints, 2)
+    os.kill(task_of(cluster, job_id, "worker", 1)["pid"], signal.SIGKILL)
+    job = finish(cluster, job_id)
+    tasks = {(t["type"], t["index"]): t for t in job["tasks"]}
+    assert tasks[("worker", 1)]["attempt"] == 2, "the worker was restarted"
+    assert tasks[("chief", 0)]["attempt"] == 1 and tasks[("ps", 0)]["attempt"] == 1, "alone"
+    assert final_checkpoint(job) == expected
+
+
+def test_parameter_server_ps_killed(cluster, tmp_path, tmp_path_factory):
+    expected = undisturbed(cluster, "parameter_server_fit", tmp_path_factory)
+    spec, checkpoints = spec_for("parameter_server_fit", tmp_path)
+    job_id = submit(cluster, spec)
+    wait_for_checkpoint(checkpoints, 2)
+    os.kill(task_of(cluster, job_id, "ps", 0)["pid"], signal.SIGKILL)
+    job = finish(cluster, job_id)
+    tasks = {(t["type"], t["index"]): t for t in job["tasks"]}
+    assert tasks[("ps", 0)]["attempt"] == 2 and tasks[("chief", 0)]["attempt"] == 2, "ps and chief restarted"
+    assert tasks[("worker", 0)]["attempt"] == 1 and tasks[("worker", 1)]["attempt"] == 1, "workers stayed"
+    assert final_checkpoint(job) == expected
+
+
+def preemption_spec(tmp_path: Path, max_restarts: int | None = None) -> Path:
+    """The preemption example, slowed per step rather than per epoch."""
+    spec, _ = spec_for("mwms_preemption", tmp_path)
+    text = spec.read_text().replace(f'EPOCH_PAUSE_SECONDS = "{EPOCH_PAUSE_SECONDS}"', 'STEP_PAUSE_SECONDS = "0.05"')
+    if max_restarts is not None:
+        text = text.replace("[roles.worker]", f"[restart]\nmax_restarts = {max_restarts}\n\n[roles.worker]")
+    spec.write_text(text)
+    return spec
+
+
+def test_graceful_stop_lets_preemption_handler_save_and_a_new_job_resumes(cluster, tmp_path):
+    spec = preemption_spec(tmp_path)
+    job_id = submit(cluster, spec)
+    wait_until(lambda: "epoch 1/4" in cluster.cli("logs", job_id, "worker:0").stdout, 120, interval=0.3,
+               what="the first epoch")
+    result = cluster.cli("stop", job_id, check=True)
+    assert "STOPPED" in result.stderr
+    job = cluster.job(job_id)
+    assert [t["exit_code"] for t in job["tasks"]] == [42, 42], "each worker saved and exited 42"
+    assert job_processes(job_id) == []
+    again = finish(cluster, submit(cluster, spec))
+    log = cluster.cli("logs", again["id"], "worker:0", check=True).stdout
+    resumed = [line for line in log.splitlines() if line.startswith("resumed at step")]
+    assert resumed and int(resumed[0].split()[-1]) >= 22, log[-2000:]
+
+
+def test_sigterm_from_elsewhere_restarts_the_group_without_using_the_budget(cluster, tmp_path):
+    spec = preemption_spec(tmp_path, max_restarts=0)
+    job_id = submit(cluster, spec)
+    wait_until(lambda: "epoch 1/4" in cluster.cli("logs", job_id, "worker:0").stdout, 120, interval=0.3,
+               what="the first epoch")
+    os.kill(task_of(cluster, job_id, "worker", 1)["pid"], signal.SIGTERM)
+    job = finish(cluster, job_id)
+    assert job["restarts"] == 0 and job["preemptions"] == 1
+    assert all(t["attempt"] == 2 for t in job["tasks"])
+    log = cluster.cli("logs", job_id, "worker:0", check=True).stdout
+    assert "resumed at step" in log
