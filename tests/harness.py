@@ -24,9 +24,9 @@ ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 
 
-def free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 
@@ -73,10 +73,12 @@ class Daemon:
     args: list[str]
     log_path: Path
     proc: subprocess.Popen | None = None
+    host_prefix: list[str] = field(default_factory=list)  # runs it on a test host (ip netns exec ...)
 
     def start(self, env: dict[str, str] | None = None) -> "Daemon":
         log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen([PYTHON, "-m", "tfcluster.cli", *self.args], stdout=log, stderr=log,
+        argv = [*self.host_prefix, PYTHON, "-m", "tfcluster.cli", *self.args]
+        self.proc = subprocess.Popen(argv, stdout=log, stderr=log,
                                      stdin=subprocess.DEVNULL, start_new_session=True,
                                      env={**os.environ, **(env or {})})
         log.close()
@@ -112,10 +114,12 @@ class LocalCluster:
     agents: dict[str, Daemon] = field(default_factory=dict)
     address: str = ""
     port_ranges: dict[str, tuple[int, int]] = field(default_factory=dict)
+    coordinator_host: str = "127.0.0.1"
+    host_prefixes: dict[str, list[str]] = field(default_factory=dict)  # agent name -> test host prefix
 
     def start_coordinator(self) -> Daemon:
         if not self.address:
-            self.address = f"127.0.0.1:{free_port()}"
+            self.address = f"{self.coordinator_host}:{free_port(self.coordinator_host)}"
         self.coordinator = Daemon("coordinator", ["coordinator", "--listen", self.address, "--state-dir",
                                                   str(self.root / "coordinator"), "--lost-after", str(self.lost_after)],
                                   self.root / "coordinator.log").start()
@@ -126,13 +130,14 @@ class LocalCluster:
         if not self.coordinator.alive:
             raise AssertionError(f"coordinator exited:\n{self.coordinator.log()}")
         with socket.socket() as s:
-            return s.connect_ex(("127.0.0.1", int(self.address.rsplit(":", 1)[1]))) == 0
+            return s.connect_ex((self.coordinator_host, int(self.address.rsplit(":", 1)[1]))) == 0
 
     def agent_state_dir(self, name: str) -> Path:
         return self.root / "agents" / name
 
     def start_agent(self, name: str, gpus: int = 0, ports: tuple[int, int] | None = None,
-                    extra: list[str] | None = None, wait: bool = True) -> Daemon:
+                    extra: list[str] | None = None, wait: bool = True, host_prefix: list[str] | None = None) -> Daemon:
+        """An agent on loopback, or (host_prefix) on a test host, where it finds its own address."""
         state = self.agent_state_dir(name)
         state.mkdir(parents=True, exist_ok=True)
         inventory = state.parent / f"{name}-gpus.json"
@@ -142,12 +147,17 @@ class LocalCluster:
         # A restarted agent keeps its node's port range, as a systemd unit with the same env file would.
         first, last = ports or self.port_ranges.get(name) or (base, base + 99)
         self.port_ranges[name] = (first, last)
-        args = ["agent", "--coordinator", self.address, "--name", name, "--advertise-address", "127.0.0.1",
+        if host_prefix is not None:
+            self.host_prefixes[name] = host_prefix
+        prefix = self.host_prefixes.get(name, [])
+        address = [] if prefix else ["--advertise-address", "127.0.0.1"]
+        args = ["agent", "--coordinator", self.address, "--name", name, *address,
                 "--port-range", f"{first}-{last}", "--state-dir", str(state), "--gpu-inventory", str(inventory),
                 *(extra or [])]
         # As a systemd unit's PATH would: `python3` in a job's command is the interpreter with TensorFlow.
         path = f"{Path(PYTHON).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}"
-        daemon = self.agents[name] = Daemon(name, args, self.root / f"agent-{name}.log").start(env={"PATH": path})
+        daemon = self.agents[name] = Daemon(name, args, self.root / f"agent-{name}.log",
+                                            host_prefix=prefix).start(env={"PATH": path})
         if wait:
             wait_until(lambda: self.node_state(name) == "READY", 30, what=f"agent {name} to register")
         return daemon
