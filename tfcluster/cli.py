@@ -100,7 +100,12 @@ def agent(
     advertise_address: Optional[str] = typer.Option(None, metavar="IP",
                                                     help="IP other nodes use to reach this node's tasks "
                                                          "[default: the address of the interface that reaches the coordinator]."),
-    port_range: str = typer.Option("20000-20999", metavar="FIRST-LAST", help="Ports tasks on this node may use."),
+    port_range: str = typer.Option("20000-20999", metavar="FIRST-LAST",
+                                   help="Ports of this agent: the first receives checkpoints from other agents "
+                                        "(unless --peer-port says otherwise), tasks use the others."),
+    peer_port: Optional[int] = typer.Option(None, min=1, max=65535,
+                                            help="Port that receives checkpoints from other agents "
+                                                 "[default: the first of --port-range]."),
     gpu_inventory: Optional[str] = typer.Option(None, metavar="FILE|none",
                                                 help="Declare GPUs from a JSON file instead of NVML; 'none' for CPU only."),
     state_dir: Optional[Path] = typer.Option(None, help="Task logs and files "
@@ -124,6 +129,12 @@ def agent(
             raise ValueError
     except ValueError:
         fail(f"--port-range: expected FIRST-LAST with 1 <= FIRST <= LAST <= 65535, got {port_range!r}", 2)
+    if peer_port is None:
+        peer_port, first = first, first + 1
+        if first > last:
+            fail(f"--port-range: {port_range} leaves no port for tasks after the agent's own (the first)", 2)
+    elif first <= peer_port <= last:
+        fail(f"--peer-port {peer_port} lies inside --port-range {port_range}, which is for tasks", 2)
     if ":" not in coordinator:
         fail(f"--coordinator: expected HOST:PORT, got {coordinator!r}", 2)
     if advertise_address is not None:
@@ -140,10 +151,16 @@ def agent(
     directory = (state_dir or default_state_dir("agent")).resolve()
     directory.mkdir(parents=True, exist_ok=True)
     config = AgentConfig(coordinator=coordinator, name=name or socket.gethostname(), address=address,
-                         port_range=(first, last), gpus=tuple(gpus), host=host_info(), state_dir=directory)
-    log.info("agent %s: node %s, address %s, %d GPUs%s, ports %d-%d, state %s", __version__, config.name, address,
-             len(gpus), "".join(f" [{g.index}: {g.name} {g.uuid}]" for g in gpus), first, last, directory)
+                         port_range=(first, last), gpus=tuple(gpus), host=host_info(), state_dir=directory,
+                         peer_port=peer_port)
+    log.info("agent %s: node %s, address %s, %d GPUs%s, task ports %d-%d, peer port %d, state %s", __version__,
+             config.name, address, len(gpus), "".join(f" [{g.index}: {g.name} {g.uuid}]" for g in gpus), first, last,
+             peer_port, directory)
     node_agent = Agent(config)
+    try:
+        node_agent.serve_peers()
+    except (OSError, RuntimeError) as e:
+        fail(f"--peer-port {peer_port}: {e}")
     thread = threading.Thread(target=node_agent.run, name="agent", daemon=True)
     thread.start()
     run_until_signal(lambda: node_agent.stop(stop_tasks=stop_tasks_on_exit))

@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from typing import Any
 
 CHECKPOINT_POLL_SECONDS = 0.2
+STATE_FILE = "checkpoint"  # TensorFlow's checkpoint state file, rewritten after each complete save
 _STATE_LINE = re.compile(r'^model_checkpoint_path:\s*"((?:[^"\\]|\\.)*)"\s*$', re.MULTILINE)
 _write_dirs: dict[str, str] = {}
 
@@ -99,16 +100,19 @@ def make_strategy():
     return tf.distribute.MirroredStrategy()
 
 
-def latest_checkpoint(directory: str) -> str | None:
-    """The newest committed checkpoint prefix in directory, from its `checkpoint` state file.
+def latest_checkpoint(directory: str, state: str | None = None) -> str | None:
+    """The newest committed checkpoint prefix in directory, from its `checkpoint` state file (or the
+    state file's text, already read).
 
     The state file is rewritten atomically after a checkpoint is complete, so it is followed instead of
     globbing; a prefix whose .index file is missing is not committed (or already deleted)."""
-    try:
-        with open(os.path.join(directory, "checkpoint")) as f:
-            match = _STATE_LINE.search(f.read())
-    except OSError:
-        return None
+    if state is None:
+        try:
+            with open(os.path.join(directory, STATE_FILE)) as f:
+                state = f.read()
+        except OSError:
+            return None
+    match = _STATE_LINE.search(state)
     if not match:
         return None
     prefix = match.group(1).encode().decode("unicode_escape")

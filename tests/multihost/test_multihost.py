@@ -121,15 +121,42 @@ def test_parameter_server_across_hosts(hosts, cluster, tmp_path):
     assert {t["node"] for t in job["tasks"] if t["type"] == "worker"} <= {"h2", "h3"}
 
 
+def test_host_local_checkpoints_are_shipped_to_the_evaluators_host(hosts, cluster, tmp_path):
+    spec = write_spec(tmp_path, "mwms_fit", checkpoint_dir=False, replace_roles=True, extra_roles="""
+        [roles.chief]
+        nodes = ["h1"]
+        [roles.worker]
+        count = 1
+        nodes = ["h2"]
+        [roles.evaluator]
+        nodes = ["h3"]
+        entrypoint = "tfcluster.demo.digits:evaluation"
+    """)
+    job = run(cluster, spec)
+    source = cluster.agent_state_dir("h1") / "jobs" / job["id"] / "checkpoints"
+    copy = cluster.agent_state_dir("h3") / "jobs" / job["id"] / "checkpoints"
+    latest = job["evaluation"]["latest"]
+    assert latest["checkpoint"] == str(copy / "ckpt-3"), "the evaluator read its own host's copy"
+    for name in ("ckpt-3.index", "ckpt-3.data-00000-of-00001"):
+        assert (copy / name).read_bytes() == (source / name).read_bytes()
+    assert list((copy / "eval").glob("events.out.tfevents.*")), "summaries on the evaluator's host"
+    assert not (cluster.agent_state_dir("h2") / "jobs" / job["id"] / "checkpoints" / "ckpt-1.index").exists(), \
+        "nothing is shipped where no one needs it"
+
+
 def test_cut_link_makes_the_host_lost_and_the_job_recovers_on_the_others(hosts, cluster, tmp_path):
-    spec = write_spec(tmp_path, "mwms_fit", epochs=6, replace_roles=True, extra_roles="""
+    # Host-local checkpoints: the group that restarts elsewhere gets the chief's dir copied first.
+    spec = write_spec(tmp_path, "mwms_fit", epochs=6, checkpoint_dir=False, replace_roles=True, extra_roles="""
         [roles.worker]
         count = 2
     """)
     spec.write_text(spec.read_text().replace('EPOCHS = "6"', 'EPOCHS = "6", EPOCH_PAUSE_SECONDS = "1.5"'))
     job_id = cluster.cli("start", str(spec), check=True).stdout.strip()
-    wait_until(lambda: (tmp_path / "ckpt" / "ckpt-2.index").exists(), 240, interval=0.2, what="checkpoint 2")
-    job = cluster.job(job_id)
+    job = wait_until(lambda: (lambda j: j if j["state"] == "RUNNING" else None)(cluster.job(job_id)), 120,
+                     what="RUNNING")
+    chief_node = next(t["node"] for t in job["tasks"] if (t["type"], t["index"]) == ("worker", 0))
+    chief_dir = cluster.agent_state_dir(chief_node) / "jobs" / job_id / "checkpoints"
+    wait_until(lambda: (chief_dir / "ckpt-2.index").exists(), 240, interval=0.2, what="checkpoint 2")
     cut = next(int(t["node"][1:]) for t in job["tasks"] if (t["type"], t["index"]) == ("worker", 1))
     hosts.link(cut, up=False)
     try:
@@ -141,6 +168,9 @@ def test_cut_link_makes_the_host_lost_and_the_job_recovers_on_the_others(hosts, 
         assert job["restarts"] == 1 and f"node h{cut} lost" in job["last_failure"]["description"]
         assert all(t["node"] != f"h{cut}" for t in job["tasks"]), "re-placed on the hosts left"
         check_addresses(hosts, job)
+        assert f"copying checkpoints from {chief_node}" in cluster.coordinator.log()
+        metrics = json.loads((chief_dir / "metrics.json").read_text())
+        assert metrics["replicas"] == 2 and metrics["accuracy"] > 0.8
     finally:
         hosts.link(cut, up=True)
     # The host comes back: its agent re-registers and the stale attempt it still runs is stopped.

@@ -76,8 +76,8 @@ def run_demo(epochs: int = 5, keep: bool = False, console: Console | None = None
             gpus = tuple(Gpu(index=g, uuid=f"GPU-demo-{name}-{g}", name="Demo GPU", memory_mib=16384)
                          for g in range(gpu_count))
             agent = Agent(AgentConfig(coordinator=server.address, name=name, address="127.0.0.1",
-                                      port_range=(base + 100 * i, base + 100 * i + 99), gpus=gpus, host=host_info(),
-                                      state_dir=root / name))
+                                      port_range=(base + 100 * i + 1, base + 100 * i + 99), gpus=gpus,
+                                      host=host_info(), state_dir=root / name, peer_port=base + 100 * i))
             agents.append(agent)
             threads.append(threading.Thread(target=agent.run, name=f"agent-{name}", daemon=True))
             threads[-1].start()

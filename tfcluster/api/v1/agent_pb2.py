@@ -26,37 +26,49 @@ _sym_db = _symbol_database.Default()
 from tfcluster.api.v1 import types_pb2 as tfcluster_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18tfcluster/v1/agent.proto\x12\x0ctfcluster.v1\x1a\x18tfcluster/v1/types.proto\"`\n\x0fRegisterRequest\x12$\n\x04node\x18\x01 \x01(\x0b\x32\x16.tfcluster.v1.NodeInfo\x12\'\n\x05tasks\x18\x02 \x03(\x0b\x32\x18.tfcluster.v1.TaskReport\"J\n\x10RegisterResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\"\n\x1aheartbeat_interval_seconds\x18\x02 \x01(\x01\"M\n\tHeartbeat\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12,\n\x08progress\x18\x02 \x03(\x0b\x32\x1a.tfcluster.v1.TaskProgress\"\x80\x01\n\x0cTaskProgress\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\ttask_type\x18\x02 \x01(\t\x12\x12\n\ntask_index\x18\x03 \x01(\r\x12\x0f\n\x07\x61ttempt\x18\x04 \x01(\r\x12\x14\n\x0coutput_bytes\x18\x05 \x01(\x04\x12\x12\n\ncheckpoint\x18\x06 \x01(\t\"3\n\nStreamOpen\x12\x11\n\tnode_name\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\"G\n\x07LogData\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x0b\n\x03\x65of\x18\x03 \x01(\x08\x12\r\n\x05\x65rror\x18\x04 \x01(\t\"\xee\x01\n\x0c\x41gentMessage\x12(\n\x04open\x18\x01 \x01(\x0b\x32\x18.tfcluster.v1.StreamOpenH\x00\x12,\n\theartbeat\x18\x02 \x01(\x0b\x32\x17.tfcluster.v1.HeartbeatH\x00\x12(\n\x04task\x18\x03 \x01(\x0b\x32\x18.tfcluster.v1.TaskReportH\x00\x12$\n\x03log\x18\x04 \x01(\x0b\x32\x15.tfcluster.v1.LogDataH\x00\x12.\n\nevaluation\x18\x05 \x01(\x0b\x32\x18.tfcluster.v1.EvaluationH\x00\x42\x06\n\x04kind\"i\n\x08StopTask\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\ttask_type\x18\x02 \x01(\t\x12\x12\n\ntask_index\x18\x03 \x01(\r\x12\x0f\n\x07\x61ttempt\x18\x04 \x01(\r\x12\x15\n\rgrace_seconds\x18\x05 \x01(\x01\"\x89\x01\n\x07ReadLog\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x11\n\ttask_type\x18\x03 \x01(\t\x12\x12\n\ntask_index\x18\x04 \x01(\r\x12\x0f\n\x07\x61ttempt\x18\x05 \x01(\r\x12\x0e\n\x06\x66ollow\x18\x06 \x01(\x08\x12\x12\n\ntail_lines\x18\x07 \x01(\r\"r\n\x0e\x46inishTraining\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\ttask_type\x18\x02 \x01(\t\x12\x12\n\ntask_index\x18\x03 \x01(\r\x12\x0f\n\x07\x61ttempt\x18\x04 \x01(\r\x12\x18\n\x10\x66inal_checkpoint\x18\x05 \x01(\t\"\x1f\n\tCancelLog\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\"\x83\x02\n\x12\x43oordinatorMessage\x12*\n\x06launch\x18\x01 \x01(\x0b\x32\x18.tfcluster.v1.TaskLaunchH\x00\x12&\n\x04stop\x18\x02 \x01(\x0b\x32\x16.tfcluster.v1.StopTaskH\x00\x12)\n\x08read_log\x18\x03 \x01(\x0b\x32\x15.tfcluster.v1.ReadLogH\x00\x12-\n\ncancel_log\x18\x04 \x01(\x0b\x32\x17.tfcluster.v1.CancelLogH\x00\x12\x37\n\x0f\x66inish_training\x18\x05 \x01(\x0b\x32\x1c.tfcluster.v1.FinishTrainingH\x00\x42\x06\n\x04kind2\xa6\x01\n\x0c\x41gentService\x12I\n\x08Register\x12\x1d.tfcluster.v1.RegisterRequest\x1a\x1e.tfcluster.v1.RegisterResponse\x12K\n\x07\x43onnect\x12\x1a.tfcluster.v1.AgentMessage\x1a .tfcluster.v1.CoordinatorMessage(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18tfcluster/v1/agent.proto\x12\x0ctfcluster.v1\x1a\x18tfcluster/v1/types.proto\"l\n\tFileChunk\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x13\n\x0b\x65nd_of_file\x18\x04 \x01(\x08\x12\x0e\n\x06sha256\x18\x05 \x01(\t\x12\x0e\n\x06\x63ommit\x18\x06 \x01(\x08\"-\n\rPutFilesReply\x12\r\n\x05\x62ytes\x18\x01 \x01(\x04\x12\r\n\x05\x66iles\x18\x02 \x01(\r\"`\n\x0fRegisterRequest\x12$\n\x04node\x18\x01 \x01(\x0b\x32\x16.tfcluster.v1.NodeInfo\x12\'\n\x05tasks\x18\x02 \x03(\x0b\x32\x18.tfcluster.v1.TaskReport\"J\n\x10RegisterResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\"\n\x1aheartbeat_interval_seconds\x18\x02 \x01(\x01\"M\n\tHeartbeat\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12,\n\x08progress\x18\x02 \x03(\x0b\x32\x1a.tfcluster.v1.TaskProgress\"\x80\x01\n\x0cTaskProgress\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\ttask_type\x18\x02 \x01(\t\x12\x12\n\ntask_index\x18\x03 \x01(\r\x12\x0f\n\x07\x61ttempt\x18\x04 \x01(\r\x12\x14\n\x0coutput_bytes\x18\x05 \x01(\x04\x12\x12\n\ncheckpoint\x18\x06 \x01(\t\"3\n\nStreamOpen\x12\x11\n\tnode_name\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\"G\n\x07LogData\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x0b\n\x03\x65of\x18\x03 \x01(\x08\x12\r\n\x05\x65rror\x18\x04 \x01(\t\"\x9b\x02\n\x0c\x41gentMessage\x12(\n\x04open\x18\x01 \x01(\x0b\x32\x18.tfcluster.v1.StreamOpenH\x00\x12,\n\theartbeat\x18\x02 \x01(\x0b\x32\x17.tfcluster.v1.HeartbeatH\x00\x12(\n\x04task\x18\x03 \x01(\x0b\x32\x18.tfcluster.v1.TaskReportH\x00\x12$\n\x03log\x18\x04 \x01(\x0b\x32\x15.tfcluster.v1.LogDataH\x00\x12.\n\nevaluation\x18\x05 \x01(\x0b\x32\x18.tfcluster.v1.EvaluationH\x00\x12+\n\tsync_done\x18\x06 \x01(\x0b\x32\x16.tfcluster.v1.SyncDoneH\x00\x42\x06\n\x04kind\"i\n\x08StopTask\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\ttask_type\x18\x02 \x01(\t\x12\x12\n\ntask_index\x18\x03 \x01(\r\x12\x0f\n\x07\x61ttempt\x18\x04 \x01(\r\x12\x15\n\rgrace_seconds\x18\x05 \x01(\x01\"\x89\x01\n\x07ReadLog\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x11\n\ttask_type\x18\x03 \x01(\t\x12\x12\n\ntask_index\x18\x04 \x01(\r\x12\x0f\n\x07\x61ttempt\x18\x05 \x01(\r\x12\x0e\n\x06\x66ollow\x18\x06 \x01(\x08\x12\x12\n\ntail_lines\x18\x07 \x01(\r\"r\n\x0e\x46inishTraining\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\ttask_type\x18\x02 \x01(\t\x12\x12\n\ntask_index\x18\x03 \x01(\r\x12\x0f\n\x07\x61ttempt\x18\x04 \x01(\r\x12\x18\n\x10\x66inal_checkpoint\x18\x05 \x01(\t\"j\n\x0fShipCheckpoints\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\ttask_type\x18\x02 \x01(\t\x12\x12\n\ntask_index\x18\x03 \x01(\r\x12\x0f\n\x07\x61ttempt\x18\x04 \x01(\r\x12\x0f\n\x07targets\x18\x05 \x03(\t\"C\n\x0fSyncCheckpoints\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07sync_id\x18\x02 \x01(\x04\x12\x0f\n\x07targets\x18\x03 \x03(\t\"h\n\x08SyncDone\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07sync_id\x18\x02 \x01(\x04\x12\n\n\x02ok\x18\x03 \x01(\x08\x12\x0f\n\x07message\x18\x04 \x01(\t\x12\r\n\x05\x62ytes\x18\x05 \x01(\x04\x12\x0f\n\x07seconds\x18\x06 \x01(\x01\"\x1f\n\tCancelLog\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\"\xe1\x02\n\x12\x43oordinatorMessage\x12*\n\x06launch\x18\x01 \x01(\x0b\x32\x18.tfcluster.v1.TaskLaunchH\x00\x12&\n\x04stop\x18\x02 \x01(\x0b\x32\x16.tfcluster.v1.StopTaskH\x00\x12)\n\x08read_log\x18\x03 \x01(\x0b\x32\x15.tfcluster.v1.ReadLogH\x00\x12-\n\ncancel_log\x18\x04 \x01(\x0b\x32\x17.tfcluster.v1.CancelLogH\x00\x12\x37\n\x0f\x66inish_training\x18\x05 \x01(\x0b\x32\x1c.tfcluster.v1.FinishTrainingH\x00\x12-\n\x04ship\x18\x06 \x01(\x0b\x32\x1d.tfcluster.v1.ShipCheckpointsH\x00\x12-\n\x04sync\x18\x07 \x01(\x0b\x32\x1d.tfcluster.v1.SyncCheckpointsH\x00\x42\x06\n\x04kind2V\n\x10\x41gentPeerService\x12\x42\n\x08PutFiles\x12\x17.tfcluster.v1.FileChunk\x1a\x1b.tfcluster.v1.PutFilesReply(\x01\x32\xa6\x01\n\x0c\x41gentService\x12I\n\x08Register\x12\x1d.tfcluster.v1.RegisterRequest\x1a\x1e.tfcluster.v1.RegisterResponse\x12K\n\x07\x43onnect\x12\x1a.tfcluster.v1.AgentMessage\x1a .tfcluster.v1.CoordinatorMessage(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'tfcluster.v1.agent_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_REGISTERREQUEST']._serialized_start=68
-  _globals['_REGISTERREQUEST']._serialized_end=164
-  _globals['_REGISTERRESPONSE']._serialized_start=166
-  _globals['_REGISTERRESPONSE']._serialized_end=240
-  _globals['_HEARTBEAT']._serialized_start=242
-  _globals['_HEARTBEAT']._serialized_end=319
-  _globals['_TASKPROGRESS']._serialized_start=322
-  _globals['_TASKPROGRESS']._serialized_end=450
-  _globals['_STREAMOPEN']._serialized_start=452
-  _globals['_STREAMOPEN']._serialized_end=503
-  _globals['_LOGDATA']._serialized_start=505
-  _globals['_LOGDATA']._serialized_end=576
-  _globals['_AGENTMESSAGE']._serialized_start=579
-  _globals['_AGENTMESSAGE']._serialized_end=817
-  _globals['_STOPTASK']._serialized_start=819
-  _globals['_STOPTASK']._serialized_end=924
-  _globals['_READLOG']._serialized_start=927
-  _globals['_READLOG']._serialized_end=1064
-  _globals['_FINISHTRAINING']._serialized_start=1066
-  _globals['_FINISHTRAINING']._serialized_end=1180
-  _globals['_CANCELLOG']._serialized_start=1182
-  _globals['_CANCELLOG']._serialized_end=1213
-  _globals['_COORDINATORMESSAGE']._serialized_start=1216
-  _globals['_COORDINATORMESSAGE']._serialized_end=1475
-  _globals['_AGENTSERVICE']._serialized_start=1478
-  _globals['_AGENTSERVICE']._serialized_end=1644
+  _globals['_FILECHUNK']._serialized_start=68
+  _globals['_FILECHUNK']._serialized_end=176
+  _globals['_PUTFILESREPLY']._serialized_start=178
+  _globals['_PUTFILESREPLY']._serialized_end=223
+  _globals['_REGISTERREQUEST']._serialized_start=225
+  _globals['_REGISTERREQUEST']._serialized_end=321
+  _globals['_REGISTERRESPONSE']._serialized_start=323
+  _globals['_REGISTERRESPONSE']._serialized_end=397
+  _globals['_HEARTBEAT']._serialized_start=399
+  _globals['_HEARTBEAT']._serialized_end=476
+  _globals['_TASKPROGRESS']._serialized_start=479
+  _globals['_TASKPROGRESS']._serialized_end=607
+  _globals['_STREAMOPEN']._serialized_start=609
+  _globals['_STREAMOPEN']._serialized_end=660
+  _globals['_LOGDATA']._serialized_start=662
+  _globals['_LOGDATA']._serialized_end=733
+  _globals['_AGENTMESSAGE']._serialized_start=736
+  _globals['_AGENTMESSAGE']._serialized_end=1019
+  _globals['_STOPTASK']._serialized_start=1021
+  _globals['_STOPTASK']._serialized_end=1126
+  _globals['_READLOG']._serialized_start=1129
+  _globals['_READLOG']._serialized_end=1266
+  _globals['_FINISHTRAINING']._serialized_start=1268
+  _globals['_FINISHTRAINING']._serialized_end=1382
+  _globals['_SHIPCHECKPOINTS']._serialized_start=1384
+  _globals['_SHIPCHECKPOINTS']._serialized_end=1490
+  _globals['_SYNCCHECKPOINTS']._serialized_start=1492
+  _globals['_SYNCCHECKPOINTS']._serialized_end=1559
+  _globals['_SYNCDONE']._serialized_start=1561
+  _globals['_SYNCDONE']._serialized_end=1665
+  _globals['_CANCELLOG']._serialized_start=1667
+  _globals['_CANCELLOG']._serialized_end=1698
+  _globals['_COORDINATORMESSAGE']._serialized_start=1701
+  _globals['_COORDINATORMESSAGE']._serialized_end=2054
+  _globals['_AGENTPEERSERVICE']._serialized_start=2056
+  _globals['_AGENTPEERSERVICE']._serialized_end=2142
+  _globals['_AGENTSERVICE']._serialized_start=2145
+  _globals['_AGENTSERVICE']._serialized_end=2311
 # @@protoc_insertion_point(module_scope)

@@ -8,6 +8,30 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class FileChunk(_message.Message):
+    __slots__ = ("job_id", "path", "data", "end_of_file", "sha256", "commit")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    END_OF_FILE_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    path: str
+    data: bytes
+    end_of_file: bool
+    sha256: str
+    commit: bool
+    def __init__(self, job_id: _Optional[str] = ..., path: _Optional[str] = ..., data: _Optional[bytes] = ..., end_of_file: _Optional[bool] = ..., sha256: _Optional[str] = ..., commit: _Optional[bool] = ...) -> None: ...
+
+class PutFilesReply(_message.Message):
+    __slots__ = ("bytes", "files")
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    FILES_FIELD_NUMBER: _ClassVar[int]
+    bytes: int
+    files: int
+    def __init__(self, bytes: _Optional[int] = ..., files: _Optional[int] = ...) -> None: ...
+
 class RegisterRequest(_message.Message):
     __slots__ = ("node", "tasks")
     NODE_FIELD_NUMBER: _ClassVar[int]
@@ -69,18 +93,20 @@ class LogData(_message.Message):
     def __init__(self, request_id: _Optional[int] = ..., data: _Optional[bytes] = ..., eof: _Optional[bool] = ..., error: _Optional[str] = ...) -> None: ...
 
 class AgentMessage(_message.Message):
-    __slots__ = ("open", "heartbeat", "task", "log", "evaluation")
+    __slots__ = ("open", "heartbeat", "task", "log", "evaluation", "sync_done")
     OPEN_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
     LOG_FIELD_NUMBER: _ClassVar[int]
     EVALUATION_FIELD_NUMBER: _ClassVar[int]
+    SYNC_DONE_FIELD_NUMBER: _ClassVar[int]
     open: StreamOpen
     heartbeat: Heartbeat
     task: _types_pb2.TaskReport
     log: LogData
     evaluation: _types_pb2.Evaluation
-    def __init__(self, open: _Optional[_Union[StreamOpen, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., task: _Optional[_Union[_types_pb2.TaskReport, _Mapping]] = ..., log: _Optional[_Union[LogData, _Mapping]] = ..., evaluation: _Optional[_Union[_types_pb2.Evaluation, _Mapping]] = ...) -> None: ...
+    sync_done: SyncDone
+    def __init__(self, open: _Optional[_Union[StreamOpen, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., task: _Optional[_Union[_types_pb2.TaskReport, _Mapping]] = ..., log: _Optional[_Union[LogData, _Mapping]] = ..., evaluation: _Optional[_Union[_types_pb2.Evaluation, _Mapping]] = ..., sync_done: _Optional[_Union[SyncDone, _Mapping]] = ...) -> None: ...
 
 class StopTask(_message.Message):
     __slots__ = ("job_id", "task_type", "task_index", "attempt", "grace_seconds")
@@ -128,6 +154,46 @@ class FinishTraining(_message.Message):
     final_checkpoint: str
     def __init__(self, job_id: _Optional[str] = ..., task_type: _Optional[str] = ..., task_index: _Optional[int] = ..., attempt: _Optional[int] = ..., final_checkpoint: _Optional[str] = ...) -> None: ...
 
+class ShipCheckpoints(_message.Message):
+    __slots__ = ("job_id", "task_type", "task_index", "attempt", "targets")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_TYPE_FIELD_NUMBER: _ClassVar[int]
+    TASK_INDEX_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    TARGETS_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    task_type: str
+    task_index: int
+    attempt: int
+    targets: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, job_id: _Optional[str] = ..., task_type: _Optional[str] = ..., task_index: _Optional[int] = ..., attempt: _Optional[int] = ..., targets: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class SyncCheckpoints(_message.Message):
+    __slots__ = ("job_id", "sync_id", "targets")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    SYNC_ID_FIELD_NUMBER: _ClassVar[int]
+    TARGETS_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    sync_id: int
+    targets: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, job_id: _Optional[str] = ..., sync_id: _Optional[int] = ..., targets: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class SyncDone(_message.Message):
+    __slots__ = ("job_id", "sync_id", "ok", "message", "bytes", "seconds")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    SYNC_ID_FIELD_NUMBER: _ClassVar[int]
+    OK_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    sync_id: int
+    ok: bool
+    message: str
+    bytes: int
+    seconds: float
+    def __init__(self, job_id: _Optional[str] = ..., sync_id: _Optional[int] = ..., ok: _Optional[bool] = ..., message: _Optional[str] = ..., bytes: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...
+
 class CancelLog(_message.Message):
     __slots__ = ("request_id",)
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
@@ -135,15 +201,19 @@ class CancelLog(_message.Message):
     def __init__(self, request_id: _Optional[int] = ...) -> None: ...
 
 class CoordinatorMessage(_message.Message):
-    __slots__ = ("launch", "stop", "read_log", "cancel_log", "finish_training")
+    __slots__ = ("launch", "stop", "read_log", "cancel_log", "finish_training", "ship", "sync")
     LAUNCH_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
     READ_LOG_FIELD_NUMBER: _ClassVar[int]
     CANCEL_LOG_FIELD_NUMBER: _ClassVar[int]
     FINISH_TRAINING_FIELD_NUMBER: _ClassVar[int]
+    SHIP_FIELD_NUMBER: _ClassVar[int]
+    SYNC_FIELD_NUMBER: _ClassVar[int]
     launch: _types_pb2.TaskLaunch
     stop: StopTask
     read_log: ReadLog
     cancel_log: CancelLog
     finish_training: FinishTraining
-    def __init__(self, launch: _Optional[_Union[_types_pb2.TaskLaunch, _Mapping]] = ..., stop: _Optional[_Union[StopTask, _Mapping]] = ..., read_log: _Optional[_Union[ReadLog, _Mapping]] = ..., cancel_log: _Optional[_Union[CancelLog, _Mapping]] = ..., finish_training: _Optional[_Union[FinishTraining, _Mapping]] = ...) -> None: ...
+    ship: ShipCheckpoints
+    sync: SyncCheckpoints
+    def __init__(self, launch: _Optional[_Union[_types_pb2.TaskLaunch, _Mapping]] = ..., stop: _Optional[_Union[StopTask, _Mapping]] = ..., read_log: _Optional[_Union[ReadLog, _Mapping]] = ..., cancel_log: _Optional[_Union[CancelLog, _Mapping]] = ..., finish_training: _Optional[_Union[FinishTraining, _Mapping]] = ..., ship: _Optional[_Union[ShipCheckpoints, _Mapping]] = ..., sync: _Optional[_Union[SyncCheckpoints, _Mapping]] = ...) -> None: ...

@@ -26,6 +26,89 @@ if _version_not_supported:
     )
 
 
+class AgentPeerServiceStub:
+    """Agent to agent: checkpoint files into the receiving node's host-local checkpoint dir of a job
+    (<state-dir>/jobs/<job>/checkpoints), so an evaluator or a restarted group on another node has them
+    without shared storage.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.PutFiles = channel.stream_unary(
+                '/tfcluster.v1.AgentPeerService/PutFiles',
+                request_serializer=tfcluster_dot_v1_dot_agent__pb2.FileChunk.SerializeToString,
+                response_deserializer=tfcluster_dot_v1_dot_agent__pb2.PutFilesReply.FromString,
+                _registered_method=True)
+
+
+class AgentPeerServiceServicer:
+    """Agent to agent: checkpoint files into the receiving node's host-local checkpoint dir of a job
+    (<state-dir>/jobs/<job>/checkpoints), so an evaluator or a restarted group on another node has them
+    without shared storage.
+    """
+
+    def PutFiles(self, request_iterator, context):
+        """Files arrive in chunks, each file with its SHA-256; on `commit` they are moved into place, the
+        `checkpoint` state files last, so a reader never sees a checkpoint before all its files.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_AgentPeerServiceServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'PutFiles': grpc.stream_unary_rpc_method_handler(
+                    servicer.PutFiles,
+                    request_deserializer=tfcluster_dot_v1_dot_agent__pb2.FileChunk.FromString,
+                    response_serializer=tfcluster_dot_v1_dot_agent__pb2.PutFilesReply.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'tfcluster.v1.AgentPeerService', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('tfcluster.v1.AgentPeerService', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class AgentPeerService:
+    """Agent to agent: checkpoint files into the receiving node's host-local checkpoint dir of a job
+    (<state-dir>/jobs/<job>/checkpoints), so an evaluator or a restarted group on another node has them
+    without shared storage.
+    """
+
+    @staticmethod
+    def PutFiles(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/tfcluster.v1.AgentPeerService/PutFiles',
+            tfcluster_dot_v1_dot_agent__pb2.FileChunk.SerializeToString,
+            tfcluster_dot_v1_dot_agent__pb2.PutFilesReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+
 class AgentServiceStub:
     """Missing associated documentation comment in .proto file."""
 

@@ -32,7 +32,7 @@ class Gpu(_message.Message):
     def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., name: _Optional[str] = ..., memory_mib: _Optional[int] = ...) -> None: ...
 
 class NodeInfo(_message.Message):
-    __slots__ = ("name", "hostname", "address", "port_range_start", "port_range_end", "cpu_count", "memory_bytes", "gpus", "agent_version", "state_dir")
+    __slots__ = ("name", "hostname", "address", "port_range_start", "port_range_end", "cpu_count", "memory_bytes", "gpus", "agent_version", "state_dir", "peer_port")
     NAME_FIELD_NUMBER: _ClassVar[int]
     HOSTNAME_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -43,6 +43,7 @@ class NodeInfo(_message.Message):
     GPUS_FIELD_NUMBER: _ClassVar[int]
     AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
     STATE_DIR_FIELD_NUMBER: _ClassVar[int]
+    PEER_PORT_FIELD_NUMBER: _ClassVar[int]
     name: str
     hostname: str
     address: str
@@ -53,7 +54,8 @@ class NodeInfo(_message.Message):
     gpus: _containers.RepeatedCompositeFieldContainer[Gpu]
     agent_version: str
     state_dir: str
-    def __init__(self, name: _Optional[str] = ..., hostname: _Optional[str] = ..., address: _Optional[str] = ..., port_range_start: _Optional[int] = ..., port_range_end: _Optional[int] = ..., cpu_count: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., agent_version: _Optional[str] = ..., state_dir: _Optional[str] = ...) -> None: ...
+    peer_port: int
+    def __init__(self, name: _Optional[str] = ..., hostname: _Optional[str] = ..., address: _Optional[str] = ..., port_range_start: _Optional[int] = ..., port_range_end: _Optional[int] = ..., cpu_count: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., agent_version: _Optional[str] = ..., state_dir: _Optional[str] = ..., peer_port: _Optional[int] = ...) -> None: ...
 
 class RoleSpec(_message.Message):
     __slots__ = ("count", "gpus", "command", "env", "nodes", "entrypoint")

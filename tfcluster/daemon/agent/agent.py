@@ -21,6 +21,8 @@ from tfcluster import __version__
 from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc
 from tfcluster.api.v1 import types_pb2 as pb
 from tfcluster.daemon.agent.discovery import HostInfo
+from tfcluster.daemon.agent.shipping import (CHUNK_BYTES, PeerServicer, ShipError, Shipper, job_checkpoint_dir,
+                                             sync_dir)
 from tfcluster.daemon.agent.supervisor import Supervisor, TaskRecord
 from tfcluster.daemon.coordinator.scheduler import Gpu
 from tfcluster.wire import gpu_to_proto
@@ -46,6 +48,7 @@ class AgentConfig:
     gpus: tuple[Gpu, ...]
     host: HostInfo
     state_dir: Path
+    peer_port: int = 0  # AgentPeerService (checkpoints from other agents); 0: none
 
 
 def task_report(record: TaskRecord) -> pb.TaskReport:
@@ -71,6 +74,8 @@ class Agent:
         self.connected = threading.Event()
         self.event_offsets: dict[tuple, int] = {}  # how far each task's events file has been sent
         self.events_lock = threading.Lock()
+        self.shippers: dict[tuple, Shipper] = {}
+        self.peer_server = None
 
     # ---- lifecycle -----------------------------------------------------------------------------
 
@@ -80,6 +85,8 @@ class Agent:
         if adopted:
             log.info("reattached to %d running tasks", adopted)
         threading.Thread(target=self._forward_events, name="events", daemon=True).start()
+        if self.config.peer_port and self.peer_server is None:
+            self.serve_peers()
         backoff = BACKOFF_START_SECONDS
         with grpc.insecure_channel(self.config.coordinator, options=[
                 ("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000)]) as channel:
@@ -103,8 +110,23 @@ class Agent:
                     break
                 backoff = min(backoff * 2, BACKOFF_MAX_SECONDS)
 
+    def serve_peers(self) -> None:
+        """Starts receiving checkpoints from other agents (raises OSError when the port is taken)."""
+        from concurrent import futures
+
+        self.peer_server = grpc.server(futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="peer"),
+                                       options=[("grpc.max_receive_message_length", 8 * CHUNK_BYTES)])
+        agent_pb2_grpc.add_AgentPeerServiceServicer_to_server(PeerServicer(self.config.state_dir), self.peer_server)
+        address = f"{self.config.address}:{self.config.peer_port}"
+        if not self.peer_server.add_insecure_port(address):
+            raise OSError(f"cannot listen for peers on {address}")
+        self.peer_server.start()
+        log.info("receiving checkpoints from other agents on %s", address)
+
     def stop(self, stop_tasks: bool = False, grace_seconds: float = 10.0) -> None:
         self._stop.set()
+        if self.peer_server is not None:
+            self.peer_server.stop(1)
         if self._call is not None:
             self._call.cancel()
         if stop_tasks:
@@ -164,7 +186,7 @@ class Agent:
                            port_range_start=c.port_range[0], port_range_end=c.port_range[1],
                            cpu_count=c.host.cpu_count, memory_bytes=c.host.memory_bytes,
                            gpus=[gpu_to_proto(g) for g in c.gpus], agent_version=__version__,
-                           state_dir=str(c.state_dir))
+                           state_dir=str(c.state_dir), peer_port=c.peer_port)
 
     def _on_task_change(self, record: TaskRecord) -> None:
         if record.exited.is_set():
@@ -219,6 +241,10 @@ class Agent:
                                        attempt=m.attempt, command=list(m.command), env=dict(m.env),
                                        workdir=m.workdir, port=m.port, stop_grace_seconds=m.stop_grace_seconds,
                                        report_listening=m.report_listening)
+            elif kind == "ship":
+                self._ship(command.ship)
+            elif kind == "sync":
+                threading.Thread(target=self._sync, args=(command.sync,), name="sync", daemon=True).start()
             elif kind == "finish_training":
                 m = command.finish_training
                 self.supervisor.finish_training(m.job_id, m.task_type, m.task_index, m.attempt, m.final_checkpoint)
@@ -235,6 +261,35 @@ class Agent:
                     event.set()
         except Exception:  # one bad command must not take the agent down
             log.exception("command %s failed", kind)
+
+    def _ship(self, m: agent_pb2.ShipCheckpoints) -> None:
+        record = self.supervisor.find(m.job_id, m.task_type, m.task_index, m.attempt)
+        if record is None or record.exited.is_set() or not record.checkpoint_dir:
+            return
+        key = (record.key, record.attempt)
+        shipper = self.shippers.get(key)
+        if shipper is not None and shipper.thread.is_alive():
+            shipper.retarget(list(m.targets))
+            return
+        for old in [k for k, s in self.shippers.items() if not s.thread.is_alive()]:
+            del self.shippers[old]
+        self.shippers[key] = Shipper(m.job_id, record.checkpoint_dir, list(m.targets), record.exited,
+                                     record.name).start()
+
+    def _sync(self, m: agent_pb2.SyncCheckpoints) -> None:
+        directory = job_checkpoint_dir(self.config.state_dir, m.job_id)
+        total, seconds, errors = 0, 0.0, []
+        for target in m.targets:
+            try:
+                size, took = sync_dir(target, m.job_id, str(directory)) if directory.is_dir() else (0, 0.0)
+                total, seconds = total + size, seconds + took
+            except (OSError, ShipError) as e:
+                errors.append(str(e))
+        log.info("%s: copied checkpoints to %s: %.1f MB in %.2f s%s", m.job_id, ", ".join(m.targets), total / 1e6,
+                 seconds, f"; failed: {'; '.join(errors)}" if errors else "")
+        self.outbound.put(agent_pb2.AgentMessage(sync_done=agent_pb2.SyncDone(
+            job_id=m.job_id, sync_id=m.sync_id, ok=not errors, message="; ".join(errors), bytes=total,
+            seconds=seconds)))
 
     def _serve_log(self, request: agent_pb2.ReadLog, cancel: threading.Event) -> None:
         def send(**fields) -> None:

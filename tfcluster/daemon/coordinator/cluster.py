@@ -30,6 +30,11 @@ class NodeInfo:
     memory_bytes: int = 0
     agent_version: str = ""
     state_dir: str = ""
+    peer_port: int = 0
+
+    @property
+    def peer_address(self) -> str:
+        return f"{self.address}:{self.peer_port}" if self.peer_port else ""
 
 
 @dataclass
@@ -140,6 +145,9 @@ class Cluster:
                 self.dirty_nodes.add(node.info.name)
                 why = f"node {node.info.name} lost (no heartbeat for {now - node.last_seen:.1f} s)"
                 for job in self.live_jobs():
+                    if job.syncing and job.sync_source == node.info.name:
+                        self.dirty_jobs.add(job.id)
+                        actions += job.on_sync_done(job.syncing, False, why, now)
                     for task in job.tasks:
                         if task.node == node.info.name and task.live:
                             self.dirty_jobs.add(job.id)
@@ -208,7 +216,8 @@ class Cluster:
                 job.on_unplaceable(result.reason, never=False, now=now)
                 continue
             dirs = {n.info.name: n.info.state_dir for n in self.ready_nodes()}
-            actions += job.place(result, dirs, now)
+            peers = {n.info.name: n.info.peer_address for n in self.ready_nodes()}
+            actions += job.place(result, dirs, now, peers)
         return actions
 
     def report(self, node_name: str, report: Report, now: float) -> list[J.Action]:
@@ -236,6 +245,13 @@ class Cluster:
         job = self.jobs[job_id]
         self.dirty_jobs.add(job_id)
         return job.stop(now, graceful)
+
+    def sync_done(self, job_id: str, sync_id: int, ok: bool, message: str, now: float) -> list[J.Action]:
+        job = self.jobs.get(job_id)
+        if job is None:
+            return []
+        self.dirty_jobs.add(job_id)
+        return job.on_sync_done(sync_id, ok, message, now)
 
     def evaluation(self, node_name: str, job_id: str, task_type: str, task_index: int, attempt: int,
                    result: dict) -> None:

@@ -130,6 +130,26 @@ class Stop:
 
 
 @dataclass
+class ShipCheckpoints:
+    """Tells the agent of a task to ship each new checkpoint of that task to other nodes' agents."""
+    node: str
+    job_id: str
+    task_type: str
+    task_index: int
+    attempt: int
+    targets: list[str]  # peer addresses
+
+
+@dataclass
+class SyncCheckpoints:
+    """Tells a node's agent to copy the job's whole host-local checkpoint dir to other nodes now."""
+    node: str
+    job_id: str
+    sync_id: int
+    targets: list[str]
+
+
+@dataclass
 class FinishTraining:
     """Tells the evaluator that training is over and which checkpoint is final."""
     node: str
@@ -140,8 +160,9 @@ class FinishTraining:
     final_checkpoint: str
 
 
-Action = Launch | Stop | FinishTraining
+Action = Launch | Stop | FinishTraining | ShipCheckpoints | SyncCheckpoints
 MAX_EVALUATIONS_KEPT = 1000
+SYNC_DEADLINE_SECONDS = 600.0
 
 
 @dataclass
@@ -167,8 +188,16 @@ class Job:
     restarting: list[str] = field(default_factory=list)
     # Hang watchdog: when any task's output or the chief's checkpoint last advanced.
     last_progress: float = 0.0
-    # Filled by the coordinator when placing: node name -> that node's state dir.
+    # Filled by the coordinator when placing: node name -> that node's state dir, peer address.
     node_state_dirs: dict[str, str] = field(default_factory=dict)
+    node_peers: dict[str, str] = field(default_factory=dict)
+    # Host-local checkpoints (no checkpoint_dir in the spec): the node whose dir has the chief's newest
+    # checkpoints, and a copy of that dir to the group's nodes before a restarted group starts.
+    checkpoint_node: str = ""
+    syncing: int = 0  # id of the copy under way, 0 when none
+    sync_source: str = ""
+    sync_until: float = 0.0
+    syncs: int = 0
 
     @property
     def terminal(self) -> bool:
@@ -192,8 +221,10 @@ class Job:
 
     # ---- transitions ---------------------------------------------------------------------------
 
-    def place(self, placement: list[TaskPlacement], node_state_dirs: dict[str, str], now: float) -> list[Action]:
-        """PENDING -> STARTING: tasks get nodes, GPUs, ports and TF_CONFIG; the first wave launches."""
+    def place(self, placement: list[TaskPlacement], node_state_dirs: dict[str, str], now: float,
+              node_peers: dict[str, str] | None = None) -> list[Action]:
+        """PENDING -> STARTING: tasks get nodes, GPUs, ports and TF_CONFIG; the first wave launches
+        (after the chief's checkpoints were copied to the group's nodes, when they are host-local)."""
         assert self.state == PENDING, self.state
         by_key = {(t.type, t.index): t for t in self.tasks}
         tf_configs = build_tf_configs([(p.type, p.index, p.address) for p in placement])
@@ -204,10 +235,52 @@ class Job:
                               attempt=(old.attempt if old else 0), tf_config=tf_configs[(p.type, p.index)]))
         self.tasks = tasks
         self.node_state_dirs = dict(node_state_dirs)
+        self.node_peers = dict(node_peers or {})
         self.final_evaluation_until = 0.0
         self.state = STARTING
         self.message = ""
+        return self._restore_checkpoints(now) + self._advance(now)
+
+    @property
+    def host_local(self) -> bool:
+        return not self.spec.checkpoint_dir
+
+    def _restore_checkpoints(self, now: float) -> list[Action]:
+        """Before a restarted group starts: copy the chief's last checkpoint dir (its backups included) to
+        every node of the group that lacks it, so every task resumes from the same point."""
+        source, self.checkpoint_node = self.checkpoint_node, self.decisive_task().node
+        if not self.host_local or not source:
+            return []
+        if source not in self.node_state_dirs:
+            self.message = f"the checkpoints were on {source}, which is gone; training starts over"
+            return []
+        nodes = sorted({t.node for t in self.tasks if t.type in ("chief", "worker", "evaluator")} - {source})
+        targets = [self.node_peers[n] for n in nodes if self.node_peers.get(n)]
+        if not targets:
+            return []
+        self.syncs += 1
+        self.syncing, self.sync_source, self.sync_until = self.syncs, source, now + SYNC_DEADLINE_SECONDS
+        self.message = f"copying checkpoints from {source} to {', '.join(nodes)}"
+        return [SyncCheckpoints(node=source, job_id=self.id, sync_id=self.syncing, targets=targets)]
+
+    def on_sync_done(self, sync_id: int, ok: bool, message: str, now: float) -> list[Action]:
+        if sync_id != self.syncing or self.state != STARTING:
+            return []
+        self.syncing = 0
+        self.message = "" if ok else f"copying the checkpoints failed ({message}); starting without them"
         return self._advance(now)
+
+    def _shipping(self) -> list[Action]:
+        """With host-local checkpoints and the evaluator on another node, the chief's agent ships each new
+        checkpoint to the evaluator's."""
+        decisive, evaluator = self.decisive_task(), self.task("evaluator", 0)
+        if not self.host_local or evaluator is None or not evaluator.node or not decisive.live:
+            return []
+        peer = self.node_peers.get(evaluator.node)
+        if evaluator.node == decisive.node or not peer:
+            return []
+        return [ShipCheckpoints(node=decisive.node, job_id=self.id, task_type=decisive.type,
+                                task_index=decisive.index, attempt=decisive.attempt, targets=[peer])]
 
     def _in_first_wave(self, task: Task) -> bool:
         # ParameterServerStrategy's chief fails at connect unless ps and workers already listen.
@@ -222,6 +295,9 @@ class Job:
             task.log_tail, task.stop_requested, task.busy_port = [], False, 0
             task.ready, task.final_checkpoint = False, ""
             actions.append(self.launch_action(task))
+        decisive, evaluator = self.decisive_task(), self.task("evaluator", 0)
+        if decisive in tasks or evaluator in tasks:
+            actions += self._shipping()
         return actions
 
     def launch_action(self, task: Task) -> Launch:
@@ -289,7 +365,7 @@ class Job:
 
     def _advance(self, now: float) -> list[Action]:
         """While STARTING: launch the next wave once every earlier task is up; RUNNING once all are."""
-        if self.state != STARTING:
+        if self.state != STARTING or self.syncing:
             return []
         if any(t.state == T_LAUNCHING or (t.state == T_RUNNING and not t.ready) for t in self.tasks):
             return []
@@ -436,7 +512,9 @@ class Job:
         del self.evaluations[:-MAX_EVALUATIONS_KEPT]
 
     def on_tick(self, now: float) -> list[Action]:
-        """Deadlines: the final evaluation's, and the hang watchdog's."""
+        """Deadlines: the checkpoint copy's, the final evaluation's, and the hang watchdog's."""
+        if self.syncing and now > self.sync_until:
+            return self.on_sync_done(self.syncing, False, f"no answer within {SYNC_DEADLINE_SECONDS:g} s", now)
         if self.final_evaluation_until and self.state in (STARTING, RUNNING) and now > self.final_evaluation_until:
             return self._wind_down(SUCCEEDED, f"the evaluator did not finish the final evaluation within "
                                               f"{self.spec.evaluator_deadline_seconds:g} s; stopped it", now)

@@ -135,6 +135,16 @@ class Coordinator:
                 command=action.command, env=action.env, workdir=action.workdir, port=task.port,
                 stop_grace_seconds=action.stop_grace_seconds, report_listening=action.report_listening))
             log.info("launch %s %s attempt %d on %s", action.job_id, task.key, task.attempt, action.node)
+        elif isinstance(action, J.ShipCheckpoints):
+            msg = agent_pb2.CoordinatorMessage(ship=agent_pb2.ShipCheckpoints(
+                job_id=action.job_id, task_type=action.task_type, task_index=action.task_index,
+                attempt=action.attempt, targets=action.targets))
+            log.info("%s: %s ships %s:%d's checkpoints to %s", action.job_id, action.node, action.task_type,
+                     action.task_index, ", ".join(action.targets))
+        elif isinstance(action, J.SyncCheckpoints):
+            msg = agent_pb2.CoordinatorMessage(sync=agent_pb2.SyncCheckpoints(
+                job_id=action.job_id, sync_id=action.sync_id, targets=action.targets))
+            log.info("%s: copying checkpoints from %s to %s", action.job_id, action.node, ", ".join(action.targets))
         elif isinstance(action, J.FinishTraining):
             msg = agent_pb2.CoordinatorMessage(finish_training=agent_pb2.FinishTraining(
                 job_id=action.job_id, task_type=action.task_type, task_index=action.task_index,
@@ -195,6 +205,11 @@ class Coordinator:
                     return False
             report = _report(msg.task)
             self.mutate(lambda now: self.cluster.report(node_name, report, now))
+        elif kind == "sync_done":
+            d = msg.sync_done
+            log.info("%s: checkpoint copy %d %s (%s; %.1f MB in %.2f s)", d.job_id, d.sync_id,
+                     "done" if d.ok else "failed", d.message or "ok", d.bytes / 1e6, d.seconds)
+            self.mutate(lambda now: self.cluster.sync_done(d.job_id, d.sync_id, d.ok, d.message, now))
         elif kind == "evaluation":
             e = msg.evaluation
             result = {"checkpoint": e.checkpoint, "step": e.step, "metrics": dict(e.metrics), "time": e.time}
@@ -334,7 +349,7 @@ def _node_info(msg: pb.NodeInfo) -> NodeInfo:
     return NodeInfo(name=msg.name, address=msg.address, port_range=(msg.port_range_start, msg.port_range_end),
                     gpus=tuple(gpu_from_proto(g) for g in msg.gpus), hostname=msg.hostname,
                     cpu_count=msg.cpu_count, memory_bytes=msg.memory_bytes, agent_version=msg.agent_version,
-                    state_dir=msg.state_dir)
+                    state_dir=msg.state_dir, peer_port=msg.peer_port)
 
 
 def _report(msg: pb.TaskReport) -> Report:

@@ -1,0 +1,210 @@
+"""Checkpoints between nodes without shared storage, agent to agent over gRPC (AgentPeerService).
+
+Sending: a Shipper follows one task's checkpoint dir through its `checkpoint` state file and, for each
+newly committed checkpoint, streams its files and then the state file to every target; `sync_dir`
+copies a whole checkpoint dir (a restarted group's new nodes need the chief's backups too).
+Receiving: PeerServicer writes the chunks under an incoming dir, checks each file's SHA-256, and on
+commit moves the files into <state-dir>/jobs/<job>/checkpoints with the state files last, so the
+evaluator (or TensorFlow) never sees a checkpoint whose files are not all there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+
+from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc
+from tfcluster.task import STATE_FILE, latest_checkpoint
+
+log = logging.getLogger("tfcluster.agent")
+
+CHUNK_BYTES = 1024 * 1024
+FOLLOW_POLL_SECONDS = 0.2
+SEND_TIMEOUT_SECONDS = 600.0
+JOB_ID_RE = re.compile(r"^[a-z0-9][a-z0-9_-]*-\d+$")
+
+
+class ShipError(Exception):
+    pass
+
+
+def job_checkpoint_dir(state_dir: Path, job_id: str) -> Path:
+    """A job's host-local checkpoint dir on a node (what the coordinator gives its tasks)."""
+    return state_dir / "jobs" / job_id / "checkpoints"
+
+
+def checkpoint_files(directory: str, prefix: str) -> list[str]:
+    """The files of a committed checkpoint: its index and its data shards."""
+    base = os.path.basename(prefix)
+    names = [n for n in os.listdir(directory) if n == f"{base}.index" or n.startswith(f"{base}.data-")]
+    return sorted(names, key=lambda n: n.endswith(".index"))  # data first, index after
+
+
+def _chunks(job_id: str, directory: str, names: list[str], extra: dict[str, bytes]) -> Iterator[agent_pb2.FileChunk]:
+    """Files from directory, then in-memory files (a state file captured when the checkpoint was seen)."""
+    for name in names:
+        digest = hashlib.sha256()
+        with open(os.path.join(directory, name), "rb") as f:
+            while True:
+                data = f.read(CHUNK_BYTES)
+                digest.update(data)
+                if len(data) < CHUNK_BYTES:
+                    yield agent_pb2.FileChunk(job_id=job_id, path=name, data=data, end_of_file=True,
+                                              sha256=digest.hexdigest())
+                    break
+                yield agent_pb2.FileChunk(job_id=job_id, path=name, data=data)
+    for name, data in extra.items():
+        yield agent_pb2.FileChunk(job_id=job_id, path=name, data=data, end_of_file=True,
+                                  sha256=hashlib.sha256(data).hexdigest())
+    yield agent_pb2.FileChunk(job_id=job_id, commit=True)
+
+
+def put_files(address: str, job_id: str, directory: str, names: list[str],
+              extra: dict[str, bytes] | None = None) -> tuple[int, float]:
+    """Sends files to the agent at address; returns (bytes, seconds)."""
+    started = time.monotonic()
+    with grpc.insecure_channel(address) as channel:
+        stub = agent_pb2_grpc.AgentPeerServiceStub(channel)
+        try:
+            reply = stub.PutFiles(_chunks(job_id, directory, names, extra or {}), timeout=SEND_TIMEOUT_SECONDS)
+        except grpc.RpcError as e:
+            raise ShipError(f"{address}: {e.details() or e.code().name}") from None
+    return reply.bytes, time.monotonic() - started
+
+
+def sync_dir(address: str, job_id: str, directory: str) -> tuple[int, float]:
+    """Copies every file under directory (state files last) to the agent at address."""
+    names = []
+    for root, _, files in os.walk(directory):
+        for name in files:
+            names.append(os.path.relpath(os.path.join(root, name), directory))
+    names.sort(key=lambda n: (os.path.basename(n) == STATE_FILE, n))
+    return put_files(address, job_id, directory, names)
+
+
+class Shipper:
+    """Ships each new committed checkpoint of one task to its targets until the task has ended."""
+
+    def __init__(self, job_id: str, directory: str, targets: list[str], task_ended: threading.Event,
+                 name: str):
+        self.job_id, self.directory, self.name = job_id, directory, name
+        self.targets = list(targets)
+        self.task_ended = task_ended
+        self.shipped: dict[str, str] = {}  # target -> last checkpoint sent there
+        self.lock = threading.Lock()
+        self.thread = threading.Thread(target=self._run, name=f"ship-{name}", daemon=True)
+
+    def start(self) -> "Shipper":
+        self.thread.start()
+        return self
+
+    def retarget(self, targets: list[str]) -> None:
+        with self.lock:
+            self.targets = list(targets)
+
+    def _run(self) -> None:
+        while True:
+            ended = self.task_ended.is_set()  # read first: one more pass after the end ships the final one
+            self._ship_newest()
+            if ended:
+                return
+            self.task_ended.wait(FOLLOW_POLL_SECONDS)
+
+    def _ship_newest(self) -> None:
+        try:
+            state = open(os.path.join(self.directory, STATE_FILE), "rb").read()
+        except OSError:
+            return
+        prefix = latest_checkpoint(self.directory, state.decode(errors="replace"))
+        if prefix is None:
+            return
+        with self.lock:
+            targets = [t for t in self.targets if self.shipped.get(t) != prefix]
+        for target in targets:
+            try:
+                names = checkpoint_files(self.directory, prefix)
+                size, seconds = put_files(target, self.job_id, self.directory, names, {STATE_FILE: state})
+            except (OSError, ShipError) as e:  # deleted meanwhile (max_to_keep), or the peer is away
+                log.warning("%s: shipping %s to %s failed: %s", self.name, os.path.basename(prefix), target, e)
+                continue
+            self.shipped[target] = prefix
+            log.info("%s: shipped %s to %s: %.1f MB in %.3f s (%.1f MB/s)", self.name, os.path.basename(prefix),
+                     target, size / 1e6, seconds, size / 1e6 / max(seconds, 1e-6))
+
+
+class PeerServicer(agent_pb2_grpc.AgentPeerServiceServicer):
+    """Receives files into this node's host-local checkpoint dirs."""
+
+    def __init__(self, state_dir: Path):
+        self.state_dir = state_dir
+
+    def PutFiles(self, request_iterator, context):
+        received, size = self._receive(request_iterator, context)
+        return agent_pb2.PutFilesReply(bytes=size, files=len(received))
+
+    def _receive(self, request_iterator, context) -> tuple[list[str], int]:
+        job_dir = None
+        incoming = None
+        received: list[str] = []
+        size = 0
+        current = None
+        digest = None
+        try:
+            for chunk in request_iterator:
+                if job_dir is None:
+                    if not JOB_ID_RE.match(chunk.job_id):
+                        context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"job_id: not a job id: {chunk.job_id!r}")
+                    job_dir = job_checkpoint_dir(self.state_dir, chunk.job_id)
+                    incoming = job_dir.parent / f".incoming-{uuid.uuid4().hex}"
+                    incoming.mkdir(parents=True)
+                if chunk.commit:
+                    self._commit(incoming, job_dir, received)
+                    return received, size
+                path = _safe_relative(chunk.path)
+                if path is None:
+                    context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"path: must stay inside the job's "
+                                                                    f"checkpoint dir, got {chunk.path!r}")
+                if current != path:
+                    current, digest = path, hashlib.sha256()
+                    (incoming / path).parent.mkdir(parents=True, exist_ok=True)
+                    open(incoming / path, "wb").close()
+                with open(incoming / path, "ab") as f:
+                    f.write(chunk.data)
+                digest.update(chunk.data)
+                size += len(chunk.data)
+                if chunk.end_of_file:
+                    if digest.hexdigest() != chunk.sha256:
+                        context.abort(grpc.StatusCode.DATA_LOSS, f"{path}: checksum mismatch")
+                    received.append(path)
+                    current = None
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "stream ended before commit")
+        finally:
+            if incoming is not None:
+                shutil.rmtree(incoming, ignore_errors=True)
+
+    @staticmethod
+    def _commit(incoming: Path, job_dir: Path, received: list[str]) -> None:
+        """Moves files into place; state files last, each with an atomic rename."""
+        for path in sorted(received, key=lambda p: os.path.basename(p) == STATE_FILE):
+            target = job_dir / path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(incoming / path, target)
+
+
+def _safe_relative(path: str) -> str | None:
+    if not path or os.path.isabs(path):
+        return None
+    normal = os.path.normpath(path)
+    if normal.startswith("..") or normal.startswith(".incoming-"):
+        return None
+    return normal
