@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-unit bench protos clean
+.PHONY: demo demo-multihost test test-unit bench protos clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,6 +15,10 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/tfcluster demo
 
+# The demo across three network-namespace hosts with their own IPs (needs root and iproute2).
+demo-multihost: $(STAMP)
+	$(PY) -m tfcluster.demo.multihost
+
 test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider
 
@@ -23,6 +27,7 @@ test-unit: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/run.py
+	$(PY) bench/multihost.py
 
 # Regenerate tfcluster/api/v1 from protos/ (commit the result; a test checks they match).
 protos: $(STAMP)

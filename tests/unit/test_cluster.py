@@ -879,3 +879,96 @@ def test_lost_node_that_returns_gets_one_restart_not_two():
     relaunched = launches(actions)
     assert sorted((a.task.index, a.task.attempt) for a in relaunched) == [(0, 2), (1, 2)]
     assert job.restarts == 1
+
+
+# ---- host-local checkpoints: shipping and copies -----------------------------------------------
+
+def peer_info(name: str) -> NodeInfo:
+    return NodeInfo(name=name, address=f"10.0.0.{name[-1]}", port_range=PORTS, state_dir=f"/state/{name}",
+                    peer_port=19999)
+
+
+def local_spec(**kw):
+    spec = make_spec(worker=2, evaluator={"count": 1, "nodes": ["n3"]}, **kw)
+    from dataclasses import replace
+    return replace(spec, checkpoint_dir="")
+
+
+def of_type(actions, kind):
+    return [a for a in actions if isinstance(a, kind)]
+
+
+def test_chief_checkpoints_are_shipped_to_the_evaluators_node():
+    sim = Sim(peer_info("n1"), peer_info("n2"), peer_info("n3"))
+    job, actions = sim.submit(local_spec())
+    ships = of_type(actions, J.ShipCheckpoints)
+    chief = job.task("worker", 0)
+    assert len(ships) == 1 and ships[0].node == chief.node
+    assert (ships[0].task_type, ships[0].task_index, ships[0].attempt) == ("worker", 0, 1)
+    assert ships[0].targets == ["10.0.0.3:19999"]
+    env = {a.task.key: a.env for a in launches(actions)}
+    assert env["worker:0"]["TFCLUSTER_CHECKPOINT_DIR"] == f"/state/{chief.node}/jobs/j1/checkpoints"
+    assert env["evaluator:0"]["TFCLUSTER_CHECKPOINT_DIR"] == "/state/n3/jobs/j1/checkpoints"
+
+
+def test_shared_checkpoint_dir_ships_and_copies_nothing():
+    from dataclasses import replace
+    sim = Sim(peer_info("n1"), peer_info("n2"), peer_info("n3"))
+    spec = replace(local_spec(restart={"max_restarts": 2}), checkpoint_dir="/shared/ckpt")
+    job, actions = sim.submit(spec)
+    assert of_type(actions, J.ShipCheckpoints) == []
+    assert all(a.env["TFCLUSTER_CHECKPOINT_DIR"] == "/shared/ckpt" for a in launches(actions))
+    sim.running(job, actions)
+    after = sim.exit_stopped(job, sim.exit(job, "worker:1", 1))
+    assert of_type(after, J.SyncCheckpoints) == [] and len(launches(after)) == 3
+
+
+def test_restarted_group_waits_for_the_chiefs_dir_to_be_copied_to_its_nodes():
+    sim = Sim(peer_info("n1"), peer_info("n2"), peer_info("n3"))
+    job, actions = sim.submit(local_spec(restart={"max_restarts": 2}))
+    sim.running(job, actions)
+    chief_node = job.task("worker", 0).node
+    after = sim.exit_stopped(job, sim.exit(job, "worker:1", 1))
+    syncs = of_type(after, J.SyncCheckpoints)
+    assert len(syncs) == 1 and syncs[0].node == chief_node
+    others = sorted({t.node for t in job.tasks} - {chief_node})
+    assert syncs[0].targets == [f"10.0.0.{n[-1]}:19999" for n in others]
+    assert launches(after) == [] and job.state == J.STARTING and "copying checkpoints" in job.message
+    assert sim.c.sync_done(job.id, syncs[0].sync_id + 1, True, "", sim.now) == [], "another copy's answer"
+    relaunch = sim.c.sync_done(job.id, syncs[0].sync_id, True, "", sim.now)
+    assert sorted(a.task.key for a in launches(relaunch)) == ["evaluator:0", "worker:0", "worker:1"]
+    assert job.message == ""
+
+
+def test_a_failed_copy_lets_the_group_start_without_it():
+    sim = Sim(peer_info("n1"), peer_info("n2"), peer_info("n3"))
+    job, actions = sim.submit(local_spec(restart={"max_restarts": 2}))
+    sim.running(job, actions)
+    sync = of_type(sim.exit_stopped(job, sim.exit(job, "worker:1", 1)), J.SyncCheckpoints)[0]
+    relaunch = sim.c.sync_done(job.id, sync.sync_id, False, "10.0.0.2:19999: unreachable", sim.now)
+    assert len(launches(relaunch)) == 3 and "copying the checkpoints failed" in job.message
+
+
+def test_a_copy_that_never_answers_times_out():
+    sim = Sim(peer_info("n1"), peer_info("n2"), peer_info("n3"))
+    job, actions = sim.submit(local_spec(restart={"max_restarts": 2}))
+    sim.running(job, actions)
+    sim.exit_stopped(job, sim.exit(job, "worker:1", 1))
+    assert job.syncing
+    sim.now += J.SYNC_DEADLINE_SECONDS + 1
+    sim.heartbeat_all()
+    assert len(launches(sim.c.tick(sim.now))) == 3 and "no answer within" in job.message
+
+
+def test_when_the_chiefs_node_is_lost_the_group_starts_over_and_says_so():
+    sim = Sim(peer_info("n1"), peer_info("n2"), peer_info("n3"), peer_info("n4"))
+    job, actions = sim.submit(local_spec(restart={"max_restarts": 2}))
+    sim.running(job, actions)
+    chief_node = job.task("worker", 0).node
+    sim.now += 4
+    sim.heartbeat_all(chief_node)
+    stop = sim.c.tick(sim.now)
+    after = sim.exit_stopped(job, stop)
+    assert of_type(after, J.SyncCheckpoints) == []
+    assert f"the checkpoints were on {chief_node}, which is gone" in job.message
+    assert launches(after), "it starts at once"

@@ -1,0 +1,141 @@
+"""Multi-host benchmarks on network-namespace test hosts (needs root): checkpoint shipping throughput over
+a veth link, and the time from a checkpoint's commit on the chief's host to its evaluation on the
+evaluator's host in a real job with host-local checkpoints.
+
+Prints a table and writes bench/multihost.json. Run with `make bench` (skipped when not root).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+from harness import LocalCluster, PYTHON, free_port, wait_until  # noqa: E402
+from tfcluster.demo.hosts import TestHosts, unavailable  # noqa: E402
+
+SHIP_MB = 256
+SHIP_ROUNDS = 3
+
+RECEIVER = """
+import sys, time
+from concurrent import futures
+from pathlib import Path
+import grpc
+from tfcluster.api.v1 import agent_pb2_grpc
+from tfcluster.daemon.agent.shipping import PeerServicer
+server = grpc.server(futures.ThreadPoolExecutor(4))
+agent_pb2_grpc.add_AgentPeerServiceServicer_to_server(PeerServicer(Path(sys.argv[2])), server)
+server.add_insecure_port(sys.argv[1])
+server.start()
+print("ready", flush=True)
+time.sleep(3600)
+"""
+
+SENDER = """
+import os, sys, json
+from tfcluster.daemon.agent.shipping import checkpoint_files, put_files
+d = sys.argv[2]
+names = checkpoint_files(d, os.path.join(d, "ckpt-1"))
+results = []
+for i in range(int(sys.argv[3])):
+    size, seconds = put_files(sys.argv[1], f"bench-{i + 1}", d, names, {"checkpoint": b'model_checkpoint_path: "ckpt-1"\\n'})
+    results.append(size / 1e6 / seconds)
+print(json.dumps(results))
+"""
+
+
+def shipping_throughput(hosts: TestHosts, tmp: Path) -> dict:
+    source = tmp / "source"
+    source.mkdir()
+    with open(source / "ckpt-1.data-00000-of-00001", "wb") as f:
+        for _ in range(SHIP_MB):
+            f.write(bytearray(range(256)) * 4096)  # 1 MiB; content does not matter (nothing compresses)
+    (source / "ckpt-1.index").write_bytes(b"index")
+    port = 27000
+    receiver = subprocess.Popen([*hosts.prefix(2), PYTHON, "-c", RECEIVER, f"{hosts.ip(2)}:{port}", str(tmp / "dest")],
+                                stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert receiver.stdout.readline().strip() == "ready"
+        out = subprocess.run([*hosts.prefix(1), PYTHON, "-c", SENDER, f"{hosts.ip(2)}:{port}", str(source),
+                              str(SHIP_ROUNDS)], capture_output=True, text=True, check=True).stdout
+        veth = json.loads(out)
+    finally:
+        receiver.kill()
+        receiver.wait()
+    return {"ship_checkpoint_mb": round(SHIP_MB * 1.048576),
+            "ship_veth_mb_per_s": f"{statistics.median(veth):.0f} (runs: {', '.join(f'{v:.0f}' for v in veth)})"}
+
+
+SPEC = """
+workdir = "{examples}"
+name = "latency"
+strategy = "multi_worker_mirrored"
+command = ["python3", "mwms_fit.py"]
+env = {{ EPOCHS = "8", EPOCH_PAUSE_SECONDS = "1.0" }}
+[roles.chief]
+nodes = ["h1"]
+[roles.worker]
+count = 1
+nodes = ["h2"]
+[roles.evaluator]
+nodes = ["h3"]
+entrypoint = "tfcluster.demo.digits:evaluation"
+"""
+
+
+def commit_to_evaluation(hosts: TestHosts, tmp: Path) -> dict:
+    (tmp / "cluster").mkdir()
+    cluster = LocalCluster(root=tmp / "cluster", coordinator_host=hosts.coordinator_ip)
+    try:
+        cluster.start_coordinator()
+        for i in (1, 2, 3):
+            cluster.start_agent(f"h{i}", wait=False, host_prefix=hosts.prefix(i))
+        for i in (1, 2, 3):
+            wait_until(lambda: cluster.node_state(f"h{i}") == "READY", 30, what=f"h{i}")
+        spec = tmp / "latency.toml"
+        spec.write_text(textwrap.dedent(SPEC.format(examples=ROOT / "examples")))
+        result = cluster.cli("start", str(spec), "--wait", timeout=600)
+        job = cluster.job(result.stdout.strip())
+        assert job["state"] == "SUCCEEDED", job["message"]
+        # Commit times, as TensorFlow recorded them in the chief's checkpoint state file.
+        state = (cluster.agent_state_dir("h1") / "jobs" / job["id"] / "checkpoints" / "checkpoint").read_text()
+        paths = re.findall(r'all_model_checkpoint_paths: "([^"]+)"', state)
+        stamps = [float(t) for t in re.findall(r"all_model_checkpoint_timestamps: ([0-9.]+)", state)]
+        committed = {Path(p).name: t for p, t in zip(paths, stamps)}
+        lags = [e["time"] - committed[Path(e["checkpoint"]).name] for e in job["evaluation"]["history"]
+                if Path(e["checkpoint"]).name in committed]
+        shipped = [float(m) for m in re.findall(r"shipped ckpt-\d+ to [\d.:]+: [\d.]+ MB in ([\d.]+) s",
+                                                cluster.agents["h1"].log())]
+    finally:
+        cluster.teardown()
+    return {"commit_to_evaluation_s": f"median {statistics.median(lags):.2f}, max {max(lags):.2f} "
+                                      f"({len(lags)} checkpoints)",
+            "ship_one_small_checkpoint_s": f"median {statistics.median(shipped):.3f} ({len(shipped)} shipments)"}
+
+
+def main() -> None:
+    why = unavailable()
+    if why:
+        print(f"multi-host benchmarks skipped: {why}")
+        return
+    results: dict[str, object] = {}
+    with tempfile.TemporaryDirectory(prefix="tfcluster-bench-hosts-") as tmp, TestHosts(3) as hosts:
+        results.update(shipping_throughput(hosts, Path(tmp)))
+        results.update(commit_to_evaluation(hosts, Path(tmp)))
+    width = max(len(k) for k in results)
+    for key, value in results.items():
+        print(f"{key:<{width}}  {value}")
+    (ROOT / "bench" / "multihost.json").write_text(json.dumps(results, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

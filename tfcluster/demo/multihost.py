@@ -1,0 +1,100 @@
+"""`make demo-multihost` (python -m tfcluster.demo.multihost, as root): the demo across three hosts.
+
+Builds three test hosts (network namespaces with their own IPs, see hosts.py), runs the coordinator on
+the bridge address and one agent per host as separate processes, and runs a MultiWorkerMirroredStrategy
+job with its chief, worker and evaluator on different hosts and no shared storage: the chief's agent
+ships each checkpoint to the evaluator's host. Everything is torn down at the end.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.live import Live
+
+from tfcluster.client import Client
+from tfcluster.daemon.coordinator.service import CoordinatorServer
+from tfcluster.demo.hosts import TestHosts, unavailable
+from tfcluster.render import render_status
+from tfcluster.spec import parse_spec
+
+HOSTS = 3
+TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+
+
+def main() -> int:
+    console = Console(width=None if sys.stdout.isatty() else 120)
+    why = unavailable()
+    if why:
+        console.print(f"error: the multi-host demo builds network namespaces: {why}", markup=False)
+        return 1
+    if importlib.util.find_spec("tensorflow") is None:
+        console.print("error: the demo trains a real model: pip install 'tfcluster[tf]'", markup=False)
+        return 1
+    root = Path(tempfile.mkdtemp(prefix="tfcluster-multihost-"))
+    agents: list[subprocess.Popen] = []
+    with TestHosts(HOSTS) as hosts:
+        server = CoordinatorServer(f"{hosts.coordinator_ip}:0", root / "coordinator").start()
+        try:
+            path = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}"
+            for i in range(1, HOSTS + 1):
+                log = open(root / f"agent-h{i}.log", "ab")
+                agents.append(subprocess.Popen(
+                    [*hosts.prefix(i), sys.executable, "-m", "tfcluster.cli", "agent", "--coordinator",
+                     server.address, "--name", f"h{i}", "--port-range", "21000-21099", "--gpu-inventory", "none",
+                     "--state-dir", str(root / f"h{i}"), "--stop-tasks-on-exit"],
+                    stdout=log, stderr=log, start_new_session=True, env={**os.environ, "PATH": path}))
+            console.print(f"hosts h1..h{HOSTS} at {hosts.ip(1)}..{hosts.ip(HOSTS)}; coordinator on {server.address}")
+            return _run_job(console, server.address, root)
+        finally:
+            for agent in agents:
+                os.killpg(agent.pid, signal.SIGTERM)
+            for agent in agents:
+                agent.wait(timeout=30)
+            server.stop()
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def _run_job(console: Console, address: str, root: Path) -> int:
+    with Client(address) as client:
+        deadline = time.monotonic() + 60
+        while sum(n.state == "READY" for n in client.status().nodes) < HOSTS:
+            if time.monotonic() > deadline:
+                console.print("error: the agents did not register; see their logs", markup=False)
+                return 1
+            time.sleep(0.2)
+        spec = parse_spec({
+            "name": "digits", "strategy": "multi_worker_mirrored",
+            "command": [sys.executable, "-m", "tfcluster.demo.train_digits"], "workdir": str(root),
+            "env": {"EPOCHS": "5"}, "stop_grace_seconds": 5,
+            "roles": {"chief": {"nodes": ["h1"]}, "worker": {"count": 1, "nodes": ["h2"]},
+                      "evaluator": {"nodes": ["h3"], "entrypoint": "tfcluster.demo.digits:evaluation"}},
+        }, source="demo")
+        job_id = client.submit(spec)
+        console.print(f"submitted {job_id}: chief on h1, worker on h2, evaluator on h3; checkpoints stay on "
+                      f"their hosts and are shipped to h3")
+        response = client.status(job_id)
+        with Live(render_status(response, job_id), console=console, refresh_per_second=4, transient=True) as live:
+            while response.jobs[0].state not in TERMINAL:
+                time.sleep(0.5)
+                response = client.status(job_id)
+                live.update(render_status(response, job_id))
+        console.print(render_status(response, job_id))
+        job = response.jobs[0]
+        for e in job.evaluations:
+            shown = ", ".join(f"{k} {v:.3f}" for k, v in sorted(e.metrics.items()))
+            console.print(f"  evaluated on h3: {Path(e.checkpoint).name} (step {e.step}): {shown}", markup=False)
+        return 0 if job.state == "SUCCEEDED" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
