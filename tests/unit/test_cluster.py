@@ -972,3 +972,32 @@ def test_when_the_chiefs_node_is_lost_the_group_starts_over_and_says_so():
     assert of_type(after, J.SyncCheckpoints) == []
     assert f"the checkpoints were on {chief_node}, which is gone" in job.message
     assert launches(after), "it starts at once"
+
+
+def test_a_restarted_chief_agent_is_told_again_where_to_ship():
+    sim = Sim(peer_info("n1"), peer_info("n2"), peer_info("n3"))
+    job, actions = sim.submit(local_spec())
+    sim.running(job, actions)
+    chief = job.task("worker", 0)
+    report = Report(job.id, "worker", 0, chief.attempt, "RUNNING", pid=chief.pid)
+    again = sim.c.register(peer_info(chief.node), [report], "session-new", sim.now)
+    ships = of_type(again, J.ShipCheckpoints)
+    assert len(ships) == 1 and ships[0].node == chief.node and ships[0].targets == ["10.0.0.3:19999"]
+
+
+def test_an_evaluator_moved_to_a_node_that_joined_later_gets_its_dir_and_the_checkpoints():
+    def gpu_node(name):  # one GPU each: the evaluator needs one, so only a new node can take it
+        from dataclasses import replace
+        return replace(peer_info(name), gpus=gpus(name, 1))
+    sim = Sim(gpu_node("n1"), gpu_node("n2"), gpu_node("n3"))
+    job, actions = sim.submit(make_spec(gpus=1, worker=2, evaluator={"count": 1}))
+    sim.running(job, actions)
+    assert job.task("evaluator", 0).node == "n3"
+    sim.c.register(gpu_node("n4"), [], "session-n4", sim.now)
+    sim.now += 4
+    sim.heartbeat_all("n3")
+    out = sim.c.tick(sim.now)
+    launch = [a for a in launches(out) if a.task.type == "evaluator"]
+    assert launch and launch[0].node == "n4"
+    assert launch[0].env["TFCLUSTER_CHECKPOINT_DIR"] == "/state/n4/jobs/j1/checkpoints"
+    assert [s.targets for s in of_type(out, J.ShipCheckpoints)] == [["10.0.0.4:19999"]]

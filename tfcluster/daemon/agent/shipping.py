@@ -30,6 +30,8 @@ log = logging.getLogger("tfcluster.agent")
 
 CHUNK_BYTES = 1024 * 1024
 FOLLOW_POLL_SECONDS = 0.2
+FINAL_TRIES = 5
+FINAL_RETRY_SECONDS = 1.0
 SEND_TIMEOUT_SECONDS = 600.0
 JOB_ID_RE = re.compile(r"^[a-z0-9][a-z0-9_-]*-\d+$")
 
@@ -113,33 +115,40 @@ class Shipper:
             self.targets = list(targets)
 
     def _run(self) -> None:
-        while True:
-            ended = self.task_ended.is_set()  # read first: one more pass after the end ships the final one
+        while not self.task_ended.is_set():
             self._ship_newest()
-            if ended:
-                return
             self.task_ended.wait(FOLLOW_POLL_SECONDS)
+        # The task has ended: its last checkpoint is the final one the evaluator waits for.
+        for attempt in range(FINAL_TRIES):
+            if self._ship_newest():
+                return
+            time.sleep(FINAL_RETRY_SECONDS * (attempt + 1))
+        log.error("%s: the final checkpoint could not be shipped after %d tries", self.name, FINAL_TRIES)
 
-    def _ship_newest(self) -> None:
+    def _ship_newest(self) -> bool:
+        """Ships the newest committed checkpoint where it has not gone yet; True when every target has it."""
         try:
             state = open(os.path.join(self.directory, STATE_FILE), "rb").read()
         except OSError:
-            return
+            return True
         prefix = latest_checkpoint(self.directory, state.decode(errors="replace"))
         if prefix is None:
-            return
+            return True
         with self.lock:
             targets = [t for t in self.targets if self.shipped.get(t) != prefix]
+        failed = False
         for target in targets:
             try:
                 names = checkpoint_files(self.directory, prefix)
                 size, seconds = put_files(target, self.job_id, self.directory, names, {STATE_FILE: state})
             except (OSError, ShipError) as e:  # deleted meanwhile (max_to_keep), or the peer is away
                 log.warning("%s: shipping %s to %s failed: %s", self.name, os.path.basename(prefix), target, e)
+                failed = True
                 continue
             self.shipped[target] = prefix
             log.info("%s: shipped %s to %s: %.1f MB in %.3f s (%.1f MB/s)", self.name, os.path.basename(prefix),
                      target, size / 1e6, seconds, size / 1e6 / max(seconds, 1e-6))
+        return not failed
 
 
 class PeerServicer(agent_pb2_grpc.AgentPeerServiceServicer):

@@ -121,6 +121,11 @@ class Cluster:
                     actions.append(job.launch_action(task))
                 else:
                     actions += job.on_lost(task, now, f"{info.name}'s agent no longer has this task")
+        for job in self.live_jobs():
+            # A restarted agent has lost its shipping orders: the chief's checkpoints still go out.
+            decisive = job.decisive_task() if job.tasks else None
+            if decisive is not None and decisive.node == info.name and decisive.state == J.T_RUNNING:
+                actions += job.shipping()
         return actions + self.schedule(now)
 
     def heartbeat(self, name: str, session_id: str, now: float, progress: list[Progress] = ()) -> bool:
@@ -206,6 +211,8 @@ class Cluster:
                 result = place(job.spec, self.capacity(now=now), only={(t.type, t.index) for t in unplaced})
                 if not isinstance(result, Unfit):
                     self.dirty_jobs.add(job.id)
+                    job.know_nodes({n.info.name: n.info.state_dir for n in self.ready_nodes()},
+                                   {n.info.name: n.info.peer_address for n in self.ready_nodes()})
                     actions += job.place_again(result)
                 continue
             if job.state != J.PENDING or job.not_before > now:

@@ -241,6 +241,11 @@ class Job:
         self.message = ""
         return self._restore_checkpoints(now) + self._advance(now)
 
+    def know_nodes(self, node_state_dirs: dict[str, str], node_peers: dict[str, str]) -> None:
+        """Nodes that registered since the job was placed (a task placed again may go there)."""
+        self.node_state_dirs.update(node_state_dirs)
+        self.node_peers.update(node_peers)
+
     @property
     def host_local(self) -> bool:
         return not self.spec.checkpoint_dir
@@ -270,7 +275,7 @@ class Job:
         self.message = "" if ok else f"copying the checkpoints failed ({message}); starting without them"
         return self._advance(now)
 
-    def _shipping(self) -> list[Action]:
+    def shipping(self) -> list[Action]:
         """With host-local checkpoints and the evaluator on another node, the chief's agent ships each new
         checkpoint to the evaluator's."""
         decisive, evaluator = self.decisive_task(), self.task("evaluator", 0)
@@ -297,7 +302,7 @@ class Job:
             actions.append(self.launch_action(task))
         decisive, evaluator = self.decisive_task(), self.task("evaluator", 0)
         if decisive in tasks or evaluator in tasks:
-            actions += self._shipping()
+            actions += self.shipping()
         return actions
 
     def launch_action(self, task: Task) -> Launch:
