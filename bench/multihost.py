@@ -14,12 +14,11 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
-from harness import LocalCluster, PYTHON, free_port, wait_until  # noqa: E402
+from harness import PYTHON, running_cluster  # noqa: E402
 from tfcluster.demo.hosts import TestHosts, unavailable  # noqa: E402
 
 SHIP_MB = 256
@@ -94,13 +93,8 @@ entrypoint = "tfcluster.demo.digits:evaluation"
 
 def commit_to_evaluation(hosts: TestHosts, tmp: Path) -> dict:
     (tmp / "cluster").mkdir()
-    cluster = LocalCluster(root=tmp / "cluster", coordinator_host=hosts.coordinator_ip)
-    try:
-        cluster.start_coordinator()
-        for i in (1, 2, 3):
-            cluster.start_agent(f"h{i}", wait=False, host_prefix=hosts.prefix(i))
-        for i in (1, 2, 3):
-            wait_until(lambda: cluster.node_state(f"h{i}") == "READY", 30, what=f"h{i}")
+    agents = {f"h{i}": {"host_prefix": hosts.prefix(i)} for i in (1, 2, 3)}
+    with running_cluster(tmp / "cluster", agents, coordinator_host=hosts.coordinator_ip) as cluster:
         spec = tmp / "latency.toml"
         spec.write_text(textwrap.dedent(SPEC.format(examples=ROOT / "examples")))
         result = cluster.cli("start", str(spec), "--wait", timeout=600)
@@ -115,8 +109,6 @@ def commit_to_evaluation(hosts: TestHosts, tmp: Path) -> dict:
                 if Path(e["checkpoint"]).name in committed]
         shipped = [float(m) for m in re.findall(r"shipped ckpt-\d+ to [\d.:]+: [\d.]+ MB in ([\d.]+) s",
                                                 cluster.agents["h1"].log())]
-    finally:
-        cluster.teardown()
     return {"commit_to_evaluation_s": f"median {statistics.median(lags):.2f}, max {max(lags):.2f} "
                                       f"({len(lags)} checkpoints)",
             "ship_one_small_checkpoint_s": f"median {statistics.median(shipped):.3f} ({len(shipped)} shipments)"}

@@ -9,7 +9,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import LocalCluster  # noqa: E402
+from harness import LocalCluster, running_cluster  # noqa: E402
 
 
 @pytest.fixture
@@ -30,15 +30,5 @@ def make_cluster(tmp_path_factory):
 @pytest.fixture(scope="module")
 def shared_cluster(tmp_path_factory):
     """One coordinator and three agents (a: 2 GPUs, b: 2 GPUs, c: CPU only) shared by a module's tests."""
-    cluster = LocalCluster(root=tmp_path_factory.mktemp("shared"))
-    try:
-        cluster.start_coordinator()
-        cluster.start_agent("a", gpus=2, wait=False)
-        cluster.start_agent("b", gpus=2, wait=False)
-        cluster.start_agent("c", gpus=0)
-        for name in ("a", "b"):
-            from harness import wait_until
-            wait_until(lambda: cluster.node_state(name) == "READY", 30, what=f"agent {name}")
+    with running_cluster(tmp_path_factory.mktemp("shared"), {"a": {"gpus": 2}, "b": {"gpus": 2}, "c": {}}) as cluster:
         yield cluster
-    finally:
-        cluster.teardown()

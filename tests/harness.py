@@ -7,6 +7,7 @@ too. `job_processes` finds any process still carrying a job's TFCLUSTER_JOB_ID.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -162,6 +163,13 @@ class LocalCluster:
             wait_until(lambda: self.node_state(name) == "READY", 30, what=f"agent {name} to register")
         return daemon
 
+    def start_agents(self, agents: dict[str, dict]) -> None:
+        """Starts agents together (name -> start_agent's keyword arguments) and waits until all are READY."""
+        for name, options in agents.items():
+            self.start_agent(name, wait=False, **options)
+        wait_until(lambda: all(self.node_state(name) == "READY" for name in agents), 60,
+                   what=f"agents {', '.join(agents)} to register")
+
     def cli(self, *args: str, timeout: float = 120, check: bool = False) -> subprocess.CompletedProcess:
         result = subprocess.run([PYTHON, "-m", "tfcluster.cli", *args], capture_output=True, text=True,
                                 timeout=timeout, env={**os.environ, "TFCLUSTER_COORDINATOR": self.address})
@@ -205,3 +213,15 @@ class LocalCluster:
                 daemon.kill()
         for group in self.task_groups():
             kill_group(group)
+
+
+@contextlib.contextmanager
+def running_cluster(root: Path, agents: dict[str, dict], **options):
+    """A started coordinator and agents (see LocalCluster.start_agents), torn down afterwards."""
+    cluster = LocalCluster(root=root, **options)
+    try:
+        cluster.start_coordinator()
+        cluster.start_agents(agents)
+        yield cluster
+    finally:
+        cluster.teardown()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import LocalCluster, ROOT, job_processes, wait_until
+from harness import LocalCluster, ROOT, job_processes, running_cluster, wait_until
 
 pytestmark = [pytest.mark.e2e,
               pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="needs the tf extra")]
@@ -25,16 +25,8 @@ JOB_TIMEOUT = 360
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    cluster = LocalCluster(root=tmp_path_factory.mktemp("chaos"))
-    try:
-        cluster.start_coordinator()
-        for name in ("a", "b", "c"):
-            cluster.start_agent(name, wait=False)
-        for name in ("a", "b", "c"):
-            wait_until(lambda: cluster.node_state(name) == "READY", 30, what=f"agent {name}")
+    with running_cluster(tmp_path_factory.mktemp("chaos"), {"a": {}, "b": {}, "c": {}}) as cluster:
         yield cluster
-    finally:
-        cluster.teardown()
 
 
 def spec_for(example: str, tmp_path: Path) -> tuple[Path, Path]:

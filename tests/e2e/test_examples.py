@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import LocalCluster, ROOT, job_processes
+from harness import LocalCluster, ROOT, job_processes, running_cluster
 
 pytestmark = [pytest.mark.e2e,
               pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="needs the tf extra")]
@@ -21,17 +21,8 @@ EXAMPLES = ROOT / "examples"
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    cluster = LocalCluster(root=tmp_path_factory.mktemp("examples"))
-    try:
-        cluster.start_coordinator()
-        for name in ("a", "b", "c"):
-            cluster.start_agent(name, wait=False)
-        for name in ("a", "b", "c"):
-            from harness import wait_until
-            wait_until(lambda: cluster.node_state(name) == "READY", 30, what=f"agent {name}")
+    with running_cluster(tmp_path_factory.mktemp("examples"), {"a": {}, "b": {}, "c": {}}) as cluster:
         yield cluster
-    finally:
-        cluster.teardown()
 
 
 def example_spec(name: str, tmp_path: Path, epochs: int | None = None) -> tuple[Path, Path]:

@@ -146,7 +146,7 @@ def test_failed_group_restarts_and_resumes(shared_cluster, tmp_path):
 
 def test_stop_kills_the_process_group_after_the_grace_period(shared_cluster, tmp_path):
     # The task ignores SIGTERM and leaves a grandchild: only SIGKILL to the group ends both.
-    spec = write_spec(tmp_path, f"""
+    spec = write_spec(tmp_path, """
         name = "stubborn"
         strategy = "mirrored"
         command = ["sh", "-c", "trap '' TERM; sleep 300 & echo started; wait"]

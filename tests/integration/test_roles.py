@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 import textwrap
 
-from harness import job_processes, wait_until
+from harness import job_processes
 
 PY = sys.executable
 
@@ -63,7 +63,7 @@ def test_evaluator_reports_and_evaluates_the_final_checkpoint_before_success(sha
 
 
 def test_evaluator_that_ignores_the_handshake_is_stopped_at_the_deadline(shared_cluster, tmp_path):
-    job_id = shared_cluster.cli("start", spec(tmp_path, f"""
+    job_id = shared_cluster.cli("start", spec(tmp_path, """
         name = "deadline"
         strategy = "mirrored"
         command = ["true"]

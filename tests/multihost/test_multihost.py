@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import LocalCluster, ROOT, job_processes, wait_until
+from harness import LocalCluster, ROOT, job_processes, running_cluster, wait_until
 from tfcluster.demo.hosts import TestHosts, unavailable
 
 WHY_NOT = unavailable()
@@ -31,16 +31,10 @@ def hosts():
 
 @pytest.fixture(scope="module")
 def cluster(hosts, tmp_path_factory):
-    cluster = LocalCluster(root=tmp_path_factory.mktemp("multihost"), coordinator_host=hosts.coordinator_ip)
-    try:
-        cluster.start_coordinator()
-        for i in range(1, HOSTS + 1):
-            cluster.start_agent(f"h{i}", wait=False, host_prefix=hosts.prefix(i))
-        for i in range(1, HOSTS + 1):
-            wait_until(lambda: cluster.node_state(f"h{i}") == "READY", 30, what=f"agent h{i}")
+    agents = {f"h{i}": {"host_prefix": hosts.prefix(i)} for i in range(1, HOSTS + 1)}
+    with running_cluster(tmp_path_factory.mktemp("multihost"), agents,
+                         coordinator_host=hosts.coordinator_ip) as cluster:
         yield cluster
-    finally:
-        cluster.teardown()
 
 
 def write_spec(tmp_path: Path, example: str, extra_roles: str = "", checkpoint_dir: bool = True,

@@ -518,7 +518,7 @@ def test_evaluator_has_a_budget_of_its_own():
     sim.running(job, relaunch)
     assert sim.exit(job, "evaluator:0", 1) == [], "its restarts are spent"
     assert "training goes on" in job.message and job.state == J.RUNNING
-    stop = sim.exit(job, "worker:1", 1)  # training still has its whole budget
+    sim.exit(job, "worker:1", 1)  # training still has its whole budget
     assert job.state == J.STOPPING and "restarting the training group" in job.message
 
 
@@ -768,7 +768,7 @@ def test_task_of_a_lost_node_still_running_when_it_returns_is_stopped():
     sim = Sim(info("n1", 1), info("n2", 1))
     job, _ = start(sim, mwms(roles={"worker": {"count": 2}}))
     w_n1 = next(t for t in job.tasks if t.node == "n1")
-    key, old_attempt, port = (w_n1.type, w_n1.index), w_n1.attempt, w_n1.port
+    key, old_attempt = (w_n1.type, w_n1.index), w_n1.attempt
     sim.now += 5
     sim.heartbeat_all("n1")
     sim.exit_stopped(job, sim.c.tick(sim.now))
