@@ -116,13 +116,15 @@ class LocalCluster:
     address: str = ""
     port_ranges: dict[str, tuple[int, int]] = field(default_factory=dict)
     coordinator_host: str = "127.0.0.1"
+    token_file: Path | None = None  # the cluster token, given to every daemon and CLI call
     host_prefixes: dict[str, list[str]] = field(default_factory=dict)  # agent name -> test host prefix
 
     def start_coordinator(self) -> Daemon:
         if not self.address:
             self.address = f"{self.coordinator_host}:{free_port(self.coordinator_host)}"
         self.coordinator = Daemon("coordinator", ["coordinator", "--listen", self.address, "--state-dir",
-                                                  str(self.root / "coordinator"), "--lost-after", str(self.lost_after)],
+                                                  str(self.root / "coordinator"), "--lost-after", str(self.lost_after),
+                                                  *self._token_args()],
                                   self.root / "coordinator.log").start()
         wait_until(lambda: self._reachable(), 30, what=f"the coordinator on {self.address}")
         return self.coordinator
@@ -154,7 +156,7 @@ class LocalCluster:
         address = [] if prefix else ["--advertise-address", "127.0.0.1"]
         args = ["agent", "--coordinator", self.address, "--name", name, *address,
                 "--port-range", f"{first}-{last}", "--state-dir", str(state), "--gpu-inventory", str(inventory),
-                *(extra or [])]
+                *self._token_args(), *(extra or [])]
         # As a systemd unit's PATH would: `python3` in a job's command is the interpreter with TensorFlow.
         path = f"{Path(PYTHON).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}"
         daemon = self.agents[name] = Daemon(name, args, self.root / f"agent-{name}.log",
@@ -170,16 +172,23 @@ class LocalCluster:
         wait_until(lambda: all(self.node_state(name) == "READY" for name in agents), 60,
                    what=f"agents {', '.join(agents)} to register")
 
-    def cli(self, *args: str, timeout: float = 120, check: bool = False) -> subprocess.CompletedProcess:
+    def _token_args(self) -> list[str]:
+        return ["--token-file", str(self.token_file)] if self.token_file else []
+
+    def cli(self, *args: str, timeout: float = 120, check: bool = False,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+        token = {"TFCLUSTER_TOKEN_FILE": str(self.token_file)} if self.token_file else {}
         result = subprocess.run([PYTHON, "-m", "tfcluster.cli", *args], capture_output=True, text=True,
-                                timeout=timeout, env={**os.environ, "TFCLUSTER_COORDINATOR": self.address})
+                                timeout=timeout, env={**os.environ, "TFCLUSTER_COORDINATOR": self.address,
+                                                      **token, **(env or {})})
         if check and result.returncode != 0:
             raise AssertionError(f"tfcluster {' '.join(args)} exited {result.returncode}:\n{result.stderr}")
         return result
 
     def status(self, job_id: str | None = None) -> dict:
+        from tfcluster.auth import load_token
         from tfcluster.client import Client, status_dict
-        with Client(self.address) as client:
+        with Client(self.address, token=load_token(self.token_file)) as client:
             return status_dict(client.status(job_id or ""))
 
     def job(self, job_id: str) -> dict:

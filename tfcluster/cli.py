@@ -21,6 +21,7 @@ from rich.live import Live
 from rich.table import Table
 
 from tfcluster import __version__
+from tfcluster.auth import TokenError, load_token
 from tfcluster.client import Client, ClientError, default_coordinator, status_dict
 from tfcluster.render import gpu_list, render_status
 from tfcluster.spec import STRATEGIES, SpecError, load_spec_file, parse_spec, resolve_paths, spec_from_flags
@@ -77,17 +78,21 @@ def coordinator(
                                                         "[default: /var/lib/tfcluster/coordinator as root, else ~/.local/state/tfcluster/coordinator]."),
     lost_after: float = typer.Option(3.0, min=0.5, help="Seconds without a heartbeat before a node is LOST."),
     heartbeat_interval: float = typer.Option(1.0, min=0.1, help="Seconds between agent heartbeats."),
+    token_file: Optional[str] = typer.Option(None, envvar="TFCLUSTER_TOKEN_FILE", metavar="FILE",
+                                             help="Cluster token: calls without it are refused "
+                                                  "[env: TFCLUSTER_TOKEN_FILE]."),
     log_level: str = typer.Option("info", help="debug, info, warning or error."),
 ) -> None:
     """Run the coordinator: registrations, scheduling, job state."""
     from tfcluster.daemon.coordinator.service import CoordinatorServer
 
     setup_logging(log_level)
+    token = _token(token_file)
     if heartbeat_interval >= lost_after:
         fail(f"--heartbeat-interval ({heartbeat_interval}) must be shorter than --lost-after ({lost_after})", 2)
     try:
         server = CoordinatorServer(listen, state_dir or default_state_dir("coordinator"), lost_after,
-                                   heartbeat_interval).start()
+                                   heartbeat_interval, token=token).start()
     except (OSError, RuntimeError) as e:
         fail(f"cannot start the coordinator on {listen}: {e}")
     run_until_signal(server.stop)
@@ -112,6 +117,9 @@ def agent(
                                                         "[default: /var/lib/tfcluster/agent as root, else ~/.local/state/tfcluster/agent]."),
     stop_tasks_on_exit: bool = typer.Option(False, help="Stop this node's tasks when the agent exits "
                                                         "(by default they keep running and a restarted agent reattaches)."),
+    token_file: Optional[str] = typer.Option(None, envvar="TFCLUSTER_TOKEN_FILE", metavar="FILE",
+                                             help="Cluster token, sent to the coordinator and required from "
+                                                  "other agents [env: TFCLUSTER_TOKEN_FILE]."),
     log_level: str = typer.Option("info", help="debug, info, warning or error."),
 ) -> None:
     """Run the agent of this node: discover GPUs, register, launch and watch tasks."""
@@ -148,11 +156,12 @@ def agent(
         address = advertise_address or find_address(coordinator)
     except (InventoryError, OSError) as e:
         fail(str(e), 2)
+    token = _token(token_file)
     directory = (state_dir or default_state_dir("agent")).resolve()
     directory.mkdir(parents=True, exist_ok=True)
     config = AgentConfig(coordinator=coordinator, name=name or socket.gethostname(), address=address,
                          port_range=(first, last), gpus=tuple(gpus), host=host_info(), state_dir=directory,
-                         peer_port=peer_port)
+                         peer_port=peer_port, token=token)
     log.info("agent %s: node %s, address %s, %d GPUs%s, task ports %d-%d, peer port %d, state %s", __version__,
              config.name, address, len(gpus), "".join(f" [{g.index}: {g.name} {g.uuid}]" for g in gpus), first, last,
              peer_port, directory)
@@ -167,10 +176,20 @@ def agent(
     thread.join(timeout=5)
 
 
+def _token(path: Optional[str]) -> Optional[str]:
+    try:
+        return load_token(path)
+    except TokenError as e:
+        fail(f"--token-file: {e}", 2)
+
+
 # ---- jobs ----------------------------------------------------------------------------------------
 
 def _client(coordinator: Optional[str]) -> Client:
-    return Client(coordinator or default_coordinator())
+    try:
+        return Client(coordinator or default_coordinator())
+    except ClientError as e:
+        fail(str(e), e.exit_code)
 
 
 def _load_spec(spec_file: Path):

@@ -12,6 +12,7 @@ from typing import Any
 import grpc
 
 from tfcluster.api.v1 import control_pb2, control_pb2_grpc
+from tfcluster.auth import TOKEN_FILE_ENV, TokenError, channel as auth_channel, client_token
 from tfcluster.spec import JobSpec
 from tfcluster.wire import spec_to_proto
 
@@ -32,9 +33,14 @@ def default_coordinator() -> str:
 
 
 class Client:
-    def __init__(self, coordinator: str | None = None):
+    def __init__(self, coordinator: str | None = None, token: str | None = None):
         self.address = coordinator or default_coordinator()
-        self.channel = grpc.insecure_channel(self.address)
+        if token is None:
+            try:
+                token = client_token()
+            except TokenError as e:
+                raise ClientError(f"{TOKEN_FILE_ENV}: {e}", exit_code=2) from None
+        self.channel = auth_channel(self.address, token)
         self.stub = control_pb2_grpc.ControlServiceStub(self.channel)
 
     def close(self) -> None:
@@ -60,6 +66,9 @@ class Client:
                                f"is `tfcluster coordinator` running? (set --coordinator or TFCLUSTER_COORDINATOR)")
         if code == grpc.StatusCode.INVALID_ARGUMENT:
             return ClientError(details, exit_code=2)
+        if code == grpc.StatusCode.UNAUTHENTICATED:
+            return ClientError(f"the coordinator at {self.address} refused the request: {details}; "
+                               f"point {TOKEN_FILE_ENV} at the cluster's token file")
         return ClientError(details or code.name)
 
     def submit(self, spec: JobSpec) -> str:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import grpc
 
-from tfcluster import __version__
+from tfcluster import __version__, auth
 from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc
 from tfcluster.api.v1 import types_pb2 as pb
 from tfcluster.daemon.agent.discovery import HostInfo
@@ -49,6 +49,7 @@ class AgentConfig:
     host: HostInfo
     state_dir: Path
     peer_port: int = 0  # AgentPeerService (checkpoints from other agents); 0: none
+    token: str | None = None  # the cluster token, on every call made and required on every call served
 
 
 def task_report(record: TaskRecord) -> pb.TaskReport:
@@ -88,7 +89,7 @@ class Agent:
         if self.config.peer_port and self.peer_server is None:
             self.serve_peers()
         backoff = BACKOFF_START_SECONDS
-        with grpc.insecure_channel(self.config.coordinator, options=[
+        with auth.channel(self.config.coordinator, self.config.token, options=[
                 ("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000)]) as channel:
             stub = agent_pb2_grpc.AgentServiceStub(channel)
             while not self._stop.is_set():
@@ -99,7 +100,7 @@ class Agent:
                     if self._stop.is_set():
                         break
                     code = e.code() if hasattr(e, "code") else None
-                    if code == grpc.StatusCode.INVALID_ARGUMENT:
+                    if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNAUTHENTICATED):
                         log.error("coordinator refused this agent: %s", e.details())
                     else:
                         log.warning("coordinator %s unreachable (%s); retrying in %.1f s", self.config.coordinator,
@@ -115,7 +116,8 @@ class Agent:
         from concurrent import futures
 
         self.peer_server = grpc.server(futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="peer"),
-                                       options=[("grpc.max_receive_message_length", 8 * CHUNK_BYTES)])
+                                       options=[("grpc.max_receive_message_length", 8 * CHUNK_BYTES)],
+                                       interceptors=auth.server_interceptors(self.config.token))
         agent_pb2_grpc.add_AgentPeerServiceServicer_to_server(PeerServicer(self.config.state_dir), self.peer_server)
         address = f"{self.config.address}:{self.config.peer_port}"
         if not self.peer_server.add_insecure_port(address):
@@ -274,14 +276,15 @@ class Agent:
         for old in [k for k, s in self.shippers.items() if not s.thread.is_alive()]:
             del self.shippers[old]
         self.shippers[key] = Shipper(m.job_id, record.checkpoint_dir, list(m.targets), record.exited,
-                                     record.name).start()
+                                     record.name, self.config.token).start()
 
     def _sync(self, m: agent_pb2.SyncCheckpoints) -> None:
         directory = job_checkpoint_dir(self.config.state_dir, m.job_id)
         total, seconds, errors = 0, 0.0, []
         for target in m.targets:
             try:
-                size, took = sync_dir(target, m.job_id, str(directory)) if directory.is_dir() else (0, 0.0)
+                size, took = sync_dir(target, m.job_id, str(directory), self.config.token) \
+                    if directory.is_dir() else (0, 0.0)
                 total, seconds = total + size, seconds + took
             except (OSError, ShipError) as e:
                 errors.append(str(e))

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import grpc
 
+from tfcluster import auth
 from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc
 from tfcluster.task import STATE_FILE, latest_checkpoint
 
@@ -72,10 +73,10 @@ def _chunks(job_id: str, directory: str, names: list[str], extra: dict[str, byte
 
 
 def put_files(address: str, job_id: str, directory: str, names: list[str],
-              extra: dict[str, bytes] | None = None) -> tuple[int, float]:
+              extra: dict[str, bytes] | None = None, token: str | None = None) -> tuple[int, float]:
     """Sends files to the agent at address; returns (bytes, seconds)."""
     started = time.monotonic()
-    with grpc.insecure_channel(address) as channel:
+    with auth.channel(address, token) as channel:
         stub = agent_pb2_grpc.AgentPeerServiceStub(channel)
         try:
             reply = stub.PutFiles(_chunks(job_id, directory, names, extra or {}), timeout=SEND_TIMEOUT_SECONDS)
@@ -84,22 +85,22 @@ def put_files(address: str, job_id: str, directory: str, names: list[str],
     return reply.bytes, time.monotonic() - started
 
 
-def sync_dir(address: str, job_id: str, directory: str) -> tuple[int, float]:
+def sync_dir(address: str, job_id: str, directory: str, token: str | None = None) -> tuple[int, float]:
     """Copies every file under directory (state files last) to the agent at address."""
     names = []
     for root, _, files in os.walk(directory):
         for name in files:
             names.append(os.path.relpath(os.path.join(root, name), directory))
     names.sort(key=lambda n: (os.path.basename(n) == STATE_FILE, n))
-    return put_files(address, job_id, directory, names)
+    return put_files(address, job_id, directory, names, token=token)
 
 
 class Shipper:
     """Ships each new committed checkpoint of one task to its targets until the task has ended."""
 
     def __init__(self, job_id: str, directory: str, targets: list[str], task_ended: threading.Event,
-                 name: str):
-        self.job_id, self.directory, self.name = job_id, directory, name
+                 name: str, token: str | None = None):
+        self.job_id, self.directory, self.name, self.token = job_id, directory, name, token
         self.targets = list(targets)
         self.task_ended = task_ended
         self.shipped: dict[str, str] = {}  # target -> last checkpoint sent there
@@ -140,7 +141,8 @@ class Shipper:
         for target in targets:
             try:
                 names = checkpoint_files(self.directory, prefix)
-                size, seconds = put_files(target, self.job_id, self.directory, names, {STATE_FILE: state})
+                size, seconds = put_files(target, self.job_id, self.directory, names, {STATE_FILE: state},
+                                          self.token)
             except (OSError, ShipError) as e:  # deleted meanwhile (max_to_keep), or the peer is away
                 log.warning("%s: shipping %s to %s failed: %s", self.name, os.path.basename(prefix), target, e)
                 failed = True

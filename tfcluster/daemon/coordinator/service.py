@@ -22,6 +22,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from tfcluster import __version__
 from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc, control_pb2, control_pb2_grpc
 from tfcluster.api.v1 import types_pb2 as pb
+from tfcluster.auth import server_interceptors
 from tfcluster.daemon.coordinator import jobs as J
 from tfcluster.daemon.coordinator.cluster import Cluster, LOST, NodeInfo, Progress, READY, Report, Unplaceable
 from tfcluster.daemon.coordinator.store import Store
@@ -500,9 +501,12 @@ class CoordinatorServer:
     """A running coordinator: the gRPC server plus the ticker that expires nodes and places jobs."""
 
     def __init__(self, listen: str, state_dir: Path, lost_after_seconds: float = 3.0,
-                 heartbeat_interval_seconds: float = HEARTBEAT_INTERVAL_SECONDS, max_workers: int = 64):
+                 heartbeat_interval_seconds: float = HEARTBEAT_INTERVAL_SECONDS, max_workers: int = 64,
+                 token: str | None = None):
         self.coordinator = Coordinator(state_dir, lost_after_seconds, heartbeat_interval_seconds)
+        self.token = token
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="rpc"),
+                                  interceptors=server_interceptors(token),
                                   options=[("grpc.keepalive_permit_without_calls", 1),
                                            ("grpc.http2.min_ping_interval_without_data_ms", 5000)])
         agent_pb2_grpc.add_AgentServiceServicer_to_server(AgentServicer(self.coordinator), self.server)
@@ -524,6 +528,9 @@ class CoordinatorServer:
         self._ticker.start()
         log.info("coordinator %s listening on %s (state: %s)", __version__, self.address,
                  self.coordinator.store.path)
+        if not self.token:
+            log.warning("no cluster token (--token-file): anyone who reaches %s can make the agents run "
+                        "commands", self.address)
         return self
 
     def _tick_loop(self) -> None:
