@@ -31,9 +31,17 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+_BLOCKS = 90  # of 100 ports each, in 20000-28999
+_next_block = [random.randrange(_BLOCKS)]
+
+
 def port_block(size: int = 100) -> int:
-    """A random base port in the 20000-29999 area (tasks bind these; a collision fails loudly)."""
-    return random.randrange(20000, 29000 - size, size)
+    """A base port for an agent's range: successive calls never share a block (agents on one address
+    must not), starting at a random one so that two runs rarely meet."""
+    assert size <= 100
+    block = _next_block[0] % _BLOCKS
+    _next_block[0] += 1
+    return 20000 + 100 * block
 
 
 def kill_group(pid: int) -> None:

@@ -1001,3 +1001,18 @@ def test_an_evaluator_moved_to_a_node_that_joined_later_gets_its_dir_and_the_che
     assert launch and launch[0].node == "n4"
     assert launch[0].env["TFCLUSTER_CHECKPOINT_DIR"] == "/state/n4/jobs/j1/checkpoints"
     assert [s.targets for s in of_type(out, J.ShipCheckpoints)] == [["10.0.0.4:19999"]]
+
+
+def test_two_agents_on_one_address_with_overlapping_ports_are_refused():
+    from dataclasses import replace
+    sim = Sim(info("n1"))
+    twin = replace(info("n1"), name="n1b", port_range=(20050, 20150))
+    with pytest.raises(ValueError, match="overlap n1's on the same address 10.0.0.1"):
+        sim.c.register(twin, [], "s", sim.now)
+    clash_on_peer_port = replace(info("n1"), name="n1c", port_range=(21000, 21099), peer_port=20000)
+    with pytest.raises(ValueError, match="overlap"):
+        sim.c.register(clash_on_peer_port, [], "s", sim.now)
+    apart = replace(info("n1"), name="n1d", port_range=(21000, 21099), peer_port=20999 + 200)
+    sim.c.register(apart, [], "s", sim.now)
+    assert sim.c.nodes["n1d"].state == READY
+    sim.c.register(info("n1"), [], "again", sim.now)  # the same node registering again is no clash

@@ -100,6 +100,13 @@ class Cluster:
     # ---- nodes ---------------------------------------------------------------------------------
 
     def register(self, info: NodeInfo, reports: list[Report], session_id: str, now: float) -> list[J.Action]:
+        """Adds or refreshes a node; raises ValueError when it would share ports with another node."""
+        for other in self.ready_nodes():
+            o = other.info
+            if o.name != info.name and o.address == info.address and _ports(o) & _ports(info):
+                raise ValueError(f"node.port_range_start/end: {info.name}'s ports {info.port_range[0]}-"
+                                 f"{info.port_range[1]} overlap {o.name}'s on the same address {info.address} "
+                                 f"({o.port_range[0]}-{o.port_range[1]}); give agents on one host disjoint ranges")
         node = self.nodes.get(info.name)
         if node is None:
             node = self.nodes[info.name] = Node(info=info)
@@ -280,3 +287,8 @@ class Cluster:
                 actions += deadline_actions
         return actions + self.schedule(now)
 
+
+
+def _ports(info: NodeInfo) -> set[int]:
+    """Every port a node's agent uses: its task range and its own peer port."""
+    return set(range(info.port_range[0], info.port_range[1] + 1)) | ({info.peer_port} if info.peer_port else set())

@@ -60,7 +60,6 @@ class _Free:
     gpus: list[Gpu]
     ports: list[int]
     tasks: int = 0
-    taken_ports: set[int] = field(default_factory=set)
 
 
 def task_list(spec: JobSpec) -> list[tuple[str, int]]:
