@@ -8,7 +8,7 @@ GPUs are placed first; a bounded search backtracks when a greedy choice blocks a
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from tfcluster.spec import ROLE_TYPES, JobSpec
 
