@@ -21,6 +21,16 @@ pytestmark = [pytest.mark.e2e, pytest.mark.skipif(WHY_NOT is not None, reason=WH
 
 EXAMPLES = ROOT / "examples"
 HOSTS = 3
+CHIEF_WORKER_EVALUATOR_ON_THREE_HOSTS = """
+    [roles.chief]
+    nodes = ["h1"]
+    [roles.worker]
+    count = 1
+    nodes = ["h2"]
+    [roles.evaluator]
+    nodes = ["h3"]
+    entrypoint = "tfcluster.demo.digits:evaluation"
+"""
 
 
 @pytest.fixture(scope="module")
@@ -81,16 +91,7 @@ def test_agents_advertise_their_own_host_addresses(hosts, cluster):
 
 
 def test_multi_worker_mirrored_across_hosts_with_evaluator_on_a_third(hosts, cluster, tmp_path):
-    spec = write_spec(tmp_path, "mwms_fit", replace_roles=True, extra_roles="""
-        [roles.chief]
-        nodes = ["h1"]
-        [roles.worker]
-        count = 1
-        nodes = ["h2"]
-        [roles.evaluator]
-        nodes = ["h3"]
-        entrypoint = "tfcluster.demo.digits:evaluation"
-    """)
+    spec = write_spec(tmp_path, "mwms_fit", replace_roles=True, extra_roles=CHIEF_WORKER_EVALUATOR_ON_THREE_HOSTS)
     job = run(cluster, spec)
     placed = {f"{t['type']}:{t['index']}": t for t in job["tasks"]}
     assert {k: t["node"] for k, t in placed.items()} == {"chief:0": "h1", "worker:0": "h2", "evaluator:0": "h3"}
@@ -116,16 +117,7 @@ def test_parameter_server_across_hosts(hosts, cluster, tmp_path):
 
 
 def test_host_local_checkpoints_are_shipped_to_the_evaluators_host(hosts, cluster, tmp_path):
-    spec = write_spec(tmp_path, "mwms_fit", checkpoint_dir=False, replace_roles=True, extra_roles="""
-        [roles.chief]
-        nodes = ["h1"]
-        [roles.worker]
-        count = 1
-        nodes = ["h2"]
-        [roles.evaluator]
-        nodes = ["h3"]
-        entrypoint = "tfcluster.demo.digits:evaluation"
-    """)
+    spec = write_spec(tmp_path, "mwms_fit", checkpoint_dir=False, replace_roles=True, extra_roles=CHIEF_WORKER_EVALUATOR_ON_THREE_HOSTS)
     job = run(cluster, spec)
     source = cluster.agent_state_dir("h1") / "jobs" / job["id"] / "checkpoints"
     copy = cluster.agent_state_dir("h3") / "jobs" / job["id"] / "checkpoints"
