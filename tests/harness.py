@@ -195,9 +195,11 @@ class LocalCluster:
 
     def status(self, job_id: str | None = None) -> dict:
         from tfcluster.auth import load_token
-        from tfcluster.client import Client, status_dict
+        from tfcluster.client import Client
+        from tfcluster.wire import status_doc
         with Client(self.address, token=load_token(self.token_file)) as client:
-            return status_dict(client.status(job_id or ""))
+            response = client.status(job_id or "")
+            return status_doc(response.nodes, response.jobs, response.summary)
 
     def job(self, job_id: str) -> dict:
         return self.status(job_id)["jobs"][0]

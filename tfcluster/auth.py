@@ -14,9 +14,10 @@ from pathlib import Path
 
 import grpc
 
+from tfcluster.layout import TOKEN_FILE_ENV
+
 HEADER = "authorization"
 OPEN_SERVICES = ("/grpc.health.v1.Health/",)
-TOKEN_FILE_ENV = "TFCLUSTER_TOKEN_FILE"
 
 
 class TokenError(ValueError):
@@ -43,34 +44,67 @@ def client_token() -> str | None:
     return load_token(os.environ.get(TOKEN_FILE_ENV))
 
 
-class TokenCheck(grpc.ServerInterceptor):
+class _Refusals:
+    """Whether a call carries the token, and handlers that refuse one that does not."""
+
     def __init__(self, token: str):
         self.expected = f"Bearer {token}".encode()
 
         def refuse(request, context):
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong cluster token")
 
-        self.refusals = {
-            (False, False): grpc.unary_unary_rpc_method_handler(refuse),
-            (False, True): grpc.unary_stream_rpc_method_handler(refuse),
-            (True, False): grpc.stream_unary_rpc_method_handler(refuse),
-            (True, True): grpc.stream_stream_rpc_method_handler(refuse),
-        }
+        async def refuse_async(request, context):
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong cluster token")
 
-    def intercept_service(self, continuation, handler_call_details):
-        if handler_call_details.method.startswith(OPEN_SERVICES):
-            return continuation(handler_call_details)
-        sent = dict(handler_call_details.invocation_metadata or ()).get(HEADER, "")
-        if hmac.compare_digest(sent.encode(), self.expected):
-            return continuation(handler_call_details)
-        handler = continuation(handler_call_details)
+        self.handlers = {}
+        for asynchronous, function in ((False, refuse), (True, refuse_async)):
+            self.handlers.update({
+                (asynchronous, False, False): grpc.unary_unary_rpc_method_handler(function),
+                (asynchronous, False, True): grpc.unary_stream_rpc_method_handler(function),
+                (asynchronous, True, False): grpc.stream_unary_rpc_method_handler(function),
+                (asynchronous, True, True): grpc.stream_stream_rpc_method_handler(function),
+            })
+
+    def allowed(self, details) -> bool:
+        if details.method.startswith(OPEN_SERVICES):
+            return True
+        sent = dict(details.invocation_metadata or ()).get(HEADER, "")
+        return hmac.compare_digest(sent.encode(), self.expected)
+
+    def refusal(self, handler, asynchronous: bool):
         if handler is None:
             return None
-        return self.refusals[(handler.request_streaming, handler.response_streaming)]
+        return self.handlers[(asynchronous, handler.request_streaming, handler.response_streaming)]
+
+
+class TokenCheck(grpc.ServerInterceptor):
+    """For the threaded servers (the agents' peer service)."""
+
+    def __init__(self, token: str):
+        self.check = _Refusals(token)
+
+    def intercept_service(self, continuation, handler_call_details):
+        handler = continuation(handler_call_details)
+        return handler if self.check.allowed(handler_call_details) else self.check.refusal(handler, False)
+
+
+class AsyncTokenCheck(grpc.aio.ServerInterceptor):
+    """For the asyncio server (the coordinator)."""
+
+    def __init__(self, token: str):
+        self.check = _Refusals(token)
+
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
+        return handler if self.check.allowed(handler_call_details) else self.check.refusal(handler, True)
 
 
 def server_interceptors(token: str | None) -> list[grpc.ServerInterceptor]:
     return [TokenCheck(token)] if token else []
+
+
+def async_server_interceptors(token: str | None) -> list[grpc.aio.ServerInterceptor]:
+    return [AsyncTokenCheck(token)] if token else []
 
 
 class _AddToken(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,

@@ -20,9 +20,10 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from tfcluster import __version__
+from tfcluster import __version__, wire
 from tfcluster.auth import TokenError, load_token
-from tfcluster.client import Client, ClientError, default_coordinator, status_dict
+from tfcluster.client import Client, ClientError, default_coordinator
+from tfcluster.model import NODE_NAME_RE
 from tfcluster.render import gpu_list, render_status
 from tfcluster.spec import STRATEGIES, SpecError, load_spec_file, parse_spec, resolve_paths, spec_from_flags
 
@@ -32,6 +33,10 @@ out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 TERMINAL_STATES = ("SUCCEEDED", "FAILED", "STOPPED")
+JOB_STATES = ("PENDING", "STARTING", "RUNNING", "STOPPING", *TERMINAL_STATES)
+EXIT_REFUSED = 78  # EX_CONFIG: the coordinator refused the agent; restarting it would not help (systemd unit)
+MAX_INT32 = 2**31 - 1
+DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 # Spec keys as `tfcluster start` flags, so an error names what the user typed.
 FLAG_FOR_KEY = {"name": "--name", "strategy": "--strategy", "roles.worker.count": "--workers",
                 "roles.chief.count": "--chief", "roles.ps.count": "--ps", "roles.ps": "--ps",
@@ -59,13 +64,26 @@ def setup_logging(level: str) -> None:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
-def run_until_signal(stop) -> None:
-    """Blocks until SIGTERM or SIGINT, then calls stop()."""
+def parse_duration(text: str, flag: str) -> float:
+    """`90`, `90s`, `30m`, `12h`, `7d` -> seconds."""
+    number, unit = (text[:-1], text[-1]) if text[-1:] in DURATION_UNITS else (text, "s")
+    try:
+        seconds = float(number) * DURATION_UNITS[unit]
+    except ValueError:
+        seconds = -1
+    if not 0 <= seconds < float("inf"):
+        fail(f"{flag}: expected a duration such as 90s, 30m, 12h or 7d, got {text!r}", 2)
+    return seconds
+
+
+def run_until_signal(stop, until: threading.Thread) -> None:
+    """Blocks until SIGTERM or SIGINT (then calls stop()), or until the thread ends by itself."""
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())
-    while not done.wait(1.0):
-        pass
+    while not done.wait(0.5):
+        if not until.is_alive():
+            return
     stop()
 
 
@@ -78,24 +96,32 @@ def coordinator(
                                                         "[default: /var/lib/tfcluster/coordinator as root, else ~/.local/state/tfcluster/coordinator]."),
     lost_after: float = typer.Option(3.0, min=0.5, help="Seconds without a heartbeat before a node is LOST."),
     heartbeat_interval: float = typer.Option(1.0, min=0.1, help="Seconds between agent heartbeats."),
+    keep_finished_jobs: int = typer.Option(1000, min=0, help="Ended jobs kept (the oldest are removed first)."),
+    keep_finished_for: str = typer.Option("7d", metavar="DURATION",
+                                          help="How long an ended job is kept, e.g. 12h or 30d."),
     token_file: Optional[str] = typer.Option(None, envvar="TFCLUSTER_TOKEN_FILE", metavar="FILE",
                                              help="Cluster token: calls without it are refused "
                                                   "[env: TFCLUSTER_TOKEN_FILE]."),
     log_level: str = typer.Option("info", help="debug, info, warning or error."),
 ) -> None:
     """Run the coordinator: registrations, scheduling, job state."""
+    import sqlite3
+
+    from tfcluster.daemon.coordinator.process import serve
     from tfcluster.daemon.coordinator.service import CoordinatorServer
 
     setup_logging(log_level)
     token = _token(token_file)
+    keep_for = parse_duration(keep_finished_for, "--keep-finished-for")
     if heartbeat_interval >= lost_after:
         fail(f"--heartbeat-interval ({heartbeat_interval}) must be shorter than --lost-after ({lost_after})", 2)
     try:
         server = CoordinatorServer(listen, state_dir or default_state_dir("coordinator"), lost_after,
-                                   heartbeat_interval, token=token).start()
-    except (OSError, RuntimeError) as e:
-        fail(f"cannot start the coordinator on {listen}: {e}")
-    run_until_signal(server.stop)
+                                   heartbeat_interval, token=token, keep_finished_jobs=keep_finished_jobs,
+                                   keep_finished_seconds=keep_for)
+        serve(server)
+    except (OSError, RuntimeError, sqlite3.Error) as e:
+        fail(f"cannot run the coordinator on {listen}: {e}")
 
 
 @app.command()
@@ -145,6 +171,9 @@ def agent(
         fail(f"--peer-port {peer_port} lies inside --port-range {port_range}, which is for tasks", 2)
     if ":" not in coordinator:
         fail(f"--coordinator: expected HOST:PORT, got {coordinator!r}", 2)
+    node_name = name or socket.gethostname()
+    if not NODE_NAME_RE.fullmatch(node_name):
+        fail(f"--name: expected letters, digits, '.', '_' or '-' (at most 253), got {node_name!r}", 2)
     if advertise_address is not None:
         import ipaddress
         try:
@@ -159,7 +188,7 @@ def agent(
     token = _token(token_file)
     directory = (state_dir or default_state_dir("agent")).resolve()
     directory.mkdir(parents=True, exist_ok=True)
-    config = AgentConfig(coordinator=coordinator, name=name or socket.gethostname(), address=address,
+    config = AgentConfig(coordinator=coordinator, name=node_name, address=address,
                          port_range=(first, last), gpus=tuple(gpus), host=host_info(), state_dir=directory,
                          peer_port=peer_port, token=token)
     log.info("agent %s: node %s, address %s, %d GPUs%s, task ports %d-%d, peer port %d, state %s", __version__,
@@ -172,8 +201,10 @@ def agent(
         fail(f"--peer-port {peer_port}: {e}")
     thread = threading.Thread(target=node_agent.run, name="agent", daemon=True)
     thread.start()
-    run_until_signal(lambda: node_agent.stop(stop_tasks=stop_tasks_on_exit))
+    run_until_signal(lambda: node_agent.stop(stop_tasks=stop_tasks_on_exit), until=thread)
     thread.join(timeout=5)
+    if node_agent.refused:
+        fail(f"the coordinator at {coordinator} refused this agent: {node_agent.refused}", EXIT_REFUSED)
 
 
 def _token(path: Optional[str]) -> Optional[str]:
@@ -336,31 +367,62 @@ def status(
     job_id: Optional[str] = typer.Argument(None, metavar="[JOB]"),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object: {\"nodes\": [...], \"jobs\": [...]}."),
     watch: bool = typer.Option(False, "--watch", "-w", help="Refresh every second until interrupted."),
+    show_all: bool = typer.Option(False, "--all", "-a", help="Every node and every job, page by page."),
+    node: Optional[str] = typer.Option(None, "--node", metavar="NAME", help="This node and the jobs with tasks on it."),
+    state: list[str] = typer.Option([], "--state", metavar="STATE",
+                                    help="Only jobs in this state (repeatable): " + ", ".join(JOB_STATES) + "."),
     coordinator: Optional[str] = CoordinatorOpt,
 ) -> None:
-    """Show nodes, jobs and (for one job) its tasks."""
+    """Show the cluster: a summary, nodes and jobs (a bounded overview unless --all); with JOB, its tasks."""
+    states = [s.upper() for s in state]
+    unknown = [s for s in states if s not in JOB_STATES]
+    if unknown:
+        fail(f"--state: expected one of {', '.join(JOB_STATES)}, got {unknown[0]!r}", 2)
+    if job_id and (show_all or node or states):
+        fail("JOB shows one job: --all, --node and --state choose among jobs, so they go without it", 2)
     with _client(coordinator) as client:
         def fetch():
             try:
-                return client.status(job_id or "")
+                return _status_view(client, job_id, show_all, node, states)
             except ClientError as e:
                 fail(str(e), e.exit_code)
         if as_json:
-            print(json.dumps(status_dict(fetch()), indent=2))
+            nodes, jobs, summary = fetch()
+            print(json.dumps(wire.status_doc(nodes, jobs, summary), indent=2))
             return
         if not watch:
-            out.print(render_status(fetch(), job_id))
+            out.print(render_status(*fetch(), job_id=job_id))
             return
-        with Live(render_status(fetch(), job_id), console=out, refresh_per_second=4) as live:
+        with Live(render_status(*fetch(), job_id=job_id), console=out, refresh_per_second=4) as live:
             try:
                 while True:
                     time.sleep(1.0)
-                    response = fetch()
-                    live.update(render_status(response, job_id))
-                    if job_id and response.jobs and response.jobs[0].state in TERMINAL_STATES:
+                    view = fetch()
+                    live.update(render_status(*view, job_id=job_id))
+                    if job_id and view[1] and view[1][0].state in TERMINAL_STATES:
                         break
             except KeyboardInterrupt:
                 pass
+
+
+def _status_view(client: Client, job_id: Optional[str], show_all: bool, node: Optional[str], states: list[str]):
+    """(nodes, jobs, summary) for the status command's choice of view."""
+    if job_id:
+        response = client.status(job_id)
+        return list(response.nodes), list(response.jobs), None
+    summary = client.status().summary if (show_all or node or states) else None
+    if node:
+        nodes = [n for n in client.all_nodes(name_prefix=node) if n.name == node]
+        if not nodes:
+            raise ClientError(f"unknown node {node!r}")
+        return nodes, list(client.all_jobs(states=states, node=node)), summary
+    if show_all:
+        return list(client.all_nodes()), list(client.all_jobs(states=states)), summary
+    if states:
+        overview = client.status()
+        return list(overview.nodes), list(client.all_jobs(states=states)), summary
+    overview = client.status()
+    return list(overview.nodes), list(overview.jobs), overview.summary
 
 
 @app.command()
@@ -388,13 +450,13 @@ def logs(
     job_id: str = typer.Argument(..., metavar="JOB"),
     task: str = typer.Argument(..., metavar="TYPE:INDEX", help="For example worker:1 or chief:0."),
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing until the task ends."),
-    tail: int = typer.Option(0, "--tail", "-n", min=0, help="Only the last N lines."),
-    attempt: int = typer.Option(0, min=0, help="An earlier attempt's log [default: the current one]."),
+    tail: int = typer.Option(0, "--tail", "-n", min=0, max=MAX_INT32, help="Only the last N lines."),
+    attempt: int = typer.Option(0, min=0, max=MAX_INT32, help="An earlier attempt's log [default: the current one]."),
     coordinator: Optional[str] = CoordinatorOpt,
 ) -> None:
     """Print a task's log, exactly as the task wrote it, from whichever node it runs on."""
     task_type, sep, index = task.partition(":")
-    if not sep or not index.isdigit() or task_type not in ("chief", "worker", "ps", "evaluator"):
+    if not sep or not index.isdigit() or int(index) > MAX_INT32 or task_type not in ("chief", "worker", "ps", "evaluator"):
         fail(f"expected TYPE:INDEX with TYPE one of chief, worker, ps, evaluator (e.g. worker:1), got {task!r}", 2)
     with _client(coordinator) as client:
         try:

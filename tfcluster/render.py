@@ -17,29 +17,48 @@ def _ago(seconds: float) -> str:
     return f"{seconds:.1f}s ago"
 
 
-def render_status(response, job_id: Optional[str] = None) -> Group:
-    parts = []
+def render_summary(summary) -> Text:
+    """One line for the whole cluster, and what the overview leaves out."""
+    nodes = ", ".join(f"{v} {k}" for k, v in sorted(summary.nodes_by_state.items(), key=lambda kv: kv[0] != "READY"))
+    jobs = ", ".join(f"{v} {k.lower()}" for k, v in summary.jobs_by_state.items())
+    line = f"nodes: {nodes or 'none'}; GPUs: {summary.gpus_allocated} of {summary.gpus_total} allocated; " \
+           f"jobs: {jobs or 'none'}"
+    total_nodes, total_jobs = sum(summary.nodes_by_state.values()), sum(summary.jobs_by_state.values())
+    hidden = []
+    if summary.nodes_shown and summary.nodes_shown < total_nodes:
+        hidden.append(f"{summary.nodes_shown} of {total_nodes} nodes")
+    if summary.jobs_shown < total_jobs:
+        hidden.append(f"{summary.jobs_shown} of {total_jobs} jobs (the active ones and the newest ended)")
+    if hidden:
+        line += (f"\nshowing {' and '.join(hidden)}: `--all` lists everything, `--node NAME` and `--state STATE` "
+                 f"narrow it")
+    return Text(line)
+
+
+def render_status(nodes_shown, jobs_shown, summary=None, job_id: Optional[str] = None) -> Group:
+    parts = [render_summary(summary)] if summary is not None else []
     nodes = Table(title="nodes", title_justify="left")
     for col in ("node", "address", "state", "GPUs", "CPUs", "memory", "tasks", "agent", "heartbeat"):
         nodes.add_column(col)
-    for n in response.nodes:
+    for n in nodes_shown:
         gpu_text = ", ".join(f"{g.index}:{g.name or 'gpu'}" for g in n.gpus) or "-"
         state = f"[green]{n.state}[/]" if n.state == "READY" else f"[red]{n.state}[/]"
         nodes.add_row(n.name, n.address, state, gpu_text, str(n.cpu_count), f"{n.memory_bytes / 2**30:.1f} GiB",
                       str(n.running_tasks), n.agent_version, _ago(n.last_seen_seconds_ago))
-    parts.append(nodes)
+    if nodes_shown or not job_id:
+        parts.append(nodes)
     jobs = Table(title="jobs", title_justify="left")
     for col in ("job", "strategy", "state", "restarts", "tasks", "message"):
         jobs.add_column(col, overflow="fold")
-    for j in response.jobs:
+    for j in jobs_shown:
         counts: dict[str, int] = {}
         for t in j.tasks:
             counts[t.state] = counts.get(t.state, 0) + 1
         summary = ", ".join(f"{v} {k.lower()}" for k, v in sorted(counts.items()))
         jobs.add_row(j.id, j.strategy, _colour_state(j.state), str(j.restarts), summary, j.message or "")
     parts.append(jobs)
-    if job_id and response.jobs:
-        job = response.jobs[0]
+    if job_id and jobs_shown:
+        job = jobs_shown[0]
         tasks = Table(title=f"tasks of {job.id}", title_justify="left")
         for col in ("task", "node", "address", "GPUs", "state", "pid", "exit", "attempt", "message"):
             tasks.add_column(col, overflow="fold")

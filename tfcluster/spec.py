@@ -1,36 +1,41 @@
-"""The job spec: TOML files and CLI flags turned into a validated JobSpec, with errors naming the key.
+"""The job spec: a TOML file, `tfcluster start` flags or a wire message, turned into a validated JobSpec.
 
-Pure: no sockets, no processes. Paths are made absolute by the caller (the CLI), since a spec runs on
+Reading checks types (a TOML file can hold anything); `validate` checks values, once, the same for every
+source: the CLI runs it on what it reads, the coordinator on what arrives over the wire (wire.py builds
+the JobSpec straight from the message). Errors name the source, the key and what was expected.
+Pure: no sockets, no processes; paths are made absolute by the caller (the CLI), since a spec runs on
 other machines than the one it was written on.
 """
 
 from __future__ import annotations
 
+import math
 import re
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from tfcluster import layout, strategies
+from tfcluster.model import ROLE_TYPES
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
 
-STRATEGIES = ("mirrored", "central_storage", "multi_worker_mirrored", "parameter_server", "auto")
-ROLE_TYPES = ("chief", "worker", "ps", "evaluator")
-TRAINING_ROLES = ("chief", "worker")
-# Exported by tfcluster itself; a spec that sets them would silently break the cluster.
-RESERVED_ENV = ("TF_CONFIG", "CUDA_VISIBLE_DEVICES")
-RESERVED_ENV_PREFIX = "TFCLUSTER_"
+STRATEGIES = strategies.NAMES
+TRAINING_ROLES = strategies.TRAINING_ROLES
 
-NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
-ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-ENTRYPOINT_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+NAME_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
+ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+ENTRYPOINT_RE = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 
 DEFAULT_MAX_RESTARTS = 3
 DEFAULT_STOP_GRACE_SECONDS = 30.0
 DEFAULT_EVALUATOR_DEADLINE_SECONDS = 600.0
+MAX_TASKS_PER_ROLE = 10_000
+MAX_GPUS_PER_TASK = 64
 
 
 class SpecError(ValueError):
@@ -47,7 +52,7 @@ class SpecError(ValueError):
 @dataclass(frozen=True)
 class RoleSpec:
     count: int = 0
-    gpus: int | None = None
+    gpus: int | None = None  # None: the job's gpus
     command: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
     nodes: tuple[str, ...] = ()
@@ -98,39 +103,159 @@ class JobSpec:
         return sum(self.count(r) for r in TRAINING_ROLES)
 
 
-# ---------------------------------------------------------------------------------------------
-# Reading raw values with errors that name the key.
+# ---- values: one set of rules for every source -------------------------------------------------
+
+def validate(spec: JobSpec, source: str = "<spec>", absolute_paths: bool = False) -> JobSpec:
+    """Checks every value of a spec and the rules between its roles; returns it, or raises SpecError.
+
+    absolute_paths: workdir must be set and paths absolute (a spec that reached the coordinator)."""
+    def fail(key: str, message: str) -> SpecError:
+        return SpecError(source, key, message)
+
+    if not NAME_RE.fullmatch(spec.name):
+        raise fail("name", f"expected lowercase letters, digits, '-' or '_' (at most 63, starting with a letter "
+                           f"or digit), got {spec.name!r}")
+    if spec.strategy not in STRATEGIES:
+        raise fail("strategy", f"expected one of: {', '.join(STRATEGIES)}, got {spec.strategy!r}")
+    if spec.command:
+        _check_command(spec.command, "command", fail)
+    for key in ("workdir", "checkpoint_dir", "model_dir"):
+        _check_path(getattr(spec, key), key, fail, absolute_paths, required=key == "workdir")
+    _check_env(spec.env, "env", fail)
+    _check_int(spec.gpus, "gpus", 0, MAX_GPUS_PER_TASK, fail)
+    for role_type, role in spec.roles.items():
+        if role_type not in ROLE_TYPES:
+            raise fail(f"roles.{role_type}", f"unknown role (expected one of: {', '.join(ROLE_TYPES)})")
+        _check_role(role_type, role, fail)
+    r = spec.restart
+    _check_int(r.max_restarts, "restart.max_restarts", 0, 1000, fail)
+    _check_number(r.backoff_seconds, "restart.backoff_seconds", 0, fail)
+    for code in r.permanent_exit_codes:
+        _check_int(code, "restart.permanent_exit_codes", 1, 255, fail)
+    _check_number(r.hang_seconds, "restart.hang_seconds", 0, fail)
+    _check_number(spec.stop_grace_seconds, "stop_grace_seconds", 0, fail)
+    _check_number(spec.evaluator_deadline_seconds, "evaluator_deadline_seconds", 1, fail)
+    _check_roles(spec, fail)
+    return spec
+
+
+def _check_role(role_type: str, role: RoleSpec, fail) -> None:
+    key = f"roles.{role_type}"
+    _check_int(role.count, f"{key}.count", 0, MAX_TASKS_PER_ROLE, fail)
+    if role.gpus is not None:
+        _check_int(role.gpus, f"{key}.gpus", 0, MAX_GPUS_PER_TASK, fail)
+    if role.command:
+        _check_command(role.command, f"{key}.command", fail)
+    _check_env(role.env, f"{key}.env", fail)
+    for node in role.nodes:
+        if not node or not node.isprintable():
+            raise fail(f"{key}.nodes", f"expected node names (non-empty, printable), got {node!r}")
+    if len(set(role.nodes)) != len(role.nodes):
+        raise fail(f"{key}.nodes", "lists a node twice")
+    if role.entrypoint and role_type != "evaluator":
+        raise fail(f"{key}.entrypoint", "only the evaluator takes an entrypoint")
+    if role.entrypoint and not ENTRYPOINT_RE.fullmatch(role.entrypoint):
+        raise fail(f"{key}.entrypoint", f"expected \"module:function\", got {role.entrypoint!r}")
+
+
+def _check_roles(spec: JobSpec, fail) -> None:
+    """The rules that relate roles to the strategy (TF_FACTS.md; the profiles in strategies.py)."""
+    chief, evaluators = spec.count("chief"), spec.count("evaluator")
+    if chief > 1:
+        raise fail("roles.chief.count", f"at most one chief, got {chief}")
+    if evaluators > 1:
+        raise fail("roles.evaluator.count", f"at most one evaluator, got {evaluators}")
+    if spec.training_task_count == 0:
+        raise fail("roles", "expected at least one training task ([roles.worker] count >= 1, or a [roles.chief])")
+    profile = strategies.profile(strategies.by_roles(spec))  # `auto` is checked as the strategy it becomes
+    problem = profile.check_roles(spec)
+    if problem:
+        raise fail(*problem)
+    for role_type in ROLE_TYPES:
+        if spec.count(role_type) == 0:
+            continue
+        builtin = profile.runs_builtin_server(role_type, spec) or \
+            (role_type == "evaluator" and spec.role("evaluator").entrypoint)
+        if not builtin and not spec.command_for(role_type):
+            raise fail(f"roles.{role_type}.command", "missing: no command for this role and none for the job")
+
+
+def _check_int(value: int, key: str, minimum: int, maximum: int, fail) -> None:
+    if not minimum <= value <= maximum:
+        raise fail(key, f"expected an integer between {minimum} and {maximum}, got {value}")
+
+
+def _check_number(value: float, key: str, minimum: float, fail) -> None:
+    if not math.isfinite(value) or value < minimum:
+        raise fail(key, f"expected a number >= {minimum:g}, got {value}")
+
+
+def _check_text(value: str, key: str, fail) -> None:
+    if "\0" in value:
+        raise fail(key, f"must not contain a NUL character, got {value[:40]!r}")
+
+
+def _check_command(command: tuple[str, ...], key: str, fail) -> None:
+    if not command or not command[0]:
+        raise fail(key, "expected a non-empty command")
+    for arg in command:
+        _check_text(arg, key, fail)
+
+
+def _check_path(path: str, key: str, fail, absolute: bool, required: bool) -> None:
+    _check_text(path, key, fail)
+    if absolute and (path or required) and not path.startswith("/"):
+        raise fail(key, f"expected an absolute path, got {path!r}")
+
+
+def _check_env(env: dict[str, str], key: str, fail) -> None:
+    for name, value in env.items():
+        if not ENV_NAME_RE.fullmatch(name):
+            raise fail(f"{key}.{name}", "expected an environment variable name ([A-Za-z_][A-Za-z0-9_]*)")
+        if name in layout.RESERVED_ENV or name.startswith(layout.RESERVED_ENV_PREFIX):
+            raise fail(f"{key}.{name}", "is set by tfcluster for every task and cannot be overridden")
+        _check_text(value, f"{key}.{name}", fail)
+
+
+# ---- types: reading a TOML document (or the same plain data from flags) ------------------------
+
+JOB_KEYS = ("name", "strategy", "command", "workdir", "checkpoint_dir", "model_dir", "env", "gpus",
+            "roles", "restart", "stop_grace_seconds", "evaluator_deadline_seconds")
+ROLE_KEYS = ("count", "gpus", "command", "env", "nodes", "entrypoint")
+RESTART_KEYS = ("max_restarts", "backoff_seconds", "permanent_exit_codes", "hang_seconds")
+
 
 class _Reader:
+    """Type checks of plain data, with errors that name the key."""
+
     def __init__(self, source: str):
         self.source = source
 
     def fail(self, key: str, message: str) -> SpecError:
         return SpecError(self.source, key, message)
 
-    def check_keys(self, table: dict[str, Any], allowed: tuple[str, ...], prefix: str) -> None:
-        for key in table:
-            if key not in allowed:
-                raise self.fail(f"{prefix}{key}", f"unknown key (expected one of: {', '.join(allowed)})")
+    def table(self, value: Any, key: str, allowed: tuple[str, ...], what: str = "a table") -> dict[str, Any]:
+        if not isinstance(value, dict):
+            raise self.fail(key, f"expected {what}, got {_describe(value)}")
+        prefix = f"{key}." if key else ""
+        for name in value:
+            if name not in allowed:
+                raise self.fail(f"{prefix}{name}", f"unknown key (expected one of: {', '.join(allowed)})")
+        return value
 
     def string(self, value: Any, key: str) -> str:
         if not isinstance(value, str):
             raise self.fail(key, f"expected a string, got {_describe(value)}")
         return value
 
-    def integer(self, value: Any, key: str, minimum: int, maximum: int | None = None) -> int:
+    def integer(self, value: Any, key: str) -> int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise self.fail(key, f"expected an integer, got {_describe(value)}")
-        if value < minimum or (maximum is not None and value > maximum):
-            bound = f">= {minimum}" if maximum is None else f"between {minimum} and {maximum}"
-            raise self.fail(key, f"expected an integer {bound}, got {value}")
         return value
 
-    def number(self, value: Any, key: str, minimum: float) -> float:
+    def number(self, value: Any, key: str) -> float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise self.fail(key, f"expected a number, got {_describe(value)}")
-        if value < minimum:
-            raise self.fail(key, f"expected a number >= {minimum:g}, got {value}")
         return float(value)
 
     def command(self, value: Any, key: str) -> tuple[str, ...]:
@@ -150,10 +275,6 @@ class _Reader:
             raise self.fail(key, f"expected a table of NAME = \"value\", got {_describe(value)}")
         env = {}
         for name, val in value.items():
-            if not ENV_NAME_RE.match(name):
-                raise self.fail(f"{key}.{name}", "expected an environment variable name ([A-Za-z_][A-Za-z0-9_]*)")
-            if name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIX):
-                raise self.fail(f"{key}.{name}", "is set by tfcluster for every task and cannot be overridden")
             if isinstance(val, bool) or not isinstance(val, (str, int, float)):
                 raise self.fail(f"{key}.{name}", f"expected a string, got {_describe(val)}")
             env[name] = str(val)
@@ -167,30 +288,14 @@ def _describe(value: Any) -> str:
     return f"{kind} ({shown})" if len(shown) <= 40 and not isinstance(value, (dict, list)) else kind
 
 
-JOB_KEYS = ("name", "strategy", "command", "workdir", "checkpoint_dir", "model_dir", "env", "gpus",
-            "roles", "restart", "stop_grace_seconds", "evaluator_deadline_seconds")
-ROLE_KEYS = ("count", "gpus", "command", "env", "nodes", "entrypoint")
-RESTART_KEYS = ("max_restarts", "backoff_seconds", "permanent_exit_codes", "hang_seconds")
-
-
-def parse_spec(data: dict[str, Any], source: str = "<spec>") -> JobSpec:
-    """Validates a spec given as plain data (a parsed TOML document) and returns a JobSpec."""
+def parse_spec(data: Any, source: str = "<spec>") -> JobSpec:
+    """Reads a spec given as plain data (a parsed TOML document, or flags) and validates it."""
     r = _Reader(source)
-    if not isinstance(data, dict):
-        raise r.fail("", "expected a table at the top level")
-    r.check_keys(data, JOB_KEYS, "")
+    data = r.table(data, "", JOB_KEYS, "a table at the top level")
     if "name" not in data:
         raise r.fail("name", "missing (a job name such as \"digits\")")
-    name = r.string(data["name"], "name")
-    if not NAME_RE.match(name):
-        raise r.fail("name", f"expected lowercase letters, digits, '-' or '_' (at most 63, starting with a letter or digit), got {name!r}")
     if "strategy" not in data:
         raise r.fail("strategy", f"missing (one of: {', '.join(STRATEGIES)})")
-    strategy = r.string(data["strategy"], "strategy")
-    if strategy not in STRATEGIES:
-        raise r.fail("strategy", f"expected one of: {', '.join(STRATEGIES)}, got {strategy!r}")
-
-    command = r.command(data["command"], "command") if "command" in data else ()
     roles_raw = data.get("roles", {})
     if not isinstance(roles_raw, dict):
         raise r.fail("roles", f"expected a table of role tables ([roles.worker] ...), got {_describe(roles_raw)}")
@@ -198,101 +303,48 @@ def parse_spec(data: dict[str, Any], source: str = "<spec>") -> JobSpec:
     for role_type, table in roles_raw.items():
         if role_type not in ROLE_TYPES:
             raise r.fail(f"roles.{role_type}", f"unknown role (expected one of: {', '.join(ROLE_TYPES)})")
-        roles[role_type] = _parse_role(r, role_type, table)
+        roles[role_type] = _read_role(r, role_type, table)
     if "chief" not in roles and "worker" not in roles:
         roles["worker"] = RoleSpec(count=1)  # the plain case: one training task
-
-    restart_raw = data.get("restart", {})
-    if not isinstance(restart_raw, dict):
-        raise r.fail("restart", f"expected a table, got {_describe(restart_raw)}")
-    r.check_keys(restart_raw, RESTART_KEYS, "restart.")
-    codes = restart_raw.get("permanent_exit_codes", [])
+    restart = r.table(data.get("restart", {}), "restart", RESTART_KEYS)
+    codes = restart.get("permanent_exit_codes", [])
     if not isinstance(codes, list):
         raise r.fail("restart.permanent_exit_codes", f"expected a list of integers, got {_describe(codes)}")
-    restart = RestartPolicy(
-        max_restarts=r.integer(restart_raw.get("max_restarts", DEFAULT_MAX_RESTARTS), "restart.max_restarts", 0, 1000),
-        backoff_seconds=r.number(restart_raw.get("backoff_seconds", 0.0), "restart.backoff_seconds", 0),
-        permanent_exit_codes=tuple(r.integer(c, "restart.permanent_exit_codes", 1, 255) for c in codes),
-        hang_seconds=r.number(restart_raw.get("hang_seconds", 0.0), "restart.hang_seconds", 0),
-    )
-
     spec = JobSpec(
-        name=name,
-        strategy=strategy,
-        command=command,
+        name=r.string(data["name"], "name"),
+        strategy=r.string(data["strategy"], "strategy"),
+        command=r.command(data["command"], "command") if "command" in data else (),
         workdir=r.string(data.get("workdir", ""), "workdir"),
         checkpoint_dir=r.string(data.get("checkpoint_dir", ""), "checkpoint_dir"),
         model_dir=r.string(data.get("model_dir", ""), "model_dir"),
         env=r.env(data.get("env", {}), "env"),
-        gpus=r.integer(data.get("gpus", 0), "gpus", 0, 64),
+        gpus=r.integer(data.get("gpus", 0), "gpus"),
         roles=roles,
-        restart=restart,
-        stop_grace_seconds=r.number(data.get("stop_grace_seconds", DEFAULT_STOP_GRACE_SECONDS), "stop_grace_seconds", 0),
-        evaluator_deadline_seconds=r.number(
-            data.get("evaluator_deadline_seconds", DEFAULT_EVALUATOR_DEADLINE_SECONDS), "evaluator_deadline_seconds", 1),
+        restart=RestartPolicy(
+            max_restarts=r.integer(restart.get("max_restarts", DEFAULT_MAX_RESTARTS), "restart.max_restarts"),
+            backoff_seconds=r.number(restart.get("backoff_seconds", 0.0), "restart.backoff_seconds"),
+            permanent_exit_codes=tuple(r.integer(c, "restart.permanent_exit_codes") for c in codes),
+            hang_seconds=r.number(restart.get("hang_seconds", 0.0), "restart.hang_seconds")),
+        stop_grace_seconds=r.number(data.get("stop_grace_seconds", DEFAULT_STOP_GRACE_SECONDS),
+                                    "stop_grace_seconds"),
+        evaluator_deadline_seconds=r.number(data.get("evaluator_deadline_seconds",
+                                                     DEFAULT_EVALUATOR_DEADLINE_SECONDS),
+                                            "evaluator_deadline_seconds"),
     )
-    check_roles(spec, source)
-    return spec
+    return validate(spec, source)
 
 
-def _parse_role(r: _Reader, role_type: str, table: Any) -> RoleSpec:
+def _read_role(r: _Reader, role_type: str, table: Any) -> RoleSpec:
     key = f"roles.{role_type}"
-    if not isinstance(table, dict):
-        raise r.fail(key, f"expected a table, got {_describe(table)}")
-    r.check_keys(table, ROLE_KEYS, f"{key}.")
-    count = r.integer(table.get("count", 1), f"{key}.count", 0, 10_000)
-    entrypoint = r.string(table.get("entrypoint", ""), f"{key}.entrypoint")
-    if entrypoint and role_type != "evaluator":
-        raise r.fail(f"{key}.entrypoint", "only the evaluator takes an entrypoint")
-    if entrypoint and not ENTRYPOINT_RE.match(entrypoint):
-        raise r.fail(f"{key}.entrypoint", f"expected \"module:function\", got {entrypoint!r}")
+    table = r.table(table, key, ROLE_KEYS)
     return RoleSpec(
-        count=count,
-        gpus=r.integer(table["gpus"], f"{key}.gpus", 0, 64) if "gpus" in table else None,
+        count=r.integer(table.get("count", 1), f"{key}.count"),
+        gpus=r.integer(table["gpus"], f"{key}.gpus") if "gpus" in table else None,
         command=r.command(table["command"], f"{key}.command") if "command" in table else (),
         env=r.env(table.get("env", {}), f"{key}.env"),
         nodes=r.string_list(table.get("nodes", []), f"{key}.nodes"),
-        entrypoint=entrypoint,
+        entrypoint=r.string(table.get("entrypoint", ""), f"{key}.entrypoint"),
     )
-
-
-def check_roles(spec: JobSpec, source: str = "<spec>") -> None:
-    """The rules that relate roles to the strategy (TF_FACTS.md, DESIGN.md's table)."""
-    def fail(key: str, message: str) -> SpecError:
-        return SpecError(source, key, message)
-
-    chief, workers, ps, evaluators = (spec.count(r) for r in ROLE_TYPES)
-    if chief > 1:
-        raise fail("roles.chief.count", f"at most one chief, got {chief}")
-    if evaluators > 1:
-        raise fail("roles.evaluator.count", f"at most one evaluator, got {evaluators}")
-    if chief + workers == 0:
-        raise fail("roles", "expected at least one training task ([roles.worker] count >= 1, or a [roles.chief])")
-    s = resolve_strategy(spec)  # `auto` is checked as the strategy it will run under
-    if s == "parameter_server":
-        if chief != 1:
-            raise fail("roles.chief.count", "parameter_server needs exactly one chief (it runs the training program)")
-        if workers < 1:
-            raise fail("roles.worker.count", "parameter_server needs at least one worker")
-        if ps < 1:
-            raise fail("roles.ps.count", "parameter_server needs at least one ps")
-    elif ps:
-        raise fail("roles.ps", f"ps tasks only exist under strategy = \"parameter_server\" (this job is {s!r})")
-    if s in ("mirrored", "central_storage") and chief + workers != 1:
-        raise fail("roles", f"{s} runs one training task (all its GPUs on one node); got {chief} chief and {workers} workers")
-    if s == "multi_worker_mirrored" and chief and spec.gpus_for("chief") != spec.gpus_for("worker"):
-        raise fail("roles.chief.gpus", f"multi_worker_mirrored needs the same GPU count on every task; chief has "
-                   f"{spec.gpus_for('chief')}, workers have {spec.gpus_for('worker')}")
-    for role_type in ROLE_TYPES:
-        if spec.count(role_type) == 0:
-            continue
-        runs_builtin = (s == "parameter_server" and role_type in ("worker", "ps")) or \
-                       (role_type == "evaluator" and spec.role("evaluator").entrypoint)
-        if not runs_builtin and not spec.command_for(role_type):
-            raise fail(f"roles.{role_type}.command", "missing: no command for this role and none for the job")
-        nodes = spec.role(role_type).nodes
-        if len(set(nodes)) != len(nodes):
-            raise fail(f"roles.{role_type}.nodes", "lists a node twice")
 
 
 def load_spec_file(path: str | Path) -> JobSpec:
@@ -300,9 +352,11 @@ def load_spec_file(path: str | Path) -> JobSpec:
     path = Path(path)
     source = str(path)
     try:
-        text = path.read_text()
+        text = path.read_bytes().decode()
     except OSError as e:
         raise SpecError(source, "", f"cannot read: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise SpecError(source, "", f"not UTF-8 text (byte {e.start}: {e.object[e.start:e.start + 1]!r})") from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
@@ -341,14 +395,3 @@ def spec_from_flags(*, name: str, strategy: str, workers: int, chief: bool, ps: 
     if max_restarts is not None:
         data["restart"] = {"max_restarts": max_restarts}
     return data
-
-
-def resolve_strategy(spec: JobSpec) -> str:
-    """The strategy a job runs under; `auto` picks from the roles asked for."""
-    if spec.strategy != "auto":
-        return spec.strategy
-    if spec.count("ps"):
-        return "parameter_server"
-    if spec.training_task_count == 1:
-        return "mirrored"
-    return "multi_worker_mirrored"

@@ -25,6 +25,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from tfcluster import layout
+
 CHECKPOINT_POLL_SECONDS = 0.2
 STATE_FILE = "checkpoint"  # TensorFlow's checkpoint state file, rewritten after each complete save
 _STATE_LINE = re.compile(r'^model_checkpoint_path:\s*"((?:[^"\\]|\\.)*)"\s*$', re.MULTILINE)
@@ -37,33 +39,33 @@ def _env(name: str, default: str = "") -> str:
 
 def _tf_config() -> dict[str, Any]:
     try:
-        return json.loads(_env("TF_CONFIG") or "{}")
+        return json.loads(_env(layout.TF_CONFIG) or "{}")
     except ValueError:
         return {}
 
 
 def __getattr__(name: str) -> Any:
     if name == "type":
-        return _env("TFCLUSTER_TASK_TYPE") or _tf_config().get("task", {}).get("type", "worker")
+        return _env(layout.TASK_TYPE) or _tf_config().get("task", {}).get("type", "worker")
     if name == "index":
-        return int(_env("TFCLUSTER_TASK_INDEX") or _tf_config().get("task", {}).get("index", 0))
+        return int(_env(layout.TASK_INDEX) or _tf_config().get("task", {}).get("index", 0))
     if name == "is_chief":
         kind, index = __getattr__("type"), __getattr__("index")
         has_chief = bool(_tf_config().get("cluster", {}).get("chief"))
         return kind == "chief" or (kind == "worker" and index == 0 and not has_chief)
     if name == "num_workers":
         default = len(_tf_config().get("cluster", {}).get("worker", [])) or 1
-        return int(_env("TFCLUSTER_NUM_WORKERS") or default)
+        return int(_env(layout.NUM_WORKERS) or default)
     if name == "strategy":
-        return _env("TFCLUSTER_STRATEGY", "mirrored")
+        return _env(layout.STRATEGY, "mirrored")
     if name == "checkpoint_dir":
-        return _env("TFCLUSTER_CHECKPOINT_DIR") or os.path.join(tempfile.gettempdir(), "tfcluster-checkpoints")
+        return _env(layout.CHECKPOINT_DIR) or os.path.join(tempfile.gettempdir(), "tfcluster-checkpoints")
     if name == "model_dir":
-        return _env("TFCLUSTER_MODEL_DIR") or __getattr__("checkpoint_dir")
+        return _env(layout.MODEL_DIR) or __getattr__("checkpoint_dir")
     if name == "attempt":
-        return int(_env("TFCLUSTER_ATTEMPT") or 1)
+        return int(_env(layout.ATTEMPT) or 1)
     if name == "job_id":
-        return _env("TFCLUSTER_JOB_ID")
+        return _env(layout.JOB_ID)
     raise AttributeError(f"module 'tfcluster.task' has no attribute {name!r}")
 
 
@@ -123,7 +125,7 @@ def latest_checkpoint(directory: str, state: str | None = None) -> str | None:
 
 def final_checkpoint(directory: str | None = None) -> str | None:
     """None while training runs; once it has finished, the final checkpoint's path ("" if there is none)."""
-    path = _env("TFCLUSTER_CONTROL_FILE")
+    path = _env(layout.CONTROL_FILE)
     if not path:
         return None
     try:
@@ -172,7 +174,7 @@ def checkpoint_step(path: str) -> int:
 
 def report_evaluation(checkpoint: str, step: int, metrics: dict[str, float]) -> None:
     """Records an evaluation result; the agent forwards it and `tfcluster status` shows it."""
-    path = _env("TFCLUSTER_EVENTS_FILE")
+    path = _env(layout.EVENTS_FILE)
     if not path:
         return
     line = json.dumps({"kind": "evaluation", "checkpoint": checkpoint, "step": int(step), "time": time.time(),

@@ -1,80 +1,347 @@
-"""Conversions between the pure core's dataclasses and the wire messages (tfcluster.api.v1)."""
+"""Every conversion between tfcluster's values and the wire messages (tfcluster.api.v1), in one place.
+
+What arrives from the network is checked here, at the edge: a bad or oversized field raises ValueError
+naming it (the servers answer INVALID_ARGUMENT), so nothing malformed reaches the core. Status documents
+(`tfcluster status --json`) are built here from the status messages too.
+"""
 
 from __future__ import annotations
 
+import ipaddress
+import os
 from typing import Any
 
+from tfcluster.api.v1 import agent_pb2, control_pb2
 from tfcluster.api.v1 import types_pb2 as pb
-from tfcluster.daemon.coordinator.scheduler import Gpu
-from tfcluster.spec import JobSpec, parse_spec
+from tfcluster.model import (MAX_GPUS_PER_NODE, NODE_NAME_RE, Attempt, CancelLog, Command,
+                             Evaluation, FinishTraining, Gpu, Launch, LogData, NodeInfo, ReadLog, ShipCheckpoints, Stop,
+                             SyncCheckpoints, SyncResult, TaskExit, TaskProgress, TaskReport)
+from tfcluster.roles.tfconfig import build_tf_configs
+from tfcluster.spec import JobSpec, RestartPolicy, RoleSpec, validate
 
-PHASE_NAMES = {pb.TASK_PHASE_RUNNING: "RUNNING", pb.TASK_PHASE_EXITED: "EXITED",
-               pb.TASK_PHASE_FAILED_TO_START: "FAILED_TO_START"}
-
-
-def spec_to_proto(spec: JobSpec) -> pb.JobSpec:
-    msg = pb.JobSpec(name=spec.name, strategy=spec.strategy, command=list(spec.command), workdir=spec.workdir,
-                     checkpoint_dir=spec.checkpoint_dir, model_dir=spec.model_dir, env=spec.env, gpus=spec.gpus,
-                     stop_grace_seconds=spec.stop_grace_seconds,
-                     evaluator_deadline_seconds=spec.evaluator_deadline_seconds)
-    for role_type, role in spec.roles.items():
-        r = msg.roles[role_type]
-        r.count = role.count
-        if role.gpus is not None:
-            r.gpus = role.gpus
-        r.command.extend(role.command)
-        r.env.update(role.env)
-        r.nodes.extend(role.nodes)
-        r.entrypoint = role.entrypoint
-    msg.restart.max_restarts = spec.restart.max_restarts
-    msg.restart.backoff_seconds = spec.restart.backoff_seconds
-    msg.restart.permanent_exit_codes.extend(spec.restart.permanent_exit_codes)
-    msg.restart.hang_seconds = spec.restart.hang_seconds
-    return msg
+MAX_TEXT = 4096        # a message, a path, a name of a GPU
+MAX_LOG_TAIL_LINES = 50
+PHASES = {"RUNNING": pb.TASK_PHASE_RUNNING, "EXITED": pb.TASK_PHASE_EXITED,
+          "FAILED_TO_START": pb.TASK_PHASE_FAILED_TO_START}
+PHASE_NAMES = {v: k for k, v in PHASES.items()}
 
 
-def spec_from_proto(msg: pb.JobSpec) -> JobSpec:
-    """Validates a spec that came over the wire with the same rules as a file (SpecError names the field)."""
-    data: dict[str, Any] = {"name": msg.name, "strategy": msg.strategy, "gpus": msg.gpus,
-                            "workdir": msg.workdir, "checkpoint_dir": msg.checkpoint_dir, "model_dir": msg.model_dir,
-                            "env": dict(msg.env)}
-    if not msg.name:
-        del data["name"]
-    if not msg.strategy:
-        del data["strategy"]
-    if msg.command:
-        data["command"] = list(msg.command)
-    if msg.HasField("stop_grace_seconds"):
-        data["stop_grace_seconds"] = msg.stop_grace_seconds
-    if msg.HasField("evaluator_deadline_seconds"):
-        data["evaluator_deadline_seconds"] = msg.evaluator_deadline_seconds
-    roles = {}
-    for role_type, r in msg.roles.items():
-        role: dict[str, Any] = {"count": r.count, "env": dict(r.env)}
-        if r.HasField("gpus"):
-            role["gpus"] = r.gpus
-        if r.command:
-            role["command"] = list(r.command)
-        if r.nodes:
-            role["nodes"] = list(r.nodes)
-        if r.entrypoint:
-            role["entrypoint"] = r.entrypoint
-        roles[role_type] = role
-    data["roles"] = roles
-    if msg.HasField("restart"):
-        data["restart"] = {"max_restarts": msg.restart.max_restarts, "backoff_seconds": msg.restart.backoff_seconds,
-                           "permanent_exit_codes": list(msg.restart.permanent_exit_codes),
-                           "hang_seconds": msg.restart.hang_seconds}
-    return parse_spec(data, source="spec")
+def _text(value: str, field: str, limit: int = MAX_TEXT) -> str:
+    if len(value) > limit or "\0" in value:
+        raise ValueError(f"{field}: expected at most {limit} characters and no NUL, got {len(value)} characters")
+    return value
 
+
+# ---- nodes and GPUs -----------------------------------------------------------------------------
 
 def gpu_to_proto(gpu: Gpu) -> pb.Gpu:
     return pb.Gpu(index=gpu.index, uuid=gpu.uuid, name=gpu.name, memory_mib=gpu.memory_mib)
 
 
 def gpu_from_proto(msg: pb.Gpu) -> Gpu:
-    return Gpu(index=msg.index, uuid=msg.uuid, name=msg.name, memory_mib=msg.memory_mib)
+    return Gpu(index=msg.index, uuid=_text(msg.uuid, "gpu.uuid", 256), name=_text(msg.name, "gpu.name", 256),
+               memory_mib=msg.memory_mib)
 
 
-def gpu_to_dict(gpu: Gpu) -> dict[str, Any]:
-    return {"index": gpu.index, "uuid": gpu.uuid, "name": gpu.name, "memory_mib": gpu.memory_mib}
+def node_info_to_proto(info: NodeInfo) -> pb.NodeInfo:
+    return pb.NodeInfo(name=info.name, hostname=info.hostname, address=info.address,
+                       port_range_start=info.port_range[0], port_range_end=info.port_range[1],
+                       cpu_count=info.cpu_count, memory_bytes=info.memory_bytes,
+                       gpus=[gpu_to_proto(g) for g in info.gpus], agent_version=info.agent_version,
+                       state_dir=info.state_dir, peer_port=info.peer_port)
+
+
+def node_info_from_proto(msg: pb.NodeInfo) -> NodeInfo:
+    """A registering node, checked: a name, an IP, sane ports, a bounded GPU list, an absolute state dir."""
+    if not NODE_NAME_RE.fullmatch(msg.name):
+        raise ValueError(f"node.name: expected letters, digits, '.', '_' or '-' (at most 253), got {msg.name[:80]!r}")
+    try:
+        address = ipaddress.ip_address(msg.address)
+    except ValueError:
+        raise ValueError(f"node.address: expected an IP address other nodes can reach, got {msg.address[:80]!r}") \
+            from None
+    if address.is_unspecified:
+        raise ValueError(f"node.address: {msg.address} is not an address other nodes can reach")
+    if not (0 < msg.port_range_start <= msg.port_range_end <= 65535):
+        raise ValueError(f"node.port_range_start/end: expected 1 <= start <= end <= 65535, got "
+                         f"{msg.port_range_start}-{msg.port_range_end}")
+    if msg.peer_port > 65535 or msg.port_range_start <= msg.peer_port <= msg.port_range_end:
+        raise ValueError(f"node.peer_port: expected a port outside the task ports, got {msg.peer_port}")
+    if len(msg.gpus) > MAX_GPUS_PER_NODE:
+        raise ValueError(f"node.gpus: at most {MAX_GPUS_PER_NODE} GPUs per node, got {len(msg.gpus)}")
+    if len({g.index for g in msg.gpus}) != len(msg.gpus):
+        raise ValueError("node.gpus: GPU indexes must be unique")
+    if not os.path.isabs(msg.state_dir) or "\n" in msg.state_dir:
+        raise ValueError(f"node.state_dir: expected an absolute path, got {msg.state_dir[:80]!r}")
+    return NodeInfo(name=msg.name, address=str(address), port_range=(msg.port_range_start, msg.port_range_end),
+                    gpus=tuple(gpu_from_proto(g) for g in msg.gpus), hostname=_text(msg.hostname, "node.hostname", 253),
+                    cpu_count=msg.cpu_count, memory_bytes=msg.memory_bytes,
+                    agent_version=_text(msg.agent_version, "node.agent_version", 64),
+                    state_dir=_text(msg.state_dir, "node.state_dir"), peer_port=msg.peer_port)
+
+
+# ---- agent to coordinator -----------------------------------------------------------------------
+
+def _attempt(msg, field: str) -> Attempt:
+    return Attempt(_text(msg.job_id, f"{field}.job_id", 256), _text(msg.task_type, f"{field}.task_type", 32),
+                   msg.task_index, msg.attempt)
+
+
+def _attempt_fields(a: Attempt) -> dict[str, Any]:
+    return {"job_id": a.job_id, "task_type": a.type, "task_index": a.index, "attempt": a.number}
+
+
+def task_report_to_proto(r: TaskReport) -> pb.TaskReport:
+    msg = pb.TaskReport(**_attempt_fields(r.attempt), phase=PHASES[r.phase], pid=r.pid, listening=r.listening)
+    if r.exit is not None:
+        e = r.exit
+        msg.message, msg.busy_port, msg.final_checkpoint = e.message, e.busy_port, e.final_checkpoint
+        msg.log_tail.extend(e.log_tail)
+        if e.exit_code is not None:
+            msg.exit_code = e.exit_code
+        if e.signal is not None:
+            msg.signal = e.signal
+    return msg
+
+
+def task_report_from_proto(msg: pb.TaskReport) -> TaskReport:
+    if msg.phase not in PHASE_NAMES:
+        raise ValueError(f"task.phase: expected RUNNING, EXITED or FAILED_TO_START, got {msg.phase}")
+    phase = PHASE_NAMES[msg.phase]
+    exit = None
+    if phase != "RUNNING":
+        exit = TaskExit(exit_code=msg.exit_code if msg.HasField("exit_code") else None,
+                        signal=msg.signal if msg.HasField("signal") else None, message=msg.message[:MAX_TEXT],
+                        log_tail=tuple(line[:MAX_TEXT] for line in msg.log_tail[-MAX_LOG_TAIL_LINES:]),
+                        busy_port=msg.busy_port, final_checkpoint=_text(msg.final_checkpoint, "task.final_checkpoint"))
+    return TaskReport(_attempt(msg, "task"), phase, pid=msg.pid, listening=msg.listening, exit=exit)
+
+
+def heartbeat_to_proto(session_id: str, progress: list[TaskProgress]) -> agent_pb2.AgentMessage:
+    return agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat(session_id=session_id, progress=[
+        agent_pb2.TaskProgress(**_attempt_fields(p.attempt), output_bytes=p.output_bytes, checkpoint=p.checkpoint)
+        for p in progress]))
+
+
+def progress_from_proto(msg: agent_pb2.Heartbeat) -> list[TaskProgress]:
+    return [TaskProgress(_attempt(p, "progress"), p.output_bytes, p.checkpoint[:MAX_TEXT]) for p in msg.progress]
+
+
+def evaluation_to_proto(attempt: Attempt, e: Evaluation) -> agent_pb2.AgentMessage:
+    return agent_pb2.AgentMessage(evaluation=pb.Evaluation(**_attempt_fields(attempt), checkpoint=e.checkpoint,
+                                                           step=e.step, metrics=e.metrics, time=e.time))
+
+
+def evaluation_from_proto(msg: pb.Evaluation) -> tuple[Attempt, Evaluation]:
+    if len(msg.metrics) > 256:
+        raise ValueError(f"evaluation.metrics: at most 256, got {len(msg.metrics)}")
+    return _attempt(msg, "evaluation"), Evaluation(_text(msg.checkpoint, "evaluation.checkpoint"), msg.step,
+                                                   {k[:256]: v for k, v in msg.metrics.items()}, msg.time)
+
+
+def sync_result_to_proto(r: SyncResult) -> agent_pb2.AgentMessage:
+    return agent_pb2.AgentMessage(sync_done=agent_pb2.SyncDone(job_id=r.job_id, sync_id=r.sync_id, ok=r.ok,
+                                                               message=r.message, bytes=r.bytes, seconds=r.seconds))
+
+
+def sync_result_from_proto(msg: agent_pb2.SyncDone) -> SyncResult:
+    return SyncResult(msg.job_id, msg.sync_id, msg.ok, msg.message[:MAX_TEXT], msg.bytes, msg.seconds)
+
+
+def log_data_to_proto(d: LogData) -> agent_pb2.AgentMessage:
+    return agent_pb2.AgentMessage(log=agent_pb2.LogData(request_id=d.request_id, data=d.data, eof=d.eof,
+                                                        error=d.error))
+
+
+def log_data_from_proto(msg: agent_pb2.LogData) -> LogData:
+    return LogData(msg.request_id, msg.data, msg.eof, msg.error[:MAX_TEXT])
+
+
+# ---- coordinator to agent -----------------------------------------------------------------------
+
+def command_to_proto(c: Command) -> agent_pb2.CoordinatorMessage:
+    M = agent_pb2.CoordinatorMessage
+    if isinstance(c, Launch):
+        return M(launch=pb.TaskLaunch(**_attempt_fields(c.attempt), command=c.command, env=c.env, workdir=c.workdir,
+                                      port=c.port, stop_grace_seconds=c.stop_grace_seconds,
+                                      report_listening=c.report_listening))
+    if isinstance(c, Stop):
+        return M(stop=agent_pb2.StopTask(**_attempt_fields(c.attempt), grace_seconds=c.grace_seconds))
+    if isinstance(c, FinishTraining):
+        return M(finish_training=agent_pb2.FinishTraining(**_attempt_fields(c.attempt),
+                                                          final_checkpoint=c.final_checkpoint))
+    if isinstance(c, ShipCheckpoints):
+        return M(ship=agent_pb2.ShipCheckpoints(**_attempt_fields(c.attempt), targets=c.targets))
+    if isinstance(c, SyncCheckpoints):
+        return M(sync=agent_pb2.SyncCheckpoints(job_id=c.job_id, sync_id=c.sync_id, targets=c.targets))
+    if isinstance(c, ReadLog):
+        return M(read_log=agent_pb2.ReadLog(request_id=c.request_id, **_attempt_fields(c.attempt), follow=c.follow,
+                                            tail_lines=c.tail_lines))
+    return M(cancel_log=agent_pb2.CancelLog(request_id=c.request_id))
+
+
+def command_from_proto(msg: agent_pb2.CoordinatorMessage, node: str) -> Command | None:
+    """The command a message carries (None: a kind this agent does not know, from a newer coordinator)."""
+    kind = msg.WhichOneof("kind")
+    m = getattr(msg, kind) if kind else None
+    if kind == "launch":
+        return Launch(node, _attempt(m, "launch"), tuple(m.command), dict(m.env), m.workdir, m.port,
+                      m.stop_grace_seconds, m.report_listening)
+    if kind == "stop":
+        return Stop(node, _attempt(m, "stop"), m.grace_seconds)
+    if kind == "finish_training":
+        return FinishTraining(node, _attempt(m, "finish_training"), m.final_checkpoint)
+    if kind == "ship":
+        return ShipCheckpoints(node, _attempt(m, "ship"), tuple(m.targets))
+    if kind == "sync":
+        return SyncCheckpoints(node, m.job_id, m.sync_id, tuple(m.targets))
+    if kind == "read_log":
+        return ReadLog(node, m.request_id, _attempt(m, "read_log"), m.follow, m.tail_lines)
+    if kind == "cancel_log":
+        return CancelLog(node, m.request_id)
+    return None
+
+
+# ---- job specs ----------------------------------------------------------------------------------
+
+def spec_to_proto(spec: JobSpec) -> pb.JobSpec:
+    msg = pb.JobSpec(name=spec.name, strategy=spec.strategy, command=spec.command, workdir=spec.workdir,
+                     checkpoint_dir=spec.checkpoint_dir, model_dir=spec.model_dir, env=spec.env, gpus=spec.gpus,
+                     stop_grace_seconds=spec.stop_grace_seconds,
+                     evaluator_deadline_seconds=spec.evaluator_deadline_seconds)
+    for role_type, role in spec.roles.items():
+        msg.roles[role_type].CopyFrom(pb.RoleSpec(count=role.count, gpus=role.gpus, command=role.command,
+                                                  env=role.env, nodes=role.nodes, entrypoint=role.entrypoint))
+    r = spec.restart
+    msg.restart.CopyFrom(pb.RestartPolicy(max_restarts=r.max_restarts, backoff_seconds=r.backoff_seconds,
+                                          permanent_exit_codes=r.permanent_exit_codes, hang_seconds=r.hang_seconds))
+    return msg
+
+
+def spec_from_proto(msg: pb.JobSpec) -> JobSpec:
+    """A spec from the wire, validated by the same rules as a file (SpecError names the field). Its paths
+    must be absolute: the client resolved them where the spec was written."""
+    roles = {t: RoleSpec(count=r.count, gpus=r.gpus if r.HasField("gpus") else None, command=tuple(r.command),
+                         env=dict(r.env), nodes=tuple(r.nodes), entrypoint=r.entrypoint)
+             for t, r in msg.roles.items()}
+    if "chief" not in roles and "worker" not in roles:
+        roles["worker"] = RoleSpec(count=1)  # as in a file: the plain case is one training task
+    restart = RestartPolicy()
+    if msg.HasField("restart"):
+        r = msg.restart
+        restart = RestartPolicy(r.max_restarts, r.backoff_seconds, tuple(r.permanent_exit_codes), r.hang_seconds)
+    optional = {k: getattr(msg, k) for k in ("stop_grace_seconds", "evaluator_deadline_seconds") if msg.HasField(k)}
+    spec = JobSpec(name=msg.name, strategy=msg.strategy, command=tuple(msg.command), workdir=msg.workdir,
+                   checkpoint_dir=msg.checkpoint_dir, model_dir=msg.model_dir, env=dict(msg.env), gpus=msg.gpus,
+                   roles=roles, restart=restart, **optional)
+    return validate(spec, "spec", absolute_paths=True)
+
+
+# ---- status: the coordinator's records as messages ----------------------------------------------
+# (Job, Task and Node are the coordinator's records, read by attribute: the agent, which imports this
+# module too, imports nothing of the coordinator.)
+
+def node_status(node, running_tasks: int, now: float) -> control_pb2.NodeStatus:
+    i = node.info
+    return control_pb2.NodeStatus(
+        name=i.name, address=i.address, state=node.state, gpus=[gpu_to_proto(g) for g in i.gpus],
+        hostname=i.hostname, cpu_count=i.cpu_count, memory_bytes=i.memory_bytes, agent_version=i.agent_version,
+        last_seen_seconds_ago=max(0.0, now - node.seen.last_seen), port_range_start=i.port_range[0],
+        port_range_end=i.port_range[1], running_tasks=running_tasks)
+
+
+def _exit_fields(target, exit: TaskExit | None) -> None:
+    if exit is not None and exit.exit_code is not None:
+        target.exit_code = exit.exit_code
+    if exit is not None and exit.signal is not None:
+        target.signal = exit.signal
+
+
+def job_status(job) -> control_pb2.JobStatus:
+    message = job.message
+    f = job.last_failure
+    if f is not None and f.describe() not in message:
+        message = f"{message}; last failure: {f.describe()}" if message else f"last failure: {f.describe()}"
+    status = control_pb2.JobStatus(id=job.id, name=job.spec.name, state=job.state, strategy=job.strategy,
+                                   restarts=job.restarts, message=message, created=job.created,
+                                   finished=job.finished, evaluator_restarts=job.evaluator_restarts,
+                                   preemptions=job.preemptions)
+    for t in job.tasks:
+        task = status.tasks.add(type=t.type, index=t.index, node=t.node, address=t.address,
+                                gpus=[gpu_to_proto(g) for g in t.gpus], state=t.state, pid=t.pid,
+                                attempt=t.attempt, message=t.message)
+        _exit_fields(task, t.exit)
+    for e in job.evaluations:
+        status.evaluations.add(checkpoint=e.checkpoint, step=e.step, metrics=e.metrics, time=e.time)
+    if job.evaluations:
+        status.last_evaluation.CopyFrom(status.evaluations[-1])
+    if f is not None:
+        status.last_failure.CopyFrom(control_pb2.Failure(task=f.task, node=f.node, message=f.exit.message,
+                                                         log_tail=f.exit.log_tail, time=f.time,
+                                                         description=f.describe()))
+        _exit_fields(status.last_failure, f.exit)
+    return status
+
+
+def plan_response(plan, commands: dict[tuple[str, int], tuple[str, ...]]) -> control_pb2.PlanJobResponse:
+    response = control_pb2.PlanJobResponse(fits=plan.placement is not None, reason=plan.reason,
+                                           strategy=plan.strategy)
+    for p in plan.placement or []:
+        response.tasks.add(task_type=p.type, task_index=p.index, node=p.node, address=p.address,
+                           gpus=[gpu_to_proto(g) for g in p.gpus], tf_config=plan.tf_configs[(p.type, p.index)],
+                           command=commands[(p.type, p.index)])
+    return response
+
+
+# ---- status documents (`tfcluster status --json`, DESIGN.md: CLI contract) -----------------------
+
+def gpu_doc(g) -> dict[str, Any]:
+    return {"index": g.index, "uuid": g.uuid, "name": g.name, "memory_mib": g.memory_mib}
+
+
+def node_doc(n: control_pb2.NodeStatus) -> dict[str, Any]:
+    return {"name": n.name, "address": n.address, "state": n.state, "gpus": [gpu_doc(g) for g in n.gpus],
+            "hostname": n.hostname, "cpu_count": n.cpu_count, "memory_bytes": n.memory_bytes,
+            "agent_version": n.agent_version, "last_seen_seconds_ago": round(n.last_seen_seconds_ago, 3),
+            "port_range": [n.port_range_start, n.port_range_end], "running_tasks": n.running_tasks}
+
+
+def evaluation_doc(e) -> dict[str, Any]:
+    return {"checkpoint": e.checkpoint, "step": e.step, "metrics": dict(e.metrics), "time": e.time}
+
+
+def _optional(msg, field: str):
+    return getattr(msg, field) if msg.HasField(field) else None
+
+
+def job_doc(j: control_pb2.JobStatus) -> dict[str, Any]:
+    # Every task's TF_CONFIG is the training tasks' cluster plus the task itself: rebuilt here, not sent.
+    placed = [(t.type, t.index, t.address) for t in j.tasks if t.address]
+    tf_configs = build_tf_configs(placed) if any(t[0] != "evaluator" for t in placed) else {}
+    tasks = [{"type": t.type, "index": t.index, "node": t.node, "address": t.address,
+              "gpus": [gpu_doc(g) for g in t.gpus], "state": t.state, "pid": t.pid or None,
+              "exit_code": _optional(t, "exit_code"), "signal": _optional(t, "signal"), "attempt": t.attempt,
+              "message": t.message, "tf_config": t.tf_config or tf_configs.get((t.type, t.index), "")}
+             for t in j.tasks]
+    f = j.last_failure
+    failure = {"task": f.task, "node": f.node, "exit_code": _optional(f, "exit_code"), "signal": _optional(f, "signal"),
+               "message": f.message, "log_tail": list(f.log_tail), "time": f.time, "description": f.description}
+    return {"id": j.id, "name": j.name, "state": j.state, "strategy": j.strategy, "restarts": j.restarts,
+            "message": j.message, "created": j.created, "finished": j.finished or None, "tasks": tasks,
+            "evaluation": {"latest": evaluation_doc(j.last_evaluation) if j.HasField("last_evaluation") else None,
+                           "history": [evaluation_doc(e) for e in j.evaluations]},
+            "last_failure": failure if j.HasField("last_failure") else None,
+            "evaluator_restarts": j.evaluator_restarts, "preemptions": j.preemptions}
+
+
+def summary_doc(s: control_pb2.ClusterSummary) -> dict[str, Any]:
+    return {"nodes_by_state": dict(s.nodes_by_state), "gpus_total": s.gpus_total,
+            "gpus_allocated": s.gpus_allocated, "jobs_by_state": dict(s.jobs_by_state)}
+
+
+def status_doc(nodes, jobs, summary: control_pb2.ClusterSummary | None = None) -> dict[str, Any]:
+    doc = {"nodes": [node_doc(n) for n in nodes], "jobs": [job_doc(j) for j in jobs]}
+    if summary is not None:
+        doc["summary"] = summary_doc(summary)
+    return doc
+

@@ -274,32 +274,57 @@ def test_unreachable_coordinator_is_one_line(tmp_path):
 
 
 def test_bad_rpc_fields_get_invalid_argument_and_the_coordinator_lives_on(shared_cluster):
+    def job(**fields):
+        return pb.JobSpec(**{"name": "x", "strategy": "mirrored", "command": ["true"], "workdir": "/tmp", **fields})
     with grpc.insecure_channel(shared_cluster.address) as channel:
         control = control_pb2_grpc.ControlServiceStub(channel)
         agents = agent_pb2_grpc.AgentServiceStub(channel)
         bad_specs = [
-            (pb.JobSpec(name="x", strategy="mirrored"), "command"),
-            (pb.JobSpec(name="Bad Name", strategy="mirrored", command=["true"]), "name"),
-            (pb.JobSpec(name="x", strategy="mirrored", command=["true"],
-                        roles={"boss": pb.RoleSpec(count=1)}), "roles.boss"),
-            (pb.JobSpec(name="x", strategy="multi_worker_mirrored", command=["true"],
-                        env={"TF_CONFIG": "{}"}, roles={"worker": pb.RoleSpec(count=1)}), "env.TF_CONFIG"),
+            (job(command=[]), "roles.worker.command"),
+            (job(name="Bad Name"), "name"),
+            (job(name="x\n"), "name"),
+            (job(roles={"boss": pb.RoleSpec(count=1)}), "roles.boss"),
+            (job(strategy="multi_worker_mirrored", env={"TF_CONFIG": "{}"}, roles={"worker": pb.RoleSpec(count=1)}),
+             "env.TF_CONFIG"),
+            (job(workdir=""), "workdir"),
+            (job(workdir="../.."), "workdir"),
+            (job(checkpoint_dir="/ck\0pt"), "checkpoint_dir"),
+            (job(command=["true", "a\0b"]), "command"),
+            (job(env={"A": "x\0y"}), "env.A"),
+            (job(stop_grace_seconds=float("nan")), "stop_grace_seconds"),
+            (job(evaluator_deadline_seconds=float("inf")), "evaluator_deadline_seconds"),
+            (job(restart=pb.RestartPolicy(max_restarts=3, hang_seconds=float("inf"))), "restart.hang_seconds"),
         ]
         for spec, field in bad_specs:
             with pytest.raises(grpc.RpcError) as info:
                 control.SubmitJob(control_pb2.SubmitJobRequest(spec=spec), timeout=5)
-            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, field
+            assert f": {field}: " in info.value.details(), (field, info.value.details())
+
+        def node(**fields):
+            return pb.NodeInfo(**{"name": "z", "address": "127.0.0.2", "port_range_start": 30000,
+                                  "port_range_end": 30099, "state_dir": "/var/lib/z", **fields})
+        bad_nodes = [
+            (node(port_range_start=9, port_range_end=2), "port_range"),
+            (node(address="not an ip/../x"), "node.address"),
+            (node(address="0.0.0.0"), "node.address"),
+            (node(name="two\nlines"), "node.name"),
+            (node(name="n" * 1_000_000), "node.name"),
+            (node(peer_port=70000), "node.peer_port"),
+            (node(state_dir=""), "node.state_dir"),
+            (node(gpus=[pb.Gpu(index=i) for i in range(100_000)]), "node.gpus"),
+            (node(gpus=[pb.Gpu(index=0), pb.Gpu(index=0)]), "node.gpus"),
+        ]
+        for info_msg, field in bad_nodes:
+            with pytest.raises(grpc.RpcError) as info:
+                agents.Register(agent_pb2.RegisterRequest(node=info_msg), timeout=5)
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, field
             assert field in info.value.details()
-        with pytest.raises(grpc.RpcError) as info:
-            agents.Register(agent_pb2.RegisterRequest(node=pb.NodeInfo(name="z", address="127.0.0.1",
-                                                                       port_range_start=9, port_range_end=2)),
-                            timeout=5)
-        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert "port_range" in info.value.details()
         with pytest.raises(grpc.RpcError) as info:
             control.StreamLogs(control_pb2.StreamLogsRequest(job_id="x"), timeout=5).next()
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert shared_cluster.coordinator.alive
+    assert "z" not in {n["name"] for n in shared_cluster.status()["nodes"]}
     assert shared_cluster.cli("status", check=True).returncode == 0
 
 

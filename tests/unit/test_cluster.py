@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
-from tfcluster.daemon.coordinator import jobs as J
-from tfcluster.daemon.coordinator.cluster import LOST, READY, Cluster, NodeInfo, Progress, Report, Unplaceable
-from tfcluster.daemon.coordinator.scheduler import Gpu
+from tfcluster.daemon.coordinator import job as J
+from tfcluster.daemon.coordinator.checkpoints import SYNC_DEADLINE_SECONDS
+from tfcluster.daemon.coordinator.cluster import LOST, READY, Cluster, Unplaceable
+from tfcluster.model import (Attempt, FinishTraining, Gpu, Launch, NodeInfo, ShipCheckpoints, Stop, SyncCheckpoints,
+                             TaskExit, TaskProgress, TaskReport)
 from tfcluster.spec import parse_spec
 
 PORTS = (20000, 20099)
@@ -23,9 +26,9 @@ def info(name: str, n_gpus: int = 0, ports=PORTS) -> NodeInfo:
                     state_dir=f"/state/{name}")
 
 
-def make_spec(strategy="multi_worker_mirrored", gpus=0, env=None, restart=None, **roles):
+def make_spec(strategy="multi_worker_mirrored", gpus=0, env=None, restart=None, name="job", **roles):
     table = {r: (v if isinstance(v, dict) else {"count": v}) for r, v in roles.items()}
-    data = {"name": "job", "strategy": strategy, "command": ["python", "train.py"], "gpus": gpus,
+    data = {"name": name, "strategy": strategy, "command": ["python", "train.py"], "gpus": gpus,
             "roles": table, "workdir": "/work/job"}
     if env:
         data["env"] = env
@@ -34,19 +37,29 @@ def make_spec(strategy="multi_worker_mirrored", gpus=0, env=None, restart=None, 
     return parse_spec(data, "test")
 
 
+def report(job_id, task_type, index, attempt, phase, pid=0, listening=False, **exit) -> TaskReport:
+    """A report as an agent sends it; exit fields (exit_code, signal, message, ...) for ended attempts."""
+    if "log_tail" in exit:
+        exit["log_tail"] = tuple(exit["log_tail"])
+    return TaskReport(Attempt(job_id, task_type, index, attempt), phase, pid=pid, listening=listening,
+                      exit=TaskExit(**exit) if phase != "RUNNING" else None)
+
+
 class Sim:
     """A Cluster plus fake time and helpers that play the agents' part."""
+    current: "Sim | None" = None
 
     def __init__(self, *nodes: NodeInfo, lost_after: float = 3.0):
         self.c = Cluster(lost_after_seconds=lost_after)
         self.now = 100.0
         self.pid = 1000
+        Sim.current = self
         for n in nodes:
             assert self.c.register(n, [], f"session-{n.name}", self.now) == []
 
-    def submit(self, spec, job_id="j1"):
-        job, actions = self.c.submit(job_id, spec, self.now)
-        return job, actions
+    def submit(self, spec, name="job"):
+        """Submits spec under the job name given (its id is name-N)."""
+        return self.c.submit(replace(spec, name=name), self.now)
 
     def report(self, job, task_type, index, phase, attempt=None, node=None, **kw) -> list:
         task = job.task(task_type, index)
@@ -55,15 +68,14 @@ class Sim:
             kw["pid"] = self.pid
         if phase == "RUNNING":
             kw.setdefault("listening", True)  # as agents report servers once they accept connections
-        r = Report(job_id=job.id, task_type=task_type, task_index=index,
-                   attempt=task.attempt if attempt is None else attempt, phase=phase, **kw)
+        r = report(job.id, task_type, index, task.attempt if attempt is None else attempt, phase, **kw)
         return self.c.report(node or task.node, r, self.now)
 
     def running(self, job, actions) -> list:
         """Every launched task reports RUNNING; returns the actions that come back."""
         out = []
         for a in launches(actions):
-            out += self.report(job, a.task.type, a.task.index, "RUNNING", attempt=a.task.attempt, node=a.node)
+            out += self.report(job, a.attempt.type, a.attempt.index, "RUNNING", attempt=a.attempt.number, node=a.node)
         return out
 
     def exit(self, job, key, code=0, signal=None, **kw) -> list:
@@ -74,32 +86,36 @@ class Sim:
         """Every task told to stop exits by SIGTERM."""
         out = []
         for s in stops(actions):
-            out += self.report(job, s.task_type, s.task_index, "EXITED", attempt=s.attempt, node=s.node,
+            out += self.report(job, s.attempt.type, s.attempt.index, "EXITED", attempt=s.attempt.number, node=s.node,
                                exit_code=None, signal=15)
         return out
 
     def heartbeat_all(self, *except_nodes):
         for name, n in self.c.nodes.items():
             if name not in except_nodes:
-                self.c.heartbeat(name, n.session_id, self.now)
+                self.c.heartbeat(name, n.seen.session_id, self.now)
 
     def free(self):
         """node -> (free GPU indices, used ports)."""
         return {n.name: (sorted(g.index for g in n.gpus if g.index not in n.used_gpus), sorted(n.used_ports))
-                for n in self.c.capacity()}
+                for n in self.c.capacity(self.now)}
+
+
+def task_of(action):
+    """The task an action is about."""
+    return Sim.current.c.jobs[action.attempt.job_id].task(action.attempt.type, action.attempt.index)
 
 
 def launches(actions):
-    return [a for a in actions if isinstance(a, J.Launch)]
+    return [a for a in actions if isinstance(a, Launch)]
 
 
 def stops(actions):
-    return [a for a in actions if isinstance(a, J.Stop)]
+    return [a for a in actions if isinstance(a, Stop)]
 
 
 def keys(actions):
-    return sorted(f"{a.task.type}:{a.task.index}" if isinstance(a, J.Launch) else f"{a.task_type}:{a.task_index}"
-                  for a in actions)
+    return sorted(a.attempt.task_key for a in actions)
 
 
 def three_nodes():
@@ -111,8 +127,8 @@ def mwms(**kw):
     return make_spec(gpus=kw.pop("gpus", 1), env=kw.pop("env", {"EPOCHS": "5"}), **kw, **roles)
 
 
-def start(sim, spec, job_id="j1"):
-    job, actions = sim.submit(spec, job_id)
+def start(sim, spec, name="job"):
+    job, actions = sim.submit(spec, name)
     assert sim.running(job, actions) == []
     return job, actions
 
@@ -124,28 +140,28 @@ def test_submit_launches_every_task_with_its_environment():
     job, actions = sim.submit(mwms())
     assert job.state == J.STARTING and job.strategy == "multi_worker_mirrored"
     assert keys(actions) == ["evaluator:0", "worker:0", "worker:1"]
-    assert all(isinstance(a, J.Launch) for a in actions)
-    by_key = {f"{a.task.type}:{a.task.index}": a for a in actions}
+    assert all(isinstance(a, Launch) for a in actions)
+    by_key = {f"{task_of(a).type}:{task_of(a).index}": a for a in actions}
     cluster = {"worker": [job.task("worker", 0).address, job.task("worker", 1).address]}
     for key, a in by_key.items():
-        task = a.task
-        assert a.node == task.node and a.job_id == "j1"
-        assert a.command == ["python", "train.py"] and a.workdir == "/work/job"
+        task = task_of(a)
+        assert a.node == task.node and a.attempt.job_id == job.id == "job-1"
+        assert a.command == ("python", "train.py") and a.workdir == "/work/job"
         assert task.attempt == 1 and task.state == J.T_LAUNCHING
         env = a.env
         tf_config = json.loads(env["TF_CONFIG"])
         assert tf_config == {"cluster": cluster, "task": {"type": task.type, "index": task.index}}
         assert env["TF_USE_LEGACY_KERAS"] == "1"
         assert env["EPOCHS"] == "5"
-        assert env["TFCLUSTER_JOB_ID"] == "j1"
+        assert env["TFCLUSTER_JOB_ID"] == "job-1"
         assert env["TFCLUSTER_TASK_TYPE"] == task.type
         assert env["TFCLUSTER_TASK_INDEX"] == str(task.index)
         assert env["TFCLUSTER_ATTEMPT"] == "1"
-        assert env["TFCLUSTER_CHECKPOINT_DIR"] == f"/state/{task.node}/jobs/j1/checkpoints"
+        assert env["TFCLUSTER_CHECKPOINT_DIR"] == f"/state/{task.node}/jobs/job-1/checkpoints"
         assert env["TFCLUSTER_MODEL_DIR"] == env["TFCLUSTER_CHECKPOINT_DIR"]
         assert "GRPC_FAIL_FAST" not in env
     # Workers each have one GPU, named by UUID; the GPU-less evaluator sees none.
-    w0, w1 = by_key["worker:0"].task, by_key["worker:1"].task
+    w0, w1 = task_of(by_key["worker:0"]), task_of(by_key["worker:1"])
     assert {w0.node, w1.node} == {"n1", "n2"}  # spread
     for w in (w0, w1):
         assert len(w.gpus) == 1
@@ -175,13 +191,13 @@ def test_running_only_when_every_task_runs():
     sim = three_nodes()
     job, actions = sim.submit(mwms())
     for a in actions[:-1]:
-        assert sim.report(job, a.task.type, a.task.index, "RUNNING") == []
+        assert sim.report(job, task_of(a).type, task_of(a).index, "RUNNING") == []
         assert job.state == J.STARTING
-    sim.report(job, actions[-1].task.type, actions[-1].task.index, "RUNNING", pid=4242)
+    sim.report(job, task_of(actions[-1]).type, task_of(actions[-1]).index, "RUNNING", pid=4242)
     assert job.state == J.RUNNING
-    assert actions[-1].task.pid == 4242 and actions[-1].task.state == J.T_RUNNING
+    assert task_of(actions[-1]).pid == 4242 and task_of(actions[-1]).state == J.T_RUNNING
     # A repeated report changes nothing.
-    assert sim.report(job, actions[-1].task.type, actions[-1].task.index, "RUNNING") == []
+    assert sim.report(job, task_of(actions[-1]).type, task_of(actions[-1]).index, "RUNNING") == []
     assert job.state == J.RUNNING
 
 
@@ -225,9 +241,9 @@ def test_training_done_tells_the_evaluator_the_final_checkpoint_then_succeeds():
     job, _ = start(sim, mwms())
     sim.exit(job, "worker:1", 0)
     actions = sim.exit(job, "worker:0", 0, final_checkpoint="ckpt-7")
-    assert len(actions) == 1 and isinstance(actions[0], J.FinishTraining)
-    assert (actions[0].task_type, actions[0].final_checkpoint) == ("evaluator", "ckpt-7")
-    assert actions[0].attempt == job.task("evaluator", 0).attempt
+    assert len(actions) == 1 and isinstance(actions[0], FinishTraining)
+    assert (actions[0].attempt.type, actions[0].final_checkpoint) == ("evaluator", "ckpt-7")
+    assert actions[0].attempt.number == job.task("evaluator", 0).attempt
     assert job.state == J.RUNNING and "ckpt-7" in job.message
     assert sim.exit(job, "evaluator:0", 0) == []
     assert job.state == J.SUCCEEDED
@@ -255,14 +271,14 @@ def test_final_evaluation_is_bounded_by_its_deadline():
 def test_worker_failure_restarts_the_whole_group_on_the_same_addresses():
     sim = three_nodes()
     job, first = start(sim, mwms())
-    before = {a.task.key: (a.node, a.task.address, a.env["TF_CONFIG"], a.env["CUDA_VISIBLE_DEVICES"])
+    before = {task_of(a).key: (a.node, task_of(a).address, a.env["TF_CONFIG"], a.env["CUDA_VISIBLE_DEVICES"])
               for a in first}
     actions = sim.exit(job, "worker:1", 1, log_tail=["Traceback", "RuntimeError: boom"])
     assert job.state == J.STOPPING
     assert keys(actions) == ["evaluator:0", "worker:0"]
-    assert all(isinstance(a, J.Stop) and a.attempt == 1 and a.grace_seconds == 30.0 for a in actions)
-    assert job.last_failure.task == "worker:1" and job.last_failure.exit_code == 1
-    assert job.last_failure.log_tail == ["Traceback", "RuntimeError: boom"]
+    assert all(isinstance(a, Stop) and a.attempt.number == 1 and a.grace_seconds == 30.0 for a in actions)
+    assert job.last_failure.task == "worker:1" and job.last_failure.exit.exit_code == 1
+    assert job.last_failure.exit.log_tail == ("Traceback", "RuntimeError: boom")
     assert "worker:1" in job.message and "exited with code 1" in job.message
 
     assert sim.exit_stopped(job, actions[:1]) == []
@@ -270,11 +286,11 @@ def test_worker_failure_restarts_the_whole_group_on_the_same_addresses():
     relaunch = sim.exit_stopped(job, actions[1:])
     assert job.state == J.STARTING and job.restarts == 1
     assert keys(relaunch) == ["evaluator:0", "worker:0", "worker:1"]
-    after = {a.task.key: (a.node, a.task.address, a.env["TF_CONFIG"], a.env["CUDA_VISIBLE_DEVICES"])
+    after = {task_of(a).key: (a.node, task_of(a).address, a.env["TF_CONFIG"], a.env["CUDA_VISIBLE_DEVICES"])
              for a in relaunch}
     assert after == before
     for a in relaunch:
-        assert a.task.attempt == 2 and a.env["TFCLUSTER_ATTEMPT"] == "2"
+        assert task_of(a).attempt == 2 and a.env["TFCLUSTER_ATTEMPT"] == "2"
     assert sim.running(job, relaunch) == []
     assert job.state == J.RUNNING
 
@@ -308,12 +324,12 @@ def test_preemption_exit_42_restarts_without_using_the_budget():
     for attempt in (2, 3):
         stop = sim.exit(job, "worker:0", 42)
         assert job.state == J.STOPPING
-        assert "preemption" in job.message and job.last_failure.exit_code == 42
+        assert "preemption" in job.message and job.last_failure.exit.exit_code == 42
         # Under MWMS every worker saves and exits 42 itself.
         relaunch = sim.exit(job, "worker:1", 42)
         assert job.state == J.STARTING
         assert keys(relaunch) == ["worker:0", "worker:1"] and keys(stop) == ["worker:1"]
-        assert all(a.task.attempt == attempt for a in relaunch)
+        assert all(task_of(a).attempt == attempt for a in relaunch)
         sim.running(job, relaunch)
     assert job.restarts == 0 and job.preemptions == 2
 
@@ -351,7 +367,7 @@ def test_restart_backoff_waits_for_tick():
     sim.now += 6
     sim.heartbeat_all()
     relaunch = sim.c.tick(sim.now)
-    assert keys(relaunch) == ["worker:0"] and relaunch[0].task.attempt == 2
+    assert keys(relaunch) == ["worker:0"] and task_of(relaunch[0]).attempt == 2
 
 
 def test_evaluator_failure_restarts_only_the_evaluator():
@@ -359,8 +375,8 @@ def test_evaluator_failure_restarts_only_the_evaluator():
     job, _ = start(sim, mwms())
     workers = [(t.state, t.attempt, t.pid) for t in job.training_tasks()]
     actions = sim.exit(job, "evaluator:0", 1)
-    assert keys(actions) == ["evaluator:0"] and isinstance(actions[0], J.Launch)
-    assert actions[0].task.attempt == 2 and actions[0].env["TFCLUSTER_ATTEMPT"] == "2"
+    assert keys(actions) == ["evaluator:0"] and isinstance(actions[0], Launch)
+    assert task_of(actions[0]).attempt == 2 and actions[0].env["TFCLUSTER_ATTEMPT"] == "2"
     assert job.state == J.RUNNING
     assert [(t.state, t.attempt, t.pid) for t in job.training_tasks()] == workers
     assert "evaluator restarted" in job.message
@@ -369,7 +385,7 @@ def test_evaluator_failure_restarts_only_the_evaluator():
     # Training still ends normally, with the restarted evaluator's final evaluation.
     sim.exit(job, "worker:1", 0)
     finish = sim.exit(job, "worker:0", 0)
-    assert [a.attempt for a in finish if isinstance(a, J.FinishTraining)] == [2]
+    assert [a.attempt.number for a in finish if isinstance(a, FinishTraining)] == [2]
     sim.exit(job, "evaluator:0", 0)
     assert job.state == J.SUCCEEDED
 
@@ -398,41 +414,41 @@ def test_parameter_server_chief_starts_after_ps_and_workers_and_success_stops_th
     assert job.task("chief", 0).state == J.T_PENDING
     for a in actions:
         assert a.env["GRPC_FAIL_FAST"] == "use_caller"
-        if a.task.type in ("worker", "ps"):
-            assert a.command == ["python", "-m", "tfcluster.roles.server"]
+        if task_of(a).type in ("worker", "ps"):
+            assert a.command == ("python", "-m", "tfcluster.roles.server")
         else:
-            assert a.command == ["python", "train.py"]
+            assert a.command == ("python", "train.py")
         tf_config = json.loads(a.env["TF_CONFIG"])
         assert sorted(tf_config["cluster"]) == ["chief", "ps", "worker"]
-    assert {a.task.key: a.report_listening for a in actions} == {
+    assert {task_of(a).key: a.report_listening for a in actions} == {
         "evaluator:0": False, "ps:0": True, "ps:1": True, "worker:0": True, "worker:1": True}
     out = []
     for a in actions:
-        out += sim.report(job, a.task.type, a.task.index, "RUNNING", listening=False)
+        out += sim.report(job, task_of(a).type, task_of(a).index, "RUNNING", listening=False)
     assert out == [] and job.state == J.STARTING, "running is not enough: ps and workers must listen"
     servers = [a for a in actions if a.report_listening]
     for a in servers[:-1]:
-        out += sim.report(job, a.task.type, a.task.index, "RUNNING", listening=True)
+        out += sim.report(job, task_of(a).type, task_of(a).index, "RUNNING", listening=True)
     assert out == [] and job.state == J.STARTING
-    chief = sim.report(job, servers[-1].task.type, servers[-1].task.index, "RUNNING", listening=True)
-    assert keys(chief) == ["chief:0"] and chief[0].task.attempt == 1
-    assert chief[0].command == ["python", "train.py"] and not chief[0].report_listening
+    chief = sim.report(job, task_of(servers[-1]).type, task_of(servers[-1]).index, "RUNNING", listening=True)
+    assert keys(chief) == ["chief:0"] and task_of(chief[0]).attempt == 1
+    assert chief[0].command == ("python", "train.py") and not chief[0].report_listening
     assert job.state == J.STARTING
     sim.report(job, "chief", 0, "RUNNING")
     assert job.state == J.RUNNING
 
     finish = sim.exit(job, "chief:0", 0, final_checkpoint="ckpt-4")
-    assert [(type(a), a.final_checkpoint) for a in finish] == [(J.FinishTraining, "ckpt-4")]
+    assert [(type(a), a.final_checkpoint) for a in finish] == [(FinishTraining, "ckpt-4")]
     assert job.state == J.RUNNING, "ps and workers serve on while the final evaluation runs"
     stop = sim.exit(job, "evaluator:0", 0)
     assert keys(stop) == ["ps:0", "ps:1", "worker:0", "worker:1"]
-    assert all(isinstance(s, J.Stop) for s in stop)
+    assert all(isinstance(s, Stop) for s in stop)
     assert job.state == J.STOPPING
     # The servers die of the SIGTERM (or exit non-zero on it): that is no failure.
     for s in stop[:2]:
-        sim.report(job, s.task_type, s.task_index, "EXITED", exit_code=None, signal=15)
+        sim.report(job, s.attempt.type, s.attempt.index, "EXITED", exit_code=None, signal=15)
     for s in stop[2:]:
-        sim.report(job, s.task_type, s.task_index, "EXITED", exit_code=1)
+        sim.report(job, s.attempt.type, s.attempt.index, "EXITED", exit_code=1)
     assert job.state == J.SUCCEEDED and job.restarts == 0 and job.last_failure is None
     assert job.task("evaluator", 0).state == J.T_SUCCEEDED
 
@@ -450,7 +466,7 @@ def test_parameter_server_chief_failure_restarts_ps_and_chief_while_workers_stay
     assert job.restarts == 1 and job.state == J.STARTING
     assert keys(relaunch) == ["ps:0", "ps:1"], "ps first; the chief waits until they listen"
     chief = sim.running(job, relaunch)
-    assert keys(chief) == ["chief:0"] and chief[0].task.attempt == 2
+    assert keys(chief) == ["chief:0"] and task_of(chief[0]).attempt == 2
     sim.running(job, chief)
     assert job.state == J.RUNNING
     assert [(t.attempt, t.pid) for t in job.tasks if t.type == "worker"] == workers, "workers were not touched"
@@ -475,8 +491,8 @@ def test_parameter_server_worker_failure_restarts_that_worker_alone():
     others = {t.key: (t.attempt, t.state) for t in job.tasks if t.key != "worker:1"}
     address = job.task("worker", 1).address
     again = sim.exit(job, "worker:1", None, signal=9)
-    assert keys(again) == ["worker:1"] and isinstance(again[0], J.Launch)
-    assert again[0].task.attempt == 2 and again[0].task.address == address
+    assert keys(again) == ["worker:1"] and isinstance(again[0], Launch)
+    assert task_of(again[0]).attempt == 2 and task_of(again[0]).address == address
     assert job.state == J.RUNNING and job.restarts == 1
     assert {t.key: (t.attempt, t.state) for t in job.tasks if t.key != "worker:1"} == others
     sim.running(job, again)
@@ -534,7 +550,7 @@ def test_evaluator_on_a_lost_node_is_placed_again_without_touching_training():
     relaunch = sim.c.tick(sim.now)
     assert keys(relaunch) == ["evaluator:0"]
     assert relaunch[0].node in ("n3", "n4") and relaunch[0].node != lost
-    assert relaunch[0].task.attempt == 2
+    assert task_of(relaunch[0]).attempt == 2
     tf_config = json.loads(relaunch[0].env["TF_CONFIG"])
     assert tf_config["task"] == {"type": "evaluator", "index": 0} and "evaluator" not in tf_config["cluster"]
     assert {t.key: (t.attempt, t.node) for t in job.training_tasks()} == workers
@@ -547,7 +563,7 @@ def test_hang_watchdog_restarts_a_job_whose_tasks_make_no_progress():
     worker = job.task("worker", 0)
     for _ in range(5):  # output keeps growing: not hung
         sim.now += 20
-        progress = [Progress(job.id, "worker", 0, worker.attempt, output_bytes=int(sim.now))]
+        progress = [TaskProgress(Attempt(job.id, "worker", 0, worker.attempt), output_bytes=int(sim.now))]
         for name in sim.c.nodes:
             sim.c.heartbeat(name, f"session-{name}", sim.now, progress if name == worker.node else [])
         assert stops(sim.c.tick(sim.now)) == []
@@ -563,7 +579,7 @@ def test_restarted_group_gets_the_same_addresses():
     job, first = start(sim, mwms(roles={"worker": {"count": 2}}))
     before = {t.key: t.address for t in job.tasks}
     relaunch = sim.exit_stopped(job, sim.exit(job, "worker:1", 1))
-    assert {a.task.key: a.task.address for a in launches(relaunch)} == before
+    assert {task_of(a).key: task_of(a).address for a in launches(relaunch)} == before
 
 
 # ---- placement over time ----------------------------------------------------------------------
@@ -591,7 +607,7 @@ def test_pending_job_waits_then_starts_when_another_finishes():
     # The freed node has 2 GPUs: both 1-GPU workers land there, on different GPUs.
     assert keys(launched) == ["worker:0", "worker:1"] and c.state == J.STARTING
     assert {x.node for x in launched} == {a.task("worker", 0).node}
-    assert len({g.index for x in launched for g in x.task.gpus}) == 2
+    assert len({g.index for x in launched for g in task_of(x).gpus}) == 2
 
 
 def test_pending_jobs_start_oldest_first():
@@ -603,7 +619,7 @@ def test_pending_jobs_start_oldest_first():
     c, _ = sim.submit(make_spec(gpus=1, worker=1, strategy="mirrored"), "c")
     assert b.state == c.state == J.PENDING
     launched = sim.exit(a, "worker:0", 0)
-    assert [x.job_id for x in launched] == ["b"] and c.state == J.PENDING
+    assert [x.attempt.job_id for x in launched] == [b.id] and c.state == J.PENDING
 
 
 def test_plan_changes_nothing():
@@ -621,9 +637,9 @@ def test_plan_changes_nothing():
 
 def test_heartbeat_needs_the_current_session():
     sim = three_nodes()
-    assert sim.c.heartbeat("n1", "session-n1", sim.now + 1)
-    assert not sim.c.heartbeat("n1", "old-session", sim.now + 1)
-    assert not sim.c.heartbeat("nope", "session-n1", sim.now + 1)
+    assert sim.c.heartbeat("n1", "session-n1", sim.now + 1) == []
+    assert sim.c.heartbeat("n1", "old-session", sim.now + 1) is None
+    assert sim.c.heartbeat("nope", "session-n1", sim.now + 1) is None
 
 
 def test_silent_node_is_lost_and_its_job_restarts_elsewhere():
@@ -642,19 +658,19 @@ def test_silent_node_is_lost_and_its_job_restarts_elsewhere():
     sim.heartbeat_all("n1")
     stop = sim.c.tick(sim.now)
     assert sim.c.nodes["n1"].state == LOST
-    assert not sim.c.heartbeat("n1", "session-n1", sim.now)  # it must register again
+    assert sim.c.heartbeat("n1", "session-n1", sim.now) is None  # it must register again
     lost = next(t for t in job.tasks if t.key == lost_key)
     assert lost.state == J.T_LOST and "n1 lost" in lost.message
     assert keys(stop) == [survivor_key] and stop[0].node == "n2"
     assert job.state == J.STOPPING
-    assert "n1" not in [n.name for n in sim.c.capacity()]
+    assert "n1" not in [n.name for n in sim.c.capacity(sim.now)]
 
     relaunch = sim.exit_stopped(job, stop)
     assert keys(relaunch) == ["worker:0", "worker:1"]
-    placed = {a.task.key: a.node for a in relaunch}
+    placed = {task_of(a).key: a.node for a in relaunch}
     assert placed[survivor_key] == "n2"  # kept where it was
     assert placed[lost_key] == "n3"      # moved off the lost node
-    assert job.restarts == 1 and all(a.task.attempt == 2 for a in relaunch)
+    assert job.restarts == 1 and all(task_of(a).attempt == 2 for a in relaunch)
 
 
 def test_lost_node_with_the_whole_job_restarts_on_tick():
@@ -666,7 +682,7 @@ def test_lost_node_with_the_whole_job_restarts_on_tick():
     sim.heartbeat_all(node)
     relaunch = sim.c.tick(sim.now)
     assert keys(relaunch) == ["worker:0"] and relaunch[0].node == other
-    assert relaunch[0].task.attempt == 2 and job.restarts == 1
+    assert task_of(relaunch[0]).attempt == 2 and job.restarts == 1
 
 
 def test_lost_node_and_no_room_waits_pending():
@@ -687,7 +703,7 @@ def test_stale_attempt_running_report_is_told_to_stop():
     sim.running(job, relaunch)
     w1 = job.task("worker", 1)
     actions = sim.report(job, "worker", 1, "RUNNING", attempt=1)
-    assert actions == [J.Stop(node=w1.node, job_id="j1", task_type="worker", task_index=1, attempt=1,
+    assert actions == [Stop(node=w1.node, attempt=Attempt(job.id, "worker", 1, 1),
                               grace_seconds=30.0)]
     assert w1.state == J.T_RUNNING and w1.attempt == 2 and job.state == J.RUNNING
     # A stale exit changes nothing either.
@@ -705,10 +721,10 @@ def test_running_report_from_the_wrong_node_is_told_to_stop():
 
 def test_unknown_job_running_report_is_told_to_stop():
     sim = three_nodes()
-    r = Report(job_id="gone", task_type="worker", task_index=0, attempt=3, phase="RUNNING", pid=9)
-    assert sim.c.report("n1", r, sim.now) == [J.Stop(node="n1", job_id="gone", task_type="worker", task_index=0,
-                                                      attempt=3, grace_seconds=0.0)]
-    r = Report(job_id="gone", task_type="worker", task_index=0, attempt=3, phase="EXITED", exit_code=0)
+    r = report("gone", "worker", 0, 3, "RUNNING", pid=9)
+    assert sim.c.report("n1", r, sim.now) == [Stop(node="n1", attempt=Attempt("gone", "worker", 0, 3),
+                                                      grace_seconds=0.0)]
+    r = report("gone", "worker", 0, 3, "EXITED", exit_code=0)
     assert sim.c.report("n1", r, sim.now) == []
 
 
@@ -722,19 +738,19 @@ def test_register_reconciles_with_the_agents_reports():
 
     # n1's agent reconnects: still runs its task, plus a task of a job the coordinator does not know.
     sim.now += 1
-    reports = [Report(job.id, w_n1.type, w_n1.index, w_n1.attempt, "RUNNING", pid=77),
-               Report("old-job", "worker", 0, 1, "RUNNING", pid=55)]
+    reports = [report(job.id, w_n1.type, w_n1.index, w_n1.attempt, "RUNNING", pid=77),
+               report("old-job", "worker", 0, 1, "RUNNING", pid=55)]
     actions = sim.c.register(info("n1"), reports, "session-n1-b", sim.now)
-    assert actions == [J.Stop(node="n1", job_id="old-job", task_type="worker", task_index=0, attempt=1,
+    assert actions == [Stop(node="n1", attempt=Attempt("old-job", "worker", 0, 1),
                               grace_seconds=0.0)]
     assert w_n1.state == J.T_RUNNING and w_n1.pid == 77 and w_n1.attempt == 1
-    assert sim.c.heartbeat("n1", "session-n1-b", sim.now)
-    assert not sim.c.heartbeat("n1", "session-n1", sim.now)
+    assert sim.c.heartbeat("n1", "session-n1-b", sim.now) is not None
+    assert sim.c.heartbeat("n1", "session-n1", sim.now) is None
 
     # n2's agent reconnects without the task it was told to launch: the same launch is sent again.
     actions = sim.c.register(info("n2"), [], "session-n2-b", sim.now)
-    assert len(actions) == 1 and isinstance(actions[0], J.Launch)
-    assert actions[0].node == "n2" and actions[0].task is w_n2 and w_n2.attempt == 1
+    assert len(actions) == 1 and isinstance(actions[0], Launch)
+    assert actions[0].node == "n2" and task_of(actions[0]) is w_n2 and w_n2.attempt == 1
     assert actions[0].env["TFCLUSTER_ATTEMPT"] == "1"
     assert w_n2.state == J.T_LAUNCHING and job.state == J.STARTING
     sim.report(job, w_n2.type, w_n2.index, "RUNNING")
@@ -748,7 +764,7 @@ def test_register_without_a_running_task_counts_it_lost():
     w_n2 = next(t for t in job.tasks if t.node == "n2")
     actions = sim.c.register(info("n1"), [], "session-n1-b", sim.now)
     assert w_n1.state == J.T_LOST and "no longer has this task" in w_n1.message
-    assert keys(actions) == [w_n2.key] and isinstance(actions[0], J.Stop)
+    assert keys(actions) == [w_n2.key] and isinstance(actions[0], Stop)
     relaunch = sim.exit_stopped(job, actions)
     assert keys(relaunch) == ["worker:0", "worker:1"] and job.restarts == 1
 
@@ -757,9 +773,9 @@ def test_register_reports_an_exit_that_happened_while_away():
     sim = Sim(info("n1"), info("n2"))
     job, _ = start(sim, mwms(roles={"worker": {"count": 2}}, gpus=0))
     w_n1 = next(t for t in job.tasks if t.node == "n1")
-    sim.c.register(info("n1"), [Report(job.id, w_n1.type, w_n1.index, w_n1.attempt, "EXITED", exit_code=0)],
+    sim.c.register(info("n1"), [report(job.id, w_n1.type, w_n1.index, w_n1.attempt, "EXITED", exit_code=0)],
                    "session-n1-b", sim.now)
-    assert w_n1.state == J.T_SUCCEEDED and w_n1.exit_code == 0
+    assert w_n1.state == J.T_SUCCEEDED and w_n1.exit.exit_code == 0
 
 
 def test_task_of_a_lost_node_still_running_when_it_returns_is_stopped():
@@ -774,14 +790,14 @@ def test_task_of_a_lost_node_still_running_when_it_returns_is_stopped():
     sim.exit_stopped(job, sim.c.tick(sim.now))
     assert job.state == J.PENDING and "waiting for resources" in job.message
 
-    actions = sim.c.register(info("n1", 1), [Report(job.id, *key, old_attempt, "RUNNING", pid=31)], "s-b", sim.now)
-    old_stop = [a for a in actions if isinstance(a, J.Stop)]
-    assert old_stop == [J.Stop(node="n1", job_id=job.id, task_type=key[0], task_index=key[1],
-                               attempt=old_attempt, grace_seconds=30.0)]
+    actions = sim.c.register(info("n1", 1), [report(job.id, *key, old_attempt, "RUNNING", pid=31)], "s-b", sim.now)
+    old_stop = [a for a in actions if isinstance(a, Stop)]
+    assert old_stop == [Stop(node="n1", attempt=Attempt(job.id, *key, old_attempt),
+                               grace_seconds=30.0)]
     # The job is placed again with n1 back; the stop is sent before the new launch.
     assert keys(launches(actions)) == ["worker:0", "worker:1"]
     assert actions.index(old_stop[0]) < actions.index(launches(actions)[0])
-    assert all(a.task.attempt == old_attempt + 1 for a in launches(actions))
+    assert all(task_of(a).attempt == old_attempt + 1 for a in launches(actions))
 
 
 def test_running_report_for_a_task_already_given_up_is_told_to_stop():
@@ -793,7 +809,7 @@ def test_running_report_for_a_task_already_given_up_is_told_to_stop():
     assert sim.c.register(info(w.node, 2), [], "s-b", sim.now) == []
     assert w.state == J.T_LOST and job.state == J.FAILED
     actions = sim.report(job, "worker", 0, "RUNNING")
-    assert actions == [J.Stop(node=w.node, job_id=job.id, task_type="worker", task_index=0, attempt=w.attempt,
+    assert actions == [Stop(node=w.node, attempt=Attempt(job.id, "worker", 0, w.attempt),
                               grace_seconds=30.0)]
     assert job.state == J.FAILED and w.state == J.T_LOST
 
@@ -805,10 +821,10 @@ def test_parameter_server_chief_still_starts_when_the_evaluator_ends_while_start
     sim = Sim(info("n1"), info("n2"), info("n3"))
     job, actions = sim.submit(ps_spec(restart={"max_restarts": 0}))
     for a in actions:
-        if a.task.type != "evaluator":
-            assert sim.report(job, a.task.type, a.task.index, "RUNNING") == []
+        if task_of(a).type != "evaluator":
+            assert sim.report(job, task_of(a).type, task_of(a).index, "RUNNING") == []
     chief = sim.exit(job, "evaluator:0", evaluator_end["code"])
-    assert keys(chief) == ["chief:0"] and isinstance(chief[0], J.Launch)
+    assert keys(chief) == ["chief:0"] and isinstance(chief[0], Launch)
     sim.report(job, "chief", 0, "RUNNING")
     assert job.state == J.RUNNING
 
@@ -817,8 +833,8 @@ def test_job_becomes_running_when_the_evaluator_gives_up_while_starting():
     sim = three_nodes()
     job, actions = sim.submit(mwms(restart={"max_restarts": 0}))
     for a in actions:
-        if a.task.type != "evaluator":
-            sim.report(job, a.task.type, a.task.index, "RUNNING")
+        if task_of(a).type != "evaluator":
+            sim.report(job, task_of(a).type, task_of(a).index, "RUNNING")
     assert job.state == J.STARTING
     assert sim.report(job, "evaluator", 0, "FAILED_TO_START", message="no such module") == []
     assert job.state == J.RUNNING and "evaluator not restarted" in job.message
@@ -827,10 +843,10 @@ def test_job_becomes_running_when_the_evaluator_gives_up_while_starting():
 def test_user_stop_through_the_cluster_frees_everything():
     sim = three_nodes()
     job, _ = start(sim, mwms())
-    sim.c.dirty_jobs.clear()
+    job.saved()
     stop = sim.c.stop(job.id, sim.now)
     assert keys(stop) == ["evaluator:0", "worker:0", "worker:1"] and job.state == J.STOPPING
-    assert job.id in sim.c.dirty_jobs
+    assert job.unsaved, "the store writes the change"
     sim.exit_stopped(job, stop)
     assert job.state == J.STOPPED and job.restarts == 0
     assert sim.free() == {"n1": ([0, 1], []), "n2": ([0, 1], []), "n3": ([], [])}
@@ -841,7 +857,7 @@ def test_stopping_a_pending_job_is_immediate_and_it_never_starts():
     a, _ = start(sim, make_spec(gpus=1, worker=1, strategy="mirrored"), "a")
     b, _ = sim.submit(make_spec(gpus=1, worker=1, strategy="mirrored"), "b")
     assert b.state == J.PENDING
-    assert sim.c.stop("b", sim.now) == []
+    assert sim.c.stop(b.id, sim.now) == []
     assert b.state == J.STOPPED and b.finished == sim.now
     assert sim.exit(a, "worker:0", 0) == []  # resources free: b stays stopped
     assert b.state == J.STOPPED and all(t.state == J.T_PENDING for t in b.tasks)
@@ -850,7 +866,7 @@ def test_stopping_a_pending_job_is_immediate_and_it_never_starts():
 def test_busy_port_replaces_the_group_on_other_ports_without_using_the_budget():
     sim = Sim(info("a"), info("b"))
     job, actions = sim.submit(make_spec(worker=2, restart={"max_restarts": 0}))
-    sim.running(job, [a for a in launches(actions) if a.task.index == 0])
+    sim.running(job, [a for a in launches(actions) if task_of(a).index == 0])
     taken = job.task("worker", 1)
     port, node = taken.port, taken.node
     actions = sim.report(job, "worker", 1, "FAILED_TO_START", message=f"port {port} is already in use",
@@ -872,12 +888,12 @@ def test_lost_node_that_returns_gets_one_restart_not_two():
     sim.c.tick(sim.now)
     assert sim.c.nodes["a"].state == LOST
     assert job.state == J.PENDING and job.restarts == 1
-    old = [Report(job.id, "worker", i, 1, "RUNNING", pid=10 + i) for i in range(2)]
+    old = [report(job.id, "worker", i, 1, "RUNNING", pid=10 + i) for i in range(2)]
     actions = sim.c.register(info("a"), old, "session-2", sim.now)
     stale = stops(actions)
-    assert {(s.task_index, s.attempt) for s in stale} == {(0, 1), (1, 1)}
+    assert {(s.attempt.index, s.attempt.number) for s in stale} == {(0, 1), (1, 1)}
     relaunched = launches(actions)
-    assert sorted((a.task.index, a.task.attempt) for a in relaunched) == [(0, 2), (1, 2)]
+    assert sorted((task_of(a).index, task_of(a).attempt) for a in relaunched) == [(0, 2), (1, 2)]
     assert job.restarts == 1
 
 
@@ -901,14 +917,14 @@ def of_type(actions, kind):
 def test_chief_checkpoints_are_shipped_to_the_evaluators_node():
     sim = Sim(peer_info("n1"), peer_info("n2"), peer_info("n3"))
     job, actions = sim.submit(local_spec())
-    ships = of_type(actions, J.ShipCheckpoints)
+    ships = of_type(actions, ShipCheckpoints)
     chief = job.task("worker", 0)
     assert len(ships) == 1 and ships[0].node == chief.node
-    assert (ships[0].task_type, ships[0].task_index, ships[0].attempt) == ("worker", 0, 1)
-    assert ships[0].targets == ["10.0.0.3:19999"]
-    env = {a.task.key: a.env for a in launches(actions)}
-    assert env["worker:0"]["TFCLUSTER_CHECKPOINT_DIR"] == f"/state/{chief.node}/jobs/j1/checkpoints"
-    assert env["evaluator:0"]["TFCLUSTER_CHECKPOINT_DIR"] == "/state/n3/jobs/j1/checkpoints"
+    assert (ships[0].attempt.type, ships[0].attempt.index, ships[0].attempt.number) == ("worker", 0, 1)
+    assert ships[0].targets == ("10.0.0.3:19999",)
+    env = {task_of(a).key: a.env for a in launches(actions)}
+    assert env["worker:0"]["TFCLUSTER_CHECKPOINT_DIR"] == f"/state/{chief.node}/jobs/job-1/checkpoints"
+    assert env["evaluator:0"]["TFCLUSTER_CHECKPOINT_DIR"] == "/state/n3/jobs/job-1/checkpoints"
 
 
 def test_shared_checkpoint_dir_ships_and_copies_nothing():
@@ -916,11 +932,11 @@ def test_shared_checkpoint_dir_ships_and_copies_nothing():
     sim = Sim(peer_info("n1"), peer_info("n2"), peer_info("n3"))
     spec = replace(local_spec(restart={"max_restarts": 2}), checkpoint_dir="/shared/ckpt")
     job, actions = sim.submit(spec)
-    assert of_type(actions, J.ShipCheckpoints) == []
+    assert of_type(actions, ShipCheckpoints) == []
     assert all(a.env["TFCLUSTER_CHECKPOINT_DIR"] == "/shared/ckpt" for a in launches(actions))
     sim.running(job, actions)
     after = sim.exit_stopped(job, sim.exit(job, "worker:1", 1))
-    assert of_type(after, J.SyncCheckpoints) == [] and len(launches(after)) == 3
+    assert of_type(after, SyncCheckpoints) == [] and len(launches(after)) == 3
 
 
 def test_restarted_group_waits_for_the_chiefs_dir_to_be_copied_to_its_nodes():
@@ -929,14 +945,14 @@ def test_restarted_group_waits_for_the_chiefs_dir_to_be_copied_to_its_nodes():
     sim.running(job, actions)
     chief_node = job.task("worker", 0).node
     after = sim.exit_stopped(job, sim.exit(job, "worker:1", 1))
-    syncs = of_type(after, J.SyncCheckpoints)
+    syncs = of_type(after, SyncCheckpoints)
     assert len(syncs) == 1 and syncs[0].node == chief_node
     others = sorted({t.node for t in job.tasks} - {chief_node})
-    assert syncs[0].targets == [f"10.0.0.{n[-1]}:19999" for n in others]
+    assert syncs[0].targets == tuple(f"10.0.0.{n[-1]}:19999" for n in others)
     assert launches(after) == [] and job.state == J.STARTING and "copying checkpoints" in job.message
     assert sim.c.sync_done(job.id, syncs[0].sync_id + 1, True, "", sim.now) == [], "another copy's answer"
     relaunch = sim.c.sync_done(job.id, syncs[0].sync_id, True, "", sim.now)
-    assert sorted(a.task.key for a in launches(relaunch)) == ["evaluator:0", "worker:0", "worker:1"]
+    assert sorted(task_of(a).key for a in launches(relaunch)) == ["evaluator:0", "worker:0", "worker:1"]
     assert job.message == ""
 
 
@@ -944,7 +960,7 @@ def test_a_failed_copy_lets_the_group_start_without_it():
     sim = Sim(peer_info("n1"), peer_info("n2"), peer_info("n3"))
     job, actions = sim.submit(local_spec(restart={"max_restarts": 2}))
     sim.running(job, actions)
-    sync = of_type(sim.exit_stopped(job, sim.exit(job, "worker:1", 1)), J.SyncCheckpoints)[0]
+    sync = of_type(sim.exit_stopped(job, sim.exit(job, "worker:1", 1)), SyncCheckpoints)[0]
     relaunch = sim.c.sync_done(job.id, sync.sync_id, False, "10.0.0.2:19999: unreachable", sim.now)
     assert len(launches(relaunch)) == 3 and "copying the checkpoints failed" in job.message
 
@@ -955,7 +971,7 @@ def test_a_copy_that_never_answers_times_out():
     sim.running(job, actions)
     sim.exit_stopped(job, sim.exit(job, "worker:1", 1))
     assert job.syncing
-    sim.now += J.SYNC_DEADLINE_SECONDS + 1
+    sim.now += SYNC_DEADLINE_SECONDS + 1
     sim.heartbeat_all()
     assert len(launches(sim.c.tick(sim.now))) == 3 and "no answer within" in job.message
 
@@ -969,7 +985,7 @@ def test_when_the_chiefs_node_is_lost_the_group_starts_over_and_says_so():
     sim.heartbeat_all(chief_node)
     stop = sim.c.tick(sim.now)
     after = sim.exit_stopped(job, stop)
-    assert of_type(after, J.SyncCheckpoints) == []
+    assert of_type(after, SyncCheckpoints) == []
     assert f"the checkpoints were on {chief_node}, which is gone" in job.message
     assert launches(after), "it starts at once"
 
@@ -979,10 +995,10 @@ def test_a_restarted_chief_agent_is_told_again_where_to_ship():
     job, actions = sim.submit(local_spec())
     sim.running(job, actions)
     chief = job.task("worker", 0)
-    report = Report(job.id, "worker", 0, chief.attempt, "RUNNING", pid=chief.pid)
-    again = sim.c.register(peer_info(chief.node), [report], "session-new", sim.now)
-    ships = of_type(again, J.ShipCheckpoints)
-    assert len(ships) == 1 and ships[0].node == chief.node and ships[0].targets == ["10.0.0.3:19999"]
+    running = report(job.id, "worker", 0, chief.attempt, "RUNNING", pid=chief.pid)
+    again = sim.c.register(peer_info(chief.node), [running], "session-new", sim.now)
+    ships = of_type(again, ShipCheckpoints)
+    assert len(ships) == 1 and ships[0].node == chief.node and ships[0].targets == ("10.0.0.3:19999",)
 
 
 def test_an_evaluator_moved_to_a_node_that_joined_later_gets_its_dir_and_the_checkpoints():
@@ -997,10 +1013,10 @@ def test_an_evaluator_moved_to_a_node_that_joined_later_gets_its_dir_and_the_che
     sim.now += 4
     sim.heartbeat_all("n3")
     out = sim.c.tick(sim.now)
-    launch = [a for a in launches(out) if a.task.type == "evaluator"]
+    launch = [a for a in launches(out) if task_of(a).type == "evaluator"]
     assert launch and launch[0].node == "n4"
-    assert launch[0].env["TFCLUSTER_CHECKPOINT_DIR"] == "/state/n4/jobs/j1/checkpoints"
-    assert [s.targets for s in of_type(out, J.ShipCheckpoints)] == [["10.0.0.4:19999"]]
+    assert launch[0].env["TFCLUSTER_CHECKPOINT_DIR"] == "/state/n4/jobs/job-1/checkpoints"
+    assert [s.targets for s in of_type(out, ShipCheckpoints)] == [("10.0.0.4:19999",)]
 
 
 def test_two_agents_on_one_address_with_overlapping_ports_are_refused():

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tfcluster.strategies import by_roles as resolve_strategy
 from tfcluster.spec import (
     JobSpec,
     RestartPolicy,
@@ -14,7 +15,6 @@ from tfcluster.spec import (
     SpecError,
     load_spec_file,
     parse_spec,
-    resolve_strategy,
     spec_from_flags,
 )
 

@@ -26,7 +26,8 @@ from rich.live import Live
 from tfcluster.client import Client
 from tfcluster.daemon.agent.agent import Agent, AgentConfig
 from tfcluster.daemon.agent.discovery import host_info
-from tfcluster.daemon.coordinator.scheduler import Gpu
+from tfcluster.model import Gpu
+from tfcluster.daemon.coordinator.process import BackgroundCoordinator
 from tfcluster.daemon.coordinator.service import CoordinatorServer
 from tfcluster.render import render_status
 from tfcluster.spec import parse_spec
@@ -67,7 +68,7 @@ def run_demo(epochs: int = 5, keep: bool = False, console: Console | None = None
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     root = Path(tempfile.mkdtemp(prefix="tfcluster-demo-"))
     started = time.monotonic()
-    server = CoordinatorServer("127.0.0.1:0", root / "coordinator").start()
+    server = BackgroundCoordinator(CoordinatorServer("127.0.0.1:0", root / "coordinator")).start()
     agents: list[Agent] = []
     threads = []
     base = _free_port_block()
@@ -97,7 +98,8 @@ def run_demo(epochs: int = 5, keep: bool = False, console: Console | None = None
             console.print(f"submitted {job_id}: multi_worker_mirrored, 2 workers with 1 GPU each, "
                           "and an evaluator following their checkpoints")
             job = _watch(client, job_id, console)
-            console.print(render_status(client.status(job_id), job_id))
+            final = client.status(job_id)
+            console.print(render_status(final.nodes, final.jobs, job_id=job_id))
             if job.state == "SUCCEEDED":
                 metrics = json.loads((root / "checkpoints" / "metrics.json").read_text())
                 console.print(f"{job_id} SUCCEEDED in {time.monotonic() - started:.1f} s: held-out accuracy "
@@ -137,11 +139,12 @@ def _wait_for_nodes(client: Client, count: int, timeout: float = 30.0) -> None:
 def _watch(client: Client, job_id: str, console: Console):
     deadline = time.monotonic() + JOB_TIMEOUT_SECONDS
     response = client.status(job_id)
-    with Live(render_status(response, job_id), console=console, refresh_per_second=4, transient=True) as live:
+    with Live(render_status(response.nodes, response.jobs, job_id=job_id), console=console, refresh_per_second=4,
+              transient=True) as live:
         while response.jobs[0].state not in TERMINAL:
             if time.monotonic() > deadline:
                 client.stop(job_id, graceful=False)
             time.sleep(0.5)
             response = client.status(job_id)
-            live.update(render_status(response, job_id))
+            live.update(render_status(response.nodes, response.jobs, job_id=job_id))
     return response.jobs[0]

@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.live import Live
 
 from tfcluster.client import Client
+from tfcluster.daemon.coordinator.process import BackgroundCoordinator
 from tfcluster.daemon.coordinator.service import CoordinatorServer
 from tfcluster.demo.hosts import TestHosts, unavailable
 from tfcluster.render import render_status
@@ -43,7 +44,7 @@ def main() -> int:
     root = Path(tempfile.mkdtemp(prefix="tfcluster-multihost-"))
     agents: list[subprocess.Popen] = []
     with TestHosts(HOSTS) as hosts:
-        server = CoordinatorServer(f"{hosts.coordinator_ip}:0", root / "coordinator").start()
+        server = BackgroundCoordinator(CoordinatorServer(f"{hosts.coordinator_ip}:0", root / "coordinator")).start()
         try:
             path = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}"
             for i in range(1, HOSTS + 1):
@@ -83,12 +84,13 @@ def _run_job(console: Console, address: str, root: Path) -> int:
         console.print(f"submitted {job_id}: chief on h1, worker on h2, evaluator on h3; checkpoints stay on "
                       f"their hosts and are shipped to h3")
         response = client.status(job_id)
-        with Live(render_status(response, job_id), console=console, refresh_per_second=4, transient=True) as live:
+        with Live(render_status(response.nodes, response.jobs, job_id=job_id), console=console, refresh_per_second=4,
+                  transient=True) as live:
             while response.jobs[0].state not in TERMINAL:
                 time.sleep(0.5)
                 response = client.status(job_id)
-                live.update(render_status(response, job_id))
-        console.print(render_status(response, job_id))
+                live.update(render_status(response.nodes, response.jobs, job_id=job_id))
+        console.print(render_status(response.nodes, response.jobs, job_id=job_id))
         job = response.jobs[0]
         for e in job.evaluations:
             shown = ", ".join(f"{k} {v:.3f}" for k, v in sorted(e.metrics.items()))

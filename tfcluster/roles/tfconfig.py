@@ -2,6 +2,8 @@
 
 The evaluator is never inside the training tasks' cluster: under parameter_server an evaluator entry
 makes the chief hang at connect, and TensorFlow accepts an evaluator that is absent from the cluster.
+Every task's TF_CONFIG holds the same cluster, so it is encoded once per job (`cluster_json`) and each
+task's string is composed from it: a job of thousands of tasks does not encode its cluster per task.
 """
 
 from __future__ import annotations
@@ -26,14 +28,21 @@ def build_cluster(tasks: Iterable[tuple[str, int, str]]) -> dict[str, list[str]]
         if sorted(indexed) != list(range(len(indexed))):
             raise ValueError(f"{task_type} indices must be 0..{len(indexed) - 1}, got {sorted(indexed)}")
         cluster[task_type] = [indexed[i] for i in range(len(indexed))]
+    if "chief" not in cluster and "worker" not in cluster:
+        raise ValueError("a job needs at least one chief or worker")
     return cluster
+
+
+def cluster_json(tasks: Iterable[tuple[str, int, str]]) -> str:
+    return json.dumps(build_cluster(tasks), sort_keys=True)
+
+
+def tf_config(cluster: str, task_type: str, index: int) -> str:
+    """One task's TF_CONFIG: exactly json.dumps({"cluster": ..., "task": ...}, sort_keys=True)."""
+    return f'{{"cluster": {cluster}, "task": {{"index": {int(index)}, "type": {json.dumps(task_type)}}}}}'
 
 
 def build_tf_configs(tasks: list[tuple[str, int, str]]) -> dict[tuple[str, int], str]:
     """One TF_CONFIG JSON string per (type, index)."""
-    cluster = build_cluster(tasks)
-    if "chief" not in cluster and "worker" not in cluster:
-        raise ValueError("a job needs at least one chief or worker")
-    return {(task_type, index): json.dumps({"cluster": cluster, "task": {"type": task_type, "index": index}},
-                                           sort_keys=True)
-            for task_type, index, _ in tasks}
+    cluster = cluster_json(tasks)
+    return {(task_type, index): tf_config(cluster, task_type, index) for task_type, index, _ in tasks}

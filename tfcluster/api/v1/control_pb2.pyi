@@ -9,10 +9,12 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class SubmitJobRequest(_message.Message):
-    __slots__ = ("spec",)
+    __slots__ = ("spec", "client_request_id")
     SPEC_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     spec: _types_pb2.JobSpec
-    def __init__(self, spec: _Optional[_Union[_types_pb2.JobSpec, _Mapping]] = ...) -> None: ...
+    client_request_id: str
+    def __init__(self, spec: _Optional[_Union[_types_pb2.JobSpec, _Mapping]] = ..., client_request_id: _Optional[str] = ...) -> None: ...
 
 class SubmitJobResponse(_message.Message):
     __slots__ = ("job_id", "state")
@@ -206,12 +208,86 @@ class JobStatus(_message.Message):
     def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[str] = ..., strategy: _Optional[str] = ..., restarts: _Optional[int] = ..., tasks: _Optional[_Iterable[_Union[TaskStatus, _Mapping]]] = ..., message: _Optional[str] = ..., created: _Optional[float] = ..., finished: _Optional[float] = ..., last_evaluation: _Optional[_Union[EvaluationResult, _Mapping]] = ..., evaluations: _Optional[_Iterable[_Union[EvaluationResult, _Mapping]]] = ..., last_failure: _Optional[_Union[Failure, _Mapping]] = ..., evaluator_restarts: _Optional[int] = ..., preemptions: _Optional[int] = ...) -> None: ...
 
 class GetStatusResponse(_message.Message):
-    __slots__ = ("nodes", "jobs")
+    __slots__ = ("nodes", "jobs", "summary")
     NODES_FIELD_NUMBER: _ClassVar[int]
     JOBS_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
     nodes: _containers.RepeatedCompositeFieldContainer[NodeStatus]
     jobs: _containers.RepeatedCompositeFieldContainer[JobStatus]
-    def __init__(self, nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., jobs: _Optional[_Iterable[_Union[JobStatus, _Mapping]]] = ...) -> None: ...
+    summary: ClusterSummary
+    def __init__(self, nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., jobs: _Optional[_Iterable[_Union[JobStatus, _Mapping]]] = ..., summary: _Optional[_Union[ClusterSummary, _Mapping]] = ...) -> None: ...
+
+class ClusterSummary(_message.Message):
+    __slots__ = ("nodes_by_state", "gpus_total", "gpus_allocated", "jobs_by_state", "nodes_shown", "jobs_shown")
+    class NodesByStateEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class JobsByStateEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    NODES_BY_STATE_FIELD_NUMBER: _ClassVar[int]
+    GPUS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    GPUS_ALLOCATED_FIELD_NUMBER: _ClassVar[int]
+    JOBS_BY_STATE_FIELD_NUMBER: _ClassVar[int]
+    NODES_SHOWN_FIELD_NUMBER: _ClassVar[int]
+    JOBS_SHOWN_FIELD_NUMBER: _ClassVar[int]
+    nodes_by_state: _containers.ScalarMap[str, int]
+    gpus_total: int
+    gpus_allocated: int
+    jobs_by_state: _containers.ScalarMap[str, int]
+    nodes_shown: int
+    jobs_shown: int
+    def __init__(self, nodes_by_state: _Optional[_Mapping[str, int]] = ..., gpus_total: _Optional[int] = ..., gpus_allocated: _Optional[int] = ..., jobs_by_state: _Optional[_Mapping[str, int]] = ..., nodes_shown: _Optional[int] = ..., jobs_shown: _Optional[int] = ...) -> None: ...
+
+class ListNodesRequest(_message.Message):
+    __slots__ = ("page_size", "page_token", "state", "name_prefix")
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    NAME_PREFIX_FIELD_NUMBER: _ClassVar[int]
+    page_size: int
+    page_token: str
+    state: str
+    name_prefix: str
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., state: _Optional[str] = ..., name_prefix: _Optional[str] = ...) -> None: ...
+
+class ListNodesResponse(_message.Message):
+    __slots__ = ("nodes", "next_page_token")
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    nodes: _containers.RepeatedCompositeFieldContainer[NodeStatus]
+    next_page_token: str
+    def __init__(self, nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class ListJobsRequest(_message.Message):
+    __slots__ = ("page_size", "page_token", "states", "name", "node")
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    STATES_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    page_size: int
+    page_token: str
+    states: _containers.RepeatedScalarFieldContainer[str]
+    name: str
+    node: str
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., states: _Optional[_Iterable[str]] = ..., name: _Optional[str] = ..., node: _Optional[str] = ...) -> None: ...
+
+class ListJobsResponse(_message.Message):
+    __slots__ = ("jobs", "next_page_token")
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    jobs: _containers.RepeatedCompositeFieldContainer[JobStatus]
+    next_page_token: str
+    def __init__(self, jobs: _Optional[_Iterable[_Union[JobStatus, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class StreamLogsRequest(_message.Message):
     __slots__ = ("job_id", "task_type", "task_index", "follow", "tail_lines", "attempt")

@@ -55,6 +55,16 @@ class ControlServiceStub:
                 request_serializer=tfcluster_dot_v1_dot_control__pb2.GetStatusRequest.SerializeToString,
                 response_deserializer=tfcluster_dot_v1_dot_control__pb2.GetStatusResponse.FromString,
                 _registered_method=True)
+        self.ListNodes = channel.unary_unary(
+                '/tfcluster.v1.ControlService/ListNodes',
+                request_serializer=tfcluster_dot_v1_dot_control__pb2.ListNodesRequest.SerializeToString,
+                response_deserializer=tfcluster_dot_v1_dot_control__pb2.ListNodesResponse.FromString,
+                _registered_method=True)
+        self.ListJobs = channel.unary_unary(
+                '/tfcluster.v1.ControlService/ListJobs',
+                request_serializer=tfcluster_dot_v1_dot_control__pb2.ListJobsRequest.SerializeToString,
+                response_deserializer=tfcluster_dot_v1_dot_control__pb2.ListJobsResponse.FromString,
+                _registered_method=True)
         self.StreamLogs = channel.unary_stream(
                 '/tfcluster.v1.ControlService/StreamLogs',
                 request_serializer=tfcluster_dot_v1_dot_control__pb2.StreamLogsRequest.SerializeToString,
@@ -66,7 +76,8 @@ class ControlServiceServicer:
     """Missing associated documentation comment in .proto file."""
 
     def SubmitJob(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Accepted jobs are stored before the reply; a retry with the same client_request_id returns the same job.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -85,6 +96,20 @@ class ControlServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetStatus(self, request, context):
+        """One job with its tasks, or (no job_id) a bounded overview: the cluster summary, the first nodes, the
+        active jobs and the newest ended ones. ListNodes and ListJobs page through everything.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListNodes(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListJobs(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -119,6 +144,16 @@ def add_ControlServiceServicer_to_server(servicer, server):
                     servicer.GetStatus,
                     request_deserializer=tfcluster_dot_v1_dot_control__pb2.GetStatusRequest.FromString,
                     response_serializer=tfcluster_dot_v1_dot_control__pb2.GetStatusResponse.SerializeToString,
+            ),
+            'ListNodes': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListNodes,
+                    request_deserializer=tfcluster_dot_v1_dot_control__pb2.ListNodesRequest.FromString,
+                    response_serializer=tfcluster_dot_v1_dot_control__pb2.ListNodesResponse.SerializeToString,
+            ),
+            'ListJobs': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListJobs,
+                    request_deserializer=tfcluster_dot_v1_dot_control__pb2.ListJobsRequest.FromString,
+                    response_serializer=tfcluster_dot_v1_dot_control__pb2.ListJobsResponse.SerializeToString,
             ),
             'StreamLogs': grpc.unary_stream_rpc_method_handler(
                     servicer.StreamLogs,
@@ -234,6 +269,60 @@ class ControlService:
             '/tfcluster.v1.ControlService/GetStatus',
             tfcluster_dot_v1_dot_control__pb2.GetStatusRequest.SerializeToString,
             tfcluster_dot_v1_dot_control__pb2.GetStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListNodes(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tfcluster.v1.ControlService/ListNodes',
+            tfcluster_dot_v1_dot_control__pb2.ListNodesRequest.SerializeToString,
+            tfcluster_dot_v1_dot_control__pb2.ListNodesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListJobs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tfcluster.v1.ControlService/ListJobs',
+            tfcluster_dot_v1_dot_control__pb2.ListJobsRequest.SerializeToString,
+            tfcluster_dot_v1_dot_control__pb2.ListJobsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import psutil
 
-from tfcluster.daemon.coordinator.scheduler import Gpu
+from tfcluster.model import Gpu
 
 log = logging.getLogger("tfcluster.agent")
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import grpc
 
-from tfcluster import auth
+from tfcluster import auth, layout
 from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc
 from tfcluster.task import STATE_FILE, latest_checkpoint
 
@@ -43,7 +43,7 @@ class ShipError(Exception):
 
 def job_checkpoint_dir(state_dir: Path, job_id: str) -> Path:
     """A job's host-local checkpoint dir on a node (what the coordinator gives its tasks)."""
-    return state_dir / "jobs" / job_id / "checkpoints"
+    return Path(layout.host_checkpoint_dir(str(state_dir), job_id))
 
 
 def checkpoint_files(directory: str, prefix: str) -> list[str]:
@@ -176,7 +176,7 @@ class PeerServicer(agent_pb2_grpc.AgentPeerServiceServicer):
                     if not JOB_ID_RE.match(chunk.job_id):
                         context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"job_id: not a job id: {chunk.job_id!r}")
                     job_dir = job_checkpoint_dir(self.state_dir, chunk.job_id)
-                    incoming = job_dir.parent / f".incoming-{uuid.uuid4().hex}"
+                    incoming = job_dir.parent / f"{layout.INCOMING_PREFIX}{uuid.uuid4().hex}"
                     incoming.mkdir(parents=True)
                 if chunk.commit:
                     self._commit(incoming, job_dir, received)
@@ -216,6 +216,6 @@ def _safe_relative(path: str) -> str | None:
     if not path or os.path.isabs(path):
         return None
     normal = os.path.normpath(path)
-    if normal.startswith("..") or normal.startswith(".incoming-"):
+    if normal.startswith("..") or normal.startswith(layout.INCOMING_PREFIX):
         return None
     return normal

@@ -2,7 +2,7 @@
 
 Exits are seen at once: a thread waits on each shim (a child of this agent), or on a pidfd for shims
 adopted after an agent restart. Every change becomes a report for the coordinator through on_report.
-Task files live under <state-dir>/jobs/<job>/tasks/<type>-<index>/attempt-<n>/.
+Task files live in one directory per attempt (layout.attempt_dir).
 """
 
 from __future__ import annotations
@@ -24,7 +24,9 @@ from pathlib import Path
 
 import psutil
 
+from tfcluster import layout
 from tfcluster.daemon.agent.taskrunner import group_alive, kill_group, write_json_atomic
+from tfcluster.model import Attempt, Launch, Phase, TaskExit, TaskProgress, TaskReport
 from tfcluster.task import latest_checkpoint
 
 log = logging.getLogger("tfcluster.agent")
@@ -35,54 +37,45 @@ LISTEN_POLL_SECONDS = 0.1
 ADOPTED_POLL_SECONDS = 0.5
 
 
-@dataclass
+@dataclass(eq=False)
 class TaskRecord:
     """One attempt of one task on this node, as the agent knows it."""
-    job_id: str
-    task_type: str
-    task_index: int
-    attempt: int
+    attempt: Attempt
     dir: Path
-    phase: str = "STARTING"  # STARTING | RUNNING | EXITED | FAILED_TO_START
+    phase: str = Phase.STARTING
     pid: int = 0
     shim_pid: int = 0
-    exit_code: int | None = None
-    signal: int | None = None
-    message: str = ""
-    log_tail: list[str] = field(default_factory=list)
-    finished_at: float = 0.0
-    busy_port: int = 0
     port: int = 0
     checkpoint_dir: str = ""
     listening: bool = False
-    final_checkpoint: str = ""
+    exit: TaskExit | None = None
+    finished_at: float = 0.0
     exited: threading.Event = field(default_factory=threading.Event)
 
     @property
     def key(self) -> TaskKey:
-        return (self.job_id, self.task_type, self.task_index)
+        return (self.attempt.job_id, self.attempt.type, self.attempt.index)
 
     @property
     def log_path(self) -> Path:
-        return self.dir / "output.log"
+        return self.dir / layout.OUTPUT_FILE
 
     @property
     def events_path(self) -> Path:
         """Where the task appends its events (evaluation results), one JSON object a line."""
-        return self.dir / "events.jsonl"
+        return self.dir / layout.EVENTS_NAME
 
     @property
     def control_path(self) -> Path:
         """What the coordinator tells the task while it runs (training finished, final checkpoint)."""
-        return self.dir / "control.json"
+        return self.dir / layout.CONTROL_NAME
 
     @property
     def name(self) -> str:
-        return f"{self.job_id} {self.task_type}:{self.task_index} attempt {self.attempt}"
+        return str(self.attempt)
 
-
-def attempt_dir(state_dir: Path, job_id: str, task_type: str, task_index: int, attempt: int) -> Path:
-    return state_dir / "jobs" / job_id / "tasks" / f"{task_type}-{task_index}" / f"attempt-{attempt}"
+    def report(self) -> TaskReport:
+        return TaskReport(self.attempt, self.phase, pid=self.pid, listening=self.listening, exit=self.exit)
 
 
 def port_in_use(port: int) -> bool:
@@ -106,57 +99,61 @@ class Supervisor:
 
     # ---- launching -------------------------------------------------------------------------------
 
-    def launch(self, job_id: str, task_type: str, task_index: int, attempt: int, command: list[str],
-               env: dict[str, str], workdir: str, port: int, stop_grace_seconds: float,
-               report_listening: bool = False) -> None:
-        key = (job_id, task_type, task_index)
+    def launch(self, order: Launch) -> None:
+        """Starts an attempt, unless it is known: then its current state is reported again (a resent launch)."""
+        a = order.attempt
+        key = (a.job_id, a.type, a.index)
         with self.lock:
             current = self.tasks.get(key)
-            if current is not None and current.attempt >= attempt:
-                log.info("launch of %s:%d attempt %d ignored: attempt %d is known", task_type, task_index,
-                         attempt, current.attempt)
-                if current.attempt == attempt and current.phase != "STARTING":
+            if current is not None and current.attempt.number >= a.number:
+                if current.attempt.number == a.number and current.phase != Phase.STARTING:
                     self.on_report(current)
                 return
-            if current is not None and current.phase in ("STARTING", "RUNNING"):
-                log.warning("%s still runs while attempt %d is launched: killing it", current.name, attempt)
+            if current is not None and current.phase in (Phase.STARTING, Phase.RUNNING):
+                log.warning("%s still runs while attempt %d is launched: killing it", current.name, a.number)
                 self._kill_now(current)
-            record = TaskRecord(job_id, task_type, task_index, attempt,
-                                attempt_dir(self.state_dir, job_id, task_type, task_index, attempt), port=port)
+            record = TaskRecord(a, layout.attempt_dir(self.state_dir, a.job_id, a.type, a.index, a.number),
+                                port=order.port)
             self.tasks[key] = record
         try:
-            record.dir.mkdir(parents=True, exist_ok=True)
-            if port and port_in_use(port):
-                record.busy_port = port
-                raise _StartError(f"port {port} is already in use on this node")
-            task_env = {**os.environ, **env, "TFCLUSTER_EVENTS_FILE": str(record.events_path),
-                        "TFCLUSTER_CONTROL_FILE": str(record.control_path)}
-            record.checkpoint_dir = task_env.get("TFCLUSTER_CHECKPOINT_DIR", "")
-            for name in ("TFCLUSTER_CHECKPOINT_DIR", "TFCLUSTER_MODEL_DIR"):
-                if task_env.get(name):
-                    Path(task_env[name]).mkdir(parents=True, exist_ok=True)
-            write_json_atomic(record.dir / "launch.json", {
-                "job_id": job_id, "task_type": task_type, "task_index": task_index, "attempt": attempt,
-                "command": command, "env": task_env, "workdir": workdir, "port": port,
-                "stop_grace_seconds": stop_grace_seconds})
-            shim = subprocess.Popen([sys.executable, "-m", "tfcluster.daemon.agent.taskrunner", str(record.dir)],
-                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                    stderr=open(record.dir / "shim.log", "ab"), start_new_session=True,
-                                    close_fds=True)
+            shim = self._start(record, order)
         except (_StartError, OSError) as e:
-            self._finish(record, phase="FAILED_TO_START", message=str(e))
+            self._finish(record, Phase.FAILED_TO_START,
+                         TaskExit(message=str(e), busy_port=getattr(e, "busy_port", 0)))
             return
         record.shim_pid = shim.pid
         threading.Thread(target=self._watch_child, args=(record, shim), name=f"watch-{record.name}",
                          daemon=True).start()
-        if report_listening and port:
+        if order.report_listening and order.port:
             threading.Thread(target=self._watch_listening, args=(record,), name=f"listen-{record.name}",
                              daemon=True).start()
+
+    def _start(self, record: TaskRecord, order: Launch) -> subprocess.Popen:
+        if any("\0" in text for text in (*order.command, order.workdir, *order.env, *order.env.values())):
+            raise _StartError("the command, the environment or the workdir holds a NUL character")
+        record.dir.mkdir(parents=True, exist_ok=True)
+        if order.port and port_in_use(order.port):
+            raise _StartError(f"port {order.port} is already in use on this node", busy_port=order.port)
+        env = {**os.environ, **order.env, layout.EVENTS_FILE: str(record.events_path),
+               layout.CONTROL_FILE: str(record.control_path)}
+        record.checkpoint_dir = env.get(layout.CHECKPOINT_DIR, "")
+        for name in (layout.CHECKPOINT_DIR, layout.MODEL_DIR):
+            if env.get(name):
+                Path(env[name]).mkdir(parents=True, exist_ok=True)
+        a = record.attempt
+        write_json_atomic(record.dir / layout.LAUNCH_FILE, {
+            "job_id": a.job_id, "task_type": a.type, "task_index": a.index, "attempt": a.number,
+            "command": list(order.command), "env": env, "workdir": order.workdir, "port": order.port,
+            "stop_grace_seconds": order.stop_grace_seconds})
+        with open(record.dir / layout.SHIM_LOG_FILE, "ab") as shim_log:
+            return subprocess.Popen([sys.executable, "-m", "tfcluster.daemon.agent.taskrunner", str(record.dir)],
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=shim_log,
+                                    start_new_session=True, close_fds=True)
 
     def _watch_listening(self, record: TaskRecord) -> None:
         """Reports the task again once it accepts connections on its port."""
         while not record.exited.is_set():
-            if record.phase == "RUNNING":
+            if record.phase == Phase.RUNNING:
                 with socket.socket() as s:
                     s.settimeout(1.0)
                     if s.connect_ex(("127.0.0.1", record.port)) == 0:
@@ -172,9 +169,9 @@ class Supervisor:
             started = json.loads(line) if line else {}
         except ValueError:
             started = {}
-        if started.get("phase") == "RUNNING":
+        if started.get("phase") == Phase.RUNNING:
             with self.lock:
-                record.phase, record.pid = "RUNNING", started["pid"]
+                record.phase, record.pid = Phase.RUNNING, started["pid"]
             log.info("%s running as pid %d", record.name, record.pid)
             self.on_report(record)
         shim.stdout.close()
@@ -182,26 +179,23 @@ class Supervisor:
         self._collect(record)
 
     def _collect(self, record: TaskRecord) -> None:
-        """The shim is gone: read how the task ended from status.json."""
-        try:
-            status = json.loads((record.dir / "status.json").read_text())
-        except (OSError, ValueError):
-            status = {}
-        phase = status.get("phase")
-        if phase == "EXITED":
-            if status.get("exit_code") == 0:
-                record.final_checkpoint = self._newest_checkpoint(record)
-            self._finish(record, phase="EXITED", exit_code=status.get("exit_code"), signal=status.get("signal"),
-                         log_tail=status.get("log_tail", []))
-        elif phase == "FAILED_TO_START":
-            self._finish(record, phase="FAILED_TO_START", message=status.get("message", ""))
+        """The shim is gone: read how the task ended from its status file."""
+        status = _read_json(record.dir / layout.STATUS_FILE)
+        if status.get("phase") in (Phase.EXITED, Phase.FAILED_TO_START):
+            self._finish(record, status["phase"], self._exit_from(record, status))
         else:
             # The shim died without recording an exit (killed with -9): make sure the task is gone too.
             pgid = status.get("pgid") or record.pid
             if pgid:
                 kill_group(pgid, signal.SIGKILL)
-            self._finish(record, phase="EXITED", signal=signal.SIGKILL,
-                         message="the task's supervisor process died; the task was killed")
+            died = "the task's supervisor process died; the task was killed"
+            self._finish(record, Phase.EXITED, TaskExit(signal=signal.SIGKILL, message=died))
+
+    def _exit_from(self, record: TaskRecord, status: dict) -> TaskExit:
+        code = status.get("exit_code")
+        return TaskExit(exit_code=code, signal=status.get("signal"), message=status.get("message", ""),
+                        log_tail=tuple(status.get("log_tail", ())),
+                        final_checkpoint=self._newest_checkpoint(record) if code == 0 else "")
 
     @staticmethod
     def _newest_checkpoint(record: TaskRecord) -> str:
@@ -210,51 +204,48 @@ class Supervisor:
         newest = latest_checkpoint(directory) if directory else None
         return os.path.relpath(newest, directory) if newest else ""
 
-    def progress(self) -> list[tuple[TaskRecord, int, str]]:
-        """(task, bytes of output so far, newest checkpoint) for every running task."""
+    def progress(self) -> list[TaskProgress]:
+        """Every running task, with the bytes of output so far and its newest checkpoint."""
         found = []
         for record in self.snapshot():
-            if record.phase != "RUNNING" or record.exited.is_set():
+            if record.phase != Phase.RUNNING or record.exited.is_set():
                 continue
             try:
                 size = record.log_path.stat().st_size
             except OSError:
                 size = 0
-            found.append((record, size, self._newest_checkpoint(record)))
+            found.append(TaskProgress(record.attempt, size, self._newest_checkpoint(record)))
         return found
 
-    def finish_training(self, job_id: str, task_type: str, task_index: int, attempt: int,
-                        final_checkpoint: str) -> None:
+    def finish_training(self, attempt: Attempt, final_checkpoint: str) -> None:
         """Tells a running task (the evaluator) that training is over, through its control file."""
-        with self.lock:
-            record = self.tasks.get((job_id, task_type, task_index))
-        if record is None or record.attempt != attempt:
-            return
-        write_json_atomic(record.control_path, {"training_finished": True, "final_checkpoint": final_checkpoint})
+        record = self.current(attempt)
+        if record is not None:
+            write_json_atomic(record.control_path, {"training_finished": True, "final_checkpoint": final_checkpoint})
 
-    def _finish(self, record: TaskRecord, phase: str, exit_code: int | None = None, signal: int | None = None,
-                message: str = "", log_tail: list[str] | None = None) -> None:
+    def _finish(self, record: TaskRecord, phase: str, exit: TaskExit) -> None:
         with self.lock:
             if record.exited.is_set():
                 return
-            record.phase, record.exit_code, record.signal = phase, exit_code, signal
-            record.message, record.log_tail, record.finished_at = message, log_tail or [], time.time()
+            record.phase, record.exit, record.finished_at = phase, exit, time.time()
             record.exited.set()
-        how = f"signal {signal}" if signal else f"exit code {exit_code}" if exit_code is not None else message
-        log.info("%s ended: %s", record.name, how)
+        log.info("%s ended: %s", record.name, exit.describe())
         self.on_report(record)
 
     # ---- stopping --------------------------------------------------------------------------------
 
-    def stop(self, job_id: str, task_type: str, task_index: int, attempt: int, grace_seconds: float) -> None:
-        with self.lock:
-            record = self.tasks.get((job_id, task_type, task_index))
-        if record is None or record.attempt != attempt or record.exited.is_set():
+    def stop(self, attempt: Attempt, grace_seconds: float) -> None:
+        """SIGTERM, then SIGKILL after the grace period (the shim keeps the time). Asked again with a shorter
+        grace, the shim shortens it; with none, the task's process group is killed here and now."""
+        record = self.current(attempt)
+        if record is None or record.exited.is_set():
             return
         try:
-            write_json_atomic(record.dir / "stop.json", {"grace_seconds": grace_seconds})
+            write_json_atomic(record.dir / layout.STOP_FILE, {"grace_seconds": grace_seconds})
         except OSError:
             pass
+        if grace_seconds <= 0 and record.pid:
+            kill_group(record.pid, signal.SIGKILL)
         if not record.shim_pid or not _signal(record.shim_pid, signal.SIGTERM):
             self._kill_now(record)
 
@@ -269,7 +260,7 @@ class Supervisor:
         with self.lock:
             live = [r for r in self.tasks.values() if not r.exited.is_set()]
         for record in live:
-            self.stop(record.job_id, record.task_type, record.task_index, record.attempt, grace_seconds)
+            self.stop(record.attempt, grace_seconds)
         if wait:
             for record in live:
                 record.exited.wait(grace_seconds + 10)
@@ -279,41 +270,35 @@ class Supervisor:
     def adopt_running(self) -> int:
         """Finds tasks that a previous agent process started and that still run (or ended meanwhile)."""
         found = 0
-        for status_path in sorted(self.state_dir.glob("jobs/*/tasks/*/attempt-*/status.json")):
-            try:
-                status = json.loads(status_path.read_text())
-                launch = json.loads((status_path.parent / "launch.json").read_text())
-            except (OSError, ValueError):
+        for directory in sorted(self.state_dir.glob(layout.ATTEMPT_DIR_GLOB)):
+            status, launch = _read_json(directory / layout.STATUS_FILE), _read_json(directory / layout.LAUNCH_FILE)
+            if not status or not launch:
                 continue
-            key = (launch["job_id"], launch["task_type"], launch["task_index"])
-            known = self.tasks.get(key)
-            if known is not None and known.attempt >= launch["attempt"]:
+            attempt = Attempt(launch["job_id"], launch["task_type"], launch["task_index"], launch["attempt"])
+            record = TaskRecord(attempt, directory, pid=status.get("pid", 0), shim_pid=status.get("shim_pid", 0),
+                                port=launch.get("port", 0),
+                                checkpoint_dir=launch["env"].get(layout.CHECKPOINT_DIR, ""))
+            known = self.tasks.get(record.key)
+            if known is not None and known.attempt.number >= attempt.number:
                 continue
-            record = TaskRecord(*key, launch["attempt"], status_path.parent, pid=status.get("pid", 0),
-                                shim_pid=status.get("shim_pid", 0), port=launch.get("port", 0),
-                                checkpoint_dir=launch["env"].get("TFCLUSTER_CHECKPOINT_DIR", ""))
-            if status.get("phase") == "RUNNING":
+            if status.get("phase") == Phase.RUNNING:
                 if not _is_shim(record.shim_pid, record.dir):
                     if record.pid and group_alive(record.pid):
                         kill_group(record.pid, signal.SIGKILL)
                     continue
-                record.phase = "RUNNING"
-                self.tasks[key] = record
+                record.phase = Phase.RUNNING
+                self.tasks[record.key] = record
                 threading.Thread(target=self._watch_adopted, args=(record,), name=f"watch-{record.name}",
                                  daemon=True).start()
                 found += 1
                 log.info("reattached to %s (pid %d)", record.name, record.pid)
-            elif status.get("phase") in ("EXITED", "FAILED_TO_START") and \
+            elif status.get("phase") in (Phase.EXITED, Phase.FAILED_TO_START) and \
                     time.time() - status.get("finished", 0) < FINISHED_KEPT_SECONDS:
                 # It ended while no agent watched: the coordinator still needs to hear how.
-                record.phase, record.exit_code, record.signal = status["phase"], status.get("exit_code"), \
-                    status.get("signal")
-                record.message, record.log_tail = status.get("message", ""), status.get("log_tail", [])
+                record.phase, record.exit = status["phase"], self._exit_from(record, status)
                 record.finished_at = status.get("finished", 0)
-                if record.exit_code == 0:
-                    record.final_checkpoint = self._newest_checkpoint(record)
                 record.exited.set()
-                self.tasks[key] = record
+                self.tasks[record.key] = record
         return found
 
     def _watch_adopted(self, record: TaskRecord) -> None:
@@ -344,21 +329,36 @@ class Supervisor:
                 del self.tasks[key]
             return list(self.tasks.values())
 
-    def find(self, job_id: str, task_type: str, task_index: int, attempt: int) -> TaskRecord | None:
+    def current(self, attempt: Attempt) -> TaskRecord | None:
+        """The record of exactly this attempt, if it is the task's newest one here."""
         with self.lock:
-            record = self.tasks.get((job_id, task_type, task_index))
-        if record is not None and record.attempt == attempt:
+            record = self.tasks.get((attempt.job_id, attempt.type, attempt.index))
+        return record if record is not None and record.attempt == attempt else None
+
+    def find(self, attempt: Attempt) -> TaskRecord | None:
+        """This attempt's record, or for an older attempt whose files are still here, a record of its files."""
+        record = self.current(attempt)
+        if record is not None:
             return record
-        path = attempt_dir(self.state_dir, job_id, task_type, task_index, attempt)
-        if path.exists():  # an older attempt: its log is still on disk
-            old = TaskRecord(job_id, task_type, task_index, attempt, path, phase="EXITED")
+        path = layout.attempt_dir(self.state_dir, attempt.job_id, attempt.type, attempt.index, attempt.number)
+        if path.exists():
+            old = TaskRecord(attempt, path, phase=Phase.EXITED)
             old.exited.set()
             return old
         return None
 
 
 class _StartError(Exception):
-    pass
+    def __init__(self, message: str, busy_port: int = 0):
+        super().__init__(message)
+        self.busy_port = busy_port
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 def _signal(pid: int, sig: int) -> bool:

@@ -1,13 +1,14 @@
 """The per-task shim: `python -m tfcluster.daemon.agent.taskrunner ATTEMPT_DIR`.
 
 It starts the task in its own process group, copies its output line by line into the attempt's log
-file, forwards a stop (SIGTERM, then SIGKILL to the whole group after the grace period), kills whatever
-the task leaves behind in its group, and records how the task ended in status.json. Because the shim,
-not the agent, is the task's parent, an agent restart loses nothing: the exit code and the log are
-still recorded, and the new agent picks them up from the attempt dir (LESSONS.md 7, 9).
+file, carries out stops (SIGTERM, then SIGKILL to the whole group once the grace period is over), kills
+whatever the task leaves behind in its group, and records how the task ended in its status file. Because
+the shim, not the agent, is the task's parent, an agent restart loses nothing: the exit code and the log
+are still recorded, and the new agent picks them up from the attempt dir (LESSONS.md 7, 9).
 
-Files in ATTEMPT_DIR: launch.json (written by the agent), status.json (written here, atomically),
-output.log (the task's stdout and stderr as written), stop.json (optional, the stop's grace period).
+Files in ATTEMPT_DIR (names in tfcluster.layout): the launch file (written by the agent), the status file
+(written here, atomically), the output log (the task's stdout and stderr as written), and the stop file
+(the grace period of the latest stop request). A second stop with a shorter grace shortens the wait.
 """
 
 from __future__ import annotations
@@ -22,7 +23,10 @@ import threading
 import time
 from pathlib import Path
 
+from tfcluster import layout
+
 TAIL_LINES = 20
+ESCALATION_POLL_SECONDS = 0.1
 
 
 def write_json_atomic(path: Path, data: dict) -> None:
@@ -49,10 +53,11 @@ def group_alive(pgid: int) -> bool:
 class Runner:
     def __init__(self, attempt_dir: Path):
         self.dir = attempt_dir
-        self.launch = json.loads((attempt_dir / "launch.json").read_text())
-        self.status_path = attempt_dir / "status.json"
+        self.launch = json.loads((attempt_dir / layout.LAUNCH_FILE).read_text())
+        self.status_path = attempt_dir / layout.STATUS_FILE
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self.stopping = threading.Event()
+        self.kill_at = float("inf")  # monotonic time of the SIGKILL, once a stop was asked for
         self.child: subprocess.Popen | None = None
 
     def status(self, **fields) -> None:
@@ -61,14 +66,13 @@ class Runner:
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_term)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        log = open(self.dir / "output.log", "ab", buffering=0)
+        log = open(self.dir / layout.OUTPUT_FILE, "ab", buffering=0)
         try:
             self.child = subprocess.Popen(self.launch["command"], cwd=self.launch["workdir"] or None,
                                           env=self.launch["env"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                           stderr=subprocess.STDOUT, start_new_session=True)
-        except OSError as e:
-            what = "working directory" if e.filename == self.launch["workdir"] else "command"
-            message = f"cannot start {what} {e.filename or self.launch['command'][0]!r}: {e.strerror or e}"
+        except (OSError, ValueError) as e:
+            message = self._start_failure(e)
             log.write(f"tfcluster: {message}\n".encode())
             self.status(phase="FAILED_TO_START", message=message, finished=time.time())
             print(json.dumps({"phase": "FAILED_TO_START"}), flush=True)
@@ -95,6 +99,12 @@ class Runner:
         self.status(**fields)
         return 0
 
+    def _start_failure(self, error: Exception) -> str:
+        if isinstance(error, ValueError):
+            return f"cannot start the command: {error}"
+        what = "working directory" if error.filename == self.launch["workdir"] else "command"
+        return f"cannot start {what} {error.filename or self.launch['command'][0]!r}: {error.strerror or error}"
+
     def _pump(self, pipe, log) -> None:
         for line in iter(pipe.readline, b""):
             log.write(line)
@@ -102,30 +112,33 @@ class Runner:
         pipe.close()
 
     def _on_term(self, signum, frame) -> None:
-        if self.stopping.is_set():
-            return
+        first = not self.stopping.is_set()
         self.stopping.set()
         if self.child is not None:
-            self._terminate()
+            self._terminate(first)
 
-    def _terminate(self) -> None:
-        grace = float(self.launch.get("stop_grace_seconds", 30.0))
+    def _grace(self) -> float:
         try:
-            grace = float(json.loads((self.dir / "stop.json").read_text())["grace_seconds"])
+            return float(json.loads((self.dir / layout.STOP_FILE).read_text())["grace_seconds"])
         except (OSError, ValueError, KeyError):
-            pass
+            return float(self.launch.get("stop_grace_seconds", 30.0))
+
+    def _terminate(self, first: bool = True) -> None:
+        """SIGTERM to the group now (the first time), SIGKILL once the grace period is over."""
         pgid = self.child.pid
-        if grace <= 0:
+        self.kill_at = min(self.kill_at, time.monotonic() + self._grace())
+        if time.monotonic() >= self.kill_at:
             kill_group(pgid, signal.SIGKILL)
             return
+        if not first:
+            return  # the escalation thread already waits; it now waits for the new, earlier time
         kill_group(pgid, signal.SIGTERM)
 
         def escalate() -> None:
-            deadline = time.monotonic() + grace
-            while time.monotonic() < deadline:
+            while time.monotonic() < self.kill_at:
                 if self.child.poll() is not None and not group_alive(pgid):
                     return
-                time.sleep(0.1)
+                time.sleep(ESCALATION_POLL_SECONDS)
             kill_group(pgid, signal.SIGKILL)
         threading.Thread(target=escalate, daemon=True).start()
 

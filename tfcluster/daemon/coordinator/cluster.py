@@ -1,79 +1,60 @@
-"""The coordinator's model of the cluster: nodes, their liveness, jobs and what runs where. Pure.
+"""The coordinator's model of the cluster: nodes, their liveness, jobs, and what runs where. Pure.
 
-Time comes in as an argument and every change returns the actions to send, so the gRPC layer
-(service.py) only adds a lock, the SQLite store and the agents' streams around it.
+Every event (a registration, a heartbeat, a report, a submission, a tick) goes through one method that
+takes the time as an argument and returns the commands to send; the server only adds the event loop, the
+store and the agents' streams around it. Jobs change through lifecycle.py; each heartbeat reconciles its
+node (reconcile.py), so a lost message heals within a few seconds instead of waiting for a deadline.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from tfcluster.daemon.coordinator import jobs as J
-from tfcluster.daemon.coordinator.scheduler import (Gpu, NodeCapacity, TaskPlacement, Unfit, choose_strategy, place,
-                                                    task_list)
+from tfcluster import strategies
+from tfcluster.daemon.coordinator import checkpoints, lifecycle
+from tfcluster.daemon.coordinator.job import PENDING, T_LAUNCHING, T_RUNNING, Job, Record, Task
+from tfcluster.daemon.coordinator.launch import launch
+from tfcluster.daemon.coordinator.reconcile import reconcile_node
+from tfcluster.daemon.coordinator.scheduler import NodeCapacity, TaskPlacement, Unfit, place, task_list
+from tfcluster.model import (Attempt, Command, Evaluation, NodeInfo, Phase, Stop, TaskExit, TaskProgress,
+                             TaskReport)
 from tfcluster.roles.tfconfig import build_tf_configs
 from tfcluster.spec import JobSpec
 
 READY, LOST = "READY", "LOST"
 DEFAULT_LOST_AFTER_SECONDS = 3.0
 BUSY_PORT_AVOID_SECONDS = 600.0
+RESEND_AFTER_SECONDS = 3.0
+KEEP_FINISHED_JOBS = 1000
+KEEP_FINISHED_SECONDS = 7 * 86400.0
+
+
+class Unplaceable(Exception):
+    """A job that can never fit on the registered nodes."""
+
+
+class NameTaken(Exception):
+    """A node name held by another live agent."""
 
 
 @dataclass
-class NodeInfo:
-    name: str
-    address: str
-    port_range: tuple[int, int]
-    gpus: tuple[Gpu, ...] = ()
-    hostname: str = ""
-    cpu_count: int = 0
-    memory_bytes: int = 0
-    agent_version: str = ""
-    state_dir: str = ""
-    peer_port: int = 0
-
-    @property
-    def peer_address(self) -> str:
-        return f"{self.address}:{self.peer_port}" if self.peer_port else ""
-
-
-@dataclass
-class Node:
-    info: NodeInfo
-    state: str = READY
+class NodeSeen:
+    """What the coordinator observes about a node's agent; never saved."""
     last_seen: float = 0.0
     session_id: str = ""
-    # Ports found taken by something else on the node, and until when to avoid them.
-    busy_ports: dict[int, float] = field(default_factory=dict)
+    busy_ports: dict[int, float] = field(default_factory=dict)  # found taken by something else, until when
+    stops_sent: dict[Attempt, float] = field(default_factory=dict)  # reconcile: unwanted attempts told to stop
 
 
-@dataclass
-class Report:
-    """A task's condition as an agent reported it (wire-free copy of TaskReport)."""
-    job_id: str
-    task_type: str
-    task_index: int
-    attempt: int
-    phase: str  # RUNNING | EXITED | FAILED_TO_START
-    pid: int = 0
-    exit_code: int | None = None
-    signal: int | None = None
-    message: str = ""
-    log_tail: list[str] = field(default_factory=list)
-    busy_port: int = 0
-    listening: bool = False
-    final_checkpoint: str = ""
+@dataclass(eq=False)
+class Node(Record):
+    info: NodeInfo
+    state: str = READY
+    seen: NodeSeen = field(default_factory=NodeSeen, repr=False)
 
-
-@dataclass
-class Progress:
-    """How far a running task has got, sent with heartbeats (for the hang watchdog)."""
-    job_id: str
-    task_type: str
-    task_index: int
-    attempt: int
-    output_bytes: int
-    checkpoint: str = ""
+    @property
+    def name(self) -> str:
+        return self.info.name
 
 
 @dataclass
@@ -85,210 +66,310 @@ class Plan:
     spec: JobSpec | None = None  # with `auto` resolved
 
 
-class Unplaceable(Exception):
-    """A job that can never fit on the registered nodes."""
-
-
 class Cluster:
-    def __init__(self, lost_after_seconds: float = DEFAULT_LOST_AFTER_SECONDS):
+    def __init__(self, lost_after_seconds: float = DEFAULT_LOST_AFTER_SECONDS,
+                 resend_after_seconds: float = RESEND_AFTER_SECONDS, keep_finished_jobs: int = KEEP_FINISHED_JOBS,
+                 keep_finished_seconds: float = KEEP_FINISHED_SECONDS):
         self.lost_after = lost_after_seconds
+        self.resend_after = resend_after_seconds
+        self.keep_finished_jobs, self.keep_finished_seconds = keep_finished_jobs, keep_finished_seconds
         self.nodes: dict[str, Node] = {}
-        self.jobs: dict[str, J.Job] = {}
-        self.dirty_jobs: set[str] = set()
-        self.dirty_nodes: set[str] = set()
+        self.jobs: dict[str, Job] = {}
+        self.live: dict[str, Job] = {}    # jobs not ended, oldest first
+        self.ended: dict[str, Job] = {}   # ended jobs, in the order they ended (retention removes from the front)
+        self.removed: list[str] = []      # ids of jobs removed by retention, until the store has deleted them
+        self.requests: dict[str, str] = {}  # a submission's client request id -> its job
+        self.next_number = 1
+        # node -> {(job id, task key): task}: what is placed where. Entries can go stale (a task moved, a job
+        # removed); readers check task.node and drop those.
+        self.placed: dict[str, dict[tuple[str, str], tuple[Job, Task]]] = {}
+        self.by_address: dict[str, set[str]] = {}
+        self.capacity_version = 0   # bumped whenever resources may have been freed or added
+        self.unfit_at: dict[str, int] = {}  # PENDING job -> capacity version at which it last did not fit
+
+    # ---- loading -------------------------------------------------------------------------------
+
+    def add_job(self, job: Job) -> None:
+        """A job from the store (or a new one)."""
+        self.jobs[job.id] = job
+        (self.ended if job.ended else self.live)[job.id] = job
+        if job.request_id:
+            self.requests[job.request_id] = job.id
+        self.next_number = max(self.next_number, job.number + 1)
+        self._track(job)
+
+    def add_node(self, node: Node) -> None:
+        self.nodes[node.name] = node
+        self.by_address.setdefault(node.info.address, set()).add(node.name)
 
     # ---- nodes ---------------------------------------------------------------------------------
 
-    def register(self, info: NodeInfo, reports: list[Report], session_id: str, now: float) -> list[J.Action]:
-        """Adds or refreshes a node; raises ValueError when it would share ports with another node."""
-        for other in self.ready_nodes():
-            o = other.info
-            if o.name != info.name and o.address == info.address and _ports(o) & _ports(info):
+    def register(self, info: NodeInfo, reports: list[TaskReport], session_id: str, now: float) -> list[Command]:
+        """Adds or refreshes a node. Raises NameTaken when another live agent holds the name, ValueError
+        when the node would share ports with another agent on its address."""
+        node = self.nodes.get(info.name)
+        if node is not None and node.state == READY and \
+                (node.info.address, node.info.state_dir) != (info.address, info.state_dir):
+            raise NameTaken(f"node name {info.name!r} is held by a live agent at {node.info.address} (state dir "
+                            f"{node.info.state_dir}); give this agent another --name")
+        for other in self.by_address.get(info.address, ()):
+            o = self.nodes[other].info
+            if other != info.name and self.nodes[other].state == READY and _ports_overlap(o, info):
                 raise ValueError(f"node.port_range_start/end: {info.name}'s ports {info.port_range[0]}-"
                                  f"{info.port_range[1]} overlap {o.name}'s on the same address {info.address} "
                                  f"({o.port_range[0]}-{o.port_range[1]}); give agents on one host disjoint ranges")
-        node = self.nodes.get(info.name)
         if node is None:
-            node = self.nodes[info.name] = Node(info=info)
-        node.info, node.state, node.last_seen, node.session_id = info, READY, now, session_id
-        self.dirty_nodes.add(info.name)
-        actions: list[J.Action] = []
-        reported = set()
+            node = Node(info=info)
+        self.by_address.get(node.info.address, set()).discard(info.name)
+        self.add_node(node)
+        if node.info != info or node.state != READY:
+            node.info, node.state = info, READY
+        node.seen.last_seen, node.seen.session_id = now, session_id
+        self.capacity_version += 1
+        commands: list[Command] = []
+        reported = {r.attempt for r in reports}
         for report in reports:
-            reported.add((report.job_id, report.task_type, report.task_index, report.attempt))
-            actions += self.report(info.name, report, now)
-        for job in self.live_jobs():
-            for task in job.tasks:
-                if task.node != info.name or not task.live:
-                    continue
-                if (job.id, task.type, task.index, task.attempt) in reported:
-                    continue
-                self.dirty_jobs.add(job.id)
-                if task.state == J.T_LAUNCHING:  # the launch may have been lost with the old stream
-                    actions.append(job.launch_action(task))
+            commands += self._apply(info.name, report, now)
+        for job, task in self._placed_on(info.name):
+            if task.live and job.attempt_of(task) not in reported:
+                if task.state == T_LAUNCHING:  # the launch may have been lost with the old stream
+                    task.seen.sent_at = now
+                    commands.append(launch(job, task))
                 else:
-                    actions += job.on_lost(task, now, f"{info.name}'s agent no longer has this task")
-        for job in self.live_jobs():
+                    commands += self._settle(job, lifecycle.lost(job, task, f"{info.name}'s agent no longer has "
+                                                                           f"this task", now))
             # A restarted agent has lost its shipping orders: the chief's checkpoints still go out.
-            decisive = job.decisive_task() if job.tasks else None
-            if decisive is not None and decisive.node == info.name and decisive.state == J.T_RUNNING:
-                actions += job.shipping()
-        return actions + self.schedule(now)
+            if task is job.decisive_task() and task.state == T_RUNNING:
+                commands += checkpoints.shipping(job)
+        return commands + self.schedule(now)
 
-    def heartbeat(self, name: str, session_id: str, now: float, progress: list[Progress] = ()) -> bool:
-        """False when the node must register again (unknown, or it was declared lost)."""
+    def alive(self, name: str, session_id: str, now: float) -> bool:
+        """A message from the node's agent: it is alive. False when it must register again (unknown, an old
+        session, or declared lost meanwhile)."""
         node = self.nodes.get(name)
-        if node is None or node.session_id != session_id or node.state != READY:
+        if node is None or node.seen.session_id != session_id or node.state != READY:
             return False
-        node.last_seen = now
-        for p in progress:
-            job = self.jobs.get(p.job_id)
-            task = job.task(p.task_type, p.task_index) if job else None
-            if task is not None and task.node == name and task.attempt == p.attempt and task.live:
-                job.on_progress(task, p.output_bytes, p.checkpoint, now)
+        node.seen.last_seen = now
         return True
 
-    def expire(self, now: float) -> list[J.Action]:
-        """Nodes silent for longer than the timeout become LOST; their tasks count as failed."""
-        actions: list[J.Action] = []
+    def heartbeat(self, name: str, session_id: str, now: float,
+                  progress: list[TaskProgress] = ()) -> list[Command] | None:
+        """The node's agent is alive and runs what `progress` lists. Returns what reconcile sends, or None
+        when the agent must register again."""
+        if not self.alive(name, session_id, now):
+            return None
+        tasks = self.placed.get(name)
+        if not tasks and not progress:
+            return []
+        for p in progress:
+            job = self.jobs.get(p.attempt.job_id)
+            task = job.task(p.attempt.type, p.attempt.index) if job else None
+            if task is not None and task.node == name and task.attempt == p.attempt.number and task.live:
+                lifecycle.progress(job, task, p.output_bytes, p.checkpoint, now)
+        return reconcile_node(name, self._placed_on(name), (p.attempt for p in progress), self.jobs,
+                              self.nodes[name].seen.stops_sent, now, self.resend_after)
+
+    def expire(self, now: float) -> list[Command]:
+        """Nodes silent for longer than the timeout become LOST; their tasks count as lost."""
+        commands: list[Command] = []
         for node in self.nodes.values():
-            if node.state == READY and now - node.last_seen > self.lost_after:
-                node.state = LOST
-                self.dirty_nodes.add(node.info.name)
-                why = f"node {node.info.name} lost (no heartbeat for {now - node.last_seen:.1f} s)"
-                for job in self.live_jobs():
-                    if job.syncing and job.sync_source == node.info.name:
-                        self.dirty_jobs.add(job.id)
-                        actions += job.on_sync_done(job.syncing, False, why, now)
-                    for task in job.tasks:
-                        if task.node == node.info.name and task.live:
-                            self.dirty_jobs.add(job.id)
-                            actions += job.on_lost(task, now, why)
-        return actions + (self.schedule(now) if actions else [])
+            if node.state != READY or now - node.seen.last_seen <= self.lost_after:
+                continue
+            node.state = LOST
+            why = f"node {node.name} lost (no heartbeat for {now - node.seen.last_seen:.1f} s)"
+            for job in list(self.live.values()):
+                if job.syncing and job.sync_source == node.name:
+                    commands += self._settle(job, lifecycle.sync_done(job, job.syncing, False, why, now))
+            for job, task in self._placed_on(node.name):
+                commands += self._settle(job, lifecycle.lost(job, task, why, now))
+        return commands
 
     def ready_nodes(self) -> list[Node]:
-        return sorted((n for n in self.nodes.values() if n.state == READY), key=lambda n: n.info.name)
+        return [n for n in self.nodes.values() if n.state == READY]
 
-    def capacity(self, idle: bool = False, now: float = 0.0) -> list[NodeCapacity]:
+    def info_of(self, name: str) -> NodeInfo | None:
+        node = self.nodes.get(name)
+        return node.info if node is not None and node.state == READY else None
+
+    def capacity(self, now: float) -> list[NodeCapacity]:
+        """Every READY node with what live tasks (and ports found taken) use of it."""
         used_gpus: dict[str, set[int]] = {}
-        used_ports: dict[str, set[int]] = {n.info.name: {p for p, until in n.busy_ports.items() if until > now}
-                                           for n in self.ready_nodes()} if not idle else {}
-        if not idle:
-            for job in self.jobs.values():
-                for task in job.tasks:
-                    if task.live:
-                        used_gpus.setdefault(task.node, set()).update(g.index for g in task.gpus)
-                        used_ports.setdefault(task.node, set()).add(task.port)
-        return [NodeCapacity(n.info.name, n.info.address, n.info.gpus, n.info.port_range,
-                             frozenset(used_gpus.get(n.info.name, ())), frozenset(used_ports.get(n.info.name, ())))
-                for n in self.ready_nodes()]
+        used_ports: dict[str, set[int]] = {}
+        for job in self.live.values():
+            for task in job.tasks:
+                if task.live:
+                    used_gpus.setdefault(task.node, set()).update(g.index for g in task.gpus)
+                    used_ports.setdefault(task.node, set()).add(task.port)
+        capacity = []
+        for n in self.ready_nodes():
+            busy = {p for p, until in n.seen.busy_ports.items() if until > now}
+            capacity.append(NodeCapacity(n.name, n.info.address, n.info.gpus, n.info.port_range,
+                                         frozenset(used_gpus.get(n.name, ())),
+                                         frozenset(used_ports.get(n.name, set()) | busy)))
+        return capacity
 
     # ---- jobs ----------------------------------------------------------------------------------
 
-    def live_jobs(self) -> list[J.Job]:
-        return sorted((j for j in self.jobs.values() if not j.terminal), key=lambda j: (j.created, j.id))
-
     def plan(self, spec: JobSpec, now: float) -> Plan:
-        capacity = self.capacity(now=now)
-        spec = choose_strategy(spec, capacity)
+        capacity = self.capacity(now)
+        spec = strategies.resolve(spec, {n.name: n.free_gpus for n in capacity})
         result = place(spec, capacity)
         if isinstance(result, Unfit):
-            return Plan(spec.strategy, None, result.reason)
-        return Plan(spec.strategy, result,
-                    tf_configs=build_tf_configs([(p.type, p.index, p.address) for p in result]), spec=spec)
+            return Plan(spec.strategy, None, result.reason, spec=spec)
+        return Plan(spec.strategy, result, spec=spec,
+                    tf_configs=build_tf_configs([(p.type, p.index, p.address) for p in result]))
 
-    def submit(self, job_id: str, spec: JobSpec, now: float) -> tuple[J.Job, list[J.Action]]:
-        """Accepts a job (PENDING, then placed at once if it fits) or raises Unplaceable."""
-        spec = choose_strategy(spec, self.capacity(now=now))
-        never = place(spec, [n.idle() for n in self.capacity()])
+    def submit(self, spec: JobSpec, now: float, request_id: str = "") -> tuple[Job, list[Command]]:
+        """Accepts a job (PENDING, then placed at once if it fits) or raises Unplaceable. A submission
+        retried with the same request id gets the job of the first."""
+        if request_id and request_id in self.requests:
+            return self.jobs[self.requests[request_id]], []
+        capacity = self.capacity(now)
+        spec = strategies.resolve(spec, {n.name: n.free_gpus for n in capacity})
+        never = place(spec, [n.idle() for n in capacity])
         if isinstance(never, Unfit):
             raise Unplaceable(never.reason)
-        job = J.Job(id=job_id, spec=spec, strategy=spec.strategy, created=now,
-                    tasks=[J.Task(type=t, index=i) for t, i in task_list(spec)])
-        self.jobs[job_id] = job
-        self.dirty_jobs.add(job_id)
+        number, self.next_number = self.next_number, self.next_number + 1
+        job = Job(id=f"{spec.name}-{number}", spec=spec, number=number, request_id=request_id, created=now,
+                  tasks=[Task(type=t, index=i) for t, i in task_list(spec)])
+        self.add_job(job)
         return job, self.schedule(now)
 
-    def schedule(self, now: float) -> list[J.Action]:
-        """Places every PENDING job that fits now, oldest first, and tasks that lost their node."""
-        actions: list[J.Action] = []
-        for job in self.live_jobs():
-            unplaced = job.unplaced_tasks()
+    def schedule(self, now: float) -> list[Command]:
+        """Places every PENDING job that fits now, oldest first, and tasks that lost their node. A job that
+        did not fit is tried again only once resources may have changed."""
+        waiting = [j for j in self.live.values()
+                   if (j.state == PENDING and j.not_before <= now) or lifecycle.unplaced_tasks(j)]
+        waiting = [j for j in waiting if self.unfit_at.get(j.id) != self.capacity_version]
+        if not waiting:
+            return []
+        capacity = {n.name: n for n in self.capacity(now)}
+        commands: list[Command] = []
+        for job in waiting:
+            unplaced = lifecycle.unplaced_tasks(job)
             if unplaced:
-                result = place(job.spec, self.capacity(now=now), only={(t.type, t.index) for t in unplaced})
-                if not isinstance(result, Unfit):
-                    self.dirty_jobs.add(job.id)
-                    job.know_nodes({n.info.name: n.info.state_dir for n in self.ready_nodes()},
-                                   {n.info.name: n.info.peer_address for n in self.ready_nodes()})
-                    actions += job.place_again(result)
-                continue
-            if job.state != J.PENDING or job.not_before > now:
-                continue
-            result = place(job.spec, self.capacity(now=now), previous=job.previous_places())
-            self.dirty_jobs.add(job.id)
+                result = place(job.spec, list(capacity.values()), only={(t.type, t.index) for t in unplaced})
+            else:
+                result = place(job.spec, list(capacity.values()),
+                               previous={(t.type, t.index): (t.node, t.port) for t in job.tasks if t.node})
             if isinstance(result, Unfit):
-                job.on_unplaceable(result.reason, never=False, now=now)
+                self.unfit_at[job.id] = self.capacity_version
+                if not unplaced:
+                    lifecycle.unplaceable(job, result.reason, never=False, now=now)
                 continue
-            dirs = {n.info.name: n.info.state_dir for n in self.ready_nodes()}
-            peers = {n.info.name: n.info.peer_address for n in self.ready_nodes()}
-            actions += job.place(result, dirs, now, peers)
-        return actions
+            self.unfit_at.pop(job.id, None)
+            if unplaced:
+                commands += lifecycle.place_again(job, result, self.info_of, now)
+            else:
+                commands += lifecycle.place(job, result, self.info_of, now)
+            self._track(job)
+            for p in result:  # what this job now holds is not free for the next one
+                n = capacity[p.node]
+                capacity[p.node] = replace(n, used_gpus=n.used_gpus | {g.index for g in p.gpus},
+                                           used_ports=n.used_ports | {p.port})
+        return commands
 
-    def report(self, node_name: str, report: Report, now: float) -> list[J.Action]:
-        """Applies an agent's task report; stale or unknown running tasks are told to stop."""
-        job = self.jobs.get(report.job_id)
-        task = job.task(report.task_type, report.task_index) if job else None
-        current = task is not None and task.node == node_name and task.attempt == report.attempt
+    def report(self, node_name: str, report: TaskReport, now: float) -> list[Command]:
+        """Applies an agent's task report; a running attempt nobody wants is told to stop."""
+        return self._apply(node_name, report, now) + self.schedule(now)
+
+    def _apply(self, node_name: str, report: TaskReport, now: float) -> list[Command]:
+        a = report.attempt
+        job = self.jobs.get(a.job_id)
+        task = job.task(a.type, a.index) if job else None
+        current = task is not None and task.node == node_name and task.attempt == a.number
         # A process running for a task that is not live (lost, given up, not launched yet) is stale too.
-        if not current or (report.phase == "RUNNING" and not task.live):
-            if report.phase == "RUNNING":
-                return [J.Stop(node=node_name, job_id=report.job_id, task_type=report.task_type,
-                               task_index=report.task_index, attempt=report.attempt,
-                               grace_seconds=job.spec.stop_grace_seconds if job else 0.0)]
+        if not current or (report.phase == Phase.RUNNING and not task.live):
+            if report.phase == Phase.RUNNING:
+                return [_stop_unwanted(node_name, a, job)]
             return []
-        self.dirty_jobs.add(job.id)
-        if report.phase == "RUNNING":
-            return job.on_running(task, report.pid, report.listening, now)
-        if report.busy_port and node_name in self.nodes:
-            self.nodes[node_name].busy_ports[report.busy_port] = now + BUSY_PORT_AVOID_SECONDS
-        actions = job.on_exit(task, report.exit_code, report.signal, report.message, report.log_tail, now,
-                              busy_port=report.busy_port, final_checkpoint=report.final_checkpoint)
-        return actions + self.schedule(now)
+        if report.phase == Phase.RUNNING:
+            return self._settle(job, lifecycle.running(job, task, report.pid, report.listening, now))
+        exit = report.exit or TaskExit(message="ended without a report of how")
+        if exit.busy_port and node_name in self.nodes:
+            self.nodes[node_name].seen.busy_ports[exit.busy_port] = now + BUSY_PORT_AVOID_SECONDS
+        self.capacity_version += 1
+        return self._settle(job, lifecycle.ended(job, task, exit, now))
 
-    def stop(self, job_id: str, now: float, graceful: bool = True) -> list[J.Action]:
+    def stop(self, job_id: str, now: float, graceful: bool = True) -> list[Command]:
         job = self.jobs[job_id]
-        self.dirty_jobs.add(job_id)
-        return job.stop(now, graceful)
+        return self._settle(job, lifecycle.stop(job, now, graceful))
 
-    def sync_done(self, job_id: str, sync_id: int, ok: bool, message: str, now: float) -> list[J.Action]:
-        job = self.jobs.get(job_id)
-        if job is None:
-            return []
-        self.dirty_jobs.add(job_id)
-        return job.on_sync_done(sync_id, ok, message, now)
+    def sync_done(self, job_id: str, sync_id: int, ok: bool, message: str, now: float) -> list[Command]:
+        job = self.live.get(job_id)
+        return self._settle(job, lifecycle.sync_done(job, sync_id, ok, message, now)) if job else []
 
-    def evaluation(self, node_name: str, job_id: str, task_type: str, task_index: int, attempt: int,
-                   result: dict) -> None:
+    def evaluation(self, node_name: str, attempt: Attempt, result: Evaluation) -> None:
         """An evaluator's result, kept when it comes from the job's current evaluator."""
-        job = self.jobs.get(job_id)
-        task = job.task(task_type, task_index) if job else None
-        if task is None or task.node != node_name or task.attempt != attempt:
-            return
-        job.on_evaluation(result)
-        self.dirty_jobs.add(job_id)
+        job = self.jobs.get(attempt.job_id)
+        task = job.task(attempt.type, attempt.index) if job else None
+        if task is not None and task.node == node_name and task.attempt == attempt.number:
+            job.add_evaluation(result)
 
-    def tick(self, now: float) -> list[J.Action]:
-        """Periodic work: node liveness, deadlines, and jobs whose restart backoff has passed."""
-        actions = self.expire(now)
-        for job in self.live_jobs():
-            deadline_actions = job.on_tick(now)
-            if deadline_actions:
-                self.dirty_jobs.add(job.id)
-                actions += deadline_actions
-        return actions + self.schedule(now)
+    def tick(self, now: float) -> list[Command]:
+        """Periodic work: node liveness, deadlines, answers that never came, jobs whose backoff has passed,
+        and retention of ended jobs."""
+        commands = self.expire(now)
+        for job in list(self.live.values()):
+            commands += self._settle(job, lifecycle.tick(job, now))
+            commands += self._resend(job, now)
+        commands += self.schedule(now)
+        self.prune(now)
+        return commands
+
+    def _resend(self, job: Job, now: float) -> list[Command]:
+        """The final checkpoint and a checkpoint copy are told again until answered (the agent keeps a copy's
+        answer, and writing the final checkpoint again is harmless)."""
+        evaluator = job.evaluator()
+        if job.final_evaluation_until and evaluator is not None and evaluator.live and \
+                now - job.seen.finish_sent_at >= self.resend_after:
+            return [lifecycle.finish_training(job, now)]
+        if job.syncing and now - job.seen.sync_sent_at >= self.resend_after:
+            return [checkpoints.sync_action(job, now)]
+        return []
+
+    def prune(self, now: float) -> None:
+        """Removes the oldest ended jobs beyond --keep-finished-jobs, and those ended longer ago than allowed."""
+        while self.ended:
+            job = next(iter(self.ended.values()))
+            if len(self.ended) <= self.keep_finished_jobs and now - job.finished <= self.keep_finished_seconds:
+                return
+            del self.ended[job.id], self.jobs[job.id]
+            self.requests.pop(job.request_id, None)
+            self.unfit_at.pop(job.id, None)
+            self.removed.append(job.id)
+
+    # ---- helpers -------------------------------------------------------------------------------
+
+    def _settle(self, job: Job, commands: list[Command]) -> list[Command]:
+        """After any change to a job: an ended job leaves the live ones and frees its resources."""
+        if job.ended and job.id in self.live:
+            del self.live[job.id]
+            self.ended[job.id] = job
+            self.unfit_at.pop(job.id, None)
+            self.capacity_version += 1
+        return commands
+
+    def _track(self, job: Job) -> None:
+        for task in job.tasks:
+            if task.node:
+                self.placed.setdefault(task.node, {})[(job.id, task.key)] = (job, task)
+
+    def _placed_on(self, name: str) -> list[tuple[Job, Task]]:
+        """The tasks placed on a node, with stale index entries dropped."""
+        entries = self.placed.get(name, {})
+        stale = [k for k, (job, task) in entries.items() if task.node != name or self.jobs.get(job.id) is not job]
+        for key in stale:
+            del entries[key]
+        return list(entries.values())
 
 
+def _stop_unwanted(node: str, attempt: Attempt, job: Job | None) -> Command:
+    return Stop(node=node, attempt=attempt, grace_seconds=job.spec.stop_grace_seconds if job else 0.0)
 
-def _ports(info: NodeInfo) -> set[int]:
-    """Every port a node's agent uses: its task range and its own peer port."""
-    return set(range(info.port_range[0], info.port_range[1] + 1)) | ({info.peer_port} if info.peer_port else set())
+
+def _ports_overlap(a: NodeInfo, b: NodeInfo) -> bool:
+    """Two agents' port ranges (their peer ports included) share a port."""
+    def spans(info: NodeInfo) -> list[tuple[int, int]]:
+        return [info.port_range] + ([(info.peer_port, info.peer_port)] if info.peer_port else [])
+    return any(x0 <= y1 and y0 <= x1 for x0, x1 in spans(a) for y0, y1 in spans(b))

@@ -3,24 +3,24 @@
 A job is checked twice: against the nodes as if idle (can it *ever* fit? if not it fails at once with the
 reason) and against what is free now (if not, it waits PENDING). Roles pinned to nodes and tasks with
 GPUs are placed first; a bounded search backtracks when a greedy choice blocks a later task.
+
+With thousands of nodes nothing here walks every node's ports: a node's free slots are worked out only
+when the search looks at it, and candidates come lazily in preference order, so placing a small job costs
+about one sort of the node names.
 """
 
 from __future__ import annotations
 
-import bisect
-from dataclasses import dataclass, replace
+import heapq
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
 
-from tfcluster.spec import ROLE_TYPES, JobSpec
+from tfcluster.model import ROLE_TYPES, Gpu
+from tfcluster.spec import JobSpec
 
 SEARCH_BUDGET = 20_000  # placement attempts before giving up on a job (jobs are tens of tasks)
-
-
-@dataclass(frozen=True)
-class Gpu:
-    index: int
-    uuid: str = ""
-    name: str = ""
-    memory_mib: int = 0
+SHOWN_NODES = 8         # nodes named in a reason; beyond that, a summary
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,10 @@ class NodeCapacity:
 
     def idle(self) -> "NodeCapacity":
         return NodeCapacity(self.name, self.address, self.gpus, self.port_range)
+
+    @property
+    def free_gpus(self) -> int:
+        return len(self.gpus) - len(self.used_gpus)
 
 
 @dataclass(frozen=True)
@@ -55,11 +59,26 @@ class Unfit:
     reason: str
 
 
-@dataclass
-class _Free:
-    gpus: list[Gpu]
-    ports: list[int]
-    tasks: int = 0
+class _Slot:
+    """What is still free on one node during one placement."""
+
+    def __init__(self, node: NodeCapacity):
+        self.gpus = [g for g in node.gpus if g.index not in node.used_gpus]
+        self.first, self.last = node.port_range
+        self.taken = {p for p in node.used_ports if self.first <= p <= self.last}
+        self.tasks = 0  # tasks of this job placed here
+
+    def has_port(self) -> bool:
+        return len(self.taken) <= self.last - self.first
+
+    def take_port(self, preferred: int) -> int | None:
+        if self.first <= preferred <= self.last and preferred not in self.taken:
+            port = preferred
+        else:
+            port = next((p for p in range(self.first, self.last + 1) if p not in self.taken), None)
+        if port is not None:
+            self.taken.add(port)
+        return port
 
 
 def task_list(spec: JobSpec) -> list[tuple[str, int]]:
@@ -78,42 +97,51 @@ def place(spec: JobSpec, nodes: list[NodeCapacity],
     for role_type in ROLE_TYPES if only is None else ():  # re-placing a task uses the pinned nodes left
         for pinned in spec.role(role_type).nodes:
             if pinned not in by_name:
-                known = ", ".join(sorted(by_name)) or "none"
-                return Unfit(f"roles.{role_type}.nodes names {pinned!r}, which is not a ready node (ready: {known})")
+                return Unfit(f"roles.{role_type}.nodes names {pinned!r}, which is not a ready node "
+                             f"(ready: {_names(sorted(by_name)) or 'none'})")
     if not nodes:
         return Unfit("no ready nodes")
 
-    free = {n.name: _Free(gpus=[g for g in n.gpus if g.index not in n.used_gpus],
-                          ports=[p for p in range(n.port_range[0], n.port_range[1] + 1) if p not in n.used_ports])
-            for n in nodes}
+    slots: dict[str, _Slot] = {}
 
-    def candidates(role_type: str) -> list[str]:
-        pinned = spec.role(role_type).nodes
-        return [n for n in pinned if n in by_name] if pinned else [n.name for n in nodes]
+    def slot(name: str) -> _Slot:
+        if name not in slots:
+            slots[name] = _Slot(by_name[name])
+        return slots[name]
 
+    all_names = sorted(by_name)
+    candidates = {r: [n for n in spec.role(r).nodes if n in by_name] or all_names for r in ROLE_TYPES}
     tasks = [t for t in task_list(spec) if only is None or t in only]
     # Most constrained first: pinned roles, then GPU-hungry ones; keep index order within a role.
-    tasks.sort(key=lambda t: (len(candidates(t[0])), -spec.gpus_for(t[0])))
-
-    for role_type, _ in tasks:
+    tasks.sort(key=lambda t: (len(candidates[t[0]]), -spec.gpus_for(t[0])))
+    for role_type in dict.fromkeys(t[0] for t in tasks):
         need = spec.gpus_for(role_type)
-        if not any(len(by_name[n].gpus) >= need for n in candidates(role_type)):
-            return Unfit(_no_node_reason(spec, role_type, [by_name[n] for n in candidates(role_type)], free, total=True))
-
+        if not any(len(by_name[n].gpus) >= need for n in candidates[role_type]):
+            return Unfit(_too_big_reason(spec, role_type, [by_name[n] for n in candidates[role_type]]))
+    # Nodes in preference order for a task no other task of the job is on yet: most GPUs free, then by name.
+    base = {r: sorted(candidates[r], key=lambda n: (-by_name[n].free_gpus, n)) for r in {t[0] for t in tasks}}
     assignment: dict[tuple[str, int], TaskPlacement] = {}
+
+    def order(task: tuple[str, int]) -> Iterator[str]:
+        """Where to try a task: its previous node; nodes where tasks not placed yet were (they go back there:
+        a task moved off a lost node must not push a survivor off its own) come last; spread the job, and
+        prefer the node with the most GPUs left (fewer strands)."""
+        preferred = previous.get(task, ("", 0))[0]
+        theirs = {n for t, (n, _) in previous.items() if t != task and t not in assignment}
+        allowed = set(candidates[task[0]]) if spec.role(task[0]).nodes else None
+        if preferred in by_name and (allowed is None or preferred in allowed):
+            yield preferred
+        used = {name for name, s in slots.items() if s.tasks and (allowed is None or name in allowed)}
+        for name in base[task[0]]:
+            if name != preferred and name not in theirs and name not in used:
+                yield name
+        theirs_allowed = {n for n in theirs if n in by_name and (allowed is None or n in allowed)}
+        rest = [n for n in used | theirs_allowed if n != preferred]
+        rest.sort(key=lambda n: (n in theirs, slot(n).tasks, -len(slot(n).gpus), n))
+        yield from rest
+
     budget = [SEARCH_BUDGET]
     deepest = [0, tasks[0] if tasks else None]
-
-    def order(task: tuple[str, int]) -> list[str]:
-        role_type = task[0]
-        names = candidates(role_type)
-        preferred = previous.get(task, ("", 0))[0]
-        # Keep off nodes that tasks not placed yet were on (they go back there: a task moved off a lost node
-        # must not push a survivor off its own), spread a job across nodes, then prefer the node with the
-        # most GPUs left (fewer strands).
-        theirs = {n for t, (n, _) in previous.items() if t != task and t not in assignment}
-        names.sort(key=lambda n: (n != preferred, n in theirs, free[n].tasks, -len(free[n].gpus), n))
-        return names
 
     def search(i: int) -> bool:
         if i == len(tasks):
@@ -126,22 +154,21 @@ def place(spec: JobSpec, nodes: list[NodeCapacity],
             deepest[0], deepest[1] = i, task
         need = spec.gpus_for(task[0])
         for name in order(task):
-            slot = free[name]
-            if len(slot.gpus) < need or not slot.ports:
+            s = slot(name)
+            if len(s.gpus) < need or not s.has_port():
                 continue
             old_node, old_port = previous.get(task, ("", 0))
-            port = old_port if name == old_node and old_port in slot.ports else slot.ports[0]
-            gpus = slot.gpus[:need]
-            del slot.gpus[:need]
-            slot.ports.remove(port)
-            slot.tasks += 1
+            port = s.take_port(old_port if name == old_node else 0)
+            gpus = s.gpus[:need]
+            del s.gpus[:need]
+            s.tasks += 1
             assignment[task] = TaskPlacement(task[0], task[1], name, by_name[name].address, port, tuple(gpus))
             if search(i + 1):
                 return True
             del assignment[task]
-            slot.tasks -= 1
-            bisect.insort(slot.ports, port)
-            slot.gpus[:0] = gpus
+            s.tasks -= 1
+            s.taken.discard(port)
+            s.gpus[:0] = gpus
         return False
 
     if search(0):
@@ -149,38 +176,34 @@ def place(spec: JobSpec, nodes: list[NodeCapacity],
     if budget[0] < 0:
         return Unfit(f"no placement found within {SEARCH_BUDGET} tries for {len(tasks)} tasks")
     stuck = deepest[1]
-    return Unfit(_no_node_reason(spec, stuck[0], [by_name[n] for n in candidates(stuck[0])], free, total=False,
-                                 task=f"{stuck[0]}:{stuck[1]}"))
+    return Unfit(_no_room_reason(spec, stuck, [by_name[n] for n in candidates[stuck[0]]]))
 
 
-def _no_node_reason(spec: JobSpec, role_type: str, nodes: list[NodeCapacity], free: dict[str, _Free],
-                    total: bool, task: str = "") -> str:
-    need = spec.gpus_for(role_type)
-    what = f"{need} GPU{'s' if need != 1 else ''}" if need else "a port"
-    if total:
+def _what(need: int) -> str:
+    return f"{need} GPU{'s' if need != 1 else ''}" if need else "a port"
+
+
+def _too_big_reason(spec: JobSpec, role_type: str, nodes: list[NodeCapacity]) -> str:
+    where = "the nodes it may use" if spec.role(role_type).nodes else "any ready node"
+    if len(nodes) <= SHOWN_NODES:
         sizes = ", ".join(f"{n.name}: {len(n.gpus)}" for n in nodes)
-        where = "the nodes it may use" if spec.role(role_type).nodes else "any ready node"
-        return f"{role_type} tasks need {what} each, more than {where} has (GPUs per node: {sizes})"
+    else:
+        counts = Counter(len(n.gpus) for n in nodes)
+        sizes = ", ".join(f"{c} nodes with {g}" for g, c in sorted(counts.items(), reverse=True))
+    return f"{role_type} tasks need {_what(spec.gpus_for(role_type))} each, more than {where} has " \
+           f"(GPUs per node: {sizes})"
+
+
+def _no_room_reason(spec: JobSpec, task: tuple[str, int], nodes: list[NodeCapacity]) -> str:
     gpus_needed = sum(spec.gpus_for(t) for t, _ in task_list(spec))
-    state = ", ".join(f"{n.name}: {len(n.gpus) - len(n.used_gpus)} of {len(n.gpus)} GPUs free" for n in nodes)
+    shown = heapq.nsmallest(SHOWN_NODES, nodes, key=lambda n: (-n.free_gpus, n.name))
+    state = ", ".join(f"{n.name}: {n.free_gpus} of {len(n.gpus)} GPUs free" for n in shown)
+    if len(nodes) > len(shown):
+        state += f" (the {len(shown)} with the most free of {len(nodes)} nodes)"
     return (f"cannot place all {len(task_list(spec))} tasks at once ({gpus_needed} GPUs in all); "
-            f"no node left for {task} (needs {what}); {state}")
+            f"no node left for {task[0]}:{task[1]} (needs {_what(spec.gpus_for(task[0]))}); {state}")
 
 
-def choose_strategy(spec: JobSpec, nodes: list[NodeCapacity]) -> JobSpec:
-    """Resolves `auto` from the hardware: ps asked for -> parameter_server; the training GPUs fit on one
-    node -> mirrored (one task with all of them); otherwise multi_worker_mirrored across nodes."""
-    if spec.strategy != "auto":
-        return spec
-    if spec.count("ps"):
-        return replace(spec, strategy="parameter_server")
-    if spec.training_task_count == 1:
-        return replace(spec, strategy="mirrored")
-    total = sum(spec.gpus_for(r) * spec.count(r) for r in ("chief", "worker"))
-    allowed = set(spec.role("worker").nodes) or {n.name for n in nodes}
-    if total and any(n.name in allowed and len(n.gpus) - len(n.used_gpus) >= total for n in nodes):
-        worker = spec.role("worker")
-        single = replace(worker, count=1, gpus=total)
-        roles = {"worker": single, **({"evaluator": spec.role("evaluator")} if spec.count("evaluator") else {})}
-        return replace(spec, strategy="mirrored", roles=roles)
-    return replace(spec, strategy="multi_worker_mirrored")
+def _names(names: list[str]) -> str:
+    shown = ", ".join(names[:SHOWN_NODES])
+    return shown + (f" and {len(names) - SHOWN_NODES} more" if len(names) > SHOWN_NODES else "")

@@ -1,27 +1,42 @@
-"""The coordinator's durable state in SQLite: jobs (as JSON documents), nodes, and the job id sequence.
+"""Where the coordinator's records live: a small interface, and SQLite as the embedded default.
 
-A write happens after every change the coordinator makes, in one transaction, so a restarted coordinator
-finds every job it had accepted.
+A store loads everything once at start and then writes batches (records.py): each batch is one
+transaction, so a batch is stored whole or not at all. SQLite runs in WAL mode with synchronous=FULL: once
+`write` returns, the batch survives a kill -9 and a power cut, which is what lets the coordinator
+acknowledge a submission only after its batch is written. Writes run on one thread of their own, never on
+the event loop. A replicated store (etcd, say) implements the same three methods with the same documents.
 """
 
 from __future__ import annotations
 
-import json
 import sqlite3
 import threading
-from dataclasses import asdict
 from pathlib import Path
+from typing import Protocol
 
-from tfcluster.daemon.coordinator.cluster import Node, NodeInfo
-from tfcluster.daemon.coordinator.jobs import Job
-from tfcluster.daemon.coordinator.scheduler import Gpu
+from tfcluster import layout
+from tfcluster.daemon.coordinator.records import Batch, Loaded
 
+SCHEMA_VERSION = 2
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
     id TEXT PRIMARY KEY,
-    seq INTEGER NOT NULL,
-    state TEXT NOT NULL,
+    number INTEGER NOT NULL,
+    request_id TEXT NOT NULL,
     doc TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS jobs_by_request ON jobs(request_id) WHERE request_id != '';
+CREATE TABLE IF NOT EXISTS tasks (
+    job_id TEXT NOT NULL,
+    key TEXT NOT NULL,
+    doc TEXT NOT NULL,
+    PRIMARY KEY (job_id, key)
+);
+CREATE TABLE IF NOT EXISTS evaluations (
+    job_id TEXT NOT NULL,
+    checkpoint TEXT NOT NULL,
+    doc TEXT NOT NULL,
+    PRIMARY KEY (job_id, checkpoint)
 );
 CREATE TABLE IF NOT EXISTS nodes (
     name TEXT PRIMARY KEY,
@@ -34,68 +49,82 @@ CREATE TABLE IF NOT EXISTS counters (
 """
 
 
-class Store:
+class Store(Protocol):
+    path: str
+
+    def load(self) -> Loaded: ...
+
+    def write(self, batch: Batch) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class SqliteStore:
     def __init__(self, state_dir: Path):
         state_dir.mkdir(parents=True, exist_ok=True)
-        self.path = state_dir / "coordinator.sqlite3"
+        self.path = str(state_dir / layout.COORDINATOR_DB)
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # load at start, then writes from the writer thread
         with self._lock:
             self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.executescript(SCHEMA)
+            self._db.execute("PRAGMA synchronous=FULL")
+            version = self._db.execute("PRAGMA user_version").fetchone()[0]
+            with self._transaction():
+                if version < SCHEMA_VERSION and self._has_table("jobs"):  # written by tfcluster 0.1
+                    from tfcluster.daemon.coordinator.migrate import from_version_1
+                    from_version_1(self._db)
+                for statement in SCHEMA.split(";"):
+                    self._db.execute(statement)
+                self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
-    def next_job_number(self) -> int:
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                self._db.execute("INSERT INTO counters(name, value) VALUES('job', 1) "
-                                 "ON CONFLICT(name) DO UPDATE SET value = value + 1")
-                (value,) = self._db.execute("SELECT value FROM counters WHERE name = 'job'").fetchone()
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            return value
+    def _has_table(self, name: str) -> bool:
+        return self._db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
+                                (name,)).fetchone() is not None
 
-    def save(self, jobs: list[Job], nodes: list[Node]) -> None:
-        if not jobs and not nodes:
-            return
-        with self._lock:
-            self._db.execute("BEGIN")
-            try:
-                for job in jobs:
-                    self._db.execute(
-                        "INSERT INTO jobs(id, seq, state, doc) VALUES(?, ?, ?, ?) "
-                        "ON CONFLICT(id) DO UPDATE SET state = excluded.state, doc = excluded.doc",
-                        (job.id, int(job.created * 1e6), job.state, job.to_json()))
-                for node in nodes:
-                    doc = {"info": asdict(node.info), "state": node.state}
-                    self._db.execute("INSERT INTO nodes(name, doc) VALUES(?, ?) "
-                                     "ON CONFLICT(name) DO UPDATE SET doc = excluded.doc",
-                                     (node.info.name, json.dumps(doc)))
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
+    def _transaction(self):
+        db = self._db
 
-    def load_jobs(self) -> list[Job]:
-        with self._lock:
-            rows = self._db.execute("SELECT doc FROM jobs ORDER BY seq").fetchall()
-        return [Job.from_json(doc) for (doc,) in rows]
+        class Transaction:
+            def __enter__(self):
+                db.execute("BEGIN IMMEDIATE")
 
-    def load_nodes(self) -> list[Node]:
+            def __exit__(self, kind, value, trace):
+                db.execute("COMMIT" if kind is None else "ROLLBACK")
+        return Transaction()
+
+    def load(self) -> Loaded:
         with self._lock:
-            rows = self._db.execute("SELECT doc FROM nodes ORDER BY name").fetchall()
-        nodes = []
-        for (doc,) in rows:
-            data = json.loads(doc)
-            info = data["info"]
-            info["gpus"] = tuple(Gpu(**g) for g in info["gpus"])
-            info["port_range"] = tuple(info["port_range"])
-            nodes.append(Node(info=NodeInfo(**info), state=data["state"]))
-        return nodes
+            tasks: dict[str, list[str]] = {}
+            for job_id, doc in self._db.execute("SELECT job_id, doc FROM tasks"):
+                tasks.setdefault(job_id, []).append(doc)
+            evaluations: dict[str, list[str]] = {}
+            for job_id, doc in self._db.execute("SELECT job_id, doc FROM evaluations"):
+                evaluations.setdefault(job_id, []).append(doc)
+            jobs = [(doc, tasks.get(job_id, []), evaluations.get(job_id, []))
+                    for job_id, doc in self._db.execute("SELECT id, doc FROM jobs ORDER BY number")]
+            nodes = [doc for (doc,) in self._db.execute("SELECT doc FROM nodes ORDER BY name")]
+            row = self._db.execute("SELECT value FROM counters WHERE name = 'next_job_number'").fetchone()
+        return Loaded(jobs=jobs, nodes=nodes, next_job_number=row[0] if row else 1)
+
+    def write(self, batch: Batch) -> None:
+        with self._lock, self._transaction():
+            db = self._db
+            db.executemany("INSERT INTO jobs(id, number, request_id, doc) VALUES(?, ?, ?, ?) "
+                           "ON CONFLICT(id) DO UPDATE SET doc = excluded.doc", batch.jobs)
+            db.executemany("INSERT INTO tasks(job_id, key, doc) VALUES(?, ?, ?) "
+                           "ON CONFLICT(job_id, key) DO UPDATE SET doc = excluded.doc", batch.tasks)
+            db.executemany("INSERT INTO evaluations(job_id, checkpoint, doc) VALUES(?, ?, ?) "
+                           "ON CONFLICT(job_id, checkpoint) DO UPDATE SET doc = excluded.doc", batch.evaluations)
+            db.executemany("DELETE FROM evaluations WHERE job_id = ? AND checkpoint = ?", batch.dropped_evaluations)
+            db.executemany("INSERT INTO nodes(name, doc) VALUES(?, ?) "
+                           "ON CONFLICT(name) DO UPDATE SET doc = excluded.doc", batch.nodes)
+            for table, column in (("jobs", "id"), ("tasks", "job_id"), ("evaluations", "job_id")):
+                db.executemany(f"DELETE FROM {table} WHERE {column} = ?", [(j,) for j in batch.removed_jobs])
+            if batch.next_job_number:
+                db.execute("INSERT INTO counters(name, value) VALUES('next_job_number', ?) "
+                           "ON CONFLICT(name) DO UPDATE SET value = excluded.value", (batch.next_job_number,))
 
     def close(self) -> None:
         with self._lock:
             self._db.close()
+

@@ -1,0 +1,182 @@
+"""A job and its tasks as the coordinator keeps them: plain state records, changed by lifecycle.py.
+
+Assigning any field of a Job or Task marks it unsaved, so the store writes exactly what changed at the end
+of each tick without anyone having to remember to say so. What is only observed while running (a task's
+output progress, when a command was last sent) lives in the `seen` parts, which are never written.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tfcluster import strategies
+from tfcluster.model import Attempt, Evaluation, Gpu, TaskExit
+from tfcluster.spec import JobSpec
+
+# Job states. A job that must end or restart first passes through STOPPING until every task has exited.
+PENDING, STARTING, RUNNING, STOPPING = "PENDING", "STARTING", "RUNNING", "STOPPING"
+SUCCEEDED, FAILED, STOPPED = "SUCCEEDED", "FAILED", "STOPPED"
+JOB_STATES = (PENDING, STARTING, RUNNING, STOPPING, SUCCEEDED, FAILED, STOPPED)
+JOB_ENDED = (SUCCEEDED, FAILED, STOPPED)
+RESTART = "RESTART"  # the outcome of a STOPPING job that goes back to PENDING
+
+# Task states.
+T_PENDING, T_LAUNCHING, T_RUNNING = "PENDING", "LAUNCHING", "RUNNING"
+T_SUCCEEDED, T_FAILED, T_STOPPED, T_LOST = "SUCCEEDED", "FAILED", "STOPPED", "LOST"
+TASK_STATES = (T_PENDING, T_LAUNCHING, T_RUNNING, T_SUCCEEDED, T_FAILED, T_STOPPED, T_LOST)
+TASK_LIVE = (T_LAUNCHING, T_RUNNING)
+TASK_ENDED = (T_SUCCEEDED, T_FAILED, T_STOPPED, T_LOST)
+MAX_EVALUATIONS_KEPT = 1000
+
+
+class Record:
+    """A record the store saves: any assignment marks it unsaved until the store calls saved()."""
+    unsaved = True
+
+    def __setattr__(self, name: str, value) -> None:
+        object.__setattr__(self, name, value)
+        object.__setattr__(self, "unsaved", True)
+
+    def saved(self) -> None:
+        object.__setattr__(self, "unsaved", False)
+
+
+@dataclass
+class TaskSeen:
+    """What the coordinator observes about a task while it runs; never saved."""
+    output_bytes: int = 0
+    checkpoint: str = ""      # newest checkpoint in its dir, from heartbeats
+    sent_at: float = 0.0      # when its last launch or stop went to the agent (reconcile resends)
+    missing_since: float = 0.0  # when a heartbeat of its node first lacked it while RUNNING
+
+
+@dataclass(eq=False)
+class Task(Record):
+    type: str
+    index: int
+    node: str = ""
+    host: str = ""
+    port: int = 0
+    gpus: tuple[Gpu, ...] = ()
+    checkpoint_dir: str = ""  # TFCLUSTER_CHECKPOINT_DIR on its node
+    peer: str = ""            # its node's agent-to-agent address (host-local checkpoints go there)
+    state: str = T_PENDING
+    attempt: int = 0
+    pid: int = 0
+    exit: TaskExit | None = None
+    stop_grace: float | None = None  # a stop was sent with this grace period; None: not asked to stop
+    ready: bool = False  # running, and listening on its port when the next launch wave needs that
+    seen: TaskSeen = field(default_factory=TaskSeen, repr=False)
+
+    @property
+    def key(self) -> str:
+        return f"{self.type}:{self.index}"
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}" if self.host else ""
+
+    @property
+    def live(self) -> bool:
+        return self.state in TASK_LIVE
+
+    @property
+    def current(self) -> Attempt:
+        return Attempt("", self.type, self.index, self.attempt)
+
+    @property
+    def message(self) -> str:
+        return self.exit.message if self.exit else ""
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A job's last failure: which task, on which node, how it ended, and when."""
+    task: str  # "worker:1", or "job" for the hang watchdog
+    node: str
+    exit: TaskExit
+    time: float
+    lost: bool = False  # the task's node was lost (or its agent forgot it)
+
+    def describe(self) -> str:
+        return f"{self.task} on {self.node} {self.exit.describe()}"
+
+
+@dataclass
+class JobSeen:
+    """What the coordinator observes about a job while it runs; never saved."""
+    last_progress: float = 0.0  # hang watchdog: when output or the chief's checkpoint last moved
+    finish_sent_at: float = 0.0
+    sync_sent_at: float = 0.0
+
+
+@dataclass(eq=False)
+class Job(Record):
+    id: str
+    spec: JobSpec             # `auto` already resolved
+    number: int = 0           # the job number (its id's suffix): orders jobs and pages
+    request_id: str = ""      # the client's id for the submission: a retry returns this job
+    state: str = PENDING
+    tasks: list[Task] = field(default_factory=list)
+    restarts: int = 0
+    preemptions: int = 0
+    evaluator_restarts: int = 0
+    message: str = ""
+    created: float = 0.0
+    finished: float = 0.0
+    outcome: str = ""         # while STOPPING: the state to take once every task is gone (or RESTART)
+    restarting: tuple[str, ...] = ()  # while STOPPING for a partial restart: the tasks being restarted
+    not_before: float = 0.0   # restart backoff: not placed again before this time
+    last_failure: Failure | None = None
+    final_evaluation_until: float = 0.0  # training is over; the evaluator has until then
+    cluster_json: str = ""    # the training tasks' cluster in TF_CONFIG, set when placed
+    # Host-local checkpoints: the node holding the chief's newest ones, and a copy of its dir to a restarted
+    # group's nodes before they start.
+    checkpoint_node: str = ""
+    syncing: int = 0          # id of the copy under way, 0 when none
+    sync_source: str = ""
+    sync_until: float = 0.0
+    syncs: int = 0
+    evaluations: list[Evaluation] = field(default_factory=list)
+    seen: JobSeen = field(default_factory=JobSeen, repr=False)
+
+    @property
+    def strategy(self) -> str:
+        return self.spec.strategy
+
+    @property
+    def profile(self) -> strategies.Strategy:
+        return strategies.profile(self.spec.strategy)
+
+    @property
+    def ended(self) -> bool:
+        return self.state in JOB_ENDED
+
+    @property
+    def host_local(self) -> bool:
+        """No shared checkpoint_dir: each node keeps its own, and agents copy them where needed."""
+        return not self.spec.checkpoint_dir
+
+    def task(self, task_type: str, index: int) -> Task | None:
+        for t in self.tasks:
+            if t.type == task_type and t.index == index:
+                return t
+        return None
+
+    def training_tasks(self) -> list[Task]:
+        return [t for t in self.tasks if t.type != "evaluator"]
+
+    def decisive_task(self) -> Task:
+        """The task whose success means training succeeded: the chief, else worker 0."""
+        return self.task("chief", 0) or self.task("worker", 0)
+
+    def evaluator(self) -> Task | None:
+        return self.task("evaluator", 0)
+
+    def attempt_of(self, task: Task) -> Attempt:
+        return Attempt(self.id, task.type, task.index, task.attempt)
+
+    def add_evaluation(self, result: Evaluation) -> None:
+        """One entry per checkpoint: a checkpoint evaluated again replaces its entry and moves to the end."""
+        kept = [e for e in self.evaluations if e.checkpoint != result.checkpoint]
+        self.evaluations = (kept + [result])[-MAX_EVALUATIONS_KEPT:]

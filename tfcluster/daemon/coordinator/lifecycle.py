@@ -1,0 +1,299 @@
+"""The job state machine: PENDING -> STARTING -> RUNNING -> STOPPING -> SUCCEEDED | FAILED | STOPPED. Pure.
+
+Each transition changes a Job (job.py) and returns the actions (actions.py) the agents must be sent. A job
+that must end or restart first passes through STOPPING until every task has exited, so no state says
+"done" while a process of the job is still alive. What a failure leads to is the restart policy's
+decision (restart.py); completion is explicit (LESSONS.md 2): the chief finishes, the evaluator is told
+the final checkpoint and evaluates it within a deadline, only then are ps and workers stopped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from tfcluster import layout
+from tfcluster.daemon.coordinator import checkpoints, restart
+from tfcluster.daemon.coordinator.job import (FAILED, PENDING, RESTART, RUNNING, STARTING, STOPPED, STOPPING,
+                                              SUCCEEDED, T_FAILED, T_LAUNCHING, T_LOST, T_PENDING, T_RUNNING,
+                                              T_STOPPED, T_SUCCEEDED, TASK_ENDED, Failure, Job, Task)
+from tfcluster.daemon.coordinator.launch import launch
+from tfcluster.daemon.coordinator.scheduler import TaskPlacement
+from tfcluster.model import Command, FinishTraining, NodeInfo, Stop, TaskExit
+from tfcluster.roles.tfconfig import cluster_json
+
+NodeLookup = Callable[[str], "NodeInfo | None"]  # a READY node's description, None when it is not READY
+
+
+# ---- placing and launching ----------------------------------------------------------------------
+
+def place(job: Job, placement: list[TaskPlacement], info_of: NodeLookup, now: float) -> list[Command]:
+    """PENDING -> STARTING: tasks get nodes, GPUs and ports; the first wave launches (after the chief's
+    checkpoints were copied to the group's nodes, when they are host-local)."""
+    assert job.state == PENDING, job.state
+    job.cluster_json = cluster_json((p.type, p.index, p.address) for p in placement)
+    for p in placement:
+        _put(job, job.task(p.type, p.index), p, info_of(p.node))
+    job.final_evaluation_until = 0.0
+    job.state, job.message = STARTING, ""
+    return checkpoints.restore(job, info_of, now) + advance(job, now)
+
+
+def place_again(job: Job, placement: list[TaskPlacement], info_of: NodeLookup, now: float) -> list[Command]:
+    """Gives tasks that lost their node a new one and launches them (only the evaluator does this: it is not
+    in the cluster, so no other task's TF_CONFIG changes)."""
+    actions: list[Command] = []
+    for p in placement:
+        task = job.task(p.type, p.index)
+        _put(job, task, p, info_of(p.node))
+        actions += launch_tasks(job, [task], now)
+    return actions
+
+
+def _put(job: Job, task: Task, p: TaskPlacement, node: NodeInfo) -> None:
+    task.node, task.host, task.port, task.gpus = p.node, p.host, p.port, p.gpus
+    task.peer = node.peer_address
+    task.checkpoint_dir = job.spec.checkpoint_dir or layout.host_checkpoint_dir(node.state_dir, job.id)
+    task.state, task.pid, task.exit, task.stop_grace, task.ready = T_PENDING, 0, None, None, False
+
+
+def unplaced_tasks(job: Job) -> list[Task]:
+    """Tasks of a placed job that lost their node and wait for a new one (the evaluator)."""
+    if job.state not in (STARTING, RUNNING):
+        return []
+    return [t for t in job.tasks if t.state == T_PENDING and not t.node]
+
+
+def launch_tasks(job: Job, tasks: list[Task], now: float) -> list[Command]:
+    actions: list[Command] = []
+    for task in tasks:
+        task.attempt += 1
+        task.state, task.pid, task.exit, task.stop_grace, task.ready = T_LAUNCHING, 0, None, None, False
+        task.seen.sent_at = now
+        actions.append(launch(job, task))
+    if job.decisive_task() in tasks or job.evaluator() in tasks:
+        actions += checkpoints.shipping(job)
+    return actions
+
+
+def advance(job: Job, now: float) -> list[Command]:
+    """While STARTING: launch the next wave once every earlier task is up; RUNNING once all are."""
+    if job.state != STARTING or job.syncing:
+        return []
+    if any(t.state == T_LAUNCHING or (t.state == T_RUNNING and not t.ready) for t in job.tasks):
+        return []
+    pending = [t for t in job.tasks if t.state == T_PENDING and t.node]
+    wave = [t for t in pending if job.profile.in_first_wave(t.type)] or pending
+    if wave:
+        return launch_tasks(job, wave, now)
+    job.state = RUNNING
+    job.seen.last_progress = now
+    return []
+
+
+def sync_done(job: Job, sync_id: int, ok: bool, message: str, now: float) -> list[Command]:
+    return advance(job, now) if checkpoints.sync_finished(job, sync_id, ok, message) else []
+
+
+# ---- what agents report -------------------------------------------------------------------------
+
+def running(job: Job, task: Task, pid: int, listening: bool, now: float) -> list[Command]:
+    if task.state == T_RUNNING:
+        task.pid = task.pid or pid
+        task.ready = task.ready or listening
+        return advance(job, now)
+    if task.state != T_LAUNCHING:
+        return []
+    task.state, task.pid = T_RUNNING, pid
+    task.ready = listening or not job.profile.must_listen(task.type)
+    return advance(job, now)
+
+
+def ended(job: Job, task: Task, exit: TaskExit, now: float) -> list[Command]:
+    """A task exited, or never started (exit code and signal None)."""
+    if task.state in TASK_ENDED or task.state == T_PENDING:
+        return []
+    task.exit = exit
+    if exit.succeeded:
+        task.state = T_SUCCEEDED
+    else:
+        task.state = T_FAILED if task.stop_grace is None else T_STOPPED
+    return _after_task_end(job, task, now)
+
+
+def lost(job: Job, task: Task, why: str, now: float) -> list[Command]:
+    if not task.live:
+        return []
+    task.state, task.exit = T_LOST, TaskExit(message=why)
+    return _after_task_end(job, task, now)
+
+
+def progress(job: Job, task: Task, output_bytes: int, checkpoint: str, now: float) -> None:
+    """Output grew or the chief's checkpoint changed: the job is not hung."""
+    seen = task.seen
+    if seen.output_bytes != output_bytes or (checkpoint and seen.checkpoint != checkpoint):
+        seen.output_bytes, seen.checkpoint = output_bytes, checkpoint or seen.checkpoint
+        job.seen.last_progress = max(job.seen.last_progress, now)
+
+
+def _after_task_end(job: Job, task: Task, now: float) -> list[Command]:
+    if job.state == STOPPING:
+        if job.restarting and task.key not in job.restarting and task.state in (T_FAILED, T_LOST):
+            # A task outside a partial restart failed meanwhile: restart everything instead.
+            return wind_down(job, RESTART, f"{job.message}; then {task.key} {task.state.lower()}", now)
+        return _finish_if_quiet(job, now)
+    if job.final_evaluation_until:
+        if task.type != "evaluator":  # training is over: a ps or worker server ending changes nothing
+            return []
+        how = "done" if task.state == T_SUCCEEDED else f"ended {task.state}"
+        return wind_down(job, SUCCEEDED, f"final evaluation {how}", now)
+    if task.state in (T_FAILED, T_LOST):
+        failure = Failure(task=task.key, node=task.node, exit=task.exit, time=now, lost=task.state == T_LOST)
+        return _failed(job, failure, task, now)
+    if task.state == T_SUCCEEDED and task.type != "evaluator":
+        return _check_training_done(job, now)
+    return advance(job, now)
+
+
+# ---- failures -----------------------------------------------------------------------------------
+
+def _failed(job: Job, failure: Failure, task: Task | None, now: float) -> list[Command]:
+    """Carries out the restart policy's decision about one failure (task None: the hang watchdog)."""
+    job.last_failure = failure
+    decision = restart.decide(job, failure, task.type if task else "job")
+    message = f"{failure.describe()}; {decision.reason}"
+    _charge(job, decision.charge)
+    if decision.kind == restart.FAIL:
+        return wind_down(job, FAILED, message, now)
+    if decision.kind == restart.RESTART_GROUP:
+        return wind_down(job, RESTART, message, now)
+    if decision.kind == restart.RESTART_TASKS and decision.tasks == (task.key,):
+        job.message = message  # it is dead already: relaunched at once, on its address
+        return launch_tasks(job, [task], now)
+    if decision.kind == restart.RESTART_TASKS:
+        return wind_down(job, RESTART, message, now, only=decision.tasks)
+    job.message = message
+    if decision.kind == restart.RESTART_EVALUATOR and failure.lost:
+        # Its node is gone: the cluster places it anew (Cluster.schedule).
+        task.state, task.node, task.host, task.port, task.gpus, task.peer = T_PENDING, "", "", 0, (), ""
+    elif decision.kind == restart.RESTART_EVALUATOR:
+        return launch_tasks(job, [task], now) + advance(job, now)
+    # An evaluator given up while STARTING must not hold back the chief's wave or RUNNING.
+    return advance(job, now)
+
+
+def _charge(job: Job, charge: str) -> None:
+    if charge == restart.BUDGET:
+        job.restarts += 1
+    elif charge == restart.PREEMPTION:
+        job.preemptions += 1
+    elif charge == restart.EVALUATOR_BUDGET:
+        job.evaluator_restarts += 1
+
+
+def _check_training_done(job: Job, now: float) -> list[Command]:
+    decisive = job.decisive_task()
+    if decisive.state != T_SUCCEEDED:
+        return []
+    # Training tasks that run the user program must all finish; servers (parameter_server) never do.
+    others = [t for t in job.training_tasks() if t is not decisive and not job.profile.serves_until_stopped(t.type)]
+    if any(t.state != T_SUCCEEDED for t in others):
+        return []
+    evaluator = job.evaluator()
+    if evaluator is None or not evaluator.live:
+        return wind_down(job, SUCCEEDED, "", now)
+    final = decisive.exit.final_checkpoint if decisive.exit else ""
+    job.final_evaluation_until = now + job.spec.evaluator_deadline_seconds
+    job.message = f"training finished; evaluating the final checkpoint {final}" if final else \
+        "training finished without a checkpoint; waiting for the evaluator to exit"
+    return [finish_training(job, now)]
+
+
+def finish_training(job: Job, now: float) -> FinishTraining:
+    """Tells the evaluator which checkpoint is final (again, until it has ended: writing it twice is harmless)."""
+    decisive, evaluator = job.decisive_task(), job.evaluator()
+    job.seen.finish_sent_at = now
+    return FinishTraining(node=evaluator.node, attempt=job.attempt_of(evaluator),
+                          final_checkpoint=decisive.exit.final_checkpoint if decisive.exit else "")
+
+
+# ---- time ---------------------------------------------------------------------------------------
+
+def tick(job: Job, now: float) -> list[Command]:
+    """Deadlines: the checkpoint copy's, the final evaluation's, and the hang watchdog's."""
+    if job.syncing and now > job.sync_until:
+        return sync_done(job, job.syncing, False,
+                         f"no answer within {checkpoints.SYNC_DEADLINE_SECONDS:g} s", now)
+    if job.final_evaluation_until and job.state in (STARTING, RUNNING) and now > job.final_evaluation_until:
+        return wind_down(job, SUCCEEDED, f"the evaluator did not finish the final evaluation within "
+                                         f"{job.spec.evaluator_deadline_seconds:g} s; stopped it", now)
+    hang = job.spec.restart.hang_seconds
+    last = job.seen.last_progress
+    if hang and job.state == RUNNING and not job.final_evaluation_until and last and now - last > hang:
+        decisive = job.decisive_task()
+        exit = TaskExit(message=f"hung: no task wrote output and the chief saved no checkpoint for "
+                                f"{now - last:.0f} s (hang_seconds = {hang:g})")
+        job.seen.last_progress = now
+        return _failed(job, Failure(task="job", node=decisive.node, exit=exit, time=now), None, now)
+    return []
+
+
+# ---- stopping -----------------------------------------------------------------------------------
+
+def stop(job: Job, now: float, graceful: bool = True) -> list[Command]:
+    """The user's stop. Again with graceful=False while tasks are still stopping: SIGKILL at once."""
+    if job.ended:
+        return []
+    if job.state == PENDING:
+        job.state, job.message, job.finished = STOPPED, "stopped by user", now
+        return []
+    return wind_down(job, STOPPED, "stopped by user", now, grace=None if graceful else 0.0)
+
+
+def wind_down(job: Job, outcome: str, message: str, now: float, grace: float | None = None,
+              only: tuple[str, ...] = ()) -> list[Command]:
+    """Stops every live task (or only those named, for a partial restart); outcome once they are gone."""
+    job.state, job.outcome, job.message, job.restarting = STOPPING, outcome, message, tuple(only)
+    actions: list[Command] = []
+    for task in job.tasks:
+        if only and task.key not in only:
+            continue
+        if task.state == T_PENDING and not only:
+            task.state = T_STOPPED
+        elif task.live:
+            actions += stop_task(job, task, job.spec.stop_grace_seconds if grace is None else grace, now)
+    return actions + _finish_if_quiet(job, now)
+
+
+def stop_task(job: Job, task: Task, grace: float, now: float) -> list[Command]:
+    """A stop, unless one as short is already on its way (reconcile resends lost ones)."""
+    if task.stop_grace is not None and task.stop_grace <= grace:
+        return []
+    task.stop_grace = grace
+    task.seen.sent_at = now
+    return [Stop(node=task.node, attempt=job.attempt_of(task), grace_seconds=grace)]
+
+
+def _finish_if_quiet(job: Job, now: float) -> list[Command]:
+    scope = [t for t in job.tasks if not job.restarting or t.key in job.restarting]
+    if job.state != STOPPING or any(t.live for t in scope):
+        return []
+    if job.outcome != RESTART:
+        job.state, job.outcome, job.finished = job.outcome, "", now
+        return []
+    job.outcome = ""
+    if job.restarting:  # relaunched in place, on the same addresses, in waves
+        for task in scope:
+            task.state = T_PENDING
+        job.restarting, job.state = (), STARTING
+        return advance(job, now)
+    job.state = PENDING
+    job.not_before = now + job.spec.restart.backoff_seconds
+    return []
+
+
+def unplaceable(job: Job, reason: str, never: bool, now: float) -> None:
+    if never:
+        job.state, job.message, job.finished = FAILED, f"cannot ever be placed: {reason}", now
+    else:
+        job.message = f"waiting for resources: {reason}"
+

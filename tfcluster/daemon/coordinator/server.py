@@ -1,0 +1,280 @@
+"""The coordinator process: one asyncio event loop owns the cluster model, the store and the agents' streams.
+
+Every event runs to completion on the loop (the model never awaits), so nothing needs a lock. What an
+event changes is written by the writer task: it collects every unsaved record into one batch, writes it on
+a thread of its own, and only then sends the commands the changes produced: agents never act on a
+decision a crash could forget. Changes that arrive during a write go into the next batch, so under load
+one transaction carries many events. A client that needs durability (a submission) waits for the batch
+that holds its change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from tfcluster import wire
+from tfcluster.api.v1 import agent_pb2
+from tfcluster.daemon.coordinator.cluster import LOST, Cluster
+from tfcluster.daemon.coordinator.records import Changes, job_from_docs, node_from_doc
+from tfcluster.daemon.coordinator.store import SqliteStore, Store
+from tfcluster.model import Attempt, CancelLog, Command, LogData, ReadLog
+
+log = logging.getLogger("tfcluster.coordinator")
+
+TICK_SECONDS = 0.2
+RECONNECT_GRACE_SECONDS = 10.0
+WRITE_RETRY_SECONDS = 1.0
+OUTBOX_LIMIT = 10_000  # commands kept for a node whose stream is away (reconcile resends what is dropped)
+
+
+class Outbox:
+    """Commands waiting for a node's stream. It outlives streams; a new stream takes it over."""
+
+    def __init__(self) -> None:
+        self.items: collections.deque = collections.deque(maxlen=OUTBOX_LIMIT)
+        self.ready = asyncio.Event()
+        self.generation = 0
+
+    def put(self, message) -> None:
+        self.items.append(message)
+        self.ready.set()
+
+    def take_over(self) -> int:
+        self.generation += 1
+        self.ready.set()  # wakes the old stream's sender, which sees it was replaced
+        return self.generation
+
+    async def get(self, generation: int):
+        """The next message for the stream of this generation; None once that stream was replaced."""
+        while True:
+            if self.generation != generation:
+                return None
+            if self.items:
+                return self.items.popleft()
+            self.ready.clear()
+            await self.ready.wait()
+
+
+class LogWaiter:
+    def __init__(self, node: str):
+        self.node = node
+        self.chunks: asyncio.Queue[LogData] = asyncio.Queue()
+
+
+class Coordinator:
+    """The model and everything around it that runs on the event loop."""
+
+    def __init__(self, store: Store, cluster: Cluster, heartbeat_interval: float,
+                 clock: Callable[[], float] = time.time):
+        self.store, self.cluster, self.clock = store, cluster, clock
+        self.heartbeat_interval = heartbeat_interval
+        self.changes = Changes()
+        self.outboxes: dict[str, Outbox] = collections.defaultdict(Outbox)
+        self.streams: dict[str, asyncio.Task] = {}  # node -> the handler serving its current stream
+        self.log_waiters: dict[int, LogWaiter] = {}
+        self.log_ids = itertools.count(1)
+        self.pending: list[Command] = []
+        self.next_write: asyncio.Future | None = None
+        self.wake = asyncio.Event()
+        self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store")
+        self.tasks: list[asyncio.Task] = []
+        self.started = self.clock()
+
+    # ---- loading and running -------------------------------------------------------------------
+
+    def load(self, reconnect_grace: float) -> None:
+        loaded = self.store.load()
+        now = self.clock()
+        for job_doc, task_docs, evaluation_docs in loaded.jobs:
+            job = job_from_docs(job_doc, task_docs, evaluation_docs)
+            job.seen.last_progress = now  # the hang watchdog counts from now: progress was not seen meanwhile
+            self.cluster.add_job(job)
+        for doc in loaded.nodes:
+            node = node_from_doc(doc)
+            # Agents retry with backoff while the coordinator is away: they get the reconnect grace on top of the
+            # usual timeout before their nodes (and the tasks on them) count as lost.
+            node.seen.last_seen = now + reconnect_grace
+            self.cluster.add_node(node)
+        self.cluster.next_number = max(self.cluster.next_number, loaded.next_job_number)
+        self.changes.loaded(self.cluster)
+        if loaded.jobs or loaded.nodes:
+            log.info("loaded %d jobs and %d nodes from %s", len(loaded.jobs), len(loaded.nodes), self.store.path)
+
+    def start(self) -> None:
+        self.tasks = [asyncio.create_task(self._write_loop(), name="writer"),
+                      asyncio.create_task(self._tick_loop(), name="ticker")]
+
+    async def close(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        await self._write()  # what changed last is stored too
+        self.writer.shutdown(wait=True)
+        self.store.close()
+
+    # ---- changes: store them, then send what they decided --------------------------------------
+
+    def apply(self, commands: list[Command] = ()) -> asyncio.Future:
+        """Something changed; commands go out once it is stored. The future is done once it is stored."""
+        self.pending.extend(commands)
+        if self.next_write is None:
+            self.next_write = asyncio.get_running_loop().create_future()
+        self.wake.set()
+        return self.next_write
+
+    async def _write_loop(self) -> None:
+        while True:
+            await self.wake.wait()
+            self.wake.clear()
+            if not await self._write():
+                await asyncio.sleep(WRITE_RETRY_SECONDS)
+                self.wake.set()
+
+    async def _write(self) -> bool:
+        done, self.next_write = self.next_write, None
+        commands, self.pending = self.pending, []
+        batch = self.changes.collect(self.cluster)
+        error = None
+        if batch:
+            try:
+                await asyncio.get_running_loop().run_in_executor(self.writer, self.store.write, batch)
+            except Exception as e:  # a full disk must not take the coordinator down; the next batch retries
+                self.changes.failed(batch, self.cluster)
+                error = e
+                log.error("cannot write the state to %s: %s", self.store.path, e)
+        self.send(commands)
+        if done is not None and not done.done():
+            done.set_exception(OSError(f"cannot store the change: {error}")) if error else done.set_result(None)
+        return error is None
+
+    def send(self, commands: list[Command]) -> None:
+        for command in commands:
+            log.debug("%s to %s", type(command).__name__, command.node)
+            self.outboxes[command.node].put(wire.command_to_proto(command))
+
+    async def _tick_loop(self) -> None:
+        while True:
+            await asyncio.sleep(TICK_SECONDS)
+            try:
+                self.apply(self.cluster.tick(self.clock()))
+            except Exception:  # a bug in one tick must not stop the next
+                log.exception("tick failed")
+
+    # ---- agents --------------------------------------------------------------------------------
+
+    def register(self, request: agent_pb2.RegisterRequest) -> str:
+        """Raises ValueError (a bad field, ports overlapping another agent's) or NameTaken."""
+        info = wire.node_info_from_proto(request.node)
+        reports = [wire.task_report_from_proto(t) for t in request.tasks]
+        session = uuid.uuid4().hex
+        commands = self.cluster.register(info, reports, session, self.clock())
+        old = self.streams.pop(info.name, None)
+        if old is not None:  # the agent came back: its old stream is over
+            old.cancel()
+        self.outboxes[info.name].items.clear()  # what was queued for the old session is stale
+        self.apply(commands)
+        log.info("node %s registered: %s, %d GPUs, ports %d-%d, agent %s, %d tasks", info.name, info.address,
+                 len(info.gpus), *info.port_range, info.agent_version, len(reports))
+        return session
+
+    def open_stream(self, node: str, session: str) -> tuple[Outbox, int]:
+        if not self.cluster.alive(node, session, self.clock()):
+            raise PermissionError(f"node {node!r} has no current registration for this session; register again")
+        old = self.streams.get(node)
+        if old is not None and old is not asyncio.current_task():
+            old.cancel()
+        self.streams[node] = asyncio.current_task()
+        outbox = self.outboxes[node]
+        return outbox, outbox.take_over()
+
+    def close_stream(self, node: str) -> None:
+        if self.streams.get(node) is asyncio.current_task():
+            del self.streams[node]
+            for request_id, waiter in list(self.log_waiters.items()):
+                if waiter.node == node:
+                    waiter.chunks.put_nowait(LogData(request_id, eof=True, error=f"node {node} disconnected"))
+
+    def on_agent_message(self, node: str, session: str, msg: agent_pb2.AgentMessage) -> bool:
+        """Handles one message from a node's stream; False ends the stream (the node must register again)."""
+        kind = msg.WhichOneof("kind")
+        now = self.clock()
+        if kind == "heartbeat":
+            commands = self.cluster.heartbeat(node, session, now, wire.progress_from_proto(msg.heartbeat))
+            if commands:
+                self.apply(commands)
+            return commands is not None
+        if not self.cluster.alive(node, session, now):
+            return False
+        if kind == "task":
+            self.apply(self.cluster.report(node, wire.task_report_from_proto(msg.task), now))
+        elif kind == "sync_done":
+            r = wire.sync_result_from_proto(msg.sync_done)
+            log.info("%s: checkpoint copy %d %s (%s; %.1f MB in %.2f s)", r.job_id, r.sync_id,
+                     "done" if r.ok else "failed", r.message or "ok", r.bytes / 1e6, r.seconds)
+            self.apply(self.cluster.sync_done(r.job_id, r.sync_id, r.ok, r.message, now))
+        elif kind == "evaluation":
+            attempt, result = wire.evaluation_from_proto(msg.evaluation)
+            self.cluster.evaluation(node, attempt, result)
+            self.apply()
+        elif kind == "log":
+            data = wire.log_data_from_proto(msg.log)
+            waiter = self.log_waiters.get(data.request_id)
+            if waiter is not None and waiter.node == node:
+                waiter.chunks.put_nowait(data)
+        return True
+
+    # ---- clients -------------------------------------------------------------------------------
+
+    def open_log(self, job_id: str, task_type: str, task_index: int, attempt: int, follow: bool,
+                 tail_lines: int) -> tuple[int, LogWaiter]:
+        job = self.cluster.jobs.get(job_id)
+        if job is None:
+            raise KeyError(f"unknown job {job_id!r}")
+        task = job.task(task_type, task_index)
+        if task is None:
+            raise KeyError(f"job {job_id} has no task {task_type}:{task_index} "
+                           f"(tasks: {', '.join(t.key for t in job.tasks[:20])})")
+        if not task.node or task.attempt == 0:
+            raise LookupError(f"{task.key} of {job_id} has not been launched yet")
+        if attempt > task.attempt:
+            raise LookupError(f"{task.key} of {job_id} has had {task.attempt} attempts, not {attempt}")
+        node = self.cluster.nodes.get(task.node)
+        if node is None or node.state == LOST or task.node not in self.streams:
+            raise ConnectionError(f"node {task.node} (where {task.key} ran) is not connected")
+        request_id = next(self.log_ids)
+        waiter = self.log_waiters[request_id] = LogWaiter(task.node)
+        self.send([ReadLog(task.node, request_id, Attempt(job_id, task_type, task_index, attempt or task.attempt),
+                           follow, tail_lines)])
+        return request_id, waiter
+
+    def close_log(self, request_id: int, cancel: bool) -> None:
+        waiter = self.log_waiters.pop(request_id, None)
+        if waiter is not None and cancel:
+            self.send([CancelLog(waiter.node, request_id)])
+
+    def running_tasks(self) -> dict[str, int]:
+        running: dict[str, int] = collections.Counter()
+        for job in self.cluster.live.values():
+            for task in job.tasks:
+                if task.live:
+                    running[task.node] += 1
+        return running
+
+
+def build(state_dir: Path, lost_after_seconds: float, heartbeat_interval_seconds: float,
+          keep_finished_jobs: int, keep_finished_seconds: float,
+          reconnect_grace_seconds: float = RECONNECT_GRACE_SECONDS) -> Coordinator:
+    cluster = Cluster(lost_after_seconds, resend_after_seconds=max(3 * heartbeat_interval_seconds, 1.0),
+                      keep_finished_jobs=keep_finished_jobs, keep_finished_seconds=keep_finished_seconds)
+    coordinator = Coordinator(SqliteStore(Path(state_dir)), cluster, heartbeat_interval_seconds)
+    coordinator.load(reconnect_grace_seconds)
+    return coordinator
+

@@ -1,0 +1,86 @@
+"""What `status` shows, in bounded pages, whatever the size of the cluster. Pure selection over the model.
+
+The overview is a summary of the whole cluster plus the first nodes (LOST ones first), the active jobs and
+the newest ended ones; ListNodes and ListJobs page through everything with filters. Pages end at a number
+of entries or of bytes, whichever comes first, so no answer grows with the cluster; a page token is the
+key of the last entry (a node's name, a job's number), so pages stay right while the cluster changes.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from typing import TypeVar
+
+from tfcluster.daemon.coordinator.cluster import LOST, READY, Cluster, Node
+from tfcluster.daemon.coordinator.job import JOB_STATES, Job
+
+DEFAULT_PAGE = 100
+MAX_PAGE = 1000
+PAGE_BYTES = 1 << 20        # a page stops growing past this many encoded bytes (it holds at least one entry)
+OVERVIEW_NODES = 50
+OVERVIEW_LIVE_JOBS = 100
+OVERVIEW_ENDED_JOBS = 20
+
+T = TypeVar("T")
+
+
+def page_size(asked: int) -> int:
+    return min(asked or DEFAULT_PAGE, MAX_PAGE)
+
+
+def fill(entries: Iterable[T], limit: int, encode: Callable[[T], object], key: Callable[[T], str],
+         size: Callable[[object], int]) -> tuple[list, str]:
+    """Encodes entries until limit entries or PAGE_BYTES; returns them and the next page's token ("" at the end)."""
+    page, used, last = [], 0, None
+    for entry in entries:
+        if len(page) >= limit or (page and used >= PAGE_BYTES):
+            return page, key(last)
+        message = encode(entry)
+        page.append(message)
+        used += size(message)
+        last = entry
+    return page, ""
+
+
+def nodes(cluster: Cluster, after: str = "", state: str = "", prefix: str = "") -> Iterator[Node]:
+    """Nodes by name, after a page token, optionally only one state or names with a prefix."""
+    for name in sorted(cluster.nodes):
+        node = cluster.nodes[name]
+        if name > after and (not state or node.state == state) and name.startswith(prefix):
+            yield node
+
+
+def overview_nodes(cluster: Cluster) -> list[Node]:
+    """The nodes the overview lists: LOST ones first (they need attention), then by name."""
+    ordered = sorted(cluster.nodes.values(), key=lambda n: (n.state != LOST, n.name))
+    return ordered[:OVERVIEW_NODES]
+
+
+def jobs(cluster: Cluster, after: int = 0, states: Iterable[str] = (), name: str = "", node: str = "") -> Iterator[Job]:
+    """Jobs oldest first, after a page token (a job number), filtered by state, name and a node of theirs."""
+    wanted = set(states)
+    for job in sorted(cluster.jobs.values(), key=lambda j: j.number):
+        if job.number <= after or (wanted and job.state not in wanted) or (name and job.spec.name != name):
+            continue
+        if node and not any(t.node == node for t in job.tasks):
+            continue
+        yield job
+
+
+def overview_jobs(cluster: Cluster) -> list[Job]:
+    """The active jobs (oldest first) and the newest ended ones."""
+    live = list(cluster.live.values())[:OVERVIEW_LIVE_JOBS]
+    ended = list(cluster.ended.values())[-OVERVIEW_ENDED_JOBS:]
+    return sorted(live + ended, key=lambda j: j.number)
+
+
+def summary(cluster: Cluster) -> dict:
+    """Counts over the whole cluster: nodes by state, GPUs on READY nodes and held by live tasks, jobs by state."""
+    by_state = Counter(n.state for n in cluster.nodes.values())
+    gpus_total = sum(len(n.info.gpus) for n in cluster.nodes.values() if n.state == READY)
+    allocated = sum(len(t.gpus) for j in cluster.live.values() for t in j.tasks if t.live)
+    jobs_by_state = Counter(j.state for j in cluster.jobs.values())
+    return {"nodes_by_state": {s: by_state[s] for s in (READY, LOST) if by_state[s]},
+            "gpus_total": gpus_total, "gpus_allocated": allocated,
+            "jobs_by_state": {s: jobs_by_state[s] for s in JOB_STATES if jobs_by_state[s]}}

@@ -1,0 +1,223 @@
+"""What both daemons speak of: a node and its GPUs, one attempt of a task, how it runs and how it ended,
+and the commands the coordinator gives agents.
+
+Plain frozen values without I/O. wire.py turns them into protobuf messages and back, so the agent and
+the coordinator share these and import nothing from each other.
+"""
+
+from __future__ import annotations
+
+import re
+import signal as signals
+from dataclasses import dataclass, field
+
+PREEMPTION_EXIT_CODE = 42  # PreemptionCheckpointHandler saved a checkpoint and exited: restart for free
+ROLE_TYPES = ("chief", "worker", "ps", "evaluator")
+# A node name is a host name or something like it: it appears in logs, tables and `nodes = [...]` lists.
+NODE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
+MAX_GPUS_PER_NODE = 256
+
+
+class Phase:
+    """A task attempt as its agent sees it."""
+    STARTING = "STARTING"                # launched, its process not started yet (agent-side only)
+    RUNNING = "RUNNING"
+    EXITED = "EXITED"                    # exit code or signal known
+    FAILED_TO_START = "FAILED_TO_START"  # never ran (missing program, port taken); the exit says why
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    uuid: str = ""
+    name: str = ""
+    memory_mib: int = 0
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """What an agent says about its node when it registers."""
+    name: str
+    address: str                      # the IP other nodes reach this node's tasks on
+    port_range: tuple[int, int]       # task ports, inclusive
+    gpus: tuple[Gpu, ...] = ()
+    hostname: str = ""
+    cpu_count: int = 0
+    memory_bytes: int = 0
+    agent_version: str = ""
+    state_dir: str = ""               # where the agent keeps job files (host-local checkpoints)
+    peer_port: int = 0                # where other agents send it checkpoints; 0: none
+
+    @property
+    def peer_address(self) -> str:
+        return f"{self.address}:{self.peer_port}" if self.peer_port else ""
+
+    def ports(self) -> set[int]:
+        """Every port the agent uses: its task range and its own peer port."""
+        first, last = self.port_range
+        return set(range(first, last + 1)) | ({self.peer_port} if self.peer_port else set())
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One attempt of one task of one job: what launches, stops and reports name."""
+    job_id: str
+    type: str
+    index: int
+    number: int
+
+    @property
+    def task_key(self) -> str:
+        return f"{self.type}:{self.index}"
+
+    def __str__(self) -> str:
+        return f"{self.job_id} {self.task_key} attempt {self.number}"
+
+
+@dataclass(frozen=True)
+class TaskExit:
+    """How an attempt ended. exit_code and signal both None: it never started (message says why)."""
+    exit_code: int | None = None
+    signal: int | None = None
+    message: str = ""
+    log_tail: tuple[str, ...] = ()
+    busy_port: int = 0          # it could not start because this port was taken on the node
+    final_checkpoint: str = ""  # with exit code 0: the newest committed checkpoint in its dir (relative name)
+
+    @property
+    def succeeded(self) -> bool:
+        return self.exit_code == 0
+
+    @property
+    def preempted(self) -> bool:
+        return self.exit_code == PREEMPTION_EXIT_CODE
+
+    def describe(self) -> str:
+        """`exited with code 3`, `killed by SIGKILL`, or the reason it never ran, with the message after."""
+        if self.signal:
+            how = f"killed by {signal_name(self.signal)}"
+        elif self.exit_code is not None:
+            how = f"exited with code {self.exit_code}"
+        else:
+            return self.message or "failed"
+        return f"{how} ({self.message})" if self.message else how
+
+
+@dataclass(frozen=True)
+class TaskReport:
+    """An attempt's condition, from its agent: RUNNING (perhaps listening), or ended with `exit`."""
+    attempt: Attempt
+    phase: str
+    pid: int = 0
+    listening: bool = False
+    exit: TaskExit | None = None
+
+
+@dataclass(frozen=True)
+class TaskProgress:
+    """A running attempt's progress, sent with every heartbeat: also the agent's list of what it runs."""
+    attempt: Attempt
+    output_bytes: int = 0
+    checkpoint: str = ""  # newest committed checkpoint in its checkpoint dir
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """One evaluation of one checkpoint."""
+    checkpoint: str
+    step: int
+    metrics: dict[str, float] = field(default_factory=dict)
+    time: float = 0.0
+
+
+def signal_name(number: int) -> str:
+    try:
+        return signals.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+@dataclass(frozen=True)
+class SyncResult:
+    """How a copy of a job's checkpoint dir to other agents went (SyncCheckpoints' answer)."""
+    job_id: str
+    sync_id: int
+    ok: bool
+    message: str = ""
+    bytes: int = 0
+    seconds: float = 0.0
+
+
+# ---- commands, coordinator to agent -------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Launch:
+    node: str
+    attempt: Attempt
+    command: tuple[str, ...]
+    env: dict[str, str]
+    workdir: str
+    port: int
+    stop_grace_seconds: float
+    report_listening: bool = False  # report again once the task accepts connections on its port
+
+
+@dataclass(frozen=True)
+class Stop:
+    node: str
+    attempt: Attempt
+    grace_seconds: float  # SIGTERM, then SIGKILL after this long; 0: SIGKILL at once
+
+
+@dataclass(frozen=True)
+class FinishTraining:
+    """Training is over: the evaluator evaluates final_checkpoint (a name in its checkpoint dir) and exits."""
+    node: str
+    attempt: Attempt
+    final_checkpoint: str
+
+
+@dataclass(frozen=True)
+class ShipCheckpoints:
+    """Follow the task's checkpoint dir and ship each new checkpoint to the targets (peer addresses) until the
+    task ends; a later order for the same attempt replaces the targets."""
+    node: str
+    attempt: Attempt
+    targets: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class SyncCheckpoints:
+    """Copy this node's whole host-local checkpoint dir of the job to the targets now, then answer."""
+    node: str
+    job_id: str
+    sync_id: int
+    targets: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ReadLog:
+    """Send the bytes of an attempt's log (LogData with this request id), to the end or (follow) until it ends."""
+    node: str
+    request_id: int
+    attempt: Attempt
+    follow: bool = False
+    tail_lines: int = 0  # 0: from the start
+
+
+@dataclass(frozen=True)
+class CancelLog:
+    node: str
+    request_id: int
+
+
+@dataclass(frozen=True)
+class LogData:
+    """Bytes of a log, agent to coordinator; the last has eof (and error, when there was none to read)."""
+    request_id: int
+    data: bytes = b""
+    eof: bool = False
+    error: str = ""
+
+
+Command = Launch | Stop | FinishTraining | ShipCheckpoints | SyncCheckpoints | ReadLog | CancelLog

@@ -1,0 +1,152 @@
+"""One profile per strategy: everything that differs between training styles, in one place.
+
+A profile says which roles a strategy takes, which tasks run tfcluster's built-in server, which must
+accept connections before the next launch wave starts, what it adds to the environment, which tasks
+serve until stopped, and what restarts when a task fails. `resolve` is the one place `auto` becomes a
+strategy. Pure: the spec is read, never changed (resolve returns a new one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+NAMES = ("mirrored", "central_storage", "multi_worker_mirrored", "parameter_server", "auto")
+TRAINING_ROLES = ("chief", "worker")
+# What restarts when a training task fails (restart_scope): the whole group, or the task alone.
+GROUP = "group"
+ALONE = "alone"
+
+Problem = tuple[str, str]  # (spec key, what is wrong)
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """The rules shared by every strategy; subclasses change what differs."""
+    name: str
+
+    def check_roles(self, spec) -> Problem | None:
+        chief, workers = spec.count("chief"), spec.count("worker")
+        if spec.count("ps"):
+            return "roles.ps", f"ps tasks only exist under strategy = \"parameter_server\" (this job is {self.name!r})"
+        if chief + workers != 1:
+            return "roles", (f"{self.name} runs one training task (all its GPUs on one node); got {chief} chief "
+                             f"and {workers} workers")
+        return None
+
+    def runs_builtin_server(self, task_type: str, spec) -> bool:
+        """The task runs `python -m tfcluster.roles.server` instead of a user command."""
+        return False
+
+    def must_listen(self, task_type: str) -> bool:
+        """The next launch wave waits until this task accepts connections on its port."""
+        return False
+
+    def in_first_wave(self, task_type: str) -> bool:
+        return True
+
+    def serves_until_stopped(self, task_type: str) -> bool:
+        """The task never exits by itself: training is over without it, and it is stopped then."""
+        return False
+
+    def env(self) -> dict[str, str]:
+        return {}
+
+    def restart_scope(self, task_type: str) -> str | tuple[str, ...]:
+        """GROUP, ALONE, or the task types restarted together when a task of this type fails."""
+        return GROUP
+
+
+class Mirrored(Strategy):
+    """MirroredStrategy and CentralStorageStrategy: one task with all its GPUs on one node."""
+
+
+class MultiWorkerMirrored(Strategy):
+    """An optional chief and N workers running the same program; one dies, all must restart."""
+
+    def check_roles(self, spec) -> Problem | None:
+        if spec.count("ps"):
+            return super().check_roles(spec)
+        if spec.count("chief") and spec.gpus_for("chief") != spec.gpus_for("worker"):
+            return "roles.chief.gpus", (f"multi_worker_mirrored needs the same GPU count on every task; chief has "
+                                        f"{spec.gpus_for('chief')}, workers have {spec.gpus_for('worker')}")
+        return None
+
+
+class ParameterServer(Strategy):
+    """The chief runs the program; workers and ps serve it (TF_FACTS.md: ParameterServerStrategy)."""
+
+    def check_roles(self, spec) -> Problem | None:
+        if spec.count("chief") != 1:
+            return "roles.chief.count", "parameter_server needs exactly one chief (it runs the training program)"
+        if spec.count("worker") < 1:
+            return "roles.worker.count", "parameter_server needs at least one worker"
+        if spec.count("ps") < 1:
+            return "roles.ps.count", "parameter_server needs at least one ps"
+        return None
+
+    def runs_builtin_server(self, task_type: str, spec) -> bool:
+        return task_type in ("worker", "ps") and not spec.role(task_type).command
+
+    def must_listen(self, task_type: str) -> bool:
+        return task_type in ("worker", "ps")
+
+    def in_first_wave(self, task_type: str) -> bool:
+        # The chief fails at connect unless every ps and worker already listens.
+        return task_type != "chief"
+
+    def serves_until_stopped(self, task_type: str) -> bool:
+        return task_type in ("worker", "ps")
+
+    def env(self) -> dict[str, str]:
+        return {"GRPC_FAIL_FAST": "use_caller"}
+
+    def restart_scope(self, task_type: str) -> str | tuple[str, ...]:
+        # The chief hands a dead worker's work to the others and takes it back once it listens again;
+        # a dead ps loses variables: the chief restores them from its checkpoint with fresh ps.
+        return ALONE if task_type == "worker" else ("ps", "chief")
+
+
+PROFILES: dict[str, Strategy] = {
+    "mirrored": Mirrored("mirrored"),
+    "central_storage": Mirrored("central_storage"),
+    "multi_worker_mirrored": MultiWorkerMirrored("multi_worker_mirrored"),
+    "parameter_server": ParameterServer("parameter_server"),
+}
+
+
+def profile(name: str) -> Strategy:
+    """The profile of a resolved strategy (never `auto`)."""
+    return PROFILES[name]
+
+
+def by_roles(spec) -> str:
+    """The strategy a spec runs under, from its roles alone: `auto` becomes parameter_server when ps are asked
+    for, mirrored for one training task, multi_worker_mirrored otherwise."""
+    if spec.strategy != "auto":
+        return spec.strategy
+    if spec.count("ps"):
+        return "parameter_server"
+    if sum(spec.count(r) for r in TRAINING_ROLES) == 1:
+        return "mirrored"
+    return "multi_worker_mirrored"
+
+
+def resolve(spec, free_gpus: Mapping[str, int] | None = None):
+    """The spec with `auto` replaced by a strategy, once, when the job is submitted.
+
+    By the roles (by_roles); and when the training tasks ask for GPUs and one node (one the workers may use)
+    has that many free (free_gpus: node -> free GPUs), one mirrored worker with all of them, which runs the
+    worker role's command and env; the evaluator is kept."""
+    if spec.strategy != "auto":
+        return spec
+    chosen = by_roles(spec)
+    if chosen == "multi_worker_mirrored" and free_gpus:
+        total = sum(spec.gpus_for(r) * spec.count(r) for r in TRAINING_ROLES)
+        allowed = set(spec.role("worker").nodes) or set(free_gpus)
+        if total and any(free_gpus.get(name, 0) >= total for name in allowed):
+            roles = {"worker": replace(spec.role("worker"), count=1, gpus=total)}
+            if spec.count("evaluator"):
+                roles["evaluator"] = spec.role("evaluator")
+            return replace(spec, strategy="mirrored", roles=roles)
+    return replace(spec, strategy=chosen)
