@@ -161,12 +161,18 @@ class Launch:
     stop_grace_seconds: float
     report_listening: bool = False  # report again once the task accepts connections on its port
 
+    def __str__(self) -> str:
+        return f"launch {self.attempt} on {self.node}"
+
 
 @dataclass(frozen=True)
 class Stop:
     node: str
     attempt: Attempt
     grace_seconds: float  # SIGTERM, then SIGKILL after this long; 0: SIGKILL at once
+
+    def __str__(self) -> str:
+        return f"stop {self.attempt} on {self.node} (SIGKILL after {self.grace_seconds:g} s)"
 
 
 @dataclass(frozen=True)
@@ -175,6 +181,10 @@ class FinishTraining:
     node: str
     attempt: Attempt
     final_checkpoint: str
+
+    def __str__(self) -> str:
+        return f"{self.attempt.job_id}: training finished; the evaluator on {self.node} is told the final " \
+               f"checkpoint is {self.final_checkpoint!r}"
 
 
 @dataclass(frozen=True)
@@ -185,6 +195,10 @@ class ShipCheckpoints:
     attempt: Attempt
     targets: tuple[str, ...]
 
+    def __str__(self) -> str:
+        return f"{self.attempt.job_id}: {self.node} ships {self.attempt.task_key}'s checkpoints to " \
+               f"{', '.join(self.targets)}"
+
 
 @dataclass(frozen=True)
 class SyncCheckpoints:
@@ -193,6 +207,9 @@ class SyncCheckpoints:
     job_id: str
     sync_id: int
     targets: tuple[str, ...]
+
+    def __str__(self) -> str:
+        return f"{self.job_id}: copying checkpoints from {self.node} to {', '.join(self.targets)} (copy {self.sync_id})"
 
 
 @dataclass(frozen=True)

@@ -6,117 +6,12 @@ import json
 from dataclasses import replace
 
 import pytest
+from coresim import PORTS, Sim, gpus, info, keys, launches, make_spec, report, stops, task_of
 
 from tfcluster.daemon.coordinator import job as J
 from tfcluster.daemon.coordinator.checkpoints import SYNC_DEADLINE_SECONDS
-from tfcluster.daemon.coordinator.cluster import LOST, READY, Cluster, Unplaceable
-from tfcluster.model import (Attempt, FinishTraining, Gpu, Launch, NodeInfo, ShipCheckpoints, Stop, SyncCheckpoints,
-                             TaskExit, TaskProgress, TaskReport)
-from tfcluster.spec import parse_spec
-
-PORTS = (20000, 20099)
-
-
-def gpus(node: str, n: int) -> tuple[Gpu, ...]:
-    return tuple(Gpu(i, uuid=f"GPU-{node}-{i}", name="A100", memory_mib=40000) for i in range(n))
-
-
-def info(name: str, n_gpus: int = 0, ports=PORTS) -> NodeInfo:
-    return NodeInfo(name=name, address=f"10.0.0.{name[-1]}", port_range=ports, gpus=gpus(name, n_gpus),
-                    state_dir=f"/state/{name}")
-
-
-def make_spec(strategy="multi_worker_mirrored", gpus=0, env=None, restart=None, name="job", **roles):
-    table = {r: (v if isinstance(v, dict) else {"count": v}) for r, v in roles.items()}
-    data = {"name": name, "strategy": strategy, "command": ["python", "train.py"], "gpus": gpus,
-            "roles": table, "workdir": "/work/job"}
-    if env:
-        data["env"] = env
-    if restart:
-        data["restart"] = restart
-    return parse_spec(data, "test")
-
-
-def report(job_id, task_type, index, attempt, phase, pid=0, listening=False, **exit) -> TaskReport:
-    """A report as an agent sends it; exit fields (exit_code, signal, message, ...) for ended attempts."""
-    if "log_tail" in exit:
-        exit["log_tail"] = tuple(exit["log_tail"])
-    return TaskReport(Attempt(job_id, task_type, index, attempt), phase, pid=pid, listening=listening,
-                      exit=TaskExit(**exit) if phase != "RUNNING" else None)
-
-
-class Sim:
-    """A Cluster plus fake time and helpers that play the agents' part."""
-    current: "Sim | None" = None
-
-    def __init__(self, *nodes: NodeInfo, lost_after: float = 3.0):
-        self.c = Cluster(lost_after_seconds=lost_after)
-        self.now = 100.0
-        self.pid = 1000
-        Sim.current = self
-        for n in nodes:
-            assert self.c.register(n, [], f"session-{n.name}", self.now) == []
-
-    def submit(self, spec, name="job"):
-        """Submits spec under the job name given (its id is name-N)."""
-        return self.c.submit(replace(spec, name=name), self.now)
-
-    def report(self, job, task_type, index, phase, attempt=None, node=None, **kw) -> list:
-        task = job.task(task_type, index)
-        if phase == "RUNNING" and "pid" not in kw:
-            self.pid += 1
-            kw["pid"] = self.pid
-        if phase == "RUNNING":
-            kw.setdefault("listening", True)  # as agents report servers once they accept connections
-        r = report(job.id, task_type, index, task.attempt if attempt is None else attempt, phase, **kw)
-        return self.c.report(node or task.node, r, self.now)
-
-    def running(self, job, actions) -> list:
-        """Every launched task reports RUNNING; returns the actions that come back."""
-        out = []
-        for a in launches(actions):
-            out += self.report(job, a.attempt.type, a.attempt.index, "RUNNING", attempt=a.attempt.number, node=a.node)
-        return out
-
-    def exit(self, job, key, code=0, signal=None, **kw) -> list:
-        t, i = key.split(":")
-        return self.report(job, t, int(i), "EXITED", exit_code=code, signal=signal, **kw)
-
-    def exit_stopped(self, job, actions) -> list:
-        """Every task told to stop exits by SIGTERM."""
-        out = []
-        for s in stops(actions):
-            out += self.report(job, s.attempt.type, s.attempt.index, "EXITED", attempt=s.attempt.number, node=s.node,
-                               exit_code=None, signal=15)
-        return out
-
-    def heartbeat_all(self, *except_nodes):
-        for name, n in self.c.nodes.items():
-            if name not in except_nodes:
-                self.c.heartbeat(name, n.seen.session_id, self.now)
-
-    def free(self):
-        """node -> (free GPU indices, used ports)."""
-        return {n.name: (sorted(g.index for g in n.gpus if g.index not in n.used_gpus), sorted(n.used_ports))
-                for n in self.c.capacity(self.now)}
-
-
-def task_of(action):
-    """The task an action is about."""
-    return Sim.current.c.jobs[action.attempt.job_id].task(action.attempt.type, action.attempt.index)
-
-
-def launches(actions):
-    return [a for a in actions if isinstance(a, Launch)]
-
-
-def stops(actions):
-    return [a for a in actions if isinstance(a, Stop)]
-
-
-def keys(actions):
-    return sorted(a.attempt.task_key for a in actions)
-
+from tfcluster.daemon.coordinator.cluster import LOST, READY, Unplaceable
+from tfcluster.model import Attempt, FinishTraining, Launch, NodeInfo, ShipCheckpoints, Stop, SyncCheckpoints, TaskProgress
 
 def three_nodes():
     return Sim(info("n1", 2), info("n2", 2), info("n3", 0))
@@ -906,7 +801,6 @@ def peer_info(name: str) -> NodeInfo:
 
 def local_spec(**kw):
     spec = make_spec(worker=2, evaluator={"count": 1, "nodes": ["n3"]}, **kw)
-    from dataclasses import replace
     return replace(spec, checkpoint_dir="")
 
 
@@ -928,7 +822,6 @@ def test_chief_checkpoints_are_shipped_to_the_evaluators_node():
 
 
 def test_shared_checkpoint_dir_ships_and_copies_nothing():
-    from dataclasses import replace
     sim = Sim(peer_info("n1"), peer_info("n2"), peer_info("n3"))
     spec = replace(local_spec(restart={"max_restarts": 2}), checkpoint_dir="/shared/ckpt")
     job, actions = sim.submit(spec)
@@ -1003,7 +896,6 @@ def test_a_restarted_chief_agent_is_told_again_where_to_ship():
 
 def test_an_evaluator_moved_to_a_node_that_joined_later_gets_its_dir_and_the_checkpoints():
     def gpu_node(name):  # one GPU each: the evaluator needs one, so only a new node can take it
-        from dataclasses import replace
         return replace(peer_info(name), gpus=gpus(name, 1))
     sim = Sim(gpu_node("n1"), gpu_node("n2"), gpu_node("n3"))
     job, actions = sim.submit(make_spec(gpus=1, worker=2, evaluator={"count": 1}))
@@ -1020,7 +912,6 @@ def test_an_evaluator_moved_to_a_node_that_joined_later_gets_its_dir_and_the_che
 
 
 def test_two_agents_on_one_address_with_overlapping_ports_are_refused():
-    from dataclasses import replace
     sim = Sim(info("n1"))
     twin = replace(info("n1"), name="n1b", port_range=(20050, 20150))
     with pytest.raises(ValueError, match="overlap n1's on the same address 10.0.0.1"):

@@ -157,7 +157,10 @@ class Coordinator:
 
     def send(self, commands: list[Command]) -> None:
         for command in commands:
-            log.debug("%s to %s", type(command).__name__, command.node)
+            if isinstance(command, (ReadLog, CancelLog)):
+                log.debug("%s to %s", type(command).__name__, command.node)
+            else:
+                log.info("%s", command)
             self.outboxes[command.node].put(wire.command_to_proto(command))
 
     async def _tick_loop(self) -> None:

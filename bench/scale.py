@@ -1,0 +1,237 @@
+"""Fleet scale (a benchmark, not a test): N fake agents (tests/fleet.py: the real wire API over real gRPC,
+one connection each, spread over a few client processes) against a real `tfcluster coordinator` process.
+
+For N = 100, 1,000 and 5,000 it measures: the time until all are READY; GetStatus latency (p50/p99) while
+they heartbeat at 1 Hz; submit of a 2-task job until both launches have reached their agents; coordinator
+CPU (cores) and CPU per heartbeat; RSS. In the same run it measures the floor: a bare grpc.aio server that
+only counts the same heartbeats, and prints the coordinator's CPU per heartbeat as a ratio to it.
+
+Prints a table and writes bench/scale.json. Run with `make bench` or `python bench/scale.py [N ...]`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))
+from harness import free_port, kill_group  # noqa: E402
+
+SIZES = (100, 1000, 5000)
+AGENTS_PER_CLIENT = 1250
+READY_TIMEOUT_SECONDS = 120
+WINDOW_SECONDS = 15.0
+STATUS_EVERY_SECONDS = 0.1
+SUBMISSIONS = 10
+
+
+class Fleet:
+    """Client processes of fake agents, and what they report on stdout."""
+
+    def __init__(self, address: str, size: int):
+        self.lock = threading.Lock()
+        self.registered: dict[int, int] = {}
+        self.heartbeats: dict[int, int] = {}
+        self.launches: dict[str, list[float]] = {}  # job id -> times its launches arrived
+        self.procs = []
+        per = -(-size // -(-size // AGENTS_PER_CLIENT))  # spread evenly over ceil(size / 1250) processes
+        for first in range(0, size, per):
+            proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "fleet.py"), address, str(first),
+                                     str(min(per, size - first)), "--exit-after", "0.5"],
+                                    stdout=subprocess.PIPE, text=True, start_new_session=True)
+            self.procs.append(proc)
+            threading.Thread(target=self._read, args=(len(self.procs) - 1, proc), daemon=True).start()
+
+    def _read(self, i: int, proc) -> None:
+        for line in proc.stdout:
+            event = json.loads(line)
+            with self.lock:
+                if "registered" in event:
+                    self.registered[i] = event["registered"]
+                elif "heartbeats" in event:
+                    self.heartbeats[i] = event["heartbeats"]
+                elif "launch" in event:
+                    self.launches.setdefault(event["launch"][0], []).append(event["launch"][3])
+
+    def total(self, counts: dict[int, int]) -> int:
+        with self.lock:
+            return sum(counts.values())
+
+    def cpu_seconds(self) -> float:
+        return sum(_cpu(p.pid) for p in self.procs)
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            kill_group(proc.pid)
+            proc.wait()
+
+
+def _cpu(pid: int) -> float:
+    t = psutil.Process(pid).cpu_times()
+    return t.user + t.system
+
+
+def bare_server(address: str) -> None:
+    """The floor: the same Register and Connect, doing nothing but count heartbeats."""
+    import grpc
+
+    from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc
+
+    class Bare(agent_pb2_grpc.AgentServiceServicer):
+        heartbeats = 0
+
+        async def Register(self, request, context):
+            return agent_pb2.RegisterResponse(session_id="bare", heartbeat_interval_seconds=1.0)
+
+        async def Connect(self, request_iterator, context):
+            async for message in request_iterator:
+                if message.HasField("heartbeat"):
+                    Bare.heartbeats += 1
+
+    async def main() -> None:
+        server = grpc.aio.server(options=[("grpc.keepalive_permit_without_calls", 1)])
+        agent_pb2_grpc.add_AgentServiceServicer_to_server(Bare(), server)
+        server.add_insecure_port(address)
+        await server.start()
+        await server.wait_for_termination()
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    asyncio.run(main())
+
+
+def start_server(kind: str, address: str, state: Path) -> subprocess.Popen:
+    if kind == "bare":
+        argv = [sys.executable, __file__, "--bare", address]
+    else:
+        argv = [sys.executable, "-m", "tfcluster.cli", "coordinator", "--listen", address, "--state-dir", str(state),
+                "--log-level", "warning"]
+    proc = subprocess.Popen(argv, start_new_session=True, stdout=subprocess.DEVNULL,
+                            stderr=open(state.parent / f"{kind}.log", "ab"))
+    host, port = address.rsplit(":", 1)
+    deadline = time.monotonic() + 30
+    import socket
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex((host, int(port))) == 0:
+                return proc
+        time.sleep(0.05)
+    raise RuntimeError(f"{kind} server did not listen on {address}")
+
+
+def measure(kind: str, size: int, tmp: Path) -> dict:
+    address = f"127.0.0.1:{free_port()}"
+    state = tmp / f"{kind}-{size}"
+    state.mkdir()
+    server = start_server(kind, address, state)
+    fleet = None
+    client = None
+    try:
+        began = time.monotonic()
+        fleet = Fleet(address, size)
+        if kind == "coordinator":
+            from tfcluster.client import Client
+            client = Client(address)
+        while fleet.total(fleet.registered) < size or (client and _ready(client) < size):
+            if time.monotonic() - began > READY_TIMEOUT_SECONDS:
+                raise RuntimeError(f"only {fleet.total(fleet.registered)} of {size} registered")
+            time.sleep(0.05)
+        result = {"ready_seconds": round(time.monotonic() - began, 2)}
+        time.sleep(3.0)  # every stream up and beating
+        beats0, cpu0, clients0, t0 = fleet.total(fleet.heartbeats), _cpu(server.pid), fleet.cpu_seconds(), time.monotonic()
+        latencies = []
+        while time.monotonic() - t0 < WINDOW_SECONDS:
+            if client is not None:
+                started = time.perf_counter()
+                client.status()
+                latencies.append(time.perf_counter() - started)
+            time.sleep(STATUS_EVERY_SECONDS)
+        seconds = time.monotonic() - t0
+        beats, cpu = fleet.total(fleet.heartbeats) - beats0, _cpu(server.pid) - cpu0
+        result.update({"heartbeats_per_second": round(beats / seconds), "server_cores": round(cpu / seconds, 3),
+                       "cpu_us_per_heartbeat": round(cpu / max(beats, 1) * 1e6, 1),
+                       "client_cores": round((fleet.cpu_seconds() - clients0) / seconds, 2),
+                       "rss_mb": round(psutil.Process(server.pid).memory_info().rss / 1e6)})
+        if client is not None:
+            latencies.sort()
+            result["status_p50_ms"] = round(statistics.median(latencies) * 1000, 1)
+            result["status_p99_ms"] = round(latencies[int(len(latencies) * 0.99) - 1] * 1000, 1)
+            result["submit_to_launch_ms"] = _submissions(client, fleet)
+            result["nodes_lost"] = client.status().summary.nodes_by_state.get("LOST", 0)
+        return result
+    finally:
+        if client is not None:
+            client.close()
+        if fleet is not None:
+            fleet.stop()
+        kill_group(server.pid)
+        server.wait()
+
+
+def _ready(client) -> int:
+    return client.status().summary.nodes_by_state.get("READY", 0)
+
+
+def _submissions(client, fleet: Fleet) -> dict:
+    from tfcluster.spec import parse_spec
+
+    spec = parse_spec({"name": "scale", "strategy": "multi_worker_mirrored", "command": ["train"], "gpus": 1,
+                       "workdir": "/srv", "roles": {"worker": {"count": 2}}})
+    times = []
+    for _ in range(SUBMISSIONS):
+        started = time.time()
+        job_id = client.submit(spec)
+        deadline = time.monotonic() + 10
+        while len(fleet.launches.get(job_id, ())) < 2 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        arrived = fleet.launches.get(job_id, [])
+        if len(arrived) < 2:
+            raise RuntimeError(f"{job_id}: {len(arrived)} of 2 launches arrived")
+        times.append(max(arrived) - started)
+        time.sleep(0.2)
+    return {"p50": round(statistics.median(times) * 1000, 1), "max": round(max(times) * 1000, 1)}
+
+
+def main(sizes: tuple[int, ...]) -> None:
+    results = {}
+    with tempfile.TemporaryDirectory(prefix="tfcluster-scale-") as tmp:
+        for size in sizes:
+            coordinator = measure("coordinator", size, Path(tmp))
+            bare = measure("bare", size, Path(tmp))
+            coordinator["bare_cpu_us_per_heartbeat"] = bare["cpu_us_per_heartbeat"]
+            coordinator["bare_rss_mb"] = bare["rss_mb"]
+            coordinator["cpu_per_heartbeat_vs_bare"] = round(coordinator["cpu_us_per_heartbeat"] /
+                                                             max(bare["cpu_us_per_heartbeat"], 1e-9), 2)
+            results[size] = coordinator
+            print(f"N={size}: {json.dumps(coordinator)}", flush=True)
+    print()
+    rows = [("agents", "READY s", "status p50/p99 ms", "submit->launch ms", "cores", "us/heartbeat",
+             "bare us/hb", "ratio", "RSS MB")]
+    for size, r in results.items():
+        rows.append((str(size), f"{r['ready_seconds']}", f"{r['status_p50_ms']} / {r['status_p99_ms']}",
+                     f"{r['submit_to_launch_ms']['p50']} (max {r['submit_to_launch_ms']['max']})",
+                     f"{r['server_cores']}", f"{r['cpu_us_per_heartbeat']}", f"{r['bare_cpu_us_per_heartbeat']}",
+                     f"{r['cpu_per_heartbeat_vs_bare']}x", f"{r['rss_mb']}"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)))
+    (Path(__file__).resolve().parent / "scale.json").write_text(json.dumps(results, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--bare"]:
+        bare_server(sys.argv[2])
+    else:
+        main(tuple(int(n) for n in sys.argv[1:]) or SIZES)

@@ -1,0 +1,143 @@
+"""A fleet of fake agents: many per process, each with its own connection, speaking the real wire API.
+
+Each fake agent registers (retrying with backoff and jitter, like the real one), keeps one Connect stream,
+heartbeats at the interval the coordinator asks for, lists its running tasks in each heartbeat, answers a
+launch with RUNNING at once and a stop with an exit. It runs nothing. Used by the scale test and
+bench/scale.py; run as a process:
+
+    python tests/fleet.py COORDINATOR FIRST COUNT [--exit-after S]
+
+It prints one JSON object per line on stdout: {"registered": n} as agents register, {"launch": [job, task,
+node, unix time]} for every launch received, and {"heartbeats": total} every second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import resource
+import sys
+import time
+from pathlib import Path
+
+import grpc
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tfcluster import wire  # noqa: E402
+from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc  # noqa: E402
+from tfcluster.model import Attempt, Gpu, Launch, NodeInfo, Phase, Stop, TaskExit, TaskProgress, TaskReport  # noqa: E402
+
+GPUS_PER_NODE = 8
+
+
+def node_info(index: int) -> NodeInfo:
+    """Node `fleet-<index>`: 8 GPUs, an address of its own in 10.0.0.0/8 (never dialled: tasks are fake)."""
+    name = f"fleet-{index:05d}"
+    address = f"10.{(index >> 16) & 255}.{(index >> 8) & 255}.{index & 255}"
+    return NodeInfo(name=name, address=address, port_range=(20001, 20999), peer_port=20000,
+                    gpus=tuple(Gpu(i, uuid=f"GPU-{name}-{i}", name="Fake GPU", memory_mib=81920)
+                               for i in range(GPUS_PER_NODE)),
+                    hostname=name, cpu_count=64, memory_bytes=512 << 30, agent_version="fleet",
+                    state_dir=f"/var/lib/tfcluster/{name}")
+
+
+class Stats:
+    def __init__(self) -> None:
+        self.registered = 0
+        self.heartbeats = 0
+
+
+def emit(**fields) -> None:
+    print(json.dumps(fields), flush=True)
+
+
+async def fake_agent(address: str, index: int, stats: Stats, exit_after: float) -> None:
+    info = node_info(index)
+    channel = grpc.aio.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)])
+    stub = agent_pb2_grpc.AgentServiceStub(channel)
+    running: dict[Attempt, float] = {}  # attempt -> when it "exits" by itself
+    first, backoff = True, 0.5
+    while True:
+        try:
+            await _session(stub, info, running, stats, exit_after, first)
+            backoff = 0.5
+        except grpc.RpcError:
+            await asyncio.sleep(backoff * random.uniform(0.5, 1.5))
+            backoff = min(backoff * 2, 2.0)
+        first = False
+
+
+async def _session(stub, info: NodeInfo, running: dict, stats: Stats, exit_after: float, first: bool) -> None:
+    tasks = [wire.task_report_to_proto(TaskReport(a, Phase.RUNNING, pid=1)) for a in running]
+    reply = await stub.Register(agent_pb2.RegisterRequest(node=wire.node_info_to_proto(info), tasks=tasks),
+                                timeout=10)
+    if first:
+        stats.registered += 1
+    call = stub.Connect()
+    lock = asyncio.Lock()  # one write at a time on the stream
+
+    async def send(message) -> None:
+        async with lock:
+            await call.write(message)
+
+    await send(agent_pb2.AgentMessage(open=agent_pb2.StreamOpen(node_name=info.name, session_id=reply.session_id)))
+
+    async def beat() -> None:
+        await asyncio.sleep(random.uniform(0, reply.heartbeat_interval_seconds))  # agents do not start in step
+        while True:
+            now = time.time()
+            for attempt in [a for a, until in running.items() if until <= now]:
+                del running[attempt]
+                await send(agent_pb2.AgentMessage(task=wire.task_report_to_proto(
+                    TaskReport(attempt, Phase.EXITED, exit=TaskExit(exit_code=0)))))
+            await send(wire.heartbeat_to_proto(reply.session_id, [TaskProgress(a) for a in running]))
+            stats.heartbeats += 1
+            await asyncio.sleep(reply.heartbeat_interval_seconds)
+
+    beating = asyncio.create_task(beat())
+    try:
+        async for message in call:
+            command = wire.command_from_proto(message, info.name)
+            if isinstance(command, Launch) and command.attempt not in running:
+                emit(launch=[command.attempt.job_id, command.attempt.task_key, info.name, time.time()])
+                running[command.attempt] = time.time() + exit_after
+                await send(agent_pb2.AgentMessage(task=wire.task_report_to_proto(
+                    TaskReport(command.attempt, Phase.RUNNING, pid=1))))
+            elif isinstance(command, Stop) and command.attempt in running:
+                del running[command.attempt]
+                await send(agent_pb2.AgentMessage(task=wire.task_report_to_proto(
+                    TaskReport(command.attempt, Phase.EXITED, exit=TaskExit(signal=15)))))
+    finally:
+        beating.cancel()
+
+
+async def main(address: str, first: int, count: int, exit_after: float) -> None:
+    stats = Stats()
+    agents = [asyncio.create_task(fake_agent(address, first + i, stats, exit_after)) for i in range(count)]
+    registered = -1
+    while True:
+        await asyncio.sleep(1.0)
+        if stats.registered != registered:
+            registered = stats.registered
+            emit(registered=registered)
+        emit(heartbeats=stats.heartbeats)
+        if all(a.done() for a in agents):
+            return
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("coordinator")
+    parser.add_argument("first", type=int)
+    parser.add_argument("count", type=int)
+    parser.add_argument("--exit-after", type=float, default=1.0, help="seconds a launched task 'runs'")
+    args = parser.parse_args()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    try:
+        asyncio.run(main(args.coordinator, args.first, args.count, args.exit_after))
+    except KeyboardInterrupt:
+        pass

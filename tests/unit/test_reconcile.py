@@ -1,0 +1,150 @@
+"""Reconcile: every lost message between coordinator and agent heals from the heartbeats that follow."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from coresim import Sim, info, keys, launches, make_spec, report, stops
+
+from tfcluster.daemon.coordinator import job as J
+from tfcluster.daemon.coordinator.cluster import RESEND_AFTER_SECONDS
+from tfcluster.model import Attempt, FinishTraining, Stop, SyncCheckpoints, TaskProgress
+
+
+def beat(sim, node, *running):
+    """A heartbeat from node listing the attempts its agent runs; returns what reconcile sends."""
+    n = sim.c.nodes[node]
+    return sim.c.heartbeat(node, n.seen.session_id, sim.now, [TaskProgress(a) for a in running])
+
+
+def attempt(job, task):
+    return job.attempt_of(task)
+
+
+def later(sim, seconds=RESEND_AFTER_SECONDS):
+    sim.now += seconds
+
+
+def beat_all(sim, job):
+    """Every node's agent heartbeats, listing the job's live tasks there as running (nothing was lost)."""
+    for node in sim.c.nodes:
+        beat(sim, node, *(attempt(job, t) for t in job.tasks if t.node == node and t.live))
+
+
+def two_workers():
+    sim = Sim(info("n1"), info("n2"))
+    job, actions = sim.submit(make_spec(worker=2, restart={"max_restarts": 3}))
+    return sim, job, actions
+
+
+def test_a_lost_launch_is_sent_again_until_the_task_reports():
+    sim, job, actions = two_workers()
+    w = job.task(actions[0].attempt.type, actions[0].attempt.index)
+    assert beat(sim, w.node) == [], "not before resend_after has passed"
+    later(sim)
+    again = beat(sim, w.node)
+    assert again == [actions[0]], "the same launch, same attempt"
+    assert beat(sim, w.node) == [], "and not on every heartbeat"
+    later(sim)
+    assert beat(sim, w.node) == [actions[0]]
+    sim.report(job, w.type, w.index, "RUNNING")
+    later(sim)
+    assert beat(sim, w.node, attempt(job, w)) == []
+
+
+def test_a_lost_running_report_heals_by_asking_again():
+    # The agent runs the task (its heartbeats say so) but the RUNNING report never arrived: the launch is sent
+    # again and the agent, which has the attempt, answers with its current report.
+    sim, job, actions = two_workers()
+    w = job.task("worker", 0)
+    later(sim)
+    assert keys(beat(sim, w.node, attempt(job, w))) == ["worker:0"]
+    assert w.state == J.T_LAUNCHING
+
+
+def test_a_lost_exit_report_heals():
+    sim, job, actions = two_workers()
+    sim.running(job, actions)
+    w0, w1 = job.task("worker", 0), job.task("worker", 1)
+    assert beat(sim, w0.node, attempt(job, w0)) == []
+    # worker:0 ended; its exit report was lost: the agent no longer lists it.
+    assert beat(sim, w0.node) == [], "one heartbeat without it may be a report still on its way"
+    later(sim)
+    asked = beat(sim, w0.node)
+    assert launches(asked) and asked[0].attempt == attempt(job, w0), "asked again: the agent re-sends the exit"
+    sim.exit(job, "worker:0", 0)
+    assert w0.state == J.T_SUCCEEDED
+    assert beat(sim, w1.node, attempt(job, w1)) == []
+
+
+def test_a_stop_that_did_not_take_effect_is_sent_again_with_the_latest_grace():
+    sim, job, actions = two_workers()
+    sim.running(job, actions)
+    first = sim.c.stop(job.id, sim.now)
+    assert {s.grace_seconds for s in first} == {30.0}
+    w0 = job.task("worker", 0)
+    later(sim)
+    assert beat(sim, w0.node, attempt(job, w0)) == [Stop(w0.node, attempt(job, w0), 30.0)]
+    now = sim.c.stop(job.id, sim.now, graceful=False)
+    assert {s.grace_seconds for s in now} == {0.0}, "stop --now after a graceful stop escalates at once"
+    later(sim)
+    assert beat(sim, w0.node, attempt(job, w0)) == [Stop(w0.node, attempt(job, w0), 0.0)]
+
+
+def test_an_attempt_nobody_wants_is_stopped_and_so_is_a_task_of_an_ended_job():
+    sim, job, actions = two_workers()
+    sim.running(job, actions)
+    w0 = job.task("worker", 0)
+    stale = Attempt(job.id, "worker", 0, w0.attempt - 1 + 5)
+    unknown = Attempt("removed-7", "worker", 0, 1)
+    sent = beat(sim, w0.node, attempt(job, w0), stale, unknown)
+    assert {s.attempt for s in stops(sent)} == {stale, unknown}
+    assert next(s for s in sent if s.attempt == unknown).grace_seconds == 0.0
+    assert beat(sim, w0.node, attempt(job, w0), stale, unknown) == [], "not every heartbeat"
+    later(sim)
+    assert len(stops(beat(sim, w0.node, attempt(job, w0), stale, unknown))) == 2
+    # The job fails for good while an agent still runs a task of it: reconcile stops that task.
+    sim.c.stop(job.id, sim.now)
+    sim.exit_stopped(job, [Stop(w0.node, attempt(job, w0), 30.0)])
+    w1 = job.task("worker", 1)
+    sim.exit_stopped(job, [Stop(w1.node, attempt(job, w1), 30.0)])
+    assert job.state == J.STOPPED
+    later(sim)
+    assert stops(beat(sim, w0.node, attempt(job, w0))) == [Stop(w0.node, attempt(job, w0), 30.0)]
+
+
+def test_lost_sync_done_and_lost_finish_training_are_asked_again():
+    sim = Sim(*(replace(info(n), peer_port=19999) for n in ("n1", "n2", "n3")))
+    spec = replace(make_spec(worker=2, evaluator={"count": 1, "nodes": ["n3"]}, restart={"max_restarts": 2}),
+                   checkpoint_dir="")
+    job, actions = sim.submit(spec)
+    sim.running(job, actions)
+    sync = [a for a in sim.exit_stopped(job, sim.exit(job, "worker:1", 1)) if isinstance(a, SyncCheckpoints)][0]
+    assert sim.c.tick(sim.now) == [], "the copy is under way"
+    later(sim)
+    beat_all(sim, job)
+    heal = [a for a in sim.c.tick(sim.now) if isinstance(a, SyncCheckpoints)]
+    assert heal == [sync], "no answer: asked again (the agent answers again from what it kept)"
+    relaunch = sim.c.sync_done(job.id, sync.sync_id, True, "", sim.now)
+    sim.running(job, relaunch)
+    sim.exit(job, "worker:1", 0)
+    finish = [a for a in sim.exit(job, "worker:0", 0, final_checkpoint="ckpt-9") if isinstance(a, FinishTraining)]
+    assert finish and finish[0].final_checkpoint == "ckpt-9"
+    later(sim)
+    beat_all(sim, job)
+    assert [a for a in sim.c.tick(sim.now) if isinstance(a, FinishTraining)] == finish
+    sim.exit(job, "evaluator:0", 0)
+    later(sim)
+    beat_all(sim, job)
+    assert sim.c.tick(sim.now) == [] and job.state == J.SUCCEEDED
+
+
+def test_registration_answers_are_not_doubled_by_reconcile():
+    sim, job, actions = two_workers()
+    w = job.task("worker", 1)
+    # The agent re-registers without the task it was told to launch: the launch goes again, once.
+    again = sim.c.register(info(w.node), [], "s-2", sim.now)
+    assert keys(again) == ["worker:1"]
+    assert beat(sim, w.node) == []
+    running = report(job.id, "worker", 1, w.attempt, "RUNNING", pid=3)
+    assert sim.c.register(info(w.node), [running], "s-3", sim.now) == []

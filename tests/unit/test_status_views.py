@@ -1,0 +1,69 @@
+"""What status shows stays bounded whatever the cluster's size: an overview, and pages through the rest."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from coresim import Sim, info, make_spec
+
+from tfcluster.daemon.coordinator import status
+from tfcluster.daemon.coordinator.cluster import LOST
+
+
+def big_cluster(nodes=120):
+    return Sim(*(replace(info(f"n{i:03d}", 1), address=f"10.1.0.{i}") for i in range(nodes)))
+
+
+def test_pages_end_at_a_count_or_a_byte_budget_and_tokens_continue_where_they_stopped(monkeypatch):
+    sim = big_cluster()
+    seen, token = [], ""
+    while True:
+        page, token = status.fill(status.nodes(sim.c, token), 50, lambda n: n, lambda n: n.name, lambda n: 10)
+        seen += [n.name for n in page]
+        if not token:
+            break
+    assert seen == sorted(sim.c.nodes) and len(seen) == 120
+    monkeypatch.setattr(status, "PAGE_BYTES", 25)
+    page, token = status.fill(status.nodes(sim.c), 50, lambda n: n, lambda n: n.name, lambda n: 10)
+    assert len(page) == 3 and token == page[-1].name, "stops once the bytes are over budget"
+    page, _ = status.fill(status.nodes(sim.c), 50, lambda n: n, lambda n: n.name, lambda n: 10**9)
+    assert len(page) == 1, "an entry bigger than the budget still comes, alone"
+
+
+def test_node_filters_and_the_overview_shows_lost_nodes_first():
+    sim = big_cluster()
+    sim.now += 10
+    for name, node in sim.c.nodes.items():
+        if name != "n077":
+            sim.c.heartbeat(name, node.seen.session_id, sim.now)
+    sim.c.tick(sim.now)
+    assert sim.c.nodes["n077"].state == LOST
+    assert [n.name for n in status.nodes(sim.c, state=LOST)] == ["n077"]
+    assert [n.name for n in status.nodes(sim.c, prefix="n11")] == [f"n11{i}" for i in range(10)]
+    overview = status.overview_nodes(sim.c)
+    assert overview[0].name == "n077" and len(overview) == status.OVERVIEW_NODES
+    summary = status.summary(sim.c)
+    assert summary["nodes_by_state"] == {"READY": 119, "LOST": 1} and summary["gpus_total"] == 119
+
+
+def test_jobs_by_number_with_filters_and_the_overview_keeps_the_newest_ended(monkeypatch):
+    monkeypatch.setattr(status, "OVERVIEW_ENDED_JOBS", 3)
+    sim = Sim(info("n1", 1), info("n2", 1))
+    ended = []
+    for i in range(6):
+        job, actions = sim.submit(make_spec(strategy="mirrored", worker=1, gpus=1), name="done")
+        sim.running(job, actions)
+        sim.exit(job, "worker:0", 0)
+        ended.append(job.id)
+    live, actions = sim.submit(make_spec(strategy="mirrored", worker=1, gpus=1), name="live")
+    sim.running(live, actions)
+    waiting = [sim.submit(make_spec(strategy="mirrored", worker=1, gpus=1), name="big")[0] for _ in range(2)]
+    assert [j.id for j in status.overview_jobs(sim.c)] == ended[-3:] + [live.id] + [j.id for j in waiting]
+    assert [j.id for j in status.jobs(sim.c, states=["SUCCEEDED"])] == ended
+    assert [j.id for j in status.jobs(sim.c, name="big")] == [j.id for j in waiting]
+    assert [j.id for j in status.jobs(sim.c, node=live.task("worker", 0).node, states=["RUNNING"])] == [live.id]
+    assert [j.id for j in status.jobs(sim.c, after=ended[-1] and sim.c.jobs[ended[-1]].number)] == \
+        [live.id] + [j.id for j in waiting]
+    summary = status.summary(sim.c)
+    assert summary["jobs_by_state"] == {"PENDING": 1, "STARTING": 1, "RUNNING": 1, "SUCCEEDED": 6}
+    assert summary["gpus_allocated"] == 2 and summary["gpus_total"] == 2

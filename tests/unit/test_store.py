@@ -1,0 +1,184 @@
+"""The store: records as rows, only what changed written, everything read back as it was; retention; and a
+state dir written by tfcluster 0.1 read into this version's records."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+import pytest
+from coresim import Sim, info, make_spec
+
+from tfcluster.daemon.coordinator import job as J
+from tfcluster.daemon.coordinator.cluster import Cluster
+from tfcluster.daemon.coordinator.records import Changes, job_from_docs, node_from_doc
+from tfcluster.daemon.coordinator.store import SqliteStore
+from tfcluster.model import Evaluation
+
+
+def load(store) -> Cluster:
+    cluster = Cluster()
+    loaded = store.load()
+    for job_doc, task_docs, evaluation_docs in loaded.jobs:
+        cluster.add_job(job_from_docs(job_doc, task_docs, evaluation_docs))
+    for doc in loaded.nodes:
+        cluster.add_node(node_from_doc(doc))
+    cluster.next_number = max(cluster.next_number, loaded.next_job_number)
+    return cluster
+
+
+def comparable(job: J.Job) -> dict:
+    """A job's stored part (what a restarted coordinator must find)."""
+    keep = {f: getattr(job, f) for f in ("id", "spec", "number", "request_id", "state", "restarts", "preemptions",
+                                        "evaluator_restarts", "message", "created", "finished", "outcome",
+                                        "restarting", "not_before", "last_failure", "final_evaluation_until",
+                                        "cluster_json", "checkpoint_node", "syncing", "evaluations")}
+    keep["tasks"] = [{k: v for k, v in t.__dict__.items() if k not in ("seen", "unsaved")} for t in job.tasks]
+    return keep
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = SqliteStore(tmp_path)
+    yield s
+    s.close()
+
+
+def test_everything_read_back_as_it_was(store):
+    sim = Sim(info("n1", 2), info("n2", 2))
+    a, actions = sim.submit(make_spec(gpus=1, worker=2, restart={"max_restarts": 2}), "a")
+    sim.running(a, actions)
+    sim.exit(a, "worker:1", 3, log_tail=["Traceback", "boom"])  # a failure: last_failure, STOPPING, a stop asked
+    b, _ = sim.submit(make_spec(strategy="mirrored", worker=1, gpus=2), "b")  # waits PENDING
+    a.add_evaluation(Evaluation("ckpt-1", 10, {"loss": 0.5}, 1.0))
+    changes = Changes()
+    store.write(changes.collect(sim.c))
+    back = load(store)
+    assert set(back.jobs) == {a.id, b.id}
+    assert comparable(back.jobs[a.id]) == comparable(a) and comparable(back.jobs[b.id]) == comparable(b)
+    assert back.jobs[a.id].last_failure.exit.log_tail == ("Traceback", "boom")
+    assert {n: back.nodes[n].info for n in back.nodes} == {n: sim.c.nodes[n].info for n in sim.c.nodes}
+    assert back.next_number == sim.c.next_number == 3
+    assert set(back.live) == {a.id, b.id}
+
+
+def test_only_what_changed_is_written(store):
+    sim = Sim(info("n1"), info("n2"))
+    job, actions = sim.submit(make_spec(worker=2))
+    changes = Changes()
+    first = changes.collect(sim.c)
+    store.write(first)
+    assert len(first.jobs) == 1 and len(first.tasks) == 2 and len(first.nodes) == 2
+    assert not changes.collect(sim.c), "nothing changed: nothing to write"
+    sim.report(job, actions[0].attempt.type, actions[0].attempt.index, "RUNNING")
+    second = changes.collect(sim.c)
+    assert [t[1] for t in second.tasks] == [actions[0].attempt.task_key] and second.nodes == []
+    for i in range(5):
+        job.add_evaluation(Evaluation(f"ckpt-{i}", i, {"loss": 1.0 / (i + 1)}, float(i)))
+    third = changes.collect(sim.c)
+    assert len(third.evaluations) == 5
+    job.add_evaluation(Evaluation("ckpt-5", 5, {"loss": 0.1}, 5.0))
+    assert [e[1] for e in changes.collect(sim.c).evaluations] == ["ckpt-5"], "one new evaluation: one row"
+
+
+def test_trimmed_and_replaced_evaluations(store, monkeypatch):
+    monkeypatch.setattr(J, "MAX_EVALUATIONS_KEPT", 3)
+    sim = Sim(info("n1"))
+    job, _ = sim.submit(make_spec(strategy="mirrored", worker=1))
+    changes = Changes()
+    for i in range(5):
+        job.add_evaluation(Evaluation(f"ckpt-{i}", i, {"m": i}, float(i)))
+        store.write(changes.collect(sim.c))
+    job.add_evaluation(Evaluation("ckpt-3", 3, {"m": 33}, 9.0))  # evaluated again: replaces its entry
+    store.write(changes.collect(sim.c))
+    back = load(store).jobs[job.id]
+    assert [(e.checkpoint, e.metrics["m"]) for e in back.evaluations] == [("ckpt-2", 2), ("ckpt-4", 4), ("ckpt-3", 33)]
+
+
+def test_retention_removes_the_oldest_ended_jobs_with_their_rows(store):
+    sim = Sim(info("n1"))
+    sim.c.keep_finished_jobs = 2
+    changes = Changes()
+    ids = []
+    for _ in range(4):
+        job, actions = sim.submit(make_spec(strategy="mirrored", worker=1))
+        sim.running(job, actions)
+        job.add_evaluation(Evaluation("ckpt-1", 1, {}, 1.0))
+        sim.exit(job, "worker:0", 0)
+        ids.append(job.id)
+        sim.now += 1
+    sim.c.prune(sim.now)
+    assert set(sim.c.jobs) == set(ids[2:])
+    store.write(changes.collect(sim.c))
+    assert set(load(store).jobs) == set(ids[2:])
+    rows = sqlite3.connect(store.path).execute("SELECT DISTINCT job_id FROM tasks UNION SELECT job_id FROM "
+                                               "evaluations").fetchall()
+    assert {r[0] for r in rows} == set(ids[2:])
+    sim.c.keep_finished_seconds = 0.5  # ... and those ended longer ago than allowed
+    sim.now += 1
+    sim.c.prune(sim.now)
+    assert sim.c.jobs == {} and sim.c.next_number == 5, "job numbers are never given out twice"
+
+
+def test_a_failed_write_is_written_again_by_the_next(store, monkeypatch):
+    sim = Sim(info("n1"))
+    job, _ = sim.submit(make_spec(strategy="mirrored", worker=1))
+    changes = Changes()
+    batch = changes.collect(sim.c)
+    changes.failed(batch, sim.c)  # the disk was full
+    again = changes.collect(sim.c)
+    assert len(again.jobs) == 1 and len(again.tasks) == 1 and again.next_job_number == 2
+    store.write(again)
+    assert set(load(store).jobs) == {job.id}
+
+
+V1_JOB = {
+    "id": "digits-3", "spec": {"name": "digits", "strategy": "multi_worker_mirrored", "command": ["python3", "t.py"],
+                               "workdir": "/srv", "checkpoint_dir": "", "model_dir": "", "env": {"E": "1"}, "gpus": 1,
+                               "roles": {"worker": {"count": 2, "gpus": None, "command": [], "env": {}, "nodes": [],
+                                                    "entrypoint": ""}},
+                               "restart": {"max_restarts": 3, "backoff_seconds": 0.0, "permanent_exit_codes": [],
+                                           "hang_seconds": 0.0},
+                               "stop_grace_seconds": 30.0, "evaluator_deadline_seconds": 600.0},
+    "strategy": "multi_worker_mirrored", "state": "RUNNING",
+    "tasks": [{"type": "worker", "index": i, "node": f"n{i}", "host": f"10.0.0.{i}", "port": 20001,
+               "gpus": [{"index": 0, "uuid": f"GPU-{i}", "name": "A100", "memory_mib": 1}], "state": "RUNNING",
+               "attempt": 2, "pid": 100 + i, "exit_code": None, "signal": None, "message": "", "log_tail": [],
+               "tf_config": "{}", "stop_requested": False, "busy_port": 0, "ready": True, "final_checkpoint": "",
+               "output_bytes": 5, "checkpoint": ""} for i in range(2)],
+    "restarts": 1, "preemptions": 0, "message": "", "created": 10.0, "finished": 0.0, "outcome": "",
+    "not_before": 0.0, "last_failure": {"task": "worker:1", "node": "n1", "exit_code": 1, "signal": None,
+                                        "message": "", "log_tail": ["boom"], "time": 12.0, "busy_port": 0},
+    "evaluations": [{"checkpoint": "/x/ckpt-1", "step": 5, "metrics": {"loss": 0.3}, "time": 11.0}],
+    "final_evaluation_until": 0.0, "evaluator_restarts": 0, "restarting": [], "last_progress": 13.0,
+    "node_state_dirs": {"n0": "/var/lib/a", "n1": "/var/lib/b"}, "node_peers": {"n0": "10.0.0.0:20000"},
+    "checkpoint_node": "n0", "syncing": 0, "sync_source": "", "sync_until": 0.0, "syncs": 0}
+
+
+def test_the_state_of_a_0_1_coordinator_is_read_into_these_records(tmp_path):
+    db = sqlite3.connect(tmp_path / "coordinator.sqlite3")
+    db.executescript("CREATE TABLE jobs (id TEXT PRIMARY KEY, seq INTEGER NOT NULL, state TEXT NOT NULL, "
+                     "doc TEXT NOT NULL); CREATE TABLE nodes (name TEXT PRIMARY KEY, doc TEXT NOT NULL);"
+                     "CREATE TABLE counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);")
+    db.execute("INSERT INTO jobs VALUES ('digits-3', 1, 'RUNNING', ?)", (json.dumps(V1_JOB),))
+    node = {"info": {"name": "n0", "address": "10.0.0.0", "port_range": [20001, 20999], "gpus": [], "hostname": "h",
+                     "cpu_count": 4, "memory_bytes": 8, "agent_version": "0.1.0", "state_dir": "/var/lib/a",
+                     "peer_port": 20000}, "state": "READY"}
+    db.execute("INSERT INTO nodes VALUES ('n0', ?)", (json.dumps(node),))
+    db.execute("INSERT INTO counters VALUES ('job', 3)")
+    db.commit()
+    db.close()
+    store = SqliteStore(tmp_path)
+    back = load(store)
+    job = back.jobs["digits-3"]
+    assert job.state == J.RUNNING and job.number == 3 and job.restarts == 1 and job.spec.env == {"E": "1"}
+    assert [(t.key, t.state, t.attempt, t.pid, t.address) for t in job.tasks] == [
+        ("worker:0", "RUNNING", 2, 100, "10.0.0.0:20001"), ("worker:1", "RUNNING", 2, 101, "10.0.0.1:20001")]
+    assert job.tasks[0].checkpoint_dir == "/var/lib/a/jobs/digits-3/checkpoints" and job.tasks[0].peer
+    assert json.loads(job.cluster_json) == {"worker": ["10.0.0.0:20001", "10.0.0.1:20001"]}
+    assert job.last_failure.describe() == "worker:1 on n1 exited with code 1"
+    assert [e.checkpoint for e in job.evaluations] == ["/x/ckpt-1"]
+    assert back.nodes["n0"].info.peer_port == 20000
+    assert back.next_number == 4, "no job id is issued twice"
+    store.close()
+    assert SqliteStore(tmp_path).load().next_job_number == 4, "read once; the upgraded state stays"
