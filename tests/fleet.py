@@ -31,6 +31,8 @@ from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc  # noqa: E402
 from tfcluster.model import Attempt, Gpu, Launch, NodeInfo, Phase, Stop, TaskExit, TaskProgress, TaskReport  # noqa: E402
 
 GPUS_PER_NODE = 8
+# As the real agent: the transport retries a lost connection as often as the agent retries its session.
+RECONNECT = [("grpc.initial_reconnect_backoff_ms", 500), ("grpc.max_reconnect_backoff_ms", 2000)]
 
 
 def node_info(index: int) -> NodeInfo:
@@ -48,6 +50,7 @@ class Stats:
     def __init__(self) -> None:
         self.registered = 0
         self.heartbeats = 0
+        self.errors: dict[str, int] = {}
 
 
 def emit(**fields) -> None:
@@ -56,25 +59,27 @@ def emit(**fields) -> None:
 
 async def fake_agent(address: str, index: int, stats: Stats, exit_after: float) -> None:
     info = node_info(index)
-    channel = grpc.aio.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)])
+    channel = grpc.aio.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1), *RECONNECT])
     stub = agent_pb2_grpc.AgentServiceStub(channel)
     running: dict[Attempt, float] = {}  # attempt -> when it "exits" by itself
-    first, backoff = True, 0.5
+    backoff = 0.5
+    registered = [False]
     while True:
         try:
-            await _session(stub, info, running, stats, exit_after, first)
+            await _session(stub, info, running, stats, exit_after, registered)
             backoff = 0.5
-        except grpc.RpcError:
+        except grpc.RpcError as e:
+            stats.errors[e.code().name] = stats.errors.get(e.code().name, 0) + 1
             await asyncio.sleep(backoff * random.uniform(0.5, 1.5))
             backoff = min(backoff * 2, 2.0)
-        first = False
 
 
-async def _session(stub, info: NodeInfo, running: dict, stats: Stats, exit_after: float, first: bool) -> None:
+async def _session(stub, info: NodeInfo, running: dict, stats: Stats, exit_after: float, registered: list) -> None:
     tasks = [wire.task_report_to_proto(TaskReport(a, Phase.RUNNING, pid=1)) for a in running]
     reply = await stub.Register(agent_pb2.RegisterRequest(node=wire.node_info_to_proto(info), tasks=tasks),
                                 timeout=10)
-    if first:
+    if not registered[0]:
+        registered[0] = True
         stats.registered += 1
     call = stub.Connect()
     lock = asyncio.Lock()  # one write at a time on the stream
@@ -123,7 +128,7 @@ async def main(address: str, first: int, count: int, exit_after: float) -> None:
         if stats.registered != registered:
             registered = stats.registered
             emit(registered=registered)
-        emit(heartbeats=stats.heartbeats)
+        emit(heartbeats=stats.heartbeats, errors=stats.errors)
         if all(a.done() for a in agents):
             return
 

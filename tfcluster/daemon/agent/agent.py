@@ -98,8 +98,12 @@ class Agent:
         if self.config.peer_port and self.peer_server is None:
             self.serve_peers()
         backoff, conflict_since = BACKOFF_START_SECONDS, 0.0
-        with auth.channel(self.config.coordinator, self.config.token, options=[
-                ("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000)]) as channel:
+        # The transport's own reconnect backoff would otherwise grow to two minutes during a long coordinator
+        # outage, and the agent would come back after its node had been declared lost.
+        options = [("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000),
+                   ("grpc.initial_reconnect_backoff_ms", int(BACKOFF_START_SECONDS * 1000)),
+                   ("grpc.max_reconnect_backoff_ms", int(BACKOFF_MAX_SECONDS * 1000))]
+        with auth.channel(self.config.coordinator, self.config.token, options=options) as channel:
             stub = agent_pb2_grpc.AgentServiceStub(channel)
             while not self._stop.is_set():
                 try:

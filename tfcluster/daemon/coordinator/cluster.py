@@ -8,6 +8,8 @@ node (reconcile.py), so a lost message heals within a few seconds instead of wai
 
 from __future__ import annotations
 
+import bisect
+from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 
 from tfcluster import strategies
@@ -84,6 +86,10 @@ class Cluster:
         # removed); readers check task.node and drop those.
         self.placed: dict[str, dict[tuple[str, str], tuple[Job, Task]]] = {}
         self.by_address: dict[str, set[str]] = {}
+        self.names: list[str] = []  # every node's name, sorted (placement and status pages go in this order)
+        self.idle: dict[str, NodeCapacity] = {}  # each node's capacity when nothing runs on it
+        # READY nodes, the one heard from longest ago first: expiry looks at the front only.
+        self.heard: OrderedDict[str, None] = OrderedDict()
         self.capacity_version = 0   # bumped whenever resources may have been freed or added
         self.unfit_at: dict[str, int] = {}  # PENDING job -> capacity version at which it last did not fit
 
@@ -99,8 +105,15 @@ class Cluster:
         self._track(job)
 
     def add_node(self, node: Node) -> None:
+        if node.name not in self.nodes:
+            bisect.insort(self.names, node.name)
         self.nodes[node.name] = node
         self.by_address.setdefault(node.info.address, set()).add(node.name)
+        i = node.info
+        self.idle[node.name] = NodeCapacity(i.name, i.address, i.gpus, i.port_range)
+        if node.state == READY:
+            self.heard[node.name] = None
+            self.heard.move_to_end(node.name)
 
     # ---- nodes ---------------------------------------------------------------------------------
 
@@ -121,10 +134,10 @@ class Cluster:
         if node is None:
             node = Node(info=info)
         self.by_address.get(node.info.address, set()).discard(info.name)
-        self.add_node(node)
         if node.info != info or node.state != READY:
             node.info, node.state = info, READY
         node.seen.last_seen, node.seen.session_id = now, session_id
+        self.add_node(node)
         self.capacity_version += 1
         commands: list[Command] = []
         reported = {r.attempt for r in reports}
@@ -150,6 +163,7 @@ class Cluster:
         if node is None or node.seen.session_id != session_id or node.state != READY:
             return False
         node.seen.last_seen = now
+        self.heard.move_to_end(name)
         return True
 
     def heartbeat(self, name: str, session_id: str, now: float,
@@ -172,9 +186,13 @@ class Cluster:
     def expire(self, now: float) -> list[Command]:
         """Nodes silent for longer than the timeout become LOST; their tasks count as lost."""
         commands: list[Command] = []
-        for node in self.nodes.values():
-            if node.state != READY or now - node.seen.last_seen <= self.lost_after:
-                continue
+        silent = []
+        for name in self.heard:
+            if now - self.nodes[name].seen.last_seen <= self.lost_after:
+                break
+            silent.append(self.nodes[name])
+        for node in silent:
+            del self.heard[node.name]
             node.state = LOST
             why = f"node {node.name} lost (no heartbeat for {now - node.seen.last_seen:.1f} s)"
             for job in list(self.live.values()):
@@ -183,9 +201,6 @@ class Cluster:
             for job, task in self._placed_on(node.name):
                 commands += self._settle(job, lifecycle.lost(job, task, why, now))
         return commands
-
-    def ready_nodes(self) -> list[Node]:
-        return [n for n in self.nodes.values() if n.state == READY]
 
     def info_of(self, name: str) -> NodeInfo | None:
         node = self.nodes.get(name)
@@ -201,18 +216,23 @@ class Cluster:
                     used_gpus.setdefault(task.node, set()).update(g.index for g in task.gpus)
                     used_ports.setdefault(task.node, set()).add(task.port)
         capacity = []
-        for n in self.ready_nodes():
-            busy = {p for p, until in n.seen.busy_ports.items() if until > now}
-            capacity.append(NodeCapacity(n.name, n.info.address, n.info.gpus, n.info.port_range,
-                                         frozenset(used_gpus.get(n.name, ())),
-                                         frozenset(used_ports.get(n.name, set()) | busy)))
+        for name in self.names:
+            n = self.nodes[name]
+            if n.state != READY:
+                continue
+            busy = {p for p, until in n.seen.busy_ports.items() if until > now} if n.seen.busy_ports else ()
+            if name not in used_gpus and name not in used_ports and not busy:
+                capacity.append(self.idle[name])
+            else:
+                capacity.append(replace(self.idle[name], used_gpus=frozenset(used_gpus.get(name, ())),
+                                        used_ports=frozenset(used_ports.get(name, set()) | set(busy))))
         return capacity
 
     # ---- jobs ----------------------------------------------------------------------------------
 
     def plan(self, spec: JobSpec, now: float) -> Plan:
         capacity = self.capacity(now)
-        spec = strategies.resolve(spec, {n.name: n.free_gpus for n in capacity})
+        spec = strategies.resolve(spec, {n.name: n.free_gpus for n in capacity} if spec.strategy == "auto" else None)
         result = place(spec, capacity)
         if isinstance(result, Unfit):
             return Plan(spec.strategy, None, result.reason, spec=spec)
@@ -225,8 +245,8 @@ class Cluster:
         if request_id and request_id in self.requests:
             return self.jobs[self.requests[request_id]], []
         capacity = self.capacity(now)
-        spec = strategies.resolve(spec, {n.name: n.free_gpus for n in capacity})
-        never = place(spec, [n.idle() for n in capacity])
+        spec = strategies.resolve(spec, {n.name: n.free_gpus for n in capacity} if spec.strategy == "auto" else None)
+        never = place(spec, [self.idle[n.name] for n in capacity])
         if isinstance(never, Unfit):
             raise Unplaceable(never.reason)
         number, self.next_number = self.next_number, self.next_number + 1

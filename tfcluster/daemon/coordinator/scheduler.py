@@ -118,8 +118,10 @@ def place(spec: JobSpec, nodes: list[NodeCapacity],
         need = spec.gpus_for(role_type)
         if not any(len(by_name[n].gpus) >= need for n in candidates[role_type]):
             return Unfit(_too_big_reason(spec, role_type, [by_name[n] for n in candidates[role_type]]))
-    # Nodes in preference order for a task no other task of the job is on yet: most GPUs free, then by name.
-    base = {r: sorted(candidates[r], key=lambda n: (-by_name[n].free_gpus, n)) for r in {t[0] for t in tasks}}
+    # Nodes in preference order for a task no other task of the job is on yet: most GPUs free, then by name
+    # (a stable sort of names already in order).
+    free = {n.name: len(n.gpus) - len(n.used_gpus) for n in nodes}
+    base = {r: sorted(candidates[r], key=lambda n: -free[n]) for r in {t[0] for t in tasks}}
     assignment: dict[tuple[str, int], TaskPlacement] = {}
 
     def order(task: tuple[str, int]) -> Iterator[str]:

@@ -8,6 +8,8 @@ key of the last entry (a node's name, a job's number), so pages stay right while
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from typing import TypeVar
@@ -45,16 +47,17 @@ def fill(entries: Iterable[T], limit: int, encode: Callable[[T], object], key: C
 
 def nodes(cluster: Cluster, after: str = "", state: str = "", prefix: str = "") -> Iterator[Node]:
     """Nodes by name, after a page token, optionally only one state or names with a prefix."""
-    for name in sorted(cluster.nodes):
+    for name in cluster.names[bisect.bisect_right(cluster.names, after):]:
         node = cluster.nodes[name]
-        if name > after and (not state or node.state == state) and name.startswith(prefix):
+        if (not state or node.state == state) and name.startswith(prefix):
             yield node
 
 
 def overview_nodes(cluster: Cluster) -> list[Node]:
     """The nodes the overview lists: LOST ones first (they need attention), then by name."""
-    ordered = sorted(cluster.nodes.values(), key=lambda n: (n.state != LOST, n.name))
-    return ordered[:OVERVIEW_NODES]
+    lost = [cluster.nodes[n] for n in cluster.names if cluster.nodes[n].state == LOST][:OVERVIEW_NODES]
+    ready = (cluster.nodes[n] for n in cluster.names if cluster.nodes[n].state != LOST)
+    return lost + list(itertools.islice(ready, OVERVIEW_NODES - len(lost)))
 
 
 def jobs(cluster: Cluster, after: int = 0, states: Iterable[str] = (), name: str = "", node: str = "") -> Iterator[Job]:
