@@ -17,10 +17,10 @@ def make_cluster(tmp_path_factory):
     """A fresh cluster per test (for tests that kill daemons)."""
     made: list[LocalCluster] = []
 
-    def make(lost_after: float = 3.0) -> LocalCluster:
+    def make(lost_after: float = 3.0, *coordinator_args: str) -> LocalCluster:
         cluster = LocalCluster(root=tmp_path_factory.mktemp("cluster"), lost_after=lost_after)
         made.append(cluster)
-        cluster.start_coordinator()
+        cluster.start_coordinator(*coordinator_args)
         return cluster
     yield make
     for cluster in made:

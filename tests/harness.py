@@ -83,11 +83,14 @@ class Daemon:
     log_path: Path
     proc: subprocess.Popen | None = None
     host_prefix: list[str] = field(default_factory=list)  # runs it on a test host (ip netns exec ...)
+    python: str = PYTHON  # another interpreter runs another tfcluster (an earlier release)
 
     def start(self, env: dict[str, str] | None = None) -> "Daemon":
         log = open(self.log_path, "ab")
-        argv = [*self.host_prefix, PYTHON, "-m", "tfcluster.cli", *self.args]
-        self.proc = subprocess.Popen(argv, stdout=log, stderr=log,
+        argv = [*self.host_prefix, self.python, "-m", "tfcluster.cli", *self.args]
+        # Not in the source tree: `python -m` puts the working directory first on the path, and a daemon of an
+        # earlier release (another interpreter) must import its own tfcluster.
+        self.proc = subprocess.Popen(argv, stdout=log, stderr=log, cwd=self.log_path.parent,
                                      stdin=subprocess.DEVNULL, start_new_session=True,
                                      env={**os.environ, **(env or {})})
         log.close()
@@ -127,13 +130,13 @@ class LocalCluster:
     token_file: Path | None = None  # the cluster token, given to every daemon and CLI call
     host_prefixes: dict[str, list[str]] = field(default_factory=dict)  # agent name -> test host prefix
 
-    def start_coordinator(self) -> Daemon:
+    def start_coordinator(self, *extra: str, python: str = PYTHON) -> Daemon:
         if not self.address:
             self.address = f"{self.coordinator_host}:{free_port(self.coordinator_host)}"
         self.coordinator = Daemon("coordinator", ["coordinator", "--listen", self.address, "--state-dir",
                                                   str(self.root / "coordinator"), "--lost-after", str(self.lost_after),
-                                                  *self._token_args()],
-                                  self.root / "coordinator.log").start()
+                                                  *self._token_args(), *extra],
+                                  self.root / "coordinator.log", python=python).start()
         wait_until(lambda: self._reachable(), 30, what=f"the coordinator on {self.address}")
         return self.coordinator
 
@@ -147,7 +150,8 @@ class LocalCluster:
         return self.root / "agents" / name
 
     def start_agent(self, name: str, gpus: int = 0, ports: tuple[int, int] | None = None,
-                    extra: list[str] | None = None, wait: bool = True, host_prefix: list[str] | None = None) -> Daemon:
+                    extra: list[str] | None = None, wait: bool = True, host_prefix: list[str] | None = None,
+                    python: str = PYTHON) -> Daemon:
         """An agent on loopback, or (host_prefix) on a test host, where it finds its own address."""
         state = self.agent_state_dir(name)
         state.mkdir(parents=True, exist_ok=True)
@@ -168,7 +172,7 @@ class LocalCluster:
         # As a systemd unit's PATH would: `python3` in a job's command is the interpreter with TensorFlow.
         path = f"{Path(PYTHON).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}"
         daemon = self.agents[name] = Daemon(name, args, self.root / f"agent-{name}.log",
-                                            host_prefix=prefix).start(env={"PATH": path})
+                                            host_prefix=prefix, python=python).start(env={"PATH": path})
         if wait:
             wait_until(lambda: self.node_state(name) == "READY", 30, what=f"agent {name} to register")
         return daemon

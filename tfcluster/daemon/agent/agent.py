@@ -41,7 +41,7 @@ BACKOFF_MAX_SECONDS = 2.0
 REGISTER_TIMEOUT_SECONDS = 10.0
 # Another agent holds this node's name: wait this long for it to turn out to be this node's own old
 # registration (it expires), then give up.
-NAME_CONFLICT_PATIENCE_SECONDS = 30.0
+NAME_CONFLICT_PATIENCE_SECONDS = 20.0
 SYNC_RESULTS_KEPT = 100
 REFUSALS = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
 

@@ -1,0 +1,89 @@
+"""A real coordinator with a few hundred fake agents (tests/fleet.py: the real wire API over real gRPC, one
+connection each): all READY, status answers in bounded pages, and a submitted job reaches its agents."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+
+import grpc
+import pytest
+
+from harness import ROOT, kill_group, wait_until
+from tfcluster.api.v1 import control_pb2, control_pb2_grpc
+
+AGENTS = 300
+
+
+@pytest.fixture
+def fleet(make_cluster):
+    cluster = make_cluster()
+    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "fleet.py"), cluster.address, "0", str(AGENTS),
+                             "--exit-after", "0.5"], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    launches: list[list] = []
+
+    def read() -> None:
+        for line in proc.stdout:
+            event = json.loads(line)
+            if "launch" in event:
+                launches.append(event["launch"])
+    threading.Thread(target=read, daemon=True).start()
+    try:
+        yield cluster, launches
+    finally:
+        kill_group(proc.pid)
+        proc.wait()
+
+
+def summary(cluster) -> dict:
+    return cluster.status()["summary"]
+
+
+def test_hundreds_of_agents_become_ready_and_status_stays_bounded(fleet):
+    cluster, launches = fleet
+    wait_until(lambda: summary(cluster)["nodes_by_state"].get("READY") == AGENTS, 60, interval=0.2,
+               what=f"{AGENTS} fake agents READY")
+    overview = cluster.status()
+    assert overview["summary"]["gpus_total"] == AGENTS * 8 and overview["summary"]["gpus_allocated"] == 0
+    assert len(overview["nodes"]) == 50, "the overview lists the first nodes, not all of them"
+    with grpc.insecure_channel(cluster.address) as channel:
+        control = control_pb2_grpc.ControlServiceStub(channel)
+        for _ in range(20):  # answers while the fleet heartbeats
+            control.GetStatus(control_pb2.GetStatusRequest(), timeout=5)
+        pages = []
+        token = ""
+        while True:
+            page = control.ListNodes(control_pb2.ListNodesRequest(page_size=128, page_token=token), timeout=5)
+            pages.append([n.name for n in page.nodes])
+            token = page.next_page_token
+            if not token:
+                break
+    assert [len(p) for p in pages] == [128, 128, 44]
+    assert sum(pages, []) == sorted(f"fleet-{i:05d}" for i in range(AGENTS))
+    everything = json.loads(cluster.cli("status", "--all", "--json", check=True).stdout)
+    assert len(everything["nodes"]) == AGENTS and everything["summary"]["nodes_by_state"] == {"READY": AGENTS}
+    table = cluster.cli("status", check=True).stdout
+    assert f"showing 50 of {AGENTS} nodes" in table and "--all" in table
+
+
+def test_a_job_reaches_its_fake_agents_and_succeeds(fleet, tmp_path):
+    cluster, launches = fleet
+    wait_until(lambda: summary(cluster)["nodes_by_state"].get("READY") == AGENTS, 60, interval=0.2,
+               what="the fleet")
+    started = time.time()
+    job_id = cluster.cli("start", "--name", "wide", "--strategy", "multi_worker_mirrored", "--workers", "2",
+                         "--gpus-per-task", "8", "--", "train", check=True).stdout.strip()
+    job = cluster.wait_job(job_id, timeout=30)
+    assert job["state"] == "SUCCEEDED", job["message"]
+    arrived = [launch for launch in launches if launch[0] == job_id]
+    assert sorted(launch[1] for launch in arrived) == ["worker:0", "worker:1"]
+    assert len({launch[2] for launch in arrived}) == 2, "8 GPUs each: two nodes"
+    assert all(launch[3] >= started for launch in arrived)
+    node = arrived[0][2]
+    mine = json.loads(cluster.cli("status", "--node", node, "--json", check=True).stdout)
+    assert [n["name"] for n in mine["nodes"]] == [node] and [j["id"] for j in mine["jobs"]] == [job_id]
+    done = json.loads(cluster.cli("status", "--state", "succeeded", "--json", check=True).stdout)
+    assert [j["id"] for j in done["jobs"]] == [job_id]

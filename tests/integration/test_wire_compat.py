@@ -1,0 +1,103 @@
+"""Operators upgrade one node at a time: an agent of the previous release (0.1, taken from this repository's
+history) registers, heartbeats and runs tasks against this coordinator, and a live cluster of the previous
+release is upgraded in place (coordinator first, then the agent) without losing its running job."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import site
+import subprocess
+import sys
+import tarfile
+import venv
+from pathlib import Path
+
+import pytest
+
+import tfcluster
+from harness import ROOT, LocalCluster, job_processes, wait_until
+
+PREVIOUS_RELEASE = "2e31f90e6cf005ddd376d61e7657c25db10f7406"  # tfcluster 0.1
+PY = sys.executable
+
+
+@pytest.fixture(scope="module")
+def previous_python(tmp_path_factory) -> str:
+    """An interpreter that imports tfcluster 0.1, and nothing of this version, with the same dependencies."""
+    if shutil.which("git") is None:
+        pytest.skip("needs git to take the previous release from the repository's history")
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", PREVIOUS_RELEASE, "tfcluster"],
+                             capture_output=True)
+    if archive.returncode != 0:
+        pytest.skip(f"the previous release {PREVIOUS_RELEASE[:8]} is not in this clone's history "
+                    f"({archive.stderr.decode().strip()})")
+    root = tmp_path_factory.mktemp("previous")
+    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+        tar.extractall(root / "src", filter="data")
+    env = root / "venv"
+    venv.create(env, with_pip=False)
+    packages = next(env.glob("lib/python*/site-packages"))
+    # Its own code first, then this environment's dependencies (a plain path: this version's editable install
+    # is a .pth hook there, which a plain path entry does not run).
+    (packages / "previous.pth").write_text(f"{root / 'src'}\n{site.getsitepackages()[0]}\n")
+    python = str(env / "bin" / "python")
+    check = subprocess.run([python, "-c", "import tfcluster.daemon.coordinator.jobs as j, grpc; print(j.__file__)"],
+                           capture_output=True, text=True, cwd=root)
+    assert check.returncode == 0 and str(root / "src") in check.stdout, check.stderr
+    return python
+
+
+def test_an_agent_of_the_previous_release_runs_jobs_here(make_cluster, previous_python, tmp_path):
+    cluster = make_cluster()
+    cluster.start_agent("old", gpus=1, python=previous_python)
+    node = next(n for n in cluster.status()["nodes"] if n["name"] == "old")
+    assert node["agent_version"] == "0.1.0" and len(node["gpus"]) == 1
+    ok = cluster.cli("start", "--name", "compat", "--strategy", "mirrored", "--gpus-per-task", "1", "--wait", "--",
+                     PY, "-c", "import os; print('hello from', os.environ['TFCLUSTER_TASK_TYPE'])")
+    assert ok.returncode == 0, ok.stderr
+    job_id = ok.stdout.strip()
+    assert cluster.cli("logs", job_id, "worker:0", check=True).stdout == "hello from worker\n"
+    # It heartbeats: still READY well past the node timeout.
+    wait_until(lambda: cluster.status()["nodes"][0]["last_seen_seconds_ago"] < 1.5, 10, what="heartbeats")
+    long = cluster.cli("start", "--name", "long", "--strategy", "mirrored", "--", "sleep", "300",
+                       check=True).stdout.strip()
+    wait_until(lambda: cluster.job(long)["state"] == "RUNNING", 20, what="RUNNING")
+    assert cluster.node_state("old") == "READY"
+    assert "STOPPED" in cluster.cli("stop", long, check=True).stderr
+    assert job_processes(long) == []
+
+
+def test_a_live_cluster_of_the_previous_release_is_upgraded_in_place(tmp_path, previous_python):
+    gate = tmp_path / "go"
+    cluster = LocalCluster(root=tmp_path / "cluster")
+    (tmp_path / "cluster").mkdir()
+    try:
+        cluster.start_coordinator(python=previous_python)
+        cluster.start_agent("n1", python=previous_python)
+        script = f"import pathlib, time\nwhile not pathlib.Path({str(gate)!r}).exists(): time.sleep(0.05)\nprint('done')"
+        job_id = cluster.cli("start", "--name", "rolling", "--strategy", "mirrored", "--", PY, "-c", script,
+                             check=True).stdout.strip()
+        wait_until(lambda: cluster.job(job_id)["state"] == "RUNNING", 20, what="RUNNING on 0.1")
+        pid = cluster.job(job_id)["tasks"][0]["pid"]
+        # 1. The coordinator: this release reads the state 0.1 left.
+        cluster.coordinator.terminate()
+        cluster.start_coordinator()
+        wait_until(lambda: cluster.node_state("n1") == "READY", 20, what="the 0.1 agent back")
+        job = cluster.job(job_id)
+        assert job["state"] == "RUNNING" and job["tasks"][0]["pid"] == pid and job["tasks"][0]["attempt"] == 1
+        # 2. The node: this release's agent takes over the task the 0.1 agent started.
+        cluster.agents["n1"].kill()
+        cluster.start_agent("n1")
+        gate.touch()
+        job = cluster.wait_job(job_id, timeout=30)
+        assert job["state"] == "SUCCEEDED" and job["restarts"] == 0 and job["tasks"][0]["attempt"] == 1
+        assert cluster.cli("logs", job_id, "worker:0", check=True).stdout == "done\n"
+        after = cluster.cli("start", "--name", "rolling", "--strategy", "mirrored", "--wait", "--", "true",
+                            check=True).stdout.strip()
+        assert int(after.rsplit("-", 1)[1]) > int(job_id.rsplit("-", 1)[1]), "no job id given out twice"
+        assert json.loads(cluster.cli("status", "--json", check=True).stdout)["nodes"][0]["agent_version"] == \
+            tfcluster.__version__
+    finally:
+        cluster.teardown()
