@@ -1,4 +1,5 @@
-"""The daemons and the CLI never import TensorFlow (DESIGN.md: the agent must stay small)."""
+"""What the daemons and the CLI import: never TensorFlow (DESIGN.md: the agent must stay small), and the agent
+nothing of the coordinator (they share tfcluster.model and tfcluster.wire, nothing else)."""
 
 from __future__ import annotations
 
@@ -6,10 +7,18 @@ import subprocess
 import sys
 
 
-def test_daemons_and_cli_do_not_import_tensorflow():
-    code = ("import sys\n"
-            "import tfcluster.cli, tfcluster.daemon.agent.agent, tfcluster.daemon.coordinator.service, tfcluster.demo\n"
-            "heavy = sorted(m for m in ('tensorflow', 'tf_keras', 'keras', 'numpy') if m in sys.modules)\n"
-            "print(','.join(heavy))\n")
+def modules_after(imports: str) -> set[str]:
+    code = f"import sys\nimport {imports}\nprint('\\n'.join(sorted(sys.modules)))\n"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert result.stdout.strip() == ""
+    return set(result.stdout.split())
+
+
+def test_daemons_and_cli_do_not_import_tensorflow():
+    loaded = modules_after("tfcluster.cli, tfcluster.daemon.agent.agent, tfcluster.daemon.coordinator.service, "
+                           "tfcluster.demo")
+    assert sorted(m for m in ("tensorflow", "tf_keras", "keras", "numpy") if m in loaded) == []
+
+
+def test_the_agent_imports_nothing_of_the_coordinator():
+    loaded = modules_after("tfcluster.daemon.agent.agent, tfcluster.daemon.agent.taskrunner, tfcluster.task")
+    assert sorted(m for m in loaded if m.startswith("tfcluster.daemon.coordinator")) == []
