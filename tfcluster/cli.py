@@ -8,9 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Optional
@@ -18,13 +16,12 @@ from typing import Optional
 import typer
 from rich.console import Console
 from rich.live import Live
-from rich.table import Table
 
 from tfcluster import __version__, wire
 from tfcluster.auth import TokenError, load_token
 from tfcluster.client import Client, ClientError, default_coordinator
-from tfcluster.model import NODE_NAME_RE
-from tfcluster.render import gpu_list, render_status
+from tfcluster.model import JOB_ENDED, JOB_STATES
+from tfcluster.render import render_plan, render_status
 from tfcluster.spec import STRATEGIES, SpecError, load_spec_file, parse_spec, resolve_paths, spec_from_flags
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
@@ -32,9 +29,6 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=N
 out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
-TERMINAL_STATES = ("SUCCEEDED", "FAILED", "STOPPED")
-JOB_STATES = ("PENDING", "STARTING", "RUNNING", "STOPPING", *TERMINAL_STATES)
-EXIT_REFUSED = 78  # EX_CONFIG: the coordinator refused the agent; restarting it would not help (systemd unit)
 MAX_INT32 = 2**31 - 1
 DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 # Spec keys as `tfcluster start` flags, so an error names what the user typed.
@@ -74,17 +68,6 @@ def parse_duration(text: str, flag: str) -> float:
     if not 0 <= seconds < float("inf"):
         fail(f"{flag}: expected a duration such as 90s, 30m, 12h or 7d, got {text!r}", 2)
     return seconds
-
-
-def run_until_signal(stop, until: threading.Thread) -> None:
-    """Blocks until SIGTERM or SIGINT (then calls stop()), or until the thread ends by itself."""
-    done = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: done.set())
-    while not done.wait(0.5):
-        if not until.is_alive():
-            return
-    stop()
 
 
 # ---- daemons -------------------------------------------------------------------------------------
@@ -149,62 +132,20 @@ def agent(
     log_level: str = typer.Option("info", help="debug, info, warning or error."),
 ) -> None:
     """Run the agent of this node: discover GPUs, register, launch and watch tasks."""
-    import socket
-
-    from tfcluster.daemon.agent.agent import Agent, AgentConfig
-    from tfcluster.daemon.agent.discovery import InventoryError, advertise_address as find_address
-    from tfcluster.daemon.agent.discovery import discover_gpus, host_info
+    from tfcluster.daemon.agent.main import EXIT_REFUSED, SettingsError, configure, serve
 
     setup_logging(log_level)
-    log = logging.getLogger("tfcluster.agent")
     try:
-        first, last = (int(p) for p in port_range.split("-"))
-        if not 1 <= first <= last <= 65535:
-            raise ValueError
-    except ValueError:
-        fail(f"--port-range: expected FIRST-LAST with 1 <= FIRST <= LAST <= 65535, got {port_range!r}", 2)
-    if peer_port is None:
-        peer_port, first = first, first + 1
-        if first > last:
-            fail(f"--port-range: {port_range} leaves no port for tasks after the agent's own (the first)", 2)
-    elif first <= peer_port <= last:
-        fail(f"--peer-port {peer_port} lies inside --port-range {port_range}, which is for tasks", 2)
-    if ":" not in coordinator:
-        fail(f"--coordinator: expected HOST:PORT, got {coordinator!r}", 2)
-    node_name = name or socket.gethostname()
-    if not NODE_NAME_RE.fullmatch(node_name):
-        fail(f"--name: expected letters, digits, '.', '_' or '-' (at most 253), got {node_name!r}", 2)
-    if advertise_address is not None:
-        import ipaddress
-        try:
-            ipaddress.ip_address(advertise_address)
-        except ValueError:
-            fail(f"--advertise-address: expected an IP address, got {advertise_address!r}", 2)
-    try:
-        gpus = discover_gpus(gpu_inventory)
-        address = advertise_address or find_address(coordinator)
-    except (InventoryError, OSError) as e:
+        config = configure(coordinator, name, advertise_address, port_range, peer_port, gpu_inventory,
+                           state_dir or default_state_dir("agent"), _token(token_file))
+    except SettingsError as e:
         fail(str(e), 2)
-    token = _token(token_file)
-    directory = (state_dir or default_state_dir("agent")).resolve()
-    directory.mkdir(parents=True, exist_ok=True)
-    config = AgentConfig(coordinator=coordinator, name=node_name, address=address,
-                         port_range=(first, last), gpus=tuple(gpus), host=host_info(), state_dir=directory,
-                         peer_port=peer_port, token=token)
-    log.info("agent %s: node %s, address %s, %d GPUs%s, task ports %d-%d, peer port %d, state %s", __version__,
-             config.name, address, len(gpus), "".join(f" [{g.index}: {g.name} {g.uuid}]" for g in gpus), first, last,
-             peer_port, directory)
-    node_agent = Agent(config)
     try:
-        node_agent.serve_peers()
+        refused = serve(config, stop_tasks_on_exit)
     except (OSError, RuntimeError) as e:
-        fail(f"--peer-port {peer_port}: {e}")
-    thread = threading.Thread(target=node_agent.run, name="agent", daemon=True)
-    thread.start()
-    run_until_signal(lambda: node_agent.stop(stop_tasks=stop_tasks_on_exit), until=thread)
-    thread.join(timeout=5)
-    if node_agent.refused:
-        fail(f"the coordinator at {coordinator} refused this agent: {node_agent.refused}", EXIT_REFUSED)
+        fail(f"--peer-port {config.peer_port}: {e}")
+    if refused:
+        fail(f"the coordinator at {coordinator} refused this agent: {refused}", EXIT_REFUSED)
 
 
 def _token(path: Optional[str]) -> Optional[str]:
@@ -304,7 +245,7 @@ def _wait_for(client: Client, job_id: str, follow: bool) -> int:
         if job.state != last:
             err.print(f"{job_id}: {job.state}" + (f" ({job.message})" if job.message else ""), markup=False)
             last = job.state
-        if job.state in TERMINAL_STATES:
+        if job.state in JOB_ENDED:
             return 0 if job.state == "SUCCEEDED" else 1
         time.sleep(0.5)
 
@@ -316,7 +257,7 @@ def _follow_primary(client: Client, job_id: str) -> None:
         job = client.status(job_id).jobs[0]
         primary = next((t for t in job.tasks if t.type == "chief"), None) or \
             next((t for t in job.tasks if t.type == "worker" and t.index == 0), None)
-        if job.state in TERMINAL_STATES and (primary is None or primary.attempt <= attempt_seen):
+        if job.state in JOB_ENDED and (primary is None or primary.attempt <= attempt_seen):
             return
         if primary is None or primary.attempt <= attempt_seen or primary.state in ("PENDING",):
             time.sleep(0.5)
@@ -345,19 +286,11 @@ def plan(
         except ClientError as e:
             fail(str(e), e.exit_code)
     if as_json:
-        print(json.dumps({"fits": result.fits, "reason": result.reason, "strategy": result.strategy, "tasks": [
-            {"type": t.task_type, "index": t.task_index, "node": t.node, "address": t.address,
-             "gpus": [g.index for g in t.gpus], "command": list(t.command), "tf_config": json.loads(t.tf_config)}
-            for t in result.tasks]}, indent=2))
+        print(json.dumps(wire.plan_doc(result), indent=2))
     elif not result.fits:
         err.print(f"{spec.name} does not fit now: {result.reason}", markup=False)
     else:
-        table = Table(title=f"{spec.name}: {result.strategy}, {len(result.tasks)} tasks")
-        for col in ("task", "node", "address", "GPUs", "TF_CONFIG"):
-            table.add_column(col, overflow="fold")
-        for t in result.tasks:
-            table.add_row(f"{t.task_type}:{t.task_index}", t.node, t.address, gpu_list(t.gpus) or "-", t.tf_config)
-        out.print(table)
+        out.print(render_plan(spec.name, result))
     if not result.fits:
         raise typer.Exit(1)
 
@@ -383,7 +316,7 @@ def status(
     with _client(coordinator) as client:
         def fetch():
             try:
-                return _status_view(client, job_id, show_all, node, states)
+                return client.view(job_id, show_all, node, states)
             except ClientError as e:
                 fail(str(e), e.exit_code)
         if as_json:
@@ -399,30 +332,10 @@ def status(
                     time.sleep(1.0)
                     view = fetch()
                     live.update(render_status(*view, job_id=job_id))
-                    if job_id and view[1] and view[1][0].state in TERMINAL_STATES:
+                    if job_id and view[1] and view[1][0].state in JOB_ENDED:
                         break
             except KeyboardInterrupt:
                 pass
-
-
-def _status_view(client: Client, job_id: Optional[str], show_all: bool, node: Optional[str], states: list[str]):
-    """(nodes, jobs, summary) for the status command's choice of view."""
-    if job_id:
-        response = client.status(job_id)
-        return list(response.nodes), list(response.jobs), None
-    summary = client.status().summary if (show_all or node or states) else None
-    if node:
-        nodes = [n for n in client.all_nodes(name_prefix=node) if n.name == node]
-        if not nodes:
-            raise ClientError(f"unknown node {node!r}")
-        return nodes, list(client.all_jobs(states=states, node=node)), summary
-    if show_all:
-        return list(client.all_nodes()), list(client.all_jobs(states=states)), summary
-    if states:
-        overview = client.status()
-        return list(overview.nodes), list(client.all_jobs(states=states)), summary
-    overview = client.status()
-    return list(overview.nodes), list(overview.jobs), overview.summary
 
 
 @app.command()
@@ -437,7 +350,7 @@ def stop(
     with _client(coordinator) as client:
         try:
             state = client.stop(job_id, graceful)
-            while wait and state not in TERMINAL_STATES:
+            while wait and state not in JOB_ENDED:
                 time.sleep(0.3)
                 state = client.status(job_id).jobs[0].state
         except ClientError as e:

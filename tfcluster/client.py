@@ -120,6 +120,25 @@ class Client:
             if not token:
                 return
 
+    def view(self, job_id: str | None = None, every: bool = False, node: str | None = None,
+             states: list[str] = ()) -> tuple[list, list, control_pb2.ClusterSummary | None]:
+        """(nodes, jobs, summary) as `tfcluster status` shows them: one job (and the nodes its tasks are on), the
+        bounded overview, every node and job (every), or one node and its jobs; jobs only in some states."""
+        if job_id:
+            response = self.status(job_id)
+            return list(response.nodes), list(response.jobs), None
+        overview = self.status()
+        if node:
+            nodes = [n for n in self.all_nodes(name_prefix=node) if n.name == node]
+            if not nodes:
+                raise ClientError(f"unknown node {node!r}")
+            return nodes, list(self.all_jobs(states=states, node=node)), overview.summary
+        if every:
+            return list(self.all_nodes()), list(self.all_jobs(states=states)), overview.summary
+        if states:
+            return list(overview.nodes), list(self.all_jobs(states=states)), overview.summary
+        return list(overview.nodes), list(overview.jobs), overview.summary
+
     def logs(self, job_id: str, task_type: str, task_index: int, follow: bool = False, tail_lines: int = 0,
              attempt: int = 0) -> Iterator[bytes]:
         request = control_pb2.StreamLogsRequest(job_id=job_id, task_type=task_type, task_index=task_index,

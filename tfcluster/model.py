@@ -18,6 +18,11 @@ NODE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
 MAX_GPUS_PER_NODE = 256
 
 
+# A job's states, in the order a job goes through them; STOPPING lasts until every task has exited.
+JOB_STATES = ("PENDING", "STARTING", "RUNNING", "STOPPING", "SUCCEEDED", "FAILED", "STOPPED")
+JOB_ENDED = JOB_STATES[4:]
+
+
 class Phase:
     """A task attempt as its agent sees it."""
     STARTING = "STARTING"                # launched, its process not started yet (agent-side only)

@@ -79,6 +79,15 @@ def render_status(nodes_shown, jobs_shown, summary=None, job_id: Optional[str] =
     return Group(*parts)
 
 
+def render_plan(name: str, plan) -> Table:
+    table = Table(title=f"{name}: {plan.strategy}, {len(plan.tasks)} tasks")
+    for col in ("task", "node", "address", "GPUs", "TF_CONFIG"):
+        table.add_column(col, overflow="fold")
+    for t in plan.tasks:
+        table.add_row(f"{t.task_type}:{t.task_index}", t.node, t.address, gpu_list(t.gpus) or "-", t.tf_config)
+    return table
+
+
 def _colour_state(state: str) -> str:
     colour = {"SUCCEEDED": "green", "RUNNING": "cyan", "FAILED": "red", "LOST": "red", "STOPPED": "yellow",
               "STOPPING": "yellow", "PENDING": "magenta", "STARTING": "blue", "LAUNCHING": "blue"}.get(state)

@@ -8,6 +8,7 @@ naming it (the servers answer INVALID_ARGUMENT), so nothing malformed reaches th
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 from typing import Any
 
@@ -332,6 +333,13 @@ def job_doc(j: control_pb2.JobStatus) -> dict[str, Any]:
                            "history": [evaluation_doc(e) for e in j.evaluations]},
             "last_failure": failure if j.HasField("last_failure") else None,
             "evaluator_restarts": j.evaluator_restarts, "preemptions": j.preemptions}
+
+
+def plan_doc(p: control_pb2.PlanJobResponse) -> dict[str, Any]:
+    return {"fits": p.fits, "reason": p.reason, "strategy": p.strategy, "tasks": [
+        {"type": t.task_type, "index": t.task_index, "node": t.node, "address": t.address,
+         "gpus": [g.index for g in t.gpus], "command": list(t.command), "tf_config": json.loads(t.tf_config)}
+        for t in p.tasks]}
 
 
 def summary_doc(s: control_pb2.ClusterSummary) -> dict[str, Any]:

@@ -300,3 +300,14 @@ def test_gpu_tasks_are_placed_before_cpu_tasks():
     result = by_task(place(s, nodes))
     assert result[("chief", 0)].node == "a" and result[("worker", 0)].node == "a"
     assert result[("evaluator", 0)].node == "b"
+
+
+def test_a_job_of_thousands_of_tasks_is_placed_without_deep_recursion():
+    s = spec(worker=3000)
+    nodes = [node(f"n{i:03d}", ports=(20000, 20029), address=f"10.0.{i // 250}.{i % 250}") for i in range(120)]
+    result = placed(place(s, nodes))
+    assert len(result) == 3000
+    assert_sound(result, nodes)
+    too_many = place(spec(worker=3601), nodes)
+    assert isinstance(too_many, Unfit) and "they need 0 GPUs and 3601 ports" in too_many.reason
+    assert "have 0 GPUs and 3600 ports free" in too_many.reason, "120 nodes x 30 ports"

@@ -29,11 +29,11 @@ from tfcluster.daemon.agent.discovery import host_info
 from tfcluster.model import Gpu
 from tfcluster.daemon.coordinator.process import BackgroundCoordinator
 from tfcluster.daemon.coordinator.service import CoordinatorServer
+from tfcluster.model import JOB_ENDED
 from tfcluster.render import render_status
 from tfcluster.spec import parse_spec
 
 NODES = (("node-a", 2), ("node-b", 2), ("node-c", 1))  # name, declared GPUs
-TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 JOB_TIMEOUT_SECONDS = 600
 
 
@@ -141,7 +141,7 @@ def _watch(client: Client, job_id: str, console: Console):
     response = client.status(job_id)
     with Live(render_status(response.nodes, response.jobs, job_id=job_id), console=console, refresh_per_second=4,
               transient=True) as live:
-        while response.jobs[0].state not in TERMINAL:
+        while response.jobs[0].state not in JOB_ENDED:
             if time.monotonic() > deadline:
                 client.stop(job_id, graceful=False)
             time.sleep(0.5)

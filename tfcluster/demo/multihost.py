@@ -25,11 +25,11 @@ from tfcluster.client import Client
 from tfcluster.daemon.coordinator.process import BackgroundCoordinator
 from tfcluster.daemon.coordinator.service import CoordinatorServer
 from tfcluster.demo.hosts import TestHosts, unavailable
+from tfcluster.model import JOB_ENDED
 from tfcluster.render import render_status
 from tfcluster.spec import parse_spec
 
 HOSTS = 3
-TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 
 
 def main() -> int:
@@ -86,7 +86,7 @@ def _run_job(console: Console, address: str, root: Path) -> int:
         response = client.status(job_id)
         with Live(render_status(response.nodes, response.jobs, job_id=job_id), console=console, refresh_per_second=4,
                   transient=True) as live:
-            while response.jobs[0].state not in TERMINAL:
+            while response.jobs[0].state not in JOB_ENDED:
                 time.sleep(0.5)
                 response = client.status(job_id)
                 live.update(render_status(response.nodes, response.jobs, job_id=job_id))

@@ -10,14 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tfcluster import strategies
-from tfcluster.model import Attempt, Evaluation, Gpu, TaskExit
+from tfcluster.model import JOB_ENDED, JOB_STATES, Attempt, Evaluation, Gpu, TaskExit
 from tfcluster.spec import JobSpec
 
 # Job states. A job that must end or restart first passes through STOPPING until every task has exited.
-PENDING, STARTING, RUNNING, STOPPING = "PENDING", "STARTING", "RUNNING", "STOPPING"
-SUCCEEDED, FAILED, STOPPED = "SUCCEEDED", "FAILED", "STOPPED"
-JOB_STATES = (PENDING, STARTING, RUNNING, STOPPING, SUCCEEDED, FAILED, STOPPED)
-JOB_ENDED = (SUCCEEDED, FAILED, STOPPED)
+PENDING, STARTING, RUNNING, STOPPING, SUCCEEDED, FAILED, STOPPED = JOB_STATES
 RESTART = "RESTART"  # the outcome of a STOPPING job that goes back to PENDING
 
 # Task states.

@@ -21,6 +21,10 @@ from tfcluster.spec import JobSpec
 
 SEARCH_BUDGET = 20_000  # placement attempts before giving up on a job (jobs are tens of tasks)
 SHOWN_NODES = 8         # nodes named in a reason; beyond that, a summary
+# A bigger job is first checked against the cluster's free GPUs and ports in all: its search could otherwise
+# spend the whole budget proving it does not fit. A small job's search is cheap, and when it fails it names
+# the task that found no room.
+SMALL_JOB_TASKS = 64
 
 
 @dataclass(frozen=True)
@@ -92,7 +96,6 @@ def place(spec: JobSpec, nodes: list[NodeCapacity],
 
     previous (task -> (node, port)) is tried first, so a restarted group lands where it was, on the same
     addresses when they are free."""
-    previous = previous or {}
     by_name = {n.name: n for n in nodes}
     for role_type in ROLE_TYPES if only is None else ():  # re-placing a task uses the pinned nodes left
         for pinned in spec.role(role_type).nodes:
@@ -101,84 +104,120 @@ def place(spec: JobSpec, nodes: list[NodeCapacity],
                              f"(ready: {_names(sorted(by_name)) or 'none'})")
     if not nodes:
         return Unfit("no ready nodes")
+    return _Search(spec, nodes, by_name, previous or {}, only).run()
 
-    slots: dict[str, _Slot] = {}
 
-    def slot(name: str) -> _Slot:
-        if name not in slots:
-            slots[name] = _Slot(by_name[name])
-        return slots[name]
+class _Search:
+    """A depth-first search over the tasks, most constrained first, each on the first node in its preference
+    order that has room; a task that fits nowhere sends the search back to move the one before it. Bounded by
+    SEARCH_BUDGET, and iterative, so a job of thousands of tasks needs no deep recursion."""
 
-    all_names = sorted(by_name)
-    candidates = {r: [n for n in spec.role(r).nodes if n in by_name] or all_names for r in ROLE_TYPES}
-    tasks = [t for t in task_list(spec) if only is None or t in only]
-    # Most constrained first: pinned roles, then GPU-hungry ones; keep index order within a role.
-    tasks.sort(key=lambda t: (len(candidates[t[0]]), -spec.gpus_for(t[0])))
-    for role_type in dict.fromkeys(t[0] for t in tasks):
-        need = spec.gpus_for(role_type)
-        if not any(len(by_name[n].gpus) >= need for n in candidates[role_type]):
-            return Unfit(_too_big_reason(spec, role_type, [by_name[n] for n in candidates[role_type]]))
-    # Nodes in preference order for a task no other task of the job is on yet: most GPUs free, then by name
-    # (a stable sort of names already in order).
-    free = {n.name: len(n.gpus) - len(n.used_gpus) for n in nodes}
-    base = {r: sorted(candidates[r], key=lambda n: -free[n]) for r in {t[0] for t in tasks}}
-    assignment: dict[tuple[str, int], TaskPlacement] = {}
+    def __init__(self, spec: JobSpec, nodes: list[NodeCapacity], by_name: dict[str, NodeCapacity],
+                 previous: dict[tuple[str, int], tuple[str, int]], only: set[tuple[str, int]] | None):
+        self.spec, self.by_name, self.previous = spec, by_name, previous
+        self.slots: dict[str, _Slot] = {}
+        all_names = sorted(by_name)
+        self.candidates = {r: [n for n in spec.role(r).nodes if n in by_name] or all_names for r in ROLE_TYPES}
+        self.tasks = [t for t in task_list(spec) if only is None or t in only]
+        # Most constrained first: pinned roles, then GPU-hungry ones; keep index order within a role.
+        self.tasks.sort(key=lambda t: (len(self.candidates[t[0]]), -spec.gpus_for(t[0])))
+        # Nodes in preference order for a task no other task of the job is on yet: most GPUs free, then by
+        # name (a stable sort of names already in order).
+        free = {n.name: len(n.gpus) - len(n.used_gpus) for n in nodes}
+        self.base = {r: sorted(self.candidates[r], key=lambda n: -free[n]) for r in {t[0] for t in self.tasks}}
+        self.assignment: dict[tuple[str, int], TaskPlacement] = {}
 
-    def order(task: tuple[str, int]) -> Iterator[str]:
+    def run(self) -> list[TaskPlacement] | Unfit:
+        for role_type in dict.fromkeys(t[0] for t in self.tasks):
+            need = self.spec.gpus_for(role_type)
+            if not any(len(self.by_name[n].gpus) >= need for n in self.candidates[role_type]):
+                return Unfit(_too_big_reason(self.spec, role_type,
+                                             [self.by_name[n] for n in self.candidates[role_type]]))
+        short = self._short_in_all() if len(self.tasks) > SMALL_JOB_TASKS else ""
+        if short:
+            return Unfit(short)
+        choices: list[Iterator[str] | None] = [None] * len(self.tasks)
+        i, budget, deepest = 0, SEARCH_BUDGET, 0
+        while 0 <= i < len(self.tasks):
+            task = self.tasks[i]
+            if choices[i] is None:
+                budget -= 1
+                if budget < 0:
+                    return Unfit(f"no placement found within {SEARCH_BUDGET} tries for {len(self.tasks)} tasks")
+                deepest = max(deepest, i)
+                choices[i] = self._order(task)
+            else:
+                self._unplace(task)  # back here from a dead end further on: try its next node
+            if self._place_next(task, choices[i]):
+                i += 1
+                if i < len(self.tasks):
+                    choices[i] = None
+            else:
+                choices[i] = None
+                i -= 1
+        if i < 0:
+            stuck = self.tasks[deepest]
+            return Unfit(_no_room_reason(self.spec, stuck, [self.by_name[n] for n in self.candidates[stuck[0]]]))
+        return [self.assignment[t] for t in task_list(self.spec) if t in self.assignment]
+
+    def _short_in_all(self) -> str:
+        """Why the tasks cannot fit however they are spread, when their GPUs or ports outnumber what is free on
+        the nodes they may use (so a hopeless search does not spend its whole budget)."""
+        names = set().union(*(self.candidates[r] for r in {t[0] for t in self.tasks}))
+        nodes = [self.by_name[n] for n in names]
+        gpus = sum(self.spec.gpus_for(t[0]) for t in self.tasks)
+        free_gpus = sum(n.free_gpus for n in nodes)
+        free_ports = sum(n.port_range[1] - n.port_range[0] + 1 - len(n.used_ports) for n in nodes)
+        if gpus <= free_gpus and len(self.tasks) <= free_ports:
+            return ""
+        return (f"cannot place all {len(self.tasks)} tasks at once: they need {gpus} GPUs and {len(self.tasks)} "
+                f"ports, and the {len(nodes)} nodes they may use have {free_gpus} GPUs and {free_ports} ports free")
+
+    def _slot(self, name: str) -> _Slot:
+        if name not in self.slots:
+            self.slots[name] = _Slot(self.by_name[name])
+        return self.slots[name]
+
+    def _order(self, task: tuple[str, int]) -> Iterator[str]:
         """Where to try a task: its previous node; nodes where tasks not placed yet were (they go back there:
         a task moved off a lost node must not push a survivor off its own) come last; spread the job, and
         prefer the node with the most GPUs left (fewer strands)."""
-        preferred = previous.get(task, ("", 0))[0]
-        theirs = {n for t, (n, _) in previous.items() if t != task and t not in assignment}
-        allowed = set(candidates[task[0]]) if spec.role(task[0]).nodes else None
-        if preferred in by_name and (allowed is None or preferred in allowed):
+        preferred = self.previous.get(task, ("", 0))[0]
+        theirs = {n for t, (n, _) in self.previous.items() if t != task and t not in self.assignment}
+        allowed = set(self.candidates[task[0]]) if self.spec.role(task[0]).nodes else None
+        if preferred in self.by_name and (allowed is None or preferred in allowed):
             yield preferred
-        used = {name for name, s in slots.items() if s.tasks and (allowed is None or name in allowed)}
-        for name in base[task[0]]:
+        used = {name for name, s in self.slots.items() if s.tasks and (allowed is None or name in allowed)}
+        for name in self.base[task[0]]:
             if name != preferred and name not in theirs and name not in used:
                 yield name
-        theirs_allowed = {n for n in theirs if n in by_name and (allowed is None or n in allowed)}
+        theirs_allowed = {n for n in theirs if n in self.by_name and (allowed is None or n in allowed)}
         rest = [n for n in used | theirs_allowed if n != preferred]
-        rest.sort(key=lambda n: (n in theirs, slot(n).tasks, -len(slot(n).gpus), n))
+        rest.sort(key=lambda n: (n in theirs, self._slot(n).tasks, -len(self._slot(n).gpus), n))
         yield from rest
 
-    budget = [SEARCH_BUDGET]
-    deepest = [0, tasks[0] if tasks else None]
-
-    def search(i: int) -> bool:
-        if i == len(tasks):
-            return True
-        budget[0] -= 1
-        if budget[0] < 0:
-            return False
-        task = tasks[i]
-        if i >= deepest[0]:
-            deepest[0], deepest[1] = i, task
-        need = spec.gpus_for(task[0])
-        for name in order(task):
-            s = slot(name)
+    def _place_next(self, task: tuple[str, int], choices: Iterator[str]) -> bool:
+        """Puts the task on the next node among its choices that has room; False when none is left."""
+        need = self.spec.gpus_for(task[0])
+        for name in choices:
+            s = self._slot(name)
             if len(s.gpus) < need or not s.has_port():
                 continue
-            old_node, old_port = previous.get(task, ("", 0))
+            old_node, old_port = self.previous.get(task, ("", 0))
             port = s.take_port(old_port if name == old_node else 0)
-            gpus = s.gpus[:need]
+            gpus = tuple(s.gpus[:need])
             del s.gpus[:need]
             s.tasks += 1
-            assignment[task] = TaskPlacement(task[0], task[1], name, by_name[name].address, port, tuple(gpus))
-            if search(i + 1):
-                return True
-            del assignment[task]
-            s.tasks -= 1
-            s.taken.discard(port)
-            s.gpus[:0] = gpus
+            self.assignment[task] = TaskPlacement(task[0], task[1], name, self.by_name[name].address, port, gpus)
+            return True
         return False
 
-    if search(0):
-        return [assignment[t] for t in task_list(spec) if t in assignment]
-    if budget[0] < 0:
-        return Unfit(f"no placement found within {SEARCH_BUDGET} tries for {len(tasks)} tasks")
-    stuck = deepest[1]
-    return Unfit(_no_room_reason(spec, stuck, [by_name[n] for n in candidates[stuck[0]]]))
+    def _unplace(self, task: tuple[str, int]) -> None:
+        p = self.assignment.pop(task)
+        s = self.slots[p.node]
+        s.tasks -= 1
+        s.taken.discard(p.port)
+        s.gpus[:0] = p.gpus
 
 
 def _what(need: int) -> str:

@@ -1,0 +1,85 @@
+"""The `tfcluster agent` process: its settings checked, its node discovered, then it serves until SIGTERM or
+SIGINT, or until the coordinator refuses it."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import signal
+import socket
+import threading
+from pathlib import Path
+
+from tfcluster import __version__
+from tfcluster.daemon.agent.agent import Agent, AgentConfig
+from tfcluster.daemon.agent.discovery import InventoryError, advertise_address, discover_gpus, host_info
+from tfcluster.model import NODE_NAME_RE
+
+log = logging.getLogger("tfcluster.agent")
+
+EXIT_REFUSED = 78  # EX_CONFIG: restarting would be refused again (the systemd unit does not restart on it)
+
+
+class SettingsError(ValueError):
+    """A flag that cannot work; the message names it."""
+
+
+def configure(coordinator: str, name: str | None, address: str | None, port_range: str, peer_port: int | None,
+              gpu_inventory: str | None, state_dir: Path, token: str | None) -> AgentConfig:
+    """The agent's settings from its flags, with the node's GPUs, host and address discovered."""
+    try:
+        first, last = (int(p) for p in port_range.split("-"))
+        if not 1 <= first <= last <= 65535:
+            raise ValueError
+    except ValueError:
+        raise SettingsError(f"--port-range: expected FIRST-LAST with 1 <= FIRST <= LAST <= 65535, got "
+                            f"{port_range!r}") from None
+    if peer_port is None:
+        peer_port, first = first, first + 1
+        if first > last:
+            raise SettingsError(f"--port-range: {port_range} leaves no port for tasks after the agent's own "
+                                f"(the first)")
+    elif first <= peer_port <= last:
+        raise SettingsError(f"--peer-port {peer_port} lies inside --port-range {port_range}, which is for tasks")
+    if ":" not in coordinator:
+        raise SettingsError(f"--coordinator: expected HOST:PORT, got {coordinator!r}")
+    name = name or socket.gethostname()
+    if not NODE_NAME_RE.fullmatch(name):
+        raise SettingsError(f"--name: expected letters, digits, '.', '_' or '-' (at most 253), got {name!r}")
+    if address is not None:
+        try:
+            ipaddress.ip_address(address)
+        except ValueError:
+            raise SettingsError(f"--advertise-address: expected an IP address, got {address!r}") from None
+    try:
+        gpus = discover_gpus(gpu_inventory)
+        address = address or advertise_address(coordinator)
+    except (InventoryError, OSError) as e:
+        raise SettingsError(str(e)) from None
+    state_dir = state_dir.resolve()
+    state_dir.mkdir(parents=True, exist_ok=True)
+    return AgentConfig(coordinator=coordinator, name=name, address=address, port_range=(first, last),
+                       gpus=tuple(gpus), host=host_info(), state_dir=state_dir, peer_port=peer_port, token=token)
+
+
+def serve(config: AgentConfig, stop_tasks_on_exit: bool) -> str:
+    """Runs the agent until a signal; returns why the coordinator refused it ("" when it was not). Raises
+    OSError when the peer port cannot be served."""
+    gpus = "".join(f" [{g.index}: {g.name} {g.uuid}]" for g in config.gpus)
+    log.info("agent %s: node %s, address %s, %d GPUs%s, task ports %d-%d, peer port %d, state %s", __version__,
+             config.name, config.address, len(config.gpus), gpus, *config.port_range, config.peer_port,
+             config.state_dir)
+    agent = Agent(config)
+    agent.serve_peers()
+    thread = threading.Thread(target=agent.run, name="agent", daemon=True)
+    thread.start()
+    done = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: done.set())
+    while not done.wait(0.5):
+        if not thread.is_alive():  # it ended by itself: refused
+            break
+    else:
+        agent.stop(stop_tasks=stop_tasks_on_exit)
+    thread.join(timeout=5)
+    return agent.refused
