@@ -27,6 +27,7 @@ test-unit: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/run.py
+	$(PY) bench/scale.py
 	$(PY) bench/multihost.py
 
 # Regenerate tfcluster/api/v1 from protos/ (commit the result; a test checks they match).

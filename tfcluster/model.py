@@ -57,10 +57,14 @@ class NodeInfo:
     def peer_address(self) -> str:
         return f"{self.address}:{self.peer_port}" if self.peer_port else ""
 
-    def ports(self) -> set[int]:
-        """Every port the agent uses: its task range and its own peer port."""
-        first, last = self.port_range
-        return set(range(first, last + 1)) | ({self.peer_port} if self.peer_port else set())
+    @property
+    def keeps_sync_answers(self) -> bool:
+        """Agents from 0.2 on keep the answer of each checkpoint copy and give it again when asked again; an
+        older one would copy the whole dir again, so it is not asked twice."""
+        try:
+            return tuple(int(p) for p in self.agent_version.split(".")[:2]) >= (0, 2)
+        except ValueError:
+            return False
 
 
 @dataclass(frozen=True)

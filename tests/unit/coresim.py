@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from tfcluster import __version__
 from tfcluster.daemon.coordinator.cluster import Cluster
 from tfcluster.model import Attempt, Gpu, Launch, NodeInfo, Stop, TaskExit, TaskReport
 from tfcluster.spec import parse_spec
@@ -18,7 +19,7 @@ def gpus(node: str, n: int) -> tuple[Gpu, ...]:
 
 def info(name: str, n_gpus: int = 0, ports=PORTS) -> NodeInfo:
     return NodeInfo(name=name, address=f"10.0.0.{name[-1]}", port_range=ports, gpus=gpus(name, n_gpus),
-                    state_dir=f"/state/{name}")
+                    state_dir=f"/state/{name}", agent_version=__version__)
 
 
 def make_spec(strategy="multi_worker_mirrored", gpus=0, env=None, restart=None, name="job", **roles):

@@ -344,7 +344,8 @@ class Cluster:
         if job.final_evaluation_until and evaluator is not None and evaluator.live and \
                 now - job.seen.finish_sent_at >= self.resend_after:
             return [lifecycle.finish_training(job, now)]
-        if job.syncing and now - job.seen.sync_sent_at >= self.resend_after:
+        source = self.info_of(job.sync_source) if job.syncing else None
+        if source is not None and source.keeps_sync_answers and now - job.seen.sync_sent_at >= self.resend_after:
             return [checkpoints.sync_action(job, now)]
         return []
 
