@@ -150,7 +150,8 @@ def measure(kind: str, size: int, tmp: Path) -> dict:
             time.sleep(0.05)
         result = {"ready_seconds": round(time.monotonic() - began, 2)}
         time.sleep(3.0)  # every stream up and beating
-        beats0, cpu0, clients0, t0 = fleet.total(fleet.heartbeats), _cpu(server.pid), fleet.cpu_seconds(), time.monotonic()
+        beats0, cpu0, clients0 = fleet.total(fleet.heartbeats), _cpu(server.pid), fleet.cpu_seconds()
+        t0 = time.monotonic()
         latencies = []
         while time.monotonic() - t0 < WINDOW_SECONDS:
             if client is not None:

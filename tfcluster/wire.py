@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import math
 import os
 from typing import Any
 
@@ -22,6 +23,7 @@ from tfcluster.spec import JobSpec, RestartPolicy, RoleSpec, validate
 
 MAX_TEXT = 4096        # a message, a path, a name of a GPU
 MAX_LOG_TAIL_LINES = 50
+MAX_TASKS_PER_NODE = 10_000  # task reports with a registration, progress entries with a heartbeat
 PHASES = {"RUNNING": pb.TASK_PHASE_RUNNING, "EXITED": pb.TASK_PHASE_EXITED,
           "FAILED_TO_START": pb.TASK_PHASE_FAILED_TO_START}
 PHASE_NAMES = {v: k for k, v in PHASES.items()}
@@ -63,6 +65,8 @@ def node_info_from_proto(msg: pb.NodeInfo) -> NodeInfo:
             from None
     if address.is_unspecified:
         raise ValueError(f"node.address: {msg.address} is not an address other nodes can reach")
+    if address.version != 4:
+        raise ValueError(f"node.address: {msg.address}: only IPv4 addresses are supported")
     if not (0 < msg.port_range_start <= msg.port_range_end <= 65535):
         raise ValueError(f"node.port_range_start/end: expected 1 <= start <= end <= 65535, got "
                          f"{msg.port_range_start}-{msg.port_range_end}")
@@ -125,6 +129,8 @@ def heartbeat_to_proto(session_id: str, progress: list[TaskProgress]) -> agent_p
 
 
 def progress_from_proto(msg: agent_pb2.Heartbeat) -> list[TaskProgress]:
+    if len(msg.progress) > MAX_TASKS_PER_NODE:
+        raise ValueError(f"heartbeat.progress: at most {MAX_TASKS_PER_NODE} tasks, got {len(msg.progress)}")
     return [TaskProgress(_attempt(p, "progress"), p.output_bytes, p.checkpoint[:MAX_TEXT]) for p in msg.progress]
 
 
@@ -136,6 +142,8 @@ def evaluation_to_proto(attempt: Attempt, e: Evaluation) -> agent_pb2.AgentMessa
 def evaluation_from_proto(msg: pb.Evaluation) -> tuple[Attempt, Evaluation]:
     if len(msg.metrics) > 256:
         raise ValueError(f"evaluation.metrics: at most 256, got {len(msg.metrics)}")
+    if not math.isfinite(msg.time):
+        raise ValueError(f"evaluation.time: expected a Unix time, got {msg.time}")
     return _attempt(msg, "evaluation"), Evaluation(_text(msg.checkpoint, "evaluation.checkpoint"), msg.step,
                                                    {k[:256]: v for k, v in msg.metrics.items()}, msg.time)
 

@@ -308,6 +308,7 @@ def test_bad_rpc_fields_get_invalid_argument_and_the_coordinator_lives_on(shared
             (node(port_range_start=9, port_range_end=2), "port_range"),
             (node(address="not an ip/../x"), "node.address"),
             (node(address="0.0.0.0"), "node.address"),
+            (node(address="fd00::7"), "only IPv4"),
             (node(name="two\nlines"), "node.name"),
             (node(name="n" * 1_000_000), "node.name"),
             (node(peer_port=70000), "node.peer_port"),

@@ -12,7 +12,6 @@ import subprocess
 import sys
 import tarfile
 import venv
-from pathlib import Path
 
 import pytest
 
@@ -76,7 +75,8 @@ def test_a_live_cluster_of_the_previous_release_is_upgraded_in_place(tmp_path, p
     try:
         cluster.start_coordinator(python=previous_python)
         cluster.start_agent("n1", python=previous_python)
-        script = f"import pathlib, time\nwhile not pathlib.Path({str(gate)!r}).exists(): time.sleep(0.05)\nprint('done')"
+        script = (f"import pathlib, time\nwhile not pathlib.Path({str(gate)!r}).exists(): time.sleep(0.05)\n"
+                  "print('done')")
         job_id = cluster.cli("start", "--name", "rolling", "--strategy", "mirrored", "--", PY, "-c", script,
                              check=True).stdout.strip()
         wait_until(lambda: cluster.job(job_id)["state"] == "RUNNING", 20, what="RUNNING on 0.1")

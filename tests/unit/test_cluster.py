@@ -11,7 +11,8 @@ from coresim import PORTS, Sim, gpus, info, keys, launches, make_spec, report, s
 from tfcluster.daemon.coordinator import job as J
 from tfcluster.daemon.coordinator.checkpoints import SYNC_DEADLINE_SECONDS
 from tfcluster.daemon.coordinator.cluster import LOST, READY, Unplaceable
-from tfcluster.model import Attempt, FinishTraining, Launch, NodeInfo, ShipCheckpoints, Stop, SyncCheckpoints, TaskProgress
+from tfcluster.model import (Attempt, FinishTraining, Launch, NodeInfo, ShipCheckpoints, Stop, SyncCheckpoints,
+                             TaskProgress)
 
 def three_nodes():
     return Sim(info("n1", 2), info("n2", 2), info("n3", 0))
@@ -923,3 +924,64 @@ def test_two_agents_on_one_address_with_overlapping_ports_are_refused():
     sim.c.register(apart, [], "s", sim.now)
     assert sim.c.nodes["n1d"].state == READY
     sim.c.register(info("n1"), [], "again", sim.now)  # the same node registering again is no clash
+
+
+# ---- nodes lost while tasks wait, and failures during a partial restart --------------------------------
+
+def test_a_chief_waiting_for_its_wave_on_a_node_that_is_lost_is_not_launched_there():
+    sim = Sim(info("n1"), info("n2"), info("n3"), info("n4"))
+    job, actions = sim.submit(ps_spec())
+    chief_node = job.task("chief", 0).node
+    assert job.task("chief", 0).state == J.T_PENDING
+    sim.now += 4
+    sim.heartbeat_all(chief_node)
+    stop = sim.c.tick(sim.now)
+    assert job.task("chief", 0).state == J.T_LOST and job.state == J.STOPPING
+    assert "lost" in job.message
+    relaunch = sim.exit_stopped(job, stop)
+    assert job.state == J.STARTING and all(t.node != chief_node for t in job.tasks)
+    assert all(a.node != chief_node for a in launches(relaunch))
+
+
+def test_a_task_left_on_a_node_that_is_not_ready_is_counted_lost_on_the_next_tick():
+    sim = Sim(info("n1"), info("n2"), info("n3"))
+    job, actions = sim.submit(ps_spec())
+    sim.running(job, sim.running(job, actions))
+    chief = job.task("chief", 0)
+    stop = sim.exit(job, "ps:0", 1)  # ps + chief restart in place ...
+    sim.exit_stopped(job, [s for s in stop if s.attempt.type == "ps"])
+    sim.c.nodes[chief.node].state = LOST  # ... and the chief's node goes away without a word
+    out = sim.c.tick(sim.now)
+    assert chief.state == J.T_LOST
+    assert "then chief:0 lost" in job.message, "it cannot come back in place: the whole group restarts"
+    sim.exit_stopped(job, out)
+    assert job.state in (J.STARTING, J.PENDING)
+    assert all(a.node != chief.node for a in launches(out))
+
+
+def test_an_evaluator_failing_during_a_partial_restart_restarts_alone():
+    sim = Sim(info("n1"), info("n2"), info("n3"))
+    job, actions = sim.submit(ps_spec())
+    sim.running(job, sim.running(job, actions))
+    stop = sim.exit(job, "chief:0", 1)
+    assert job.restarting and job.restarts == 1
+    again = sim.exit(job, "evaluator:0", 1)
+    assert keys(again) == ["evaluator:0"] and isinstance(again[0], Launch)
+    assert job.restarts == 1 and job.evaluator_restarts == 1 and job.restarting, "training's restart goes on"
+    sim.running(job, again)
+    relaunch = sim.exit_stopped(job, stop)
+    assert keys(relaunch) == ["ps:0", "ps:1"] and job.state == J.STARTING
+
+
+def test_a_chief_that_finishes_during_a_partial_restart_ends_training():
+    sim = Sim(info("n1"), info("n2"), info("n3"))
+    job, actions = sim.submit(ps_spec())
+    sim.running(job, sim.running(job, actions))
+    stop = sim.exit(job, "ps:1", 1)  # ps + chief restart; the chief was about to finish and does
+    assert keys(stop) == ["chief:0", "ps:0"]
+    sim.report(job, "chief", 0, "EXITED", exit_code=0, final_checkpoint="ckpt-9")
+    out = sim.exit_stopped(job, [s for s in stop if s.attempt.type == "ps"])
+    finish = [a for a in out if isinstance(a, FinishTraining)]
+    assert finish and finish[0].final_checkpoint == "ckpt-9", "the evaluator is told, nothing is relaunched"
+    assert not launches(out) and job.state == J.RUNNING
+    assert keys(sim.exit(job, "evaluator:0", 0)) == ["worker:0", "worker:1"] and job.state == J.STOPPING

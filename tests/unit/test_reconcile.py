@@ -162,3 +162,38 @@ def test_registration_answers_are_not_doubled_by_reconcile():
     assert beat(sim, w.node) == []
     running = report(job.id, "worker", 1, w.attempt, "RUNNING", pid=3)
     assert sim.c.register(info(w.node), [running], "s-3", sim.now) == []
+
+
+def test_a_task_stopped_before_its_launch_was_confirmed_and_not_running_is_over():
+    sim, job, actions = two_workers()
+    w = job.task(actions[0].attempt.type, actions[0].attempt.index)
+    sim.running(job, [a for a in actions if a.attempt.task_key != w.key])
+    assert w.state == J.T_LAUNCHING
+    sim.c.stop(job.id, sim.now)
+    later(sim)
+    assert beat(sim, w.node) == [], "not relaunched just to be stopped"
+    assert w.state == J.T_STOPPED and w.exit.message == "stopped before it started"
+    # If it does turn up after all, it is stopped.
+    sent = sim.c.report(w.node, report(job.id, w.type, w.index, w.attempt, "RUNNING", pid=5), sim.now)
+    assert stops(sent) and stops(sent)[0].attempt == attempt(job, w)
+
+
+def test_nodes_waiting_out_a_restart_grace_do_not_hide_a_new_node_that_dies():
+    sim = Sim(info("n1"), info("n2"))
+    for name in ("n1", "n2"):  # as loaded by a restarted coordinator: heard from "in the future"
+        sim.c.nodes[name].seen.last_seen = sim.now + 10
+    sim.c.register(info("n3"), [], "s-3", sim.now)
+    later(sim, 4)
+    sim.c.tick(sim.now)
+    assert sim.c.nodes["n3"].state == "LOST" and sim.c.nodes["n1"].state == "READY"
+    later(sim, 10)
+    sim.c.tick(sim.now)
+    assert sim.c.nodes["n1"].state == "LOST", "its grace over, it is lost too"
+
+
+def test_a_busy_port_outside_the_nodes_range_is_not_taken_for_one_of_its_ports():
+    sim, job, actions = two_workers()
+    w = job.task("worker", 0)
+    sim.c.report(w.node, report(job.id, "worker", 0, w.attempt, "FAILED_TO_START", message="busy", busy_port=80),
+                 sim.now)
+    assert sim.c.nodes[w.node].seen.busy_ports == {}

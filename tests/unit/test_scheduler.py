@@ -311,3 +311,11 @@ def test_a_job_of_thousands_of_tasks_is_placed_without_deep_recursion():
     too_many = place(spec(worker=3601), nodes)
     assert isinstance(too_many, Unfit) and "they need 0 GPUs and 3601 ports" in too_many.reason
     assert "have 0 GPUs and 3600 ports free" in too_many.reason, "120 nodes x 30 ports"
+
+
+def test_a_pinned_task_placed_again_stays_on_its_nodes():
+    s = spec(worker=1, evaluator={"count": 1, "nodes": ["evalbox"]})
+    nodes = [node("n1"), node("n2")]
+    again = place(s, nodes, only={("evaluator", 0)})
+    assert isinstance(again, Unfit) and "roles.evaluator.nodes: none of evalbox is a ready node" in again.reason
+    assert by_task(place(s, nodes + [node("evalbox")], only={("evaluator", 0)}))[("evaluator", 0)].node == "evalbox"

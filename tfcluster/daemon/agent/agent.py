@@ -43,6 +43,8 @@ REGISTER_TIMEOUT_SECONDS = 10.0
 # registration (it expires), then give up.
 NAME_CONFLICT_PATIENCE_SECONDS = 20.0
 SYNC_RESULTS_KEPT = 100
+LOG_BACKLOG_MESSAGES = 16  # log chunks of 64 KiB queued for the stream at most
+LOG_BACKLOG_WAIT_SECONDS = 0.01
 REFUSALS = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
 
 
@@ -239,6 +241,10 @@ class Agent:
         self.outbound.put(wire.evaluation_to_proto(record.attempt, result))
 
     def _send_log(self, data) -> None:
+        """Called by the log threads: waits while the stream is busy, so reading a huge log neither fills this
+        process's memory nor holds heartbeats up behind it."""
+        while self.outbound.qsize() > LOG_BACKLOG_MESSAGES and not self._stop.is_set():
+            time.sleep(LOG_BACKLOG_WAIT_SECONDS)
         self.outbound.put(wire.log_data_to_proto(data))
 
     # ---- down: commands ------------------------------------------------------------------------

@@ -9,6 +9,7 @@ node (reconcile.py), so a lost message heals within a few seconds instead of wai
 from __future__ import annotations
 
 import bisect
+import logging
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 
@@ -23,10 +24,13 @@ from tfcluster.model import (Attempt, Command, Evaluation, NodeInfo, Phase, Stop
 from tfcluster.roles.tfconfig import build_tf_configs
 from tfcluster.spec import JobSpec
 
+log = logging.getLogger("tfcluster.coordinator")
+
 READY, LOST = "READY", "LOST"
 DEFAULT_LOST_AFTER_SECONDS = 3.0
 BUSY_PORT_AVOID_SECONDS = 600.0
 RESEND_AFTER_SECONDS = 3.0
+FULL_SCHEDULE_SECONDS = 10.0
 KEEP_FINISHED_JOBS = 1000
 KEEP_FINISHED_SECONDS = 7 * 86400.0
 
@@ -80,6 +84,7 @@ class Cluster:
         self.live: dict[str, Job] = {}    # jobs not ended, oldest first
         self.ended: dict[str, Job] = {}   # ended jobs, in the order they ended (retention removes from the front)
         self.removed: list[str] = []      # ids of jobs removed by retention, until the store has deleted them
+        self.just_ended: list[Job] = []   # jobs that ended since the store last wrote
         self.requests: dict[str, str] = {}  # a submission's client request id -> its job
         self.next_number = 1
         # node -> {(job id, task key): task}: what is placed where. Entries can go stale (a task moved, a job
@@ -92,6 +97,7 @@ class Cluster:
         self.heard: OrderedDict[str, None] = OrderedDict()
         self.capacity_version = 0   # bumped whenever resources may have been freed or added
         self.unfit_at: dict[str, int] = {}  # PENDING job -> capacity version at which it last did not fit
+        self.full_schedule_at = 0.0
 
     # ---- loading -------------------------------------------------------------------------------
 
@@ -180,15 +186,22 @@ class Cluster:
             task = job.task(p.attempt.type, p.attempt.index) if job else None
             if task is not None and task.node == name and task.attempt == p.attempt.number and task.live:
                 lifecycle.progress(job, task, p.output_bytes, p.checkpoint, now)
-        return reconcile_node(name, self._placed_on(name), (p.attempt for p in progress), self.jobs,
-                              self.nodes[name].seen.stops_sent, now, self.resend_after)
+        placed = self._placed_on(name)
+        commands = reconcile_node(name, placed, (p.attempt for p in progress), self.jobs,
+                                  self.nodes[name].seen.stops_sent, now, self.resend_after)
+        for job in {id(job): job for job, _ in placed}.values():  # reconcile may have ended a task, or a job
+            commands = self._settle(job, commands)
+        return commands
 
     def expire(self, now: float) -> list[Command]:
         """Nodes silent for longer than the timeout become LOST; their tasks count as lost."""
         commands: list[Command] = []
         silent = []
         for name in self.heard:
-            if now - self.nodes[name].seen.last_seen <= self.lost_after:
+            last_seen = self.nodes[name].seen.last_seen
+            if last_seen > now:  # loaded at a restart: its grace is not over (it sits at the front until it returns)
+                continue
+            if now - last_seen <= self.lost_after:
                 break
             silent.append(self.nodes[name])
         for node in silent:
@@ -306,8 +319,9 @@ class Cluster:
         if report.phase == Phase.RUNNING:
             return self._settle(job, lifecycle.running(job, task, report.pid, report.listening, now))
         exit = report.exit or TaskExit(message="ended without a report of how")
-        if exit.busy_port and node_name in self.nodes:
-            self.nodes[node_name].seen.busy_ports[exit.busy_port] = now + BUSY_PORT_AVOID_SECONDS
+        node = self.nodes.get(node_name)
+        if exit.busy_port and node is not None and node.info.port_range[0] <= exit.busy_port <= node.info.port_range[1]:
+            node.seen.busy_ports[exit.busy_port] = now + BUSY_PORT_AVOID_SECONDS
         self.capacity_version += 1
         return self._settle(job, lifecycle.ended(job, task, exit, now))
 
@@ -320,8 +334,9 @@ class Cluster:
         return self._settle(job, lifecycle.sync_done(job, sync_id, ok, message, now)) if job else []
 
     def evaluation(self, node_name: str, attempt: Attempt, result: Evaluation) -> None:
-        """An evaluator's result, kept when it comes from the job's current evaluator."""
-        job = self.jobs.get(attempt.job_id)
+        """An evaluator's result, kept when it comes from the job's current evaluator (the job has not ended: its
+        evaluator's last results arrive before its exit)."""
+        job = self.live.get(attempt.job_id)
         task = job.task(attempt.type, attempt.index) if job else None
         if task is not None and task.node == node_name and task.attempt == attempt.number:
             job.add_evaluation(result)
@@ -331,10 +346,25 @@ class Cluster:
         and retention of ended jobs."""
         commands = self.expire(now)
         for job in list(self.live.values()):
-            commands += self._settle(job, lifecycle.tick(job, now))
-            commands += self._resend(job, now)
+            try:
+                commands += self._settle(job, lifecycle.tick(job, now) + self._orphans(job, now))
+                commands += self._resend(job, now)
+            except Exception:  # a bug in one job must not stop every other job's deadlines
+                log.exception("tick of %s failed", job.id)
+        if now - self.full_schedule_at >= FULL_SCHEDULE_SECONDS:
+            # Whatever an event forgot to say about freed resources, every waiting job is tried again now and then.
+            self.capacity_version, self.full_schedule_at = self.capacity_version + 1, now
         commands += self.schedule(now)
         self.prune(now)
+        return commands
+
+    def _orphans(self, job: Job, now: float) -> list[Command]:
+        """Tasks on a node that is not READY (it was lost between placement and a later launch wave, or
+        during a restart in place) are lost too: nothing will ever hear from them."""
+        commands: list[Command] = []
+        for task in job.tasks:
+            if task.node and self.info_of(task.node) is None:
+                commands += lifecycle.lost(job, task, f"node {task.node} is not READY", now)
         return commands
 
     def _resend(self, job: Job, now: float) -> list[Command]:
@@ -367,6 +397,7 @@ class Cluster:
         if job.ended and job.id in self.live:
             del self.live[job.id]
             self.ended[job.id] = job
+            self.just_ended.append(job)
             self.unfit_at.pop(job.id, None)
             self.capacity_version += 1
         return commands

@@ -155,10 +155,12 @@ class Job(Record):
         return not self.spec.checkpoint_dir
 
     def task(self, task_type: str, index: int) -> Task | None:
-        for t in self.tasks:
-            if t.type == task_type and t.index == index:
-                return t
-        return None
+        """The task of that type and index (an index built once: a job's tasks never change, only their fields)."""
+        cached = self.__dict__.get("_by_key")
+        if cached is None or cached[0] is not self.tasks:
+            cached = (self.tasks, {(t.type, t.index): t for t in self.tasks})
+            object.__setattr__(self, "_by_key", cached)
+        return cached[1].get((task_type, index))
 
     def training_tasks(self) -> list[Task]:
         return [t for t in self.tasks if t.type != "evaluator"]

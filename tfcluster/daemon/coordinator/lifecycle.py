@@ -121,7 +121,10 @@ def ended(job: Job, task: Task, exit: TaskExit, now: float) -> list[Command]:
 
 
 def lost(job: Job, task: Task, why: str, now: float) -> list[Command]:
-    if not task.live:
+    """The task's node is gone (or its agent forgot the task): a live task, or one placed there that waits to
+    be launched (a later wave, a restart in place), is lost."""
+    waiting = task.state == T_PENDING and task.node and job.state in (STARTING, STOPPING)
+    if not task.live and not waiting:
         return []
     task.state, task.exit = T_LOST, TaskExit(message=why)
     return _after_task_end(job, task, now)
@@ -137,8 +140,12 @@ def progress(job: Job, task: Task, output_bytes: int, checkpoint: str, now: floa
 
 def _after_task_end(job: Job, task: Task, now: float) -> list[Command]:
     if job.state == STOPPING:
-        if job.restarting and task.key not in job.restarting and task.state in (T_FAILED, T_LOST):
-            # A task outside a partial restart failed meanwhile: restart everything instead.
+        if job.restarting and task.type == "evaluator" and task.state in (T_FAILED, T_LOST) and \
+                task.key not in job.restarting:
+            return _failed(job, Failure(task.key, task.node, task.exit, now, task.state == T_LOST), task, now)
+        if job.restarting and (task.state == T_LOST or (task.state == T_FAILED and task.key not in job.restarting)):
+            # During a partial restart a task elsewhere failed, or one of the restarted tasks lost its node (it
+            # cannot come back in place): restart everything instead.
             return wind_down(job, RESTART, f"{job.message}; then {task.key} {task.state.lower()}", now)
         return _finish_if_quiet(job, now)
     if job.final_evaluation_until:
@@ -190,14 +197,17 @@ def _charge(job: Job, charge: str) -> None:
         job.evaluator_restarts += 1
 
 
+def _training_finished(job: Job) -> bool:
+    """The chief (or worker 0) and every training task that runs the user program exited 0 (servers under
+    parameter_server never exit by themselves)."""
+    return all(t.state == T_SUCCEEDED for t in job.training_tasks()
+               if t is job.decisive_task() or not job.profile.serves_until_stopped(t.type))
+
+
 def _check_training_done(job: Job, now: float) -> list[Command]:
+    if not _training_finished(job):
+        return []
     decisive = job.decisive_task()
-    if decisive.state != T_SUCCEEDED:
-        return []
-    # Training tasks that run the user program must all finish; servers (parameter_server) never do.
-    others = [t for t in job.training_tasks() if t is not decisive and not job.profile.serves_until_stopped(t.type)]
-    if any(t.state != T_SUCCEEDED for t in others):
-        return []
     evaluator = job.evaluator()
     if evaluator is None or not evaluator.live:
         return wind_down(job, SUCCEEDED, "", now)
@@ -281,6 +291,9 @@ def _finish_if_quiet(job: Job, now: float) -> list[Command]:
         job.state, job.outcome, job.finished = job.outcome, "", now
         return []
     job.outcome = ""
+    if job.restarting and _training_finished(job):  # the chief finished meanwhile: nothing to restart
+        job.restarting, job.state = (), RUNNING
+        return _check_training_done(job, now)
     if job.restarting:  # relaunched in place, on the same addresses, in waves
         for task in scope:
             task.state = T_PENDING

@@ -8,7 +8,8 @@ lost message shows up as a difference, and the difference is what gets sent, at 
   current report, so a lost RUNNING (or listening) report heals the same way;
 - a task the coordinator thinks is running but the agent no longer lists has ended and its exit report was
   lost: its launch is sent again, and the agent answers with the exit it recorded;
-- a stop that did not take effect is sent again, with the (possibly shorter) grace asked for last;
+- a stop that did not take effect is sent again, with the (possibly shorter) grace asked for last; a task
+  told to stop before its launch was confirmed, which the agent does not run, never started: it is over;
 - an attempt the agent runs that the coordinator does not want there (an old attempt, a task of an ended
   or removed job, a task moved elsewhere) is told to stop.
 """
@@ -17,9 +18,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from tfcluster.daemon.coordinator import lifecycle
 from tfcluster.daemon.coordinator.job import T_LAUNCHING, T_RUNNING, Job, Task
 from tfcluster.daemon.coordinator.launch import launch
-from tfcluster.model import Attempt, Command, Stop
+from tfcluster.model import Attempt, Command, Stop, TaskExit
 
 
 def reconcile_node(node: str, placed: Iterable[tuple[Job, Task]], running: Iterable[Attempt],
@@ -52,6 +54,11 @@ def _heal(job: Job, task: Task, running: bool, now: float, resend_after: float) 
         seen.missing_since = 0.0 if running else (seen.missing_since or now)
     if now - seen.sent_at < resend_after:
         return []
+    if task.state == T_LAUNCHING and task.stop_grace is not None and not running:
+        return lifecycle.ended(job, task, TaskExit(message="stopped before it started"), now)
+    if task.state == T_LAUNCHING and task.stop_grace is not None:
+        seen.sent_at = now
+        return [Stop(node=task.node, attempt=job.attempt_of(task), grace_seconds=task.stop_grace)]
     if task.state == T_LAUNCHING:
         resend = True
     elif task.state == T_RUNNING and not running:

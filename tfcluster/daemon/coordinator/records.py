@@ -29,6 +29,7 @@ class Batch:
     removed_jobs: list[str] = field(default_factory=list)
     next_job_number: int = 0
     records: list = field(default_factory=list, repr=False)  # what to mark unsaved again if the write fails
+    ended: list = field(default_factory=list, repr=False)    # jobs that ended since the last write
 
     def __bool__(self) -> bool:
         return bool(self.jobs or self.tasks or self.evaluations or self.dropped_evaluations or self.nodes or
@@ -52,7 +53,9 @@ class Changes:
 
     def collect(self, cluster: Cluster) -> Batch:
         batch = Batch()
-        for job in cluster.jobs.values():
+        # An ended job changes no more once its end is written: only live ones and those that just ended are looked at.
+        batch.ended, cluster.just_ended = cluster.just_ended, []
+        for job in [*cluster.live.values(), *batch.ended]:
             if job.unsaved:
                 batch.jobs.append((job.id, job.number, job.request_id, dumps(job_doc(job))))
                 self._evaluations(job, batch)
@@ -92,7 +95,10 @@ class Changes:
             object.__setattr__(record, "unsaved", True)
         for job_id, checkpoint, _ in batch.evaluations:
             self.evaluations.get(job_id, {}).pop(checkpoint, None)
+        for job_id, checkpoint in batch.dropped_evaluations:  # still stored: to be dropped next time
+            self.evaluations.setdefault(job_id, {})[checkpoint] = float("nan")
         cluster.removed[:0] = batch.removed_jobs
+        cluster.just_ended[:0] = batch.ended
         if batch.next_job_number:
             self.next_job_number = 0
 

@@ -117,7 +117,9 @@ class _Search:
         self.spec, self.by_name, self.previous = spec, by_name, previous
         self.slots: dict[str, _Slot] = {}
         all_names = sorted(by_name)
-        self.candidates = {r: [n for n in spec.role(r).nodes if n in by_name] or all_names for r in ROLE_TYPES}
+        # A pinned role goes on its nodes that are ready, none of them when none is (never elsewhere).
+        self.candidates = {r: [n for n in spec.role(r).nodes if n in by_name] if spec.role(r).nodes else all_names
+                           for r in ROLE_TYPES}
         self.tasks = [t for t in task_list(spec) if only is None or t in only]
         # Most constrained first: pinned roles, then GPU-hungry ones; keep index order within a role.
         self.tasks.sort(key=lambda t: (len(self.candidates[t[0]]), -spec.gpus_for(t[0])))
@@ -129,6 +131,9 @@ class _Search:
 
     def run(self) -> list[TaskPlacement] | Unfit:
         for role_type in dict.fromkeys(t[0] for t in self.tasks):
+            if not self.candidates[role_type]:
+                return Unfit(f"roles.{role_type}.nodes: none of {', '.join(self.spec.role(role_type).nodes)} is a "
+                             f"ready node")
             need = self.spec.gpus_for(role_type)
             if not any(len(self.by_name[n].gpus) >= need for n in self.candidates[role_type]):
                 return Unfit(_too_big_reason(self.spec, role_type,

@@ -33,6 +33,8 @@ TICK_SECONDS = 0.2
 RECONNECT_GRACE_SECONDS = 10.0
 WRITE_RETRY_SECONDS = 1.0
 OUTBOX_LIMIT = 10_000  # commands kept for a node whose stream is away (reconcile resends what is dropped)
+PENDING_LIMIT = 100_000  # commands waiting for a write that succeeds
+LOG_CHUNKS_BUFFERED = 256  # 64 KiB each: a log client this far behind the agent is told so
 
 
 class Outbox:
@@ -66,7 +68,20 @@ class Outbox:
 class LogWaiter:
     def __init__(self, node: str):
         self.node = node
-        self.chunks: asyncio.Queue[LogData] = asyncio.Queue()
+        self.chunks: asyncio.Queue[LogData] = asyncio.Queue(maxsize=LOG_CHUNKS_BUFFERED + 1)
+
+    def put(self, data: LogData) -> bool:
+        """Queues a chunk for the client; False (and an error for it instead) when it has fallen too far behind."""
+        if self.chunks.qsize() >= LOG_CHUNKS_BUFFERED:
+            self.fail(data.request_id, "the log arrives faster than the client reads it; try --tail")
+            return False
+        self.chunks.put_nowait(data)
+        return True
+
+    def fail(self, request_id: int, error: str) -> None:
+        while self.chunks.full():
+            self.chunks.get_nowait()
+        self.chunks.put_nowait(LogData(request_id, eof=True, error=error))
 
 
 class Coordinator:
@@ -134,11 +149,19 @@ class Coordinator:
         while True:
             await self.wake.wait()
             self.wake.clear()
-            if not await self._write():
+            try:
+                written = await self._write()
+            except Exception:  # a bug here must not stop every later write
+                log.exception("writing the state failed")
+                written = False
+            if not written:
                 await asyncio.sleep(WRITE_RETRY_SECONDS)
                 self.wake.set()
 
     async def _write(self) -> bool:
+        """Writes what changed, then sends the commands those changes decided. When the write fails (a full
+        disk) nothing is sent: the commands wait for a write that succeeds, so no agent acts on a decision
+        a restart could forget; a client waiting for the write is told it failed."""
         done, self.next_write = self.next_write, None
         commands, self.pending = self.pending, []
         batch = self.changes.collect(self.cluster)
@@ -150,7 +173,11 @@ class Coordinator:
                 self.changes.failed(batch, self.cluster)
                 error = e
                 log.error("cannot write the state to %s: %s", self.store.path, e)
-        self.send(commands)
+        if error is None:
+            self.send(commands)
+        else:
+            self.pending[:0] = commands[-PENDING_LIMIT:]  # reconcile resends what is dropped here
+            del self.pending[PENDING_LIMIT:]
         if done is not None and not done.done():
             done.set_exception(OSError(f"cannot store the change: {error}")) if error else done.set_result(None)
         return error is None
@@ -176,6 +203,8 @@ class Coordinator:
     def register(self, request: agent_pb2.RegisterRequest) -> str:
         """Raises ValueError (a bad field, ports overlapping another agent's) or NameTaken."""
         info = wire.node_info_from_proto(request.node)
+        if len(request.tasks) > wire.MAX_TASKS_PER_NODE:
+            raise ValueError(f"tasks: at most {wire.MAX_TASKS_PER_NODE} per node, got {len(request.tasks)}")
         reports = [wire.task_report_from_proto(t) for t in request.tasks]
         session = uuid.uuid4().hex
         commands = self.cluster.register(info, reports, session, self.clock())
@@ -183,6 +212,7 @@ class Coordinator:
         if old is not None:  # the agent came back: its old stream is over
             old.cancel()
         self.outboxes[info.name].items.clear()  # what was queued for the old session is stale
+        self._fail_logs(info.name)
         self.apply(commands)
         log.info("node %s registered: %s, %d GPUs, ports %d-%d, agent %s, %d tasks", info.name, info.address,
                  len(info.gpus), *info.port_range, info.agent_version, len(reports))
@@ -194,6 +224,7 @@ class Coordinator:
         old = self.streams.get(node)
         if old is not None and old is not asyncio.current_task():
             old.cancel()
+            self._fail_logs(node)
         self.streams[node] = asyncio.current_task()
         outbox = self.outboxes[node]
         return outbox, outbox.take_over()
@@ -201,9 +232,13 @@ class Coordinator:
     def close_stream(self, node: str) -> None:
         if self.streams.get(node) is asyncio.current_task():
             del self.streams[node]
-            for request_id, waiter in list(self.log_waiters.items()):
-                if waiter.node == node:
-                    waiter.chunks.put_nowait(LogData(request_id, eof=True, error=f"node {node} disconnected"))
+            self._fail_logs(node)
+
+    def _fail_logs(self, node: str) -> None:
+        """The node's stream ended or was replaced: the logs it was sending will not arrive."""
+        for request_id, waiter in list(self.log_waiters.items()):
+            if waiter.node == node:
+                waiter.fail(request_id, f"node {node} disconnected")
 
     def on_agent_message(self, node: str, session: str, msg: agent_pb2.AgentMessage) -> bool:
         """Handles one message from a node's stream; False ends the stream (the node must register again)."""
@@ -231,8 +266,8 @@ class Coordinator:
         elif kind == "log":
             data = wire.log_data_from_proto(msg.log)
             waiter = self.log_waiters.get(data.request_id)
-            if waiter is not None and waiter.node == node:
-                waiter.chunks.put_nowait(data)
+            if waiter is not None and waiter.node == node and not waiter.put(data):
+                self.send([CancelLog(node, data.request_id)])
         return True
 
     # ---- clients -------------------------------------------------------------------------------

@@ -94,7 +94,9 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
         except Unplaceable as e:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"job cannot ever be placed: {e}")
         try:
-            await self.c.apply(commands)  # acknowledged only once stored
+            # Acknowledged only once stored. Shielded: another client of the same write going away must not
+            # cancel this one's acknowledgement.
+            await asyncio.shield(self.c.apply(commands))
         except OSError as e:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
         log.info("job %s submitted (%s, %d tasks): %s", job.id, job.strategy, len(job.tasks), job.state)
@@ -115,7 +117,7 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
             await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown job {request.job_id!r}")
         job = self.c.cluster.jobs[request.job_id]
         try:
-            await self.c.apply(self.c.cluster.stop(job.id, self.c.clock(), request.graceful))
+            await asyncio.shield(self.c.apply(self.c.cluster.stop(job.id, self.c.clock(), request.graceful)))
         except OSError as e:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
         return control_pb2.StopJobResponse(state=job.state)
@@ -173,7 +175,8 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
                 chunk = await waiter.chunks.get()
                 if chunk.error:
                     finished = True
-                    code = grpc.StatusCode.UNAVAILABLE if "disconnected" in chunk.error else grpc.StatusCode.NOT_FOUND
+                    code = grpc.StatusCode.UNAVAILABLE if "disconnected" in chunk.error else \
+                        grpc.StatusCode.RESOURCE_EXHAUSTED if "faster" in chunk.error else grpc.StatusCode.NOT_FOUND
                     await context.abort(code, chunk.error)
                 if chunk.data:
                     yield control_pb2.LogChunk(data=chunk.data)

@@ -9,6 +9,7 @@ the event loop. A replicated store (etcd, say) implements the same three methods
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import threading
 from pathlib import Path
@@ -81,16 +82,17 @@ class SqliteStore:
         return self._db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
                                 (name,)).fetchone() is not None
 
+    @contextlib.contextmanager
     def _transaction(self):
-        db = self._db
-
-        class Transaction:
-            def __enter__(self):
-                db.execute("BEGIN IMMEDIATE")
-
-            def __exit__(self, kind, value, trace):
-                db.execute("COMMIT" if kind is None else "ROLLBACK")
-        return Transaction()
+        """One transaction; whatever fails inside it, or in its COMMIT (a full disk), leaves none open."""
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+            self._db.execute("COMMIT")
+        except BaseException:
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
+            raise
 
     def load(self) -> Loaded:
         with self._lock:

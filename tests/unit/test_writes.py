@@ -1,0 +1,60 @@
+"""The coordinator's writer on its event loop, with a store that can fail: commands go out only after their
+change is stored; a failed write holds them back, tells a waiting client, and the next write stores it all."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from coresim import info, make_spec
+
+from tfcluster.daemon.coordinator import server as S
+from tfcluster.daemon.coordinator.cluster import Cluster
+from tfcluster.daemon.coordinator.records import Loaded
+
+
+class FlakyStore:
+    path = "flaky"
+
+    def __init__(self):
+        self.full = False
+        self.batches = []
+
+    def load(self):
+        return Loaded(jobs=[], nodes=[], next_job_number=1)
+
+    def write(self, batch):
+        if self.full:
+            raise OSError(28, "No space left on device")
+        self.batches.append(batch)
+
+    def close(self):
+        pass
+
+
+async def settle():
+    for _ in range(20):
+        await asyncio.sleep(0.01)
+
+
+def test_commands_wait_for_their_change_to_be_stored(monkeypatch):
+    monkeypatch.setattr(S, "WRITE_RETRY_SECONDS", 0.05)
+
+    async def run():
+        store = FlakyStore()
+        c = S.Coordinator(store, Cluster(), heartbeat_interval=1.0, clock=lambda: 100.0)
+        c.load(reconnect_grace=0)
+        c.start()
+        await c.apply(c.cluster.register(info("n1"), [], "s1", 100.0))
+        store.full = True
+        job, commands = c.cluster.submit(make_spec(strategy="mirrored", worker=1), 100.0)
+        with pytest.raises(OSError, match="cannot store the change"):
+            await c.apply(commands)
+        assert not c.outboxes["n1"].items, "nothing sent while nothing is stored"
+        store.full = False
+        await settle()
+        assert len(c.outboxes["n1"].items) == 1, "sent once the next write succeeded"
+        assert any(job.id in [j[0] for j in b.jobs] for b in store.batches)
+        await c.close()
+
+    asyncio.run(run())
