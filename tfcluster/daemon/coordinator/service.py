@@ -66,6 +66,9 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                     break
         except ValueError as e:
             reason = str(e)
+        except Exception:  # a bug must cost one stream (the agent registers again), never the coordinator
+            log.exception("stream from %s failed", node)
+            reason = "the coordinator failed to handle a message; register again"
         finally:
             sender.cancel()
             self.c.close_stream(node)
