@@ -17,7 +17,7 @@ from tfcluster.spec import JobSpec
 from tfcluster.wire import spec_to_proto
 
 RPC_TIMEOUT_SECONDS = 10.0
-SUBMIT_TRIES = 5
+SUBMIT_TRIES = 5  # over about 4 s: a coordinator that restarts is back; one that is not running is reported
 MAX_MESSAGE_BYTES = 64 << 20
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
@@ -83,7 +83,7 @@ class Client:
             except grpc.RpcError as e:
                 if e.code() not in RETRYABLE or attempt == SUBMIT_TRIES - 1:
                     raise self._error(e) from None
-                time.sleep(0.5 * 2 ** attempt)
+                time.sleep(0.25 * 2 ** attempt)
         raise AssertionError("unreachable")
 
     def plan(self, spec: JobSpec) -> control_pb2.PlanJobResponse:
