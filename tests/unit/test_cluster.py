@@ -10,7 +10,8 @@ from coresim import PORTS, Sim, gpus, info, keys, launches, make_spec, report, s
 
 from tfcluster.daemon.coordinator import job as J
 from tfcluster.daemon.coordinator.checkpoints import SYNC_DEADLINE_SECONDS
-from tfcluster.daemon.coordinator.cluster import LOST, READY, Unplaceable
+from tfcluster.daemon.coordinator.cluster import Unplaceable
+from tfcluster.daemon.coordinator.node import LOST, READY
 from tfcluster.model import (Attempt, FinishTraining, Launch, NodeInfo, ShipCheckpoints, Stop, SyncCheckpoints,
                              TaskProgress)
 

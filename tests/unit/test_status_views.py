@@ -7,7 +7,7 @@ from dataclasses import replace
 from coresim import Sim, info, make_spec
 
 from tfcluster.daemon.coordinator import status
-from tfcluster.daemon.coordinator.cluster import LOST
+from tfcluster.daemon.coordinator.node import LOST
 
 
 def big_cluster(nodes=120):

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field, replace
 
 from tfcluster import strategies
 from tfcluster.daemon.coordinator import checkpoints, lifecycle
-from tfcluster.daemon.coordinator.job import PENDING, T_LAUNCHING, T_RUNNING, Job, Record, Task
+from tfcluster.daemon.coordinator.job import PENDING, T_LAUNCHING, T_RUNNING, Job, Task
+from tfcluster.daemon.coordinator.node import LOST, READY, Node, ports_overlap
 from tfcluster.daemon.coordinator.launch import launch
 from tfcluster.daemon.coordinator.reconcile import reconcile_node
 from tfcluster.daemon.coordinator.scheduler import NodeCapacity, TaskPlacement, Unfit, place, task_list
@@ -26,7 +27,6 @@ from tfcluster.spec import JobSpec
 
 log = logging.getLogger("tfcluster.coordinator")
 
-READY, LOST = "READY", "LOST"
 DEFAULT_LOST_AFTER_SECONDS = 3.0
 BUSY_PORT_AVOID_SECONDS = 600.0
 RESEND_AFTER_SECONDS = 3.0
@@ -41,26 +41,6 @@ class Unplaceable(Exception):
 
 class NameTaken(Exception):
     """A node name held by another live agent."""
-
-
-@dataclass
-class NodeSeen:
-    """What the coordinator observes about a node's agent; never saved."""
-    last_seen: float = 0.0
-    session_id: str = ""
-    busy_ports: dict[int, float] = field(default_factory=dict)  # found taken by something else, until when
-    stops_sent: dict[Attempt, float] = field(default_factory=dict)  # reconcile: unwanted attempts told to stop
-
-
-@dataclass(eq=False)
-class Node(Record):
-    info: NodeInfo
-    state: str = READY
-    seen: NodeSeen = field(default_factory=NodeSeen, repr=False)
-
-    @property
-    def name(self) -> str:
-        return self.info.name
 
 
 @dataclass
@@ -133,7 +113,7 @@ class Cluster:
                             f"{node.info.state_dir}); give this agent another --name")
         for other in self.by_address.get(info.address, ()):
             o = self.nodes[other].info
-            if other != info.name and self.nodes[other].state == READY and _ports_overlap(o, info):
+            if other != info.name and self.nodes[other].state == READY and ports_overlap(o, info):
                 raise ValueError(f"node.port_range_start/end: {info.name}'s ports {info.port_range[0]}-"
                                  f"{info.port_range[1]} overlap {o.name}'s on the same address {info.address} "
                                  f"({o.port_range[0]}-{o.port_range[1]}); give agents on one host disjoint ranges")
@@ -418,10 +398,3 @@ class Cluster:
 
 def _stop_unwanted(node: str, attempt: Attempt, job: Job | None) -> Command:
     return Stop(node=node, attempt=attempt, grace_seconds=job.spec.stop_grace_seconds if job else 0.0)
-
-
-def _ports_overlap(a: NodeInfo, b: NodeInfo) -> bool:
-    """Two agents' port ranges (their peer ports included) share a port."""
-    def spans(info: NodeInfo) -> list[tuple[int, int]]:
-        return [info.port_range] + ([(info.peer_port, info.peer_port)] if info.peer_port else [])
-    return any(x0 <= y1 and y0 <= x1 for x0, x1 in spans(a) for y0, y1 in spans(b))

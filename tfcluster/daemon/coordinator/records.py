@@ -12,8 +12,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from tfcluster.daemon.coordinator.cluster import Cluster, Node
+from tfcluster.daemon.coordinator.cluster import Cluster
 from tfcluster.daemon.coordinator.job import Failure, Job, Task
+from tfcluster.daemon.coordinator.node import Node
 from tfcluster.model import Evaluation, Gpu, NodeInfo, TaskExit
 from tfcluster.spec import JobSpec, RestartPolicy, RoleSpec
 

@@ -22,7 +22,8 @@ from pathlib import Path
 
 from tfcluster import wire
 from tfcluster.api.v1 import agent_pb2
-from tfcluster.daemon.coordinator.cluster import LOST, Cluster
+from tfcluster.daemon.coordinator.cluster import Cluster
+from tfcluster.daemon.coordinator.node import LOST
 from tfcluster.daemon.coordinator.records import Changes, job_from_docs, node_from_doc
 from tfcluster.daemon.coordinator.store import SqliteStore, Store
 from tfcluster.model import Attempt, CancelLog, Command, LogData, ReadLog

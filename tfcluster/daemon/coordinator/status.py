@@ -14,8 +14,9 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from typing import TypeVar
 
-from tfcluster.daemon.coordinator.cluster import LOST, READY, Cluster, Node
+from tfcluster.daemon.coordinator.cluster import Cluster
 from tfcluster.daemon.coordinator.job import JOB_STATES, Job
+from tfcluster.daemon.coordinator.node import LOST, READY, Node
 
 DEFAULT_PAGE = 100
 MAX_PAGE = 1000
