@@ -32,6 +32,36 @@ class PutFilesReply(_message.Message):
     files: int
     def __init__(self, bytes: _Optional[int] = ..., files: _Optional[int] = ...) -> None: ...
 
+class JoinRequest(_message.Message):
+    __slots__ = ("token", "node_name", "csr")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    NODE_NAME_FIELD_NUMBER: _ClassVar[int]
+    CSR_FIELD_NUMBER: _ClassVar[int]
+    token: str
+    node_name: str
+    csr: bytes
+    def __init__(self, token: _Optional[str] = ..., node_name: _Optional[str] = ..., csr: _Optional[bytes] = ...) -> None: ...
+
+class JoinResponse(_message.Message):
+    __slots__ = ("certificate", "ca_certificate")
+    CERTIFICATE_FIELD_NUMBER: _ClassVar[int]
+    CA_CERTIFICATE_FIELD_NUMBER: _ClassVar[int]
+    certificate: bytes
+    ca_certificate: bytes
+    def __init__(self, certificate: _Optional[bytes] = ..., ca_certificate: _Optional[bytes] = ...) -> None: ...
+
+class RenewCertificateRequest(_message.Message):
+    __slots__ = ("csr",)
+    CSR_FIELD_NUMBER: _ClassVar[int]
+    csr: bytes
+    def __init__(self, csr: _Optional[bytes] = ...) -> None: ...
+
+class RenewCertificateResponse(_message.Message):
+    __slots__ = ("certificate",)
+    CERTIFICATE_FIELD_NUMBER: _ClassVar[int]
+    certificate: bytes
+    def __init__(self, certificate: _Optional[bytes] = ...) -> None: ...
+
 class RegisterRequest(_message.Message):
     __slots__ = ("node", "tasks")
     NODE_FIELD_NUMBER: _ClassVar[int]
@@ -200,8 +230,14 @@ class CancelLog(_message.Message):
     request_id: int
     def __init__(self, request_id: _Optional[int] = ...) -> None: ...
 
+class ExpectFiles(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
 class CoordinatorMessage(_message.Message):
-    __slots__ = ("launch", "stop", "read_log", "cancel_log", "finish_training", "ship", "sync")
+    __slots__ = ("launch", "stop", "read_log", "cancel_log", "finish_training", "ship", "sync", "expect_files")
     LAUNCH_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
     READ_LOG_FIELD_NUMBER: _ClassVar[int]
@@ -209,6 +245,7 @@ class CoordinatorMessage(_message.Message):
     FINISH_TRAINING_FIELD_NUMBER: _ClassVar[int]
     SHIP_FIELD_NUMBER: _ClassVar[int]
     SYNC_FIELD_NUMBER: _ClassVar[int]
+    EXPECT_FILES_FIELD_NUMBER: _ClassVar[int]
     launch: _types_pb2.TaskLaunch
     stop: StopTask
     read_log: ReadLog
@@ -216,4 +253,5 @@ class CoordinatorMessage(_message.Message):
     finish_training: FinishTraining
     ship: ShipCheckpoints
     sync: SyncCheckpoints
-    def __init__(self, launch: _Optional[_Union[_types_pb2.TaskLaunch, _Mapping]] = ..., stop: _Optional[_Union[StopTask, _Mapping]] = ..., read_log: _Optional[_Union[ReadLog, _Mapping]] = ..., cancel_log: _Optional[_Union[CancelLog, _Mapping]] = ..., finish_training: _Optional[_Union[FinishTraining, _Mapping]] = ..., ship: _Optional[_Union[ShipCheckpoints, _Mapping]] = ..., sync: _Optional[_Union[SyncCheckpoints, _Mapping]] = ...) -> None: ...
+    expect_files: ExpectFiles
+    def __init__(self, launch: _Optional[_Union[_types_pb2.TaskLaunch, _Mapping]] = ..., stop: _Optional[_Union[StopTask, _Mapping]] = ..., read_log: _Optional[_Union[ReadLog, _Mapping]] = ..., cancel_log: _Optional[_Union[CancelLog, _Mapping]] = ..., finish_training: _Optional[_Union[FinishTraining, _Mapping]] = ..., ship: _Optional[_Union[ShipCheckpoints, _Mapping]] = ..., sync: _Optional[_Union[SyncCheckpoints, _Mapping]] = ..., expect_files: _Optional[_Union[ExpectFiles, _Mapping]] = ...) -> None: ...

@@ -128,6 +128,11 @@ class AgentServiceStub:
                 request_serializer=tfcluster_dot_v1_dot_agent__pb2.AgentMessage.SerializeToString,
                 response_deserializer=tfcluster_dot_v1_dot_agent__pb2.CoordinatorMessage.FromString,
                 _registered_method=True)
+        self.RenewCertificate = channel.unary_unary(
+                '/tfcluster.v1.AgentService/RenewCertificate',
+                request_serializer=tfcluster_dot_v1_dot_agent__pb2.RenewCertificateRequest.SerializeToString,
+                response_deserializer=tfcluster_dot_v1_dot_agent__pb2.RenewCertificateResponse.FromString,
+                _registered_method=True)
 
 
 class AgentServiceServicer:
@@ -148,6 +153,13 @@ class AgentServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RenewCertificate(self, request, context):
+        """A new certificate for the calling node (the caller's own, about to expire), for a key it made itself.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -160,6 +172,11 @@ def add_AgentServiceServicer_to_server(servicer, server):
                     servicer.Connect,
                     request_deserializer=tfcluster_dot_v1_dot_agent__pb2.AgentMessage.FromString,
                     response_serializer=tfcluster_dot_v1_dot_agent__pb2.CoordinatorMessage.SerializeToString,
+            ),
+            'RenewCertificate': grpc.unary_unary_rpc_method_handler(
+                    servicer.RenewCertificate,
+                    request_deserializer=tfcluster_dot_v1_dot_agent__pb2.RenewCertificateRequest.FromString,
+                    response_serializer=tfcluster_dot_v1_dot_agent__pb2.RenewCertificateResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -216,6 +233,111 @@ class AgentService:
             '/tfcluster.v1.AgentService/Connect',
             tfcluster_dot_v1_dot_agent__pb2.AgentMessage.SerializeToString,
             tfcluster_dot_v1_dot_agent__pb2.CoordinatorMessage.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RenewCertificate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tfcluster.v1.AgentService/RenewCertificate',
+            tfcluster_dot_v1_dot_agent__pb2.RenewCertificateRequest.SerializeToString,
+            tfcluster_dot_v1_dot_agent__pb2.RenewCertificateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+
+class JoinServiceStub:
+    """Served on the coordinator's join port, the one listener that takes callers without a certificate: a node
+    trades a join token (`tfcluster token create`) and a certificate request for its certificate.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Join = channel.unary_unary(
+                '/tfcluster.v1.JoinService/Join',
+                request_serializer=tfcluster_dot_v1_dot_agent__pb2.JoinRequest.SerializeToString,
+                response_deserializer=tfcluster_dot_v1_dot_agent__pb2.JoinResponse.FromString,
+                _registered_method=True)
+
+
+class JoinServiceServicer:
+    """Served on the coordinator's join port, the one listener that takes callers without a certificate: a node
+    trades a join token (`tfcluster token create`) and a certificate request for its certificate.
+    """
+
+    def Join(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_JoinServiceServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Join': grpc.unary_unary_rpc_method_handler(
+                    servicer.Join,
+                    request_deserializer=tfcluster_dot_v1_dot_agent__pb2.JoinRequest.FromString,
+                    response_serializer=tfcluster_dot_v1_dot_agent__pb2.JoinResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'tfcluster.v1.JoinService', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('tfcluster.v1.JoinService', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class JoinService:
+    """Served on the coordinator's join port, the one listener that takes callers without a certificate: a node
+    trades a join token (`tfcluster token create`) and a certificate request for its certificate.
+    """
+
+    @staticmethod
+    def Join(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tfcluster.v1.JoinService/Join',
+            tfcluster_dot_v1_dot_agent__pb2.JoinRequest.SerializeToString,
+            tfcluster_dot_v1_dot_agent__pb2.JoinResponse.FromString,
             options,
             channel_credentials,
             insecure,

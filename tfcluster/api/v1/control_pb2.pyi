@@ -8,6 +8,36 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class CreateJoinTokenRequest(_message.Message):
+    __slots__ = ("ttl_seconds", "node", "reusable")
+    TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    REUSABLE_FIELD_NUMBER: _ClassVar[int]
+    ttl_seconds: float
+    node: str
+    reusable: bool
+    def __init__(self, ttl_seconds: _Optional[float] = ..., node: _Optional[str] = ..., reusable: _Optional[bool] = ...) -> None: ...
+
+class CreateJoinTokenResponse(_message.Message):
+    __slots__ = ("token", "expires")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_FIELD_NUMBER: _ClassVar[int]
+    token: str
+    expires: float
+    def __init__(self, token: _Optional[str] = ..., expires: _Optional[float] = ...) -> None: ...
+
+class RemoveNodeRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class RemoveNodeResponse(_message.Message):
+    __slots__ = ("tasks_lost",)
+    TASKS_LOST_FIELD_NUMBER: _ClassVar[int]
+    tasks_lost: int
+    def __init__(self, tasks_lost: _Optional[int] = ...) -> None: ...
+
 class SubmitJobRequest(_message.Message):
     __slots__ = ("spec", "client_request_id")
     SPEC_FIELD_NUMBER: _ClassVar[int]
@@ -31,7 +61,7 @@ class PlanJobRequest(_message.Message):
     def __init__(self, spec: _Optional[_Union[_types_pb2.JobSpec, _Mapping]] = ...) -> None: ...
 
 class PlannedTask(_message.Message):
-    __slots__ = ("task_type", "task_index", "node", "address", "gpus", "tf_config", "command")
+    __slots__ = ("task_type", "task_index", "node", "address", "gpus", "tf_config", "command", "env_names")
     TASK_TYPE_FIELD_NUMBER: _ClassVar[int]
     TASK_INDEX_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
@@ -39,6 +69,7 @@ class PlannedTask(_message.Message):
     GPUS_FIELD_NUMBER: _ClassVar[int]
     TF_CONFIG_FIELD_NUMBER: _ClassVar[int]
     COMMAND_FIELD_NUMBER: _ClassVar[int]
+    ENV_NAMES_FIELD_NUMBER: _ClassVar[int]
     task_type: str
     task_index: int
     node: str
@@ -46,7 +77,8 @@ class PlannedTask(_message.Message):
     gpus: _containers.RepeatedCompositeFieldContainer[_types_pb2.Gpu]
     tf_config: str
     command: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, task_type: _Optional[str] = ..., task_index: _Optional[int] = ..., node: _Optional[str] = ..., address: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[_types_pb2.Gpu, _Mapping]]] = ..., tf_config: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ...) -> None: ...
+    env_names: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, task_type: _Optional[str] = ..., task_index: _Optional[int] = ..., node: _Optional[str] = ..., address: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[_types_pb2.Gpu, _Mapping]]] = ..., tf_config: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., env_names: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PlanJobResponse(_message.Message):
     __slots__ = ("fits", "reason", "strategy", "tasks")
@@ -218,7 +250,7 @@ class GetStatusResponse(_message.Message):
     def __init__(self, nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., jobs: _Optional[_Iterable[_Union[JobStatus, _Mapping]]] = ..., summary: _Optional[_Union[ClusterSummary, _Mapping]] = ...) -> None: ...
 
 class ClusterSummary(_message.Message):
-    __slots__ = ("nodes_by_state", "gpus_total", "gpus_allocated", "jobs_by_state", "nodes_shown", "jobs_shown")
+    __slots__ = ("nodes_by_state", "gpus_total", "gpus_allocated", "jobs_by_state", "nodes_shown", "jobs_shown", "insecure")
     class NodesByStateEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -239,13 +271,15 @@ class ClusterSummary(_message.Message):
     JOBS_BY_STATE_FIELD_NUMBER: _ClassVar[int]
     NODES_SHOWN_FIELD_NUMBER: _ClassVar[int]
     JOBS_SHOWN_FIELD_NUMBER: _ClassVar[int]
+    INSECURE_FIELD_NUMBER: _ClassVar[int]
     nodes_by_state: _containers.ScalarMap[str, int]
     gpus_total: int
     gpus_allocated: int
     jobs_by_state: _containers.ScalarMap[str, int]
     nodes_shown: int
     jobs_shown: int
-    def __init__(self, nodes_by_state: _Optional[_Mapping[str, int]] = ..., gpus_total: _Optional[int] = ..., gpus_allocated: _Optional[int] = ..., jobs_by_state: _Optional[_Mapping[str, int]] = ..., nodes_shown: _Optional[int] = ..., jobs_shown: _Optional[int] = ...) -> None: ...
+    insecure: bool
+    def __init__(self, nodes_by_state: _Optional[_Mapping[str, int]] = ..., gpus_total: _Optional[int] = ..., gpus_allocated: _Optional[int] = ..., jobs_by_state: _Optional[_Mapping[str, int]] = ..., nodes_shown: _Optional[int] = ..., jobs_shown: _Optional[int] = ..., insecure: _Optional[bool] = ...) -> None: ...
 
 class ListNodesRequest(_message.Message):
     __slots__ = ("page_size", "page_token", "state", "name_prefix")

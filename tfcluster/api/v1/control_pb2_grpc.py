@@ -70,6 +70,16 @@ class ControlServiceStub:
                 request_serializer=tfcluster_dot_v1_dot_control__pb2.StreamLogsRequest.SerializeToString,
                 response_deserializer=tfcluster_dot_v1_dot_control__pb2.LogChunk.FromString,
                 _registered_method=True)
+        self.CreateJoinToken = channel.unary_unary(
+                '/tfcluster.v1.ControlService/CreateJoinToken',
+                request_serializer=tfcluster_dot_v1_dot_control__pb2.CreateJoinTokenRequest.SerializeToString,
+                response_deserializer=tfcluster_dot_v1_dot_control__pb2.CreateJoinTokenResponse.FromString,
+                _registered_method=True)
+        self.RemoveNode = channel.unary_unary(
+                '/tfcluster.v1.ControlService/RemoveNode',
+                request_serializer=tfcluster_dot_v1_dot_control__pb2.RemoveNodeRequest.SerializeToString,
+                response_deserializer=tfcluster_dot_v1_dot_control__pb2.RemoveNodeResponse.FromString,
+                _registered_method=True)
 
 
 class ControlServiceServicer:
@@ -122,6 +132,20 @@ class ControlServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateJoinToken(self, request, context):
+        """Admins only: a token a new node joins with (`tfcluster agent --join`); only its hash is kept.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoveNode(self, request, context):
+        """Admins only: the node leaves the cluster; its certificates are refused from then on.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControlServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -159,6 +183,16 @@ def add_ControlServiceServicer_to_server(servicer, server):
                     servicer.StreamLogs,
                     request_deserializer=tfcluster_dot_v1_dot_control__pb2.StreamLogsRequest.FromString,
                     response_serializer=tfcluster_dot_v1_dot_control__pb2.LogChunk.SerializeToString,
+            ),
+            'CreateJoinToken': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateJoinToken,
+                    request_deserializer=tfcluster_dot_v1_dot_control__pb2.CreateJoinTokenRequest.FromString,
+                    response_serializer=tfcluster_dot_v1_dot_control__pb2.CreateJoinTokenResponse.SerializeToString,
+            ),
+            'RemoveNode': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveNode,
+                    request_deserializer=tfcluster_dot_v1_dot_control__pb2.RemoveNodeRequest.FromString,
+                    response_serializer=tfcluster_dot_v1_dot_control__pb2.RemoveNodeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -350,6 +384,60 @@ class ControlService:
             '/tfcluster.v1.ControlService/StreamLogs',
             tfcluster_dot_v1_dot_control__pb2.StreamLogsRequest.SerializeToString,
             tfcluster_dot_v1_dot_control__pb2.LogChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateJoinToken(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tfcluster.v1.ControlService/CreateJoinToken',
+            tfcluster_dot_v1_dot_control__pb2.CreateJoinTokenRequest.SerializeToString,
+            tfcluster_dot_v1_dot_control__pb2.CreateJoinTokenResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveNode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tfcluster.v1.ControlService/RemoveNode',
+            tfcluster_dot_v1_dot_control__pb2.RemoveNodeRequest.SerializeToString,
+            tfcluster_dot_v1_dot_control__pb2.RemoveNodeResponse.FromString,
             options,
             channel_credentials,
             insecure,

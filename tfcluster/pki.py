@@ -1,0 +1,276 @@
+"""The cluster's certificate authority, with the `cryptography` package: who is who in a tfcluster cluster.
+
+One CA signs every certificate. A certificate names its holder (CN) and its role (OU): the coordinator,
+an admin or a viewer (people and scripts, `tfcluster ca issue`), or a node (an agent, which gets its
+certificate by joining with a token and renews it well before it expires). Every listener requires a
+certificate of this CA, and what a caller may do follows from the role and the name in it, never from
+what a message says.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import ipaddress
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from tfcluster.model import NODE_NAME_RE
+
+COORDINATOR, ADMIN, VIEWER, NODE = "coordinator", "admin", "viewer", "node"
+PEOPLE_ROLES = (ADMIN, VIEWER)
+CA_YEARS = 10
+PERSON_DAYS = 365
+COORDINATOR_DAYS = 825
+NODE_HOURS = 24          # node certificates are short-lived and renewed at about two thirds of that
+RENEW_AT = 2 / 3
+BACKDATE = datetime.timedelta(minutes=5)  # a certificate is valid from a little before it was issued: clock skew
+# Files of a credentials directory (`--tls-dir`, TFCLUSTER_TLS_DIR, an agent's <state>/tls).
+CA_CERT, CA_KEY = "ca.crt", "ca.key"
+CLIENT_CERT, CLIENT_KEY = "client.crt", "client.key"
+SERVER_CERT, SERVER_KEY = "coordinator.crt", "coordinator.key"
+NODE_CERT, NODE_KEY = "node.crt", "node.key"
+
+
+class PkiError(ValueError):
+    """A credential that is missing, unreadable or not what it must be; the message says which."""
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who a certificate says its holder is, and when it was issued."""
+    role: str
+    name: str
+    issued: float = 0.0
+
+    def __str__(self) -> str:
+        return f"{self.role} {self.name}"
+
+
+def _now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.timezone.utc)
+
+
+def new_key() -> ec.EllipticCurvePrivateKey:
+    return ec.generate_private_key(ec.SECP256R1())
+
+
+def key_pem(key) -> bytes:
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption())
+
+
+def cert_pem(cert: x509.Certificate) -> bytes:
+    return cert.public_bytes(serialization.Encoding.PEM)
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """Writes a secret readable by its owner only (created 0600, never briefly wider)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def _name(common_name: str, role: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name),
+                      x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, role)])
+
+
+def _sans(names: list[str]) -> list[x509.GeneralName]:
+    sans: list[x509.GeneralName] = []
+    for name in dict.fromkeys(names):
+        try:
+            sans.append(x509.IPAddress(ipaddress.ip_address(name)))
+        except ValueError:
+            sans.append(x509.DNSName(name))
+    return sans
+
+
+@dataclass
+class Authority:
+    """The CA: its certificate, and its key when this process may sign."""
+    cert: x509.Certificate
+    key: ec.EllipticCurvePrivateKey | None = None
+
+    @classmethod
+    def create(cls) -> "Authority":
+        key = new_key()
+        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "tfcluster cluster CA")])
+        now = _now()
+        cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+                .serial_number(x509.random_serial_number()).not_valid_before(now - BACKDATE)
+                .not_valid_after(now + datetime.timedelta(days=365 * CA_YEARS))
+                .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+                .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                                             content_commitment=False, key_encipherment=False,
+                                             data_encipherment=False, key_agreement=False, encipher_only=False,
+                                             decipher_only=False), critical=True)
+                .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+                .sign(key, hashes.SHA256()))
+        return cls(cert, key)
+
+    @classmethod
+    def load(cls, directory: Path, with_key: bool = False) -> "Authority":
+        cert = load_cert(directory / CA_CERT)
+        key = None
+        if with_key:
+            try:
+                key = serialization.load_pem_private_key((directory / CA_KEY).read_bytes(), password=None)
+            except OSError as e:
+                raise PkiError(f"{directory / CA_KEY}: cannot read the CA key: {e.strerror or e}") from None
+            except ValueError as e:
+                raise PkiError(f"{directory / CA_KEY}: not a private key: {e}") from None
+        return cls(cert, key)
+
+    @property
+    def pem(self) -> bytes:
+        return cert_pem(self.cert)
+
+    def sign(self, public_key, common_name: str, role: str, lifetime: datetime.timedelta,
+             sans: list[str] = ()) -> x509.Certificate:
+        if self.key is None:
+            raise PkiError("this CA has no key to sign with")
+        now = _now()
+        builder = (x509.CertificateBuilder().subject_name(_name(common_name, role)).issuer_name(self.cert.subject)
+                   .public_key(public_key).serial_number(x509.random_serial_number())
+                   .not_valid_before(now - BACKDATE).not_valid_after(now + lifetime)
+                   .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+                   .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH,
+                                                         ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+                   .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(self.cert.public_key()),
+                                  critical=False))
+        if sans:
+            builder = builder.add_extension(x509.SubjectAlternativeName(_sans(list(sans))), critical=False)
+        return builder.sign(self.key, hashes.SHA256())
+
+    def issue(self, common_name: str, role: str, lifetime: datetime.timedelta,
+              sans: list[str] = ()) -> tuple[bytes, bytes]:
+        """A new key and its certificate, as PEM."""
+        key = new_key()
+        return key_pem(key), cert_pem(self.sign(key.public_key(), common_name, role, lifetime, sans))
+
+    def sign_node(self, csr_pem: bytes, node: str, lifetime: datetime.timedelta = None) -> bytes:
+        """A node's certificate for a CSR the node made itself (its key never leaves it): subject and role
+        are set here, the IP addresses it may serve on are taken from the CSR."""
+        try:
+            csr = x509.load_pem_x509_csr(csr_pem)
+        except ValueError as e:
+            raise PkiError(f"csr: not a PEM certificate signing request: {e}") from None
+        if not csr.is_signature_valid:
+            raise PkiError("csr: its signature does not match its key")
+        if not NODE_NAME_RE.fullmatch(node):
+            raise PkiError(f"node name {node[:80]!r}: expected letters, digits, '.', '_' or '-'")
+        try:
+            requested = csr.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+            addresses = [str(a) for a in requested.get_values_for_type(x509.IPAddress)]
+        except x509.ExtensionNotFound:
+            addresses = []
+        lifetime = lifetime or datetime.timedelta(hours=NODE_HOURS)
+        return cert_pem(self.sign(csr.public_key(), node, NODE, lifetime, [node, *addresses]))
+
+    def verify(self, cert: x509.Certificate) -> None:
+        """Raises PkiError unless this CA signed cert and it is valid now."""
+        try:
+            cert.verify_directly_issued_by(self.cert)
+        except (ValueError, TypeError, InvalidSignature):
+            raise PkiError(f"{cert.subject.rfc4514_string()}: not signed by this cluster's CA") from None
+        now = _now()
+        if not cert.not_valid_before_utc <= now <= cert.not_valid_after_utc:
+            raise PkiError(f"{cert.subject.rfc4514_string()}: not valid now (valid "
+                           f"{cert.not_valid_before_utc:%Y-%m-%d %H:%M} to {cert.not_valid_after_utc:%Y-%m-%d %H:%M})")
+
+
+def load_cert(path: Path) -> x509.Certificate:
+    try:
+        return x509.load_pem_x509_certificate(path.read_bytes())
+    except OSError as e:
+        raise PkiError(f"{path}: cannot read: {e.strerror or e}") from None
+    except ValueError as e:
+        raise PkiError(f"{path}: not a PEM certificate: {e}") from None
+
+
+def check_key_matches(path: Path, cert: x509.Certificate) -> None:
+    """Raises PkiError unless the key in path is the certificate's (a renewal cut short leaves a mismatch)."""
+    try:
+        key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+    except (OSError, ValueError) as e:
+        raise PkiError(f"{path}: cannot read the key: {e}") from None
+    spki = serialization.PublicFormat.SubjectPublicKeyInfo
+    if key.public_key().public_bytes(serialization.Encoding.DER, spki) != \
+            cert.public_key().public_bytes(serialization.Encoding.DER, spki):
+        raise PkiError(f"{path}: not the key of its certificate")
+
+
+def identity(cert: x509.Certificate) -> Identity:
+    def first(oid) -> str:
+        values = cert.subject.get_attributes_for_oid(oid)
+        return str(values[0].value) if values else ""
+    return Identity(role=first(NameOID.ORGANIZATIONAL_UNIT_NAME), name=first(NameOID.COMMON_NAME),
+                    issued=(cert.not_valid_before_utc + BACKDATE).timestamp())
+
+
+def ca_hash(cert: x509.Certificate) -> str:
+    """`sha256:<hex>` of the CA's public key (its SubjectPublicKeyInfo), as kubeadm pins a CA."""
+    spki = cert.public_key().public_bytes(serialization.Encoding.DER,
+                                          serialization.PublicFormat.SubjectPublicKeyInfo)
+    return f"sha256:{hashlib.sha256(spki).hexdigest()}"
+
+
+def new_csr(node: str, address: str) -> tuple[bytes, bytes]:
+    """A node's new key and a CSR for it, naming the node and the IP it serves its peer port on."""
+    key = new_key()
+    csr = (x509.CertificateSigningRequestBuilder().subject_name(_name(node, NODE))
+           .add_extension(x509.SubjectAlternativeName(_sans([address])), critical=False)
+           .sign(key, hashes.SHA256()))
+    return key_pem(key), csr.public_bytes(serialization.Encoding.PEM)
+
+
+def default_sans() -> list[str]:
+    """The names a coordinator made on this host is reached by: its host names, localhost, and its IPv4s."""
+    names = ["localhost", "127.0.0.1", socket.gethostname(), socket.getfqdn()]
+    try:
+        names += [info[4][0] for info in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET)]
+    except OSError:
+        pass
+    return names
+
+
+def init_ca(directory: Path, sans: list[str]) -> Authority:
+    """A new cluster: the CA, the coordinator's certificate, and an admin's credentials in directory/admin."""
+    if (directory / CA_KEY).exists():
+        raise PkiError(f"{directory / CA_KEY} exists: this directory already holds a cluster CA")
+    ca = Authority.create()
+    directory.mkdir(parents=True, exist_ok=True)
+    write_private(directory / CA_KEY, key_pem(ca.key))
+    (directory / CA_CERT).write_bytes(ca.pem)
+    key, cert = ca.issue(COORDINATOR, COORDINATOR, datetime.timedelta(days=COORDINATOR_DAYS),
+                         [*default_sans(), *sans])
+    write_private(directory / SERVER_KEY, key)
+    (directory / SERVER_CERT).write_bytes(cert)
+    write_credentials(ca, directory / "admin", "admin", ADMIN)
+    return ca
+
+
+def write_credentials(ca: Authority, out: Path, name: str, role: str) -> None:
+    """A directory a person or a script points --tls-dir at: ca.crt, client.crt, client.key."""
+    if role not in PEOPLE_ROLES:
+        raise PkiError(f"--role: expected admin or viewer, got {role!r}")
+    if not NODE_NAME_RE.fullmatch(name):
+        raise PkiError(f"--name: expected letters, digits, '.', '_' or '-' (at most 253), got {name!r}")
+    key, cert = ca.issue(name, role, datetime.timedelta(days=PERSON_DAYS))
+    out.mkdir(parents=True, exist_ok=True)
+    os.chmod(out, 0o700)
+    (out / CA_CERT).write_bytes(ca.pem)
+    write_private(out / CLIENT_KEY, key)
+    (out / CLIENT_CERT).write_bytes(cert)
