@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from tfcluster.daemon.coordinator.job import STARTING, Job
-from tfcluster.model import Command, NodeInfo, ShipCheckpoints, SyncCheckpoints
+from tfcluster.model import Command, ExpectFiles, NodeInfo, ShipCheckpoints, SyncCheckpoints
 
 SYNC_DEADLINE_SECONDS = 600.0
 
@@ -31,15 +31,18 @@ def restore(job: Job, info_of: Callable[[str], NodeInfo | None], now: float) -> 
     job.syncs += 1
     job.syncing, job.sync_source, job.sync_until = job.syncs, source, now + SYNC_DEADLINE_SECONDS
     job.message = f"copying checkpoints from {source} to {', '.join(nodes)}"
-    return [sync_action(job, now)]
+    return sync_commands(job, now)
 
 
-def sync_action(job: Job, now: float) -> SyncCheckpoints:
-    """The copy under way (sent again by reconcile until its answer arrives: the agent keeps the answer)."""
+def sync_commands(job: Job, now: float) -> list[Command]:
+    """The copy under way, its targets told to expect it first (sent again until its answer arrives: the
+    agent keeps the answer)."""
     job.seen.sync_sent_at = now
-    targets = sorted({t.peer for t in job.tasks if t.type in ("chief", "worker", "evaluator")
-                      and t.node != job.sync_source and t.peer})
-    return SyncCheckpoints(node=job.sync_source, job_id=job.id, sync_id=job.syncing, targets=tuple(targets))
+    targets = {t.node: t.peer for t in job.tasks if t.type in ("chief", "worker", "evaluator")
+               and t.node != job.sync_source and t.peer}
+    expect = [ExpectFiles(node, job.id) for node in sorted(targets)]
+    return [*expect, SyncCheckpoints(node=job.sync_source, job_id=job.id, sync_id=job.syncing,
+                                     targets=tuple(sorted(set(targets.values()))))]
 
 
 def sync_finished(job: Job, sync_id: int, ok: bool, message: str) -> bool:

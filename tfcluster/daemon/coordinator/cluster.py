@@ -65,6 +65,8 @@ class Cluster:
         self.ended: dict[str, Job] = {}   # ended jobs, in the order they ended (retention removes from the front)
         self.removed: list[str] = []      # ids of jobs removed by retention, until the store has deleted them
         self.just_ended: list[Job] = []   # jobs that ended since the store last wrote
+        self.removed_nodes: list[str] = []  # nodes removed from the cluster, until the store has deleted them
+        self.cluster_tag = ""             # ends every job id: ids of another state dir's jobs never collide
         self.requests: dict[str, str] = {}  # a submission's client request id -> its job
         self.next_number = 1
         # node -> {(job id, task key): task}: what is placed where. Entries can go stale (a task moved, a job
@@ -195,6 +197,24 @@ class Cluster:
                 commands += self._settle(job, lifecycle.lost(job, task, why, now))
         return commands
 
+    def remove_node(self, name: str, now: float) -> list[Command]:
+        """The node leaves the cluster: its tasks are lost (their jobs restart elsewhere) and it is forgotten."""
+        node = self.nodes.get(name)
+        if node is None:
+            raise KeyError(name)
+        commands: list[Command] = []
+        for job, task in self._placed_on(name):
+            commands += self._settle(job, lifecycle.lost(job, task, f"node {name} was removed from the cluster", now))
+        del self.nodes[name]
+        self.names.remove(name)
+        self.heard.pop(name, None)
+        self.idle.pop(name, None)
+        self.placed.pop(name, None)
+        self.by_address.get(node.info.address, set()).discard(name)
+        self.removed_nodes.append(name)
+        self.capacity_version += 1
+        return commands + self.schedule(now)
+
     def info_of(self, name: str) -> NodeInfo | None:
         node = self.nodes.get(name)
         return node.info if node is not None and node.state == READY else None
@@ -243,7 +263,8 @@ class Cluster:
         if isinstance(never, Unfit):
             raise Unplaceable(never.reason)
         number, self.next_number = self.next_number, self.next_number + 1
-        job = Job(id=f"{spec.name}-{number}", spec=spec, number=number, request_id=request_id, created=now,
+        job_id = f"{spec.name}-{number}-{self.cluster_tag}" if self.cluster_tag else f"{spec.name}-{number}"
+        job = Job(id=job_id, spec=spec, number=number, request_id=request_id, created=now,
                   tasks=[Task(type=t, index=i) for t, i in task_list(spec)])
         self.add_job(job)
         return job, self.schedule(now)
@@ -309,9 +330,12 @@ class Cluster:
         job = self.jobs[job_id]
         return self._settle(job, lifecycle.stop(job, now, graceful))
 
-    def sync_done(self, job_id: str, sync_id: int, ok: bool, message: str, now: float) -> list[Command]:
+    def sync_done(self, node: str, job_id: str, sync_id: int, ok: bool, message: str, now: float) -> list[Command]:
+        """The answer of a copy, from the node that was told to copy (another node's answer changes nothing)."""
         job = self.live.get(job_id)
-        return self._settle(job, lifecycle.sync_done(job, sync_id, ok, message, now)) if job else []
+        if job is None or job.sync_source != node:
+            return []
+        return self._settle(job, lifecycle.sync_done(job, sync_id, ok, message, now))
 
     def evaluation(self, node_name: str, attempt: Attempt, result: Evaluation) -> None:
         """An evaluator's result, kept when it comes from the job's current evaluator (the job has not ended: its
@@ -356,7 +380,7 @@ class Cluster:
             return [lifecycle.finish_training(job, now)]
         source = self.info_of(job.sync_source) if job.syncing else None
         if source is not None and source.keeps_sync_answers and now - job.seen.sync_sent_at >= self.resend_after:
-            return [checkpoints.sync_action(job, now)]
+            return checkpoints.sync_commands(job, now)
         return []
 
     def prune(self, now: float) -> None:

@@ -72,6 +72,10 @@ class BackgroundCoordinator:
     def address(self) -> str:
         return self.server.address
 
+    @property
+    def join_address(self) -> str:
+        return self.server.join_address
+
     def stop(self) -> None:
         asyncio.run_coroutine_threadsafe(self.server.stop(), self.loop).result(timeout=30)
         self.loop.call_soon_threadsafe(self.loop.stop)

@@ -15,6 +15,7 @@ from typing import Any
 from tfcluster.daemon.coordinator.cluster import Cluster
 from tfcluster.daemon.coordinator.job import Failure, Job, Task
 from tfcluster.daemon.coordinator.node import Node
+from tfcluster.daemon.coordinator.trust import JoinToken, Removal, Trust
 from tfcluster.model import Evaluation, Gpu, NodeInfo, TaskExit
 from tfcluster.spec import JobSpec, RestartPolicy, RoleSpec
 
@@ -28,13 +29,17 @@ class Batch:
     dropped_evaluations: list[tuple[str, str]] = field(default_factory=list)  # job id, checkpoint
     nodes: list[tuple[str, str]] = field(default_factory=list)            # name, document
     removed_jobs: list[str] = field(default_factory=list)
+    removed_nodes: list[str] = field(default_factory=list)
+    trust: list[tuple[str, str, str]] = field(default_factory=list)       # kind (token, removal), key, document
+    dropped_trust: list[tuple[str, str]] = field(default_factory=list)    # kind, key
     next_job_number: int = 0
     records: list = field(default_factory=list, repr=False)  # what to mark unsaved again if the write fails
     ended: list = field(default_factory=list, repr=False)    # jobs that ended since the last write
 
     def __bool__(self) -> bool:
         return bool(self.jobs or self.tasks or self.evaluations or self.dropped_evaluations or self.nodes or
-                    self.removed_jobs or self.next_job_number)
+                    self.removed_jobs or self.removed_nodes or self.trust or self.dropped_trust or
+                    self.next_job_number)
 
 
 @dataclass
@@ -43,6 +48,8 @@ class Loaded:
     jobs: list[tuple[str, list[str], list[str]]]  # job document, its task documents, its evaluation documents
     nodes: list[str]
     next_job_number: int
+    trust: list[tuple[str, str]] = field(default_factory=list)  # kind, document
+    cluster_tag: int = 0  # chosen once for a state dir: job ids of another one never collide with these
 
 
 class Changes:
@@ -52,8 +59,10 @@ class Changes:
         self.evaluations: dict[str, dict[str, float]] = {}  # job id -> checkpoint -> time of the stored one
         self.next_job_number = 0
 
-    def collect(self, cluster: Cluster) -> Batch:
+    def collect(self, cluster: Cluster, trust: Trust | None = None) -> Batch:
         batch = Batch()
+        if trust is not None:
+            self._trust(trust, batch)
         # An ended job changes no more once its end is written: only live ones and those that just ended are looked at.
         batch.ended, cluster.just_ended = cluster.just_ended, []
         for job in [*cluster.live.values(), *batch.ended]:
@@ -73,11 +82,23 @@ class Changes:
                 batch.records.append(node)
                 node.saved()
         batch.removed_jobs, cluster.removed = cluster.removed, []
+        batch.removed_nodes, cluster.removed_nodes = cluster.removed_nodes, []
         for job_id in batch.removed_jobs:
             self.evaluations.pop(job_id, None)
         if cluster.next_number != self.next_job_number:
             batch.next_job_number = self.next_job_number = cluster.next_number
         return batch
+
+    @staticmethod
+    def _trust(trust: Trust, batch: Batch) -> None:
+        for kind, records in (("token", trust.tokens), ("removal", trust.removals)):
+            for key, record in records.items():
+                if record.unsaved:
+                    batch.trust.append((kind, key, dumps(dataclasses.asdict(record))))
+                    batch.records.append(record)
+                    record.saved()
+        batch.dropped_trust = [("token", t) for t in trust.dropped_tokens]
+        trust.dropped_tokens = []
 
     def _evaluations(self, job: Job, batch: Batch) -> None:
         stored = self.evaluations.setdefault(job.id, {})
@@ -99,11 +120,12 @@ class Changes:
         for job_id, checkpoint in batch.dropped_evaluations:  # still stored: to be dropped next time
             self.evaluations.setdefault(job_id, {})[checkpoint] = float("nan")
         cluster.removed[:0] = batch.removed_jobs
+        cluster.removed_nodes[:0] = batch.removed_nodes
         cluster.just_ended[:0] = batch.ended
         if batch.next_job_number:
             self.next_job_number = 0
 
-    def loaded(self, cluster: Cluster) -> None:
+    def loaded(self, cluster: Cluster, trust: Trust | None = None) -> None:
         """The cluster was just read from the store: everything in it is stored."""
         for job in cluster.jobs.values():
             job.saved()
@@ -112,6 +134,8 @@ class Changes:
             self.evaluations[job.id] = {e.checkpoint: e.time for e in job.evaluations}
         for node in cluster.nodes.values():
             node.saved()
+        for record in [*trust.tokens.values(), *trust.removals.values()] if trust else []:
+            record.saved()
         self.next_job_number = cluster.next_number
 
 
@@ -150,6 +174,17 @@ def job_from_docs(job_text: str, task_texts: list[str], evaluation_texts: list[s
     return Job(**{**doc, "spec": spec_from_doc(doc["spec"]), "restarting": tuple(doc["restarting"]),
                   "tasks": [tasks[key] for key in order], "evaluations": evaluations,
                   "last_failure": Failure(**{**failure, "exit": _exit(failure["exit"])}) if failure else None})
+
+
+def trust_from_docs(docs: list[tuple[str, str]]) -> Trust:
+    trust = Trust()
+    for kind, text in docs:
+        doc = json.loads(text)
+        if kind == "token":
+            trust.tokens[doc["id"]] = JoinToken(**doc)
+        else:
+            trust.removals[doc["node"]] = Removal(**doc)
+    return trust
 
 
 def node_from_doc(text: str) -> Node:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import datetime
 import itertools
 import logging
 import time
@@ -20,13 +21,16 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from tfcluster import wire
+from tfcluster import pki, wire
 from tfcluster.api.v1 import agent_pb2
 from tfcluster.daemon.coordinator.cluster import Cluster
 from tfcluster.daemon.coordinator.node import LOST
-from tfcluster.daemon.coordinator.records import Changes, job_from_docs, node_from_doc
+from tfcluster.daemon.coordinator.records import Changes, job_from_docs, node_from_doc, trust_from_docs
 from tfcluster.daemon.coordinator.store import SqliteStore, Store
+from tfcluster.daemon.coordinator.trust import Trust
 from tfcluster.model import Attempt, CancelLog, Command, LogData, ReadLog
+from tfcluster.pki import Identity, PkiError
+from tfcluster.security import REMOVED
 
 log = logging.getLogger("tfcluster.coordinator")
 
@@ -38,6 +42,10 @@ PENDING_LIMIT = 100_000  # commands waiting for a write that succeeds
 LOG_CHUNKS_BUFFERED = 256  # 64 KiB each: a log client this far behind the agent is told so
 
 
+class StreamEnded(Exception):
+    """The coordinator ends a node's stream: the reason goes to the agent as the stream's status."""
+
+
 class Outbox:
     """Commands waiting for a node's stream. It outlives streams; a new stream takes it over."""
 
@@ -45,6 +53,7 @@ class Outbox:
         self.items: collections.deque = collections.deque(maxlen=OUTBOX_LIMIT)
         self.ready = asyncio.Event()
         self.generation = 0
+        self.ended = ""  # why the node's stream must end now (it was removed), once it must
 
     def put(self, message) -> None:
         self.items.append(message)
@@ -55,10 +64,20 @@ class Outbox:
         self.ready.set()  # wakes the old stream's sender, which sees it was replaced
         return self.generation
 
-    async def get(self, generation: int):
-        """The next message for the stream of this generation; None once that stream was replaced."""
+    def end(self, reason: str) -> None:
+        self.ended = reason
+        self.ready.set()
+
+    def wake(self) -> None:
+        self.ready.set()
+
+    async def get(self, generation: int, stopping: Callable[[], bool] = lambda: False):
+        """The next message for the stream of this generation; None once that stream was replaced or is
+        stopping. Raises StreamEnded when the stream must end."""
         while True:
-            if self.generation != generation:
+            if self.ended:
+                raise StreamEnded(self.ended)
+            if self.generation != generation or stopping():
                 return None
             if self.items:
                 return self.items.popleft()
@@ -89,8 +108,11 @@ class Coordinator:
     """The model and everything around it that runs on the event loop."""
 
     def __init__(self, store: Store, cluster: Cluster, heartbeat_interval: float,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, authority: pki.Authority | None = None):
         self.store, self.cluster, self.clock = store, cluster, clock
+        self.authority = authority  # the CA that signs node certificates; None: no TLS (--insecure)
+        self.node_cert_lifetime = datetime.timedelta(hours=pki.NODE_HOURS)
+        self.trust = Trust()
         self.heartbeat_interval = heartbeat_interval
         self.changes = Changes()
         self.outboxes: dict[str, Outbox] = collections.defaultdict(Outbox)
@@ -120,7 +142,9 @@ class Coordinator:
             node.seen.last_seen = now + reconnect_grace
             self.cluster.add_node(node)
         self.cluster.next_number = max(self.cluster.next_number, loaded.next_job_number)
-        self.changes.loaded(self.cluster)
+        self.cluster.cluster_tag = base36(loaded.cluster_tag)
+        self.trust = trust_from_docs(loaded.trust)
+        self.changes.loaded(self.cluster, self.trust)
         if loaded.jobs or loaded.nodes:
             log.info("loaded %d jobs and %d nodes from %s", len(loaded.jobs), len(loaded.nodes), self.store.path)
 
@@ -165,7 +189,7 @@ class Coordinator:
         a restart could forget; a client waiting for the write is told it failed."""
         done, self.next_write = self.next_write, None
         commands, self.pending = self.pending, []
-        batch = self.changes.collect(self.cluster)
+        batch = self.changes.collect(self.cluster, self.trust)
         error = None
         if batch:
             try:
@@ -195,15 +219,19 @@ class Coordinator:
         while True:
             await asyncio.sleep(TICK_SECONDS)
             try:
-                self.apply(self.cluster.tick(self.clock()))
+                now = self.clock()
+                self.trust.expire(now)
+                self.apply(self.cluster.tick(now))
             except Exception:  # a bug in one tick must not stop the next
                 log.exception("tick failed")
 
     # ---- agents --------------------------------------------------------------------------------
 
-    def register(self, request: agent_pb2.RegisterRequest) -> str:
-        """Raises ValueError (a bad field, ports overlapping another agent's) or NameTaken."""
+    def register(self, request: agent_pb2.RegisterRequest, caller: Identity | None = None) -> str:
+        """Raises ValueError (a bad field, ports overlapping another agent's), NameTaken, or PermissionError
+        (the caller's certificate is another node's)."""
         info = wire.node_info_from_proto(request.node)
+        _acts_for_itself(caller, info.name)
         if len(request.tasks) > wire.MAX_TASKS_PER_NODE:
             raise ValueError(f"tasks: at most {wire.MAX_TASKS_PER_NODE} per node, got {len(request.tasks)}")
         reports = [wire.task_report_from_proto(t) for t in request.tasks]
@@ -219,7 +247,8 @@ class Coordinator:
                  len(info.gpus), *info.port_range, info.agent_version, len(reports))
         return session
 
-    def open_stream(self, node: str, session: str) -> tuple[Outbox, int]:
+    def open_stream(self, node: str, session: str, caller: Identity | None = None) -> tuple[Outbox, int]:
+        _acts_for_itself(caller, node)
         if not self.cluster.alive(node, session, self.clock()):
             raise PermissionError(f"node {node!r} has no current registration for this session; register again")
         old = self.streams.get(node)
@@ -259,7 +288,7 @@ class Coordinator:
             r = wire.sync_result_from_proto(msg.sync_done)
             log.info("%s: checkpoint copy %d %s (%s; %.1f MB in %.2f s)", r.job_id, r.sync_id,
                      "done" if r.ok else "failed", r.message or "ok", r.bytes / 1e6, r.seconds)
-            self.apply(self.cluster.sync_done(r.job_id, r.sync_id, r.ok, r.message, now))
+            self.apply(self.cluster.sync_done(node, r.job_id, r.sync_id, r.ok, r.message, now))
         elif kind == "evaluation":
             attempt, result = wire.evaluation_from_proto(msg.evaluation)
             self.cluster.evaluation(node, attempt, result)
@@ -300,6 +329,39 @@ class Coordinator:
         if waiter is not None and cancel:
             self.send([CancelLog(waiter.node, request_id)])
 
+    # ---- members of the cluster ----------------------------------------------------------------
+
+    def join(self, token: str, node: str, csr: bytes) -> bytes:
+        """A node's first certificate for a join token; raises TokenRefused or PkiError."""
+        if self.authority is None:
+            raise PkiError("this coordinator runs without TLS (--insecure): there is nothing to join")
+        cert = self.trust.join(token, node, csr, self.authority, self.clock(), self.node_cert_lifetime)
+        self.apply()
+        log.info("node %s joined the cluster", node)
+        return cert
+
+    def renew(self, caller: Identity, csr: bytes) -> bytes:
+        if self.authority is None or caller is None:
+            raise PkiError("this coordinator runs without TLS (--insecure): there is nothing to renew")
+        return self.authority.sign_node(csr, caller.name, self.node_cert_lifetime)
+
+    def create_token(self, ttl: float, node: str, reusable: bool) -> tuple[str, float, asyncio.Future]:
+        token, record = self.trust.create_token(self.clock(), ttl, node, reusable)
+        log.info("join token %s created (expires in %.0f s%s%s)", record.id, record.expires - self.clock(),
+                 f", for node {node}" if node else "", ", reusable" if reusable else "")
+        return token, record.expires, self.apply()
+
+    def remove_node(self, name: str) -> tuple[int, asyncio.Future]:
+        """The node leaves the cluster; its certificates are refused from now on. Raises KeyError."""
+        now = self.clock()
+        lost = sum(1 for job in self.cluster.live.values() for t in job.tasks if t.node == name and t.live)
+        commands = self.cluster.remove_node(name, now)
+        self.trust.remove(name, now)
+        # Its stream ends with the reason (a cancelled handler would leave the agent's call open, unanswered).
+        self.outboxes.pop(name, Outbox()).end(f"node {name} {REMOVED}")
+        log.info("node %s removed from the cluster (%d tasks lost)", name, lost)
+        return lost, self.apply(commands)
+
     def running_tasks(self) -> dict[str, int]:
         running: dict[str, int] = collections.Counter()
         for job in self.cluster.live.values():
@@ -309,12 +371,28 @@ class Coordinator:
         return running
 
 
+def _acts_for_itself(caller: Identity | None, node: str) -> None:
+    """A node's certificate speaks for that node only (no certificate: no TLS, nothing to check)."""
+    if caller is not None and caller.name != node:
+        raise PermissionError(f"node {caller.name!r} may not act for node {node!r}")
+
+
+def base36(number: int) -> str:
+    digits = "0123456789abcdefghijklmnopqrstuvwxyz"
+    text = ""
+    while number:
+        number, digit = divmod(number, 36)
+        text = digits[digit] + text
+    return text
+
+
 def build(state_dir: Path, lost_after_seconds: float, heartbeat_interval_seconds: float,
-          keep_finished_jobs: int, keep_finished_seconds: float,
+          keep_finished_jobs: int, keep_finished_seconds: float, authority: pki.Authority | None = None,
           reconnect_grace_seconds: float = RECONNECT_GRACE_SECONDS) -> Coordinator:
     cluster = Cluster(lost_after_seconds, resend_after_seconds=max(3 * heartbeat_interval_seconds, 1.0),
                       keep_finished_jobs=keep_finished_jobs, keep_finished_seconds=keep_finished_seconds)
-    coordinator = Coordinator(SqliteStore(Path(state_dir)), cluster, heartbeat_interval_seconds)
+    coordinator = Coordinator(SqliteStore(Path(state_dir)), cluster, heartbeat_interval_seconds,
+                              authority=authority)
     coordinator.load(reconnect_grace_seconds)
     return coordinator
 

@@ -7,6 +7,7 @@ held by another live agent ALREADY_EXISTS. One stream per agent costs a coroutin
 from __future__ import annotations
 
 import asyncio
+import datetime
 import logging
 from pathlib import Path
 
@@ -14,18 +15,22 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
-from tfcluster import __version__, wire
+from tfcluster import __version__, pki, security, wire
 from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc, control_pb2, control_pb2_grpc
 from tfcluster.auth import async_server_interceptors
 from tfcluster.daemon.coordinator import status
 from tfcluster.daemon.coordinator.cluster import NameTaken, Unplaceable
 from tfcluster.daemon.coordinator.job import Job, Task
 from tfcluster.daemon.coordinator.launch import command_for
-from tfcluster.daemon.coordinator.server import Coordinator, build
+from tfcluster.daemon.coordinator.server import Coordinator, StreamEnded, build
+from tfcluster.daemon.coordinator.trust import TokenRefused
+from tfcluster.model import NODE_NAME_RE
+from tfcluster.pki import PkiError
 from tfcluster.spec import SpecError
 
 log = logging.getLogger("tfcluster.coordinator")
 
+SENDER_STOP_SECONDS = 5.0
 MAX_MESSAGE_BYTES = 64 << 20  # one job's status with thousands of tasks still fits
 SERVICES = ("", "tfcluster.v1.AgentService", "tfcluster.v1.ControlService")
 
@@ -36,9 +41,11 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
 
     async def Register(self, request, context):
         try:
-            session = self.c.register(request)
+            session = self.c.register(request, security.caller())
         except NameTaken as e:
             await context.abort(grpc.StatusCode.ALREADY_EXISTS, str(e))
+        except PermissionError as e:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(e))
         except ValueError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         return agent_pb2.RegisterResponse(session_id=session, heartbeat_interval_seconds=self.c.heartbeat_interval)
@@ -51,10 +58,11 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message on Connect must be `open`")
         node, session = first.open.node_name, first.open.session_id
         try:
-            outbox, generation = self.c.open_stream(node, session)
+            outbox, generation = self.c.open_stream(node, session, security.caller())
         except PermissionError as e:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
-        sender = asyncio.create_task(_send(context, outbox, generation))
+            code = grpc.StatusCode.PERMISSION_DENIED if "may not act" in str(e) else grpc.StatusCode.FAILED_PRECONDITION
+            await context.abort(code, str(e))
+        sender = Sender(context, outbox, generation)
         reason = ""
         try:
             while True:
@@ -67,21 +75,66 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         except ValueError as e:
             reason = str(e)
         except Exception:  # a bug must cost one stream (the agent registers again), never the coordinator
-            log.exception("stream from %s failed", node)
-            reason = "the coordinator failed to handle a message; register again"
+            if not context.done():  # (reading a stream that the sender ended fails: nothing to report)
+                log.exception("stream from %s failed", node)
+                reason = "the coordinator failed to handle a message; register again"
         finally:
-            sender.cancel()
+            await sender.stop()
             self.c.close_stream(node)
-        if reason:
+        if reason and not context.done():
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, reason)
 
 
-async def _send(context, outbox, generation: int) -> None:
-    while True:
-        message = await outbox.get(generation)
-        if message is None:  # a newer stream of the same node took over
-            return
-        await context.write(message)
+    async def RenewCertificate(self, request, context):
+        try:
+            return agent_pb2.RenewCertificateResponse(certificate=self.c.renew(security.caller(), request.csr))
+        except PkiError as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+
+
+class JoinServicer(agent_pb2_grpc.JoinServiceServicer):
+    def __init__(self, coordinator: Coordinator):
+        self.c = coordinator
+
+    async def Join(self, request, context):
+        try:
+            cert = self.c.join(request.token, request.node_name, request.csr)
+        except TokenRefused as e:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(e))
+        except PkiError as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        return agent_pb2.JoinResponse(certificate=cert, ca_certificate=self.c.authority.pem)
+
+
+class Sender:
+    """Writes a node's commands to its stream, beside the handler that reads the stream."""
+
+    def __init__(self, context, outbox, generation: int):
+        self.context, self.outbox, self.generation = context, outbox, generation
+        self.stopping = False
+        self.task = asyncio.create_task(self._run())
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                message = await self.outbox.get(self.generation, lambda: self.stopping)
+            except StreamEnded as e:
+                await self.context.abort(grpc.StatusCode.PERMISSION_DENIED, str(e))
+            if message is None:  # stopping, or a newer stream of the same node took over
+                return
+            await self.context.write(message)
+
+    async def stop(self) -> None:
+        """Ends the sender after the write under way, if any: a write cancelled half-way and the stream's
+        status sent after it collide in gRPC's core. A write stuck on a client that reads nothing is given up."""
+        self.stopping = True
+        self.outbox.wake()
+        try:
+            await asyncio.wait_for(asyncio.shield(self.task), SENDER_STOP_SECONDS)
+        except asyncio.TimeoutError:
+            self.task.cancel()
+        except Exception:  # its abort, or the stream gone under its write: the stream is over either way
+            pass
 
 
 class ControlServicer(control_pb2_grpc.ControlServiceServicer):
@@ -141,7 +194,26 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
         job_messages, _ = status.fill(jobs, len(jobs), wire.job_status, lambda j: str(j.number), _size)
         response.jobs.extend(job_messages)
         response.summary.nodes_shown, response.summary.jobs_shown = len(response.nodes), len(response.jobs)
+        response.summary.insecure = self.c.authority is None
         return response
+
+    async def CreateJoinToken(self, request, context):
+        if request.node and not NODE_NAME_RE.fullmatch(request.node):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"node: not a node name: {request.node[:80]!r}")
+        try:
+            token, expires, stored = self.c.create_token(request.ttl_seconds, request.node, request.reusable)
+        except ValueError as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        await asyncio.shield(stored)
+        return control_pb2.CreateJoinTokenResponse(token=token, expires=expires)
+
+    async def RemoveNode(self, request, context):
+        try:
+            lost, stored = self.c.remove_node(request.name)
+        except KeyError:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown node {request.name!r}")
+        await asyncio.shield(stored)
+        return control_pb2.RemoveNodeResponse(tasks_lost=lost)
 
     async def ListNodes(self, request, context):
         running, now = self.c.running_tasks(), self.c.clock()
@@ -195,43 +267,78 @@ def _size(message) -> int:
 
 
 class CoordinatorServer:
-    """A running coordinator on its event loop: the gRPC server, the writer and the ticker."""
+    """A running coordinator on its event loop: the gRPC server, the writer and the ticker.
+
+    With tls_dir (tfcluster ca init) it serves mutual TLS on `listen` and joins on `join_listen`; without it,
+    plain text, which needs insecure=True said out loud."""
 
     def __init__(self, listen: str, state_dir: Path, lost_after_seconds: float = 3.0,
-                 heartbeat_interval_seconds: float = 1.0, token: str | None = None,
-                 keep_finished_jobs: int = 1000, keep_finished_seconds: float = 7 * 86400.0):
-        self.listen, self.token = listen, token
+                 heartbeat_interval_seconds: float = 1.0, tls_dir: Path | None = None, insecure: bool = False,
+                 join_listen: str = "", token: str | None = None, keep_finished_jobs: int = 1000,
+                 keep_finished_seconds: float = 7 * 86400.0, node_cert_seconds: float = pki.NODE_HOURS * 3600.0):
+        if (tls_dir is None) == (not insecure):
+            raise ValueError("give --tls-dir (see `tfcluster ca init`) or --insecure")
+        self.listen, self.join_listen, self.token = listen, join_listen or _next_port(listen), token
+        self.credentials = security.Credentials.from_dir(tls_dir, pki.SERVER_CERT, pki.SERVER_KEY) if tls_dir \
+            else security.Credentials()
+        authority = pki.Authority.load(tls_dir, with_key=True) if tls_dir else None
         self.coordinator = build(state_dir, lost_after_seconds, heartbeat_interval_seconds, keep_finished_jobs,
-                                 keep_finished_seconds)
+                                 keep_finished_seconds, authority)
+        self.coordinator.node_cert_lifetime = datetime.timedelta(seconds=node_cert_seconds)
         self.server: grpc.aio.Server | None = None
         self.health = HealthServicer()
-        self.address = ""
+        self.address = self.join_address = ""
+
+    def _interceptors(self) -> list:
+        if self.credentials.insecure:
+            return async_server_interceptors(self.token)
+        trust = self.coordinator  # its trust is read at each call: a node removed a moment ago is refused
+        return [security.AsyncGuard(security.Gate(is_revoked=lambda who: trust.trust.is_removed(who)))]
 
     async def start(self) -> "CoordinatorServer":
         options = [("grpc.keepalive_permit_without_calls", 1), ("grpc.http2.min_ping_interval_without_data_ms", 5000),
                    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
-        self.server = grpc.aio.server(interceptors=async_server_interceptors(self.token), options=options)
+        self.server = grpc.aio.server(interceptors=self._interceptors(), options=options)
         agent_pb2_grpc.add_AgentServiceServicer_to_server(AgentServicer(self.coordinator), self.server)
+        agent_pb2_grpc.add_JoinServiceServicer_to_server(JoinServicer(self.coordinator), self.server)
         control_pb2_grpc.add_ControlServiceServicer_to_server(ControlServicer(self.coordinator), self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        port = self.server.add_insecure_port(self.listen)
+        if self.credentials.insecure:
+            port = self.server.add_insecure_port(self.listen)
+        else:
+            port = self.server.add_secure_port(self.listen, self.credentials.server())
+            join_port = self.server.add_secure_port(self.join_listen, self.credentials.join_server())
+            if join_port == 0:
+                raise OSError(f"cannot listen for joining nodes on {self.join_listen}")
+            self.join_address = _reachable(self.join_listen, join_port)
         if port == 0:
             raise OSError(f"cannot listen on {self.listen}")
-        host = self.listen.rsplit(":", 1)[0]
-        self.address = f"{'127.0.0.1' if host in ('0.0.0.0', '[::]', '') else host}:{port}"
+        self.address = _reachable(self.listen, port)
         await self.server.start()
         self.coordinator.start()
         for service in SERVICES:
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
-        log.info("coordinator %s listening on %s (state: %s)", __version__, self.address,
-                 self.coordinator.store.path)
-        if not self.token:
-            log.warning("no cluster token (--token-file): anyone who reaches %s can make the agents run "
-                        "commands", self.address)
+        if self.credentials.insecure:
+            log.warning("coordinator %s listening on %s WITHOUT TLS (--insecure): anyone who reaches it can read "
+                        "the cluster and, without a token, make the agents run commands", __version__, self.address)
+        else:
+            log.info("coordinator %s listening on %s (mutual TLS), joins on %s (state: %s)", __version__,
+                     self.address, self.join_address, self.coordinator.store.path)
         return self
 
     async def stop(self, grace: float = 1.0) -> None:
         await self.health.enter_graceful_shutdown()
         await self.server.stop(grace)
         await self.coordinator.close()
+
+
+def _next_port(listen: str) -> str:
+    """The join port's default: the port after the listen port, on the same host."""
+    host, _, port = listen.rpartition(":")
+    return f"{host}:{int(port) + 1}" if port not in ("", "0") else f"{host}:0"
+
+
+def _reachable(listen: str, port: int) -> str:
+    host = listen.rsplit(":", 1)[0]
+    return f"{'127.0.0.1' if host in ('0.0.0.0', '[::]', '') else host}:{port}"

@@ -10,6 +10,8 @@ the event loop. A replicated store (etcd, say) implements the same three methods
 from __future__ import annotations
 
 import contextlib
+import os
+import secrets
 import sqlite3
 import threading
 from pathlib import Path
@@ -18,7 +20,7 @@ from typing import Protocol
 from tfcluster import layout
 from tfcluster.daemon.coordinator.records import Batch, Loaded
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
     id TEXT PRIMARY KEY,
@@ -47,6 +49,12 @@ CREATE TABLE IF NOT EXISTS counters (
     name TEXT PRIMARY KEY,
     value INTEGER NOT NULL
 );
+CREATE TABLE IF NOT EXISTS trust (
+    kind TEXT NOT NULL,
+    key TEXT NOT NULL,
+    doc TEXT NOT NULL,
+    PRIMARY KEY (kind, key)
+);
 """
 
 
@@ -64,6 +72,10 @@ class SqliteStore:
     def __init__(self, state_dir: Path):
         state_dir.mkdir(parents=True, exist_ok=True)
         self.path = str(state_dir / layout.COORDINATOR_DB)
+        # Job specs hold their environment (secrets, often): the owner alone reads the state (SQLite gives its
+        # WAL and shared-memory files the database file's mode).
+        os.chmod(state_dir, 0o700)
+        os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600))
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         self._lock = threading.Lock()  # load at start, then writes from the writer thread
         with self._lock:
@@ -105,8 +117,16 @@ class SqliteStore:
             jobs = [(doc, tasks.get(job_id, []), evaluations.get(job_id, []))
                     for job_id, doc in self._db.execute("SELECT id, doc FROM jobs ORDER BY number")]
             nodes = [doc for (doc,) in self._db.execute("SELECT doc FROM nodes ORDER BY name")]
-            row = self._db.execute("SELECT value FROM counters WHERE name = 'next_job_number'").fetchone()
-        return Loaded(jobs=jobs, nodes=nodes, next_job_number=row[0] if row else 1)
+            trust = self._db.execute("SELECT kind, doc FROM trust").fetchall()
+            counters = dict(self._db.execute("SELECT name, value FROM counters"))
+        return Loaded(jobs=jobs, nodes=nodes, next_job_number=counters.get("next_job_number", 1), trust=trust,
+                      cluster_tag=counters.get("cluster_tag") or self._new_cluster_tag())
+
+    def _new_cluster_tag(self) -> int:
+        tag = secrets.randbelow(36 ** 4 - 36 ** 3) + 36 ** 3  # four base-36 digits
+        with self._lock, self._transaction():
+            self._db.execute("INSERT INTO counters(name, value) VALUES('cluster_tag', ?)", (tag,))
+        return tag
 
     def write(self, batch: Batch) -> None:
         with self._lock, self._transaction():
@@ -122,6 +142,10 @@ class SqliteStore:
                            "ON CONFLICT(name) DO UPDATE SET doc = excluded.doc", batch.nodes)
             for table, column in (("jobs", "id"), ("tasks", "job_id"), ("evaluations", "job_id")):
                 db.executemany(f"DELETE FROM {table} WHERE {column} = ?", [(j,) for j in batch.removed_jobs])
+            db.executemany("DELETE FROM nodes WHERE name = ?", [(n,) for n in batch.removed_nodes])
+            db.executemany("INSERT INTO trust(kind, key, doc) VALUES(?, ?, ?) "
+                           "ON CONFLICT(kind, key) DO UPDATE SET doc = excluded.doc", batch.trust)
+            db.executemany("DELETE FROM trust WHERE kind = ? AND key = ?", batch.dropped_trust)
             if batch.next_job_number:
                 db.execute("INSERT INTO counters(name, value) VALUES('next_job_number', ?) "
                            "ON CONFLICT(name) DO UPDATE SET value = excluded.value", (batch.next_job_number,))
