@@ -17,20 +17,22 @@ import queue
 import random
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
 
-from tfcluster import __version__, auth, wire
+from tfcluster import __version__, wire
 from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc
 from tfcluster.daemon.agent.discovery import HostInfo
 from tfcluster.daemon.agent.logs import LogServer
-from tfcluster.daemon.agent.shipping import (CHUNK_BYTES, PeerServicer, ShipError, Shipper, job_checkpoint_dir,
-                                             sync_dir)
+from tfcluster.daemon.agent.identity import NodeIdentity
+from tfcluster.daemon.agent.peers import DEFAULT_QUOTA_BYTES, PeerServer, PeerServicer
+from tfcluster.daemon.agent.shipping import ShipError, Shipper, job_checkpoint_dir, sync_dir
 from tfcluster.daemon.agent.supervisor import Supervisor, TaskRecord
-from tfcluster.model import (CancelLog, Evaluation, FinishTraining, Gpu, Launch, NodeInfo, Phase, ReadLog,
-                             ShipCheckpoints, Stop, SyncCheckpoints, SyncResult)
+from tfcluster.model import (CancelLog, Evaluation, ExpectFiles, FinishTraining, Gpu, Launch, NodeInfo, Phase,
+                             ReadLog, ShipCheckpoints, Stop, SyncCheckpoints, SyncResult)
+from tfcluster.security import REMOVED, Credentials
 
 log = logging.getLogger("tfcluster.agent")
 
@@ -62,7 +64,9 @@ class AgentConfig:
     host: HostInfo
     state_dir: Path
     peer_port: int = 0  # AgentPeerService (checkpoints from other agents); 0: none
-    token: str | None = None  # the cluster token, on every call made and required on every call served
+    credentials: Credentials = field(default_factory=Credentials)  # the node's certificate; none: --insecure
+    identity: NodeIdentity | None = None  # where the certificate lives, to renew it
+    peer_quota_bytes: int = DEFAULT_QUOTA_BYTES  # checkpoint bytes other agents may send for one job
 
     def node_info(self) -> NodeInfo:
         return NodeInfo(name=self.name, address=self.address, port_range=self.port_range, gpus=self.gpus,
@@ -86,8 +90,10 @@ class Agent:
         self.sync_results: dict[tuple[str, int], SyncResult] = {}  # kept until the coordinator stops asking
         self.syncs_running: set[tuple[str, int]] = set()
         self.sync_lock = threading.Lock()
-        self.peer_server = None
+        self.peer_server: PeerServer | None = None
         self.refused = ""  # why the coordinator refused this agent, once it has
+        self.credentials = config.credentials  # replaced when the certificate is renewed
+        self.expected_jobs: set[str] = set()  # jobs whose checkpoint files the peer port accepts
 
     # ---- lifecycle -----------------------------------------------------------------------------
 
@@ -96,7 +102,10 @@ class Agent:
         adopted = self.supervisor.adopt_running()
         if adopted:
             log.info("reattached to %d running tasks", adopted)
+        self.expected_jobs.update(r.attempt.job_id for r in self.supervisor.snapshot())
         threading.Thread(target=self._forward_events, name="events", daemon=True).start()
+        if self.config.identity is not None:
+            threading.Thread(target=self._renew_certificate, name="renew", daemon=True).start()
         if self.config.peer_port and self.peer_server is None:
             self.serve_peers()
         backoff, conflict_since = BACKOFF_START_SECONDS, 0.0
@@ -105,11 +114,10 @@ class Agent:
         options = [("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000),
                    ("grpc.initial_reconnect_backoff_ms", int(BACKOFF_START_SECONDS * 1000)),
                    ("grpc.max_reconnect_backoff_ms", int(BACKOFF_MAX_SECONDS * 1000))]
-        with auth.channel(self.config.coordinator, self.config.token, options=options) as channel:
-            stub = agent_pb2_grpc.AgentServiceStub(channel)
-            while not self._stop.is_set():
+        while not self._stop.is_set():
+            with self.credentials.channel(self.config.coordinator, options) as channel:  # the current certificate
                 try:
-                    self._session(stub)
+                    self._session(agent_pb2_grpc.AgentServiceStub(channel))
                     backoff, conflict_since = BACKOFF_START_SECONDS, 0.0
                 except grpc.RpcError as e:
                     if self._stop.is_set():
@@ -121,7 +129,8 @@ class Agent:
                                             time.monotonic() - conflict_since > NAME_CONFLICT_PATIENCE_SECONDS):
                         self.refused = e.details() or code.name
                         log.error("the coordinator refused this agent: %s", self.refused)
-                        self.stop()
+                        # A removed node's tasks have been replaced elsewhere; nobody will ever stop these.
+                        self.stop(stop_tasks=REMOVED in self.refused)
                         break
                     log.warning("coordinator %s: %s; retrying in %.1f s", self.config.coordinator,
                                 e.details() if code == grpc.StatusCode.ALREADY_EXISTS else
@@ -134,17 +143,28 @@ class Agent:
 
     def serve_peers(self) -> None:
         """Starts receiving checkpoints from other agents (raises OSError when the port is taken)."""
-        from concurrent import futures
-
-        self.peer_server = grpc.server(futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="peer"),
-                                       options=[("grpc.max_receive_message_length", 8 * CHUNK_BYTES)],
-                                       interceptors=auth.server_interceptors(self.config.token))
-        agent_pb2_grpc.add_AgentPeerServiceServicer_to_server(PeerServicer(self.config.state_dir), self.peer_server)
-        address = f"{self.config.address}:{self.config.peer_port}"
-        if not self.peer_server.add_insecure_port(address):
-            raise OSError(f"cannot listen for peers on {address}")
+        servicer = PeerServicer(self.config.state_dir, lambda job: job in self.expected_jobs,
+                                self.config.peer_quota_bytes)
+        self.peer_server = PeerServer(f"{self.config.address}:{self.config.peer_port}", servicer,
+                                      lambda: self.credentials)
         self.peer_server.start()
-        log.info("receiving checkpoints from other agents on %s", address)
+
+    def _renew_certificate(self) -> None:
+        """Renews the node's certificate at about two thirds of its life, then reconnects with the new one."""
+        identity = self.config.identity
+        while not self._stop.wait(max(0.0, identity.renew_at() - time.time())):
+            try:
+                with self.credentials.channel(self.config.coordinator) as channel:
+                    self.credentials = identity.renew(channel)
+            except grpc.RpcError as e:
+                left = identity.expires_at() - time.time()
+                log.warning("renewing the certificate failed (%s); it expires in %.0f s; retrying",
+                            e.details() or e.code().name, left)
+                if self._stop.wait(min(60.0, max(1.0, left / 10))):
+                    return
+                continue
+            if self._call is not None:
+                self._call.cancel()  # the session starts again with the new certificate
 
     def stop(self, stop_tasks: bool = False, grace_seconds: float = 10.0) -> None:
         self._stop.set()
@@ -254,7 +274,10 @@ class Agent:
             command = wire.command_from_proto(message, self.config.name)
             if isinstance(command, Launch):
                 # In line, not in a thread: a stop that follows must find the task it stops.
+                self.expected_jobs.add(command.attempt.job_id)
                 self.supervisor.launch(command)
+            elif isinstance(command, ExpectFiles):
+                self.expected_jobs.add(command.job_id)
             elif isinstance(command, Stop):
                 self.supervisor.stop(command.attempt, command.grace_seconds)
             elif isinstance(command, FinishTraining):
@@ -281,7 +304,7 @@ class Agent:
         for old in [k for k, s in self.shippers.items() if not s.thread.is_alive()]:
             del self.shippers[old]
         self.shippers[order.attempt] = Shipper(order.attempt.job_id, record.checkpoint_dir, list(order.targets),
-                                               record.exited, record.name, self.config.token).start()
+                                               record.exited, record.name, lambda: self.credentials).start()
 
     def _sync(self, order: SyncCheckpoints) -> None:
         """Copies the job's checkpoint dir, once per sync id: asked again, the kept answer is sent again."""
@@ -300,7 +323,7 @@ class Agent:
         total, seconds, errors = 0, 0.0, []
         for target in order.targets:
             try:
-                size, took = sync_dir(target, order.job_id, str(directory), self.config.token) \
+                size, took = sync_dir(target, order.job_id, str(directory), self.credentials) \
                     if directory.is_dir() else (0, 0.0)
                 total, seconds = total + size, seconds + took
             except (OSError, ShipError) as e:

@@ -13,7 +13,10 @@ from pathlib import Path
 from tfcluster import __version__
 from tfcluster.daemon.agent.agent import Agent, AgentConfig
 from tfcluster.daemon.agent.discovery import InventoryError, advertise_address, discover_gpus, host_info
+from tfcluster.daemon.agent.identity import JoinError, NodeIdentity
+from tfcluster.daemon.agent.peers import DEFAULT_QUOTA_BYTES
 from tfcluster.model import NODE_NAME_RE
+from tfcluster.security import Credentials
 
 log = logging.getLogger("tfcluster.agent")
 
@@ -25,8 +28,11 @@ class SettingsError(ValueError):
 
 
 def configure(coordinator: str, name: str | None, address: str | None, port_range: str, peer_port: int | None,
-              gpu_inventory: str | None, state_dir: Path, token: str | None) -> AgentConfig:
-    """The agent's settings from its flags, with the node's GPUs, host and address discovered."""
+              gpu_inventory: str | None, state_dir: Path, token: str | None, insecure: bool = False,
+              join: str = "", ca_cert: Path | None = None, ca_hash: str = "", join_address: str = "",
+              peer_quota: int = DEFAULT_QUOTA_BYTES) -> AgentConfig:
+    """The agent's settings from its flags, with the node's GPUs, host and address discovered, and its
+    certificate: the one it has, or one it gets by joining with a token."""
     try:
         first, last = (int(p) for p in port_range.split("-"))
         if not 1 <= first <= last <= 65535:
@@ -58,8 +64,45 @@ def configure(coordinator: str, name: str | None, address: str | None, port_rang
         raise SettingsError(str(e)) from None
     state_dir = state_dir.resolve()
     state_dir.mkdir(parents=True, exist_ok=True)
+    identity = None if insecure else NodeIdentity(state_dir, name, address)
+    if identity is None:
+        credentials = Credentials(token=token)
+    elif token:
+        raise SettingsError("--token-file goes with --insecure; with TLS the node's certificate takes its place")
+    else:
+        credentials = _node_credentials(identity, coordinator, join, ca_cert, ca_hash, join_address)
     return AgentConfig(coordinator=coordinator, name=name, address=address, port_range=(first, last),
-                       gpus=tuple(gpus), host=host_info(), state_dir=state_dir, peer_port=peer_port, token=token)
+                       gpus=tuple(gpus), host=host_info(), state_dir=state_dir, peer_port=peer_port,
+                       credentials=credentials, identity=identity, peer_quota_bytes=peer_quota)
+
+
+def _node_credentials(identity: NodeIdentity, coordinator: str, join: str, ca_cert: Path | None, ca_hash: str,
+                      join_address: str) -> Credentials:
+    """The certificate the node has; else one it gets with the join token."""
+    credentials = identity.load()
+    if credentials is not None:
+        return credentials
+    if not join:
+        raise SettingsError(f"no certificate in {identity.dir}: join the cluster with --join TOKEN (from `tfcluster "
+                            f"token create`) and --ca-cert FILE or --ca-hash sha256:..., or run with --insecure")
+    if (ca_cert is None) == (not ca_hash):
+        raise SettingsError("--join needs the cluster CA: --ca-cert FILE or --ca-hash sha256:... (one of them)")
+    if ca_hash and not ca_hash.startswith("sha256:"):
+        raise SettingsError(f"--ca-hash: expected sha256:<hex> (`tfcluster ca init` prints it), got {ca_hash!r}")
+    try:
+        ca = ca_cert.read_bytes() if ca_cert else None
+    except OSError as e:
+        raise SettingsError(f"--ca-cert {ca_cert}: cannot read: {e.strerror or e}") from None
+    try:
+        return identity.join(join_address or _join_port(coordinator), join, ca, ca_hash)
+    except JoinError as e:
+        raise SettingsError(str(e)) from None
+
+
+def _join_port(coordinator: str) -> str:
+    """The coordinator's join port, by default the port after its own."""
+    host, _, port = coordinator.rpartition(":")
+    return f"{host}:{int(port) + 1}" if port.isdigit() else coordinator
 
 
 def serve(config: AgentConfig, stop_tasks_on_exit: bool) -> str:

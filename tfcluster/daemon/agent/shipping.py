@@ -1,11 +1,8 @@
-"""Checkpoints between nodes without shared storage, agent to agent over gRPC (AgentPeerService).
+"""Checkpoints between nodes without shared storage, agent to agent over gRPC (AgentPeerService): sending.
 
-Sending: a Shipper follows one task's checkpoint dir through its `checkpoint` state file and, for each
-newly committed checkpoint, streams its files and then the state file to every target; `sync_dir`
-copies a whole checkpoint dir (a restarted group's new nodes need the chief's backups too).
-Receiving: PeerServicer writes the chunks under an incoming dir, checks each file's SHA-256, and on
-commit moves the files into <state-dir>/jobs/<job>/checkpoints with the state files last, so the
-evaluator (or TensorFlow) never sees a checkpoint whose files are not all there.
+A Shipper follows one task's checkpoint dir through its `checkpoint` state file and, for each newly
+committed checkpoint, streams its files and then the state file to every target; `sync_dir` copies a whole
+checkpoint dir (a restarted group's new nodes need the chief's backups too). Receiving is peers.py.
 """
 
 from __future__ import annotations
@@ -13,18 +10,16 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import re
-import shutil
 import threading
 import time
-import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
 
-from tfcluster import auth, layout
+from tfcluster import layout
 from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc
+from tfcluster.security import Credentials
 from tfcluster.task import STATE_FILE, latest_checkpoint
 
 log = logging.getLogger("tfcluster.agent")
@@ -34,7 +29,6 @@ FOLLOW_POLL_SECONDS = 0.2
 FINAL_TRIES = 5
 FINAL_RETRY_SECONDS = 1.0
 SEND_TIMEOUT_SECONDS = 600.0
-JOB_ID_RE = re.compile(r"^[a-z0-9][a-z0-9_-]*-\d+$")
 
 
 class ShipError(Exception):
@@ -72,11 +66,11 @@ def _chunks(job_id: str, directory: str, names: list[str], extra: dict[str, byte
     yield agent_pb2.FileChunk(job_id=job_id, commit=True)
 
 
-def put_files(address: str, job_id: str, directory: str, names: list[str],
-              extra: dict[str, bytes] | None = None, token: str | None = None) -> tuple[int, float]:
+def put_files(address: str, job_id: str, directory: str, names: list[str], credentials: Credentials,
+              extra: dict[str, bytes] | None = None) -> tuple[int, float]:
     """Sends files to the agent at address; returns (bytes, seconds)."""
     started = time.monotonic()
-    with auth.channel(address, token) as channel:
+    with credentials.channel(address) as channel:
         stub = agent_pb2_grpc.AgentPeerServiceStub(channel)
         try:
             reply = stub.PutFiles(_chunks(job_id, directory, names, extra or {}), timeout=SEND_TIMEOUT_SECONDS)
@@ -85,22 +79,23 @@ def put_files(address: str, job_id: str, directory: str, names: list[str],
     return reply.bytes, time.monotonic() - started
 
 
-def sync_dir(address: str, job_id: str, directory: str, token: str | None = None) -> tuple[int, float]:
+def sync_dir(address: str, job_id: str, directory: str, credentials: Credentials) -> tuple[int, float]:
     """Copies every file under directory (state files last) to the agent at address."""
     names = []
     for root, _, files in os.walk(directory):
         for name in files:
             names.append(os.path.relpath(os.path.join(root, name), directory))
     names.sort(key=lambda n: (os.path.basename(n) == STATE_FILE, n))
-    return put_files(address, job_id, directory, names, token=token)
+    return put_files(address, job_id, directory, names, credentials)
 
 
 class Shipper:
     """Ships each new committed checkpoint of one task to its targets until the task has ended."""
 
     def __init__(self, job_id: str, directory: str, targets: list[str], task_ended: threading.Event,
-                 name: str, token: str | None = None):
-        self.job_id, self.directory, self.name, self.token = job_id, directory, name, token
+                 name: str, credentials: Callable[[], Credentials]):
+        self.job_id, self.directory, self.name = job_id, directory, name
+        self.credentials = credentials  # the node's current ones: a renewed certificate is used from then on
         self.targets = list(targets)
         self.task_ended = task_ended
         self.shipped: dict[str, str] = {}  # target -> last checkpoint sent there
@@ -141,8 +136,8 @@ class Shipper:
         for target in targets:
             try:
                 names = checkpoint_files(self.directory, prefix)
-                size, seconds = put_files(target, self.job_id, self.directory, names, {STATE_FILE: state},
-                                          self.token)
+                size, seconds = put_files(target, self.job_id, self.directory, names, self.credentials(),
+                                          {STATE_FILE: state})
             except (OSError, ShipError) as e:  # deleted meanwhile (max_to_keep), or the peer is away
                 log.warning("%s: shipping %s to %s failed: %s", self.name, os.path.basename(prefix), target, e)
                 failed = True
@@ -151,71 +146,3 @@ class Shipper:
             log.info("%s: shipped %s to %s: %.1f MB in %.3f s (%.1f MB/s)", self.name, os.path.basename(prefix),
                      target, size / 1e6, seconds, size / 1e6 / max(seconds, 1e-6))
         return not failed
-
-
-class PeerServicer(agent_pb2_grpc.AgentPeerServiceServicer):
-    """Receives files into this node's host-local checkpoint dirs."""
-
-    def __init__(self, state_dir: Path):
-        self.state_dir = state_dir
-
-    def PutFiles(self, request_iterator, context):
-        received, size = self._receive(request_iterator, context)
-        return agent_pb2.PutFilesReply(bytes=size, files=len(received))
-
-    def _receive(self, request_iterator, context) -> tuple[list[str], int]:
-        job_dir = None
-        incoming = None
-        received: list[str] = []
-        size = 0
-        current = None
-        digest = None
-        try:
-            for chunk in request_iterator:
-                if job_dir is None:
-                    if not JOB_ID_RE.match(chunk.job_id):
-                        context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"job_id: not a job id: {chunk.job_id!r}")
-                    job_dir = job_checkpoint_dir(self.state_dir, chunk.job_id)
-                    incoming = job_dir.parent / f"{layout.INCOMING_PREFIX}{uuid.uuid4().hex}"
-                    incoming.mkdir(parents=True)
-                if chunk.commit:
-                    self._commit(incoming, job_dir, received)
-                    return received, size
-                path = _safe_relative(chunk.path)
-                if path is None:
-                    context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"path: must stay inside the job's "
-                                                                    f"checkpoint dir, got {chunk.path!r}")
-                if current != path:
-                    current, digest = path, hashlib.sha256()
-                    (incoming / path).parent.mkdir(parents=True, exist_ok=True)
-                    open(incoming / path, "wb").close()
-                with open(incoming / path, "ab") as f:
-                    f.write(chunk.data)
-                digest.update(chunk.data)
-                size += len(chunk.data)
-                if chunk.end_of_file:
-                    if digest.hexdigest() != chunk.sha256:
-                        context.abort(grpc.StatusCode.DATA_LOSS, f"{path}: checksum mismatch")
-                    received.append(path)
-                    current = None
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "stream ended before commit")
-        finally:
-            if incoming is not None:
-                shutil.rmtree(incoming, ignore_errors=True)
-
-    @staticmethod
-    def _commit(incoming: Path, job_dir: Path, received: list[str]) -> None:
-        """Moves files into place; state files last, each with an atomic rename."""
-        for path in sorted(received, key=lambda p: os.path.basename(p) == STATE_FILE):
-            target = job_dir / path
-            target.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(incoming / path, target)
-
-
-def _safe_relative(path: str) -> str | None:
-    if not path or os.path.isabs(path):
-        return None
-    normal = os.path.normpath(path)
-    if normal.startswith("..") or normal.startswith(layout.INCOMING_PREFIX):
-        return None
-    return normal

@@ -117,9 +117,9 @@ class Supervisor:
             self.tasks[key] = record
         try:
             shim = self._start(record, order)
-        except (_StartError, OSError) as e:
-            self._finish(record, Phase.FAILED_TO_START,
-                         TaskExit(message=str(e), busy_port=getattr(e, "busy_port", 0)))
+        except Exception as e:  # whatever it is, the coordinator hears of it: a task never stays launching
+            message = str(e) if isinstance(e, (_StartError, OSError)) else f"{type(e).__name__}: {e}"
+            self._finish(record, Phase.FAILED_TO_START, TaskExit(message=message, busy_port=getattr(e, "busy_port", 0)))
             return
         record.shim_pid = shim.pid
         threading.Thread(target=self._watch_child, args=(record, shim), name=f"watch-{record.name}",
@@ -134,7 +134,10 @@ class Supervisor:
         record.dir.mkdir(parents=True, exist_ok=True)
         if order.port and port_in_use(order.port):
             raise _StartError(f"port {order.port} is already in use on this node", busy_port=order.port)
-        env = {**os.environ, **order.env, layout.EVENTS_FILE: str(record.events_path),
+        # The agent's environment, less its own settings (a join token, a token file): TFCLUSTER_* in a task's
+        # environment is what tfcluster sets for that task.
+        inherited = {k: v for k, v in os.environ.items() if not k.startswith(layout.RESERVED_ENV_PREFIX)}
+        env = {**inherited, **order.env, layout.EVENTS_FILE: str(record.events_path),
                layout.CONTROL_FILE: str(record.control_path)}
         record.checkpoint_dir = env.get(layout.CHECKPOINT_DIR, "")
         for name in (layout.CHECKPOINT_DIR, layout.MODEL_DIR):

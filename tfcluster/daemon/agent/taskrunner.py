@@ -30,8 +30,9 @@ ESCALATION_POLL_SECONDS = 0.1
 
 
 def write_json_atomic(path: Path, data: dict) -> None:
+    """Replaces path with data; readable by the agent's user only (launch.json holds the task's environment)."""
     tmp = path.with_suffix(f".tmp{os.getpid()}")
-    with open(tmp, "w") as f:
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
         json.dump(data, f)
         f.flush()
         os.fsync(f.fileno())

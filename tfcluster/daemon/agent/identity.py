@@ -1,0 +1,93 @@
+"""The node's certificate: obtained by joining with a token on the first start, reused after a restart, and
+renewed well before it expires. Kept in <state-dir>/tls (the key 0600); the key never leaves the node."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import grpc
+
+from tfcluster import pki
+from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc
+from tfcluster.security import Credentials, fetch_ca
+
+log = logging.getLogger("tfcluster.agent")
+
+JOIN_TIMEOUT_SECONDS = 20.0
+
+
+class JoinError(Exception):
+    """The node could not get its certificate; the message says why and what to do."""
+
+
+class NodeIdentity:
+    """The node's credentials on disk, and how to get and renew them."""
+
+    def __init__(self, state_dir: Path, name: str, address: str):
+        self.dir = state_dir / "tls"
+        self.name, self.address = name, address
+
+    def load(self) -> Credentials | None:
+        """The stored credentials, when they are this node's and still valid."""
+        if not (self.dir / pki.NODE_CERT).exists():
+            return None
+        try:
+            ca = pki.Authority(pki.load_cert(self.dir / pki.CA_CERT))
+            cert = pki.load_cert(self.dir / pki.NODE_CERT)
+            ca.verify(cert)
+            pki.check_key_matches(self.dir / pki.NODE_KEY, cert)
+        except pki.PkiError as e:
+            log.warning("the stored certificate cannot be used (%s)", e)
+            return None
+        who = pki.identity(cert)
+        if who.role != pki.NODE or who.name != self.name:
+            raise JoinError(f"{self.dir / pki.NODE_CERT} is the certificate of {who}, not of node {self.name!r}; "
+                            f"keep the node's --name, or remove {self.dir} and join again")
+        return Credentials.from_dir(self.dir, pki.NODE_CERT, pki.NODE_KEY)
+
+    def join(self, join_address: str, token: str, ca_cert: bytes | None = None, ca_hash: str = "") -> Credentials:
+        """Trades the join token for a certificate. The coordinator is verified with the CA given (a file),
+        or the one its join port presents whose public key has the pinned hash."""
+        try:
+            ca = ca_cert or fetch_ca(join_address, ca_hash)
+        except pki.PkiError as e:
+            raise JoinError(str(e)) from None
+        key, csr = pki.new_csr(self.name, self.address)
+        channel = grpc.secure_channel(join_address, grpc.ssl_channel_credentials(root_certificates=ca))
+        try:
+            reply = agent_pb2_grpc.JoinServiceStub(channel).Join(
+                agent_pb2.JoinRequest(token=token, node_name=self.name, csr=csr), timeout=JOIN_TIMEOUT_SECONDS)
+        except grpc.RpcError as e:
+            raise JoinError(f"joining through {join_address} failed: {e.details() or e.code().name}") from None
+        finally:
+            channel.close()
+        self._save(key, reply.certificate, reply.ca_certificate)
+        log.info("joined the cluster through %s as node %s", join_address, self.name)
+        return Credentials.from_dir(self.dir, pki.NODE_CERT, pki.NODE_KEY)
+
+    def renew(self, channel: grpc.Channel) -> Credentials:
+        """A new certificate for a new key, asked for with the current one (raises grpc.RpcError)."""
+        key, csr = pki.new_csr(self.name, self.address)
+        reply = agent_pb2_grpc.AgentServiceStub(channel).RenewCertificate(
+            agent_pb2.RenewCertificateRequest(csr=csr), timeout=JOIN_TIMEOUT_SECONDS)
+        self._save(key, reply.certificate, (self.dir / pki.CA_CERT).read_bytes())
+        log.info("renewed the node's certificate")
+        return Credentials.from_dir(self.dir, pki.NODE_CERT, pki.NODE_KEY)
+
+    def renew_at(self) -> float:
+        """When to renew: about two thirds into the certificate's life."""
+        cert = pki.load_cert(self.dir / pki.NODE_CERT)
+        start, end = cert.not_valid_before_utc + pki.BACKDATE, cert.not_valid_after_utc
+        return (start + (end - start) * pki.RENEW_AT).timestamp()
+
+    def expires_at(self) -> float:
+        return pki.load_cert(self.dir / pki.NODE_CERT).not_valid_after_utc.timestamp()
+
+    def _save(self, key: bytes, cert: bytes, ca: bytes) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.dir.chmod(0o700)
+        pki.write_private(self.dir / pki.NODE_KEY, key)
+        (self.dir / pki.CA_CERT).write_bytes(ca)
+        (self.dir / pki.NODE_CERT).write_bytes(cert)
+
