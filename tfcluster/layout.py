@@ -32,6 +32,7 @@ RESERVED_ENV_PREFIX = "TFCLUSTER_"
 # ---- client and daemon settings -----------------------------------------------------------------
 COORDINATOR_ENV = "TFCLUSTER_COORDINATOR"
 TOKEN_FILE_ENV = "TFCLUSTER_TOKEN_FILE"
+TLS_DIR_ENV = "TFCLUSTER_TLS_DIR"  # a credentials directory: ca.crt, client.crt, client.key
 DEFAULT_COORDINATOR = "localhost:7070"
 
 # ---- files on a node (under the agent's state dir) ----------------------------------------------

@@ -16,6 +16,22 @@ ROLE_TYPES = ("chief", "worker", "ps", "evaluator")
 # A node name is a host name or something like it: it appears in logs, tables and `nodes = [...]` lists.
 NODE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
 MAX_GPUS_PER_NODE = 256
+# Control characters have no business in a name or a path (a newline forges log lines and table rows, a NUL
+# cannot reach the kernel). Commands and environment values may hold tabs and line breaks: `python -c`
+# scripts, PEM blocks.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_CONTROL_BUT_WHITESPACE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+
+def printable(value: str) -> str:
+    """Free text from elsewhere (an agent's message) made safe for one log line: control characters become '?'."""
+    return _CONTROL.sub("?", value)
+
+
+def control_character(value: str, multiline: bool = False) -> str | None:
+    """The first control character in value (as `\\x..`), if any; multiline lets tab, LF and CR through."""
+    found = (_CONTROL_BUT_WHITESPACE if multiline else _CONTROL).search(value)
+    return None if found is None else repr(found.group())[1:-1]
 
 
 # A job's states, in the order a job goes through them; STOPPING lasts until every task has exited.
@@ -164,7 +180,7 @@ class Launch:
     node: str
     attempt: Attempt
     command: tuple[str, ...]
-    env: dict[str, str]
+    env: dict[str, str] = field(repr=False)  # secrets: never in a log line
     workdir: str
     port: int
     stop_grace_seconds: float
@@ -222,6 +238,16 @@ class SyncCheckpoints:
 
 
 @dataclass(frozen=True)
+class ExpectFiles:
+    """Checkpoint files of this job are coming to the node's peer port (a restarted group's copy): take them."""
+    node: str
+    job_id: str
+
+    def __str__(self) -> str:
+        return f"{self.job_id}: {self.node} is to receive checkpoints"
+
+
+@dataclass(frozen=True)
 class ReadLog:
     """Send the bytes of an attempt's log (LogData with this request id), to the end or (follow) until it ends."""
     node: str
@@ -246,4 +272,4 @@ class LogData:
     error: str = ""
 
 
-Command = Launch | Stop | FinishTraining | ShipCheckpoints | SyncCheckpoints | ReadLog | CancelLog
+Command = Launch | Stop | FinishTraining | ShipCheckpoints | SyncCheckpoints | ExpectFiles | ReadLog | CancelLog

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from tfcluster import layout, strategies
-from tfcluster.model import ROLE_TYPES
+from tfcluster.model import NODE_NAME_RE, ROLE_TYPES, control_character
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -29,7 +29,11 @@ TRAINING_ROLES = strategies.TRAINING_ROLES
 
 NAME_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-ENTRYPOINT_RE = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+ENTRYPOINT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.]{0,255}:[A-Za-z_][A-Za-z0-9_]{0,255}")
+MAX_PATH = 4096                  # PATH_MAX
+MAX_ARG = 128 * 1024             # Linux's limit on one argument or environment string
+MAX_ARGS = 4096
+MAX_ENV = 1024
 
 DEFAULT_MAX_RESTARTS = 3
 DEFAULT_STOP_GRACE_SECONDS = 30.0
@@ -43,9 +47,9 @@ class SpecError(ValueError):
 
     def __init__(self, source: str, key: str, message: str):
         self.source = source
-        self.key = key
+        self.key = key if key.isprintable() and len(key) <= 80 else repr(key[:80])  # a key the user wrote: shown safe
         self.message = message
-        where = f"{source}: {key}" if key else source
+        where = f"{source}: {self.key}" if key else source
         super().__init__(f"{where}: {message}")
 
 
@@ -147,9 +151,11 @@ def _check_role(role_type: str, role: RoleSpec, fail) -> None:
     if role.command:
         _check_command(role.command, f"{key}.command", fail)
     _check_env(role.env, f"{key}.env", fail)
+    if len(role.nodes) > MAX_TASKS_PER_ROLE:
+        raise fail(f"{key}.nodes", f"expected at most {MAX_TASKS_PER_ROLE} nodes, got {len(role.nodes)}")
     for node in role.nodes:
-        if not node or not node.isprintable():
-            raise fail(f"{key}.nodes", f"expected node names (non-empty, printable), got {node!r}")
+        if not NODE_NAME_RE.fullmatch(node):
+            raise fail(f"{key}.nodes", f"expected node names (letters, digits, '.', '_' or '-'), got {node[:80]!r}")
     if len(set(role.nodes)) != len(role.nodes):
         raise fail(f"{key}.nodes", "lists a node twice")
     if role.entrypoint and role_type != "evaluator":
@@ -190,31 +196,39 @@ def _check_number(value: float, key: str, minimum: float, fail) -> None:
         raise fail(key, f"expected a number >= {minimum:g}, got {value}")
 
 
-def _check_text(value: str, key: str, fail) -> None:
-    if "\0" in value:
-        raise fail(key, f"must not contain a NUL character, got {value[:40]!r}")
+def _check_text(value: str, key: str, fail, limit: int, multiline: bool = False) -> None:
+    if len(value) > limit:
+        raise fail(key, f"expected at most {limit} characters, got {len(value)}")
+    bad = control_character(value, multiline)
+    if bad:
+        raise fail(key, f"must not contain control characters{' other than tab and line breaks' if multiline else ''}, "
+                        f"found {bad} in {value[:40]!r}")
 
 
 def _check_command(command: tuple[str, ...], key: str, fail) -> None:
     if not command or not command[0]:
         raise fail(key, "expected a non-empty command")
+    if len(command) > MAX_ARGS:
+        raise fail(key, f"expected at most {MAX_ARGS} arguments, got {len(command)}")
     for arg in command:
-        _check_text(arg, key, fail)
+        _check_text(arg, key, fail, MAX_ARG, multiline=True)
 
 
 def _check_path(path: str, key: str, fail, absolute: bool, required: bool) -> None:
-    _check_text(path, key, fail)
+    _check_text(path, key, fail, MAX_PATH)
     if absolute and (path or required) and not path.startswith("/"):
         raise fail(key, f"expected an absolute path, got {path!r}")
 
 
 def _check_env(env: dict[str, str], key: str, fail) -> None:
+    if len(env) > MAX_ENV:
+        raise fail(key, f"expected at most {MAX_ENV} variables, got {len(env)}")
     for name, value in env.items():
-        if not ENV_NAME_RE.fullmatch(name):
-            raise fail(f"{key}.{name}", "expected an environment variable name ([A-Za-z_][A-Za-z0-9_]*)")
+        if len(name) > MAX_PATH or not ENV_NAME_RE.fullmatch(name):
+            raise fail(f"{key}.{name[:80]}", "expected an environment variable name ([A-Za-z_][A-Za-z0-9_]*)")
         if name in layout.RESERVED_ENV or name.startswith(layout.RESERVED_ENV_PREFIX):
             raise fail(f"{key}.{name}", "is set by tfcluster for every task and cannot be overridden")
-        _check_text(value, f"{key}.{name}", fail)
+        _check_text(value, f"{key}.{name}", fail, MAX_ARG, multiline=True)
 
 
 # ---- types: reading a TOML document (or the same plain data from flags) ------------------------

@@ -15,9 +15,10 @@ from typing import Any
 
 from tfcluster.api.v1 import agent_pb2, control_pb2
 from tfcluster.api.v1 import types_pb2 as pb
-from tfcluster.model import (MAX_GPUS_PER_NODE, NODE_NAME_RE, Attempt, CancelLog, Command,
-                             Evaluation, FinishTraining, Gpu, Launch, LogData, NodeInfo, ReadLog, ShipCheckpoints, Stop,
-                             SyncCheckpoints, SyncResult, TaskExit, TaskProgress, TaskReport)
+from tfcluster.model import (MAX_GPUS_PER_NODE, NODE_NAME_RE, Attempt, CancelLog, Command, Evaluation, ExpectFiles,
+                             FinishTraining, Gpu, Launch, LogData, NodeInfo, ReadLog, ShipCheckpoints, Stop,
+                             SyncCheckpoints, SyncResult, TaskExit, TaskProgress, TaskReport, control_character,
+                             printable)
 from tfcluster.roles.tfconfig import build_tf_configs
 from tfcluster.spec import JobSpec, RestartPolicy, RoleSpec, validate
 
@@ -30,8 +31,11 @@ PHASE_NAMES = {v: k for k, v in PHASES.items()}
 
 
 def _text(value: str, field: str, limit: int = MAX_TEXT) -> str:
-    if len(value) > limit or "\0" in value:
-        raise ValueError(f"{field}: expected at most {limit} characters and no NUL, got {len(value)} characters")
+    if len(value) > limit:
+        raise ValueError(f"{field}: expected at most {limit} characters, got {len(value)}")
+    bad = control_character(value)
+    if bad:
+        raise ValueError(f"{field}: must not contain control characters, found {bad} in {value[:80]!r}")
     return value
 
 
@@ -76,7 +80,7 @@ def node_info_from_proto(msg: pb.NodeInfo) -> NodeInfo:
         raise ValueError(f"node.gpus: at most {MAX_GPUS_PER_NODE} GPUs per node, got {len(msg.gpus)}")
     if len({g.index for g in msg.gpus}) != len(msg.gpus):
         raise ValueError("node.gpus: GPU indexes must be unique")
-    if not os.path.isabs(msg.state_dir) or "\n" in msg.state_dir:
+    if not os.path.isabs(msg.state_dir):
         raise ValueError(f"node.state_dir: expected an absolute path, got {msg.state_dir[:80]!r}")
     return NodeInfo(name=msg.name, address=str(address), port_range=(msg.port_range_start, msg.port_range_end),
                     gpus=tuple(gpu_from_proto(g) for g in msg.gpus), hostname=_text(msg.hostname, "node.hostname", 253),
@@ -154,7 +158,8 @@ def sync_result_to_proto(r: SyncResult) -> agent_pb2.AgentMessage:
 
 
 def sync_result_from_proto(msg: agent_pb2.SyncDone) -> SyncResult:
-    return SyncResult(msg.job_id, msg.sync_id, msg.ok, msg.message[:MAX_TEXT], msg.bytes, msg.seconds)
+    return SyncResult(_text(msg.job_id, "sync_done.job_id", 256), msg.sync_id, msg.ok,
+                      printable(msg.message[:MAX_TEXT]), msg.bytes, msg.seconds)
 
 
 def log_data_to_proto(d: LogData) -> agent_pb2.AgentMessage:
@@ -183,6 +188,8 @@ def command_to_proto(c: Command) -> agent_pb2.CoordinatorMessage:
         return M(ship=agent_pb2.ShipCheckpoints(**_attempt_fields(c.attempt), targets=c.targets))
     if isinstance(c, SyncCheckpoints):
         return M(sync=agent_pb2.SyncCheckpoints(job_id=c.job_id, sync_id=c.sync_id, targets=c.targets))
+    if isinstance(c, ExpectFiles):
+        return M(expect_files=agent_pb2.ExpectFiles(job_id=c.job_id))
     if isinstance(c, ReadLog):
         return M(read_log=agent_pb2.ReadLog(request_id=c.request_id, **_attempt_fields(c.attempt), follow=c.follow,
                                             tail_lines=c.tail_lines))
@@ -204,6 +211,8 @@ def command_from_proto(msg: agent_pb2.CoordinatorMessage, node: str) -> Command 
         return ShipCheckpoints(node, _attempt(m, "ship"), tuple(m.targets))
     if kind == "sync":
         return SyncCheckpoints(node, m.job_id, m.sync_id, tuple(m.targets))
+    if kind == "expect_files":
+        return ExpectFiles(node, m.job_id)
     if kind == "read_log":
         return ReadLog(node, m.request_id, _attempt(m, "read_log"), m.follow, m.tail_lines)
     if kind == "cancel_log":
@@ -298,7 +307,7 @@ def plan_response(plan, commands: dict[tuple[str, int], tuple[str, ...]]) -> con
     for p in plan.placement or []:
         response.tasks.add(task_type=p.type, task_index=p.index, node=p.node, address=p.address,
                            gpus=[gpu_to_proto(g) for g in p.gpus], tf_config=plan.tf_configs[(p.type, p.index)],
-                           command=commands[(p.type, p.index)])
+                           command=commands[(p.type, p.index)], env_names=sorted(plan.spec.env_for(p.type)))
     return response
 
 
@@ -346,13 +355,14 @@ def job_doc(j: control_pb2.JobStatus) -> dict[str, Any]:
 def plan_doc(p: control_pb2.PlanJobResponse) -> dict[str, Any]:
     return {"fits": p.fits, "reason": p.reason, "strategy": p.strategy, "tasks": [
         {"type": t.task_type, "index": t.task_index, "node": t.node, "address": t.address,
-         "gpus": [g.index for g in t.gpus], "command": list(t.command), "tf_config": json.loads(t.tf_config)}
+         "gpus": [g.index for g in t.gpus], "command": list(t.command), "env_names": list(t.env_names),
+         "tf_config": json.loads(t.tf_config)}
         for t in p.tasks]}
 
 
 def summary_doc(s: control_pb2.ClusterSummary) -> dict[str, Any]:
     return {"nodes_by_state": dict(s.nodes_by_state), "gpus_total": s.gpus_total,
-            "gpus_allocated": s.gpus_allocated, "jobs_by_state": dict(s.jobs_by_state)}
+            "gpus_allocated": s.gpus_allocated, "jobs_by_state": dict(s.jobs_by_state), "insecure": s.insecure}
 
 
 def status_doc(nodes, jobs, summary: control_pb2.ClusterSummary | None = None) -> dict[str, Any]:
