@@ -7,12 +7,15 @@ import os
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 
 from tfcluster import layout
 from tfcluster.api.v1 import control_pb2, control_pb2_grpc
-from tfcluster.auth import TokenError, channel as auth_channel, client_token
+from tfcluster.auth import TokenError, client_token
+from tfcluster.pki import PkiError
+from tfcluster.security import Credentials
 from tfcluster.spec import JobSpec
 from tfcluster.wire import spec_to_proto
 
@@ -34,16 +37,23 @@ def default_coordinator() -> str:
     return os.environ.get(layout.COORDINATOR_ENV) or layout.DEFAULT_COORDINATOR
 
 
+def credentials_for(tls_dir: str | os.PathLike | None = None) -> Credentials:
+    """A client's credentials: the directory given, else $TFCLUSTER_TLS_DIR (ca.crt, client.crt, client.key);
+    with neither, plain text to a coordinator run with --insecure, with the token of $TFCLUSTER_TOKEN_FILE if set."""
+    directory = tls_dir or os.environ.get(layout.TLS_DIR_ENV)
+    try:
+        return Credentials.from_dir(Path(directory)) if directory else Credentials(token=client_token())
+    except PkiError as e:
+        raise ClientError(f"--tls-dir: {e}", exit_code=2) from None
+    except TokenError as e:
+        raise ClientError(f"{layout.TOKEN_FILE_ENV}: {e}", exit_code=2) from None
+
+
 class Client:
-    def __init__(self, coordinator: str | None = None, token: str | None = None):
+    def __init__(self, coordinator: str | None = None, credentials: Credentials | None = None):
         self.address = coordinator or default_coordinator()
-        if token is None:
-            try:
-                token = client_token()
-            except TokenError as e:
-                raise ClientError(f"{layout.TOKEN_FILE_ENV}: {e}", exit_code=2) from None
-        self.channel = auth_channel(self.address, token, options=[
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)])
+        self.credentials = credentials if credentials is not None else credentials_for()
+        self.channel = self.credentials.channel(self.address, [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)])
         self.stub = control_pb2_grpc.ControlServiceStub(self.channel)
 
     def close(self) -> None:
@@ -65,13 +75,19 @@ class Client:
         code, details = e.code(), e.details() or ""
         if code in RETRYABLE and "disconnected" not in details and "is not connected" not in details:
             first = details.splitlines()[0] if details else code.name
-            return ClientError(f"cannot reach the coordinator at {self.address} ({first}); "
-                               f"is `tfcluster coordinator` running? (set --coordinator or {layout.COORDINATOR_ENV})")
+            hint = (f"if it serves TLS, give --tls-dir or {layout.TLS_DIR_ENV}" if self.credentials.insecure else
+                    "are the credentials of this cluster's CA and valid, and does the coordinator's certificate "
+                    "name the address you gave (`tfcluster ca init --san`)?")
+            return ClientError(f"cannot reach the coordinator at {self.address} ({first}); is `tfcluster "
+                               f"coordinator` running? (set --coordinator or {layout.COORDINATOR_ENV}); {hint}")
         if code == grpc.StatusCode.INVALID_ARGUMENT:
             return ClientError(details, exit_code=2)
         if code == grpc.StatusCode.UNAUTHENTICATED:
-            return ClientError(f"the coordinator at {self.address} refused the request: {details}; "
-                               f"point {layout.TOKEN_FILE_ENV} at the cluster's token file")
+            hint = (f"point {layout.TOKEN_FILE_ENV} at the cluster's token file" if self.credentials.insecure else
+                    "are these credentials of this cluster's CA, and still valid?")
+            return ClientError(f"the coordinator at {self.address} refused the request: {details}; {hint}")
+        if code == grpc.StatusCode.PERMISSION_DENIED:
+            return ClientError(f"the coordinator at {self.address} refused the request: {details}")
         return ClientError(details or code.name)
 
     def submit(self, spec: JobSpec) -> str:
@@ -85,6 +101,15 @@ class Client:
                     raise self._error(e) from None
                 time.sleep(0.25 * 2 ** attempt)
         raise AssertionError("unreachable")
+
+    def create_join_token(self, ttl_seconds: float, node: str = "", reusable: bool = False) -> tuple[str, float]:
+        reply = self._call(self.stub.CreateJoinToken, control_pb2.CreateJoinTokenRequest(
+            ttl_seconds=ttl_seconds, node=node, reusable=reusable))
+        return reply.token, reply.expires
+
+    def remove_node(self, name: str) -> int:
+        """Removes the node from the cluster; returns how many of its tasks were running."""
+        return self._call(self.stub.RemoveNode, control_pb2.RemoveNodeRequest(name=name)).tasks_lost
 
     def plan(self, spec: JobSpec) -> control_pb2.PlanJobResponse:
         return self._call(self.stub.PlanJob, control_pb2.PlanJobRequest(spec=spec_to_proto(spec)))

@@ -32,7 +32,11 @@ def render_summary(summary) -> Text:
     if hidden:
         line += (f"\nshowing {' and '.join(hidden)}: `--all` lists everything, `--node NAME` and `--state STATE` "
                  f"narrow it")
-    return Text(line)
+    text = Text(line)
+    if summary.insecure:
+        text.append("\nWARNING: the coordinator runs without TLS (--insecure): anyone who reaches it controls the "
+                    "cluster", style="bold red")
+    return text
 
 
 def render_status(nodes_shown, jobs_shown, summary=None, job_id: Optional[str] = None) -> Group:
@@ -81,10 +85,11 @@ def render_status(nodes_shown, jobs_shown, summary=None, job_id: Optional[str] =
 
 def render_plan(name: str, plan) -> Table:
     table = Table(title=f"{name}: {plan.strategy}, {len(plan.tasks)} tasks")
-    for col in ("task", "node", "address", "GPUs", "TF_CONFIG"):
+    for col in ("task", "node", "address", "GPUs", "env (values hidden)", "TF_CONFIG"):
         table.add_column(col, overflow="fold")
     for t in plan.tasks:
-        table.add_row(f"{t.task_type}:{t.task_index}", t.node, t.address, gpu_list(t.gpus) or "-", t.tf_config)
+        table.add_row(f"{t.task_type}:{t.task_index}", t.node, t.address, gpu_list(t.gpus) or "-",
+                      ", ".join(t.env_names) or "-", t.tf_config)
     return table
 
 

@@ -1,7 +1,8 @@
 """`tfcluster demo`: a whole cluster on this machine, and a real job on it.
 
 An embedded coordinator and three agents (loopback, temporary state dirs, declared GPU inventories so
-placement is visible) run in this process; the job goes through the same gRPC API as `tfcluster start`:
+placement is visible) run in this process, over mutual TLS with a cluster CA made for the demo: the agents
+join with a token as real nodes do. The job goes through the same gRPC API as `tfcluster start`:
 a MultiWorkerMirroredStrategy job with two workers training a tf-keras model on scikit-learn's digits,
 and the built-in evaluator evaluating each checkpoint they save.
 Live status while it runs, then the metrics and the final status table; everything is torn down.
@@ -23,14 +24,16 @@ from pathlib import Path
 from rich.console import Console
 from rich.live import Live
 
+from tfcluster import pki
 from tfcluster.client import Client
 from tfcluster.daemon.agent.agent import Agent, AgentConfig
 from tfcluster.daemon.agent.discovery import host_info
-from tfcluster.model import Gpu
+from tfcluster.daemon.agent.identity import NodeIdentity
 from tfcluster.daemon.coordinator.process import BackgroundCoordinator
 from tfcluster.daemon.coordinator.service import CoordinatorServer
-from tfcluster.model import JOB_ENDED
+from tfcluster.model import JOB_ENDED, Gpu
 from tfcluster.render import render_status
+from tfcluster.security import Credentials
 from tfcluster.spec import parse_spec
 
 NODES = (("node-a", 2), ("node-b", 2), ("node-c", 1))  # name, declared GPUs
@@ -68,23 +71,22 @@ def run_demo(epochs: int = 5, keep: bool = False, console: Console | None = None
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     root = Path(tempfile.mkdtemp(prefix="tfcluster-demo-"))
     started = time.monotonic()
-    server = BackgroundCoordinator(CoordinatorServer("127.0.0.1:0", root / "coordinator")).start()
+    pki.init_ca(root / "ca", [])
+    server = BackgroundCoordinator(CoordinatorServer("127.0.0.1:0", root / "coordinator",
+                                                     tls_dir=root / "ca")).start()
     agents: list[Agent] = []
     threads = []
     base = _free_port_block()
     try:
-        for i, (name, gpu_count) in enumerate(NODES):
-            gpus = tuple(Gpu(index=g, uuid=f"GPU-demo-{name}-{g}", name="Demo GPU", memory_mib=16384)
-                         for g in range(gpu_count))
-            agent = Agent(AgentConfig(coordinator=server.address, name=name, address="127.0.0.1",
-                                      port_range=(base + 100 * i + 1, base + 100 * i + 99), gpus=gpus,
-                                      host=host_info(), state_dir=root / name, peer_port=base + 100 * i))
-            agents.append(agent)
-            threads.append(threading.Thread(target=agent.run, name=f"agent-{name}", daemon=True))
-            threads[-1].start()
-        console.print(f"coordinator on {server.address}; agents: "
-                      + ", ".join(f"{n} ({g} GPUs)" for n, g in NODES) + f"; state in {root}")
-        with Client(server.address) as client:
+        with Client(server.address, Credentials.from_dir(root / "ca" / "admin")) as client:
+            token, _ = client.create_join_token(600, reusable=True)
+            for i, (name, gpu_count) in enumerate(NODES):
+                agents.append(_join(server, name, gpu_count, token, root, base + 100 * i))
+                threads.append(threading.Thread(target=agents[-1].run, name=f"agent-{name}", daemon=True))
+                threads[-1].start()
+            console.print(f"coordinator on {server.address} (mutual TLS, cluster CA in {root / 'ca'}); agents "
+                          "joined with a token: " + ", ".join(f"{n} ({g} GPUs)" for n, g in NODES)
+                          + f"; state in {root}")
             _wait_for_nodes(client, len(NODES))
             spec = parse_spec({
                 "name": "digits", "strategy": "multi_worker_mirrored",
@@ -98,23 +100,7 @@ def run_demo(epochs: int = 5, keep: bool = False, console: Console | None = None
             console.print(f"submitted {job_id}: multi_worker_mirrored, 2 workers with 1 GPU each, "
                           "and an evaluator following their checkpoints")
             job = _watch(client, job_id, console)
-            final = client.status(job_id)
-            console.print(render_status(final.nodes, final.jobs, job_id=job_id))
-            if job.state == "SUCCEEDED":
-                metrics = json.loads((root / "checkpoints" / "metrics.json").read_text())
-                console.print(f"{job_id} SUCCEEDED in {time.monotonic() - started:.1f} s: held-out accuracy "
-                              f"{metrics['accuracy']:.3f}, loss {metrics['loss']:.3f} "
-                              f"({metrics['test_examples']} test digits, {metrics['epochs']} epochs, "
-                              f"{metrics['replicas']} replicas)")
-                for e in client.status(job_id).jobs[0].evaluations:
-                    shown = ", ".join(f"{k} {v:.3f}" for k, v in sorted(e.metrics.items()))
-                    console.print(f"  evaluator: {Path(e.checkpoint).name} (step {e.step}): {shown}")
-                return 0
-            console.print(f"{job_id} ended {job.state}: {job.message}", markup=False)
-            for task in job.tasks:
-                tail = b"".join(client.logs(job_id, task.type, task.index, tail_lines=15)).decode(errors="replace")
-                console.print(f"--- last lines of {task.type}:{task.index} ---\n{tail}", markup=False)
-            return 1
+            return _report(client, job, root, time.monotonic() - started, console)
     finally:
         for agent in agents:
             agent.stop(stop_tasks=True, grace_seconds=5)
@@ -125,6 +111,36 @@ def run_demo(epochs: int = 5, keep: bool = False, console: Console | None = None
             console.print(f"kept logs and checkpoints under {root}")
         else:
             shutil.rmtree(root, ignore_errors=True)
+
+
+def _report(client: Client, job, root: Path, seconds: float, console: Console) -> int:
+    """The final status and the model's metrics; the tasks' last lines when the job did not succeed."""
+    final = client.status(job.id)
+    console.print(render_status(final.nodes, final.jobs, job_id=job.id))
+    if job.state == "SUCCEEDED":
+        metrics = json.loads((root / "checkpoints" / "metrics.json").read_text())
+        console.print(f"{job.id} SUCCEEDED in {seconds:.1f} s: held-out accuracy {metrics['accuracy']:.3f}, loss "
+                      f"{metrics['loss']:.3f} ({metrics['test_examples']} test digits, {metrics['epochs']} epochs, "
+                      f"{metrics['replicas']} replicas)")
+        for e in final.jobs[0].evaluations:
+            shown = ", ".join(f"{k} {v:.3f}" for k, v in sorted(e.metrics.items()))
+            console.print(f"  evaluator: {Path(e.checkpoint).name} (step {e.step}): {shown}")
+        return 0
+    console.print(f"{job.id} ended {job.state}: {job.message}", markup=False)
+    for task in job.tasks:
+        tail = b"".join(client.logs(job.id, task.type, task.index, tail_lines=15)).decode(errors="replace")
+        console.print(f"--- last lines of {task.type}:{task.index} ---\n{tail}", markup=False)
+    return 1
+
+
+def _join(server: BackgroundCoordinator, name: str, gpu_count: int, token: str, root: Path, base: int) -> Agent:
+    """An agent for a demo node, with the certificate it got by joining through the coordinator's join port."""
+    gpus = tuple(Gpu(index=g, uuid=f"GPU-demo-{name}-{g}", name="Demo GPU", memory_mib=16384) for g in range(gpu_count))
+    identity = NodeIdentity(root / name, name, "127.0.0.1")
+    credentials = identity.join(server.join_address, token, (root / "ca" / pki.CA_CERT).read_bytes())
+    return Agent(AgentConfig(coordinator=server.address, name=name, address="127.0.0.1",
+                             port_range=(base + 1, base + 99), gpus=gpus, host=host_info(), state_dir=root / name,
+                             peer_port=base, credentials=credentials, identity=identity))
 
 
 def _wait_for_nodes(client: Client, count: int, timeout: float = 30.0) -> None:

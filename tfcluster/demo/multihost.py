@@ -1,7 +1,8 @@
 """`make demo-multihost` (python -m tfcluster.demo.multihost, as root): the demo across three hosts.
 
 Builds three test hosts (network namespaces with their own IPs, see hosts.py), runs the coordinator on
-the bridge address and one agent per host as separate processes, and runs a MultiWorkerMirroredStrategy
+the bridge address (over mutual TLS, with a cluster CA made for the run) and one agent per host as a separate
+process that joins with a token, and runs a MultiWorkerMirroredStrategy
 job with its chief, worker and evaluator on different hosts and no shared storage: the chief's agent
 ships each checkpoint to the evaluator's host. Everything is torn down at the end.
 """
@@ -21,12 +22,14 @@ from pathlib import Path
 from rich.console import Console
 from rich.live import Live
 
+from tfcluster import pki
 from tfcluster.client import Client
 from tfcluster.daemon.coordinator.process import BackgroundCoordinator
 from tfcluster.daemon.coordinator.service import CoordinatorServer
 from tfcluster.demo.hosts import TestHosts, unavailable
 from tfcluster.model import JOB_ENDED
 from tfcluster.render import render_status
+from tfcluster.security import Credentials
 from tfcluster.spec import parse_spec
 
 HOSTS = 3
@@ -44,18 +47,24 @@ def main() -> int:
     root = Path(tempfile.mkdtemp(prefix="tfcluster-multihost-"))
     agents: list[subprocess.Popen] = []
     with TestHosts(HOSTS) as hosts:
-        server = BackgroundCoordinator(CoordinatorServer(f"{hosts.coordinator_ip}:0", root / "coordinator")).start()
+        pki.init_ca(root / "ca", [hosts.coordinator_ip])
+        server = BackgroundCoordinator(CoordinatorServer(f"{hosts.coordinator_ip}:0", root / "coordinator",
+                                                         tls_dir=root / "ca")).start()
+        admin = Credentials.from_dir(root / "ca" / "admin")
         try:
+            with Client(server.address, admin) as client:
+                token, _ = client.create_join_token(600, reusable=True)
             path = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}"
             for i in range(1, HOSTS + 1):
                 log = open(root / f"agent-h{i}.log", "ab")
                 agents.append(subprocess.Popen(
                     [*hosts.prefix(i), sys.executable, "-m", "tfcluster.cli", "agent", "--coordinator",
                      server.address, "--name", f"h{i}", "--port-range", "21000-21099", "--gpu-inventory", "none",
-                     "--state-dir", str(root / f"h{i}"), "--stop-tasks-on-exit"],
+                     "--state-dir", str(root / f"h{i}"), "--stop-tasks-on-exit", "--join", token,
+                     "--join-address", server.join_address, "--ca-cert", str(root / "ca" / pki.CA_CERT)],
                     stdout=log, stderr=log, start_new_session=True, env={**os.environ, "PATH": path}))
             console.print(f"hosts h1..h{HOSTS} at {hosts.ip(1)}..{hosts.ip(HOSTS)}; coordinator on {server.address}")
-            return _run_job(console, server.address, root)
+            return _run_job(console, Client(server.address, admin), root)
         finally:
             for agent in agents:
                 os.killpg(agent.pid, signal.SIGTERM)
@@ -65,8 +74,8 @@ def main() -> int:
             shutil.rmtree(root, ignore_errors=True)
 
 
-def _run_job(console: Console, address: str, root: Path) -> int:
-    with Client(address) as client:
+def _run_job(console: Console, client: Client, root: Path) -> int:
+    with client:
         deadline = time.monotonic() + 60
         while sum(n.state == "READY" for n in client.status().nodes) < HOSTS:
             if time.monotonic() > deadline:

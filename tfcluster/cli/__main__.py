@@ -1,0 +1,5 @@
+"""`python -m tfcluster.cli`."""
+
+from tfcluster.cli import main
+
+main()

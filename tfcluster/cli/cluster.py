@@ -1,0 +1,112 @@
+"""The cluster's trust: `tfcluster ca init|issue` (files, no coordinator needed), `tfcluster token create` and
+`tfcluster node remove` (admin calls to the coordinator)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from tfcluster import pki
+from tfcluster.cli.common import CoordinatorOpt, TlsDirOpt, app, connect, fail, out, parse_duration
+from tfcluster.client import ClientError
+from tfcluster.model import NODE_NAME_RE
+
+ca_app = typer.Typer(no_args_is_help=True, help="The cluster's certificate authority.")
+token_app = typer.Typer(no_args_is_help=True, help="Join tokens for new nodes.")
+node_app = typer.Typer(no_args_is_help=True, help="The cluster's nodes.")
+app.add_typer(ca_app, name="ca")
+app.add_typer(token_app, name="token")
+app.add_typer(node_app, name="node")
+
+CaDirOpt = typer.Option(..., "--dir", metavar="DIR", help="The CA's directory (ca.crt, ca.key, ...).")
+
+
+@ca_app.command("init")
+def ca_init(
+    directory: Path = CaDirOpt,
+    san: list[str] = typer.Option([], "--san", metavar="NAME_OR_IP",
+                                  help="Another name or IP agents and clients reach the coordinator by "
+                                       "(repeatable; this host's names and IPs are always included)."),
+) -> None:
+    """Create the cluster CA, the coordinator's certificate and an admin's credentials (DIR/admin)."""
+    for name in san:
+        if not name or not name.isprintable() or len(name) > 253 or any(c.isspace() for c in name):
+            fail(f"--san: expected a host name or an IP address, got {name!r}", 2)
+    try:
+        ca = pki.init_ca(directory, san)
+    except pki.PkiError as e:
+        fail(str(e), 2)
+    except OSError as e:
+        fail(f"--dir {directory}: {e.strerror or e}")
+    directory = directory.resolve()
+    out.print(f"cluster CA written to {directory}:\n"
+              f"  {pki.CA_CERT}, {pki.CA_KEY} (keep the key safe: it makes certificates)\n"
+              f"  {pki.SERVER_CERT}, {pki.SERVER_KEY}   tfcluster coordinator --tls-dir {directory}\n"
+              f"  admin/                               export TFCLUSTER_TLS_DIR={directory / 'admin'}\n"
+              f"CA hash (for `tfcluster agent --ca-hash`): {pki.ca_hash(ca.cert)}", markup=False)
+
+
+@ca_app.command("issue")
+def ca_issue(
+    directory: Path = CaDirOpt,
+    name: str = typer.Option(..., help="Who the credentials are for (a person or a script)."),
+    role: str = typer.Option(pki.ADMIN, help="admin (everything) or viewer (status and logs only)."),
+    out_dir: Path = typer.Option(..., "--out", metavar="OUTDIR",
+                                 help="Where to write ca.crt, client.crt and client.key."),
+) -> None:
+    """Write credentials for a person or a script: a directory to point --tls-dir at."""
+    try:
+        ca = pki.Authority.load(directory, with_key=True)
+        pki.write_credentials(ca, out_dir, name, role)
+    except pki.PkiError as e:
+        fail(str(e), 2)
+    except OSError as e:
+        fail(f"--out {out_dir}: {e.strerror or e}")
+    out.print(f"{role} credentials for {name!r} written to {out_dir.resolve()} (valid {pki.PERSON_DAYS} days); "
+              f"use them with --tls-dir {out_dir} or TFCLUSTER_TLS_DIR", markup=False)
+
+
+@token_app.command("create")
+def token_create(
+    ttl: str = typer.Option("1h", metavar="DURATION", help="How long the token can be used, e.g. 30m, 12h, 7d."),
+    node: Optional[str] = typer.Option(None, help="Only a node of this name may join with it."),
+    reusable: bool = typer.Option(False, "--reusable", help="Any number of nodes may join with it until it expires."),
+    coordinator: Optional[str] = CoordinatorOpt,
+    tls_dir: Optional[Path] = TlsDirOpt,
+) -> None:
+    """Print a join token for `tfcluster agent --join TOKEN` (the coordinator keeps only its hash)."""
+    seconds = parse_duration(ttl, "--ttl")
+    if seconds == 0:
+        fail("--ttl: a token that expires at once lets no node join; give a duration such as 1h", 2)
+    if node is not None and not NODE_NAME_RE.fullmatch(node):
+        fail(f"--node: expected letters, digits, '.', '_' or '-' (at most 253), got {node!r}", 2)
+    with connect(coordinator, tls_dir) as client:
+        try:
+            token, expires = client.create_join_token(seconds, node or "", reusable)
+        except ClientError as e:
+            fail(str(e), e.exit_code)
+    print(token)
+    typer.echo(f"expires {time.strftime('%Y-%m-%d %H:%M:%S %Z', time.localtime(expires))}"
+               f"{'; reusable' if reusable else '; single use'}{f'; node {node} only' if node else ''}", err=True)
+
+
+@node_app.command("remove")
+def node_remove(
+    name: str = typer.Argument(..., help="The node to remove."),
+    coordinator: Optional[str] = CoordinatorOpt,
+    tls_dir: Optional[Path] = TlsDirOpt,
+) -> None:
+    """Remove a node from the cluster: its tasks are lost (their jobs restart elsewhere) and its certificate is
+    refused from then on. It can join again only with a new token."""
+    if not NODE_NAME_RE.fullmatch(name):
+        fail(f"NAME: expected letters, digits, '.', '_' or '-' (at most 253), got {name!r}", 2)
+    with connect(coordinator, tls_dir) as client:
+        try:
+            lost = client.remove_node(name)
+        except ClientError as e:
+            fail(str(e), e.exit_code)
+    out.print(f"node {name} removed" + (f"; {lost} running task(s) lost, their jobs restart elsewhere" if lost else ""),
+              markup=False)

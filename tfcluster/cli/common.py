@@ -1,0 +1,94 @@
+"""What every `tfcluster` command shares: the app, output, errors, options, and the coordinator client."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from tfcluster.auth import TokenError, load_token
+from tfcluster.client import Client, ClientError, credentials_for, default_coordinator
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
+                  help="TensorFlow distributed training on bare-metal machines.")
+out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+MAX_INT32 = 2**31 - 1
+DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+# Spec keys as `tfcluster start` flags, so an error names what the user typed.
+FLAG_FOR_KEY = {"name": "--name", "strategy": "--strategy", "roles.worker.count": "--workers",
+                "roles.chief.count": "--chief", "roles.ps.count": "--ps", "roles.ps": "--ps",
+                "roles.evaluator.count": "--evaluator", "gpus": "--gpus-per-task", "roles.chief.gpus": "--gpus-per-task",
+                "command": "COMMAND", "roles.worker.command": "COMMAND", "roles.chief.command": "COMMAND",
+                "roles.evaluator.command": "COMMAND", "checkpoint_dir": "--checkpoint-dir",
+                "restart.max_restarts": "--max-restarts", "roles": "--workers/--chief"}
+CoordinatorOpt = typer.Option(None, "--coordinator", "-c", metavar="HOST:PORT",
+                              help="Coordinator address [default: $TFCLUSTER_COORDINATOR or localhost:7070].")
+
+
+def fail(message: str, code: int = 1) -> None:
+    err.print(f"error: {message}", markup=False)
+    raise typer.Exit(code)
+
+
+def default_state_dir(role: str) -> Path:
+    base = Path("/var/lib/tfcluster") if os.geteuid() == 0 else \
+        Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local" / "state")) / "tfcluster"
+    return base / role
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def parse_duration(text: str, flag: str) -> float:
+    """`90`, `90s`, `30m`, `12h`, `7d` -> seconds."""
+    number, unit = (text[:-1], text[-1]) if text[-1:] in DURATION_UNITS else (text, "s")
+    try:
+        seconds = float(number) * DURATION_UNITS[unit]
+    except ValueError:
+        seconds = -1
+    if not 0 <= seconds < float("inf"):
+        fail(f"{flag}: expected a duration such as 90s, 30m, 12h or 7d, got {text!r}", 2)
+    return seconds
+
+
+SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(text: str, flag: str) -> int:
+    """`500M`, `64G`, `2T`, `1048576` -> bytes (powers of 1024)."""
+    number, unit = (text[:-1], text[-1].upper()) if text[-1:].upper() in SIZE_UNITS else (text, "")
+    try:
+        size = float(number) * SIZE_UNITS[unit]
+    except ValueError:
+        size = -1
+    if not 0 < size < 2**63:
+        fail(f"{flag}: expected a size such as 500M, 64G or 2T, got {text!r}", 2)
+    return int(size)
+
+
+TlsDirOpt = typer.Option(None, "--tls-dir", envvar="TFCLUSTER_TLS_DIR", metavar="DIR",
+                         help="Credentials to call the coordinator with: ca.crt, client.crt, client.key "
+                              "[env: TFCLUSTER_TLS_DIR]; none: plain text (a coordinator run with --insecure).")
+
+
+def connect(coordinator: Optional[str], tls_dir: Optional[Path]) -> Client:
+    try:
+        return Client(coordinator or default_coordinator(), credentials_for(tls_dir))
+    except ClientError as e:
+        fail(str(e), e.exit_code)
+
+
+def read_token(path: Optional[str]) -> Optional[str]:
+    try:
+        return load_token(path)
+    except TokenError as e:
+        fail(f"--token-file: {e}", 2)

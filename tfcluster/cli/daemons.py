@@ -1,0 +1,143 @@
+"""`tfcluster coordinator` and `tfcluster agent`: the two daemons."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from tfcluster.cli.common import app, default_state_dir, fail, parse_duration, parse_size, read_token, setup_logging
+from tfcluster.pki import PkiError
+
+MIN_NODE_CERT_SECONDS = 5           # the agent renews at two thirds: shorter would be renewing all the time
+MAX_NODE_CERT_SECONDS = 365 * 86400
+
+
+def _check_trust_flags(tls_dir: Optional[Path], insecure: bool, token: Optional[str]) -> None:
+    if insecure and tls_dir is not None:
+        fail("--insecure and --tls-dir contradict each other: give one", 2)
+    if not insecure and tls_dir is None:
+        fail("give --tls-dir DIR (made by `tfcluster ca init --dir DIR`) to serve mutual TLS, or --insecure to "
+             "serve plain text to anyone who reaches the port", 2)
+    if token and not insecure:
+        fail("--token-file goes with --insecure; with TLS certificates take its place", 2)
+
+
+@app.command()
+def coordinator(
+    listen: str = typer.Option("0.0.0.0:7070", metavar="HOST:PORT", help="Address to serve gRPC on."),
+    state_dir: Optional[Path] = typer.Option(None, help="Where the SQLite state lives "
+                                                        "[default: /var/lib/tfcluster/coordinator as root, else ~/.local/state/tfcluster/coordinator]."),
+    lost_after: float = typer.Option(3.0, min=0.5, help="Seconds without a heartbeat before a node is LOST."),
+    heartbeat_interval: float = typer.Option(1.0, min=0.1, help="Seconds between agent heartbeats."),
+    keep_finished_jobs: int = typer.Option(1000, min=0, help="Ended jobs kept (the oldest are removed first)."),
+    keep_finished_for: str = typer.Option("7d", metavar="DURATION",
+                                          help="How long an ended job is kept, e.g. 12h or 30d."),
+    tls_dir: Optional[Path] = typer.Option(None, metavar="DIR",
+                                           help="The cluster CA's directory (`tfcluster ca init`): serve mutual "
+                                                "TLS with its coordinator certificate, sign nodes' certificates."),
+    join_listen: Optional[str] = typer.Option(None, metavar="HOST:PORT",
+                                              help="Where nodes without a certificate join with a token "
+                                                   "[default: the --listen port + 1]."),
+    node_cert_lifetime: str = typer.Option("24h", metavar="DURATION",
+                                           help="How long a node's certificate is valid; agents renew theirs at "
+                                                "about two thirds of it."),
+    insecure: bool = typer.Option(False, "--insecure",
+                                  help="Serve plain text with no certificates: anyone who reaches the port "
+                                       "controls the cluster. For tests and throwaway clusters only."),
+    token_file: Optional[str] = typer.Option(None, envvar="TFCLUSTER_TOKEN_FILE", metavar="FILE",
+                                             help="With --insecure: a shared token calls must carry "
+                                                  "(sent in clear text) [env: TFCLUSTER_TOKEN_FILE]."),
+    log_level: str = typer.Option("info", help="debug, info, warning or error."),
+) -> None:
+    """Run the coordinator: registrations, scheduling, job state."""
+    import sqlite3
+
+    from tfcluster.daemon.coordinator.process import serve
+    from tfcluster.daemon.coordinator.service import CoordinatorServer
+
+    setup_logging(log_level)
+    token = read_token(token_file)
+    _check_trust_flags(tls_dir, insecure, token)
+    keep_for = parse_duration(keep_finished_for, "--keep-finished-for")
+    node_cert_seconds = parse_duration(node_cert_lifetime, "--node-cert-lifetime")
+    if not MIN_NODE_CERT_SECONDS <= node_cert_seconds <= MAX_NODE_CERT_SECONDS:
+        fail(f"--node-cert-lifetime: expected between {MIN_NODE_CERT_SECONDS}s and {MAX_NODE_CERT_SECONDS // 86400}d, "
+             f"got {node_cert_lifetime!r}", 2)
+    if heartbeat_interval >= lost_after:
+        fail(f"--heartbeat-interval ({heartbeat_interval}) must be shorter than --lost-after ({lost_after})", 2)
+    try:
+        server = CoordinatorServer(listen, state_dir or default_state_dir("coordinator"), lost_after,
+                                   heartbeat_interval, tls_dir=tls_dir, insecure=insecure,
+                                   join_listen=join_listen or "", token=token,
+                                   keep_finished_jobs=keep_finished_jobs, keep_finished_seconds=keep_for,
+                                   node_cert_seconds=node_cert_seconds)
+        serve(server)
+    except PkiError as e:
+        fail(f"--tls-dir: {e}", 2)
+    except (OSError, RuntimeError, sqlite3.Error) as e:
+        fail(f"cannot run the coordinator on {listen}: {e}")
+
+
+@app.command()
+def agent(
+    coordinator: str = typer.Option(..., "--coordinator", "-c", metavar="HOST:PORT", help="Coordinator address."),
+    name: Optional[str] = typer.Option(None, help="Node name [default: the hostname]."),
+    advertise_address: Optional[str] = typer.Option(None, metavar="IP",
+                                                    help="IP other nodes use to reach this node's tasks "
+                                                         "[default: the address of the interface that reaches the coordinator]."),
+    port_range: str = typer.Option("20000-20999", metavar="FIRST-LAST",
+                                   help="Ports of this agent: the first receives checkpoints from other agents "
+                                        "(unless --peer-port says otherwise), tasks use the others."),
+    peer_port: Optional[int] = typer.Option(None, min=1, max=65535,
+                                            help="Port that receives checkpoints from other agents "
+                                                 "[default: the first of --port-range]."),
+    gpu_inventory: Optional[str] = typer.Option(None, metavar="FILE|none",
+                                                help="Declare GPUs from a JSON file instead of NVML; 'none' for CPU only."),
+    state_dir: Optional[Path] = typer.Option(None, help="Task logs and files "
+                                                        "[default: /var/lib/tfcluster/agent as root, else ~/.local/state/tfcluster/agent]."),
+    stop_tasks_on_exit: bool = typer.Option(False, help="Stop this node's tasks when the agent exits "
+                                                        "(by default they keep running and a restarted agent reattaches)."),
+    join: Optional[str] = typer.Option(None, metavar="TOKEN",
+                                       help="Join the cluster with this token (`tfcluster token create`) when the "
+                                            "node has no certificate yet; a restart reuses the certificate."),
+    ca_cert: Optional[Path] = typer.Option(None, metavar="FILE", help="The cluster CA's certificate (ca.crt), "
+                                                                      "to trust the coordinator when joining."),
+    ca_hash: Optional[str] = typer.Option(None, metavar="sha256:HEX",
+                                          help="Instead of --ca-cert: the hash `tfcluster ca init` printed; the CA "
+                                               "is fetched from the coordinator and must match it."),
+    join_address: Optional[str] = typer.Option(None, metavar="HOST:PORT",
+                                               help="The coordinator's join port [default: its port + 1]."),
+    peer_quota: str = typer.Option("64G", metavar="SIZE",
+                                   help="Checkpoint bytes other agents may send this node for one job, e.g. 500M, "
+                                        "64G, 2T."),
+    insecure: bool = typer.Option(False, "--insecure",
+                                  help="Talk plain text to a coordinator run with --insecure, and accept checkpoint "
+                                       "files from anyone. For tests and throwaway clusters only."),
+    token_file: Optional[str] = typer.Option(None, envvar="TFCLUSTER_TOKEN_FILE", metavar="FILE",
+                                             help="With --insecure: the coordinator's shared token, also required "
+                                                  "from other agents [env: TFCLUSTER_TOKEN_FILE]."),
+    log_level: str = typer.Option("info", help="debug, info, warning or error."),
+) -> None:
+    """Run the agent of this node: discover GPUs, register, launch and watch tasks."""
+    from tfcluster.daemon.agent.main import EXIT_REFUSED, SettingsError, configure, serve
+
+    setup_logging(log_level)
+    token = read_token(token_file)
+    if token and not insecure:
+        fail("--token-file goes with --insecure; with TLS the node's certificate takes its place", 2)
+    try:
+        config = configure(coordinator, name, advertise_address, port_range, peer_port, gpu_inventory,
+                           state_dir or default_state_dir("agent"), token, insecure=insecure, join=join or "",
+                           ca_cert=ca_cert, ca_hash=ca_hash or "", join_address=join_address or "",
+                           peer_quota=parse_size(peer_quota, "--peer-quota"))
+    except SettingsError as e:
+        fail(str(e), 2)
+    try:
+        refused = serve(config, stop_tasks_on_exit)
+    except (OSError, RuntimeError) as e:
+        fail(f"--peer-port {config.peer_port}: {e}")
+    if refused:
+        fail(f"the coordinator at {coordinator} refused this agent: {refused}", EXIT_REFUSED)
+
