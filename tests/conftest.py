@@ -17,8 +17,8 @@ def make_cluster(tmp_path_factory):
     """A fresh cluster per test (for tests that kill daemons)."""
     made: list[LocalCluster] = []
 
-    def make(lost_after: float = 3.0, *coordinator_args: str) -> LocalCluster:
-        cluster = LocalCluster(root=tmp_path_factory.mktemp("cluster"), lost_after=lost_after)
+    def make(lost_after: float = 3.0, *coordinator_args: str, tls: bool = True) -> LocalCluster:
+        cluster = LocalCluster(root=tmp_path_factory.mktemp("cluster"), lost_after=lost_after, tls=tls)
         made.append(cluster)
         cluster.start_coordinator(*coordinator_args)
         return cluster

@@ -5,7 +5,11 @@ heartbeats at the interval the coordinator asks for, lists its running tasks in 
 launch with RUNNING at once and a stop with an exit. It runs nothing. Used by the scale test and
 bench/scale.py; run as a process:
 
-    python tests/fleet.py COORDINATOR FIRST COUNT [--exit-after S]
+    python tests/fleet.py COORDINATOR FIRST COUNT [--exit-after S] [--ca-dir DIR]
+
+With --ca-dir (a cluster CA made by `tfcluster ca init`), each fake agent connects over mutual TLS with a
+certificate naming its node, signed here with the CA's key as the join port would have signed it (one key for
+the whole fleet: making 5,000 keys would measure key generation, not the coordinator).
 
 It prints one JSON object per line on stdout: {"registered": n} as agents register, {"launch": [job, task,
 node, unix time]} for every launch received, and {"heartbeats": total} every second.
@@ -14,6 +18,7 @@ node, unix time]} for every launch received, and {"heartbeats": total} every sec
 from __future__ import annotations
 
 import argparse
+import datetime
 import asyncio
 import json
 import random
@@ -26,7 +31,7 @@ import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tfcluster import wire  # noqa: E402
+from tfcluster import pki, wire  # noqa: E402
 from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc  # noqa: E402
 from tfcluster.model import Attempt, Gpu, Launch, NodeInfo, Phase, Stop, TaskExit, TaskProgress, TaskReport  # noqa: E402
 
@@ -57,9 +62,25 @@ def emit(**fields) -> None:
     print(json.dumps(fields), flush=True)
 
 
-async def fake_agent(address: str, index: int, stats: Stats, exit_after: float) -> None:
+class FleetCredentials:
+    """A certificate per fake node, for one shared key."""
+
+    def __init__(self, ca_dir: Path):
+        self.ca = pki.Authority.load(ca_dir, with_key=True)
+        self.key = pki.new_key()
+
+    def channel(self, address: str, node: str, options: list) -> grpc.aio.Channel:
+        cert = pki.cert_pem(self.ca.sign(self.key.public_key(), node, pki.NODE, datetime.timedelta(hours=12)))
+        creds = grpc.ssl_channel_credentials(self.ca.pem, pki.key_pem(self.key), cert)
+        return grpc.aio.secure_channel(address, creds, options=options)
+
+
+async def fake_agent(address: str, index: int, stats: Stats, exit_after: float,
+                     credentials: FleetCredentials | None) -> None:
     info = node_info(index)
-    channel = grpc.aio.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1), *RECONNECT])
+    options = [("grpc.use_local_subchannel_pool", 1), *RECONNECT]
+    channel = credentials.channel(address, info.name, options) if credentials else \
+        grpc.aio.insecure_channel(address, options=options)
     stub = agent_pb2_grpc.AgentServiceStub(channel)
     running: dict[Attempt, float] = {}  # attempt -> when it "exits" by itself
     backoff = 0.5
@@ -119,9 +140,11 @@ async def _session(stub, info: NodeInfo, running: dict, stats: Stats, exit_after
         beating.cancel()
 
 
-async def main(address: str, first: int, count: int, exit_after: float) -> None:
+async def main(address: str, first: int, count: int, exit_after: float, ca_dir: Path | None) -> None:
     stats = Stats()
-    agents = [asyncio.create_task(fake_agent(address, first + i, stats, exit_after)) for i in range(count)]
+    credentials = FleetCredentials(ca_dir) if ca_dir else None
+    agents = [asyncio.create_task(fake_agent(address, first + i, stats, exit_after, credentials))
+              for i in range(count)]
     registered = -1
     while True:
         await asyncio.sleep(1.0)
@@ -139,10 +162,11 @@ if __name__ == "__main__":
     parser.add_argument("first", type=int)
     parser.add_argument("count", type=int)
     parser.add_argument("--exit-after", type=float, default=1.0, help="seconds a launched task 'runs'")
+    parser.add_argument("--ca-dir", type=Path, help="the cluster CA: connect over mutual TLS")
     args = parser.parse_args()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     try:
-        asyncio.run(main(args.coordinator, args.first, args.count, args.exit_after))
+        asyncio.run(main(args.coordinator, args.first, args.count, args.exit_after, args.ca_dir))
     except KeyboardInterrupt:
         pass

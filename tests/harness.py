@@ -127,17 +127,37 @@ class LocalCluster:
     address: str = ""
     port_ranges: dict[str, tuple[int, int]] = field(default_factory=dict)
     coordinator_host: str = "127.0.0.1"
-    token_file: Path | None = None  # the cluster token, given to every daemon and CLI call
+    tls: bool = True  # mutual TLS with a CA made in root/ca; False: every daemon runs with --insecure
+    token_file: Path | None = None  # with tls=False: the shared token, given to every daemon and CLI call
     host_prefixes: dict[str, list[str]] = field(default_factory=dict)  # agent name -> test host prefix
+    join_address: str = ""
+    join_token: str = ""  # reusable, for every agent of the cluster
+
+    @property
+    def ca_dir(self) -> Path:
+        return self.root / "ca"
+
+    @property
+    def admin_dir(self) -> Path:
+        """The CLI's credentials (TFCLUSTER_TLS_DIR)."""
+        return self.ca_dir / "admin"
 
     def start_coordinator(self, *extra: str, python: str = PYTHON) -> Daemon:
         if not self.address:
             self.address = f"{self.coordinator_host}:{free_port(self.coordinator_host)}"
+            self.join_address = f"{self.coordinator_host}:{free_port(self.coordinator_host)}"
+        if self.tls and not self.ca_dir.exists():
+            from tfcluster import pki
+            pki.init_ca(self.ca_dir, [self.coordinator_host])
+        trust = ["--tls-dir", str(self.ca_dir), "--join-listen", self.join_address] if self.tls else \
+            ["--insecure", *self._token_args()]
         self.coordinator = Daemon("coordinator", ["coordinator", "--listen", self.address, "--state-dir",
                                                   str(self.root / "coordinator"), "--lost-after", str(self.lost_after),
-                                                  *self._token_args(), *extra],
+                                                  *(trust if python == PYTHON else self._token_args()), *extra],
                                   self.root / "coordinator.log", python=python).start()
         wait_until(lambda: self._reachable(), 30, what=f"the coordinator on {self.address}")
+        if self.tls and not self.join_token:
+            self.join_token = self.cli("token", "create", "--reusable", "--ttl", "1d", check=True).stdout.strip()
         return self.coordinator
 
     def _reachable(self) -> bool:
@@ -168,7 +188,7 @@ class LocalCluster:
         address = [] if prefix else ["--advertise-address", "127.0.0.1"]
         args = ["agent", "--coordinator", self.address, "--name", name, *address,
                 "--port-range", f"{first}-{last}", "--state-dir", str(state), "--gpu-inventory", str(inventory),
-                *self._token_args(), *(extra or [])]
+                *(self.agent_trust_args() if python == PYTHON else self._token_args()), *(extra or [])]
         # As a systemd unit's PATH would: `python3` in a job's command is the interpreter with TensorFlow.
         path = f"{Path(PYTHON).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}"
         daemon = self.agents[name] = Daemon(name, args, self.root / f"agent-{name}.log",
@@ -187,23 +207,73 @@ class LocalCluster:
     def _token_args(self) -> list[str]:
         return ["--token-file", str(self.token_file)] if self.token_file else []
 
+    def agent_trust_args(self) -> list[str]:
+        """How an agent of this release joins: with the cluster's token and CA (a restart reuses its certificate)."""
+        if not self.tls:
+            return ["--insecure", *self._token_args()]
+        return ["--join", self.join_token, "--ca-cert", str(self.ca_dir / "ca.crt"),
+                "--join-address", self.join_address]
+
+    def client_env(self) -> dict[str, str]:
+        """What a CLI call needs in its environment to reach this cluster as its admin."""
+        trust = {"TFCLUSTER_TLS_DIR": str(self.admin_dir)} if self.tls else \
+            {"TFCLUSTER_TOKEN_FILE": str(self.token_file)} if self.token_file else {}
+        return {"TFCLUSTER_COORDINATOR": self.address, **trust}
+
     def cli(self, *args: str, timeout: float = 120, check: bool = False,
             env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-        token = {"TFCLUSTER_TOKEN_FILE": str(self.token_file)} if self.token_file else {}
         result = subprocess.run([PYTHON, "-m", "tfcluster.cli", *args], capture_output=True, text=True,
-                                timeout=timeout, env={**os.environ, "TFCLUSTER_COORDINATOR": self.address,
-                                                      **token, **(env or {})})
+                                timeout=timeout, env={**os.environ, **self.client_env(), **(env or {})})
         if check and result.returncode != 0:
             raise AssertionError(f"tfcluster {' '.join(args)} exited {result.returncode}:\n{result.stderr}")
         return result
 
     def status(self, job_id: str | None = None) -> dict:
-        from tfcluster.auth import load_token
-        from tfcluster.client import Client
         from tfcluster.wire import status_doc
-        with Client(self.address, token=load_token(self.token_file)) as client:
+        with self.client() as client:
             response = client.status(job_id or "")
             return status_doc(response.nodes, response.jobs, response.summary)
+
+    def credentials(self, role: str = "admin", name: str = "admin", valid_hours: float = 1.0):
+        """Credentials of this cluster's CA for anyone: the admin's by default, else made now (with
+        valid_hours < 0, expired). With tls=False: none, and the token if there is one."""
+        import datetime
+
+        from tfcluster import pki
+        from tfcluster.auth import load_token
+        from tfcluster.security import Credentials
+        if not self.tls:
+            return Credentials(token=load_token(self.token_file))
+        if (role, name, valid_hours) == ("admin", "admin", 1.0):
+            return Credentials.from_dir(self.admin_dir)
+        ca = pki.Authority.load(self.ca_dir, with_key=True)
+        key = pki.new_key()
+        if valid_hours > 0:
+            cert = ca.sign(key.public_key(), name, role, datetime.timedelta(hours=valid_hours), [name, "127.0.0.1"])
+        else:  # the CA never signs one that is already expired: build it here
+            from cryptography import x509
+            from cryptography.hazmat.primitives import hashes
+            from cryptography.x509.oid import NameOID
+            now = datetime.datetime.now(datetime.timezone.utc)
+            cert = (x509.CertificateBuilder()
+                    .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name),
+                                             x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, role)]))
+                    .issuer_name(ca.cert.subject).public_key(key.public_key())
+                    .serial_number(x509.random_serial_number())
+                    .not_valid_before(now - datetime.timedelta(hours=2))
+                    .not_valid_after(now + datetime.timedelta(hours=valid_hours))
+                    .add_extension(x509.SubjectAlternativeName([x509.DNSName(name)]), critical=False)
+                    .sign(ca.key, hashes.SHA256()))
+        return Credentials(ca.pem, pki.cert_pem(cert), pki.key_pem(key))
+
+    def channel(self, role: str = "admin", name: str = "admin", address: str = ""):
+        """A gRPC channel to the coordinator (or address) with credentials(role, name)."""
+        return self.credentials(role, name).channel(address or self.address)
+
+    def client(self):
+        """A client of the coordinator with the admin's credentials."""
+        from tfcluster.client import Client
+        return Client(self.address, self.credentials())
 
     def job(self, job_id: str) -> dict:
         return self.status(job_id)["jobs"][0]

@@ -248,6 +248,53 @@ def test_bad_spec_is_one_clear_line(shared_cluster, tmp_path, toml, needle):
     assert len(result.stderr.strip().splitlines()) == 1
 
 
+BASE = 'name = "x"\nstrategy = "mirrored"\n'
+
+
+@pytest.mark.parametrize("content, needle", [
+    (b'name = "x\xff"\nstrategy = "mirrored"\ncommand = ["true"]\n', "not UTF-8"),
+    ((BASE + 'command = ["true"]\ncheckpoint_dir = "/ck\\u0000pt"\n').encode(), "checkpoint_dir: must not contain"),
+    ((BASE + 'command = ["tr\\u0001ue"]\n').encode(), "command: must not contain control characters"),
+    ((BASE + 'command = ["true"]\nenv = { A = "x\\u0000y" }\n').encode(), "env.A: must not contain"),
+    ((BASE + 'command = ["true"]\nworkdir = "/tmp\\n"\n').encode(), "workdir: must not contain"),
+    ((BASE + 'command = ["true"]\nstop_grace_seconds = nan\n').encode(), "stop_grace_seconds: expected a number"),
+    ((BASE + 'command = ["true"]\n[restart]\nbackoff_seconds = inf\n').encode(), "restart.backoff_seconds"),
+    (b'name = "x\\n"\nstrategy = "mirrored"\ncommand = ["true"]\n', "name: expected lowercase"),
+    ((BASE + 'command = ["true"]\n[roles.worker]\nnodes = ["n1\\n"]\n').encode(), "roles.worker.nodes"),
+])
+def test_bad_bytes_and_values_in_a_spec_are_one_line(shared_cluster, tmp_path, content, needle):
+    spec = tmp_path / "bad.toml"
+    spec.write_bytes(content)
+    for command in ("start", "plan"):
+        result = shared_cluster.cli(command, str(spec))
+        assert result.returncode == 2, result.stderr
+        assert needle in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+@pytest.mark.parametrize("args, needle", [
+    (("logs", "x-1", "worker:99999999999"), "TYPE:INDEX"),
+    (("logs", "x-1", "worker:0", "--tail", "99999999999"), "--tail"),
+    (("start", "--name", "x", "--strategy", "mirrored", "-e", "A=b\x01", "--", "true"), "env.A"),
+    (("start", "--name", "x", "--strategy", "mirrored", "--checkpoint-dir", "/a\nb", "--", "true"), "--checkpoint-dir"),
+    (("start", "--name", "x", "--strategy", "mirrored", "--workers", "lots", "--", "true"), "--workers"),
+    (("token", "create", "--ttl", "soon"), "--ttl"),
+    (("token", "create", "--ttl", "0"), "--ttl"),
+    (("token", "create", "--ttl", "90d"), "ttl_seconds"),
+    (("token", "create", "--node", "two words"), "--node"),
+    (("node", "remove", "bad\nname"), "NAME"),
+    (("ca", "issue", "--dir", "/nonexistent", "--name", "bob", "--out", "/tmp/x"), "cannot read"),
+    (("ca", "init", "--dir", "/tmp/x", "--san", "a b"), "--san"),
+    (("agent", "--coordinator", "h:1", "--peer-quota", "lots"), "--peer-quota"),
+    (("coordinator", "--insecure", "--node-cert-lifetime", "1s"), "--node-cert-lifetime"),
+    (("stat",), "No such command"),
+])
+def test_bad_flags_are_one_line_and_exit_2(shared_cluster, args, needle):
+    result = shared_cluster.cli(*args)
+    assert result.returncode == 2, (args, result.stderr)
+    assert needle in result.stderr and "Traceback" not in result.stderr, (args, result.stderr)
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
 def test_impossible_job_fails_at_once_with_the_reason(shared_cluster):
     result = shared_cluster.cli("start", "--name", "huge", "--strategy", "multi_worker_mirrored", "--workers", "2",
                                 "--gpus-per-task", "8", "--", "true")
@@ -267,7 +314,7 @@ def test_unknown_job_and_bad_task_names(shared_cluster):
 
 def test_unreachable_coordinator_is_one_line(tmp_path):
     from harness import LocalCluster, free_port
-    cluster = LocalCluster(root=tmp_path, address=f"127.0.0.1:{free_port()}")
+    cluster = LocalCluster(root=tmp_path, address=f"127.0.0.1:{free_port()}", tls=False)
     result = cluster.cli("status")
     assert result.returncode == 1
     assert "cannot reach the coordinator" in result.stderr and "Traceback" not in result.stderr
@@ -276,9 +323,9 @@ def test_unreachable_coordinator_is_one_line(tmp_path):
 def test_bad_rpc_fields_get_invalid_argument_and_the_coordinator_lives_on(shared_cluster):
     def job(**fields):
         return pb.JobSpec(**{"name": "x", "strategy": "mirrored", "command": ["true"], "workdir": "/tmp", **fields})
-    with grpc.insecure_channel(shared_cluster.address) as channel:
+    with shared_cluster.channel() as channel, shared_cluster.channel("node", "z") as node_channel:
         control = control_pb2_grpc.ControlServiceStub(channel)
-        agents = agent_pb2_grpc.AgentServiceStub(channel)
+        agents = agent_pb2_grpc.AgentServiceStub(node_channel)
         bad_specs = [
             (job(command=[]), "roles.worker.command"),
             (job(name="Bad Name"), "name"),

@@ -91,7 +91,8 @@ def test_agent_without_nvml_registers_cpu_only(make_cluster):
     from harness import Daemon, port_block
     base = port_block()
     daemon = Daemon("plain", ["agent", "--coordinator", cluster.address, "--name", "plain", "--port-range",
-                              f"{base}-{base + 9}", "--state-dir", str(state)], cluster.root / "agent-plain.log")
+                              f"{base}-{base + 9}", "--state-dir", str(state), *cluster.agent_trust_args()],
+                    cluster.root / "agent-plain.log")
     cluster.agents["plain"] = daemon.start(env={"LD_LIBRARY_PATH": ""})
     wait_until(lambda: cluster.node_state("plain") == "READY", 20, what="registration")
     node = next(n for n in cluster.status()["nodes"] if n["name"] == "plain")

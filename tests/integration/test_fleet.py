@@ -9,11 +9,11 @@ import sys
 import threading
 import time
 
-import grpc
 import pytest
 
 from harness import ROOT, kill_group, wait_until
 from tfcluster.api.v1 import control_pb2, control_pb2_grpc
+from tfcluster.security import Credentials
 
 AGENTS = 300
 
@@ -22,7 +22,8 @@ AGENTS = 300
 def fleet(make_cluster):
     cluster = make_cluster()
     proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "fleet.py"), cluster.address, "0", str(AGENTS),
-                             "--exit-after", "0.5"], stdout=subprocess.PIPE, text=True, start_new_session=True)
+                             "--exit-after", "0.5", "--ca-dir", str(cluster.ca_dir)],
+                            stdout=subprocess.PIPE, text=True, start_new_session=True)
     launches: list[list] = []
 
     def read() -> None:
@@ -49,7 +50,7 @@ def test_hundreds_of_agents_become_ready_and_status_stays_bounded(fleet):
     overview = cluster.status()
     assert overview["summary"]["gpus_total"] == AGENTS * 8 and overview["summary"]["gpus_allocated"] == 0
     assert len(overview["nodes"]) == 50, "the overview lists the first nodes, not all of them"
-    with grpc.insecure_channel(cluster.address) as channel:
+    with Credentials.from_dir(cluster.admin_dir).channel(cluster.address) as channel:
         control = control_pb2_grpc.ControlServiceStub(channel)
         for _ in range(20):  # answers while the fleet heartbeats
             control.GetStatus(control_pb2.GetStatusRequest(), timeout=5)

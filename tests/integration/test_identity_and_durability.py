@@ -9,7 +9,6 @@ import json
 import sys
 import time
 
-import grpc
 
 from harness import Daemon, job_processes, port_block, wait_until
 from tfcluster.api.v1 import control_pb2, control_pb2_grpc
@@ -40,7 +39,8 @@ def test_a_second_agent_with_a_name_in_use_is_refused_and_exits(make_cluster):
     state.mkdir(parents=True)
     twin = Daemon("twin", ["agent", "--coordinator", cluster.address, "--name", "a", "--advertise-address",
                            "127.0.0.2", "--port-range", f"{base}-{base + 9}", "--state-dir", str(state),
-                           "--gpu-inventory", "none"], cluster.root / "agent-twin.log").start()
+                           "--gpu-inventory", "none", *cluster.agent_trust_args()],
+                  cluster.root / "agent-twin.log").start()
     cluster.agents["twin"] = twin
     assert twin.proc.wait(timeout=60) == EXIT_REFUSED
     assert "node name 'a' is held by a live agent at 127.0.0.1" in twin.log()
@@ -90,7 +90,7 @@ def test_an_acknowledged_submission_survives_kill_9_and_a_retry_is_the_same_job(
                                      "workdir": "/tmp", "gpus": 1}))
     acknowledged = []
     for round in range(3):
-        with grpc.insecure_channel(cluster.address) as channel:
+        with cluster.channel() as channel:
             reply = control_pb2_grpc.ControlServiceStub(channel).SubmitJob(
                 control_pb2.SubmitJobRequest(spec=spec, client_request_id=f"req-{round}"), timeout=10)
         cluster.coordinator.kill()  # right after the reply
@@ -99,7 +99,7 @@ def test_an_acknowledged_submission_survives_kill_9_and_a_retry_is_the_same_job(
         jobs = {j["id"] for j in json.loads(cluster.cli("status", "--all", "--json", check=True).stdout)["jobs"]}
         assert set(acknowledged) <= jobs, f"lost an acknowledged job: {set(acknowledged) - jobs}"
     assert len(set(acknowledged)) == 3
-    with grpc.insecure_channel(cluster.address) as channel:
+    with cluster.channel() as channel:
         stub = control_pb2_grpc.ControlServiceStub(channel)
         again = [stub.SubmitJob(control_pb2.SubmitJobRequest(spec=spec, client_request_id="req-1"), timeout=10)
                  for _ in range(2)]
@@ -113,7 +113,8 @@ def test_ended_jobs_are_kept_within_the_limit_and_job_ids_never_repeat(make_clus
     cluster.start_agent("a")
     ids = [cluster.cli("start", "--name", "short", "--strategy", "mirrored", "--wait", "--", "true",
                        check=True).stdout.strip() for _ in range(4)]
-    assert ids == [f"short-{i}" for i in range(1, 5)]
+    tag = ids[0].rsplit("-", 1)[1]
+    assert ids == [f"short-{i}-{tag}" for i in range(1, 5)], "numbered, with the cluster's tag"
     kept = [j["id"] for j in json.loads(cluster.cli("status", "--all", "--json", check=True).stdout)["jobs"]]
     assert kept == ids[2:]
     assert cluster.cli("status", ids[0]).returncode == 1
@@ -122,4 +123,4 @@ def test_ended_jobs_are_kept_within_the_limit_and_job_ids_never_repeat(make_clus
     kept = [j["id"] for j in json.loads(cluster.cli("status", "--all", "--json", check=True).stdout)["jobs"]]
     assert kept == ids[2:], "removed with their records"
     wait_until(lambda: cluster.node_state("a") == "READY", 20, what="the agent back")
-    assert start(cluster, "--name", "short", "--strategy", "mirrored", "--", "true") == "short-5"
+    assert start(cluster, "--name", "short", "--strategy", "mirrored", "--", "true") == f"short-5-{tag}"

@@ -1,8 +1,9 @@
-"""A cluster with a token: every daemon and client call must carry it; the health service stays open."""
+"""A cluster run with --insecure: plain text, said out loud at start and in every `status`; with a shared token
+every daemon and client call must carry it (the health service stays open). Without either flag nothing
+starts."""
 
 from __future__ import annotations
 
-import sys
 
 import grpc
 import pytest
@@ -16,7 +17,7 @@ from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc, control_pb2, control_pb2
 def secured(tmp_path):
     token = tmp_path / "token"
     token.write_text("s3cret-cluster-token\n")
-    cluster = LocalCluster(root=tmp_path / "cluster", token_file=token)
+    cluster = LocalCluster(root=tmp_path / "cluster", tls=False, token_file=token)
     (tmp_path / "cluster").mkdir()
     try:
         cluster.start_coordinator()
@@ -28,17 +29,8 @@ def secured(tmp_path):
 
 
 def test_agents_and_clients_with_the_token_work(secured, tmp_path):
-    from test_shipping import EVALUATOR, TRAINER, spec
-    job = secured.cli("start", spec(tmp_path, f"""
-        name = "tok"
-        strategy = "mirrored"
-        command = ["{sys.executable}", "-c", '''{TRAINER}''']
-        [roles.worker]
-        nodes = ["a"]
-        [roles.evaluator]
-        nodes = ["b"]
-        command = ["{sys.executable}", "-c", '''{EVALUATOR}''']
-    """), "--wait", check=True).stdout.strip()
+    from test_shipping import shipping_job
+    job = shipping_job(secured, tmp_path, "tok")
     done = secured.job(job)
     assert done["state"] == "SUCCEEDED"
     assert done["evaluation"]["latest"]["checkpoint"].endswith("ckpt-3"), "shipped between agents with the token"
@@ -86,3 +78,27 @@ def test_bad_token_files_are_one_line_errors(secured, tmp_path):
         assert result.returncode == 2 and needle in result.stderr and "Traceback" not in result.stderr
         result = secured.cli("status", env={"TFCLUSTER_TOKEN_FILE": str(path)})
         assert result.returncode == 2 and needle in result.stderr
+
+
+def test_insecure_is_said_at_start_and_in_every_status(secured):
+    assert "WITHOUT TLS (--insecure)" in secured.coordinator.log()
+    table = secured.cli("status", check=True).stdout
+    assert "WARNING: the coordinator runs without TLS (--insecure)" in table
+    assert secured.status()["summary"]["insecure"] is True
+
+
+def test_a_daemon_without_tls_or_insecure_does_not_start(secured, tmp_path):
+    token = str(secured.token_file)
+    for args, needle in (
+        (["coordinator", "--listen", "127.0.0.1:0"], "give --tls-dir DIR"),
+        (["coordinator", "--listen", "127.0.0.1:0", "--insecure", "--tls-dir", str(tmp_path)], "contradict"),
+        (["coordinator", "--listen", "127.0.0.1:0", "--tls-dir", str(tmp_path / "none")], "cannot read"),
+        (["coordinator", "--listen", "127.0.0.1:0", "--tls-dir", str(tmp_path), "--token-file", token],
+         "--token-file goes with --insecure"),
+        (["agent", "--coordinator", secured.address, "--name", "x", "--state-dir", str(tmp_path / "x")],
+         "join the cluster with --join TOKEN"),
+        (["agent", "--coordinator", secured.address, "--token-file", token], "--token-file goes with --insecure"),
+    ):
+        result = secured.cli(*args, timeout=30, env={"TFCLUSTER_TOKEN_FILE": ""})
+        assert result.returncode == 2, (args, result.stderr)
+        assert needle in result.stderr and "Traceback" not in result.stderr, (args, result.stderr)

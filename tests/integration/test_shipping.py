@@ -60,18 +60,23 @@ def sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def test_checkpoints_are_shipped_to_the_evaluator_on_another_node(two_nodes, tmp_path):
-    cluster = two_nodes
-    job_id = cluster.cli("start", spec(tmp_path, f"""
-        name = "shipped"
+def shipping_job(cluster, tmp_path, name: str, trainer: str = TRAINER) -> str:
+    """Runs a job (to its end) that trains on node a and evaluates on node b: the checkpoints are shipped."""
+    return cluster.cli("start", spec(tmp_path, f"""
+        name = "{name}"
         strategy = "mirrored"
-        command = ["{PY}", "-c", '''{TRAINER}''']
+        command = ["{PY}", "-c", '''{trainer}''']
         [roles.worker]
         nodes = ["a"]
         [roles.evaluator]
         nodes = ["b"]
         command = ["{PY}", "-c", '''{EVALUATOR}''']
-    """), "--wait", check=True).stdout.strip()
+    """), "--wait", check=True, timeout=120).stdout.strip()
+
+
+def test_checkpoints_are_shipped_to_the_evaluator_on_another_node(two_nodes, tmp_path):
+    cluster = two_nodes
+    job_id = shipping_job(cluster, tmp_path, "shipped")
     job = cluster.job(job_id)
     assert job["state"] == "SUCCEEDED", job["message"]
     source = cluster.agent_state_dir("a") / "jobs" / job_id / "checkpoints"
@@ -121,22 +126,90 @@ def test_a_restarted_group_gets_the_chiefs_checkpoint_dir_on_every_node(two_node
     assert "sees the backup: False" in first
 
 
-def test_peer_service_refuses_paths_outside_the_jobs_dir_and_bad_checksums(two_nodes):
+def _put(stub, job_id: str, path: str, data: bytes, sha256: str = ""):
+    chunks = [agent_pb2.FileChunk(job_id=job_id, path=path, data=data, end_of_file=True,
+                                  sha256=sha256 or hashlib.sha256(data).hexdigest()),
+              agent_pb2.FileChunk(job_id=job_id, commit=True)]
+    return stub.PutFiles(iter(chunks), timeout=10)
+
+
+def _ran_on(cluster, node: str) -> str:
+    """A job that ran a task on node: its agent expects that job's checkpoint files."""
+    return cluster.cli("start", spec(cluster.root, f'''
+        name = "here"
+        strategy = "mirrored"
+        command = ["true"]
+        [roles.worker]
+        nodes = ["{node}"]
+    '''), "--wait", check=True).stdout.strip()
+
+
+def test_peer_port_refuses_paths_outside_the_jobs_dir_bad_checksums_and_strangers(two_nodes):
     cluster = two_nodes
-    peer = next(n for n in cluster.status()["nodes"] if n["name"] == "b")
-    port = cluster.port_ranges["b"][0]  # the agent's own port comes first in its range
-    with grpc.insecure_channel(f"{peer['address']}:{port}") as channel:
+    job_id = _ran_on(cluster, "b")
+    peer = f"127.0.0.1:{cluster.port_ranges['b'][0]}"  # the agent's own port comes first in its range
+    with cluster.channel("node", "a", peer) as channel:
         stub = agent_pb2_grpc.AgentPeerServiceStub(channel)
         for chunks, code, needle in (
-            ([agent_pb2.FileChunk(job_id="j-1", path="../../etc/x", data=b"x", end_of_file=True,
+            ([agent_pb2.FileChunk(job_id=job_id, path="../../etc/x", data=b"x", end_of_file=True,
                                   sha256=hashlib.sha256(b"x").hexdigest())], grpc.StatusCode.INVALID_ARGUMENT, "path"),
             ([agent_pb2.FileChunk(job_id="../x", path="a", data=b"x")], grpc.StatusCode.INVALID_ARGUMENT, "job_id"),
-            ([agent_pb2.FileChunk(job_id="j-1", path="a", data=b"x", end_of_file=True, sha256="0" * 64)],
+            ([agent_pb2.FileChunk(job_id=job_id + "\n", path="a", data=b"x")], grpc.StatusCode.INVALID_ARGUMENT,
+             "job_id"),
+            ([agent_pb2.FileChunk(job_id=job_id, path="a", data=b"x", end_of_file=True, sha256="0" * 64)],
              grpc.StatusCode.DATA_LOSS, "checksum"),
-            ([agent_pb2.FileChunk(job_id="j-1", path="a", data=b"x")], grpc.StatusCode.INVALID_ARGUMENT, "commit"),
+            ([agent_pb2.FileChunk(job_id=job_id, path="a", data=b"x")], grpc.StatusCode.INVALID_ARGUMENT, "commit"),
+            ([agent_pb2.FileChunk(job_id="never-7-abc", path="a", data=b"x" * 1000)],
+             grpc.StatusCode.PERMISSION_DENIED, "has not told this node"),
         ):
             with pytest.raises(grpc.RpcError) as info:
                 stub.PutFiles(iter(chunks), timeout=5)
-            assert info.value.code() == code and needle in info.value.details()
-    job_dir = cluster.agent_state_dir("b") / "jobs" / "j-1"
+            assert info.value.code() == code and needle in info.value.details(), info.value.details()
+        assert _put(stub, job_id, "ok/file", b"fine").bytes == 4
+    job_dir = cluster.agent_state_dir("b") / "jobs" / job_id
+    assert (job_dir / "checkpoints" / "ok" / "file").read_bytes() == b"fine"
     assert not (job_dir / "checkpoints" / "a").exists() and not list(job_dir.glob(".incoming-*"))
+    assert not (cluster.agent_state_dir("b") / "jobs" / "never-7-abc").exists()
+    # Only agents of the cluster: an admin's certificate is not a node's, no certificate is no connection.
+    for credentials in (cluster.credentials(), None):
+        channel = credentials.channel(peer) if credentials else grpc.insecure_channel(peer)
+        with channel, pytest.raises(grpc.RpcError) as info:
+            _put(agent_pb2_grpc.AgentPeerServiceStub(channel), job_id, "x", b"x")
+        assert info.value.code() in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAVAILABLE)
+    assert not (job_dir / "checkpoints" / "x").exists()
+
+
+def test_peer_port_never_writes_through_a_symbolic_link(two_nodes, tmp_path):
+    cluster = two_nodes
+    job_id = _ran_on(cluster, "b")
+    checkpoints = cluster.agent_state_dir("b") / "jobs" / job_id / "checkpoints"
+    checkpoints.mkdir(parents=True, exist_ok=True)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (checkpoints / "escape").symlink_to(outside)
+    (checkpoints / "file-link").symlink_to(outside / "target")
+    peer = f"127.0.0.1:{cluster.port_ranges['b'][0]}"
+    with cluster.channel("node", "a", peer) as channel:
+        stub = agent_pb2_grpc.AgentPeerServiceStub(channel)
+        for path in ("escape/x", "file-link"):
+            with pytest.raises(grpc.RpcError) as info:
+                _put(stub, job_id, path, b"payload")
+            assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED and "symbolic link" in info.value.details()
+    assert list(outside.iterdir()) == [], "nothing written outside the job's dir"
+
+
+def test_peer_port_bounds_what_one_job_may_receive(make_cluster):
+    cluster = make_cluster()
+    cluster.start_agent("a")
+    cluster.start_agent("small", extra=["--peer-quota", "1M"])
+    job_id = _ran_on(cluster, "small")
+    peer = f"127.0.0.1:{cluster.port_ranges['small'][0]}"
+    with cluster.channel("node", "a", peer) as channel:
+        stub = agent_pb2_grpc.AgentPeerServiceStub(channel)
+        assert _put(stub, job_id, "first", b"x" * 700_000).bytes == 700_000
+        with pytest.raises(grpc.RpcError) as info:
+            _put(stub, job_id, "second", b"x" * 700_000)
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "quota" in info.value.details()
+    checkpoints = cluster.agent_state_dir("small") / "jobs" / job_id / "checkpoints"
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["first"]
+    assert not list(checkpoints.parent.glob(".incoming-*"))

@@ -845,8 +845,9 @@ def test_restarted_group_waits_for_the_chiefs_dir_to_be_copied_to_its_nodes():
     others = sorted({t.node for t in job.tasks} - {chief_node})
     assert syncs[0].targets == tuple(f"10.0.0.{n[-1]}:19999" for n in others)
     assert launches(after) == [] and job.state == J.STARTING and "copying checkpoints" in job.message
-    assert sim.c.sync_done(job.id, syncs[0].sync_id + 1, True, "", sim.now) == [], "another copy's answer"
-    relaunch = sim.c.sync_done(job.id, syncs[0].sync_id, True, "", sim.now)
+    assert sim.c.sync_done(syncs[0].node, job.id, syncs[0].sync_id + 1, True, "", sim.now) == [], "another copy's answer"
+    assert sim.c.sync_done("n9", job.id, syncs[0].sync_id, True, "", sim.now) == [], "another node's answer"
+    relaunch = sim.c.sync_done(syncs[0].node, job.id, syncs[0].sync_id, True, "", sim.now)
     assert sorted(task_of(a).key for a in launches(relaunch)) == ["evaluator:0", "worker:0", "worker:1"]
     assert job.message == ""
 
@@ -856,7 +857,7 @@ def test_a_failed_copy_lets_the_group_start_without_it():
     job, actions = sim.submit(local_spec(restart={"max_restarts": 2}))
     sim.running(job, actions)
     sync = of_type(sim.exit_stopped(job, sim.exit(job, "worker:1", 1)), SyncCheckpoints)[0]
-    relaunch = sim.c.sync_done(job.id, sync.sync_id, False, "10.0.0.2:19999: unreachable", sim.now)
+    relaunch = sim.c.sync_done(sync.node, job.id, sync.sync_id, False, "10.0.0.2:19999: unreachable", sim.now)
     assert len(launches(relaunch)) == 3 and "copying the checkpoints failed" in job.message
 
 

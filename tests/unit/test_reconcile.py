@@ -125,7 +125,7 @@ def test_lost_sync_done_and_lost_finish_training_are_asked_again():
     beat_all(sim, job)
     heal = [a for a in sim.c.tick(sim.now) if isinstance(a, SyncCheckpoints)]
     assert heal == [sync], "no answer: asked again (the agent answers again from what it kept)"
-    relaunch = sim.c.sync_done(job.id, sync.sync_id, True, "", sim.now)
+    relaunch = sim.c.sync_done(sync.node, job.id, sync.sync_id, True, "", sim.now)
     sim.running(job, relaunch)
     sim.exit(job, "worker:1", 0)
     finish = [a for a in sim.exit(job, "worker:0", 0, final_checkpoint="ckpt-9") if isinstance(a, FinishTraining)]
