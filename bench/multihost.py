@@ -1,12 +1,14 @@
 """Multi-host benchmarks on network-namespace test hosts (needs root): checkpoint shipping throughput over
-a veth link, and the time from a checkpoint's commit on the chief's host to its evaluation on the
-evaluator's host in a real job with host-local checkpoints.
+a veth link (mutual TLS as agents ship, and plain text in the same run as the baseline), and the time from a
+checkpoint's commit on the chief's host to its evaluation on the evaluator's host in a real job with
+host-local checkpoints.
 
 Prints a table and writes bench/multihost.json. Run with `make bench` (skipped when not root).
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import re
 import statistics
@@ -18,38 +20,53 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
-from harness import PYTHON, running_cluster  # noqa: E402
+from harness import PYTHON, kill_group, running_cluster  # noqa: E402
+from tfcluster import pki  # noqa: E402
 from tfcluster.demo.hosts import TestHosts, unavailable  # noqa: E402
 
 SHIP_MB = 256
 SHIP_ROUNDS = 3
 
+# argv: address, destination, credentials dir ("" for plain text)
 RECEIVER = """
 import sys, time
-from concurrent import futures
 from pathlib import Path
-import grpc
-from tfcluster.api.v1 import agent_pb2_grpc
-from tfcluster.daemon.agent.shipping import PeerServicer
-server = grpc.server(futures.ThreadPoolExecutor(4))
-agent_pb2_grpc.add_AgentPeerServiceServicer_to_server(PeerServicer(Path(sys.argv[2])), server)
-server.add_insecure_port(sys.argv[1])
-server.start()
+from tfcluster import pki
+from tfcluster.daemon.agent.peers import PeerServer, PeerServicer
+from tfcluster.security import Credentials
+creds = Credentials.from_dir(Path(sys.argv[3]), pki.NODE_CERT, pki.NODE_KEY) if sys.argv[3] else Credentials()
+PeerServer(sys.argv[1], PeerServicer(Path(sys.argv[2])), lambda: creds).start()
 print("ready", flush=True)
 time.sleep(3600)
 """
 
+# argv: address, source dir, rounds, credentials dir ("" for plain text)
 SENDER = """
 import os, sys, json
+from pathlib import Path
+from tfcluster import pki
 from tfcluster.daemon.agent.shipping import checkpoint_files, put_files
+from tfcluster.security import Credentials
+creds = Credentials.from_dir(Path(sys.argv[4]), pki.NODE_CERT, pki.NODE_KEY) if sys.argv[4] else Credentials()
 d = sys.argv[2]
 names = checkpoint_files(d, os.path.join(d, "ckpt-1"))
 results = []
 for i in range(int(sys.argv[3])):
-    size, seconds = put_files(sys.argv[1], f"bench-{i + 1}", d, names, {"checkpoint": b'model_checkpoint_path: "ckpt-1"\\n'})
+    size, seconds = put_files(sys.argv[1], f"bench-{i + 1}", d, names, creds,
+                              {"checkpoint": b'model_checkpoint_path: "ckpt-1"\\n'})
     results.append(size / 1e6 / seconds)
 print(json.dumps(results))
 """
+
+
+def node_credentials(ca: "pki.Authority", name: str, ip: str, directory: Path) -> str:
+    """A node's credentials directory, as joining would have left it."""
+    key, cert = ca.issue(name, pki.NODE, datetime.timedelta(hours=1), [name, ip])
+    directory.mkdir()
+    (directory / pki.CA_CERT).write_bytes(ca.pem)
+    (directory / pki.NODE_CERT).write_bytes(cert)
+    pki.write_private(directory / pki.NODE_KEY, key)
+    return str(directory)
 
 
 def shipping_throughput(hosts: TestHosts, tmp: Path) -> dict:
@@ -59,19 +76,30 @@ def shipping_throughput(hosts: TestHosts, tmp: Path) -> dict:
         for _ in range(SHIP_MB):
             f.write(bytearray(range(256)) * 4096)  # 1 MiB; content does not matter (nothing compresses)
     (source / "ckpt-1.index").write_bytes(b"index")
-    port = 27000
-    receiver = subprocess.Popen([*hosts.prefix(2), PYTHON, "-c", RECEIVER, f"{hosts.ip(2)}:{port}", str(tmp / "dest")],
-                                stdout=subprocess.PIPE, text=True, start_new_session=True)
+    ca = pki.init_ca(tmp / "ca", [])
+    tls = tuple(node_credentials(ca, f"h{i}", hosts.ip(i), tmp / f"h{i}-tls") for i in (1, 2))
+    result = {"ship_checkpoint_mb": round(SHIP_MB * 1.048576)}
+    medians = {}
+    for mode, (sender, receiver) in (("tls", tls), ("plain", ("", ""))):
+        runs = _ship(hosts, source, tmp / f"dest-{mode}", sender, receiver, port=27000 + len(medians))
+        medians[mode] = statistics.median(runs)
+        result[f"ship_veth_{mode}_mb_per_s"] = f"{medians[mode]:.0f} (runs: {', '.join(f'{v:.0f}' for v in runs)})"
+    result["ship_tls_vs_plain"] = f"{medians['tls'] / medians['plain']:.2f}x"
+    return result
+
+
+def _ship(hosts: TestHosts, source: Path, dest: Path, sender: str, receiver: str, port: int) -> list[float]:
+    address = f"{hosts.ip(2)}:{port}"
+    server = subprocess.Popen([*hosts.prefix(2), PYTHON, "-c", RECEIVER, address, str(dest), receiver],
+                              stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        assert receiver.stdout.readline().strip() == "ready"
-        out = subprocess.run([*hosts.prefix(1), PYTHON, "-c", SENDER, f"{hosts.ip(2)}:{port}", str(source),
-                              str(SHIP_ROUNDS)], capture_output=True, text=True, check=True).stdout
-        veth = json.loads(out)
+        assert server.stdout.readline().strip() == "ready"
+        out = subprocess.run([*hosts.prefix(1), PYTHON, "-c", SENDER, address, str(source), str(SHIP_ROUNDS), sender],
+                             capture_output=True, text=True, check=True).stdout
+        return json.loads(out)
     finally:
-        receiver.kill()
-        receiver.wait()
-    return {"ship_checkpoint_mb": round(SHIP_MB * 1.048576),
-            "ship_veth_mb_per_s": f"{statistics.median(veth):.0f} (runs: {', '.join(f'{v:.0f}' for v in veth)})"}
+        kill_group(server.pid)
+        server.wait()
 
 
 SPEC = """

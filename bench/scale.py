@@ -1,10 +1,11 @@
 """Fleet scale (a benchmark, not a test): N fake agents (tests/fleet.py: the real wire API over real gRPC,
-one connection each, spread over a few client processes) against a real `tfcluster coordinator` process.
+one connection each, spread over a few client processes) against a real `tfcluster coordinator` process,
+over mutual TLS as a cluster runs (a CA made for the run; each fake node has a certificate of its own).
 
 For N = 100, 1,000 and 5,000 it measures: the time until all are READY; GetStatus latency (p50/p99) while
 they heartbeat at 1 Hz; submit of a 2-task job until both launches have reached their agents; coordinator
 CPU (cores) and CPU per heartbeat; RSS. In the same run it measures the floor: a bare grpc.aio server that
-only counts the same heartbeats, and prints the coordinator's CPU per heartbeat as a ratio to it.
+only counts the same heartbeats over the same TLS, and prints the coordinator's CPU per heartbeat as a ratio to it.
 
 Prints a table and writes bench/scale.json. Run with `make bench` or `python bench/scale.py [N ...]`.
 """
@@ -40,7 +41,7 @@ SUBMISSIONS = 10
 class Fleet:
     """Client processes of fake agents, and what they report on stdout."""
 
-    def __init__(self, address: str, size: int):
+    def __init__(self, address: str, size: int, ca_dir: Path):
         self.lock = threading.Lock()
         self.registered: dict[int, int] = {}
         self.heartbeats: dict[int, int] = {}
@@ -49,7 +50,7 @@ class Fleet:
         per = -(-size // -(-size // AGENTS_PER_CLIENT))  # spread evenly over ceil(size / 1250) processes
         for first in range(0, size, per):
             proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "fleet.py"), address, str(first),
-                                     str(min(per, size - first)), "--exit-after", "0.5"],
+                                     str(min(per, size - first)), "--exit-after", "0.5", "--ca-dir", str(ca_dir)],
                                     stdout=subprocess.PIPE, text=True, start_new_session=True)
             self.procs.append(proc)
             threading.Thread(target=self._read, args=(len(self.procs) - 1, proc), daemon=True).start()
@@ -83,11 +84,13 @@ def _cpu(pid: int) -> float:
     return t.user + t.system
 
 
-def bare_server(address: str) -> None:
+def bare_server(address: str, ca_dir: Path) -> None:
     """The floor: the same Register and Connect, doing nothing but count heartbeats."""
     import grpc
 
+    from tfcluster import pki
     from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc
+    from tfcluster.security import Credentials
 
     class Bare(agent_pb2_grpc.AgentServiceServicer):
         heartbeats = 0
@@ -103,7 +106,7 @@ def bare_server(address: str) -> None:
     async def main() -> None:
         server = grpc.aio.server(options=[("grpc.keepalive_permit_without_calls", 1)])
         agent_pb2_grpc.add_AgentServiceServicer_to_server(Bare(), server)
-        server.add_insecure_port(address)
+        server.add_secure_port(address, Credentials.from_dir(ca_dir, pki.SERVER_CERT, pki.SERVER_KEY).server())
         await server.start()
         await server.wait_for_termination()
 
@@ -112,12 +115,12 @@ def bare_server(address: str) -> None:
     asyncio.run(main())
 
 
-def start_server(kind: str, address: str, state: Path) -> subprocess.Popen:
+def start_server(kind: str, address: str, state: Path, ca_dir: Path) -> subprocess.Popen:
     if kind == "bare":
-        argv = [sys.executable, __file__, "--bare", address]
+        argv = [sys.executable, __file__, "--bare", address, str(ca_dir)]
     else:
         argv = [sys.executable, "-m", "tfcluster.cli", "coordinator", "--listen", address, "--state-dir", str(state),
-                "--log-level", "warning"]
+                "--tls-dir", str(ca_dir), "--join-listen", f"127.0.0.1:{free_port()}", "--log-level", "warning"]
     proc = subprocess.Popen(argv, start_new_session=True, stdout=subprocess.DEVNULL,
                             stderr=open(state.parent / f"{kind}.log", "ab"))
     host, port = address.rsplit(":", 1)
@@ -135,15 +138,17 @@ def measure(kind: str, size: int, tmp: Path) -> dict:
     address = f"127.0.0.1:{free_port()}"
     state = tmp / f"{kind}-{size}"
     state.mkdir()
-    server = start_server(kind, address, state)
+    ca_dir = tmp / "ca"
+    server = start_server(kind, address, state, ca_dir)
     fleet = None
     client = None
     try:
         began = time.monotonic()
-        fleet = Fleet(address, size)
+        fleet = Fleet(address, size, ca_dir)
         if kind == "coordinator":
             from tfcluster.client import Client
-            client = Client(address)
+            from tfcluster.security import Credentials
+            client = Client(address, Credentials.from_dir(ca_dir / "admin"))
         while fleet.total(fleet.registered) < size or (client and _ready(client) < size):
             if time.monotonic() - began > READY_TIMEOUT_SECONDS:
                 raise RuntimeError(f"only {fleet.total(fleet.registered)} of {size} registered")
@@ -208,6 +213,8 @@ def _submissions(client, fleet: Fleet) -> dict:
 def main(sizes: tuple[int, ...]) -> None:
     results = {}
     with tempfile.TemporaryDirectory(prefix="tfcluster-scale-") as tmp:
+        from tfcluster import pki
+        pki.init_ca(Path(tmp) / "ca", [])
         for size in sizes:
             coordinator = measure("coordinator", size, Path(tmp))
             bare = measure("bare", size, Path(tmp))
@@ -233,6 +240,6 @@ def main(sizes: tuple[int, ...]) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--bare"]:
-        bare_server(sys.argv[2])
+        bare_server(sys.argv[2], Path(sys.argv[3]))
     else:
         main(tuple(int(n) for n in sys.argv[1:]) or SIZES)
