@@ -67,3 +67,20 @@ def test_jobs_by_number_with_filters_and_the_overview_keeps_the_newest_ended(mon
     summary = status.summary(sim.c)
     assert summary["jobs_by_state"] == {"PENDING": 1, "STARTING": 1, "RUNNING": 1, "SUCCEEDED": 6}
     assert summary["gpus_allocated"] == 2 and summary["gpus_total"] == 2
+
+
+def test_the_line_for_systemctl_status_counts_nodes_and_live_jobs():
+    sim = Sim(info("n1", 1), info("n2", 1), info("n3", 1))
+    sim.now += 10
+    for name in ("n1", "n2"):
+        sim.c.heartbeat(name, sim.c.nodes[name].seen.session_id, sim.now)
+    sim.c.tick(sim.now)
+    assert status.one_line(sim.c) == "2 nodes READY, 1 LOST, 0 jobs running, 0 pending"
+    job, actions = sim.submit(make_spec(strategy="mirrored", worker=1, gpus=1), name="run")
+    sim.running(job, actions)
+    starting = sim.submit(make_spec(strategy="mirrored", worker=1, gpus=1), name="next")[0]
+    waiting = sim.submit(make_spec(strategy="mirrored", worker=1, gpus=1), name="waits")[0]
+    assert (starting.state, waiting.state) == ("STARTING", "PENDING")
+    assert status.one_line(sim.c) == "2 nodes READY, 1 LOST, 1 job running, 1 pending, 1 starting"
+    sim.exit(job, "worker:0", 0)
+    assert "0 jobs running" in status.one_line(sim.c), "ended jobs are not counted"

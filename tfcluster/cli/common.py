@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 from pathlib import Path
@@ -41,11 +40,6 @@ def default_state_dir(role: str) -> Path:
     base = Path("/var/lib/tfcluster") if os.geteuid() == 0 else \
         Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local" / "state")) / "tfcluster"
     return base / role
-
-
-def setup_logging(level: str) -> None:
-    logging.basicConfig(level=level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
 def parse_duration(text: str, flag: str) -> float:

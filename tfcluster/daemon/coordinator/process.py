@@ -9,10 +9,13 @@ import signal
 import threading
 import time
 
+from tfcluster.daemon.coordinator import status
 from tfcluster.daemon.coordinator.service import CoordinatorServer
+from tfcluster.daemon.notify import Notifier
 
 FREEZE_EVERY_SECONDS = 10.0
 THAW_EVERY_SECONDS = 3600.0
+STATUS_EVERY_SECONDS = 5.0  # how fresh the line in `systemctl status` is, watchdog or not
 
 
 def raise_open_file_limit() -> None:
@@ -37,17 +40,46 @@ async def keep_long_lived_objects_out_of_the_collector() -> None:
         gc.freeze()
 
 
-def serve(server: CoordinatorServer) -> None:
-    """Serves until SIGTERM or SIGINT, then shuts down (the last changes are written)."""
+async def report_to_systemd(server: CoordinatorServer, notifier: Notifier) -> None:
+    """Feeds systemd's watchdog (when the unit has WatchdogSec=) and refreshes the status line, from a
+    coroutine on the event loop that owns the cluster: when anything blocks that loop, no agent is served,
+    the beats stop with it, and systemd restarts the coordinator."""
+    every = min(notifier.beat_interval or STATUS_EVERY_SECONDS, STATUS_EVERY_SECONDS)
+    while True:
+        await asyncio.sleep(every)
+        line = status.one_line(server.coordinator.cluster)
+        if notifier.watchdog_seconds:
+            notifier.watchdog(line)
+        else:
+            notifier.status(line)
+
+
+def tell_systemd_ready(server: CoordinatorServer, notifier: Notifier) -> asyncio.Task | None:
+    """READY=1 (the server serves), then the reporting task; none when not run by systemd. On the loop."""
+    if not notifier.enabled:
+        return None
+    notifier.ready(status.one_line(server.coordinator.cluster))
+    return asyncio.create_task(report_to_systemd(server, notifier))
+
+
+def serve(server: CoordinatorServer, notifier: Notifier | None = None) -> None:
+    """Serves until SIGTERM or SIGINT, then shuts down (the last changes are written). Tells systemd when it
+    is ready, how it is doing and when it stops (see notify.py)."""
+    notifier = notifier or Notifier.from_environment()
+
     async def main() -> None:
         await server.start()
-        collector = asyncio.create_task(keep_long_lived_objects_out_of_the_collector())
+        background = [asyncio.create_task(keep_long_lived_objects_out_of_the_collector()),
+                      tell_systemd_ready(server, notifier)]
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         await stop.wait()
-        collector.cancel()
+        notifier.stopping("stopping: writing the last changes")
+        for task in background:
+            if task is not None:
+                task.cancel()
         await server.stop()
 
     raise_open_file_limit()
@@ -58,15 +90,21 @@ class BackgroundCoordinator:
     """A coordinator on a thread of its own with its own event loop, for a process that runs other things too
     (the demo runs three agents beside it)."""
 
-    def __init__(self, server: CoordinatorServer):
+    def __init__(self, server: CoordinatorServer, notifier: Notifier | None = None):
         self.server = server
+        self.notifier = notifier or Notifier()  # none: systemd is not told
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="coordinator", daemon=True)
+        self.reporting: asyncio.Task | None = None
 
     def start(self) -> "BackgroundCoordinator":
         self.thread.start()
         asyncio.run_coroutine_threadsafe(self.server.start(), self.loop).result(timeout=30)
+        self.reporting = asyncio.run_coroutine_threadsafe(self._tell_systemd_ready(), self.loop).result(timeout=30)
         return self
+
+    async def _tell_systemd_ready(self) -> asyncio.Task | None:
+        return tell_systemd_ready(self.server, self.notifier)
 
     @property
     def address(self) -> str:
@@ -77,6 +115,9 @@ class BackgroundCoordinator:
         return self.server.join_address
 
     def stop(self) -> None:
+        self.notifier.stopping("stopping")
+        if self.reporting is not None:
+            self.loop.call_soon_threadsafe(self.reporting.cancel)
         asyncio.run_coroutine_threadsafe(self.server.stop(), self.loop).result(timeout=30)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=10)

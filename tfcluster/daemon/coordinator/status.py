@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TypeVar
 
 from tfcluster.daemon.coordinator.cluster import Cluster
-from tfcluster.daemon.coordinator.job import JOB_STATES, Job
+from tfcluster.daemon.coordinator.job import JOB_STATES, PENDING, RUNNING, STARTING, STOPPING, Job
 from tfcluster.daemon.coordinator.node import LOST, READY, Node
 
 DEFAULT_PAGE = 100
@@ -88,3 +88,19 @@ def summary(cluster: Cluster) -> dict:
     return {"nodes_by_state": {s: by_state[s] for s in (READY, LOST) if by_state[s]},
             "gpus_total": gpus_total, "gpus_allocated": allocated,
             "jobs_by_state": {s: jobs_by_state[s] for s in JOB_STATES if jobs_by_state[s]}}
+
+
+def one_line(cluster: Cluster) -> str:
+    """The cluster in one line, for `systemctl status`: "12 nodes READY, 1 LOST, 3 jobs running, 1 pending".
+    Counted from the nodes and the live jobs only (never the ended ones), so it stays cheap with thousands."""
+    lost = sum(1 for node in cluster.nodes.values() if node.state == LOST)
+    jobs_by_state = Counter(job.state for job in cluster.live.values())
+    parts = [_count(len(cluster.nodes) - lost, "node", "READY")] + ([f"{lost} LOST"] if lost else [])
+    parts.append(_count(jobs_by_state[RUNNING], "job", "running"))
+    parts += [f"{jobs_by_state[state]} {state.lower()}" for state in (PENDING, STARTING, STOPPING)
+              if jobs_by_state[state] or state == PENDING]
+    return ", ".join(parts)
+
+
+def _count(number: int, noun: str, what: str) -> str:
+    return f"{number} {noun}{'' if number == 1 else 's'} {what}"
