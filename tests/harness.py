@@ -13,13 +13,16 @@ import os
 import random
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
+from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
@@ -318,3 +321,43 @@ def running_cluster(root: Path, agents: dict[str, dict], **options):
         yield cluster
     finally:
         cluster.teardown()
+
+
+def scrape(url: str, credentials: dict | None) -> dict[str, list]:
+    """A /metrics page parsed with prometheus-client's parser, {family: [(labels, value)]}, fetched with the
+    certificate in credentials ({"ca", "cert", "key"} file paths), or with none at all."""
+    context = ssl.create_default_context(cafile=credentials["ca"] if credentials else None)
+    if credentials and credentials.get("cert"):
+        context.load_cert_chain(credentials["cert"], credentials["key"])
+    if not credentials:
+        context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    with urllib.request.urlopen(url, context=context, timeout=10) as response:
+        assert response.headers["Content-Type"].startswith("text/plain; version=")
+        text = response.read().decode()
+    return {family.name: [(sample.labels, sample.value) for sample in family.samples]
+            for family in text_string_to_metric_families(text)}
+
+
+def value(metrics: dict, family: str, **labels) -> float | None:
+    """The first sample of a scraped family whose labels include these."""
+    for sample_labels, sample_value in metrics.get(family, []):
+        if all(sample_labels.get(k) == v for k, v in labels.items()):
+            return sample_value
+    return None
+
+
+def digits_spec(path: Path, name: str, strategy: str = "mirrored", workers: int = 1, gpus: int = 1,
+                epochs: int = 3, evaluator: bool = True) -> Path:
+    """A spec file for the demo's tf-keras digits classifier, its checkpoints in path's dir; returns the file."""
+    spec = path / f"{name}.toml"
+    evaluator_table = '[roles.evaluator]\nentrypoint = "tfcluster.demo.digits:evaluation"\n' if evaluator else ""
+    spec.write_text(f"""name = "{name}"
+strategy = "{strategy}"
+command = ["{sys.executable}", "-m", "tfcluster.demo.train_digits"]
+checkpoint_dir = "{path / (name + '-ckpt')}"
+env = {{ EPOCHS = "{epochs}" }}
+[roles.worker]
+count = {workers}
+gpus = {gpus}
+{evaluator_table}""")
+    return spec

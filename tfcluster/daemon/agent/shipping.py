@@ -19,6 +19,7 @@ import grpc
 
 from tfcluster import layout
 from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc
+from tfcluster.daemon.logformat import fields
 from tfcluster.security import Credentials
 from tfcluster.task import STATE_FILE, latest_checkpoint
 
@@ -93,8 +94,11 @@ class Shipper:
     """Ships each new committed checkpoint of one task to its targets until the task has ended."""
 
     def __init__(self, job_id: str, directory: str, targets: list[str], task_ended: threading.Event,
-                 name: str, credentials: Callable[[], Credentials]):
+                 name: str, credentials: Callable[[], Credentials],
+                 on_sent: Callable[[int, float], None] = lambda size, seconds: None,
+                 on_failed: Callable[[], None] = lambda: None):
         self.job_id, self.directory, self.name = job_id, directory, name
+        self.on_sent, self.on_failed = on_sent, on_failed  # the agent's metrics
         self.credentials = credentials  # the node's current ones: a renewed certificate is used from then on
         self.targets = list(targets)
         self.task_ended = task_ended
@@ -119,7 +123,8 @@ class Shipper:
             if self._ship_newest():
                 return
             time.sleep(FINAL_RETRY_SECONDS * (attempt + 1))
-        log.error("%s: the final checkpoint could not be shipped after %d tries", self.name, FINAL_TRIES)
+        log.error("%s: the final checkpoint could not be shipped after %d tries", self.name, FINAL_TRIES,
+                  extra=fields(job=self.job_id))
 
     def _ship_newest(self) -> bool:
         """Ships the newest committed checkpoint where it has not gone yet; True when every target has it."""
@@ -139,10 +144,13 @@ class Shipper:
                 size, seconds = put_files(target, self.job_id, self.directory, names, self.credentials(),
                                           {STATE_FILE: state})
             except (OSError, ShipError) as e:  # deleted meanwhile (max_to_keep), or the peer is away
-                log.warning("%s: shipping %s to %s failed: %s", self.name, os.path.basename(prefix), target, e)
+                log.warning("%s: shipping %s to %s failed: %s", self.name, os.path.basename(prefix), target, e,
+                            extra=fields(job=self.job_id))
+                self.on_failed()
                 failed = True
                 continue
             self.shipped[target] = prefix
+            self.on_sent(size, seconds)
             log.info("%s: shipped %s to %s: %.1f MB in %.3f s (%.1f MB/s)", self.name, os.path.basename(prefix),
-                     target, size / 1e6, seconds, size / 1e6 / max(seconds, 1e-6))
+                     target, size / 1e6, seconds, size / 1e6 / max(seconds, 1e-6), extra=fields(job=self.job_id))
         return not failed

@@ -105,6 +105,7 @@ class JobSeen:
     last_progress: float = 0.0  # hang watchdog: when output or the chief's checkpoint last moved
     finish_sent_at: float = 0.0
     sync_sent_at: float = 0.0
+    restart_causes: list[str] = field(default_factory=list)  # restarts decided, until the cluster counts them
 
 
 @dataclass(eq=False)

@@ -23,6 +23,10 @@ EVALUATOR_GIVEN_UP = "evaluator given up"
 
 # Which counter a decision charges.
 BUDGET, PREEMPTION, FREE, EVALUATOR_BUDGET = "budget", "preemption", "free", "evaluator budget"
+RESTARTS = (RESTART_GROUP, RESTART_TASKS, RESTART_EVALUATOR)
+
+# Why something restarted, as operators count it (the metrics' `cause` label).
+CAUSES = ("failure", "preemption", "port_conflict", "node_lost", "hang")
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,15 @@ def decide(job: Job, failure: Failure, task_type: str) -> Decision:
     reason = {PREEMPTION: "preemption checkpoint saved", FREE: "placing the group again"}.get(
         charge, "restarting the training group")
     return Decision(RESTART_GROUP, reason, charge)
+
+
+def cause(failure: Failure) -> str:
+    """The cause of a restart, one of CAUSES."""
+    if failure.lost:
+        return "node_lost"
+    if failure.task == "job":
+        return "hang"
+    return "preemption" if failure.exit.preempted else "port_conflict" if failure.exit.busy_port else "failure"
 
 
 def _partial_scope(job: Job, failure: Failure, task_type: str) -> str | tuple[str, ...] | None:
