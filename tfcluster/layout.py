@@ -25,6 +25,9 @@ CHECKPOINT_DIR = "TFCLUSTER_CHECKPOINT_DIR"
 MODEL_DIR = "TFCLUSTER_MODEL_DIR"
 EVENTS_FILE = "TFCLUSTER_EVENTS_FILE"    # the task appends its events (evaluations) here
 CONTROL_FILE = "TFCLUSTER_CONTROL_FILE"  # the agent tells the task that training has finished here
+SUMMARY_DIR = "TFCLUSTER_SUMMARY_DIR"    # evaluator: where it writes TensorBoard summaries (its agent reads them)
+# The evaluator's summary dir unless its role sets summary_dir: this folder under the model dir.
+EVAL_SUMMARY_SUBDIR = "eval"
 # Set by tfcluster for every task; a spec may not override them.
 RESERVED_ENV = (TF_CONFIG, CUDA_VISIBLE_DEVICES)
 RESERVED_ENV_PREFIX = "TFCLUSTER_"
@@ -41,12 +44,20 @@ DEFAULT_COORDINATOR = "localhost:7070"
 # <state>/jobs/<job>/tasks/<type>-<index>/attempt-<n>/    one attempt: the files below
 LAUNCH_FILE = "launch.json"    # what to run (written by the agent)
 STATUS_FILE = "status.json"    # pids, phase, exit (written by the shim)
-OUTPUT_FILE = "output.log"     # the task's stdout and stderr, as written
+OUTPUT_FILE = "output.log"     # the task's stdout and stderr, as written: its first bytes (the head)
+# Output past the head goes to tail segments, each named after its first byte's offset in the whole output;
+# the oldest are deleted to bound the attempt's log, so the offsets also say how many bytes were dropped.
+OUTPUT_TAIL_PREFIX = "output.tail-"
+OUTPUT_TAIL_SUFFIX = ".log"
 STOP_FILE = "stop.json"        # the grace period of a requested stop
 SHIM_LOG_FILE = "shim.log"     # the shim's own errors
 EVENTS_NAME = "events.jsonl"
 CONTROL_NAME = "control.json"
 INCOMING_PREFIX = ".incoming-"
+# <state>/jobs/<job>/ended.json: the coordinator said the job is over (so `tfcluster gc` knows it offline)
+ENDED_MARKER = "ended.json"
+ATTEMPT_DIR_PREFIX = "attempt-"
+ATTEMPT_DIR_GLOB = "jobs/*/tasks/*/attempt-*"
 
 # ---- files of the coordinator (under its state dir) ---------------------------------------------
 COORDINATOR_DB = "coordinator.sqlite3"
@@ -68,7 +79,22 @@ def host_checkpoint_dir(state_dir: str, job_id: str) -> str:
 
 
 def attempt_dir(state_dir: str | Path, job_id: str, task_type: str, task_index: int, attempt: int) -> Path:
-    return job_dir(state_dir, job_id) / "tasks" / f"{task_type}-{task_index}" / f"attempt-{attempt}"
+    return tasks_dir(state_dir, job_id) / f"{task_type}-{task_index}" / f"{ATTEMPT_DIR_PREFIX}{attempt}"
 
 
-ATTEMPT_DIR_GLOB = "jobs/*/tasks/*/attempt-*"
+def tasks_dir(state_dir: str | Path, job_id: str) -> Path:
+    """Where a job's attempts live on a node: one folder per task (`<type>-<index>`), one per attempt inside."""
+    return job_dir(state_dir, job_id) / "tasks"
+
+
+def output_tail_name(offset: int) -> str:
+    """The tail segment of a task's output whose first byte is byte `offset` of everything it wrote."""
+    return f"{OUTPUT_TAIL_PREFIX}{offset:016d}{OUTPUT_TAIL_SUFFIX}"
+
+
+def output_tail_offset(name: str) -> int | None:
+    """The offset in a tail segment's name; None when name is not one."""
+    if not (name.startswith(OUTPUT_TAIL_PREFIX) and name.endswith(OUTPUT_TAIL_SUFFIX)):
+        return None
+    digits = name[len(OUTPUT_TAIL_PREFIX):-len(OUTPUT_TAIL_SUFFIX)]
+    return int(digits) if digits.isdigit() else None

@@ -46,11 +46,14 @@ def render_status(nodes_shown, jobs_shown, summary=None, job_id: Optional[str] =
         nodes.add_column(col)
     for n in nodes_shown:
         gpu_text = ", ".join(f"{g.index}:{g.name or 'gpu'}" for g in n.gpus) or "-"
-        state = f"[green]{n.state}[/]" if n.state == "READY" else f"[red]{n.state}[/]"
+        state = f"[red]{n.state}[/]" if n.state != "READY" else f"[yellow]{n.state}*[/]" if n.condition else \
+            f"[green]{n.state}[/]"
         nodes.add_row(n.name, n.address, state, gpu_text, str(n.cpu_count), f"{n.memory_bytes / 2**30:.1f} GiB",
                       str(n.running_tasks), n.agent_version, _ago(n.last_seen_seconds_ago))
     if nodes_shown or not job_id:
         parts.append(nodes)
+        parts += [Text(f"* {n.name} takes no new tasks: {n.condition}", style="yellow")
+                  for n in nodes_shown if n.condition]
     jobs = Table(title="jobs", title_justify="left")
     for col in ("job", "strategy", "state", "restarts", "tasks", "message"):
         jobs.add_column(col, overflow="fold")

@@ -146,8 +146,8 @@ def agent_message() -> st.SearchStrategy:
                            checkpoint=TEXT, step=st.integers(-2**63, 2**63 - 1),
                            metrics=st.dictionaries(TEXT, st.floats(), max_size=3), time=DOUBLE)
     return st.one_of(
-        st.builds(lambda p: agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat(progress=p)),
-                  st.lists(progress, max_size=3)),
+        st.builds(lambda p, c: agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat(progress=p, condition=c)),
+                  st.lists(progress, max_size=3), TEXT),
         st.builds(lambda t: agent_pb2.AgentMessage(task=t), task_report()),
         st.builds(lambda e: agent_pb2.AgentMessage(evaluation=e), evaluation),
         st.builds(lambda d: agent_pb2.AgentMessage(log=d), st.builds(agent_pb2.LogData, request_id=UINT64,
@@ -186,6 +186,13 @@ def test_an_agent_stream_takes_any_messages(fuzzed, messages, csr):
     except grpc.RpcError as e:
         assert e.code() in CLEAN | {grpc.StatusCode.DEADLINE_EXCEEDED}, (e.code(), e.details())
     clean(lambda: agents.RenewCertificate(agent_pb2.RenewCertificateRequest(csr=csr), timeout=10))
+
+
+@FUZZ
+@given(job_ids=st.one_of(st.lists(TEXT, max_size=5), st.just(["fz-1"] * 1001)))
+def test_ended_jobs_takes_any_ids(fuzzed, job_ids):
+    _, _, agents = fuzzed
+    clean(lambda: agents.EndedJobs(agent_pb2.EndedJobsRequest(job_ids=job_ids), timeout=10))
 
 
 @FUZZ

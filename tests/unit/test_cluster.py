@@ -160,7 +160,9 @@ def test_final_evaluation_is_bounded_by_its_deadline():
     actions = sim.c.tick(sim.now)
     assert keys(actions) == ["evaluator:0"] and job.state == J.STOPPING
     sim.exit_stopped(job, actions)
-    assert job.state == J.SUCCEEDED and "did not finish the final evaluation" in job.message
+    assert job.state == J.SUCCEEDED
+    assert job.message == ("the evaluator did not evaluate the final checkpoint ckpt-2 within "
+                           "evaluator_deadline_seconds = 600; stopped it")
 
 
 # ---- restarts ---------------------------------------------------------------------------------
@@ -537,6 +539,21 @@ def test_heartbeat_needs_the_current_session():
     assert sim.c.heartbeat("n1", "session-n1", sim.now + 1) == []
     assert sim.c.heartbeat("n1", "old-session", sim.now + 1) is None
     assert sim.c.heartbeat("nope", "session-n1", sim.now + 1) is None
+
+
+def test_a_node_below_its_disk_floor_gets_no_new_tasks_until_it_recovers():
+    sim = Sim(info("n1", 2), info("n2", 2))
+    low = "free disk under /state/n1 is 0.4 GiB, below the floor of 1 GiB (--min-free-disk)"
+    assert sim.c.heartbeat("n1", "session-n1", sim.now, condition=low) == []
+    a, _ = start(sim, make_spec(gpus=2, worker=1, strategy="mirrored"), "a")
+    assert a.task("worker", 0).node == "n2"  # placed where new tasks are taken
+    b, actions = sim.submit(make_spec(gpus=1, worker=1, strategy="mirrored"), "b")  # fits on n1 alone, by GPUs
+    assert actions == [] and b.state == J.PENDING
+    assert b.message.endswith(f"n1 takes no new tasks: {low}")
+    assert sim.c.plan(make_spec(gpus=1, worker=1, strategy="mirrored"), sim.now).placement is None
+    # Disk freed: the next heartbeat says so, and the waiting job goes there.
+    launched = sim.c.heartbeat("n1", "session-n1", sim.now + 1, condition="") + sim.c.tick(sim.now + 1)
+    assert keys(launched) == ["worker:0"] and launched[0].node == "n1" and b.state == J.STARTING
 
 
 def test_silent_node_is_lost_and_its_job_restarts_elsewhere():

@@ -1,19 +1,19 @@
 """The per-task shim: `python -m tfcluster.daemon.agent.taskrunner ATTEMPT_DIR`.
 
-It starts the task in its own process group, copies its output line by line into the attempt's log
-file, carries out stops (SIGTERM, then SIGKILL to the whole group once the grace period is over), kills
-whatever the task leaves behind in its group, and records how the task ended in its status file. Because
-the shim, not the agent, is the task's parent, an agent restart loses nothing: the exit code and the log
-are still recorded, and the new agent picks them up from the attempt dir (LESSONS.md 7, 9).
+It starts the task in its own process group, copies its output into the attempt's output files (within
+the attempt's limit: the head and the newest bytes, tasklog.py), carries out stops (SIGTERM, then SIGKILL to
+the whole group once the grace period is over), kills whatever the task leaves behind in its group, and
+records how the task ended, with its last lines, in its status file. Because the shim, not the agent, is
+the task's parent, an agent restart loses nothing: the exit code and the log are still recorded, and the
+new agent picks them up from the attempt dir (LESSONS.md 7, 9).
 
 Files in ATTEMPT_DIR (names in tfcluster.layout): the launch file (written by the agent), the status file
-(written here, atomically), the output log (the task's stdout and stderr as written), and the stop file
+(written here, atomically), the output files (the task's stdout and stderr), and the stop file
 (the grace period of the latest stop request). A second stop with a shorter grace shortens the wait.
 """
 
 from __future__ import annotations
 
-import collections
 import json
 import os
 import signal
@@ -24,8 +24,10 @@ import time
 from pathlib import Path
 
 from tfcluster import layout
+from tfcluster.daemon.agent.tasklog import DEFAULT_LIMIT_BYTES, LastLines, OutputWriter
 
 TAIL_LINES = 20
+PUMP_CHUNK_BYTES = 64 << 10
 ESCALATION_POLL_SECONDS = 0.1
 
 
@@ -56,7 +58,7 @@ class Runner:
         self.dir = attempt_dir
         self.launch = json.loads((attempt_dir / layout.LAUNCH_FILE).read_text())
         self.status_path = attempt_dir / layout.STATUS_FILE
-        self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        self.last_lines = LastLines(TAIL_LINES)
         self.stopping = threading.Event()
         self.kill_at = float("inf")  # monotonic time of the SIGKILL, once a stop was asked for
         self.child: subprocess.Popen | None = None
@@ -67,7 +69,7 @@ class Runner:
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_term)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        log = open(self.dir / layout.OUTPUT_FILE, "ab", buffering=0)
+        log = OutputWriter(self.dir, int(self.launch.get("log_limit_bytes") or DEFAULT_LIMIT_BYTES))
         try:
             self.child = subprocess.Popen(self.launch["command"], cwd=self.launch["workdir"] or None,
                                           env=self.launch["env"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -92,7 +94,7 @@ class Runner:
         pump.join(timeout=5)
         log.close()
         fields = {"phase": "EXITED", "pid": pid, "pgid": pid, "started": started, "finished": time.time(),
-                  "log_tail": list(self.tail), "stopped": self.stopping.is_set()}
+                  "log_tail": self.last_lines.tail(), "stopped": self.stopping.is_set()}
         if returncode < 0:
             fields["signal"] = -returncode
         else:
@@ -106,10 +108,17 @@ class Runner:
         what = "working directory" if error.filename == self.launch["workdir"] else "command"
         return f"cannot start {what} {error.filename or self.launch['command'][0]!r}: {error.strerror or error}"
 
-    def _pump(self, pipe, log) -> None:
-        for line in iter(pipe.readline, b""):
-            log.write(line)
-            self.tail.append(line.decode(errors="replace").rstrip("\n"))
+    def _pump(self, pipe, log: OutputWriter) -> None:
+        writable = True
+        while data := os.read(pipe.fileno(), PUMP_CHUNK_BYTES):
+            if writable:
+                try:
+                    log.write(data)
+                except OSError as e:
+                    # A full disk: the task must not block on a pipe nobody drains, so reading goes on.
+                    print(f"writing the task's output failed, the rest is not kept: {e}", file=sys.stderr, flush=True)
+                    writable = False
+            self.last_lines.feed(data)
         pipe.close()
 
     def _on_term(self, signum, frame) -> None:

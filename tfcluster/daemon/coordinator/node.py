@@ -18,6 +18,7 @@ class NodeSeen:
     session_id: str = ""
     busy_ports: dict[int, float] = field(default_factory=dict)  # found taken by something else, until when
     stops_sent: dict[Attempt, float] = field(default_factory=dict)  # reconcile: unwanted attempts told to stop
+    condition: str = ""  # why its agent takes no new tasks now (low disk), from its heartbeats; "": it takes them
 
 
 @dataclass(eq=False)

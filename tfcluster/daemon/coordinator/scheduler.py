@@ -35,13 +35,18 @@ class NodeCapacity:
     port_range: tuple[int, int]  # inclusive
     used_gpus: frozenset[int] = frozenset()
     used_ports: frozenset[int] = frozenset()
+    unavailable: str = ""  # why the node takes no new tasks now (its agent's low disk); "": it takes them
 
     def idle(self) -> "NodeCapacity":
         return NodeCapacity(self.name, self.address, self.gpus, self.port_range)
 
     @property
     def free_gpus(self) -> int:
-        return len(self.gpus) - len(self.used_gpus)
+        return 0 if self.unavailable else len(self.gpus) - len(self.used_gpus)
+
+    @property
+    def free_ports(self) -> int:
+        return 0 if self.unavailable else self.port_range[1] - self.port_range[0] + 1 - len(self.used_ports)
 
 
 @dataclass(frozen=True)
@@ -67,8 +72,8 @@ class _Slot:
     """What is still free on one node during one placement."""
 
     def __init__(self, node: NodeCapacity):
-        self.gpus = [g for g in node.gpus if g.index not in node.used_gpus]
-        self.first, self.last = node.port_range
+        self.gpus = [g for g in node.gpus if g.index not in node.used_gpus] if not node.unavailable else []
+        self.first, self.last = node.port_range if not node.unavailable else (1, 0)  # no port to take
         self.taken = {p for p in node.used_ports if self.first <= p <= self.last}
         self.tasks = 0  # tasks of this job placed here
 
@@ -125,7 +130,7 @@ class _Search:
         self.tasks.sort(key=lambda t: (len(self.candidates[t[0]]), -spec.gpus_for(t[0])))
         # Nodes in preference order for a task no other task of the job is on yet: most GPUs free, then by
         # name (a stable sort of names already in order).
-        free = {n.name: len(n.gpus) - len(n.used_gpus) for n in nodes}
+        free = {n.name: n.free_gpus for n in nodes}
         self.base = {r: sorted(self.candidates[r], key=lambda n: -free[n]) for r in {t[0] for t in self.tasks}}
         self.assignment: dict[tuple[str, int], TaskPlacement] = {}
 
@@ -172,11 +177,12 @@ class _Search:
         nodes = [self.by_name[n] for n in names]
         gpus = sum(self.spec.gpus_for(t[0]) for t in self.tasks)
         free_gpus = sum(n.free_gpus for n in nodes)
-        free_ports = sum(n.port_range[1] - n.port_range[0] + 1 - len(n.used_ports) for n in nodes)
+        free_ports = sum(n.free_ports for n in nodes)
         if gpus <= free_gpus and len(self.tasks) <= free_ports:
             return ""
         return (f"cannot place all {len(self.tasks)} tasks at once: they need {gpus} GPUs and {len(self.tasks)} "
-                f"ports, and the {len(nodes)} nodes they may use have {free_gpus} GPUs and {free_ports} ports free")
+                f"ports, and the {len(nodes)} nodes they may use have {free_gpus} GPUs and {free_ports} ports free"
+                f"{_unavailable(nodes)}")
 
     def _slot(self, name: str) -> _Slot:
         if name not in self.slots:
@@ -247,7 +253,14 @@ def _no_room_reason(spec: JobSpec, task: tuple[str, int], nodes: list[NodeCapaci
     if len(nodes) > len(shown):
         state += f" (the {len(shown)} with the most free of {len(nodes)} nodes)"
     return (f"cannot place all {len(task_list(spec))} tasks at once ({gpus_needed} GPUs in all); "
-            f"no node left for {task[0]}:{task[1]} (needs {_what(spec.gpus_for(task[0]))}); {state}")
+            f"no node left for {task[0]}:{task[1]} (needs {_what(spec.gpus_for(task[0]))}); {state}"
+            f"{_unavailable(nodes)}")
+
+
+def _unavailable(nodes: list[NodeCapacity]) -> str:
+    """The nodes among these that take no new tasks, and why."""
+    shown = [n for n in nodes if n.unavailable][:SHOWN_NODES]
+    return "".join(f"; {n.name} takes no new tasks: {n.unavailable}" for n in shown)
 
 
 def _names(names: list[str]) -> str:
