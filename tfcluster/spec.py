@@ -61,6 +61,7 @@ class RoleSpec:
     env: dict[str, str] = field(default_factory=dict)
     nodes: tuple[str, ...] = ()
     entrypoint: str = ""
+    summary_dir: str = ""  # evaluator: where it writes TensorBoard summaries; "": <model dir>/eval
 
 
 @dataclass(frozen=True)
@@ -130,7 +131,7 @@ def validate(spec: JobSpec, source: str = "<spec>", absolute_paths: bool = False
     for role_type, role in spec.roles.items():
         if role_type not in ROLE_TYPES:
             raise fail(f"roles.{role_type}", f"unknown role (expected one of: {', '.join(ROLE_TYPES)})")
-        _check_role(role_type, role, fail)
+        _check_role(role_type, role, fail, absolute_paths)
     r = spec.restart
     _check_int(r.max_restarts, "restart.max_restarts", 0, 1000, fail)
     _check_number(r.backoff_seconds, "restart.backoff_seconds", 0, fail)
@@ -143,7 +144,7 @@ def validate(spec: JobSpec, source: str = "<spec>", absolute_paths: bool = False
     return spec
 
 
-def _check_role(role_type: str, role: RoleSpec, fail) -> None:
+def _check_role(role_type: str, role: RoleSpec, fail, absolute_paths: bool) -> None:
     key = f"roles.{role_type}"
     _check_int(role.count, f"{key}.count", 0, MAX_TASKS_PER_ROLE, fail)
     if role.gpus is not None:
@@ -162,6 +163,9 @@ def _check_role(role_type: str, role: RoleSpec, fail) -> None:
         raise fail(f"{key}.entrypoint", "only the evaluator takes an entrypoint")
     if role.entrypoint and not ENTRYPOINT_RE.fullmatch(role.entrypoint):
         raise fail(f"{key}.entrypoint", f"expected \"module:function\", got {role.entrypoint!r}")
+    if role.summary_dir and role_type != "evaluator":
+        raise fail(f"{key}.summary_dir", "only the evaluator takes a summary_dir")
+    _check_path(role.summary_dir, f"{key}.summary_dir", fail, absolute_paths, required=False)
 
 
 def _check_roles(spec: JobSpec, fail) -> None:
@@ -235,7 +239,7 @@ def _check_env(env: dict[str, str], key: str, fail) -> None:
 
 JOB_KEYS = ("name", "strategy", "command", "workdir", "checkpoint_dir", "model_dir", "env", "gpus",
             "roles", "restart", "stop_grace_seconds", "evaluator_deadline_seconds")
-ROLE_KEYS = ("count", "gpus", "command", "env", "nodes", "entrypoint")
+ROLE_KEYS = ("count", "gpus", "command", "env", "nodes", "entrypoint", "summary_dir")
 RESTART_KEYS = ("max_restarts", "backoff_seconds", "permanent_exit_codes", "hang_seconds")
 
 
@@ -358,6 +362,7 @@ def _read_role(r: _Reader, role_type: str, table: Any) -> RoleSpec:
         env=r.env(table.get("env", {}), f"{key}.env"),
         nodes=r.string_list(table.get("nodes", []), f"{key}.nodes"),
         entrypoint=r.string(table.get("entrypoint", ""), f"{key}.entrypoint"),
+        summary_dir=r.string(table.get("summary_dir", ""), f"{key}.summary_dir"),
     )
 
 
@@ -379,11 +384,13 @@ def load_spec_file(path: str | Path) -> JobSpec:
 
 
 def resolve_paths(spec: JobSpec, base: Path) -> JobSpec:
-    """Makes workdir, checkpoint_dir and model_dir absolute (every node sees the same absolute path)."""
+    """Makes workdir, checkpoint_dir, model_dir and the evaluator's summary_dir absolute (every node sees the
+    same absolute path)."""
     def absolute(p: str) -> str:
         return str((base / p).resolve()) if p and not Path(p).is_absolute() else p
+    roles = {t: replace(r, summary_dir=absolute(r.summary_dir)) for t, r in spec.roles.items()}
     return replace(spec, workdir=absolute(spec.workdir or "."), checkpoint_dir=absolute(spec.checkpoint_dir),
-                   model_dir=absolute(spec.model_dir))
+                   model_dir=absolute(spec.model_dir), roles=roles)
 
 
 def spec_from_flags(*, name: str, strategy: str, workers: int, chief: bool, ps: int, evaluator: bool,

@@ -8,11 +8,14 @@ is read from the environment the agent gives the task when it is asked for (so t
     task.num_workers               worker tasks in the job (the chief not counted)
     task.strategy                  the job's strategy name (auto already resolved)
     task.checkpoint_dir, task.model_dir, task.attempt, task.job_id
+    task.summary_dir               where an evaluator writes TensorBoard summaries (its agent reports them)
     task.write_dir(path)           where this task should write: path on the chief, a private temp dir
                                    elsewhere (under MultiWorkerMirroredStrategy saving is collective)
     task.make_strategy()           the tf.distribute strategy the job asked for
     task.checkpoints()             each newly committed checkpoint; ends after the final one
     task.report_evaluation(...)    an evaluation result, shown by `tfcluster status`
+    task.SidecarEvaluator          tf-keras's SidecarEvaluator that also ends after the final checkpoint and
+                                   reports its results (imports TensorFlow when it is first used)
 """
 
 from __future__ import annotations
@@ -30,6 +33,15 @@ from tfcluster import layout
 CHECKPOINT_POLL_SECONDS = 0.2
 STATE_FILE = "checkpoint"  # TensorFlow's checkpoint state file, rewritten after each complete save
 _STATE_LINE = re.compile(r'^model_checkpoint_path:\s*"((?:[^"\\]|\\.)*)"\s*$', re.MULTILINE)
+_STATE_ALL_LINE = re.compile(r'^all_model_checkpoint_paths:\s*"((?:[^"\\]|\\.)*)"\s*$', re.MULTILINE)
+# Where a checkpoint keeps the training step, in order of preference: a `step` variable saved next to the model,
+# else the optimizer's iteration count (tf-keras optimizers, then legacy ones; at the root when the model was
+# saved as the root, as save_weights and ModelCheckpoint do). TensorBoard's callback and tf-keras's
+# SidecarEvaluator label evaluations with the iteration count.
+STEP_VARIABLES = ("step/.ATTRIBUTES/VARIABLE_VALUE",
+                  "optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE", "optimizer/iter/.ATTRIBUTES/VARIABLE_VALUE",
+                  "model/optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE",
+                  "model/optimizer/iter/.ATTRIBUTES/VARIABLE_VALUE")
 _write_dirs: dict[str, str] = {}
 
 
@@ -66,6 +78,11 @@ def __getattr__(name: str) -> Any:
         return int(_env(layout.ATTEMPT) or 1)
     if name == "job_id":
         return _env(layout.JOB_ID)
+    if name == "summary_dir":
+        return _env(layout.SUMMARY_DIR) or os.path.join(__getattr__("model_dir"), layout.EVAL_SUMMARY_SUBDIR)
+    if name == "SidecarEvaluator":  # it subclasses tf-keras's: TensorFlow is imported only when it is asked for
+        from tfcluster.roles.sidecar import SidecarEvaluator
+        return SidecarEvaluator
     raise AttributeError(f"module 'tfcluster.task' has no attribute {name!r}")
 
 
@@ -117,10 +134,27 @@ def latest_checkpoint(directory: str, state: str | None = None) -> str | None:
     match = _STATE_LINE.search(state)
     if not match:
         return None
-    prefix = match.group(1).encode().decode("unicode_escape")
-    if not os.path.isabs(prefix):
-        prefix = os.path.join(directory, prefix)
+    prefix = _state_path(directory, match.group(1))
     return prefix if os.path.exists(prefix + ".index") else None
+
+
+def checkpoint_paths(directory: str) -> list[str]:
+    """Every committed checkpoint prefix the `checkpoint` state file in directory lists, oldest first."""
+    try:
+        with open(os.path.join(directory, STATE_FILE)) as f:
+            state = f.read()
+    except OSError:
+        return []
+    paths = [_state_path(directory, m.group(1)) for m in _STATE_ALL_LINE.finditer(state)]
+    newest = latest_checkpoint(directory, state)
+    if newest and newest not in paths:
+        paths.append(newest)
+    return [p for p in paths if os.path.exists(p + ".index")]
+
+
+def _state_path(directory: str, quoted: str) -> str:
+    prefix = quoted.encode().decode("unicode_escape")
+    return prefix if os.path.isabs(prefix) else os.path.join(directory, prefix)
 
 
 def final_checkpoint(directory: str | None = None) -> str | None:

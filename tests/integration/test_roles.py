@@ -1,5 +1,6 @@
 """Role behaviour with plain-Python programs (fast, no TensorFlow): the evaluator's reports and the
-training-finished handshake, its deadline, and parameter_server's start order."""
+training-finished handshake, an evaluator known only by its TensorBoard summaries, the deadline, and
+parameter_server's start order."""
 
 from __future__ import annotations
 
@@ -74,9 +75,57 @@ def test_evaluator_that_ignores_the_handshake_is_stopped_at_the_deadline(shared_
     """), "--wait", check=True).stdout.strip()
     job = shared_cluster.job(job_id)
     assert job["state"] == "SUCCEEDED"
-    assert "did not finish the final evaluation within 1 s" in job["message"]
+    assert job["message"] == ("training left no checkpoint and the evaluator did not exit within "
+                              "evaluator_deadline_seconds = 1; stopped it")
     evaluator = next(t for t in job["tasks"] if t["type"] == "evaluator")
     assert evaluator["state"] == "STOPPED"
+    assert job_processes(job_id) == []
+
+
+# Like tf-keras's SidecarEvaluator with max_evaluations=None: it writes a TensorBoard scalar for each new
+# checkpoint (at the checkpoint's step) into its summary dir, reports nothing itself and never exits.
+SUMMARY_WRITER = """
+import os, time
+from tensorboard.compat.proto import event_pb2, summary_pb2
+from tensorboard.summary.writer.event_file_writer import EventFileWriter
+from tfcluster import task
+writer = EventFileWriter(os.path.join(task.summary_dir, "validation"))
+evaluated = set()
+while True:
+    newest = task.latest_checkpoint(task.checkpoint_dir)
+    if newest and newest not in evaluated:
+        evaluated.add(newest)
+        step = task.checkpoint_step(newest)
+        value = summary_pb2.Summary.Value(tag="evaluation_accuracy_vs_iterations", simple_value=step / 4)
+        writer.add_event(event_pb2.Event(wall_time=time.time(), step=step, summary=summary_pb2.Summary(value=[value])))
+        writer.flush()
+    time.sleep(0.05)
+"""
+
+
+def test_an_evaluator_that_only_writes_summaries_is_stopped_once_it_evaluated_the_final_checkpoint(shared_cluster,
+                                                                                                 tmp_path):
+    job_id = shared_cluster.cli("start", spec(tmp_path, f"""
+        name = "summaries"
+        strategy = "multi_worker_mirrored"
+        command = ["{PY}", "-c", '''{TRAINER}''']
+        checkpoint_dir = "{tmp_path / 'ckpt'}"
+        stop_grace_seconds = 5
+        [roles.worker]
+        count = 1
+        [roles.evaluator]
+        command = ["{PY}", "-c", '''{SUMMARY_WRITER}''']
+        summary_dir = "{tmp_path / 'tensorboard'}"
+    """), "--wait", check=True).stdout.strip()
+    job = shared_cluster.job(job_id)
+    assert job["state"] == "SUCCEEDED", job
+    assert job["message"] == "final evaluation of ckpt-3 done; stopped the evaluator"
+    assert job["finished"] - job["created"] < 30, "ended long before evaluator_deadline_seconds (600)"
+    evaluator = next(t for t in job["tasks"] if t["type"] == "evaluator")
+    assert evaluator["state"] == "STOPPED" and evaluator["signal"] == 15, "SIGTERM, not SIGKILL"
+    latest = job["evaluation"]["latest"]
+    assert latest["checkpoint"] == str(tmp_path / "ckpt" / "ckpt-3") and latest["step"] == 3
+    assert latest["metrics"] == {"accuracy": 0.75}, "tf-keras's evaluation_<metric>_vs_iterations gives <metric>"
     assert job_processes(job_id) == []
 
 

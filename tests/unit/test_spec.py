@@ -408,6 +408,19 @@ def test_bad_entrypoint(tmp_path):
     assert_names(err, "roles.evaluator.entrypoint", "module:function", "'m.f'")
 
 
+def test_evaluator_summary_dir_is_resolved_from_the_files_folder_and_survives_the_wire(tmp_path):
+    from tfcluster.wire import spec_from_proto, spec_to_proto
+    spec = load_spec_file(write(tmp_path, BASE + '[roles.evaluator]\nsummary_dir = "logs/eval"\n'))
+    assert spec.role("evaluator").summary_dir == str(tmp_path / "logs" / "eval")
+    assert spec_from_proto(spec_to_proto(spec)).role("evaluator").summary_dir == str(tmp_path / "logs" / "eval")
+    assert load_spec_file(write(tmp_path, BASE + "[roles.evaluator]\n")).role("evaluator").summary_dir == ""
+
+
+def test_summary_dir_on_non_evaluator(tmp_path):
+    err = spec_error(tmp_path, BASE + 'summary_dir = "/logs"\n')
+    assert_names(err, "roles.worker.summary_dir", "only the evaluator")
+
+
 def test_parse_spec_names_its_source():
     with pytest.raises(SpecError) as info:
         parse_spec({"name": "x", "strategy": "mirrored", "bogus": 1}, "flags")

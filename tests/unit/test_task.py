@@ -72,6 +72,25 @@ def test_environment_values(env, tmp_path):
         task.no_such_thing
 
 
+def test_summary_dir_is_the_evaluators_or_eval_under_the_model_dir(env, tmp_path):
+    assert task.summary_dir == str(tmp_path / "ckpt" / "eval")
+    env.setenv("TFCLUSTER_MODEL_DIR", str(tmp_path / "model"))
+    assert task.summary_dir == str(tmp_path / "model" / "eval")
+    env.setenv("TFCLUSTER_SUMMARY_DIR", "/logs/eval")
+    assert task.summary_dir == "/logs/eval"
+
+
+def test_checkpoint_paths_lists_every_committed_checkpoint_oldest_first(env, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    assert task.checkpoint_paths(str(ckpt)) == []
+    for name in ("ckpt-1", "ckpt-2", "ckpt-3"):
+        open(ckpt / f"{name}.index", "w").close()
+    (ckpt / "checkpoint").write_text('model_checkpoint_path: "ckpt-3"\nall_model_checkpoint_paths: "ckpt-1"\n'
+                                     f'all_model_checkpoint_paths: "{ckpt}/ckpt-2"\n')
+    os.remove(ckpt / "ckpt-1.index")  # deleted (max_to_keep) after the state file named it
+    assert task.checkpoint_paths(str(ckpt)) == [str(ckpt / "ckpt-2"), str(ckpt / "ckpt-3")]
+
+
 def test_write_dir_is_the_path_on_the_chief_and_private_elsewhere(env, tmp_path):
     target = str(tmp_path / "out")
     env.setenv("TF_CONFIG", json.dumps({"cluster": {"worker": ["a:1", "b:1"]}, "task": {"type": "worker", "index": 0}}))

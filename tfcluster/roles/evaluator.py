@@ -3,7 +3,8 @@
 `function()` returns (compiled tf-keras model, evaluation dataset). The sidecar follows the `checkpoint`
 state file in the task's checkpoint dir, restores each newly committed checkpoint into the model
 (`tf.train.Checkpoint(model=...)`, the key training programs save the model under), evaluates it,
-writes TensorBoard summaries under <model_dir>/eval and reports {checkpoint, step, metrics} so
+writes TensorBoard summaries in its summary dir (task.summary_dir: <model_dir>/eval unless the role sets
+summary_dir) and reports {checkpoint, step, metrics} so
 `tfcluster status` shows them. When tfcluster says training has finished it evaluates the final
 checkpoint (unless already done) and exits 0.
 """
@@ -20,8 +21,6 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 from tfcluster import task  # noqa: E402
 
 RESTORE_TRIES = 3
-STEP_VARIABLES = ("step/.ATTRIBUTES/VARIABLE_VALUE", "optimizer/iter/.ATTRIBUTES/VARIABLE_VALUE",
-                  "model/optimizer/iter/.ATTRIBUTES/VARIABLE_VALUE")
 
 
 def load_entrypoint(spec: str):
@@ -43,7 +42,7 @@ def checkpoint_step(tf, path: str) -> int:
     number in the checkpoint's name."""
     try:
         names = {name for name, _ in tf.train.list_variables(path)}
-        for candidate in STEP_VARIABLES:
+        for candidate in task.STEP_VARIABLES:
             if candidate in names:
                 return int(tf.train.load_variable(path, candidate))
     except (tf.errors.OpError, ValueError):
@@ -58,7 +57,7 @@ def main() -> int:
     import tensorflow as tf
 
     model, dataset = load_entrypoint(sys.argv[1])
-    eval_dir = os.path.join(task.model_dir, "eval")
+    eval_dir = task.summary_dir
     writer = tf.summary.create_file_writer(eval_dir)
     print(f"tfcluster evaluator: following {task.checkpoint_dir}, summaries in {eval_dir}", flush=True)
     evaluated = 0

@@ -6,6 +6,8 @@ agent that already has the attempt just reports it again.
 
 from __future__ import annotations
 
+import posixpath
+
 from tfcluster import layout
 from tfcluster.daemon.coordinator.job import Job, Task
 from tfcluster.model import Launch
@@ -38,6 +40,7 @@ def _python(job: Job) -> str:
 def task_env(job: Job, task: Task) -> dict[str, str]:
     spec = job.spec
     env = {"TF_USE_LEGACY_KERAS": "1", **job.profile.env(), **spec.env_for(task.type)}
+    model_dir = spec.model_dir or task.checkpoint_dir
     env.update({
         layout.TF_CONFIG: tf_config(job.cluster_json, task.type, task.index),
         layout.CUDA_VISIBLE_DEVICES: ",".join(g.uuid or str(g.index) for g in task.gpus) or "-1",
@@ -50,6 +53,9 @@ def task_env(job: Job, task: Task) -> dict[str, str]:
         layout.NUM_WORKERS: str(spec.count("worker")),
         layout.PORT: str(task.port),
         layout.CHECKPOINT_DIR: task.checkpoint_dir,
-        layout.MODEL_DIR: spec.model_dir or task.checkpoint_dir,
+        layout.MODEL_DIR: model_dir,
     })
+    if task.type == "evaluator":  # its agent reads the summaries it writes there
+        env[layout.SUMMARY_DIR] = spec.role("evaluator").summary_dir or \
+            posixpath.join(model_dir, layout.EVAL_SUMMARY_SUBDIR)
     return env

@@ -9,17 +9,21 @@ the final checkpoint and evaluates it within a deadline, only then are ps and wo
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 from tfcluster import layout
-from tfcluster.daemon.coordinator import checkpoints, restart
+from tfcluster.daemon.coordinator import checkpoints, completion, restart
 from tfcluster.daemon.coordinator.job import (FAILED, PENDING, RESTART, RUNNING, STARTING, STOPPED, STOPPING,
                                               SUCCEEDED, T_FAILED, T_LAUNCHING, T_LOST, T_PENDING, T_RUNNING,
                                               T_STOPPED, T_SUCCEEDED, TASK_ENDED, Failure, Job, Task)
 from tfcluster.daemon.coordinator.launch import launch
 from tfcluster.daemon.coordinator.scheduler import TaskPlacement
+from tfcluster.daemon.logformat import fields
 from tfcluster.model import Command, FinishTraining, NodeInfo, Stop, TaskExit
 from tfcluster.roles.tfconfig import cluster_json
+
+log = logging.getLogger("tfcluster.coordinator")
 
 NodeLookup = Callable[[str], "NodeInfo | None"]  # a READY node's description, None when it is not READY
 
@@ -151,7 +155,7 @@ def _after_task_end(job: Job, task: Task, now: float) -> list[Command]:
     if job.final_evaluation_until:
         if task.type != "evaluator":  # training is over: a ps or worker server ending changes nothing
             return []
-        how = "done" if task.state == T_SUCCEEDED else f"ended {task.state}"
+        how = "done" if task.state == T_SUCCEEDED or completion.final_evaluated(job) else f"ended {task.state}"
         return wind_down(job, SUCCEEDED, f"final evaluation {how}", now)
     if task.state in (T_FAILED, T_LOST):
         failure = Failure(task=task.key, node=task.node, exit=task.exit, time=now, lost=task.state == T_LOST)
@@ -168,7 +172,11 @@ def _failed(job: Job, failure: Failure, task: Task | None, now: float) -> list[C
     job.last_failure = failure
     decision = restart.decide(job, failure, task.type if task else "job")
     message = f"{failure.describe()}; {decision.reason}"
+    log.warning("%s: %s", job.id, message, extra=fields(job=job.id, node=failure.node,
+                                                         task="" if failure.task == "job" else failure.task))
     _charge(job, decision.charge)
+    if decision.kind in restart.RESTARTS:
+        job.seen.restart_causes.append(restart.cause(failure))
     if decision.kind == restart.FAIL:
         return wind_down(job, FAILED, message, now)
     if decision.kind == restart.RESTART_GROUP:
@@ -207,15 +215,22 @@ def _training_finished(job: Job) -> bool:
 def _check_training_done(job: Job, now: float) -> list[Command]:
     if not _training_finished(job):
         return []
-    decisive = job.decisive_task()
     evaluator = job.evaluator()
     if evaluator is None or not evaluator.live:
         return wind_down(job, SUCCEEDED, "", now)
-    final = decisive.exit.final_checkpoint if decisive.exit else ""
     job.final_evaluation_until = now + job.spec.evaluator_deadline_seconds
-    job.message = f"training finished; evaluating the final checkpoint {final}" if final else \
-        "training finished without a checkpoint; waiting for the evaluator to exit"
+    evaluated(job, now)  # it may have evaluated the final checkpoint already, as the newest one
+    job.message = completion.waiting_message(job)
     return [finish_training(job, now)]
+
+
+def evaluated(job: Job, now: float) -> list[Command]:
+    """A result was reported. Once training is over and the final checkpoint is evaluated, the evaluator has a
+    few seconds to exit by itself; then tick() stops it and the job succeeds."""
+    if job.final_evaluation_until and job.state in (STARTING, RUNNING) and completion.final_evaluated(job):
+        job.final_evaluation_until = min(job.final_evaluation_until, now + completion.EVALUATOR_EXIT_SECONDS)
+        job.message = completion.waiting_message(job)
+    return []
 
 
 def finish_training(job: Job, now: float) -> FinishTraining:
@@ -234,8 +249,7 @@ def tick(job: Job, now: float) -> list[Command]:
         return sync_done(job, job.syncing, False,
                          f"no answer within {checkpoints.SYNC_DEADLINE_SECONDS:g} s", now)
     if job.final_evaluation_until and job.state in (STARTING, RUNNING) and now > job.final_evaluation_until:
-        return wind_down(job, SUCCEEDED, f"the evaluator did not finish the final evaluation within "
-                                         f"{job.spec.evaluator_deadline_seconds:g} s; stopped it", now)
+        return wind_down(job, SUCCEEDED, completion.deadline_message(job), now)
     hang = job.spec.restart.hang_seconds
     last = job.seen.last_progress
     if hang and job.state == RUNNING and not job.final_evaluation_until and last and now - last > hang:
