@@ -107,6 +107,17 @@ class Client:
             ttl_seconds=ttl_seconds, node=node, reusable=reusable))
         return reply.token, reply.expires
 
+    def dashboard_url(self, port: int, insecure: bool) -> str:
+        """The dashboard's address on the coordinator's host, as this client reaches that host."""
+        host = self.address.rsplit(":", 1)[0]
+        return f"{'http' if insecure else 'https'}://{host}:{port}"
+
+    def dashboard_login(self, job_id: str = "") -> tuple[str, float]:
+        """A one-time link that logs a browser in to the dashboard (at the job's page), and when it expires."""
+        reply = self._call(self.stub.CreateDashboardLogin, control_pb2.CreateDashboardLoginRequest(job_id=job_id))
+        insecure = self.credentials.insecure
+        return self.dashboard_url(reply.port, insecure) + reply.path, reply.expires
+
     def remove_node(self, name: str) -> int:
         """Removes the node from the cluster; returns how many of its tasks were running."""
         return self._call(self.stub.RemoveNode, control_pb2.RemoveNodeRequest(name=name)).tasks_lost

@@ -1,5 +1,5 @@
 """The cluster's trust: `tfcluster ca init|issue` (files, no coordinator needed), `tfcluster token create` and
-`tfcluster node remove` (admin calls to the coordinator)."""
+`tfcluster node remove` (admin calls to the coordinator), and `tfcluster dashboard` (a browser's way in)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Optional
 import typer
 
 from tfcluster import pki
-from tfcluster.cli.common import CoordinatorOpt, TlsDirOpt, app, connect, fail, out, parse_duration
+from tfcluster.cli.common import CoordinatorOpt, TlsDirOpt, app, connect, err, fail, out, parse_duration
 from tfcluster.client import ClientError
 from tfcluster.model import NODE_NAME_RE
 
@@ -109,4 +109,24 @@ def node_remove(
         except ClientError as e:
             fail(str(e), e.exit_code)
     out.print(f"node {name} removed" + (f"; {lost} running task(s) lost, their jobs restart elsewhere" if lost else ""),
+              markup=False)
+
+
+@app.command()
+def dashboard(
+    job_id: Optional[str] = typer.Argument(None, metavar="[JOB]"),
+    coordinator: Optional[str] = CoordinatorOpt,
+    tls_dir: Optional[Path] = TlsDirOpt,
+) -> None:
+    """Print a one-time link that logs a browser in to the coordinator's web dashboard (at JOB's page)."""
+    with connect(coordinator, tls_dir) as client:
+        try:
+            url, expires = client.dashboard_login(job_id or "")
+        except ClientError as e:
+            fail(str(e), e.exit_code)
+    print(url)
+    secure = url.startswith("https:")
+    err.print(f"open it within {max(0, expires - time.time()):.0f} s; it works once and gives the browser a "
+              f"viewer session for 12 hours" + ("; the browser must trust the cluster CA (import its ca.crt) or "
+                                                "be told to accept the coordinator's certificate" if secure else ""),
               markup=False)

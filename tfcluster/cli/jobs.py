@@ -179,10 +179,17 @@ def status(
                 fail(str(e), e.exit_code)
         if as_json:
             nodes, jobs, summary = fetch()
-            print(json.dumps(wire.status_doc(nodes, jobs, summary), indent=2))
+            doc = wire.status_doc(nodes, jobs, summary)
+            if summary is not None:
+                doc["summary"]["dashboard"] = _dashboard(client, summary)
+            print(json.dumps(doc, indent=2))
             return
         if not watch:
-            out.print(render_status(*fetch(), job_id=job_id))
+            view = fetch()
+            out.print(render_status(*view, job_id=job_id))
+            if view[2] is not None and view[2].dashboard_port:
+                out.print(f"dashboard: {_dashboard(client, view[2])}  (a browser logs in with `tfcluster "
+                          f"dashboard{' ' + job_id if job_id else ''}`)", markup=False)
             return
         with Live(render_status(*fetch(), job_id=job_id), console=out, refresh_per_second=4) as live:
             try:
@@ -194,6 +201,10 @@ def status(
                         break
             except KeyboardInterrupt:
                 pass
+
+
+def _dashboard(client: Client, summary) -> str:
+    return client.dashboard_url(summary.dashboard_port, summary.insecure) if summary.dashboard_port else ""
 
 
 @app.command()
@@ -227,7 +238,8 @@ def logs(
     coordinator: Optional[str] = CoordinatorOpt,
     tls_dir: Optional[Path] = TlsDirOpt,
 ) -> None:
-    """Print a task's log, exactly as the task wrote it, from whichever node it runs on."""
+    """Print a task's log, exactly as the task wrote it, from whichever node it runs on. Past the agent's
+    --max-task-log, the log's start and its newest part are kept, with one line saying how much was dropped."""
     task_type, sep, index = task.partition(":")
     if not sep or not index.isdigit() or int(index) > MAX_INT32 or task_type not in ("chief", "worker", "ps", "evaluator"):
         fail(f"expected TYPE:INDEX with TYPE one of chief, worker, ps, evaluator (e.g. worker:1), got {task!r}", 2)

@@ -1,0 +1,201 @@
+"""The coordinator's read-only web dashboard, on the listener that serves /metrics (`--http-listen`).
+
+Pages (every view has its own address): the job list at `/`, a job at `/jobs/<id>`, the nodes at `/nodes`, a
+task's log at `/jobs/<id>/tasks/<type>:<index>/log`. Each is the same small page shell; its script fetches the
+JSON API below and refreshes it every few seconds. Every API answer is one bounded page (filtered, with a token
+for the next), built from the model on the event loop that owns it, in the representation `status --json`
+uses (wire.py), so the dashboard stays fast with thousands of nodes and jobs.
+
+A browser gets in with a one-time link (`tfcluster dashboard`, see logins.py) that sets a session cookie;
+scrapers and scripts use a client certificate, as for /metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import itertools
+import json
+import math
+from pathlib import Path
+
+from aiohttp import web
+
+from tfcluster import __version__, wire
+from tfcluster.api.v1 import control_pb2
+from tfcluster.daemon.coordinator import status
+from tfcluster.daemon.coordinator.job import Job
+from tfcluster.daemon.coordinator.logins import COOKIE, SESSION_SECONDS
+from tfcluster.daemon.coordinator.server import Coordinator
+from tfcluster.daemon.web import CALLER, WebListener
+from tfcluster.model import JOB_STATES
+from tfcluster.pki import Identity
+
+STATIC = Path(__file__).resolve().parent / "static"
+PAGES = ("/", "/nodes", "/jobs/{job_id}", "/jobs/{job_id}/tasks/{task}/log")
+API_PAGE = 50
+API_MAX_PAGE = 500
+LOG_TAIL_LINES = 500  # the log view starts with this many lines, then follows
+
+
+def _finite(value):
+    """JSON without NaN or Infinity (a diverged loss is NaN): browsers' JSON.parse refuses them; null instead."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
+def json_response(data) -> web.Response:
+    return web.json_response(_finite(data), dumps=functools.partial(json.dumps, allow_nan=False))
+
+
+class Dashboard:
+    def __init__(self, coordinator: Coordinator, listener: WebListener):
+        self.c = coordinator
+        self.secure = listener.context is not None
+        listener.authorizers.append(self._session)
+        listener.open_paths.add("/login")
+        router = listener.app.router
+        for path in PAGES:
+            router.add_get(path, self._page)
+        router.add_get("/login", self._login)
+        router.add_static("/static/", STATIC, append_version=False)
+        router.add_get("/api/summary", self._summary)
+        router.add_get("/api/jobs", self._jobs)
+        router.add_get("/api/jobs/{job_id}", self._job)
+        router.add_get("/api/nodes", self._nodes)
+        router.add_get("/api/jobs/{job_id}/tasks/{task}/log", self._log)
+
+    # ---- getting in --------------------------------------------------------------------------------
+
+    async def _session(self, request: web.Request) -> Identity | None:
+        session = request.cookies.get(COOKIE)
+        return self.c.logins.holder(session, self.c.clock()) if session else None
+
+    async def _login(self, request: web.Request) -> web.Response:
+        redeemed = self.c.logins.redeem(request.query.get("token", ""), self.c.clock())
+        if redeemed is None:
+            raise web.HTTPForbidden(text="this login link is unknown, used or expired: run `tfcluster dashboard` "
+                                         "for a new one\n")
+        session_id, _ = redeemed
+        target = request.query.get("next", "/")
+        if not target.startswith("/") or target.startswith("//"):  # never a redirect to another site
+            target = "/"
+        response = web.HTTPFound(target)
+        response.set_cookie(COOKIE, session_id, max_age=int(SESSION_SECONDS), httponly=True, secure=self.secure,
+                            samesite="Strict", path="/")
+        raise response
+
+    async def _page(self, request: web.Request) -> web.FileResponse:
+        return web.FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-store"})
+
+    # ---- the API -----------------------------------------------------------------------------------
+
+    async def _summary(self, request: web.Request) -> web.Response:
+        summary = wire.summary_doc(control_pb2.ClusterSummary(**status.summary(self.c.cluster),
+                                                              insecure=self.c.authority is None))
+        who = request.get(CALLER)
+        return json_response({**summary, "version": __version__, "time": self.c.clock(),
+                                  "viewer": str(who) if who else "", "job_states": list(JOB_STATES)})
+
+    async def _jobs(self, request: web.Request) -> web.Response:
+        """Jobs newest first, `before` a job number, filtered by state and name prefix."""
+        before = _int(request, "before", 0)
+        states = {s for s in request.query.get("state", "").split(",") if s}
+        prefix = request.query.get("name", "")
+        jobs = (j for j in sorted(self.c.cluster.jobs.values(), key=lambda j: j.number, reverse=True)
+                if (not before or j.number < before) and (not states or j.state in states)
+                and j.spec.name.startswith(prefix))
+        page = list(itertools.islice(jobs, _limit(request) + 1))
+        more = len(page) > _limit(request)
+        page = page[:_limit(request)]
+        return json_response({"jobs": [job_row(j) for j in page],
+                                  "next": str(page[-1].number) if more else ""})
+
+    async def _job(self, request: web.Request) -> web.Response:
+        job = self._find_job(request)
+        return json_response(wire.job_doc(wire.job_status(job)))
+
+    async def _nodes(self, request: web.Request) -> web.Response:
+        c = self.c.cluster
+        running, now = self.c.running_tasks(), self.c.clock()
+        entries = status.nodes(c, request.query.get("after", ""), request.query.get("state", ""),
+                               request.query.get("name", ""))
+        page = list(itertools.islice(entries, _limit(request) + 1))
+        more = len(page) > _limit(request)
+        page = page[:_limit(request)]
+        nodes = []
+        for node in page:
+            doc = wire.node_doc(wire.node_status(node, running[node.name], now))
+            doc["tasks"] = [{"job": job.id, "task": task.key, "state": task.state,
+                             "gpus": [g.index for g in task.gpus]}
+                            for job, task in c.placed_on(node.name) if task.live]
+            nodes.append(doc)
+        return json_response({"nodes": nodes, "next": page[-1].name if more else ""})
+
+    async def _log(self, request: web.Request) -> web.StreamResponse:
+        """A task's log as plain text: its last lines, then (follow=1) what it writes until it ends."""
+        job = self._find_job(request)
+        task_type, _, index = request.match_info["task"].partition(":")
+        task = job.task(task_type, int(index)) if index.isdigit() else None
+        if task is None:
+            raise web.HTTPNotFound(text=f"job {job.id} has no task {request.match_info['task']}\n")
+        follow = request.query.get("follow") == "1"
+        try:
+            request_id, waiter = self.c.open_log(job.id, task.type, task.index, _int(request, "attempt", 0),
+                                                 follow, _int(request, "tail", LOG_TAIL_LINES))
+        except (KeyError, LookupError, ConnectionError) as e:
+            raise web.HTTPServiceUnavailable(text=f"{e.args[0] if e.args else e}\n") from None
+        response = web.StreamResponse(headers={"Content-Type": "text/plain; charset=utf-8",
+                                               "Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"})
+        await response.prepare(request)
+        finished = False
+        try:
+            while True:
+                chunk = await waiter.chunks.get()
+                if chunk.data:
+                    await response.write(chunk.data)
+                if chunk.error:
+                    await response.write(f"\n[tfcluster: {chunk.error}]\n".encode())
+                if chunk.eof or chunk.error:
+                    finished = True
+                    break
+        except (ConnectionResetError, asyncio.CancelledError):
+            pass  # the browser went away
+        finally:
+            self.c.close_log(request_id, cancel=not finished)
+        return response
+
+    def _find_job(self, request: web.Request) -> Job:
+        job = self.c.cluster.jobs.get(request.match_info["job_id"])
+        if job is None:
+            raise web.HTTPNotFound(text=f"unknown job {request.match_info['job_id']!r}\n")
+        return job
+
+
+def job_row(job: Job) -> dict:
+    """What the job list shows of a job (no tasks, no evaluation history: a page of them stays small)."""
+    f = job.last_failure
+    latest = job.evaluations[-1] if job.evaluations else None
+    return {"id": job.id, "name": job.spec.name, "state": job.state, "strategy": job.strategy,
+            "restarts": job.restarts, "preemptions": job.preemptions, "message": job.message,
+            "created": job.created, "finished": job.finished or None, "tasks": len(job.tasks),
+            "last_failure": f.describe() if f else "",
+            "evaluation": {"step": latest.step, "metrics": latest.metrics} if latest else None}
+
+
+def _int(request: web.Request, name: str, default: int) -> int:
+    text = request.query.get(name, "")
+    if not text:
+        return default
+    if not text.isdigit():
+        raise web.HTTPBadRequest(text=f"{name}: expected a whole number, got {text[:40]!r}\n")
+    return int(text)
+
+
+def _limit(request: web.Request) -> int:
+    return max(1, min(_int(request, "limit", API_PAGE), API_MAX_PAGE))
