@@ -36,6 +36,7 @@ POLICY: dict[str, frozenset[str]] = {
     AGENT + "Register": frozenset({NODE}),
     AGENT + "Connect": frozenset({NODE}),
     AGENT + "RenewCertificate": frozenset({NODE}),
+    AGENT + "EndedJobs": frozenset({NODE}),
     JOIN + "Join": frozenset({ANONYMOUS}),
     PEER + "PutFiles": frozenset({NODE}),
     CONTROL + "GetStatus": READERS,
@@ -47,6 +48,7 @@ POLICY: dict[str, frozenset[str]] = {
     CONTROL + "StopJob": frozenset({ADMIN}),
     CONTROL + "CreateJoinToken": frozenset({ADMIN}),
     CONTROL + "RemoveNode": frozenset({ADMIN}),
+    CONTROL + "CreateDashboardLogin": READERS,
 }
 HEALTH = "/grpc.health.v1.Health/"
 REMOVED = "was removed from the cluster"  # the refusal an agent of a removed node gets: it stops its tasks

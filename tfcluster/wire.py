@@ -25,6 +25,7 @@ from tfcluster.spec import JobSpec, RestartPolicy, RoleSpec, validate
 MAX_TEXT = 4096        # a message, a path, a name of a GPU
 MAX_LOG_TAIL_LINES = 50
 MAX_TASKS_PER_NODE = 10_000  # task reports with a registration, progress entries with a heartbeat
+MAX_JOB_IDS = 1000           # asked about in one EndedJobs call
 PHASES = {"RUNNING": pb.TASK_PHASE_RUNNING, "EXITED": pb.TASK_PHASE_EXITED,
           "FAILED_TO_START": pb.TASK_PHASE_FAILED_TO_START}
 PHASE_NAMES = {v: k for k, v in PHASES.items()}
@@ -126,10 +127,16 @@ def task_report_from_proto(msg: pb.TaskReport) -> TaskReport:
     return TaskReport(_attempt(msg, "task"), phase, pid=msg.pid, listening=msg.listening, exit=exit)
 
 
-def heartbeat_to_proto(session_id: str, progress: list[TaskProgress]) -> agent_pb2.AgentMessage:
-    return agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat(session_id=session_id, progress=[
+def heartbeat_to_proto(session_id: str, progress: list[TaskProgress],
+                       condition: str = "") -> agent_pb2.AgentMessage:
+    return agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat(session_id=session_id, condition=condition, progress=[
         agent_pb2.TaskProgress(**_attempt_fields(p.attempt), output_bytes=p.output_bytes, checkpoint=p.checkpoint)
         for p in progress]))
+
+
+def condition_from_proto(msg: agent_pb2.Heartbeat) -> str:
+    """Why the node takes no new tasks ("" when it does): shown as it is, so made one safe line."""
+    return printable(msg.condition[:MAX_TEXT])
 
 
 def progress_from_proto(msg: agent_pb2.Heartbeat) -> list[TaskProgress]:
@@ -169,6 +176,25 @@ def log_data_to_proto(d: LogData) -> agent_pb2.AgentMessage:
 
 def log_data_from_proto(msg: agent_pb2.LogData) -> LogData:
     return LogData(msg.request_id, msg.data, msg.eof, msg.error[:MAX_TEXT])
+
+
+def ended_jobs_request(job_ids: list[str]) -> agent_pb2.EndedJobsRequest:
+    return agent_pb2.EndedJobsRequest(job_ids=job_ids)
+
+
+def ended_jobs_request_from_proto(msg: agent_pb2.EndedJobsRequest) -> list[str]:
+    if len(msg.job_ids) > MAX_JOB_IDS:
+        raise ValueError(f"job_ids: at most {MAX_JOB_IDS}, got {len(msg.job_ids)}")
+    return [_text(job_id, "job_ids", 256) for job_id in msg.job_ids]
+
+
+def ended_jobs_response(job_ids: list[str]) -> agent_pb2.EndedJobsResponse:
+    return agent_pb2.EndedJobsResponse(ended_job_ids=job_ids)
+
+
+def ended_jobs_from_proto(msg: agent_pb2.EndedJobsResponse, asked: list[str]) -> set[str]:
+    """The jobs the coordinator says are over, of those asked about (nothing else is ever removed for it)."""
+    return set(msg.ended_job_ids) & set(asked)
 
 
 # ---- coordinator to agent -----------------------------------------------------------------------
@@ -229,7 +255,8 @@ def spec_to_proto(spec: JobSpec) -> pb.JobSpec:
                      evaluator_deadline_seconds=spec.evaluator_deadline_seconds)
     for role_type, role in spec.roles.items():
         msg.roles[role_type].CopyFrom(pb.RoleSpec(count=role.count, gpus=role.gpus, command=role.command,
-                                                  env=role.env, nodes=role.nodes, entrypoint=role.entrypoint))
+                                                  env=role.env, nodes=role.nodes, entrypoint=role.entrypoint,
+                                                  summary_dir=role.summary_dir))
     r = spec.restart
     msg.restart.CopyFrom(pb.RestartPolicy(max_restarts=r.max_restarts, backoff_seconds=r.backoff_seconds,
                                           permanent_exit_codes=r.permanent_exit_codes, hang_seconds=r.hang_seconds))
@@ -240,7 +267,7 @@ def spec_from_proto(msg: pb.JobSpec) -> JobSpec:
     """A spec from the wire, validated by the same rules as a file (SpecError names the field). Its paths
     must be absolute: the client resolved them where the spec was written."""
     roles = {t: RoleSpec(count=r.count, gpus=r.gpus if r.HasField("gpus") else None, command=tuple(r.command),
-                         env=dict(r.env), nodes=tuple(r.nodes), entrypoint=r.entrypoint)
+                         env=dict(r.env), nodes=tuple(r.nodes), entrypoint=r.entrypoint, summary_dir=r.summary_dir)
              for t, r in msg.roles.items()}
     if "chief" not in roles and "worker" not in roles:
         roles["worker"] = RoleSpec(count=1)  # as in a file: the plain case is one training task
@@ -265,7 +292,7 @@ def node_status(node, running_tasks: int, now: float) -> control_pb2.NodeStatus:
         name=i.name, address=i.address, state=node.state, gpus=[gpu_to_proto(g) for g in i.gpus],
         hostname=i.hostname, cpu_count=i.cpu_count, memory_bytes=i.memory_bytes, agent_version=i.agent_version,
         last_seen_seconds_ago=max(0.0, now - node.seen.last_seen), port_range_start=i.port_range[0],
-        port_range_end=i.port_range[1], running_tasks=running_tasks)
+        port_range_end=i.port_range[1], running_tasks=running_tasks, condition=node.seen.condition)
 
 
 def _exit_fields(target, exit: TaskExit | None) -> None:
@@ -321,7 +348,8 @@ def node_doc(n: control_pb2.NodeStatus) -> dict[str, Any]:
     return {"name": n.name, "address": n.address, "state": n.state, "gpus": [gpu_doc(g) for g in n.gpus],
             "hostname": n.hostname, "cpu_count": n.cpu_count, "memory_bytes": n.memory_bytes,
             "agent_version": n.agent_version, "last_seen_seconds_ago": round(n.last_seen_seconds_ago, 3),
-            "port_range": [n.port_range_start, n.port_range_end], "running_tasks": n.running_tasks}
+            "port_range": [n.port_range_start, n.port_range_end], "running_tasks": n.running_tasks,
+            "condition": n.condition}
 
 
 def evaluation_doc(e) -> dict[str, Any]:

@@ -14,7 +14,7 @@ os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 import typer  # noqa: E402
 
 from tfcluster import __version__  # noqa: E402
-from tfcluster.cli import cluster, daemons, jobs  # noqa: E402,F401  (each module adds its commands to the app)
+from tfcluster.cli import cluster, daemons, jobs, node  # noqa: E402,F401  (each module adds its commands to the app)
 from tfcluster.cli.common import app, err, out  # noqa: E402
 
 

@@ -2,16 +2,41 @@
 
 from __future__ import annotations
 
+import faulthandler
 from pathlib import Path
 from typing import Optional
 
 import typer
 
-from tfcluster.cli.common import app, default_state_dir, fail, parse_duration, parse_size, read_token, setup_logging
+from tfcluster.cli.common import app, default_state_dir, fail, parse_duration, parse_size, read_token
+from tfcluster.cli.node import MinFreeDiskOpt, RetainBytesOpt, RetainForOpt, retention_policy
+from tfcluster.daemon import logformat
+from tfcluster.daemon.web import HttpError
 from tfcluster.pki import PkiError
 
 MIN_NODE_CERT_SECONDS = 5           # the agent renews at two thirds: shorter would be renewing all the time
 MAX_NODE_CERT_SECONDS = 365 * 86400
+LogFormatOpt = typer.Option("text", metavar="text|json",
+                            help="text: one line per event (under journald with its priority, without a "
+                                 "timestamp); json: one object per line for log collectors.")
+
+
+def _setup_logging(level: str, fmt: str) -> None:
+    try:
+        logformat.setup(level, fmt)
+    except ValueError as e:
+        fail(str(e), 2)
+    # A daemon that systemd's watchdog kills (SIGABRT) leaves the stack of every thread in its log: where it hung.
+    faulthandler.enable()
+
+
+def _task_log_bytes(text: str) -> int:
+    from tfcluster.daemon.agent.tasklog import MIN_LIMIT_BYTES
+
+    size = parse_size(text, "--max-task-log")
+    if size < MIN_LIMIT_BYTES:
+        fail(f"--max-task-log: expected at least {MIN_LIMIT_BYTES // 1024}K, got {text!r}", 2)
+    return size
 
 
 def _check_trust_flags(tls_dir: Optional[Path], insecure: bool, token: Optional[str]) -> None:
@@ -49,7 +74,11 @@ def coordinator(
     token_file: Optional[str] = typer.Option(None, envvar="TFCLUSTER_TOKEN_FILE", metavar="FILE",
                                              help="With --insecure: a shared token calls must carry "
                                                   "(sent in clear text) [env: TFCLUSTER_TOKEN_FILE]."),
+    http_listen: Optional[str] = typer.Option(None, metavar="HOST:PORT",
+                                              help="Serve Prometheus metrics at /metrics here (HTTPS with TLS: "
+                                                   "clients need an admin or viewer certificate) [default: off]."),
     log_level: str = typer.Option("info", help="debug, info, warning or error."),
+    log_format: str = LogFormatOpt,
 ) -> None:
     """Run the coordinator: registrations, scheduling, job state."""
     import sqlite3
@@ -57,7 +86,7 @@ def coordinator(
     from tfcluster.daemon.coordinator.process import serve
     from tfcluster.daemon.coordinator.service import CoordinatorServer
 
-    setup_logging(log_level)
+    _setup_logging(log_level, log_format)
     token = read_token(token_file)
     _check_trust_flags(tls_dir, insecure, token)
     keep_for = parse_duration(keep_finished_for, "--keep-finished-for")
@@ -72,10 +101,12 @@ def coordinator(
                                    heartbeat_interval, tls_dir=tls_dir, insecure=insecure,
                                    join_listen=join_listen or "", token=token,
                                    keep_finished_jobs=keep_finished_jobs, keep_finished_seconds=keep_for,
-                                   node_cert_seconds=node_cert_seconds)
+                                   node_cert_seconds=node_cert_seconds, http_listen=http_listen or "")
         serve(server)
     except PkiError as e:
         fail(f"--tls-dir: {e}", 2)
+    except HttpError as e:
+        fail(str(e), 2)
     except (OSError, RuntimeError, sqlite3.Error) as e:
         fail(f"cannot run the coordinator on {listen}: {e}")
 
@@ -112,18 +143,29 @@ def agent(
     peer_quota: str = typer.Option("64G", metavar="SIZE",
                                    help="Checkpoint bytes other agents may send this node for one job, e.g. 500M, "
                                         "64G, 2T."),
+    retain_for: str = RetainForOpt,
+    retain_bytes: str = RetainBytesOpt,
+    min_free_disk: str = MinFreeDiskOpt,
+    max_task_log: str = typer.Option("256M", metavar="SIZE",
+                                     help="Output kept per task attempt: past it the first quarter and the newest "
+                                          "bytes stay, and `tfcluster logs` marks what was dropped between them."),
     insecure: bool = typer.Option(False, "--insecure",
                                   help="Talk plain text to a coordinator run with --insecure, and accept checkpoint "
                                        "files from anyone. For tests and throwaway clusters only."),
     token_file: Optional[str] = typer.Option(None, envvar="TFCLUSTER_TOKEN_FILE", metavar="FILE",
                                              help="With --insecure: the coordinator's shared token, also required "
                                                   "from other agents [env: TFCLUSTER_TOKEN_FILE]."),
+    http_listen: Optional[str] = typer.Option(None, metavar="HOST:PORT",
+                                              help="Serve Prometheus metrics at /metrics here (HTTPS with the node's "
+                                                   "certificate: clients need an admin or viewer one) "
+                                                   "[default: off]."),
     log_level: str = typer.Option("info", help="debug, info, warning or error."),
+    log_format: str = LogFormatOpt,
 ) -> None:
     """Run the agent of this node: discover GPUs, register, launch and watch tasks."""
     from tfcluster.daemon.agent.main import EXIT_REFUSED, SettingsError, configure, serve
 
-    setup_logging(log_level)
+    _setup_logging(log_level, log_format)
     token = read_token(token_file)
     if token and not insecure:
         fail("--token-file goes with --insecure; with TLS the node's certificate takes its place", 2)
@@ -131,13 +173,15 @@ def agent(
         config = configure(coordinator, name, advertise_address, port_range, peer_port, gpu_inventory,
                            state_dir or default_state_dir("agent"), token, insecure=insecure, join=join or "",
                            ca_cert=ca_cert, ca_hash=ca_hash or "", join_address=join_address or "",
-                           peer_quota=parse_size(peer_quota, "--peer-quota"))
+                           peer_quota=parse_size(peer_quota, "--peer-quota"), http_listen=http_listen or "",
+                           retention=retention_policy(retain_for, retain_bytes, min_free_disk),
+                           task_log_bytes=_task_log_bytes(max_task_log))
     except SettingsError as e:
         fail(str(e), 2)
     try:
         refused = serve(config, stop_tasks_on_exit)
     except (OSError, RuntimeError) as e:
-        fail(f"--peer-port {config.peer_port}: {e}")
+        fail(str(e) if str(e).startswith("--http-listen") else f"--peer-port {config.peer_port}: {e}")
     if refused:
         fail(f"the coordinator at {coordinator} refused this agent: {refused}", EXIT_REFUSED)
 

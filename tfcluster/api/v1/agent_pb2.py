@@ -26,7 +26,7 @@ _sym_db = _symbol_database.Default()
 from tfcluster.api.v1 import types_pb2 as tfcluster_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18tfcluster/v1/agent.proto\x12\x0ctfcluster.v1\x1a\x18tfcluster/v1/types.proto\"l\n\tFileChunk\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x13\n\x0b\x65nd_of_file\x18\x04 \x01(\x08\x12\x0e\n\x06sha256\x18\x05 \x01(\t\x12\x0e\n\x06\x63ommit\x18\x06 \x01(\x08\"-\n\rPutFilesReply\x12\r\n\x05\x62ytes\x18\x01 \x01(\x04\x12\r\n\x05\x66iles\x18\x02 \x01(\r\"<\n\x0bJoinRequest\x12\r\n\x05token\x18\x01 \x01(\t\x12\x11\n\tnode_name\x18\x02 \x01(\t\x12\x0b\n\x03\x63sr\x18\x03 \x01(\x0c\";\n\x0cJoinResponse\x12\x13\n\x0b\x63\x65rtificate\x18\x01 \x01(\x0c\x12\x16\n\x0e\x63\x61_certificate\x18\x02 \x01(\x0c\"&\n\x17RenewCertificateRequest\x12\x0b\n\x03\x63sr\x18\x01 \x01(\x0c\"/\n\x18RenewCertificateResponse\x12\x13\n\x0b\x63\x65rtificate\x18\x01 \x01(\x0c\"`\n\x0fRegisterRequest\x12$\n\x04node\x18\x01 \x01(\x0b\x32\x16.tfcluster.v1.NodeInfo\x12\'\n\x05tasks\x18\x02 \x03(\x0b\x32\x18.tfcluster.v1.TaskReport\"J\n\x10RegisterResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\"\n\x1aheartbeat_interval_seconds\x18\x02 \x01(\x01\"M\n\tHeartbeat\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12,\n\x08progress\x18\x02 \x03(\x0b\x32\x1a.tfcluster.v1.TaskProgress\"\x80\x01\n\x0cTaskProgress\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\ttask_type\x18\x02 \x01(\t\x12\x12\n\ntask_index\x18\x03 \x01(\r\x12\x0f\n\x07\x61ttempt\x18\x04 \x01(\r\x12\x14\n\x0coutput_bytes\x18\x05 \x01(\x04\x12\x12\n\ncheckpoint\x18\x06 \x01(\t\"3\n\nStreamOpen\x12\x11\n\tnode_name\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\"G\n\x07LogData\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x0b\n\x03\x65of\x18\x03 \x01(\x08\x12\r\n\x05\x65rror\x18\x04 \x01(\t\"\x9b\x02\n\x0c\x41gentMessage\x12(\n\x04open\x18\x01 \x01(\x0b\x32\x18.tfcluster.v1.StreamOpenH\x00\x12,\n\theartbeat\x18\x02 \x01(\x0b\x32\x17.tfcluster.v1.HeartbeatH\x00\x12(\n\x04task\x18\x03 \x01(\x0b\x32\x18.tfcluster.v1.TaskReportH\x00\x12$\n\x03log\x18\x04 \x01(\x0b\x32\x15.tfcluster.v1.LogDataH\x00\x12.\n\nevaluation\x18\x05 \x01(\x0b\x32\x18.tfcluster.v1.EvaluationH\x00\x12+\n\tsync_done\x18\x06 \x01(\x0b\x32\x16.tfcluster.v1.SyncDoneH\x00\x42\x06\n\x04kind\"i\n\x08StopTask\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\ttask_type\x18\x02 \x01(\t\x12\x12\n\ntask_index\x18\x03 \x01(\r\x12\x0f\n\x07\x61ttempt\x18\x04 \x01(\r\x12\x15\n\rgrace_seconds\x18\x05 \x01(\x01\"\x89\x01\n\x07ReadLog\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x11\n\ttask_type\x18\x03 \x01(\t\x12\x12\n\ntask_index\x18\x04 \x01(\r\x12\x0f\n\x07\x61ttempt\x18\x05 \x01(\r\x12\x0e\n\x06\x66ollow\x18\x06 \x01(\x08\x12\x12\n\ntail_lines\x18\x07 \x01(\r\"r\n\x0e\x46inishTraining\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\ttask_type\x18\x02 \x01(\t\x12\x12\n\ntask_index\x18\x03 \x01(\r\x12\x0f\n\x07\x61ttempt\x18\x04 \x01(\r\x12\x18\n\x10\x66inal_checkpoint\x18\x05 \x01(\t\"j\n\x0fShipCheckpoints\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\ttask_type\x18\x02 \x01(\t\x12\x12\n\ntask_index\x18\x03 \x01(\r\x12\x0f\n\x07\x61ttempt\x18\x04 \x01(\r\x12\x0f\n\x07targets\x18\x05 \x03(\t\"C\n\x0fSyncCheckpoints\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07sync_id\x18\x02 \x01(\x04\x12\x0f\n\x07targets\x18\x03 \x03(\t\"h\n\x08SyncDone\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07sync_id\x18\x02 \x01(\x04\x12\n\n\x02ok\x18\x03 \x01(\x08\x12\x0f\n\x07message\x18\x04 \x01(\t\x12\r\n\x05\x62ytes\x18\x05 \x01(\x04\x12\x0f\n\x07seconds\x18\x06 \x01(\x01\"\x1f\n\tCancelLog\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\"\x1d\n\x0b\x45xpectFiles\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x94\x03\n\x12\x43oordinatorMessage\x12*\n\x06launch\x18\x01 \x01(\x0b\x32\x18.tfcluster.v1.TaskLaunchH\x00\x12&\n\x04stop\x18\x02 \x01(\x0b\x32\x16.tfcluster.v1.StopTaskH\x00\x12)\n\x08read_log\x18\x03 \x01(\x0b\x32\x15.tfcluster.v1.ReadLogH\x00\x12-\n\ncancel_log\x18\x04 \x01(\x0b\x32\x17.tfcluster.v1.CancelLogH\x00\x12\x37\n\x0f\x66inish_training\x18\x05 \x01(\x0b\x32\x1c.tfcluster.v1.FinishTrainingH\x00\x12-\n\x04ship\x18\x06 \x01(\x0b\x32\x1d.tfcluster.v1.ShipCheckpointsH\x00\x12-\n\x04sync\x18\x07 \x01(\x0b\x32\x1d.tfcluster.v1.SyncCheckpointsH\x00\x12\x31\n\x0c\x65xpect_files\x18\x08 \x01(\x0b\x32\x19.tfcluster.v1.ExpectFilesH\x00\x42\x06\n\x04kind2V\n\x10\x41gentPeerService\x12\x42\n\x08PutFiles\x12\x17.tfcluster.v1.FileChunk\x1a\x1b.tfcluster.v1.PutFilesReply(\x01\x32\x89\x02\n\x0c\x41gentService\x12I\n\x08Register\x12\x1d.tfcluster.v1.RegisterRequest\x1a\x1e.tfcluster.v1.RegisterResponse\x12K\n\x07\x43onnect\x12\x1a.tfcluster.v1.AgentMessage\x1a .tfcluster.v1.CoordinatorMessage(\x01\x30\x01\x12\x61\n\x10RenewCertificate\x12%.tfcluster.v1.RenewCertificateRequest\x1a&.tfcluster.v1.RenewCertificateResponse2L\n\x0bJoinService\x12=\n\x04Join\x12\x19.tfcluster.v1.JoinRequest\x1a\x1a.tfcluster.v1.JoinResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18tfcluster/v1/agent.proto\x12\x0ctfcluster.v1\x1a\x18tfcluster/v1/types.proto\"l\n\tFileChunk\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x13\n\x0b\x65nd_of_file\x18\x04 \x01(\x08\x12\x0e\n\x06sha256\x18\x05 \x01(\t\x12\x0e\n\x06\x63ommit\x18\x06 \x01(\x08\"-\n\rPutFilesReply\x12\r\n\x05\x62ytes\x18\x01 \x01(\x04\x12\r\n\x05\x66iles\x18\x02 \x01(\r\"<\n\x0bJoinRequest\x12\r\n\x05token\x18\x01 \x01(\t\x12\x11\n\tnode_name\x18\x02 \x01(\t\x12\x0b\n\x03\x63sr\x18\x03 \x01(\x0c\";\n\x0cJoinResponse\x12\x13\n\x0b\x63\x65rtificate\x18\x01 \x01(\x0c\x12\x16\n\x0e\x63\x61_certificate\x18\x02 \x01(\x0c\"&\n\x17RenewCertificateRequest\x12\x0b\n\x03\x63sr\x18\x01 \x01(\x0c\"/\n\x18RenewCertificateResponse\x12\x13\n\x0b\x63\x65rtificate\x18\x01 \x01(\x0c\"#\n\x10\x45ndedJobsRequest\x12\x0f\n\x07job_ids\x18\x01 \x03(\t\"*\n\x11\x45ndedJobsResponse\x12\x15\n\rended_job_ids\x18\x01 \x03(\t\"`\n\x0fRegisterRequest\x12$\n\x04node\x18\x01 \x01(\x0b\x32\x16.tfcluster.v1.NodeInfo\x12\'\n\x05tasks\x18\x02 \x03(\x0b\x32\x18.tfcluster.v1.TaskReport\"J\n\x10RegisterResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\"\n\x1aheartbeat_interval_seconds\x18\x02 \x01(\x01\"`\n\tHeartbeat\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12,\n\x08progress\x18\x02 \x03(\x0b\x32\x1a.tfcluster.v1.TaskProgress\x12\x11\n\tcondition\x18\x03 \x01(\t\"\x80\x01\n\x0cTaskProgress\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\ttask_type\x18\x02 \x01(\t\x12\x12\n\ntask_index\x18\x03 \x01(\r\x12\x0f\n\x07\x61ttempt\x18\x04 \x01(\r\x12\x14\n\x0coutput_bytes\x18\x05 \x01(\x04\x12\x12\n\ncheckpoint\x18\x06 \x01(\t\"3\n\nStreamOpen\x12\x11\n\tnode_name\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\"G\n\x07LogData\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x0b\n\x03\x65of\x18\x03 \x01(\x08\x12\r\n\x05\x65rror\x18\x04 \x01(\t\"\x9b\x02\n\x0c\x41gentMessage\x12(\n\x04open\x18\x01 \x01(\x0b\x32\x18.tfcluster.v1.StreamOpenH\x00\x12,\n\theartbeat\x18\x02 \x01(\x0b\x32\x17.tfcluster.v1.HeartbeatH\x00\x12(\n\x04task\x18\x03 \x01(\x0b\x32\x18.tfcluster.v1.TaskReportH\x00\x12$\n\x03log\x18\x04 \x01(\x0b\x32\x15.tfcluster.v1.LogDataH\x00\x12.\n\nevaluation\x18\x05 \x01(\x0b\x32\x18.tfcluster.v1.EvaluationH\x00\x12+\n\tsync_done\x18\x06 \x01(\x0b\x32\x16.tfcluster.v1.SyncDoneH\x00\x42\x06\n\x04kind\"i\n\x08StopTask\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\ttask_type\x18\x02 \x01(\t\x12\x12\n\ntask_index\x18\x03 \x01(\r\x12\x0f\n\x07\x61ttempt\x18\x04 \x01(\r\x12\x15\n\rgrace_seconds\x18\x05 \x01(\x01\"\x89\x01\n\x07ReadLog\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x11\n\ttask_type\x18\x03 \x01(\t\x12\x12\n\ntask_index\x18\x04 \x01(\r\x12\x0f\n\x07\x61ttempt\x18\x05 \x01(\r\x12\x0e\n\x06\x66ollow\x18\x06 \x01(\x08\x12\x12\n\ntail_lines\x18\x07 \x01(\r\"r\n\x0e\x46inishTraining\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\ttask_type\x18\x02 \x01(\t\x12\x12\n\ntask_index\x18\x03 \x01(\r\x12\x0f\n\x07\x61ttempt\x18\x04 \x01(\r\x12\x18\n\x10\x66inal_checkpoint\x18\x05 \x01(\t\"j\n\x0fShipCheckpoints\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\ttask_type\x18\x02 \x01(\t\x12\x12\n\ntask_index\x18\x03 \x01(\r\x12\x0f\n\x07\x61ttempt\x18\x04 \x01(\r\x12\x0f\n\x07targets\x18\x05 \x03(\t\"C\n\x0fSyncCheckpoints\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07sync_id\x18\x02 \x01(\x04\x12\x0f\n\x07targets\x18\x03 \x03(\t\"h\n\x08SyncDone\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07sync_id\x18\x02 \x01(\x04\x12\n\n\x02ok\x18\x03 \x01(\x08\x12\x0f\n\x07message\x18\x04 \x01(\t\x12\r\n\x05\x62ytes\x18\x05 \x01(\x04\x12\x0f\n\x07seconds\x18\x06 \x01(\x01\"\x1f\n\tCancelLog\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\"\x1d\n\x0b\x45xpectFiles\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x94\x03\n\x12\x43oordinatorMessage\x12*\n\x06launch\x18\x01 \x01(\x0b\x32\x18.tfcluster.v1.TaskLaunchH\x00\x12&\n\x04stop\x18\x02 \x01(\x0b\x32\x16.tfcluster.v1.StopTaskH\x00\x12)\n\x08read_log\x18\x03 \x01(\x0b\x32\x15.tfcluster.v1.ReadLogH\x00\x12-\n\ncancel_log\x18\x04 \x01(\x0b\x32\x17.tfcluster.v1.CancelLogH\x00\x12\x37\n\x0f\x66inish_training\x18\x05 \x01(\x0b\x32\x1c.tfcluster.v1.FinishTrainingH\x00\x12-\n\x04ship\x18\x06 \x01(\x0b\x32\x1d.tfcluster.v1.ShipCheckpointsH\x00\x12-\n\x04sync\x18\x07 \x01(\x0b\x32\x1d.tfcluster.v1.SyncCheckpointsH\x00\x12\x31\n\x0c\x65xpect_files\x18\x08 \x01(\x0b\x32\x19.tfcluster.v1.ExpectFilesH\x00\x42\x06\n\x04kind2V\n\x10\x41gentPeerService\x12\x42\n\x08PutFiles\x12\x17.tfcluster.v1.FileChunk\x1a\x1b.tfcluster.v1.PutFilesReply(\x01\x32\xd7\x02\n\x0c\x41gentService\x12I\n\x08Register\x12\x1d.tfcluster.v1.RegisterRequest\x1a\x1e.tfcluster.v1.RegisterResponse\x12K\n\x07\x43onnect\x12\x1a.tfcluster.v1.AgentMessage\x1a .tfcluster.v1.CoordinatorMessage(\x01\x30\x01\x12\x61\n\x10RenewCertificate\x12%.tfcluster.v1.RenewCertificateRequest\x1a&.tfcluster.v1.RenewCertificateResponse\x12L\n\tEndedJobs\x12\x1e.tfcluster.v1.EndedJobsRequest\x1a\x1f.tfcluster.v1.EndedJobsResponse2L\n\x0bJoinService\x12=\n\x04Join\x12\x19.tfcluster.v1.JoinRequest\x1a\x1a.tfcluster.v1.JoinResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -45,42 +45,46 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RENEWCERTIFICATEREQUEST']._serialized_end=386
   _globals['_RENEWCERTIFICATERESPONSE']._serialized_start=388
   _globals['_RENEWCERTIFICATERESPONSE']._serialized_end=435
-  _globals['_REGISTERREQUEST']._serialized_start=437
-  _globals['_REGISTERREQUEST']._serialized_end=533
-  _globals['_REGISTERRESPONSE']._serialized_start=535
-  _globals['_REGISTERRESPONSE']._serialized_end=609
-  _globals['_HEARTBEAT']._serialized_start=611
-  _globals['_HEARTBEAT']._serialized_end=688
-  _globals['_TASKPROGRESS']._serialized_start=691
-  _globals['_TASKPROGRESS']._serialized_end=819
-  _globals['_STREAMOPEN']._serialized_start=821
-  _globals['_STREAMOPEN']._serialized_end=872
-  _globals['_LOGDATA']._serialized_start=874
-  _globals['_LOGDATA']._serialized_end=945
-  _globals['_AGENTMESSAGE']._serialized_start=948
-  _globals['_AGENTMESSAGE']._serialized_end=1231
-  _globals['_STOPTASK']._serialized_start=1233
-  _globals['_STOPTASK']._serialized_end=1338
-  _globals['_READLOG']._serialized_start=1341
-  _globals['_READLOG']._serialized_end=1478
-  _globals['_FINISHTRAINING']._serialized_start=1480
-  _globals['_FINISHTRAINING']._serialized_end=1594
-  _globals['_SHIPCHECKPOINTS']._serialized_start=1596
-  _globals['_SHIPCHECKPOINTS']._serialized_end=1702
-  _globals['_SYNCCHECKPOINTS']._serialized_start=1704
-  _globals['_SYNCCHECKPOINTS']._serialized_end=1771
-  _globals['_SYNCDONE']._serialized_start=1773
-  _globals['_SYNCDONE']._serialized_end=1877
-  _globals['_CANCELLOG']._serialized_start=1879
-  _globals['_CANCELLOG']._serialized_end=1910
-  _globals['_EXPECTFILES']._serialized_start=1912
-  _globals['_EXPECTFILES']._serialized_end=1941
-  _globals['_COORDINATORMESSAGE']._serialized_start=1944
-  _globals['_COORDINATORMESSAGE']._serialized_end=2348
-  _globals['_AGENTPEERSERVICE']._serialized_start=2350
-  _globals['_AGENTPEERSERVICE']._serialized_end=2436
-  _globals['_AGENTSERVICE']._serialized_start=2439
-  _globals['_AGENTSERVICE']._serialized_end=2704
-  _globals['_JOINSERVICE']._serialized_start=2706
-  _globals['_JOINSERVICE']._serialized_end=2782
+  _globals['_ENDEDJOBSREQUEST']._serialized_start=437
+  _globals['_ENDEDJOBSREQUEST']._serialized_end=472
+  _globals['_ENDEDJOBSRESPONSE']._serialized_start=474
+  _globals['_ENDEDJOBSRESPONSE']._serialized_end=516
+  _globals['_REGISTERREQUEST']._serialized_start=518
+  _globals['_REGISTERREQUEST']._serialized_end=614
+  _globals['_REGISTERRESPONSE']._serialized_start=616
+  _globals['_REGISTERRESPONSE']._serialized_end=690
+  _globals['_HEARTBEAT']._serialized_start=692
+  _globals['_HEARTBEAT']._serialized_end=788
+  _globals['_TASKPROGRESS']._serialized_start=791
+  _globals['_TASKPROGRESS']._serialized_end=919
+  _globals['_STREAMOPEN']._serialized_start=921
+  _globals['_STREAMOPEN']._serialized_end=972
+  _globals['_LOGDATA']._serialized_start=974
+  _globals['_LOGDATA']._serialized_end=1045
+  _globals['_AGENTMESSAGE']._serialized_start=1048
+  _globals['_AGENTMESSAGE']._serialized_end=1331
+  _globals['_STOPTASK']._serialized_start=1333
+  _globals['_STOPTASK']._serialized_end=1438
+  _globals['_READLOG']._serialized_start=1441
+  _globals['_READLOG']._serialized_end=1578
+  _globals['_FINISHTRAINING']._serialized_start=1580
+  _globals['_FINISHTRAINING']._serialized_end=1694
+  _globals['_SHIPCHECKPOINTS']._serialized_start=1696
+  _globals['_SHIPCHECKPOINTS']._serialized_end=1802
+  _globals['_SYNCCHECKPOINTS']._serialized_start=1804
+  _globals['_SYNCCHECKPOINTS']._serialized_end=1871
+  _globals['_SYNCDONE']._serialized_start=1873
+  _globals['_SYNCDONE']._serialized_end=1977
+  _globals['_CANCELLOG']._serialized_start=1979
+  _globals['_CANCELLOG']._serialized_end=2010
+  _globals['_EXPECTFILES']._serialized_start=2012
+  _globals['_EXPECTFILES']._serialized_end=2041
+  _globals['_COORDINATORMESSAGE']._serialized_start=2044
+  _globals['_COORDINATORMESSAGE']._serialized_end=2448
+  _globals['_AGENTPEERSERVICE']._serialized_start=2450
+  _globals['_AGENTPEERSERVICE']._serialized_end=2536
+  _globals['_AGENTSERVICE']._serialized_start=2539
+  _globals['_AGENTSERVICE']._serialized_end=2882
+  _globals['_JOINSERVICE']._serialized_start=2884
+  _globals['_JOINSERVICE']._serialized_end=2960
 # @@protoc_insertion_point(module_scope)

@@ -62,6 +62,18 @@ class RenewCertificateResponse(_message.Message):
     certificate: bytes
     def __init__(self, certificate: _Optional[bytes] = ...) -> None: ...
 
+class EndedJobsRequest(_message.Message):
+    __slots__ = ("job_ids",)
+    JOB_IDS_FIELD_NUMBER: _ClassVar[int]
+    job_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, job_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class EndedJobsResponse(_message.Message):
+    __slots__ = ("ended_job_ids",)
+    ENDED_JOB_IDS_FIELD_NUMBER: _ClassVar[int]
+    ended_job_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, ended_job_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class RegisterRequest(_message.Message):
     __slots__ = ("node", "tasks")
     NODE_FIELD_NUMBER: _ClassVar[int]
@@ -79,12 +91,14 @@ class RegisterResponse(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., heartbeat_interval_seconds: _Optional[float] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
-    __slots__ = ("session_id", "progress")
+    __slots__ = ("session_id", "progress", "condition")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    CONDITION_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     progress: _containers.RepeatedCompositeFieldContainer[TaskProgress]
-    def __init__(self, session_id: _Optional[str] = ..., progress: _Optional[_Iterable[_Union[TaskProgress, _Mapping]]] = ...) -> None: ...
+    condition: str
+    def __init__(self, session_id: _Optional[str] = ..., progress: _Optional[_Iterable[_Union[TaskProgress, _Mapping]]] = ..., condition: _Optional[str] = ...) -> None: ...
 
 class TaskProgress(_message.Message):
     __slots__ = ("job_id", "task_type", "task_index", "attempt", "output_bytes", "checkpoint")

@@ -133,6 +133,11 @@ class AgentServiceStub:
                 request_serializer=tfcluster_dot_v1_dot_agent__pb2.RenewCertificateRequest.SerializeToString,
                 response_deserializer=tfcluster_dot_v1_dot_agent__pb2.RenewCertificateResponse.FromString,
                 _registered_method=True)
+        self.EndedJobs = channel.unary_unary(
+                '/tfcluster.v1.AgentService/EndedJobs',
+                request_serializer=tfcluster_dot_v1_dot_agent__pb2.EndedJobsRequest.SerializeToString,
+                response_deserializer=tfcluster_dot_v1_dot_agent__pb2.EndedJobsResponse.FromString,
+                _registered_method=True)
 
 
 class AgentServiceServicer:
@@ -160,6 +165,14 @@ class AgentServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def EndedJobs(self, request, context):
+        """Which of these jobs are over, so the node may remove their files: ended, or unknown to the coordinator
+        (it removed them after their retention, or never had them).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -177,6 +190,11 @@ def add_AgentServiceServicer_to_server(servicer, server):
                     servicer.RenewCertificate,
                     request_deserializer=tfcluster_dot_v1_dot_agent__pb2.RenewCertificateRequest.FromString,
                     response_serializer=tfcluster_dot_v1_dot_agent__pb2.RenewCertificateResponse.SerializeToString,
+            ),
+            'EndedJobs': grpc.unary_unary_rpc_method_handler(
+                    servicer.EndedJobs,
+                    request_deserializer=tfcluster_dot_v1_dot_agent__pb2.EndedJobsRequest.FromString,
+                    response_serializer=tfcluster_dot_v1_dot_agent__pb2.EndedJobsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -260,6 +278,33 @@ class AgentService:
             '/tfcluster.v1.AgentService/RenewCertificate',
             tfcluster_dot_v1_dot_agent__pb2.RenewCertificateRequest.SerializeToString,
             tfcluster_dot_v1_dot_agent__pb2.RenewCertificateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EndedJobs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tfcluster.v1.AgentService/EndedJobs',
+            tfcluster_dot_v1_dot_agent__pb2.EndedJobsRequest.SerializeToString,
+            tfcluster_dot_v1_dot_agent__pb2.EndedJobsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -113,7 +113,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ...) -> None: ...
 
 class NodeStatus(_message.Message):
-    __slots__ = ("name", "address", "state", "gpus", "hostname", "cpu_count", "memory_bytes", "agent_version", "last_seen_seconds_ago", "port_range_start", "port_range_end", "running_tasks")
+    __slots__ = ("name", "address", "state", "gpus", "hostname", "cpu_count", "memory_bytes", "agent_version", "last_seen_seconds_ago", "port_range_start", "port_range_end", "running_tasks", "condition")
     NAME_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -126,6 +126,7 @@ class NodeStatus(_message.Message):
     PORT_RANGE_START_FIELD_NUMBER: _ClassVar[int]
     PORT_RANGE_END_FIELD_NUMBER: _ClassVar[int]
     RUNNING_TASKS_FIELD_NUMBER: _ClassVar[int]
+    CONDITION_FIELD_NUMBER: _ClassVar[int]
     name: str
     address: str
     state: str
@@ -138,7 +139,8 @@ class NodeStatus(_message.Message):
     port_range_start: int
     port_range_end: int
     running_tasks: int
-    def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ..., state: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[_types_pb2.Gpu, _Mapping]]] = ..., hostname: _Optional[str] = ..., cpu_count: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., agent_version: _Optional[str] = ..., last_seen_seconds_ago: _Optional[float] = ..., port_range_start: _Optional[int] = ..., port_range_end: _Optional[int] = ..., running_tasks: _Optional[int] = ...) -> None: ...
+    condition: str
+    def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ..., state: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[_types_pb2.Gpu, _Mapping]]] = ..., hostname: _Optional[str] = ..., cpu_count: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., agent_version: _Optional[str] = ..., last_seen_seconds_ago: _Optional[float] = ..., port_range_start: _Optional[int] = ..., port_range_end: _Optional[int] = ..., running_tasks: _Optional[int] = ..., condition: _Optional[str] = ...) -> None: ...
 
 class TaskStatus(_message.Message):
     __slots__ = ("type", "index", "node", "address", "gpus", "state", "pid", "exit_code", "signal", "attempt", "message", "tf_config")
@@ -250,7 +252,7 @@ class GetStatusResponse(_message.Message):
     def __init__(self, nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., jobs: _Optional[_Iterable[_Union[JobStatus, _Mapping]]] = ..., summary: _Optional[_Union[ClusterSummary, _Mapping]] = ...) -> None: ...
 
 class ClusterSummary(_message.Message):
-    __slots__ = ("nodes_by_state", "gpus_total", "gpus_allocated", "jobs_by_state", "nodes_shown", "jobs_shown", "insecure")
+    __slots__ = ("nodes_by_state", "gpus_total", "gpus_allocated", "jobs_by_state", "nodes_shown", "jobs_shown", "insecure", "dashboard_port")
     class NodesByStateEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -272,6 +274,7 @@ class ClusterSummary(_message.Message):
     NODES_SHOWN_FIELD_NUMBER: _ClassVar[int]
     JOBS_SHOWN_FIELD_NUMBER: _ClassVar[int]
     INSECURE_FIELD_NUMBER: _ClassVar[int]
+    DASHBOARD_PORT_FIELD_NUMBER: _ClassVar[int]
     nodes_by_state: _containers.ScalarMap[str, int]
     gpus_total: int
     gpus_allocated: int
@@ -279,7 +282,8 @@ class ClusterSummary(_message.Message):
     nodes_shown: int
     jobs_shown: int
     insecure: bool
-    def __init__(self, nodes_by_state: _Optional[_Mapping[str, int]] = ..., gpus_total: _Optional[int] = ..., gpus_allocated: _Optional[int] = ..., jobs_by_state: _Optional[_Mapping[str, int]] = ..., nodes_shown: _Optional[int] = ..., jobs_shown: _Optional[int] = ..., insecure: _Optional[bool] = ...) -> None: ...
+    dashboard_port: int
+    def __init__(self, nodes_by_state: _Optional[_Mapping[str, int]] = ..., gpus_total: _Optional[int] = ..., gpus_allocated: _Optional[int] = ..., jobs_by_state: _Optional[_Mapping[str, int]] = ..., nodes_shown: _Optional[int] = ..., jobs_shown: _Optional[int] = ..., insecure: _Optional[bool] = ..., dashboard_port: _Optional[int] = ...) -> None: ...
 
 class ListNodesRequest(_message.Message):
     __slots__ = ("page_size", "page_token", "state", "name_prefix")
@@ -344,3 +348,19 @@ class LogChunk(_message.Message):
     DATA_FIELD_NUMBER: _ClassVar[int]
     data: bytes
     def __init__(self, data: _Optional[bytes] = ...) -> None: ...
+
+class CreateDashboardLoginRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class CreateDashboardLoginResponse(_message.Message):
+    __slots__ = ("port", "path", "expires")
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_FIELD_NUMBER: _ClassVar[int]
+    port: int
+    path: str
+    expires: float
+    def __init__(self, port: _Optional[int] = ..., path: _Optional[str] = ..., expires: _Optional[float] = ...) -> None: ...

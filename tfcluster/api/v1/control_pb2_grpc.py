@@ -80,6 +80,11 @@ class ControlServiceStub:
                 request_serializer=tfcluster_dot_v1_dot_control__pb2.RemoveNodeRequest.SerializeToString,
                 response_deserializer=tfcluster_dot_v1_dot_control__pb2.RemoveNodeResponse.FromString,
                 _registered_method=True)
+        self.CreateDashboardLogin = channel.unary_unary(
+                '/tfcluster.v1.ControlService/CreateDashboardLogin',
+                request_serializer=tfcluster_dot_v1_dot_control__pb2.CreateDashboardLoginRequest.SerializeToString,
+                response_deserializer=tfcluster_dot_v1_dot_control__pb2.CreateDashboardLoginResponse.FromString,
+                _registered_method=True)
 
 
 class ControlServiceServicer:
@@ -146,6 +151,13 @@ class ControlServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateDashboardLogin(self, request, context):
+        """A one-time link that logs a browser in to the dashboard (a viewer session), for anyone who may read.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControlServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -193,6 +205,11 @@ def add_ControlServiceServicer_to_server(servicer, server):
                     servicer.RemoveNode,
                     request_deserializer=tfcluster_dot_v1_dot_control__pb2.RemoveNodeRequest.FromString,
                     response_serializer=tfcluster_dot_v1_dot_control__pb2.RemoveNodeResponse.SerializeToString,
+            ),
+            'CreateDashboardLogin': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateDashboardLogin,
+                    request_deserializer=tfcluster_dot_v1_dot_control__pb2.CreateDashboardLoginRequest.FromString,
+                    response_serializer=tfcluster_dot_v1_dot_control__pb2.CreateDashboardLoginResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -438,6 +455,33 @@ class ControlService:
             '/tfcluster.v1.ControlService/RemoveNode',
             tfcluster_dot_v1_dot_control__pb2.RemoveNodeRequest.SerializeToString,
             tfcluster_dot_v1_dot_control__pb2.RemoveNodeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateDashboardLogin(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tfcluster.v1.ControlService/CreateDashboardLogin',
+            tfcluster_dot_v1_dot_control__pb2.CreateDashboardLoginRequest.SerializeToString,
+            tfcluster_dot_v1_dot_control__pb2.CreateDashboardLoginResponse.FromString,
             options,
             channel_credentials,
             insecure,

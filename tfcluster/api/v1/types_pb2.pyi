@@ -58,7 +58,7 @@ class NodeInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., hostname: _Optional[str] = ..., address: _Optional[str] = ..., port_range_start: _Optional[int] = ..., port_range_end: _Optional[int] = ..., cpu_count: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., agent_version: _Optional[str] = ..., state_dir: _Optional[str] = ..., peer_port: _Optional[int] = ...) -> None: ...
 
 class RoleSpec(_message.Message):
-    __slots__ = ("count", "gpus", "command", "env", "nodes", "entrypoint")
+    __slots__ = ("count", "gpus", "command", "env", "nodes", "entrypoint", "summary_dir")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -72,13 +72,15 @@ class RoleSpec(_message.Message):
     ENV_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
     ENTRYPOINT_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_DIR_FIELD_NUMBER: _ClassVar[int]
     count: int
     gpus: int
     command: _containers.RepeatedScalarFieldContainer[str]
     env: _containers.ScalarMap[str, str]
     nodes: _containers.RepeatedScalarFieldContainer[str]
     entrypoint: str
-    def __init__(self, count: _Optional[int] = ..., gpus: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., nodes: _Optional[_Iterable[str]] = ..., entrypoint: _Optional[str] = ...) -> None: ...
+    summary_dir: str
+    def __init__(self, count: _Optional[int] = ..., gpus: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., nodes: _Optional[_Iterable[str]] = ..., entrypoint: _Optional[str] = ..., summary_dir: _Optional[str] = ...) -> None: ...
 
 class RestartPolicy(_message.Message):
     __slots__ = ("max_restarts", "backoff_seconds", "permanent_exit_codes", "hang_seconds")

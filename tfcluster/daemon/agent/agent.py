@@ -11,6 +11,7 @@ would not help.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import queue
@@ -26,12 +27,19 @@ from tfcluster import __version__, wire
 from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc
 from tfcluster.daemon.agent.discovery import HostInfo
 from tfcluster.daemon.agent.logs import LogServer
+from tfcluster.daemon.agent.metrics import AgentMetrics
 from tfcluster.daemon.agent.identity import NodeIdentity
+from tfcluster.daemon.agent.liveness import STAMP_EVERY_SECONDS, Liveness
 from tfcluster.daemon.agent.peers import DEFAULT_QUOTA_BYTES, PeerServer, PeerServicer
+from tfcluster.daemon.agent.retention import Policy, RetentionPass, ask_coordinator, disk_condition, free_bytes
 from tfcluster.daemon.agent.shipping import ShipError, Shipper, job_checkpoint_dir, sync_dir
+from tfcluster.daemon.agent.summaries import EvaluatorSummaries
 from tfcluster.daemon.agent.supervisor import Supervisor, TaskRecord
+from tfcluster.daemon.agent.tasklog import DEFAULT_LIMIT_BYTES
+from tfcluster.daemon.logformat import fields
 from tfcluster.model import (CancelLog, Evaluation, ExpectFiles, FinishTraining, Gpu, Launch, NodeInfo, Phase,
                              ReadLog, ShipCheckpoints, Stop, SyncCheckpoints, SyncResult)
+from tfcluster.daemon.web import ThreadedWebListener, WebListener
 from tfcluster.security import REMOVED, Credentials
 
 log = logging.getLogger("tfcluster.agent")
@@ -67,6 +75,9 @@ class AgentConfig:
     credentials: Credentials = field(default_factory=Credentials)  # the node's certificate; none: --insecure
     identity: NodeIdentity | None = None  # where the certificate lives, to renew it
     peer_quota_bytes: int = DEFAULT_QUOTA_BYTES  # checkpoint bytes other agents may send for one job
+    retention: Policy = field(default_factory=Policy)  # what the node keeps of its jobs' files; its disk floor
+    task_log_bytes: int = DEFAULT_LIMIT_BYTES  # output kept per task attempt (its head and its newest bytes)
+    http_listen: str = ""  # HOST:PORT of /metrics; "": none
 
     def node_info(self) -> NodeInfo:
         return NodeInfo(name=self.name, address=self.address, port_range=self.port_range, gpus=self.gpus,
@@ -79,21 +90,28 @@ class Agent:
     def __init__(self, config: AgentConfig):
         self.config = config
         self.outbound: queue.Queue = queue.Queue()
-        self.supervisor = Supervisor(config.state_dir, self._on_task_change)
+        self.supervisor = Supervisor(config.state_dir, self._on_task_change, self.condition, config.task_log_bytes)
         self.logs = LogServer(self.supervisor, self._send_log)
         self._stop = threading.Event()
         self._call = None
         self.connected = threading.Event()
+        self.registered = threading.Event()  # set at the first registration, for systemd's READY=1
+        self.trouble = ""  # why the last try to reach the coordinator failed, until one succeeds
+        self.liveness = Liveness(("connection", "events"))  # see liveness.py
         self.event_offsets: dict[tuple, int] = {}  # how far each attempt's events file has been sent
         self.events_lock = threading.Lock()
+        self.summaries = EvaluatorSummaries()  # results of evaluators that only write TensorBoard summaries
         self.shippers: dict[tuple, Shipper] = {}
         self.sync_results: dict[tuple[str, int], SyncResult] = {}  # kept until the coordinator stops asking
         self.syncs_running: set[tuple[str, int]] = set()
         self.sync_lock = threading.Lock()
         self.peer_server: PeerServer | None = None
         self.refused = ""  # why the coordinator refused this agent, once it has
+        self._renewed = threading.Event()  # the stream was ended to reconnect with a renewed certificate
         self.credentials = config.credentials  # replaced when the certificate is renewed
         self.expected_jobs: set[str] = set()  # jobs whose checkpoint files the peer port accepts
+        self.metrics = AgentMetrics(self.supervisor, config.gpus, str(config.state_dir))
+        self.web: ThreadedWebListener | None = None
 
     # ---- lifecycle -----------------------------------------------------------------------------
 
@@ -103,6 +121,9 @@ class Agent:
         if adopted:
             log.info("reattached to %d running tasks", adopted)
         self.expected_jobs.update(r.attempt.job_id for r in self.supervisor.snapshot())
+        retention = RetentionPass(self.config.state_dir, self.config.retention, self.supervisor.running_jobs,
+                                  functools.partial(ask_coordinator, self.config.coordinator, lambda: self.credentials))
+        threading.Thread(target=retention.run, args=(self._stop,), name="retention", daemon=True).start()
         threading.Thread(target=self._forward_events, name="events", daemon=True).start()
         if self.config.identity is not None:
             threading.Thread(target=self._renew_certificate, name="renew", daemon=True).start()
@@ -115,6 +136,7 @@ class Agent:
                    ("grpc.initial_reconnect_backoff_ms", int(BACKOFF_START_SECONDS * 1000)),
                    ("grpc.max_reconnect_backoff_ms", int(BACKOFF_MAX_SECONDS * 1000))]
         while not self._stop.is_set():
+            self.liveness.stamp("connection")
             with self.credentials.channel(self.config.coordinator, options) as channel:  # the current certificate
                 try:
                     self._session(agent_pb2_grpc.AgentServiceStub(channel))
@@ -123,6 +145,10 @@ class Agent:
                     if self._stop.is_set():
                         break
                     code = e.code() if hasattr(e, "code") else None
+                    if code == grpc.StatusCode.CANCELLED and self._renewed.is_set():
+                        self._renewed.clear()  # not a failure: the stream ended to start again with the new
+                        backoff = BACKOFF_START_SECONDS  # certificate, at once (the node must not go LOST)
+                        continue
                     if code == grpc.StatusCode.ALREADY_EXISTS:
                         conflict_since = conflict_since or time.monotonic()
                     if code in REFUSALS or (conflict_since and
@@ -132,9 +158,10 @@ class Agent:
                         # A removed node's tasks have been replaced elsewhere; nobody will ever stop these.
                         self.stop(stop_tasks=REMOVED in self.refused)
                         break
-                    log.warning("coordinator %s: %s; retrying in %.1f s", self.config.coordinator,
-                                e.details() if code == grpc.StatusCode.ALREADY_EXISTS else
-                                f"unreachable ({code.name if code else e})", backoff)
+                    why = e.details() if code == grpc.StatusCode.ALREADY_EXISTS else \
+                        f"unreachable ({code.name if code else e})"
+                    log.warning("coordinator %s: %s; retrying in %.1f s", self.config.coordinator, why, backoff)
+                    self.trouble = f"coordinator {self.config.coordinator}: {why}"
                 finally:
                     self.connected.clear()
                 if self._stop.wait(backoff * random.uniform(0.5, 1.5)):
@@ -149,6 +176,12 @@ class Agent:
                                       lambda: self.credentials)
         self.peer_server.start()
 
+    def serve_http(self) -> None:
+        """Starts serving /metrics on --http-listen (raises OSError when the address cannot be served)."""
+        if self.config.http_listen and self.web is None:
+            listener = WebListener(self.config.http_listen, self.credentials, self.metrics.registry)
+            self.web = ThreadedWebListener(listener).start()
+
     def _renew_certificate(self) -> None:
         """Renews the node's certificate at about two thirds of its life, then reconnects with the new one."""
         identity = self.config.identity
@@ -156,6 +189,8 @@ class Agent:
             try:
                 with self.credentials.channel(self.config.coordinator) as channel:
                     self.credentials = identity.renew(channel)
+                if self.web is not None:
+                    self.web.renew(self.credentials)
             except grpc.RpcError as e:
                 left = identity.expires_at() - time.time()
                 log.warning("renewing the certificate failed (%s); it expires in %.0f s; retrying",
@@ -163,14 +198,18 @@ class Agent:
                 if self._stop.wait(min(60.0, max(1.0, left / 10))):
                     return
                 continue
-            if self._call is not None:
-                self._call.cancel()  # the session starts again with the new certificate
+            call = self._call
+            if call is not None:
+                self._renewed.set()
+                call.cancel()  # the session starts again with the new certificate
 
     def stop(self, stop_tasks: bool = False, grace_seconds: float = 10.0) -> None:
         self._stop.set()
         self.logs.stopped.set()
         if self.peer_server is not None:
             self.peer_server.stop(1)
+        if self.web is not None:
+            self.web.stop()
         if self._call is not None:
             self._call.cancel()
         if stop_tasks:
@@ -186,20 +225,25 @@ class Agent:
                                                         tasks=snapshot), timeout=REGISTER_TIMEOUT_SECONDS)
         with self.events_lock:
             self.event_offsets.clear()  # every evaluation again: a restarted coordinator gets them all
+            self.summaries.read_again()
         with self.sync_lock:
             for result in self.sync_results.values():
                 self.outbound.put(wire.sync_result_to_proto(result))
         interval = reply.heartbeat_interval_seconds or 1.0
         log.info("registered with %s as %s (%s)", self.config.coordinator, self.config.name, self.config.address)
+        self.trouble = ""
+        self.registered.set()
 
         def messages():
             yield agent_pb2.AgentMessage(open=agent_pb2.StreamOpen(node_name=self.config.name,
                                                                    session_id=reply.session_id))
-            yield wire.heartbeat_to_proto(reply.session_id, self.supervisor.progress())
+            yield wire.heartbeat_to_proto(reply.session_id, self.supervisor.progress(), self.condition())
             next_beat = time.monotonic() + interval
             while not self._stop.is_set():
+                self.liveness.stamp("connection")
+                wait = min(STAMP_EVERY_SECONDS, max(0.0, next_beat - time.monotonic()))
                 try:
-                    item = self.outbound.get(timeout=max(0.0, next_beat - time.monotonic()))
+                    item = self.outbound.get(timeout=wait)
                 except queue.Empty:
                     item = None
                 if item is _END:
@@ -207,7 +251,7 @@ class Agent:
                 if item is not None:
                     yield item
                 if time.monotonic() >= next_beat:
-                    yield wire.heartbeat_to_proto(reply.session_id, self.supervisor.progress())
+                    yield wire.heartbeat_to_proto(reply.session_id, self.supervisor.progress(), self.condition())
                     next_beat = time.monotonic() + interval
 
         self._call = stub.Connect(messages())
@@ -218,6 +262,11 @@ class Agent:
         finally:
             self.outbound.put(_END)
             self._call = None
+
+    def condition(self) -> str:
+        """Why this node takes no new tasks now ("" while it takes them): its free disk is below the floor."""
+        state_dir = self.config.state_dir
+        return disk_condition(state_dir, free_bytes(state_dir), self.config.retention.min_free_bytes)
 
     # ---- up: reports, evaluations, logs --------------------------------------------------------
 
@@ -230,6 +279,7 @@ class Agent:
     def _forward_events(self) -> None:
         """Sends what tasks append to their events files (evaluation results) to the coordinator."""
         while not self._stop.wait(EVENTS_POLL_SECONDS):
+            self.liveness.stamp("events")
             if self.connected.is_set():
                 for record in self.supervisor.snapshot():
                     self._send_events(record)
@@ -242,11 +292,14 @@ class Agent:
                     f.seek(self.event_offsets.get(key, 0))
                     data = f.read()
             except OSError:
-                return
+                data = b""  # nothing reported (yet): there may be summaries
             complete = data[:data.rfind(b"\n") + 1]
-            self.event_offsets[key] = self.event_offsets.get(key, 0) + len(complete)
+            if complete:
+                self.event_offsets[key] = self.event_offsets.get(key, 0) + len(complete)
             for line in complete.splitlines():
                 self._send_event(record, line)
+            for result in self.summaries.poll(record):
+                self.outbound.put(wire.evaluation_to_proto(record.attempt, result))
 
     def _send_event(self, record: TaskRecord, line: bytes) -> None:
         try:
@@ -256,8 +309,10 @@ class Agent:
             result = Evaluation(checkpoint=str(event["checkpoint"]), step=int(event["step"]), time=float(event["time"]),
                                 metrics={str(k): float(v) for k, v in event["metrics"].items()})
         except (ValueError, KeyError, TypeError, AttributeError):
-            log.warning("%s: ignoring a malformed event line: %r", record.name, line[:200])
+            log.warning("%s: ignoring a malformed event line: %r", record.name, line[:200],
+                        extra=fields(record.attempt))
             return
+        self.summaries.reports_itself(record.attempt)
         self.outbound.put(wire.evaluation_to_proto(record.attempt, result))
 
     def _send_log(self, data) -> None:
@@ -303,8 +358,10 @@ class Agent:
             return
         for old in [k for k, s in self.shippers.items() if not s.thread.is_alive()]:
             del self.shippers[old]
-        self.shippers[order.attempt] = Shipper(order.attempt.job_id, record.checkpoint_dir, list(order.targets),
-                                               record.exited, record.name, lambda: self.credentials).start()
+        self.shippers[order.attempt] = Shipper(
+            order.attempt.job_id, record.checkpoint_dir, list(order.targets), record.exited, record.name,
+            lambda: self.credentials, on_sent=functools.partial(self.metrics.shipped, "new"),
+            on_failed=functools.partial(self.metrics.ship_failed, "new")).start()
 
     def _sync(self, order: SyncCheckpoints) -> None:
         """Copies the job's checkpoint dir, once per sync id: asked again, the kept answer is sent again."""
@@ -326,10 +383,13 @@ class Agent:
                 size, took = sync_dir(target, order.job_id, str(directory), self.credentials) \
                     if directory.is_dir() else (0, 0.0)
                 total, seconds = total + size, seconds + took
+                self.metrics.shipped("copy", size, took)
             except (OSError, ShipError) as e:
                 errors.append(str(e))
+                self.metrics.ship_failed("copy")
         log.info("%s: copied checkpoints to %s: %.1f MB in %.2f s%s", order.job_id, ", ".join(order.targets),
-                 total / 1e6, seconds, f"; failed: {'; '.join(errors)}" if errors else "")
+                 total / 1e6, seconds, f"; failed: {'; '.join(errors)}" if errors else "",
+                 extra=fields(job=order.job_id))
         result = SyncResult(order.job_id, order.sync_id, ok=not errors, message="; ".join(errors), bytes=total,
                             seconds=seconds)
         with self.sync_lock:

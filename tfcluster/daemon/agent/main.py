@@ -14,13 +14,19 @@ from tfcluster import __version__
 from tfcluster.daemon.agent.agent import Agent, AgentConfig
 from tfcluster.daemon.agent.discovery import InventoryError, advertise_address, discover_gpus, host_info
 from tfcluster.daemon.agent.identity import JoinError, NodeIdentity
+from tfcluster.daemon.agent.liveness import SystemdReporter
 from tfcluster.daemon.agent.peers import DEFAULT_QUOTA_BYTES
+from tfcluster.daemon.agent.retention import Policy
+from tfcluster.daemon.agent.tasklog import DEFAULT_LIMIT_BYTES
+from tfcluster.daemon.notify import Notifier
+from tfcluster.daemon.web import HttpError, parse_listen
 from tfcluster.model import NODE_NAME_RE
 from tfcluster.security import Credentials
 
 log = logging.getLogger("tfcluster.agent")
 
 EXIT_REFUSED = 78  # EX_CONFIG: restarting would be refused again (the systemd unit does not restart on it)
+TICK_SECONDS = 0.5  # how often the main loop checks for a signal and reports to systemd
 
 
 class SettingsError(ValueError):
@@ -30,7 +36,8 @@ class SettingsError(ValueError):
 def configure(coordinator: str, name: str | None, address: str | None, port_range: str, peer_port: int | None,
               gpu_inventory: str | None, state_dir: Path, token: str | None, insecure: bool = False,
               join: str = "", ca_cert: Path | None = None, ca_hash: str = "", join_address: str = "",
-              peer_quota: int = DEFAULT_QUOTA_BYTES) -> AgentConfig:
+              peer_quota: int = DEFAULT_QUOTA_BYTES, http_listen: str = "", retention: Policy = Policy(),
+              task_log_bytes: int = DEFAULT_LIMIT_BYTES) -> AgentConfig:
     """The agent's settings from its flags, with the node's GPUs, host and address discovered, and its
     certificate: the one it has, or one it gets by joining with a token."""
     try:
@@ -47,6 +54,11 @@ def configure(coordinator: str, name: str | None, address: str | None, port_rang
                                 f"(the first)")
     elif first <= peer_port <= last:
         raise SettingsError(f"--peer-port {peer_port} lies inside --port-range {port_range}, which is for tasks")
+    if http_listen:
+        try:
+            parse_listen(http_listen)
+        except HttpError as e:
+            raise SettingsError(str(e)) from None
     if ":" not in coordinator:
         raise SettingsError(f"--coordinator: expected HOST:PORT, got {coordinator!r}")
     name = name or socket.gethostname()
@@ -73,7 +85,8 @@ def configure(coordinator: str, name: str | None, address: str | None, port_rang
         credentials = _node_credentials(identity, coordinator, join, ca_cert, ca_hash, join_address)
     return AgentConfig(coordinator=coordinator, name=name, address=address, port_range=(first, last),
                        gpus=tuple(gpus), host=host_info(), state_dir=state_dir, peer_port=peer_port,
-                       credentials=credentials, identity=identity, peer_quota_bytes=peer_quota)
+                       credentials=credentials, identity=identity, peer_quota_bytes=peer_quota,
+                       http_listen=http_listen, retention=retention, task_log_bytes=task_log_bytes)
 
 
 def _node_credentials(identity: NodeIdentity, coordinator: str, join: str, ca_cert: Path | None, ca_hash: str,
@@ -105,24 +118,31 @@ def _join_port(coordinator: str) -> str:
     return f"{host}:{int(port) + 1}" if port.isdigit() else coordinator
 
 
-def serve(config: AgentConfig, stop_tasks_on_exit: bool) -> str:
+def serve(config: AgentConfig, stop_tasks_on_exit: bool, notifier: Notifier | None = None) -> str:
     """Runs the agent until a signal; returns why the coordinator refused it ("" when it was not). Raises
-    OSError when the peer port cannot be served."""
+    OSError when the peer port cannot be served. Tells systemd when it is ready, how it is doing, that its
+    loops still turn, and when it stops (see liveness.py)."""
+    notifier = notifier or Notifier.from_environment()
     gpus = "".join(f" [{g.index}: {g.name} {g.uuid}]" for g in config.gpus)
     log.info("agent %s: node %s, address %s, %d GPUs%s, task ports %d-%d, peer port %d, state %s", __version__,
              config.name, config.address, len(config.gpus), gpus, *config.port_range, config.peer_port,
              config.state_dir)
     agent = Agent(config)
     agent.serve_peers()
+    agent.serve_http()
+    reporter = SystemdReporter(agent, notifier)
     thread = threading.Thread(target=agent.run, name="agent", daemon=True)
     thread.start()
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())
-    while not done.wait(0.5):
+    while not done.wait(TICK_SECONDS):
         if not thread.is_alive():  # it ended by itself: refused
+            reporter.stopping()
             break
+        reporter.tick()
     else:
+        reporter.stopping()
         agent.stop(stop_tasks=stop_tasks_on_exit)
     thread.join(timeout=5)
     return agent.refused

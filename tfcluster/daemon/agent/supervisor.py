@@ -25,7 +25,9 @@ from pathlib import Path
 import psutil
 
 from tfcluster import layout
+from tfcluster.daemon.agent.tasklog import DEFAULT_LIMIT_BYTES, total_bytes
 from tfcluster.daemon.agent.taskrunner import group_alive, kill_group, write_json_atomic
+from tfcluster.daemon.logformat import fields
 from tfcluster.model import Attempt, Launch, Phase, TaskExit, TaskProgress, TaskReport
 from tfcluster.task import latest_checkpoint
 
@@ -47,6 +49,9 @@ class TaskRecord:
     shim_pid: int = 0
     port: int = 0
     checkpoint_dir: str = ""
+    gpus: str = ""  # its CUDA_VISIBLE_DEVICES: the node's GPUs it holds (GPU metrics name the task by it)
+    summary_dir: str = ""  # an evaluator's TFCLUSTER_SUMMARY_DIR: its agent reports the summaries written there
+    started_at: float = field(default_factory=time.time)  # summaries older than this are not its own
     listening: bool = False
     exit: TaskExit | None = None
     finished_at: float = 0.0
@@ -55,10 +60,6 @@ class TaskRecord:
     @property
     def key(self) -> TaskKey:
         return (self.attempt.job_id, self.attempt.type, self.attempt.index)
-
-    @property
-    def log_path(self) -> Path:
-        return self.dir / layout.OUTPUT_FILE
 
     @property
     def events_path(self) -> Path:
@@ -91,9 +92,12 @@ def port_in_use(port: int) -> bool:
 
 
 class Supervisor:
-    def __init__(self, state_dir: Path, on_report: Callable[[TaskRecord], None]):
+    def __init__(self, state_dir: Path, on_report: Callable[[TaskRecord], None],
+                 launch_refusal: Callable[[], str] = lambda: "", log_limit_bytes: int = DEFAULT_LIMIT_BYTES):
         self.state_dir = state_dir
         self.on_report = on_report
+        self.launch_refusal = launch_refusal  # why no task may start on this node now ("": they may)
+        self.log_limit_bytes = log_limit_bytes  # output kept per attempt (tasklog.py)
         self.lock = threading.Lock()
         self.tasks: dict[TaskKey, TaskRecord] = {}
 
@@ -110,10 +114,12 @@ class Supervisor:
                     self.on_report(current)
                 return
             if current is not None and current.phase in (Phase.STARTING, Phase.RUNNING):
-                log.warning("%s still runs while attempt %d is launched: killing it", current.name, a.number)
+                log.warning("%s still runs while attempt %d is launched: killing it", current.name, a.number,
+                            extra=fields(current.attempt))
                 self._kill_now(current)
             record = TaskRecord(a, layout.attempt_dir(self.state_dir, a.job_id, a.type, a.index, a.number),
-                                port=order.port)
+                                port=order.port, gpus=order.env.get(layout.CUDA_VISIBLE_DEVICES, ""),
+                                summary_dir=order.env.get(layout.SUMMARY_DIR, ""))
             self.tasks[key] = record
         try:
             shim = self._start(record, order)
@@ -131,6 +137,9 @@ class Supervisor:
     def _start(self, record: TaskRecord, order: Launch) -> subprocess.Popen:
         if any("\0" in text for text in (*order.command, order.workdir, *order.env, *order.env.values())):
             raise _StartError("the command, the environment or the workdir holds a NUL character")
+        refusal = self.launch_refusal()
+        if refusal:
+            raise _StartError(refusal)
         record.dir.mkdir(parents=True, exist_ok=True)
         if order.port and port_in_use(order.port):
             raise _StartError(f"port {order.port} is already in use on this node", busy_port=order.port)
@@ -147,7 +156,7 @@ class Supervisor:
         write_json_atomic(record.dir / layout.LAUNCH_FILE, {
             "job_id": a.job_id, "task_type": a.type, "task_index": a.index, "attempt": a.number,
             "command": list(order.command), "env": env, "workdir": order.workdir, "port": order.port,
-            "stop_grace_seconds": order.stop_grace_seconds})
+            "stop_grace_seconds": order.stop_grace_seconds, "log_limit_bytes": self.log_limit_bytes})
         with open(record.dir / layout.SHIM_LOG_FILE, "ab") as shim_log:
             return subprocess.Popen([sys.executable, "-m", "tfcluster.daemon.agent.taskrunner", str(record.dir)],
                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=shim_log,
@@ -161,7 +170,7 @@ class Supervisor:
                     s.settimeout(1.0)
                     if s.connect_ex(("127.0.0.1", record.port)) == 0:
                         record.listening = True
-                        log.info("%s listens on port %d", record.name, record.port)
+                        log.info("%s listens on port %d", record.name, record.port, extra=fields(record.attempt))
                         self.on_report(record)
                         return
             record.exited.wait(LISTEN_POLL_SECONDS)
@@ -175,7 +184,7 @@ class Supervisor:
         if started.get("phase") == Phase.RUNNING:
             with self.lock:
                 record.phase, record.pid = Phase.RUNNING, started["pid"]
-            log.info("%s running as pid %d", record.name, record.pid)
+            log.info("%s running as pid %d", record.name, record.pid, extra=fields(record.attempt))
             self.on_report(record)
         shim.stdout.close()
         shim.wait()
@@ -208,16 +217,12 @@ class Supervisor:
         return os.path.relpath(newest, directory) if newest else ""
 
     def progress(self) -> list[TaskProgress]:
-        """Every running task, with the bytes of output so far and its newest checkpoint."""
+        """Every running task, with the bytes of output so far (dropped ones included) and its newest checkpoint."""
         found = []
         for record in self.snapshot():
             if record.phase != Phase.RUNNING or record.exited.is_set():
                 continue
-            try:
-                size = record.log_path.stat().st_size
-            except OSError:
-                size = 0
-            found.append(TaskProgress(record.attempt, size, self._newest_checkpoint(record)))
+            found.append(TaskProgress(record.attempt, total_bytes(record.dir), self._newest_checkpoint(record)))
         return found
 
     def finish_training(self, attempt: Attempt, final_checkpoint: str) -> None:
@@ -232,7 +237,7 @@ class Supervisor:
                 return
             record.phase, record.exit, record.finished_at = phase, exit, time.time()
             record.exited.set()
-        log.info("%s ended: %s", record.name, exit.describe())
+        log.info("%s ended: %s", record.name, exit.describe(), extra=fields(record.attempt))
         self.on_report(record)
 
     # ---- stopping --------------------------------------------------------------------------------
@@ -280,12 +285,15 @@ class Supervisor:
             attempt = Attempt(launch["job_id"], launch["task_type"], launch["task_index"], launch["attempt"])
             record = TaskRecord(attempt, directory, pid=status.get("pid", 0), shim_pid=status.get("shim_pid", 0),
                                 port=launch.get("port", 0),
-                                checkpoint_dir=launch["env"].get(layout.CHECKPOINT_DIR, ""))
+                                checkpoint_dir=launch["env"].get(layout.CHECKPOINT_DIR, ""),
+                                gpus=launch["env"].get(layout.CUDA_VISIBLE_DEVICES, ""),
+                                summary_dir=launch["env"].get(layout.SUMMARY_DIR, ""),
+                                started_at=status.get("started", 0.0))
             known = self.tasks.get(record.key)
             if known is not None and known.attempt.number >= attempt.number:
                 continue
             if status.get("phase") == Phase.RUNNING:
-                if not _is_shim(record.shim_pid, record.dir):
+                if not is_shim(record.shim_pid, record.dir):
                     if record.pid and group_alive(record.pid):
                         kill_group(record.pid, signal.SIGKILL)
                     continue
@@ -294,7 +302,7 @@ class Supervisor:
                 threading.Thread(target=self._watch_adopted, args=(record,), name=f"watch-{record.name}",
                                  daemon=True).start()
                 found += 1
-                log.info("reattached to %s (pid %d)", record.name, record.pid)
+                log.info("reattached to %s (pid %d)", record.name, record.pid, extra=fields(record.attempt))
             elif status.get("phase") in (Phase.EXITED, Phase.FAILED_TO_START) and \
                     time.time() - status.get("finished", 0) < FINISHED_KEPT_SECONDS:
                 # It ended while no agent watched: the coordinator still needs to hear how.
@@ -312,7 +320,7 @@ class Supervisor:
             self._collect(record)
             return
         except OSError:  # no pidfd (Linux < 5.3): fall back to polling the pid
-            while _is_shim(record.shim_pid, record.dir):
+            while is_shim(record.shim_pid, record.dir):
                 time.sleep(ADOPTED_POLL_SECONDS)
             self._collect(record)
             return
@@ -331,6 +339,10 @@ class Supervisor:
                         if r.exited.is_set() and now - r.finished_at > FINISHED_KEPT_SECONDS]:
                 del self.tasks[key]
             return list(self.tasks.values())
+
+    def running_jobs(self) -> set[str]:
+        """The jobs with a task on this node that has not ended."""
+        return {r.attempt.job_id for r in self.snapshot() if not r.exited.is_set()}
 
     def current(self, attempt: Attempt) -> TaskRecord | None:
         """The record of exactly this attempt, if it is the task's newest one here."""
@@ -372,7 +384,7 @@ def _signal(pid: int, sig: int) -> bool:
         return False
 
 
-def _is_shim(pid: int, attempt_dir: Path) -> bool:
+def is_shim(pid: int, attempt_dir: Path) -> bool:
     """True when pid is still the shim of this attempt (pids are reused)."""
     if not pid:
         return False

@@ -16,10 +16,12 @@ from dataclasses import dataclass, field, replace
 from tfcluster import strategies
 from tfcluster.daemon.coordinator import checkpoints, lifecycle
 from tfcluster.daemon.coordinator.job import PENDING, T_LAUNCHING, T_RUNNING, Job, Task
+from tfcluster.daemon.coordinator.observer import Observer
 from tfcluster.daemon.coordinator.node import LOST, READY, Node, ports_overlap
 from tfcluster.daemon.coordinator.launch import launch
 from tfcluster.daemon.coordinator.reconcile import reconcile_node
 from tfcluster.daemon.coordinator.scheduler import NodeCapacity, TaskPlacement, Unfit, place, task_list
+from tfcluster.daemon.logformat import fields
 from tfcluster.model import (Attempt, Command, Evaluation, NodeInfo, Phase, Stop, TaskExit, TaskProgress,
                              TaskReport)
 from tfcluster.roles.tfconfig import build_tf_configs
@@ -80,6 +82,7 @@ class Cluster:
         self.capacity_version = 0   # bumped whenever resources may have been freed or added
         self.unfit_at: dict[str, int] = {}  # PENDING job -> capacity version at which it last did not fit
         self.full_schedule_at = 0.0
+        self.observer = Observer()  # the metrics, when the daemon serves them
 
     # ---- loading -------------------------------------------------------------------------------
 
@@ -131,7 +134,7 @@ class Cluster:
         reported = {r.attempt for r in reports}
         for report in reports:
             commands += self._apply(info.name, report, now)
-        for job, task in self._placed_on(info.name):
+        for job, task in self.placed_on(info.name):
             if task.live and job.attempt_of(task) not in reported:
                 if task.state == T_LAUNCHING:  # the launch may have been lost with the old stream
                     task.seen.sent_at = now
@@ -154,12 +157,16 @@ class Cluster:
         self.heard.move_to_end(name)
         return True
 
-    def heartbeat(self, name: str, session_id: str, now: float,
-                  progress: list[TaskProgress] = ()) -> list[Command] | None:
-        """The node's agent is alive and runs what `progress` lists. Returns what reconcile sends, or None
-        when the agent must register again."""
+    def heartbeat(self, name: str, session_id: str, now: float, progress: list[TaskProgress] = (),
+                  condition: str = "") -> list[Command] | None:
+        """The node's agent is alive, runs what `progress` lists, and takes new tasks unless `condition` says
+        why not. Returns what reconcile sends, or None when the agent must register again."""
         if not self.alive(name, session_id, now):
             return None
+        seen = self.nodes[name].seen
+        if seen.condition != condition:  # it stopped taking new tasks, or takes them again
+            seen.condition = condition
+            self.capacity_version += 1
         tasks = self.placed.get(name)
         if not tasks and not progress:
             return []
@@ -168,7 +175,7 @@ class Cluster:
             task = job.task(p.attempt.type, p.attempt.index) if job else None
             if task is not None and task.node == name and task.attempt == p.attempt.number and task.live:
                 lifecycle.progress(job, task, p.output_bytes, p.checkpoint, now)
-        placed = self._placed_on(name)
+        placed = self.placed_on(name)
         commands = reconcile_node(name, placed, (p.attempt for p in progress), self.jobs,
                                   self.nodes[name].seen.stops_sent, now, self.resend_after)
         for job in {id(job): job for job, _ in placed}.values():  # reconcile may have ended a task, or a job
@@ -188,12 +195,13 @@ class Cluster:
             silent.append(self.nodes[name])
         for node in silent:
             del self.heard[node.name]
-            node.state = LOST
+            node.state, node.seen.condition = LOST, ""  # what its heartbeats said no longer holds
             why = f"node {node.name} lost (no heartbeat for {now - node.seen.last_seen:.1f} s)"
+            log.warning("%s", why, extra=fields(node=node.name))
             for job in list(self.live.values()):
                 if job.syncing and job.sync_source == node.name:
                     commands += self._settle(job, lifecycle.sync_done(job, job.syncing, False, why, now))
-            for job, task in self._placed_on(node.name):
+            for job, task in self.placed_on(node.name):
                 commands += self._settle(job, lifecycle.lost(job, task, why, now))
         return commands
 
@@ -203,7 +211,7 @@ class Cluster:
         if node is None:
             raise KeyError(name)
         commands: list[Command] = []
-        for job, task in self._placed_on(name):
+        for job, task in self.placed_on(name):
             commands += self._settle(job, lifecycle.lost(job, task, f"node {name} was removed from the cluster", now))
         del self.nodes[name]
         self.names.remove(name)
@@ -220,7 +228,8 @@ class Cluster:
         return node.info if node is not None and node.state == READY else None
 
     def capacity(self, now: float) -> list[NodeCapacity]:
-        """Every READY node with what live tasks (and ports found taken) use of it."""
+        """Every READY node with what live tasks (and ports found taken) use of it, and why it takes no new
+        tasks, if it does not."""
         used_gpus: dict[str, set[int]] = {}
         used_ports: dict[str, set[int]] = {}
         for job in self.live.values():
@@ -234,11 +243,12 @@ class Cluster:
             if n.state != READY:
                 continue
             busy = {p for p, until in n.seen.busy_ports.items() if until > now} if n.seen.busy_ports else ()
-            if name not in used_gpus and name not in used_ports and not busy:
+            if name not in used_gpus and name not in used_ports and not busy and not n.seen.condition:
                 capacity.append(self.idle[name])
             else:
                 capacity.append(replace(self.idle[name], used_gpus=frozenset(used_gpus.get(name, ())),
-                                        used_ports=frozenset(used_ports.get(name, set()) | set(busy))))
+                                        used_ports=frozenset(used_ports.get(name, set()) | set(busy)),
+                                        unavailable=n.seen.condition))
         return capacity
 
     # ---- jobs ----------------------------------------------------------------------------------
@@ -296,6 +306,7 @@ class Cluster:
                 commands += lifecycle.place_again(job, result, self.info_of, now)
             else:
                 commands += lifecycle.place(job, result, self.info_of, now)
+                self.observer.placed(job, max(0.0, now - max(job.created, job.not_before)))
             self._track(job)
             for p in result:  # what this job now holds is not free for the next one
                 n = capacity[p.node]
@@ -337,13 +348,15 @@ class Cluster:
             return []
         return self._settle(job, lifecycle.sync_done(job, sync_id, ok, message, now))
 
-    def evaluation(self, node_name: str, attempt: Attempt, result: Evaluation) -> None:
+    def evaluation(self, node_name: str, attempt: Attempt, result: Evaluation, now: float) -> list[Command]:
         """An evaluator's result, kept when it comes from the job's current evaluator (the job has not ended: its
-        evaluator's last results arrive before its exit)."""
+        evaluator's last results arrive before its exit). The final checkpoint's lets a finished job end."""
         job = self.live.get(attempt.job_id)
         task = job.task(attempt.type, attempt.index) if job else None
-        if task is not None and task.node == node_name and task.attempt == attempt.number:
-            job.add_evaluation(result)
+        if task is None or task.node != node_name or task.attempt != attempt.number:
+            return []
+        job.add_evaluation(result)
+        return self._settle(job, lifecycle.evaluated(job, now))
 
     def tick(self, now: float) -> list[Command]:
         """Periodic work: node liveness, deadlines, answers that never came, jobs whose backoff has passed,
@@ -354,7 +367,7 @@ class Cluster:
                 commands += self._settle(job, lifecycle.tick(job, now) + self._orphans(job, now))
                 commands += self._resend(job, now)
             except Exception:  # a bug in one job must not stop every other job's deadlines
-                log.exception("tick of %s failed", job.id)
+                log.exception("tick of %s failed", job.id, extra=fields(job=job.id))
         if now - self.full_schedule_at >= FULL_SCHEDULE_SECONDS:
             # Whatever an event forgot to say about freed resources, every waiting job is tried again now and then.
             self.capacity_version, self.full_schedule_at = self.capacity_version + 1, now
@@ -397,11 +410,16 @@ class Cluster:
     # ---- helpers -------------------------------------------------------------------------------
 
     def _settle(self, job: Job, commands: list[Command]) -> list[Command]:
-        """After any change to a job: an ended job leaves the live ones and frees its resources."""
+        """After any change to a job: its restarts are counted; an ended job leaves the live ones and frees its
+        resources."""
+        for cause in job.seen.restart_causes:
+            self.observer.restarted(job, cause)
+        job.seen.restart_causes.clear()
         if job.ended and job.id in self.live:
             del self.live[job.id]
             self.ended[job.id] = job
             self.just_ended.append(job)
+            self.observer.ended(job)
             self.unfit_at.pop(job.id, None)
             self.capacity_version += 1
         return commands
@@ -411,7 +429,7 @@ class Cluster:
             if task.node:
                 self.placed.setdefault(task.node, {})[(job.id, task.key)] = (job, task)
 
-    def _placed_on(self, name: str) -> list[tuple[Job, Task]]:
+    def placed_on(self, name: str) -> list[tuple[Job, Task]]:
         """The tasks placed on a node, with stale index entries dropped."""
         entries = self.placed.get(name, {})
         stale = [k for k, (job, task) in entries.items() if task.node != name or self.jobs.get(job.id) is not job]

@@ -25,9 +25,11 @@ from tfcluster import pki, wire
 from tfcluster.api.v1 import agent_pb2
 from tfcluster.daemon.coordinator.cluster import Cluster
 from tfcluster.daemon.coordinator.node import LOST
+from tfcluster.daemon.coordinator.logins import Logins
 from tfcluster.daemon.coordinator.records import Changes, job_from_docs, node_from_doc, trust_from_docs
 from tfcluster.daemon.coordinator.store import SqliteStore, Store
 from tfcluster.daemon.coordinator.trust import Trust
+from tfcluster.daemon.logformat import fields
 from tfcluster.model import Attempt, CancelLog, Command, LogData, ReadLog
 from tfcluster.pki import Identity, PkiError
 from tfcluster.security import REMOVED
@@ -125,6 +127,8 @@ class Coordinator:
         self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store")
         self.tasks: list[asyncio.Task] = []
         self.started = self.clock()
+        self.logins = Logins()     # the dashboard's one-time links and browser sessions
+        self.dashboard_port = 0    # where the dashboard is served; 0: nowhere
 
     # ---- loading and running -------------------------------------------------------------------
 
@@ -192,12 +196,14 @@ class Coordinator:
         batch = self.changes.collect(self.cluster, self.trust)
         error = None
         if batch:
+            started = time.monotonic()
             try:
                 await asyncio.get_running_loop().run_in_executor(self.writer, self.store.write, batch)
             except Exception as e:  # a full disk must not take the coordinator down; the next batch retries
                 self.changes.failed(batch, self.cluster)
                 error = e
                 log.error("cannot write the state to %s: %s", self.store.path, e)
+            self.cluster.observer.stored(time.monotonic() - started, ok=error is None)
         if error is None:
             self.send(commands)
         else:
@@ -212,7 +218,8 @@ class Coordinator:
             if isinstance(command, (ReadLog, CancelLog)):
                 log.debug("%s to %s", type(command).__name__, command.node)
             else:
-                log.info("%s", command)
+                log.info("%s", command, extra=fields(getattr(command, "attempt", None), command.node,
+                                                     job=getattr(command, "job_id", "")))
             self.outboxes[command.node].put(wire.command_to_proto(command))
 
     async def _tick_loop(self) -> None:
@@ -244,7 +251,7 @@ class Coordinator:
         self._fail_logs(info.name)
         self.apply(commands)
         log.info("node %s registered: %s, %d GPUs, ports %d-%d, agent %s, %d tasks", info.name, info.address,
-                 len(info.gpus), *info.port_range, info.agent_version, len(reports))
+                 len(info.gpus), *info.port_range, info.agent_version, len(reports), extra=fields(node=info.name))
         return session
 
     def open_stream(self, node: str, session: str, caller: Identity | None = None) -> tuple[Outbox, int]:
@@ -276,7 +283,7 @@ class Coordinator:
         now = self.clock()
         if kind == "heartbeat":  # the hot path: thousands a second
             progress = wire.progress_from_proto(msg.heartbeat) if msg.heartbeat.progress else []
-            commands = self.cluster.heartbeat(node, session, now, progress)
+            commands = self.cluster.heartbeat(node, session, now, progress, wire.condition_from_proto(msg.heartbeat))
             if commands:
                 self.apply(commands)
             return commands is not None
@@ -287,12 +294,12 @@ class Coordinator:
         elif kind == "sync_done":
             r = wire.sync_result_from_proto(msg.sync_done)
             log.info("%s: checkpoint copy %d %s (%s; %.1f MB in %.2f s)", r.job_id, r.sync_id,
-                     "done" if r.ok else "failed", r.message or "ok", r.bytes / 1e6, r.seconds)
+                     "done" if r.ok else "failed", r.message or "ok", r.bytes / 1e6, r.seconds,
+                     extra=fields(job=r.job_id, node=node))
             self.apply(self.cluster.sync_done(node, r.job_id, r.sync_id, r.ok, r.message, now))
         elif kind == "evaluation":
             attempt, result = wire.evaluation_from_proto(msg.evaluation)
-            self.cluster.evaluation(node, attempt, result)
-            self.apply()
+            self.apply(self.cluster.evaluation(node, attempt, result, now))
         elif kind == "log":
             data = wire.log_data_from_proto(msg.log)
             waiter = self.log_waiters.get(data.request_id)
@@ -337,7 +344,7 @@ class Coordinator:
             raise PkiError("this coordinator runs without TLS (--insecure): there is nothing to join")
         cert = self.trust.join(token, node, csr, self.authority, self.clock(), self.node_cert_lifetime)
         self.apply()
-        log.info("node %s joined the cluster", node)
+        log.info("node %s joined the cluster", node, extra=fields(node=node))
         return cert
 
     def renew(self, caller: Identity, csr: bytes) -> bytes:
@@ -359,8 +366,13 @@ class Coordinator:
         self.trust.remove(name, now)
         # Its stream ends with the reason (a cancelled handler would leave the agent's call open, unanswered).
         self.outboxes.pop(name, Outbox()).end(f"node {name} {REMOVED}")
-        log.info("node %s removed from the cluster (%d tasks lost)", name, lost)
+        log.info("node %s removed from the cluster (%d tasks lost)", name, lost, extra=fields(node=name))
         return lost, self.apply(commands)
+
+    def ended_jobs(self, job_ids: list[str]) -> list[str]:
+        """Those of the jobs that are over: ended, or not known here (removed after their retention, or never
+        this coordinator's), so nothing will ever run them again and their files on a node may go."""
+        return [job_id for job_id in job_ids if job_id not in self.cluster.live]
 
     def running_tasks(self) -> dict[str, int]:
         running: dict[str, int] = collections.Counter()

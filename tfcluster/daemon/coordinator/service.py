@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
+import urllib.parse
 from pathlib import Path
 
 import grpc
@@ -20,10 +21,14 @@ from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc, control_pb2, control_pb2
 from tfcluster.auth import async_server_interceptors
 from tfcluster.daemon.coordinator import status
 from tfcluster.daemon.coordinator.cluster import NameTaken, Unplaceable
+from tfcluster.daemon.coordinator.dashboard import Dashboard
 from tfcluster.daemon.coordinator.job import Job, Task
 from tfcluster.daemon.coordinator.launch import command_for
+from tfcluster.daemon.coordinator.metrics import CoordinatorMetrics
 from tfcluster.daemon.coordinator.server import Coordinator, StreamEnded, build
 from tfcluster.daemon.coordinator.trust import TokenRefused
+from tfcluster.daemon.logformat import fields
+from tfcluster.daemon.web import WebListener, parse_listen
 from tfcluster.model import NODE_NAME_RE
 from tfcluster.pki import PkiError
 from tfcluster.spec import SpecError
@@ -76,7 +81,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             reason = str(e)
         except Exception:  # a bug must cost one stream (the agent registers again), never the coordinator
             if not context.done():  # (reading a stream that the sender ended fails: nothing to report)
-                log.exception("stream from %s failed", node)
+                log.exception("stream from %s failed", node, extra=fields(node=node))
                 reason = "the coordinator failed to handle a message; register again"
         finally:
             await sender.stop()
@@ -90,6 +95,13 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             return agent_pb2.RenewCertificateResponse(certificate=self.c.renew(security.caller(), request.csr))
         except PkiError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+
+    async def EndedJobs(self, request, context):
+        try:
+            job_ids = wire.ended_jobs_request_from_proto(request)
+        except ValueError as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        return wire.ended_jobs_response(self.c.ended_jobs(job_ids))
 
 
 class JoinServicer(agent_pb2_grpc.JoinServiceServicer):
@@ -155,7 +167,8 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
             await asyncio.shield(self.c.apply(commands))
         except OSError as e:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
-        log.info("job %s submitted (%s, %d tasks): %s", job.id, job.strategy, len(job.tasks), job.state)
+        log.info("job %s submitted (%s, %d tasks): %s", job.id, job.strategy, len(job.tasks), job.state,
+                 extra=fields(job=job.id))
         return control_pb2.SubmitJobResponse(job_id=job.id, state=job.state)
 
     async def PlanJob(self, request, context):
@@ -195,7 +208,19 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
         response.jobs.extend(job_messages)
         response.summary.nodes_shown, response.summary.jobs_shown = len(response.nodes), len(response.jobs)
         response.summary.insecure = self.c.authority is None
+        response.summary.dashboard_port = self.c.dashboard_port
         return response
+
+    async def CreateDashboardLogin(self, request, context):
+        if not self.c.dashboard_port:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "the coordinator serves no dashboard: start it "
+                                                                     "with --http-listen HOST:PORT")
+        if request.job_id and request.job_id not in self.c.cluster.jobs:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown job {request.job_id[:200]!r}")
+        token, expires = self.c.logins.create_link(security.caller(), self.c.clock())
+        page = f"/jobs/{urllib.parse.quote(request.job_id)}" if request.job_id else "/"
+        path = f"/login?{urllib.parse.urlencode({'token': token, 'next': page})}"
+        return control_pb2.CreateDashboardLoginResponse(port=self.c.dashboard_port, path=path, expires=expires)
 
     async def CreateJoinToken(self, request, context):
         if request.node and not NODE_NAME_RE.fullmatch(request.node):
@@ -275,7 +300,8 @@ class CoordinatorServer:
     def __init__(self, listen: str, state_dir: Path, lost_after_seconds: float = 3.0,
                  heartbeat_interval_seconds: float = 1.0, tls_dir: Path | None = None, insecure: bool = False,
                  join_listen: str = "", token: str | None = None, keep_finished_jobs: int = 1000,
-                 keep_finished_seconds: float = 7 * 86400.0, node_cert_seconds: float = pki.NODE_HOURS * 3600.0):
+                 keep_finished_seconds: float = 7 * 86400.0, node_cert_seconds: float = pki.NODE_HOURS * 3600.0,
+                 http_listen: str = ""):
         if (tls_dir is None) == (not insecure):
             raise ValueError("give --tls-dir (see `tfcluster ca init`) or --insecure")
         self.listen, self.join_listen, self.token = listen, join_listen or _next_port(listen), token
@@ -288,12 +314,25 @@ class CoordinatorServer:
         self.server: grpc.aio.Server | None = None
         self.health = HealthServicer()
         self.address = self.join_address = ""
+        self.metrics: CoordinatorMetrics | None = None
+        self.web: WebListener | None = None
+        if http_listen:
+            parse_listen(http_listen)  # a bad address is an error before anything starts
+            self.metrics = CoordinatorMetrics(self.coordinator.cluster)
+            self.coordinator.cluster.observer = self.metrics
+            web_credentials = self.credentials if tls_dir else security.Credentials(token=token)
+            self.web = WebListener(http_listen, web_credentials, self.metrics.registry, self._is_removed)
+            Dashboard(self.coordinator, self.web)
+
+    def _is_removed(self, who: pki.Identity) -> bool:
+        return self.coordinator.trust.is_removed(who)
 
     def _interceptors(self) -> list:
+        counting = [self.metrics.interceptor()] if self.metrics else []
         if self.credentials.insecure:
-            return async_server_interceptors(self.token)
-        trust = self.coordinator  # its trust is read at each call: a node removed a moment ago is refused
-        return [security.AsyncGuard(security.Gate(is_revoked=lambda who: trust.trust.is_removed(who)))]
+            return counting + async_server_interceptors(self.token)
+        # Trust is read at each call: a node removed a moment ago is refused.
+        return counting + [security.AsyncGuard(security.Gate(is_revoked=self._is_removed))]
 
     async def start(self) -> "CoordinatorServer":
         options = [("grpc.keepalive_permit_without_calls", 1), ("grpc.http2.min_ping_interval_without_data_ms", 5000),
@@ -316,6 +355,13 @@ class CoordinatorServer:
             raise OSError(f"cannot listen on {self.listen}")
         self.address = _reachable(self.listen, port)
         await self.server.start()
+        if self.web is not None:
+            try:
+                await self.web.start()
+            except OSError:
+                await self.server.stop(0)
+                raise
+            self.coordinator.dashboard_port = int(self.web.address.rsplit(":", 1)[1])
         self.coordinator.start()
         for service in SERVICES:
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
@@ -329,6 +375,8 @@ class CoordinatorServer:
 
     async def stop(self, grace: float = 1.0) -> None:
         await self.health.enter_graceful_shutdown()
+        if self.web is not None:
+            await self.web.stop()
         await self.server.stop(grace)
         await self.coordinator.close()
 
