@@ -6,6 +6,8 @@ For N = 100, 1,000 and 5,000 it measures: the time until all are READY; GetStatu
 they heartbeat at 1 Hz; submit of a 2-task job until both launches have reached their agents; coordinator
 CPU (cores) and CPU per heartbeat; RSS. In the same run it measures the floor: a bare grpc.aio server that
 only counts the same heartbeats over the same TLS, and prints the coordinator's CPU per heartbeat as a ratio to it.
+It also times, over HTTPS with a client certificate, a Prometheus scrape of /metrics and the dashboard's API
+pages (one refresh's worth), and prints a dashboard page's latency as a ratio to GetStatus's.
 
 Prints a table and writes bench/scale.json. Run with `make bench` or `python bench/scale.py [N ...]`.
 """
@@ -36,6 +38,7 @@ READY_TIMEOUT_SECONDS = 120
 WINDOW_SECONDS = 15.0
 STATUS_EVERY_SECONDS = 0.1
 SUBMISSIONS = 10
+WEB_READS = 20
 
 
 class Fleet:
@@ -115,12 +118,13 @@ def bare_server(address: str, ca_dir: Path) -> None:
     asyncio.run(main())
 
 
-def start_server(kind: str, address: str, state: Path, ca_dir: Path) -> subprocess.Popen:
+def start_server(kind: str, address: str, state: Path, ca_dir: Path, http: str = "") -> subprocess.Popen:
     if kind == "bare":
         argv = [sys.executable, __file__, "--bare", address, str(ca_dir)]
     else:
         argv = [sys.executable, "-m", "tfcluster.cli", "coordinator", "--listen", address, "--state-dir", str(state),
-                "--tls-dir", str(ca_dir), "--join-listen", f"127.0.0.1:{free_port()}", "--log-level", "warning"]
+                "--tls-dir", str(ca_dir), "--join-listen", f"127.0.0.1:{free_port()}", "--log-level", "warning",
+                "--http-listen", http]
     proc = subprocess.Popen(argv, start_new_session=True, stdout=subprocess.DEVNULL,
                             stderr=open(state.parent / f"{kind}.log", "ab"))
     host, port = address.rsplit(":", 1)
@@ -139,7 +143,8 @@ def measure(kind: str, size: int, tmp: Path) -> dict:
     state = tmp / f"{kind}-{size}"
     state.mkdir()
     ca_dir = tmp / "ca"
-    server = start_server(kind, address, state, ca_dir)
+    http = f"127.0.0.1:{free_port()}"
+    server = start_server(kind, address, state, ca_dir, http)
     fleet = None
     client = None
     try:
@@ -175,6 +180,8 @@ def measure(kind: str, size: int, tmp: Path) -> dict:
             result["status_p50_ms"] = round(statistics.median(latencies) * 1000, 1)
             result["status_p99_ms"] = round(latencies[int(len(latencies) * 0.99) - 1] * 1000, 1)
             result["submit_to_launch_ms"] = _submissions(client, fleet)
+            result["web_ms"] = _web(http, ca_dir / "admin")
+            result["dashboard_page_vs_status"] = round(result["web_ms"]["/api/nodes"] / result["status_p50_ms"], 2)
             result["nodes_lost"] = client.status().summary.nodes_by_state.get("LOST", 0)
         return result
     finally:
@@ -184,6 +191,33 @@ def measure(kind: str, size: int, tmp: Path) -> dict:
             fleet.stop()
         kill_group(server.pid)
         server.wait()
+
+
+def _web(listen: str, credentials: Path) -> dict:
+    """p50 of each HTTP read a dashboard refresh or a Prometheus scrape makes, over HTTPS with a certificate
+    (one connection, as a browser keeps one), and the size of /metrics."""
+    import http.client
+    import ssl
+    context = ssl.create_default_context(cafile=str(credentials / "ca.crt"))
+    context.load_cert_chain(str(credentials / "client.crt"), str(credentials / "client.key"))
+    host, port = listen.rsplit(":", 1)
+    connection = http.client.HTTPSConnection(host, int(port), context=context, timeout=30)
+    result = {}
+    for path in ("/metrics", "/api/summary", "/api/nodes", "/api/nodes?state=READY&name=fleet-1", "/api/jobs"):
+        times, size = [], 0
+        for _ in range(WEB_READS):
+            started = time.perf_counter()
+            connection.request("GET", path)
+            response = connection.getresponse()
+            size = len(response.read())
+            times.append(time.perf_counter() - started)
+            if response.status != 200:
+                raise RuntimeError(f"GET {path}: {response.status}")
+        result[path] = round(statistics.median(times) * 1000, 1)
+        if path == "/metrics":
+            result["metrics_kb"] = round(size / 1000)
+    connection.close()
+    return result
 
 
 def _ready(client) -> int:
@@ -226,12 +260,14 @@ def main(sizes: tuple[int, ...]) -> None:
             print(f"N={size}: {json.dumps(coordinator)}", flush=True)
     print()
     rows = [("agents", "READY s", "status p50/p99 ms", "submit->launch ms", "cores", "us/heartbeat",
-             "bare us/hb", "ratio", "RSS MB")]
+             "bare us/hb", "ratio", "RSS MB", "/metrics ms (KB)", "/api/nodes ms", "vs status")]
     for size, r in results.items():
+        web = r["web_ms"]
         rows.append((str(size), f"{r['ready_seconds']}", f"{r['status_p50_ms']} / {r['status_p99_ms']}",
                      f"{r['submit_to_launch_ms']['p50']} (max {r['submit_to_launch_ms']['max']})",
                      f"{r['server_cores']}", f"{r['cpu_us_per_heartbeat']}", f"{r['bare_cpu_us_per_heartbeat']}",
-                     f"{r['cpu_per_heartbeat_vs_bare']}x", f"{r['rss_mb']}"))
+                     f"{r['cpu_per_heartbeat_vs_bare']}x", f"{r['rss_mb']}", f"{web['/metrics']} ({web['metrics_kb']})",
+                     f"{web['/api/nodes']}", f"{r['dashboard_page_vs_status']}x"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)))
