@@ -587,6 +587,40 @@ def test_silent_node_is_lost_and_its_job_restarts_elsewhere():
     assert job.restarts == 1 and all(task_of(a).attempt == 2 for a in relaunch)
 
 
+def test_most_of_a_large_cluster_falling_silent_at_once_waits_before_anything_is_lost():
+    from tfcluster.daemon.coordinator.membership import MASS_SILENCE_PATIENCE_SECONDS
+    sim = Sim(*(replace(info(f"n{i:02d}", 1), address=f"10.0.1.{i}") for i in range(20)))
+    job, _ = start(sim, make_spec(strategy="mirrored", gpus=1, worker=1))
+    sim.now += 5  # a stall of the coordinator: 17 of 20 nodes' heartbeats wait unprocessed in its queues
+    sim.heartbeat_all(*(f"n{i:02d}" for i in range(17)))
+    assert sim.c.tick(sim.now) == [] and all(n.state == READY for n in sim.c.nodes.values())
+    sim.now += 1  # heartbeats are processed again: the nodes come back and never were lost
+    sim.heartbeat_all()
+    assert sim.c.tick(sim.now) == [] and job.restarts == 0
+    assert all(n.state == READY for n in sim.c.nodes.values())
+    silent = [n for n in sim.c.nodes if n != job.task("worker", 0).node][:15]
+    sim.now += 5  # 15 of 20 really gone: they are lost once the patience is over, and not before
+    sim.heartbeat_all(*silent)
+    assert sim.c.tick(sim.now) == [] and sim.c.nodes[silent[0]].state == READY
+    sim.now += MASS_SILENCE_PATIENCE_SECONDS
+    sim.heartbeat_all(*silent)
+    sim.c.tick(sim.now)
+    assert [n for n in silent if sim.c.nodes[n].state == LOST] == silent
+    assert job.restarts == 0  # its own node kept beating
+
+
+def test_silence_while_the_coordinator_could_not_listen_does_not_count():
+    sim = Sim(info("n1", 1), info("n2", 1))
+    sim.now += 2.5
+    sim.c.forgive_silence(2.0)  # its loop was blocked for 2 s: the heartbeats of that time wait unread
+    sim.now += 1.5
+    sim.c.tick(sim.now)
+    assert all(n.state == READY for n in sim.c.nodes.values())  # 4 s since heard, 2 s of them deaf
+    sim.now += 1.1
+    sim.c.tick(sim.now)
+    assert all(n.state == LOST for n in sim.c.nodes.values())
+
+
 def test_lost_node_with_the_whole_job_restarts_on_tick():
     sim = Sim(info("n1", 2), info("n2", 2))
     job, _ = start(sim, make_spec(strategy="mirrored", gpus=2, worker=1))

@@ -37,6 +37,7 @@ from tfcluster.security import REMOVED
 log = logging.getLogger("tfcluster.coordinator")
 
 TICK_SECONDS = 0.2
+LATE_FORGIVEN_SECONDS = 0.1  # a tick this much later than due means heartbeats waited unread as long
 RECONNECT_GRACE_SECONDS = 10.0
 WRITE_RETRY_SECONDS = 1.0
 OUTBOX_LIMIT = 10_000  # commands kept for a node whose stream is away (reconcile resends what is dropped)
@@ -223,9 +224,16 @@ class Coordinator:
             self.outboxes[command.node].put(wire.command_to_proto(command))
 
     async def _tick_loop(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
+            due = loop.time() + TICK_SECONDS
             await asyncio.sleep(TICK_SECONDS)
+            late = loop.time() - due
             try:
+                if late > LATE_FORGIVEN_SECONDS:
+                    # The loop was too busy to read heartbeats on time (a reconnect storm, an overload): that
+                    # silence is the coordinator's, not the nodes'.
+                    self.cluster.forgive_silence(late)
                 now = self.clock()
                 self.trust.expire(now)
                 self.apply(self.cluster.tick(now))

@@ -20,7 +20,8 @@ from tfcluster import __version__, pki, security, wire
 from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc, control_pb2, control_pb2_grpc
 from tfcluster.auth import async_server_interceptors
 from tfcluster.daemon.coordinator import status
-from tfcluster.daemon.coordinator.cluster import NameTaken, Unplaceable
+from tfcluster.daemon.coordinator.cluster import Unplaceable
+from tfcluster.daemon.coordinator.membership import NameTaken
 from tfcluster.daemon.coordinator.dashboard import Dashboard
 from tfcluster.daemon.coordinator.job import Job, Task
 from tfcluster.daemon.coordinator.launch import command_for
