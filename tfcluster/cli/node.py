@@ -47,7 +47,8 @@ def gc(
     from tfcluster.daemon.agent.retention import free_bytes, human_size, plan, remove, scan
 
     policy = retention_policy(retain_for, retain_bytes, min_free_disk)
-    state_dir = state_dir or default_state_dir("agent")
+    # Resolved as the agent resolves its own: a running task is recognised by its shim's attempt path.
+    state_dir = (state_dir or default_state_dir("agent")).resolve()
     if not state_dir.is_dir():
         fail(f"--state-dir {state_dir}: no such directory", 2)
     removals = plan(scan(state_dir), policy, time.time(), free_bytes(state_dir))

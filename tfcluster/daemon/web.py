@@ -34,6 +34,7 @@ log = logging.getLogger("tfcluster.web")
 
 # Identities allowed in by something other than a certificate (the dashboard's login) are kept on the request.
 CALLER = "tfcluster.caller"
+SHUTDOWN_SECONDS = 2.0
 Authorizer = Callable[[web.Request], Awaitable[Identity | None]]
 
 
@@ -103,7 +104,10 @@ class WebListener:
         return f"{self.scheme}://{self.address}"
 
     async def start(self) -> "WebListener":
-        self.runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
+        # A browser that leaves a followed log must end its handler (aiohttp no longer cancels it by default),
+        # and a stopping daemon must not wait a minute for such streams.
+        self.runner = web.AppRunner(self.app, access_log=None, handle_signals=False, handler_cancellation=True,
+                                    shutdown_timeout=SHUTDOWN_SECONDS)
         await self.runner.setup()
         site = web.TCPSite(self.runner, self.host, self.port, ssl_context=self.context, reuse_address=True)
         try:

@@ -40,6 +40,7 @@ from tfcluster.daemon.logformat import fields
 from tfcluster.model import (CancelLog, Evaluation, ExpectFiles, FinishTraining, Gpu, Launch, NodeInfo, Phase,
                              ReadLog, ShipCheckpoints, Stop, SyncCheckpoints, SyncResult)
 from tfcluster.daemon.web import ThreadedWebListener, WebListener
+from tfcluster.layout import INCOMING_PREFIX
 from tfcluster.security import REMOVED, Credentials
 
 log = logging.getLogger("tfcluster.agent")
@@ -121,7 +122,7 @@ class Agent:
         if adopted:
             log.info("reattached to %d running tasks", adopted)
         self.expected_jobs.update(r.attempt.job_id for r in self.supervisor.snapshot())
-        retention = RetentionPass(self.config.state_dir, self.config.retention, self.supervisor.running_jobs,
+        retention = RetentionPass(self.config.state_dir, self.config.retention, self._jobs_in_use,
                                   functools.partial(ask_coordinator, self.config.coordinator, lambda: self.credentials))
         threading.Thread(target=retention.run, args=(self._stop,), name="retention", daemon=True).start()
         threading.Thread(target=self._forward_events, name="events", daemon=True).start()
@@ -273,8 +274,19 @@ class Agent:
     def _on_task_change(self, record: TaskRecord) -> None:
         if record.exited.is_set():
             # What the task reported last (its final evaluation) must reach the coordinator before its exit.
-            self._send_events(record)
+            try:
+                self._send_events(record)
+            except Exception:  # its exit is reported whatever happened to its results
+                log.exception("%s: reading its results failed", record.name)
         self.outbound.put(agent_pb2.AgentMessage(task=wire.task_report_to_proto(record.report())))
+
+    def _jobs_in_use(self) -> set[str]:
+        """Jobs whose files retention must leave alone: a task runs, or checkpoints are being copied (from here,
+        or to here for a restart)."""
+        with self.sync_lock:
+            copying = {job_id for job_id, _ in self.syncs_running}
+        receiving = {path.parent.name for path in self.config.state_dir.glob(f"jobs/*/{INCOMING_PREFIX}*")}
+        return self.supervisor.running_jobs() | copying | receiving
 
     def _forward_events(self) -> None:
         """Sends what tasks append to their events files (evaluation results) to the coordinator."""
@@ -282,7 +294,10 @@ class Agent:
             self.liveness.stamp("events")
             if self.connected.is_set():
                 for record in self.supervisor.snapshot():
-                    self._send_events(record)
+                    try:
+                        self._send_events(record)
+                    except Exception:  # one task's unreadable results must not stop every other task's
+                        log.exception("%s: reading its results failed", record.name)
 
     def _send_events(self, record: TaskRecord) -> None:
         key = record.attempt

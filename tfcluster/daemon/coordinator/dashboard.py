@@ -17,6 +17,7 @@ import functools
 import itertools
 import json
 import math
+import re
 from pathlib import Path
 
 from aiohttp import web
@@ -36,6 +37,8 @@ PAGES = ("/", "/nodes", "/jobs/{job_id}", "/jobs/{job_id}/tasks/{task}/log")
 API_PAGE = 50
 API_MAX_PAGE = 500
 LOG_TAIL_LINES = 500  # the log view starts with this many lines, then follows
+MAX_TAIL_LINES = 100_000
+NEXT_PAGE = re.compile(r"/(nodes|jobs/[A-Za-z0-9._~%-]+)?")  # where a login link may lead
 
 
 def _finite(value):
@@ -83,11 +86,11 @@ class Dashboard:
                                          "for a new one\n")
         session_id, _ = redeemed
         target = request.query.get("next", "/")
-        if not target.startswith("/") or target.startswith("//"):  # never a redirect to another site
+        if not NEXT_PAGE.fullmatch(target):  # only a page of this dashboard: never a redirect to another site
             target = "/"
         response = web.HTTPFound(target)
         response.set_cookie(COOKIE, session_id, max_age=int(SESSION_SECONDS), httponly=True, secure=self.secure,
-                            samesite="Strict", path="/")
+                            samesite="Lax", path="/")  # Lax: a link opened from chat or mail still logs in
         raise response
 
     async def _page(self, request: web.Request) -> web.FileResponse:
@@ -141,13 +144,13 @@ class Dashboard:
         """A task's log as plain text: its last lines, then (follow=1) what it writes until it ends."""
         job = self._find_job(request)
         task_type, _, index = request.match_info["task"].partition(":")
-        task = job.task(task_type, int(index)) if index.isdigit() else None
+        task = job.task(task_type, int(index)) if index.isascii() and index.isdigit() else None
         if task is None:
             raise web.HTTPNotFound(text=f"job {job.id} has no task {request.match_info['task']}\n")
         follow = request.query.get("follow") == "1"
         try:
             request_id, waiter = self.c.open_log(job.id, task.type, task.index, _int(request, "attempt", 0),
-                                                 follow, _int(request, "tail", LOG_TAIL_LINES))
+                                                 follow, min(_int(request, "tail", LOG_TAIL_LINES), MAX_TAIL_LINES))
         except (KeyError, LookupError, ConnectionError) as e:
             raise web.HTTPServiceUnavailable(text=f"{e.args[0] if e.args else e}\n") from None
         response = web.StreamResponse(headers={"Content-Type": "text/plain; charset=utf-8",
@@ -164,8 +167,8 @@ class Dashboard:
                 if chunk.eof or chunk.error:
                     finished = True
                     break
-        except (ConnectionResetError, asyncio.CancelledError):
-            pass  # the browser went away
+        except ConnectionResetError:
+            pass  # the browser went away (when it goes while nothing is written, the handler is cancelled)
         finally:
             self.c.close_log(request_id, cancel=not finished)
         return response
@@ -192,7 +195,7 @@ def _int(request: web.Request, name: str, default: int) -> int:
     text = request.query.get(name, "")
     if not text:
         return default
-    if not text.isdigit():
+    if not (text.isascii() and text.isdigit()) or len(text) > 9:
         raise web.HTTPBadRequest(text=f"{name}: expected a whole number, got {text[:40]!r}\n")
     return int(text)
 

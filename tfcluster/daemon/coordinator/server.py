@@ -378,9 +378,16 @@ class Coordinator:
         return lost, self.apply(commands)
 
     def ended_jobs(self, job_ids: list[str]) -> list[str]:
-        """Those of the jobs that are over: ended, or not known here (removed after their retention, or never
-        this coordinator's), so nothing will ever run them again and their files on a node may go."""
-        return [job_id for job_id in job_ids if job_id not in self.cluster.live]
+        """Those of the jobs that are over: ended, or made here and since removed (by retention), so nothing
+        will ever run them again and their files on a node may go. An id this coordinator never made (another
+        cluster's, or one from a state dir restored from an older backup) is not known to be over: kept."""
+        def over(job_id: str) -> bool:
+            if job_id in self.cluster.jobs:
+                return self.cluster.jobs[job_id].ended
+            _, number, tag = (["", ""] + job_id.rsplit("-", 2))[-3:]
+            return bool(tag) and tag == self.cluster.cluster_tag and number.isdigit() and \
+                int(number) < self.cluster.next_number
+        return [job_id for job_id in job_ids if over(job_id)]
 
     def running_tasks(self) -> dict[str, int]:
         running: dict[str, int] = collections.Counter()
