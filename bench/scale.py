@@ -180,6 +180,7 @@ def measure(kind: str, size: int, tmp: Path) -> dict:
             result["status_p50_ms"] = round(statistics.median(latencies) * 1000, 1)
             result["status_p99_ms"] = round(latencies[int(len(latencies) * 0.99) - 1] * 1000, 1)
             result["submit_to_launch_ms"] = _submissions(client, fleet)
+            result["nodes_lost_before_web"] = client.status().summary.nodes_by_state.get("LOST", 0)
             result["web_ms"] = _web(http, ca_dir / "admin")
             result["dashboard_page_vs_status"] = round(result["web_ms"]["/api/nodes"] / result["status_p50_ms"], 2)
             result["nodes_lost"] = client.status().summary.nodes_by_state.get("LOST", 0)

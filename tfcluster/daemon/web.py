@@ -166,8 +166,21 @@ class WebListener:
     # ---- /metrics ----------------------------------------------------------------------------------
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        body = generate_latest(self.registry)
+        # The collectors read the model here, on its own loop (cheap); writing thousands of samples out as text
+        # is not, and goes to a thread so the loop keeps reading heartbeats meanwhile.
+        families = Collected(list(self.registry.collect()))
+        body = await asyncio.get_running_loop().run_in_executor(None, generate_latest, families)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+class Collected:
+    """Metric families already collected, as a registry for generate_latest."""
+
+    def __init__(self, families: list):
+        self.families = families
+
+    def collect(self):
+        return iter(self.families)
 
 
 class ThreadedWebListener:
