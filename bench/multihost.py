@@ -35,7 +35,8 @@ from tfcluster import pki
 from tfcluster.daemon.agent.peers import PeerServer, PeerServicer
 from tfcluster.security import Credentials
 creds = Credentials.from_dir(Path(sys.argv[3]), pki.NODE_CERT, pki.NODE_KEY) if sys.argv[3] else Credentials()
-PeerServer(sys.argv[1], PeerServicer(Path(sys.argv[2])), lambda: creds).start()
+server = PeerServer(sys.argv[1], PeerServicer(Path(sys.argv[2])), lambda: creds)  # kept: a dropped server stops
+server.start()
 print("ready", flush=True)
 time.sleep(3600)
 """
@@ -94,9 +95,11 @@ def _ship(hosts: TestHosts, source: Path, dest: Path, sender: str, receiver: str
                               stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:
         assert server.stdout.readline().strip() == "ready"
-        out = subprocess.run([*hosts.prefix(1), PYTHON, "-c", SENDER, address, str(source), str(SHIP_ROUNDS), sender],
-                             capture_output=True, text=True, check=True).stdout
-        return json.loads(out)
+        sent = subprocess.run([*hosts.prefix(1), PYTHON, "-c", SENDER, address, str(source), str(SHIP_ROUNDS),
+                               sender], capture_output=True, text=True)
+        if sent.returncode != 0:
+            raise RuntimeError(f"shipping to {address} failed:\n{sent.stderr[-2000:]}")
+        return json.loads(sent.stdout)
     finally:
         kill_group(server.pid)
         server.wait()
