@@ -16,6 +16,7 @@ from tfcluster.pki import PkiError
 
 MIN_NODE_CERT_SECONDS = 5           # the agent renews at two thirds: shorter would be renewing all the time
 MAX_NODE_CERT_SECONDS = 365 * 86400
+LogLevelOpt = typer.Option("info", help="debug, info, warning or error.")
 LogFormatOpt = typer.Option("text", metavar="text|json",
                             help="text: one line per event (under journald with its priority, without a "
                                  "timestamp); json: one object per line for log collectors.")
@@ -77,7 +78,7 @@ def coordinator(
     http_listen: Optional[str] = typer.Option(None, metavar="HOST:PORT",
                                               help="Serve Prometheus metrics at /metrics here (HTTPS with TLS: "
                                                    "clients need an admin or viewer certificate) [default: off]."),
-    log_level: str = typer.Option("info", help="debug, info, warning or error."),
+    log_level: str = LogLevelOpt,
     log_format: str = LogFormatOpt,
 ) -> None:
     """Run the coordinator: registrations, scheduling, job state."""
@@ -159,7 +160,7 @@ def agent(
                                               help="Serve Prometheus metrics at /metrics here (HTTPS with the node's "
                                                    "certificate: clients need an admin or viewer one) "
                                                    "[default: off]."),
-    log_level: str = typer.Option("info", help="debug, info, warning or error."),
+    log_level: str = LogLevelOpt,
     log_format: str = LogFormatOpt,
 ) -> None:
     """Run the agent of this node: discover GPUs, register, launch and watch tasks."""

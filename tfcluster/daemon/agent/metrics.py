@@ -8,7 +8,6 @@ walk over the tasks' process trees and one NVML query per GPU, and nothing at al
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import threading
 import time
@@ -20,6 +19,7 @@ from prometheus_client import Counter as CounterMetric
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from tfcluster.daemon.agent.retention import measure
 from tfcluster.daemon.agent.supervisor import Supervisor, TaskRecord
 from tfcluster.model import Gpu, Phase
 
@@ -215,17 +215,6 @@ class DiskCollector(Collector):
         yield GaugeMetricFamily("tfcluster_disk_size_bytes", "Size of the filesystem of the state dir.",
                                 value=usage.total)
         if self.clock() - self.sized_at >= STATE_DIR_SIZE_EVERY_SECONDS:
-            self.size, self.sized_at = directory_size(self.state_dir), self.clock()
+            self.size, self.sized_at = measure(self.state_dir)[0], self.clock()
         yield GaugeMetricFamily("tfcluster_state_dir_bytes", "Bytes under the agent's state dir (task logs, "
                                 "attempts, host-local checkpoints), measured at most once a minute.", value=self.size)
-
-
-def directory_size(path: str) -> int:
-    total = 0
-    for root, _, files in os.walk(path):
-        for name in files:
-            try:
-                total += os.lstat(os.path.join(root, name)).st_blocks * 512
-            except OSError:
-                continue
-    return total

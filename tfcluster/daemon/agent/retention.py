@@ -148,7 +148,7 @@ def scan(state_dir: Path, running_jobs: Iterable[str] = (), now: float | None = 
         if not entry.is_dir(follow_symlinks=False):
             continue
         directory = Path(entry.path)
-        size, written = _measure(directory, timeless=directory / layout.ENDED_MARKER)
+        size, written = measure(directory, timeless=directory / layout.ENDED_MARKER)
         attempts, live = _attempts(state_dir, entry.name, now)
         jobs.append(JobOnDisk(id=entry.name, dir=directory, size=size, written=written,
                               ended=(directory / layout.ENDED_MARKER).exists(),
@@ -157,7 +157,7 @@ def scan(state_dir: Path, running_jobs: Iterable[str] = (), now: float | None = 
     return jobs
 
 
-def _measure(directory: Path, timeless: Path | None = None) -> tuple[int, float]:
+def measure(directory: Path | str, timeless: Path | None = None) -> tuple[int, float]:
     """Bytes of the files under a folder and the newest modification time among them (but timeless's)."""
     return _measure_files([Path(root, name) for root, _, names in os.walk(directory) for name in names], timeless)
 
@@ -190,7 +190,7 @@ def _attempts(state_dir: Path, job_id: str, now: float) -> tuple[list[Item], boo
         numbered = sorted((int(n), task / f"{layout.ATTEMPT_DIR_PREFIX}{n}") for n in numbers if n.isdigit())
         live = live or any(_attempt_runs(path, now) for _, path in numbered)
         for number, path in numbered[:-1]:
-            size, written = _measure(path)
+            size, written = measure(path)
             older.append(Item(f"older attempt {number} of {task.name} (attempt {numbered[-1][0]} is kept)", str(path),
                               (path,), size, written))
     return older, live

@@ -12,7 +12,6 @@ scrapers and scripts use a client certificate, as for /metrics.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import itertools
 import json
@@ -113,9 +112,7 @@ class Dashboard:
         jobs = (j for j in sorted(self.c.cluster.jobs.values(), key=lambda j: j.number, reverse=True)
                 if (not before or j.number < before) and (not states or j.state in states)
                 and j.spec.name.startswith(prefix))
-        page = list(itertools.islice(jobs, _limit(request) + 1))
-        more = len(page) > _limit(request)
-        page = page[:_limit(request)]
+        page, more = _page(jobs, _limit(request))
         return json_response({"jobs": [job_row(j) for j in page],
                                   "next": str(page[-1].number) if more else ""})
 
@@ -128,9 +125,7 @@ class Dashboard:
         running, now = self.c.running_tasks(), self.c.clock()
         entries = status.nodes(c, request.query.get("after", ""), request.query.get("state", ""),
                                request.query.get("name", ""))
-        page = list(itertools.islice(entries, _limit(request) + 1))
-        more = len(page) > _limit(request)
-        page = page[:_limit(request)]
+        page, more = _page(entries, _limit(request))
         nodes = []
         for node in page:
             doc = wire.node_doc(wire.node_status(node, running[node.name], now))
@@ -198,6 +193,12 @@ def _int(request: web.Request, name: str, default: int) -> int:
     if not (text.isascii() and text.isdigit()) or len(text) > 9:
         raise web.HTTPBadRequest(text=f"{name}: expected a whole number, got {text[:40]!r}\n")
     return int(text)
+
+
+def _page(entries, limit: int) -> tuple[list, bool]:
+    """The first `limit` entries, and whether there are more."""
+    page = list(itertools.islice(entries, limit + 1))
+    return page[:limit], len(page) > limit
 
 
 def _limit(request: web.Request) -> int:
