@@ -41,19 +41,19 @@ print("ready", flush=True)
 time.sleep(3600)
 """
 
-# argv: address, source dir, rounds, credentials dir ("" for plain text)
+# argv: address, source dir, rounds, credentials dir ("" for plain text), the receiving node's name
 SENDER = """
 import os, sys, json
 from pathlib import Path
 from tfcluster import pki
-from tfcluster.daemon.agent.shipping import checkpoint_files, put_files
+from tfcluster.daemon.agent.shipping import Peer, checkpoint_files, put_files
 from tfcluster.security import Credentials
 creds = Credentials.from_dir(Path(sys.argv[4]), pki.NODE_CERT, pki.NODE_KEY) if sys.argv[4] else Credentials()
 d = sys.argv[2]
 names = checkpoint_files(d, os.path.join(d, "ckpt-1"))
 results = []
 for i in range(int(sys.argv[3])):
-    size, seconds = put_files(sys.argv[1], f"bench-{i + 1}", d, names, creds,
+    size, seconds = put_files(Peer(sys.argv[1], sys.argv[5]), f"bench-{i + 1}", d, names, creds,
                               {"checkpoint": b'model_checkpoint_path: "ckpt-1"\\n'})
     results.append(size / 1e6 / seconds)
 print(json.dumps(results))
@@ -62,7 +62,7 @@ print(json.dumps(results))
 
 def node_credentials(ca: "pki.Authority", name: str, ip: str, directory: Path) -> str:
     """A node's credentials directory, as joining would have left it."""
-    key, cert = ca.issue(name, pki.NODE, datetime.timedelta(hours=1), [name, ip])
+    key, cert = ca.issue(name, pki.NODE, datetime.timedelta(hours=1), [pki.node_server_name(name), ip])
     directory.mkdir()
     (directory / pki.CA_CERT).write_bytes(ca.pem)
     (directory / pki.NODE_CERT).write_bytes(cert)
@@ -96,7 +96,7 @@ def _ship(hosts: TestHosts, source: Path, dest: Path, sender: str, receiver: str
     try:
         assert server.stdout.readline().strip() == "ready"
         sent = subprocess.run([*hosts.prefix(1), PYTHON, "-c", SENDER, address, str(source), str(SHIP_ROUNDS),
-                               sender], capture_output=True, text=True)
+                               sender, "h2"], capture_output=True, text=True)
         if sent.returncode != 0:
             raise RuntimeError(f"shipping to {address} failed:\n{sent.stderr[-2000:]}")
         return json.loads(sent.stdout)

@@ -214,8 +214,17 @@ class LocalCluster:
         """How an agent of this release joins: with the cluster's token and CA (a restart reuses its certificate)."""
         if not self.tls:
             return ["--insecure", *self._token_args()]
-        return ["--join", self.join_token, "--ca-cert", str(self.ca_dir / "ca.crt"),
+        return ["--join-token-file", str(self.join_token_file()), "--ca-cert", str(self.ca_dir / "ca.crt"),
                 "--join-address", self.join_address]
+
+    def join_token_file(self, token: str = "") -> Path:
+        """A file holding a join token (the cluster's reusable one by default), as an agent reads it."""
+        token = token or self.join_token
+        path = self.root / "tokens" / f"{token.partition('.')[0]}.token"
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(token + "\n")
+        path.chmod(0o600)
+        return path
 
     def client_env(self) -> dict[str, str]:
         """What a CLI call needs in its environment to reach this cluster as its admin."""

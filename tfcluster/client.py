@@ -102,9 +102,10 @@ class Client:
                 time.sleep(0.25 * 2 ** attempt)
         raise AssertionError("unreachable")
 
-    def create_join_token(self, ttl_seconds: float, node: str = "", reusable: bool = False) -> tuple[str, float]:
+    def create_join_token(self, ttl_seconds: float, node: str = "", reusable: bool = False,
+                          replace: bool = False) -> tuple[str, float]:
         reply = self._call(self.stub.CreateJoinToken, control_pb2.CreateJoinTokenRequest(
-            ttl_seconds=ttl_seconds, node=node, reusable=reusable))
+            ttl_seconds=ttl_seconds, node=node, reusable=reusable, replace=replace))
         return reply.token, reply.expires
 
     def dashboard_url(self, port: int, insecure: bool) -> str:

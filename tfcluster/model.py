@@ -185,6 +185,8 @@ class Launch:
     port: int
     stop_grace_seconds: float
     report_listening: bool = False  # report again once the task accepts connections on its port
+    uid: int = 0  # the job's task user and group on every node; 0: none given (a coordinator before 0.3)
+    gid: int = 0
 
     def __str__(self) -> str:
         return f"launch {self.attempt} on {self.node}"
@@ -219,6 +221,7 @@ class ShipCheckpoints:
     node: str
     attempt: Attempt
     targets: tuple[str, ...]
+    target_nodes: tuple[str, ...] = ()  # the node at each target: only its certificate is accepted there
 
     def __str__(self) -> str:
         return f"{self.attempt.job_id}: {self.node} ships {self.attempt.task_key}'s checkpoints to " \
@@ -232,6 +235,7 @@ class SyncCheckpoints:
     job_id: str
     sync_id: int
     targets: tuple[str, ...]
+    target_nodes: tuple[str, ...] = ()  # the node at each target: only its certificate is accepted there
 
     def __str__(self) -> str:
         return f"{self.job_id}: copying checkpoints from {self.node} to {', '.join(self.targets)} (copy {self.sync_id})"
@@ -239,12 +243,27 @@ class SyncCheckpoints:
 
 @dataclass(frozen=True)
 class ExpectFiles:
-    """Checkpoint files of this job are coming to the node's peer port (a restarted group's copy): take them."""
+    """Checkpoint files of this job are coming to the node's peer port from `sender` (the node that produces
+    them): take them from that node alone, and hand them to the job's task user."""
     node: str
     job_id: str
+    sender: str = ""  # "": any node of the cluster (a coordinator before 0.3 names none)
+    uid: int = 0
+    gid: int = 0
 
     def __str__(self) -> str:
         return f"{self.job_id}: {self.node} is to receive checkpoints"
+
+
+@dataclass(frozen=True)
+class Revocations:
+    """The node certificates the coordinator no longer accepts (removed or replaced nodes), as the whole list:
+    (node, time) refuses that node's certificates issued before the time."""
+    node: str
+    revoked: tuple[tuple[str, float], ...]
+
+    def __str__(self) -> str:
+        return f"{self.node} is told of {len(self.revoked)} revoked node certificates"
 
 
 @dataclass(frozen=True)
@@ -272,4 +291,5 @@ class LogData:
     error: str = ""
 
 
-Command = Launch | Stop | FinishTraining | ShipCheckpoints | SyncCheckpoints | ExpectFiles | ReadLog | CancelLog
+Command = (Launch | Stop | FinishTraining | ShipCheckpoints | SyncCheckpoints | ExpectFiles | Revocations | ReadLog |
+           CancelLog)

@@ -38,6 +38,17 @@ CA_CERT, CA_KEY = "ca.crt", "ca.key"
 CLIENT_CERT, CLIENT_KEY = "client.crt", "client.key"
 SERVER_CERT, SERVER_KEY = "coordinator.crt", "coordinator.key"
 NODE_CERT, NODE_KEY = "node.crt", "node.key"
+# The names a client checks a server's certificate against (gRPC's target name), whatever address it dials:
+# only a coordinator's certificate carries COORDINATOR_NAME, only node N's carries server_name(N). The CA puts
+# them in itself, never from a request, so no other certificate of the cluster can stand in for these servers.
+# `.invalid` never resolves: these names exist in certificates only.
+COORDINATOR_NAME = "coordinator.tfcluster.invalid"
+NODE_NAME_SUFFIX = ".node.tfcluster.invalid"
+
+
+def node_server_name(node: str) -> str:
+    """The name only node `node`'s certificate carries: what a peer checks when it sends that node files."""
+    return f"{node}{NODE_NAME_SUFFIX}"
 
 
 class PkiError(ValueError):
@@ -138,16 +149,20 @@ class Authority:
         return cert_pem(self.cert)
 
     def sign(self, public_key, common_name: str, role: str, lifetime: datetime.timedelta,
-             sans: list[str] = ()) -> x509.Certificate:
+             sans: list[str] = (), issued: datetime.datetime | None = None) -> x509.Certificate:
+        """A certificate for role; sans are exactly the names given (the caller decides them, never a request).
+        People's certificates only prove who calls (client auth); servers' also who serves. `issued` (default
+        now) is the issue time the certificate carries, backdated for clock skew."""
         if self.key is None:
             raise PkiError("this CA has no key to sign with")
-        now = _now()
+        issued = issued or _now()
+        usages = [ExtendedKeyUsageOID.CLIENT_AUTH] if role in PEOPLE_ROLES else \
+            [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
         builder = (x509.CertificateBuilder().subject_name(_name(common_name, role)).issuer_name(self.cert.subject)
                    .public_key(public_key).serial_number(x509.random_serial_number())
-                   .not_valid_before(now - BACKDATE).not_valid_after(now + lifetime)
+                   .not_valid_before(issued - BACKDATE).not_valid_after(issued + lifetime)
                    .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-                   .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH,
-                                                         ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+                   .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
                    .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(self.cert.public_key()),
                                   critical=False))
         if sans:
@@ -160,24 +175,20 @@ class Authority:
         key = new_key()
         return key_pem(key), cert_pem(self.sign(key.public_key(), common_name, role, lifetime, sans))
 
-    def sign_node(self, csr_pem: bytes, node: str, lifetime: datetime.timedelta = None) -> bytes:
-        """A node's certificate for a CSR the node made itself (its key never leaves it): subject and role
-        are set here, the IP addresses it may serve on are taken from the CSR."""
+    def sign_node(self, csr_pem: bytes, node: str, lifetime: datetime.timedelta = None, addresses: list[str] = (),
+                  issued: datetime.datetime | None = None) -> bytes:
+        """A node's certificate for a CSR the node made itself (its key never leaves it). Only the CSR's key is
+        used: the name, the role and the addresses are the coordinator's to decide (check_node_name, and the
+        addresses it has seen the node at), so a node can never ask for a name that is not its own."""
         try:
             csr = x509.load_pem_x509_csr(csr_pem)
         except ValueError as e:
             raise PkiError(f"csr: not a PEM certificate signing request: {e}") from None
         if not csr.is_signature_valid:
             raise PkiError("csr: its signature does not match its key")
-        if not NODE_NAME_RE.fullmatch(node):
-            raise PkiError(f"node name {node[:80]!r}: expected letters, digits, '.', '_' or '-'")
-        try:
-            requested = csr.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-            addresses = [str(a) for a in requested.get_values_for_type(x509.IPAddress)]
-        except x509.ExtensionNotFound:
-            addresses = []
         lifetime = lifetime or datetime.timedelta(hours=NODE_HOURS)
-        return cert_pem(self.sign(csr.public_key(), node, NODE, lifetime, [node, *addresses]))
+        return cert_pem(self.sign(csr.public_key(), node, NODE, lifetime, [node_server_name(node), *addresses],
+                                  issued))
 
     def verify(self, cert: x509.Certificate) -> None:
         """Raises PkiError unless this CA signed cert and it is valid now."""
@@ -227,13 +238,38 @@ def ca_hash(cert: x509.Certificate) -> str:
     return f"sha256:{hashlib.sha256(spki).hexdigest()}"
 
 
-def new_csr(node: str, address: str) -> tuple[bytes, bytes]:
-    """A node's new key and a CSR for it, naming the node and the IP it serves its peer port on."""
+def new_csr(node: str) -> tuple[bytes, bytes]:
+    """A node's new key and a CSR for it. The CSR carries the key; what the certificate says is the CA's choice."""
     key = new_key()
-    csr = (x509.CertificateSigningRequestBuilder().subject_name(_name(node, NODE))
-           .add_extension(x509.SubjectAlternativeName(_sans([address])), critical=False)
-           .sign(key, hashes.SHA256()))
+    csr = x509.CertificateSigningRequestBuilder().subject_name(_name(node, NODE)).sign(key, hashes.SHA256())
     return key_pem(key), csr.public_bytes(serialization.Encoding.PEM)
+
+
+def check_node_name(node: str, reserved: set[str]) -> None:
+    """Raises PkiError unless node may be a node's name: a node name is neither an address nor a name the
+    coordinator is reached by (reserved: its certificate's names), so no node's certificate can look like the
+    coordinator's to a client that checks names only (a browser, Prometheus)."""
+    if not NODE_NAME_RE.fullmatch(node):
+        raise PkiError(f"node name {node[:80]!r}: expected letters, digits, '.', '_' or '-' (at most 253)")
+    lowered = node.lower().rstrip(".")
+    if lowered == "localhost" or lowered.endswith(".localhost") or lowered.endswith(".invalid"):
+        raise PkiError(f"node name {node!r} is reserved; give the agent another --name")
+    try:
+        ipaddress.ip_address(node)
+        raise PkiError(f"node name {node!r} is an IP address; give the agent a name (--name)")
+    except ValueError:
+        pass
+    if lowered in {name.lower() for name in reserved}:
+        raise PkiError(f"node name {node!r} is a name of the coordinator; give the agent another --name")
+
+
+def server_names(cert: x509.Certificate) -> list[str]:
+    """The DNS names and IP addresses a certificate is valid for."""
+    try:
+        sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return []
+    return [*sans.get_values_for_type(x509.DNSName), *(str(a) for a in sans.get_values_for_type(x509.IPAddress))]
 
 
 def default_sans() -> list[str]:
@@ -254,12 +290,29 @@ def init_ca(directory: Path, sans: list[str]) -> Authority:
     directory.mkdir(parents=True, exist_ok=True)
     write_private(directory / CA_KEY, key_pem(ca.key))
     (directory / CA_CERT).write_bytes(ca.pem)
-    key, cert = ca.issue(COORDINATOR, COORDINATOR, datetime.timedelta(days=COORDINATOR_DAYS),
-                         [*default_sans(), *sans])
-    write_private(directory / SERVER_KEY, key)
-    (directory / SERVER_CERT).write_bytes(cert)
+    write_coordinator_certificate(ca, directory, [*default_sans(), *sans])
     write_credentials(ca, directory / "admin", "admin", ADMIN)
     return ca
+
+
+def write_coordinator_certificate(ca: Authority, directory: Path, names: list[str]) -> None:
+    """The coordinator's key and certificate: the names it is reached by, and COORDINATOR_NAME, which clients
+    check (only a coordinator's certificate carries it)."""
+    key, cert = ca.issue(COORDINATOR, COORDINATOR, datetime.timedelta(days=COORDINATOR_DAYS),
+                         [COORDINATOR_NAME, *names])
+    write_private(directory / SERVER_KEY, key)
+    (directory / SERVER_CERT).write_bytes(cert)
+
+
+def upgrade_coordinator_certificate(directory: Path) -> bool:
+    """A coordinator certificate made before clients checked COORDINATOR_NAME is made again with the same names
+    and that one; True when it was. Needs the CA key (the coordinator signs nodes' certificates with it)."""
+    cert = load_cert(directory / SERVER_CERT)
+    names = server_names(cert)
+    if COORDINATOR_NAME in names:
+        return False
+    write_coordinator_certificate(Authority.load(directory, with_key=True), directory, names)
+    return True
 
 
 def write_credentials(ca: Authority, out: Path, name: str, role: str) -> None:

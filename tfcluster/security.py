@@ -51,7 +51,9 @@ POLICY: dict[str, frozenset[str]] = {
     CONTROL + "CreateDashboardLogin": READERS,
 }
 HEALTH = "/grpc.health.v1.Health/"
-REMOVED = "was removed from the cluster"  # the refusal an agent of a removed node gets: it stops its tasks
+# The refusals an agent gets when its certificate was revoked: it stops its tasks (they run on elsewhere).
+REMOVED = "was removed from the cluster"
+REPLACED = "was replaced: another holder took its name over"
 
 _caller: contextvars.ContextVar[Identity | None] = contextvars.ContextVar("caller", default=None)
 
@@ -80,8 +82,8 @@ class Gate:
     """Checks one call against the policy: TLS 1.3, a certificate whose role may call the method, a holder
     still in the cluster. A caller without a certificate (on the join port) may only join."""
 
-    def __init__(self, is_revoked: Callable[[Identity], bool] = lambda who: False):
-        self.is_revoked = is_revoked
+    def __init__(self, is_revoked: Callable[[Identity], str] = lambda who: ""):
+        self.is_revoked = is_revoked  # why the holder's certificate is no longer accepted ("": it is)
 
     def check(self, method: str, auth: dict) -> Identity | None:
         if method.startswith(HEALTH):
@@ -100,9 +102,9 @@ class Gate:
         if who.role not in allowed:
             raise Refused(grpc.StatusCode.PERMISSION_DENIED,
                           f"{who.role} {who.name!r} may not call {method.rsplit('/', 1)[1]}")
-        if self.is_revoked(who):
-            raise Refused(grpc.StatusCode.PERMISSION_DENIED, f"{who} {REMOVED}; it may join again with a new token "
-                                                             f"after its old certificate is deleted")
+        revoked = self.is_revoked(who)
+        if revoked:
+            raise Refused(grpc.StatusCode.PERMISSION_DENIED, f"{who} {revoked}")
         return who
 
 
@@ -196,15 +198,20 @@ class Credentials:
         check a pinned CA hash); callers bring no certificate yet."""
         return grpc.ssl_server_credentials([(self.key, self.cert + self.ca)], require_client_auth=False)
 
-    def channel(self, address: str, options: list | None = None) -> grpc.Channel:
+    def channel(self, address: str, options: list | None = None,
+                server_name: str = pki.COORDINATOR_NAME) -> grpc.Channel:
+        """A channel to address that accepts only a server whose certificate carries server_name: by default the
+        coordinator (a node's certificate, though of the same CA, cannot pass for it); a peer is named by
+        pki.node_server_name."""
         if self.insecure:
             return auth.channel(address, self.token, options)
         creds = grpc.ssl_channel_credentials(root_certificates=self.ca, private_key=self.key,
                                              certificate_chain=self.cert)
-        return grpc.secure_channel(address, creds, options=options)
+        return grpc.secure_channel(address, creds,
+                                   options=[*(options or []), ("grpc.ssl_target_name_override", server_name)])
 
 
-    def interceptors(self, is_revoked: Callable[[Identity], bool] = lambda who: False) -> list:
+    def interceptors(self, is_revoked: Callable[[Identity], str] = lambda who: "") -> list:
         """What guards a threaded server serving with these credentials (the agents' peer port)."""
         return auth.server_interceptors(self.token) if self.insecure else [Guard(Gate(is_revoked))]
 
@@ -227,6 +234,9 @@ def fetch_ca(address: str, pinned: str, timeout: float = 10.0) -> bytes:
         if pki.ca_hash(cert) == pinned:
             authority = pki.Authority(cert)
             authority.verify(certs[0])  # the join port's own certificate is signed by the pinned CA
+            if pki.identity(certs[0]).role != pki.COORDINATOR or pki.COORDINATOR_NAME not in pki.server_names(certs[0]):
+                raise pki.PkiError(f"the join port {address} presented a certificate of the pinned CA that is not "
+                                   f"the coordinator's ({pki.identity(certs[0])})")
             return authority.pem
     raise pki.PkiError(f"the join port {address} presented no CA with the pinned hash {pinned} "
                        f"(found: {', '.join(pki.ca_hash(c) for c in certs[1:]) or 'none'})")

@@ -16,8 +16,8 @@ from typing import Any
 from tfcluster.api.v1 import agent_pb2, control_pb2
 from tfcluster.api.v1 import types_pb2 as pb
 from tfcluster.model import (MAX_GPUS_PER_NODE, NODE_NAME_RE, Attempt, CancelLog, Command, Evaluation, ExpectFiles,
-                             FinishTraining, Gpu, Launch, LogData, NodeInfo, ReadLog, ShipCheckpoints, Stop,
-                             SyncCheckpoints, SyncResult, TaskExit, TaskProgress, TaskReport, control_character,
+                             FinishTraining, Gpu, Launch, LogData, NodeInfo, ReadLog, Revocations, ShipCheckpoints,
+                             Stop, SyncCheckpoints, SyncResult, TaskExit, TaskProgress, TaskReport, control_character,
                              printable)
 from tfcluster.roles.tfconfig import build_tf_configs
 from tfcluster.spec import JobSpec, RestartPolicy, RoleSpec, validate
@@ -204,18 +204,23 @@ def command_to_proto(c: Command) -> agent_pb2.CoordinatorMessage:
     if isinstance(c, Launch):
         return M(launch=pb.TaskLaunch(**_attempt_fields(c.attempt), command=c.command, env=c.env, workdir=c.workdir,
                                       port=c.port, stop_grace_seconds=c.stop_grace_seconds,
-                                      report_listening=c.report_listening))
+                                      report_listening=c.report_listening, uid=c.uid, gid=c.gid))
     if isinstance(c, Stop):
         return M(stop=agent_pb2.StopTask(**_attempt_fields(c.attempt), grace_seconds=c.grace_seconds))
     if isinstance(c, FinishTraining):
         return M(finish_training=agent_pb2.FinishTraining(**_attempt_fields(c.attempt),
                                                           final_checkpoint=c.final_checkpoint))
     if isinstance(c, ShipCheckpoints):
-        return M(ship=agent_pb2.ShipCheckpoints(**_attempt_fields(c.attempt), targets=c.targets))
+        return M(ship=agent_pb2.ShipCheckpoints(**_attempt_fields(c.attempt), targets=c.targets,
+                                                target_nodes=c.target_nodes))
     if isinstance(c, SyncCheckpoints):
-        return M(sync=agent_pb2.SyncCheckpoints(job_id=c.job_id, sync_id=c.sync_id, targets=c.targets))
+        return M(sync=agent_pb2.SyncCheckpoints(job_id=c.job_id, sync_id=c.sync_id, targets=c.targets,
+                                                target_nodes=c.target_nodes))
     if isinstance(c, ExpectFiles):
-        return M(expect_files=agent_pb2.ExpectFiles(job_id=c.job_id))
+        return M(expect_files=agent_pb2.ExpectFiles(job_id=c.job_id, sender=c.sender, uid=c.uid, gid=c.gid))
+    if isinstance(c, Revocations):
+        return M(revocations=agent_pb2.Revocations(nodes=[agent_pb2.RevokedNode(node=node, issued_before=before)
+                                                          for node, before in c.revoked]))
     if isinstance(c, ReadLog):
         return M(read_log=agent_pb2.ReadLog(request_id=c.request_id, **_attempt_fields(c.attempt), follow=c.follow,
                                             tail_lines=c.tail_lines))
@@ -228,22 +233,31 @@ def command_from_proto(msg: agent_pb2.CoordinatorMessage, node: str) -> Command 
     m = getattr(msg, kind) if kind else None
     if kind == "launch":
         return Launch(node, _attempt(m, "launch"), tuple(m.command), dict(m.env), m.workdir, m.port,
-                      m.stop_grace_seconds, m.report_listening)
+                      m.stop_grace_seconds, m.report_listening, m.uid, m.gid)
     if kind == "stop":
         return Stop(node, _attempt(m, "stop"), m.grace_seconds)
     if kind == "finish_training":
         return FinishTraining(node, _attempt(m, "finish_training"), m.final_checkpoint)
     if kind == "ship":
-        return ShipCheckpoints(node, _attempt(m, "ship"), tuple(m.targets))
+        return ShipCheckpoints(node, _attempt(m, "ship"), tuple(m.targets), _target_nodes(m))
     if kind == "sync":
-        return SyncCheckpoints(node, m.job_id, m.sync_id, tuple(m.targets))
+        return SyncCheckpoints(node, m.job_id, m.sync_id, tuple(m.targets), _target_nodes(m))
     if kind == "expect_files":
-        return ExpectFiles(node, m.job_id)
+        return ExpectFiles(node, m.job_id, m.sender, m.uid, m.gid)
+    if kind == "revocations":
+        return Revocations(node, tuple((r.node, r.issued_before) for r in m.nodes))
     if kind == "read_log":
         return ReadLog(node, m.request_id, _attempt(m, "read_log"), m.follow, m.tail_lines)
     if kind == "cancel_log":
         return CancelLog(node, m.request_id)
     return None
+
+
+def _target_nodes(m) -> tuple[str, ...]:
+    """The node at each target, when the coordinator names them all (one before 0.3 names none)."""
+    if m.target_nodes and len(m.target_nodes) != len(m.targets):
+        raise ValueError(f"target_nodes: expected one per target ({len(m.targets)}), got {len(m.target_nodes)}")
+    return tuple(m.target_nodes)
 
 
 # ---- job specs ----------------------------------------------------------------------------------

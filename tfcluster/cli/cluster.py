@@ -74,23 +74,30 @@ def token_create(
     ttl: str = typer.Option("1h", metavar="DURATION", help="How long the token can be used, e.g. 30m, 12h, 7d."),
     node: Optional[str] = typer.Option(None, help="Only a node of this name may join with it."),
     reusable: bool = typer.Option(False, "--reusable", help="Any number of nodes may join with it until it expires."),
+    replace: bool = typer.Option(False, "--replace",
+                                 help="With --node: the node joining with it takes that name over from its current "
+                                      "holder (a reinstalled machine, a lost state dir), whose certificate is refused "
+                                      "from then on."),
     coordinator: Optional[str] = CoordinatorOpt,
     tls_dir: Optional[Path] = TlsDirOpt,
 ) -> None:
-    """Print a join token for `tfcluster agent --join TOKEN` (the coordinator keeps only its hash)."""
+    """Print a join token for `tfcluster agent --join-token-file FILE` (the coordinator keeps only its hash)."""
     seconds = parse_duration(ttl, "--ttl")
     if seconds == 0:
         fail("--ttl: a token that expires at once lets no node join; give a duration such as 1h", 2)
     if node is not None and not NODE_NAME_RE.fullmatch(node):
         fail(f"--node: expected letters, digits, '.', '_' or '-' (at most 253), got {node!r}", 2)
+    if replace and node is None:
+        fail("--replace: say which node the token replaces (--node NAME)", 2)
     with connect(coordinator, tls_dir) as client:
         try:
-            token, expires = client.create_join_token(seconds, node or "", reusable)
+            token, expires = client.create_join_token(seconds, node or "", reusable, replace)
         except ClientError as e:
             fail(str(e), e.exit_code)
     print(token)
     typer.echo(f"expires {time.strftime('%Y-%m-%d %H:%M:%S %Z', time.localtime(expires))}"
-               f"{'; reusable' if reusable else '; single use'}{f'; node {node} only' if node else ''}", err=True)
+               f"{'; reusable' if reusable else '; single use'}{f'; node {node} only' if node else ''}"
+               f"{'; takes the name over from its current holder' if replace else ''}", err=True)
 
 
 @node_app.command("remove")

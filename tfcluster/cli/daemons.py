@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import faulthandler
+import os
 from pathlib import Path
 from typing import Optional
 
 import typer
 
+from tfcluster.auth import TokenError, load_token
 from tfcluster.cli.common import app, default_state_dir, fail, parse_duration, parse_size, read_token
 from tfcluster.cli.node import MinFreeDiskOpt, RetainBytesOpt, RetainForOpt, retention_policy
 from tfcluster.daemon import logformat
@@ -38,6 +40,16 @@ def _task_log_bytes(text: str) -> int:
     if size < MIN_LIMIT_BYTES:
         fail(f"--max-task-log: expected at least {MIN_LIMIT_BYTES // 1024}K, got {text!r}", 2)
     return size
+
+
+def _join_token(path: Optional[Path]) -> str:
+    """The join token: from --join-token-file, else from $TFCLUSTER_JOIN_TOKEN; never from the command line."""
+    if path is None:
+        return os.environ.get("TFCLUSTER_JOIN_TOKEN", "").strip()
+    try:
+        return load_token(path) or ""
+    except TokenError as e:
+        fail(f"--join-token-file: {e}", 2)
 
 
 def _check_trust_flags(tls_dir: Optional[Path], insecure: bool, token: Optional[str]) -> None:
@@ -131,9 +143,12 @@ def agent(
                                                         "[default: /var/lib/tfcluster/agent as root, else ~/.local/state/tfcluster/agent]."),
     stop_tasks_on_exit: bool = typer.Option(False, help="Stop this node's tasks when the agent exits "
                                                         "(by default they keep running and a restarted agent reattaches)."),
-    join: Optional[str] = typer.Option(None, metavar="TOKEN",
-                                       help="Join the cluster with this token (`tfcluster token create`) when the "
-                                            "node has no certificate yet; a restart reuses the certificate."),
+    join_token_file: Optional[Path] = typer.Option(
+        None, envvar="TFCLUSTER_JOIN_TOKEN_FILE", metavar="FILE",
+        help="A file holding the token (`tfcluster token create`) the node joins the cluster with when it has no "
+             "certificate yet; a restart reuses the certificate [env: TFCLUSTER_JOIN_TOKEN_FILE; or the token itself "
+             "in TFCLUSTER_JOIN_TOKEN, as the systemd unit's env file sets it]."),
+    join: Optional[str] = typer.Option(None, "--join", hidden=True),
     ca_cert: Optional[Path] = typer.Option(None, metavar="FILE", help="The cluster CA's certificate (ca.crt), "
                                                                       "to trust the coordinator when joining."),
     ca_hash: Optional[str] = typer.Option(None, metavar="sha256:HEX",
@@ -170,6 +185,10 @@ def agent(
     token = read_token(token_file)
     if token and not insecure:
         fail("--token-file goes with --insecure; with TLS the node's certificate takes its place", 2)
+    if join is not None:
+        fail("--join: a token on the command line is visible to every user of this host; put it in a file "
+             "(--join-token-file FILE, mode 0600) or in TFCLUSTER_JOIN_TOKEN (the systemd unit's env file)", 2)
+    join = _join_token(join_token_file)
     try:
         config = configure(coordinator, name, advertise_address, port_range, peer_port, gpu_inventory,
                            state_dir or default_state_dir("agent"), token, insecure=insecure, join=join or "",

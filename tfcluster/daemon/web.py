@@ -82,7 +82,7 @@ class WebListener:
     """An aiohttp application on one address, behind the cluster's access rules."""
 
     def __init__(self, listen: str, credentials: Credentials, registry: CollectorRegistry,
-                 is_revoked: Callable[[Identity], bool] = lambda who: False):
+                 is_revoked: Callable[[Identity], str] = lambda who: ""):
         self.host, self.port = parse_listen(listen)
         self.credentials = credentials
         self.registry = registry
@@ -159,8 +159,9 @@ class WebListener:
         if who.role not in READERS:
             raise web.HTTPForbidden(text=f"{who.role} {who.name!r} may not read this: an admin or viewer "
                                          f"certificate is needed\n")
-        if self.is_revoked(who):
-            raise web.HTTPForbidden(text=f"{who} was removed from the cluster\n")
+        revoked = self.is_revoked(who)
+        if revoked:
+            raise web.HTTPForbidden(text=f"{who} {revoked}\n")
         return who
 
     # ---- /metrics ----------------------------------------------------------------------------------

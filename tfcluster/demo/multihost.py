@@ -55,14 +55,15 @@ def main() -> int:
             with Client(server.address, admin) as client:
                 token, _ = client.create_join_token(600, reusable=True)
             path = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}"
+            token_env = {"TFCLUSTER_JOIN_TOKEN": token}  # never on a command line: any user could read it there
             for i in range(1, HOSTS + 1):
                 log = open(root / f"agent-h{i}.log", "ab")
                 agents.append(subprocess.Popen(
                     [*hosts.prefix(i), sys.executable, "-m", "tfcluster.cli", "agent", "--coordinator",
                      server.address, "--name", f"h{i}", "--port-range", "21000-21099", "--gpu-inventory", "none",
-                     "--state-dir", str(root / f"h{i}"), "--stop-tasks-on-exit", "--join", token,
+                     "--state-dir", str(root / f"h{i}"), "--stop-tasks-on-exit",
                      "--join-address", server.join_address, "--ca-cert", str(root / "ca" / pki.CA_CERT)],
-                    stdout=log, stderr=log, start_new_session=True, env={**os.environ, "PATH": path}))
+                    stdout=log, stderr=log, start_new_session=True, env={**os.environ, "PATH": path, **token_env}))
             console.print(f"hosts h1..h{HOSTS} at {hosts.ip(1)}..{hosts.ip(HOSTS)}; coordinator on {server.address}")
             return _run_job(console, Client(server.address, admin), root)
         finally:

@@ -199,28 +199,32 @@ class FinishTraining(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., task_type: _Optional[str] = ..., task_index: _Optional[int] = ..., attempt: _Optional[int] = ..., final_checkpoint: _Optional[str] = ...) -> None: ...
 
 class ShipCheckpoints(_message.Message):
-    __slots__ = ("job_id", "task_type", "task_index", "attempt", "targets")
+    __slots__ = ("job_id", "task_type", "task_index", "attempt", "targets", "target_nodes")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     TASK_TYPE_FIELD_NUMBER: _ClassVar[int]
     TASK_INDEX_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     TARGETS_FIELD_NUMBER: _ClassVar[int]
+    TARGET_NODES_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     task_type: str
     task_index: int
     attempt: int
     targets: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, job_id: _Optional[str] = ..., task_type: _Optional[str] = ..., task_index: _Optional[int] = ..., attempt: _Optional[int] = ..., targets: _Optional[_Iterable[str]] = ...) -> None: ...
+    target_nodes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, job_id: _Optional[str] = ..., task_type: _Optional[str] = ..., task_index: _Optional[int] = ..., attempt: _Optional[int] = ..., targets: _Optional[_Iterable[str]] = ..., target_nodes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SyncCheckpoints(_message.Message):
-    __slots__ = ("job_id", "sync_id", "targets")
+    __slots__ = ("job_id", "sync_id", "targets", "target_nodes")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     SYNC_ID_FIELD_NUMBER: _ClassVar[int]
     TARGETS_FIELD_NUMBER: _ClassVar[int]
+    TARGET_NODES_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     sync_id: int
     targets: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, job_id: _Optional[str] = ..., sync_id: _Optional[int] = ..., targets: _Optional[_Iterable[str]] = ...) -> None: ...
+    target_nodes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, job_id: _Optional[str] = ..., sync_id: _Optional[int] = ..., targets: _Optional[_Iterable[str]] = ..., target_nodes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SyncDone(_message.Message):
     __slots__ = ("job_id", "sync_id", "ok", "message", "bytes", "seconds")
@@ -245,13 +249,33 @@ class CancelLog(_message.Message):
     def __init__(self, request_id: _Optional[int] = ...) -> None: ...
 
 class ExpectFiles(_message.Message):
-    __slots__ = ("job_id",)
+    __slots__ = ("job_id", "sender", "uid", "gid")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    SENDER_FIELD_NUMBER: _ClassVar[int]
+    UID_FIELD_NUMBER: _ClassVar[int]
+    GID_FIELD_NUMBER: _ClassVar[int]
     job_id: str
-    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+    sender: str
+    uid: int
+    gid: int
+    def __init__(self, job_id: _Optional[str] = ..., sender: _Optional[str] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ...) -> None: ...
+
+class Revocations(_message.Message):
+    __slots__ = ("nodes",)
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    nodes: _containers.RepeatedCompositeFieldContainer[RevokedNode]
+    def __init__(self, nodes: _Optional[_Iterable[_Union[RevokedNode, _Mapping]]] = ...) -> None: ...
+
+class RevokedNode(_message.Message):
+    __slots__ = ("node", "issued_before")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    ISSUED_BEFORE_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    issued_before: float
+    def __init__(self, node: _Optional[str] = ..., issued_before: _Optional[float] = ...) -> None: ...
 
 class CoordinatorMessage(_message.Message):
-    __slots__ = ("launch", "stop", "read_log", "cancel_log", "finish_training", "ship", "sync", "expect_files")
+    __slots__ = ("launch", "stop", "read_log", "cancel_log", "finish_training", "ship", "sync", "expect_files", "revocations")
     LAUNCH_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
     READ_LOG_FIELD_NUMBER: _ClassVar[int]
@@ -260,6 +284,7 @@ class CoordinatorMessage(_message.Message):
     SHIP_FIELD_NUMBER: _ClassVar[int]
     SYNC_FIELD_NUMBER: _ClassVar[int]
     EXPECT_FILES_FIELD_NUMBER: _ClassVar[int]
+    REVOCATIONS_FIELD_NUMBER: _ClassVar[int]
     launch: _types_pb2.TaskLaunch
     stop: StopTask
     read_log: ReadLog
@@ -268,4 +293,5 @@ class CoordinatorMessage(_message.Message):
     ship: ShipCheckpoints
     sync: SyncCheckpoints
     expect_files: ExpectFiles
-    def __init__(self, launch: _Optional[_Union[_types_pb2.TaskLaunch, _Mapping]] = ..., stop: _Optional[_Union[StopTask, _Mapping]] = ..., read_log: _Optional[_Union[ReadLog, _Mapping]] = ..., cancel_log: _Optional[_Union[CancelLog, _Mapping]] = ..., finish_training: _Optional[_Union[FinishTraining, _Mapping]] = ..., ship: _Optional[_Union[ShipCheckpoints, _Mapping]] = ..., sync: _Optional[_Union[SyncCheckpoints, _Mapping]] = ..., expect_files: _Optional[_Union[ExpectFiles, _Mapping]] = ...) -> None: ...
+    revocations: Revocations
+    def __init__(self, launch: _Optional[_Union[_types_pb2.TaskLaunch, _Mapping]] = ..., stop: _Optional[_Union[StopTask, _Mapping]] = ..., read_log: _Optional[_Union[ReadLog, _Mapping]] = ..., cancel_log: _Optional[_Union[CancelLog, _Mapping]] = ..., finish_training: _Optional[_Union[FinishTraining, _Mapping]] = ..., ship: _Optional[_Union[ShipCheckpoints, _Mapping]] = ..., sync: _Optional[_Union[SyncCheckpoints, _Mapping]] = ..., expect_files: _Optional[_Union[ExpectFiles, _Mapping]] = ..., revocations: _Optional[_Union[Revocations, _Mapping]] = ...) -> None: ...

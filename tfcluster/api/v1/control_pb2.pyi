@@ -9,14 +9,16 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class CreateJoinTokenRequest(_message.Message):
-    __slots__ = ("ttl_seconds", "node", "reusable")
+    __slots__ = ("ttl_seconds", "node", "reusable", "replace")
     TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
     REUSABLE_FIELD_NUMBER: _ClassVar[int]
+    REPLACE_FIELD_NUMBER: _ClassVar[int]
     ttl_seconds: float
     node: str
     reusable: bool
-    def __init__(self, ttl_seconds: _Optional[float] = ..., node: _Optional[str] = ..., reusable: _Optional[bool] = ...) -> None: ...
+    replace: bool
+    def __init__(self, ttl_seconds: _Optional[float] = ..., node: _Optional[str] = ..., reusable: _Optional[bool] = ..., replace: _Optional[bool] = ...) -> None: ...
 
 class CreateJoinTokenResponse(_message.Message):
     __slots__ = ("token", "expires")
@@ -210,7 +212,7 @@ class Failure(_message.Message):
     def __init__(self, task: _Optional[str] = ..., node: _Optional[str] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., message: _Optional[str] = ..., log_tail: _Optional[_Iterable[str]] = ..., time: _Optional[float] = ..., description: _Optional[str] = ...) -> None: ...
 
 class JobStatus(_message.Message):
-    __slots__ = ("id", "name", "state", "strategy", "restarts", "tasks", "message", "created", "finished", "last_evaluation", "evaluations", "last_failure", "evaluator_restarts", "preemptions")
+    __slots__ = ("id", "name", "state", "strategy", "restarts", "tasks", "message", "created", "finished", "last_evaluation", "evaluations", "last_failure", "evaluator_restarts", "preemptions", "uid")
     ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -225,6 +227,7 @@ class JobStatus(_message.Message):
     LAST_FAILURE_FIELD_NUMBER: _ClassVar[int]
     EVALUATOR_RESTARTS_FIELD_NUMBER: _ClassVar[int]
     PREEMPTIONS_FIELD_NUMBER: _ClassVar[int]
+    UID_FIELD_NUMBER: _ClassVar[int]
     id: str
     name: str
     state: str
@@ -239,7 +242,8 @@ class JobStatus(_message.Message):
     last_failure: Failure
     evaluator_restarts: int
     preemptions: int
-    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[str] = ..., strategy: _Optional[str] = ..., restarts: _Optional[int] = ..., tasks: _Optional[_Iterable[_Union[TaskStatus, _Mapping]]] = ..., message: _Optional[str] = ..., created: _Optional[float] = ..., finished: _Optional[float] = ..., last_evaluation: _Optional[_Union[EvaluationResult, _Mapping]] = ..., evaluations: _Optional[_Iterable[_Union[EvaluationResult, _Mapping]]] = ..., last_failure: _Optional[_Union[Failure, _Mapping]] = ..., evaluator_restarts: _Optional[int] = ..., preemptions: _Optional[int] = ...) -> None: ...
+    uid: int
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[str] = ..., strategy: _Optional[str] = ..., restarts: _Optional[int] = ..., tasks: _Optional[_Iterable[_Union[TaskStatus, _Mapping]]] = ..., message: _Optional[str] = ..., created: _Optional[float] = ..., finished: _Optional[float] = ..., last_evaluation: _Optional[_Union[EvaluationResult, _Mapping]] = ..., evaluations: _Optional[_Iterable[_Union[EvaluationResult, _Mapping]]] = ..., last_failure: _Optional[_Union[Failure, _Mapping]] = ..., evaluator_restarts: _Optional[int] = ..., preemptions: _Optional[int] = ..., uid: _Optional[int] = ...) -> None: ...
 
 class GetStatusResponse(_message.Message):
     __slots__ = ("nodes", "jobs", "summary")

@@ -137,7 +137,7 @@ class JobSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., strategy: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., workdir: _Optional[str] = ..., checkpoint_dir: _Optional[str] = ..., model_dir: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., gpus: _Optional[int] = ..., roles: _Optional[_Mapping[str, RoleSpec]] = ..., restart: _Optional[_Union[RestartPolicy, _Mapping]] = ..., stop_grace_seconds: _Optional[float] = ..., evaluator_deadline_seconds: _Optional[float] = ...) -> None: ...
 
 class TaskLaunch(_message.Message):
-    __slots__ = ("job_id", "task_type", "task_index", "attempt", "command", "env", "workdir", "port", "stop_grace_seconds", "report_listening")
+    __slots__ = ("job_id", "task_type", "task_index", "attempt", "command", "env", "workdir", "port", "stop_grace_seconds", "report_listening", "uid", "gid")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -155,6 +155,8 @@ class TaskLaunch(_message.Message):
     PORT_FIELD_NUMBER: _ClassVar[int]
     STOP_GRACE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     REPORT_LISTENING_FIELD_NUMBER: _ClassVar[int]
+    UID_FIELD_NUMBER: _ClassVar[int]
+    GID_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     task_type: str
     task_index: int
@@ -165,7 +167,9 @@ class TaskLaunch(_message.Message):
     port: int
     stop_grace_seconds: float
     report_listening: bool
-    def __init__(self, job_id: _Optional[str] = ..., task_type: _Optional[str] = ..., task_index: _Optional[int] = ..., attempt: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., workdir: _Optional[str] = ..., port: _Optional[int] = ..., stop_grace_seconds: _Optional[float] = ..., report_listening: _Optional[bool] = ...) -> None: ...
+    uid: int
+    gid: int
+    def __init__(self, job_id: _Optional[str] = ..., task_type: _Optional[str] = ..., task_index: _Optional[int] = ..., attempt: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., workdir: _Optional[str] = ..., port: _Optional[int] = ..., stop_grace_seconds: _Optional[float] = ..., report_listening: _Optional[bool] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ...) -> None: ...
 
 class TaskReport(_message.Message):
     __slots__ = ("job_id", "task_type", "task_index", "attempt", "phase", "pid", "exit_code", "signal", "message", "log_tail", "log_path", "busy_port", "final_checkpoint", "listening")

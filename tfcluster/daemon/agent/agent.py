@@ -32,7 +32,7 @@ from tfcluster.daemon.agent.identity import NodeIdentity
 from tfcluster.daemon.agent.liveness import STAMP_EVERY_SECONDS, Liveness
 from tfcluster.daemon.agent.peers import DEFAULT_QUOTA_BYTES, PeerServer, PeerServicer
 from tfcluster.daemon.agent.retention import Policy, RetentionPass, ask_coordinator, disk_condition, free_bytes
-from tfcluster.daemon.agent.shipping import ShipError, Shipper, job_checkpoint_dir, sync_dir
+from tfcluster.daemon.agent.shipping import ShipError, Shipper, job_checkpoint_dir, peers, sync_dir
 from tfcluster.daemon.agent.summaries import EvaluatorSummaries
 from tfcluster.daemon.agent.supervisor import Supervisor, TaskRecord
 from tfcluster.daemon.agent.tasklog import DEFAULT_LIMIT_BYTES
@@ -41,7 +41,7 @@ from tfcluster.model import (CancelLog, Evaluation, ExpectFiles, FinishTraining,
                              ReadLog, ShipCheckpoints, Stop, SyncCheckpoints, SyncResult)
 from tfcluster.daemon.web import ThreadedWebListener, WebListener
 from tfcluster.layout import INCOMING_PREFIX
-from tfcluster.security import REMOVED, Credentials
+from tfcluster.security import REMOVED, REPLACED, Credentials
 
 log = logging.getLogger("tfcluster.agent")
 
@@ -156,8 +156,8 @@ class Agent:
                                             time.monotonic() - conflict_since > NAME_CONFLICT_PATIENCE_SECONDS):
                         self.refused = e.details() or code.name
                         log.error("the coordinator refused this agent: %s", self.refused)
-                        # A removed node's tasks have been replaced elsewhere; nobody will ever stop these.
-                        self.stop(stop_tasks=REMOVED in self.refused)
+                        # A removed or replaced node's tasks run on elsewhere; nobody will ever stop these.
+                        self.stop(stop_tasks=REMOVED in self.refused or REPLACED in self.refused)
                         break
                     why = e.details() if code == grpc.StatusCode.ALREADY_EXISTS else \
                         f"unreachable ({code.name if code else e})"
@@ -369,12 +369,13 @@ class Agent:
             return
         shipper = self.shippers.get(order.attempt)
         if shipper is not None and shipper.thread.is_alive():
-            shipper.retarget(list(order.targets))
+            shipper.retarget(peers(order.targets, order.target_nodes))
             return
         for old in [k for k, s in self.shippers.items() if not s.thread.is_alive()]:
             del self.shippers[old]
         self.shippers[order.attempt] = Shipper(
-            order.attempt.job_id, record.checkpoint_dir, list(order.targets), record.exited, record.name,
+            order.attempt.job_id, record.checkpoint_dir, peers(order.targets, order.target_nodes), record.exited,
+            record.name,
             lambda: self.credentials, on_sent=functools.partial(self.metrics.shipped, "new"),
             on_failed=functools.partial(self.metrics.ship_failed, "new")).start()
 
@@ -393,7 +394,7 @@ class Agent:
     def _copy(self, order: SyncCheckpoints) -> None:
         directory = job_checkpoint_dir(self.config.state_dir, order.job_id)
         total, seconds, errors = 0, 0.0, []
-        for target in order.targets:
+        for target in peers(order.targets, order.target_nodes):
             try:
                 size, took = sync_dir(target, order.job_id, str(directory), self.credentials) \
                     if directory.is_dir() else (0, 0.0)

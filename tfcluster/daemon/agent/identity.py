@@ -29,7 +29,9 @@ class NodeIdentity:
         self.name, self.address = name, address
 
     def load(self) -> Credentials | None:
-        """The stored credentials, when they are this node's and still valid."""
+        """The stored credentials (None: the node never joined). A node that joined never joins again by itself:
+        a certificate that cannot be used (it expired while the agent was off, another CA) is an admin's call,
+        not a reason to spend a join token left in the agent's settings."""
         if not (self.dir / pki.NODE_CERT).exists():
             return None
         try:
@@ -38,8 +40,9 @@ class NodeIdentity:
             ca.verify(cert)
             pki.check_key_matches(self.dir / pki.NODE_KEY, cert)
         except pki.PkiError as e:
-            log.warning("the stored certificate cannot be used (%s)", e)
-            return None
+            raise JoinError(f"the node's certificate cannot be used: {e}. An admin lets the node back in: "
+                            f"`tfcluster token create --node {self.name}` on an admin's host; put that token in "
+                            f"the agent's join token file and move {self.dir} away") from None
         who = pki.identity(cert)
         if who.role != pki.NODE or who.name != self.name:
             raise JoinError(f"{self.dir / pki.NODE_CERT} is the certificate of {who}, not of node {self.name!r}; "
@@ -53,8 +56,10 @@ class NodeIdentity:
             ca = ca_cert or fetch_ca(join_address, ca_hash)
         except pki.PkiError as e:
             raise JoinError(str(e)) from None
-        key, csr = pki.new_csr(self.name, self.address)
-        channel = grpc.secure_channel(join_address, grpc.ssl_channel_credentials(root_certificates=ca))
+        key, csr = pki.new_csr(self.name)
+        # Only the coordinator's certificate will do: another of the same CA (a node's) cannot take the token.
+        channel = grpc.secure_channel(join_address, grpc.ssl_channel_credentials(root_certificates=ca),
+                                      options=[("grpc.ssl_target_name_override", pki.COORDINATOR_NAME)])
         try:
             reply = agent_pb2_grpc.JoinServiceStub(channel).Join(
                 agent_pb2.JoinRequest(token=token, node_name=self.name, csr=csr), timeout=JOIN_TIMEOUT_SECONDS)
@@ -62,13 +67,14 @@ class NodeIdentity:
             raise JoinError(f"joining through {join_address} failed: {e.details() or e.code().name}") from None
         finally:
             channel.close()
-        self._save(key, reply.certificate, reply.ca_certificate)
+        # The CA this node trusts is the one it was given or pinned, never what the answer says it is.
+        self._save(key, reply.certificate, ca)
         log.info("joined the cluster through %s as node %s", join_address, self.name)
         return Credentials.from_dir(self.dir, pki.NODE_CERT, pki.NODE_KEY)
 
     def renew(self, channel: grpc.Channel) -> Credentials:
         """A new certificate for a new key, asked for with the current one (raises grpc.RpcError)."""
-        key, csr = pki.new_csr(self.name, self.address)
+        key, csr = pki.new_csr(self.name)
         reply = agent_pb2_grpc.AgentServiceStub(channel).RenewCertificate(
             agent_pb2.RenewCertificateRequest(csr=csr), timeout=JOIN_TIMEOUT_SECONDS)
         self._save(key, reply.certificate, (self.dir / pki.CA_CERT).read_bytes())

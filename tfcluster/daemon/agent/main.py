@@ -92,14 +92,18 @@ def configure(coordinator: str, name: str | None, address: str | None, port_rang
 def _node_credentials(identity: NodeIdentity, coordinator: str, join: str, ca_cert: Path | None, ca_hash: str,
                       join_address: str) -> Credentials:
     """The certificate the node has; else one it gets with the join token."""
-    credentials = identity.load()
+    try:
+        credentials = identity.load()
+    except JoinError as e:
+        raise SettingsError(str(e)) from None
     if credentials is not None:
         return credentials
     if not join:
-        raise SettingsError(f"no certificate in {identity.dir}: join the cluster with --join TOKEN (from `tfcluster "
-                            f"token create`) and --ca-cert FILE or --ca-hash sha256:..., or run with --insecure")
+        raise SettingsError(f"no certificate in {identity.dir}: join the cluster with --join-token-file FILE (a token "
+                            f"from `tfcluster token create`) and --ca-cert FILE or --ca-hash sha256:..., or run with "
+                            f"--insecure")
     if (ca_cert is None) == (not ca_hash):
-        raise SettingsError("--join needs the cluster CA: --ca-cert FILE or --ca-hash sha256:... (one of them)")
+        raise SettingsError("joining needs the cluster CA: --ca-cert FILE or --ca-hash sha256:... (one of them)")
     if ca_hash and not ca_hash.startswith("sha256:"):
         raise SettingsError(f"--ca-hash: expected sha256:<hex> (`tfcluster ca init` prints it), got {ca_hash!r}")
     try:

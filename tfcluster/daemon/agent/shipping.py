@@ -14,10 +14,11 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import grpc
 
-from tfcluster import layout
+from tfcluster import layout, pki
 from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc
 from tfcluster.daemon.logformat import fields
 from tfcluster.security import Credentials
@@ -34,6 +35,21 @@ SEND_TIMEOUT_SECONDS = 600.0
 
 class ShipError(Exception):
     pass
+
+
+class Peer(NamedTuple):
+    """Where files go: a node's peer address, and the node the coordinator says is there (the sender accepts
+    that node's certificate alone)."""
+    address: str
+    node: str
+
+    def __str__(self) -> str:
+        return f"{self.node} ({self.address})" if self.node else self.address
+
+
+def peers(addresses: tuple[str, ...], nodes: tuple[str, ...]) -> list[Peer]:
+    """The targets of a shipping or copy order; a coordinator before 0.3 names no nodes ("")."""
+    return [Peer(address, node) for address, node in zip(addresses, nodes or ("",) * len(addresses))]
 
 
 def job_checkpoint_dir(state_dir: Path, job_id: str) -> Path:
@@ -67,33 +83,36 @@ def _chunks(job_id: str, directory: str, names: list[str], extra: dict[str, byte
     yield agent_pb2.FileChunk(job_id=job_id, commit=True)
 
 
-def put_files(address: str, job_id: str, directory: str, names: list[str], credentials: Credentials,
+def put_files(target: Peer, job_id: str, directory: str, names: list[str], credentials: Credentials,
               extra: dict[str, bytes] | None = None) -> tuple[int, float]:
-    """Sends files to the agent at address; returns (bytes, seconds)."""
+    """Sends files to the agent of target (only that node's certificate is accepted); returns (bytes, seconds)."""
+    if not target.node and not credentials.insecure:
+        raise ShipError(f"{target}: the coordinator did not say which node is there (it is older than this agent: "
+                        f"upgrade it)")
     started = time.monotonic()
-    with credentials.channel(address) as channel:
+    with credentials.channel(target.address, server_name=pki.node_server_name(target.node)) as channel:
         stub = agent_pb2_grpc.AgentPeerServiceStub(channel)
         try:
             reply = stub.PutFiles(_chunks(job_id, directory, names, extra or {}), timeout=SEND_TIMEOUT_SECONDS)
         except grpc.RpcError as e:
-            raise ShipError(f"{address}: {e.details() or e.code().name}") from None
+            raise ShipError(f"{target}: {e.details() or e.code().name}") from None
     return reply.bytes, time.monotonic() - started
 
 
-def sync_dir(address: str, job_id: str, directory: str, credentials: Credentials) -> tuple[int, float]:
-    """Copies every file under directory (state files last) to the agent at address."""
+def sync_dir(target: Peer, job_id: str, directory: str, credentials: Credentials) -> tuple[int, float]:
+    """Copies every file under directory (state files last) to the agent of target."""
     names = []
     for root, _, files in os.walk(directory):
         for name in files:
             names.append(os.path.relpath(os.path.join(root, name), directory))
     names.sort(key=lambda n: (os.path.basename(n) == STATE_FILE, n))
-    return put_files(address, job_id, directory, names, credentials)
+    return put_files(target, job_id, directory, names, credentials)
 
 
 class Shipper:
     """Ships each new committed checkpoint of one task to its targets until the task has ended."""
 
-    def __init__(self, job_id: str, directory: str, targets: list[str], task_ended: threading.Event,
+    def __init__(self, job_id: str, directory: str, targets: list[Peer], task_ended: threading.Event,
                  name: str, credentials: Callable[[], Credentials],
                  on_sent: Callable[[int, float], None] = lambda size, seconds: None,
                  on_failed: Callable[[], None] = lambda: None):
@@ -102,7 +121,7 @@ class Shipper:
         self.credentials = credentials  # the node's current ones: a renewed certificate is used from then on
         self.targets = list(targets)
         self.task_ended = task_ended
-        self.shipped: dict[str, str] = {}  # target -> last checkpoint sent there
+        self.shipped: dict[Peer, str] = {}  # target -> last checkpoint sent there
         self.lock = threading.Lock()
         self.thread = threading.Thread(target=self._run, name=f"ship-{name}", daemon=True)
 
@@ -110,7 +129,7 @@ class Shipper:
         self.thread.start()
         return self
 
-    def retarget(self, targets: list[str]) -> None:
+    def retarget(self, targets: list[Peer]) -> None:
         with self.lock:
             self.targets = list(targets)
 

@@ -40,9 +40,10 @@ def sync_commands(job: Job, now: float) -> list[Command]:
     job.seen.sync_sent_at = now
     targets = {t.node: t.peer for t in job.tasks if t.type in ("chief", "worker", "evaluator")
                and t.node != job.sync_source and t.peer}
-    expect = [ExpectFiles(node, job.id) for node in sorted(targets)]
+    nodes = sorted(targets)
+    expect = [ExpectFiles(node, job.id, sender=job.sync_source) for node in nodes]
     return [*expect, SyncCheckpoints(node=job.sync_source, job_id=job.id, sync_id=job.syncing,
-                                     targets=tuple(sorted(set(targets.values()))))]
+                                     targets=tuple(targets[n] for n in nodes), target_nodes=tuple(nodes))]
 
 
 def sync_finished(job: Job, sync_id: int, ok: bool, message: str) -> bool:
@@ -61,4 +62,6 @@ def shipping(job: Job) -> list[Command]:
         return []
     if evaluator.node == decisive.node or not evaluator.peer:
         return []
-    return [ShipCheckpoints(node=decisive.node, attempt=job.attempt_of(decisive), targets=(evaluator.peer,))]
+    return [ExpectFiles(evaluator.node, job.id, sender=decisive.node),
+            ShipCheckpoints(node=decisive.node, attempt=job.attempt_of(decisive), targets=(evaluator.peer,),
+                            target_nodes=(evaluator.node,))]

@@ -15,7 +15,7 @@ from typing import Any
 from tfcluster.daemon.coordinator.cluster import Cluster
 from tfcluster.daemon.coordinator.job import Failure, Job, Task
 from tfcluster.daemon.coordinator.node import Node
-from tfcluster.daemon.coordinator.trust import JoinToken, Removal, Trust
+from tfcluster.daemon.coordinator.trust import Holder, JoinToken, Removal, Trust
 from tfcluster.model import Evaluation, Gpu, NodeInfo, TaskExit
 from tfcluster.spec import JobSpec, RestartPolicy, RoleSpec
 
@@ -91,7 +91,7 @@ class Changes:
 
     @staticmethod
     def _trust(trust: Trust, batch: Batch) -> None:
-        for kind, records in (("token", trust.tokens), ("removal", trust.removals)):
+        for kind, records in (("token", trust.tokens), ("removal", trust.removals), ("holder", trust.holders)):
             for key, record in records.items():
                 if record.unsaved:
                     batch.trust.append((kind, key, dumps(dataclasses.asdict(record))))
@@ -134,7 +134,7 @@ class Changes:
             self.evaluations[job.id] = {e.checkpoint: e.time for e in job.evaluations}
         for node in cluster.nodes.values():
             node.saved()
-        for record in [*trust.tokens.values(), *trust.removals.values()] if trust else []:
+        for record in [*trust.tokens.values(), *trust.removals.values(), *trust.holders.values()] if trust else []:
             record.saved()
         self.next_job_number = cluster.next_number
 
@@ -182,6 +182,8 @@ def trust_from_docs(docs: list[tuple[str, str]]) -> Trust:
         doc = json.loads(text)
         if kind == "token":
             trust.tokens[doc["id"]] = JoinToken(**doc)
+        elif kind == "holder":
+            trust.holders[doc["node"]] = Holder(**doc)
         else:
             trust.removals[doc["node"]] = Removal(**doc)
     return trust

@@ -21,6 +21,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import grpc
+
 from tfcluster import pki, wire
 from tfcluster.api.v1 import agent_pb2
 from tfcluster.daemon.coordinator.cluster import Cluster
@@ -30,9 +32,9 @@ from tfcluster.daemon.coordinator.records import Changes, job_from_docs, node_fr
 from tfcluster.daemon.coordinator.store import SqliteStore, Store
 from tfcluster.daemon.coordinator.trust import Trust
 from tfcluster.daemon.logformat import fields
-from tfcluster.model import Attempt, CancelLog, Command, LogData, ReadLog
+from tfcluster.model import Attempt, CancelLog, Command, LogData, ReadLog, Revocations
 from tfcluster.pki import Identity, PkiError
-from tfcluster.security import REMOVED
+from tfcluster.security import REMOVED, REPLACED
 
 log = logging.getLogger("tfcluster.coordinator")
 
@@ -46,7 +48,11 @@ LOG_CHUNKS_BUFFERED = 256  # 64 KiB each: a log client this far behind the agent
 
 
 class StreamEnded(Exception):
-    """The coordinator ends a node's stream: the reason goes to the agent as the stream's status."""
+    """The coordinator ends a node's stream: the code and the reason go to the agent as the stream's status."""
+
+    def __init__(self, code: grpc.StatusCode, message: str):
+        super().__init__(message)
+        self.code = code
 
 
 class Outbox:
@@ -56,7 +62,7 @@ class Outbox:
         self.items: collections.deque = collections.deque(maxlen=OUTBOX_LIMIT)
         self.ready = asyncio.Event()
         self.generation = 0
-        self.ended = ""  # why the node's stream must end now (it was removed), once it must
+        self.ended: StreamEnded | None = None  # why the node's stream must end now (it was removed), once it must
 
     def put(self, message) -> None:
         self.items.append(message)
@@ -67,7 +73,7 @@ class Outbox:
         self.ready.set()  # wakes the old stream's sender, which sees it was replaced
         return self.generation
 
-    def end(self, reason: str) -> None:
+    def end(self, reason: StreamEnded) -> None:
         self.ended = reason
         self.ready.set()
 
@@ -75,12 +81,15 @@ class Outbox:
         self.ready.set()
 
     async def get(self, generation: int, stopping: Callable[[], bool] = lambda: False):
-        """The next message for the stream of this generation; None once that stream was replaced or is
-        stopping. Raises StreamEnded when the stream must end."""
+        """The next message for the stream of this generation; None once it is stopping. Raises StreamEnded when
+        the stream must end: the node was removed, or a newer stream of it took over (the agent hears so, rather
+        than keeping a call that nobody answers)."""
         while True:
             if self.ended:
-                raise StreamEnded(self.ended)
-            if self.generation != generation or stopping():
+                raise self.ended
+            if self.generation != generation:
+                raise StreamEnded(grpc.StatusCode.ABORTED, "a newer connection of this node took over its stream")
+            if stopping():
                 return None
             if self.items:
                 return self.items.popleft()
@@ -252,9 +261,8 @@ class Coordinator:
         reports = [wire.task_report_from_proto(t) for t in request.tasks]
         session = uuid.uuid4().hex
         commands = self.cluster.register(info, reports, session, self.clock())
-        old = self.streams.pop(info.name, None)
-        if old is not None:  # the agent came back: its old stream is over
-            old.cancel()
+        if self.streams.pop(info.name, None) is not None:  # the agent came back: its old stream is over
+            self.outboxes[info.name].take_over()
         self.outboxes[info.name].items.clear()  # what was queued for the old session is stale
         self._fail_logs(info.name)
         self.apply(commands)
@@ -268,11 +276,12 @@ class Coordinator:
             raise PermissionError(f"node {node!r} has no current registration for this session; register again")
         old = self.streams.get(node)
         if old is not None and old is not asyncio.current_task():
-            old.cancel()
-            self._fail_logs(node)
+            self._fail_logs(node)  # the old stream's sender ends it when the outbox is taken over below
         self.streams[node] = asyncio.current_task()
         outbox = self.outboxes[node]
-        return outbox, outbox.take_over()
+        generation = outbox.take_over()
+        self.send(self._revocations([node]))  # its peer port refuses what the cluster refuses
+        return outbox, generation
 
     def close_stream(self, node: str) -> None:
         if self.streams.get(node) is asyncio.current_task():
@@ -346,36 +355,57 @@ class Coordinator:
 
     # ---- members of the cluster ----------------------------------------------------------------
 
-    def join(self, token: str, node: str, csr: bytes) -> bytes:
-        """A node's first certificate for a join token; raises TokenRefused or PkiError."""
+    def join(self, token: str, node: str, csr: bytes, seen_from: str = "") -> bytes:
+        """A node's first certificate for a join token; raises TokenRefused or PkiError. seen_from: the address
+        its connection came from, the one address its certificate may name."""
         if self.authority is None:
             raise PkiError("this coordinator runs without TLS (--insecure): there is nothing to join")
-        cert = self.trust.join(token, node, csr, self.authority, self.clock(), self.node_cert_lifetime)
-        self.apply()
-        log.info("node %s joined the cluster", node, extra=fields(node=node))
+        record = self.trust.tokens.get(token.partition(".")[0])
+        replaces = record is not None and record.replace
+        cert = self.trust.join(token, node, csr, self.authority, self.clock(), self.node_cert_lifetime,
+                               [seen_from] if seen_from else [], live=self.cluster.info_of(node) is not None)
+        if replaces:  # the old holder's stream ends now; its certificate is refused from now on, everywhere
+            self.outboxes.pop(node, Outbox()).end(StreamEnded(grpc.StatusCode.PERMISSION_DENIED,
+                                                              f"node {node} {REPLACED}"))
+        self.apply(self._revocations() if replaces else [])
+        log.info("node %s joined the cluster%s", node, " as its name's new holder" if replaces else "",
+                 extra=fields(node=node))
         return cert
 
-    def renew(self, caller: Identity, csr: bytes) -> bytes:
+    def renew(self, caller: Identity, csr: bytes, seen_from: str = "") -> bytes:
         if self.authority is None or caller is None:
             raise PkiError("this coordinator runs without TLS (--insecure): there is nothing to renew")
-        return self.authority.sign_node(csr, caller.name, self.node_cert_lifetime)
+        cert = self.trust.issue(self.authority, csr, caller.name, self.clock(), self.node_cert_lifetime,
+                                [seen_from] if seen_from else [])
+        self.apply()
+        return cert
 
-    def create_token(self, ttl: float, node: str, reusable: bool) -> tuple[str, float, asyncio.Future]:
-        token, record = self.trust.create_token(self.clock(), ttl, node, reusable)
-        log.info("join token %s created (expires in %.0f s%s%s)", record.id, record.expires - self.clock(),
-                 f", for node {node}" if node else "", ", reusable" if reusable else "")
+    def create_token(self, ttl: float, node: str, reusable: bool,
+                     replace: bool = False) -> tuple[str, float, asyncio.Future]:
+        token, record = self.trust.create_token(self.clock(), ttl, node, reusable, replace)
+        log.info("join token %s created (expires in %.0f s%s%s%s)", record.id, record.expires - self.clock(),
+                 f", for node {node}" if node else "", ", reusable" if reusable else "",
+                 ", replaces the node's current holder" if replace else "")
         return token, record.expires, self.apply()
 
     def remove_node(self, name: str) -> tuple[int, asyncio.Future]:
-        """The node leaves the cluster; its certificates are refused from now on. Raises KeyError."""
+        """The node leaves the cluster; its certificates are refused from now on, here and at every peer port. A
+        name that holds a certificate but never registered can be removed too. Raises KeyError."""
         now = self.clock()
+        if name not in self.cluster.nodes and not self.trust.knows(name):
+            raise KeyError(name)
         lost = sum(1 for job in self.cluster.live.values() for t in job.tasks if t.node == name and t.live)
-        commands = self.cluster.remove_node(name, now)
-        self.trust.remove(name, now)
+        commands = self.cluster.remove_node(name, now) if name in self.cluster.nodes else []
+        self.trust.revoke(name, now)
         # Its stream ends with the reason (a cancelled handler would leave the agent's call open, unanswered).
-        self.outboxes.pop(name, Outbox()).end(f"node {name} {REMOVED}")
+        self.outboxes.pop(name, Outbox()).end(StreamEnded(grpc.StatusCode.PERMISSION_DENIED, f"node {name} {REMOVED}"))
         log.info("node %s removed from the cluster (%d tasks lost)", name, lost, extra=fields(node=name))
-        return lost, self.apply(commands)
+        return lost, self.apply(commands + self._revocations())
+
+    def _revocations(self, nodes=None) -> list[Command]:
+        """The revoked node certificates, for the agents' peer ports: every connected node, or those given."""
+        revoked = self.trust.revoked()
+        return [Revocations(node, revoked) for node in (self.streams if nodes is None else nodes)] if revoked else []
 
     def ended_jobs(self, job_ids: list[str]) -> list[str]:
         """Those of the jobs that are over: ended, or made here and since removed (by retention), so nothing

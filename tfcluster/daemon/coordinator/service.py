@@ -93,7 +93,8 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
 
     async def RenewCertificate(self, request, context):
         try:
-            return agent_pb2.RenewCertificateResponse(certificate=self.c.renew(security.caller(), request.csr))
+            return agent_pb2.RenewCertificateResponse(certificate=self.c.renew(security.caller(), request.csr,
+                                                                               _peer_ip(context)))
         except PkiError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
 
@@ -111,7 +112,7 @@ class JoinServicer(agent_pb2_grpc.JoinServiceServicer):
 
     async def Join(self, request, context):
         try:
-            cert = self.c.join(request.token, request.node_name, request.csr)
+            cert = self.c.join(request.token, request.node_name, request.csr, _peer_ip(context))
         except TokenRefused as e:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(e))
         except PkiError as e:
@@ -132,8 +133,8 @@ class Sender:
             try:
                 message = await self.outbox.get(self.generation, lambda: self.stopping)
             except StreamEnded as e:
-                await self.context.abort(grpc.StatusCode.PERMISSION_DENIED, str(e))
-            if message is None:  # stopping, or a newer stream of the same node took over
+                await self.context.abort(e.code, str(e))
+            if message is None:  # stopping
                 return
             await self.context.write(message)
 
@@ -227,7 +228,8 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
         if request.node and not NODE_NAME_RE.fullmatch(request.node):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"node: not a node name: {request.node[:80]!r}")
         try:
-            token, expires, stored = self.c.create_token(request.ttl_seconds, request.node, request.reusable)
+            token, expires, stored = self.c.create_token(request.ttl_seconds, request.node, request.reusable,
+                                                         request.replace)
         except ValueError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         await asyncio.shield(stored)
@@ -288,6 +290,12 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
             self.c.close_log(request_id, cancel=not finished)
 
 
+def _peer_ip(context) -> str:
+    """The IPv4 address a call comes from (gRPC's `ipv4:10.0.0.11:52214`), "" for any other kind of peer."""
+    peer = context.peer() or ""
+    return peer[len("ipv4:"):].rsplit(":", 1)[0] if peer.startswith("ipv4:") else ""
+
+
 def _size(message) -> int:
     return message.ByteSize()
 
@@ -306,11 +314,16 @@ class CoordinatorServer:
         if (tls_dir is None) == (not insecure):
             raise ValueError("give --tls-dir (see `tfcluster ca init`) or --insecure")
         self.listen, self.join_listen, self.token = listen, join_listen or _next_port(listen), token
+        if tls_dir and pki.upgrade_coordinator_certificate(tls_dir):
+            log.warning("%s: made again with the name clients now check (%s)", tls_dir / pki.SERVER_CERT,
+                        pki.COORDINATOR_NAME)
         self.credentials = security.Credentials.from_dir(tls_dir, pki.SERVER_CERT, pki.SERVER_KEY) if tls_dir \
             else security.Credentials()
         authority = pki.Authority.load(tls_dir, with_key=True) if tls_dir else None
         self.coordinator = build(state_dir, lost_after_seconds, heartbeat_interval_seconds, keep_finished_jobs,
                                  keep_finished_seconds, authority)
+        if tls_dir:  # no node may be named as the coordinator is reached
+            self.coordinator.trust.reserved = frozenset(pki.server_names(pki.load_cert(tls_dir / pki.SERVER_CERT)))
         self.coordinator.node_cert_lifetime = datetime.timedelta(seconds=node_cert_seconds)
         self.server: grpc.aio.Server | None = None
         self.health = HealthServicer()
@@ -322,18 +335,18 @@ class CoordinatorServer:
             self.metrics = CoordinatorMetrics(self.coordinator.cluster)
             self.coordinator.cluster.observer = self.metrics
             web_credentials = self.credentials if tls_dir else security.Credentials(token=token)
-            self.web = WebListener(http_listen, web_credentials, self.metrics.registry, self._is_removed)
+            self.web = WebListener(http_listen, web_credentials, self.metrics.registry, self._refusal)
             Dashboard(self.coordinator, self.web)
 
-    def _is_removed(self, who: pki.Identity) -> bool:
-        return self.coordinator.trust.is_removed(who)
+    def _refusal(self, who: pki.Identity) -> str:
+        return self.coordinator.trust.refusal(who)
 
     def _interceptors(self) -> list:
         counting = [self.metrics.interceptor()] if self.metrics else []
         if self.credentials.insecure:
             return counting + async_server_interceptors(self.token)
         # Trust is read at each call: a node removed a moment ago is refused.
-        return counting + [security.AsyncGuard(security.Gate(is_revoked=self._is_removed))]
+        return counting + [security.AsyncGuard(security.Gate(is_revoked=self._refusal))]
 
     async def start(self) -> "CoordinatorServer":
         options = [("grpc.keepalive_permit_without_calls", 1), ("grpc.http2.min_ping_interval_without_data_ms", 5000),

@@ -1,8 +1,13 @@
-"""Join tokens and removed nodes: the coordinator's part of who may be in the cluster. Pure.
+"""Who may be in the cluster: join tokens, the holder of each node name, and revoked certificates. Pure.
 
 A join token is `<id>.<secret>`; only the secret's SHA-256 is kept, so the store never holds a usable token.
-It expires, is used once unless reusable, and may be bound to one node name. A removed node's certificates
-(any issued before its removal) are refused from then on; joining again with a new token gives it a new one.
+It expires, is used once unless reusable, and may be bound to one node name.
+
+A node name has one holder. A token cannot take over a name whose certificate is still valid (or whose node is
+READY), unless an admin made it for exactly that (`token create --node NAME --replace`); a name that has held a
+certificate before comes back only with a token made for it; a removed name only with a token made after its
+removal. Removing or replacing a node revokes its certificates issued until then, here and (through the
+Revocations command) at every agent's peer port.
 """
 
 from __future__ import annotations
@@ -10,11 +15,12 @@ from __future__ import annotations
 import datetime
 import hmac
 import secrets
+import time
 from dataclasses import dataclass, field
 
 from tfcluster.daemon.coordinator.job import Record
-from tfcluster.pki import NODE, Authority, Identity
-from tfcluster.security import token_hash
+from tfcluster.pki import NODE, Authority, Identity, check_node_name
+from tfcluster.security import REMOVED, REPLACED, token_hash
 
 DEFAULT_TOKEN_TTL_SECONDS = 3600.0
 MAX_TOKEN_TTL_SECONDS = 30 * 86400.0
@@ -23,7 +29,7 @@ EXPIRED_KEPT_SECONDS = 86400.0
 
 
 class TokenRefused(Exception):
-    """A join token that does not let this node in; the message says why."""
+    """A join that is not allowed; the message says why and what to do."""
 
 
 @dataclass(eq=False)
@@ -34,28 +40,48 @@ class JoinToken(Record):
     node: str = ""        # empty: any node name
     reusable: bool = False
     used: int = 0
+    created: float = 0.0  # 0: made by a release that did not record it (counts as made before any removal)
+    replace: bool = False  # with node: may take over that name from the holder of a valid certificate
 
 
 @dataclass(eq=False)
 class Removal(Record):
+    """The node's certificates issued before `time` are refused: it was removed, or (removed False) another
+    holder took its name over."""
     node: str
     time: float
+    removed: bool = True
+
+
+@dataclass(eq=False)
+class Holder(Record):
+    """The newest certificate the coordinator made for a node name."""
+    node: str
+    issued: float
+    expires: float
 
 
 @dataclass
 class Trust:
     tokens: dict[str, JoinToken] = field(default_factory=dict)
     removals: dict[str, Removal] = field(default_factory=dict)
+    holders: dict[str, Holder] = field(default_factory=dict)
     dropped_tokens: list[str] = field(default_factory=list)  # expired ones, until the store deleted them
+    reserved: frozenset[str] = frozenset()  # the coordinator's own names: no node may be called so
 
-    def create_token(self, now: float, ttl: float = 0.0, node: str = "",
-                     reusable: bool = False) -> tuple[str, JoinToken]:
+    # ---- tokens ----------------------------------------------------------------------------------
+
+    def create_token(self, now: float, ttl: float = 0.0, node: str = "", reusable: bool = False,
+                     replace: bool = False) -> tuple[str, JoinToken]:
         ttl = ttl or DEFAULT_TOKEN_TTL_SECONDS
         if not 0 < ttl <= MAX_TOKEN_TTL_SECONDS:
             raise ValueError(f"ttl_seconds: expected more than 0 and at most {MAX_TOKEN_TTL_SECONDS / 86400:g} days, "
                              f"got {ttl:g} s")
+        if replace and not node:
+            raise ValueError("replace: a token that replaces a node names it (--node NAME)")
         token_id, secret = secrets.token_hex(3), secrets.token_urlsafe(24)
-        record = self.tokens[token_id] = JoinToken(token_id, token_hash(secret), now + ttl, node, reusable)
+        record = self.tokens[token_id] = JoinToken(token_id, token_hash(secret), now + ttl, node, reusable,
+                                                   created=now, replace=replace)
         return f"{token_id}.{secret}", record
 
     def check(self, token: str, node: str, now: float) -> JoinToken:
@@ -73,24 +99,80 @@ class Trust:
             raise TokenRefused(f"the join token is for node {record.node!r}, not {node!r}")
         return record
 
-    def remove(self, node: str, now: float) -> None:
-        self.removals[node] = Removal(node, now)
-
-    def is_removed(self, who: Identity) -> bool:
-        """A node certificate issued before its node was removed."""
-        removal = self.removals.get(who.name) if who.role == NODE else None
-        return removal is not None and who.issued < removal.time
-
-    def join(self, token: str, node: str, csr: bytes, authority: Authority, now: float,
-             lifetime: datetime.timedelta) -> bytes:
-        """A node's first certificate, for a valid join token (raises TokenRefused or PkiError). The token is
-        used up only when a certificate is made: a bad request leaves it as it was."""
-        record = self.check(token, node, now)
-        cert = authority.sign_node(csr, node, lifetime)
-        record.used += 1
-        return cert
-
     def expire(self, now: float) -> None:
         for token_id in [t for t, record in self.tokens.items() if record.expires + EXPIRED_KEPT_SECONDS < now]:
             del self.tokens[token_id]
             self.dropped_tokens.append(token_id)
+
+    # ---- certificates ----------------------------------------------------------------------------
+
+    def join(self, token: str, node: str, csr: bytes, authority: Authority, now: float,
+             lifetime: datetime.timedelta, addresses: list[str] = (), live: bool = False) -> bytes:
+        """A node's certificate for a join token (raises TokenRefused or PkiError). live: a READY node of that
+        name is connected now. The token is used up only when a certificate is made."""
+        record = self.check(token, node, now)
+        check_node_name(node, set(self.reserved))
+        self._may_take(record, node, now, live)
+        if record.replace:
+            self.revoke(node, now, removed=False)
+        cert = self.issue(authority, csr, node, now, lifetime, addresses)
+        record.used += 1
+        return cert
+
+    def _may_take(self, token: JoinToken, node: str, now: float, live: bool) -> None:
+        removal, holder = self.removals.get(node), self.holders.get(node)
+        if removal is not None and removal.removed and token.created < removal.time:
+            raise TokenRefused(f"node {node!r} was removed from the cluster at {_when(removal.time)}: only a token "
+                               f"made after that lets it join again (`tfcluster token create --node {node}`)")
+        if token.replace:
+            return
+        if live or self.holds_valid_certificate(node, now):
+            until = f" (until {_when(holder.expires)})" if holder is not None and holder.expires > now else ""
+            raise TokenRefused(f"node {node!r} holds a valid certificate{until}: a second agent cannot take its name. "
+                               f"If this machine replaces it, an admin makes a token for that: `tfcluster token "
+                               f"create --node {node} --replace`; else give this agent another --name")
+        if holder is not None and token.node != node:
+            raise TokenRefused(f"node {node!r} has held a certificate before (it expired at {_when(holder.expires)}): "
+                               f"an admin lets it back in with a token made for it: `tfcluster token create "
+                               f"--node {node}`")
+
+    def holds_valid_certificate(self, node: str, now: float) -> bool:
+        holder = self.holders.get(node)
+        removal = self.removals.get(node)
+        return holder is not None and holder.expires > now and (removal is None or holder.issued >= removal.time)
+
+    def issue(self, authority: Authority, csr: bytes, node: str, now: float, lifetime: datetime.timedelta,
+              addresses: list[str] = ()) -> bytes:
+        """Signs a certificate for node and records it as the name's newest. A certificate carries its issue time
+        in whole seconds: after a revocation it is dated a second later, so that it is not taken for a revoked one."""
+        removal = self.removals.get(node)
+        issued = max(now, removal.time + 1.0) if removal is not None else now
+        cert = authority.sign_node(csr, node, lifetime, [a for a in addresses if a not in self.reserved],
+                                   datetime.datetime.fromtimestamp(issued, datetime.timezone.utc))
+        self.holders[node] = Holder(node, float(int(issued)), issued + lifetime.total_seconds())
+        return cert
+
+    def revoke(self, node: str, now: float, removed: bool = True) -> None:
+        """Refuses node's certificates issued until now: it leaves the cluster (removed), or its name gets a new
+        holder."""
+        self.removals[node] = Removal(node, now, removed)
+
+    def knows(self, node: str) -> bool:
+        """The coordinator made a certificate for this name (it may never have registered)."""
+        return node in self.holders
+
+    def refusal(self, who: Identity) -> str:
+        """Why who's certificate is no longer accepted ("" while it is): a node certificate issued before its node
+        was removed, or before its name got a new holder."""
+        removal = self.removals.get(who.name) if who.role == NODE else None
+        if removal is None or who.issued >= removal.time:
+            return ""
+        return REMOVED if removal.removed else REPLACED
+
+    def revoked(self) -> tuple[tuple[str, float], ...]:
+        """Every (node, time) whose certificates issued before time are refused, for the agents' peer ports."""
+        return tuple(sorted((r.node, r.time) for r in self.removals.values()))
+
+
+def _when(seconds: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(seconds))
