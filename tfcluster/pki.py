@@ -254,13 +254,18 @@ def check_node_name(node: str, reserved: set[str]) -> None:
     lowered = node.lower().rstrip(".")
     if lowered == "localhost" or lowered.endswith(".localhost") or lowered.endswith(".invalid"):
         raise PkiError(f"node name {node!r} is reserved; give the agent another --name")
-    try:
-        ipaddress.ip_address(node)
+    if _is_address(node):
         raise PkiError(f"node name {node!r} is an IP address; give the agent a name (--name)")
-    except ValueError:
-        pass
     if lowered in {name.lower() for name in reserved}:
         raise PkiError(f"node name {node!r} is a name of the coordinator; give the agent another --name")
+
+
+def _is_address(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+        return True
+    except ValueError:
+        return False
 
 
 def server_names(cert: x509.Certificate) -> list[str]:

@@ -96,7 +96,7 @@ def test_a_daemon_without_tls_or_insecure_does_not_start(secured, tmp_path):
         (["coordinator", "--listen", "127.0.0.1:0", "--tls-dir", str(tmp_path), "--token-file", token],
          "--token-file goes with --insecure"),
         (["agent", "--coordinator", secured.address, "--name", "x", "--state-dir", str(tmp_path / "x")],
-         "join the cluster with --join TOKEN"),
+         "join the cluster with --join-token-file FILE"),
         (["agent", "--coordinator", secured.address, "--token-file", token], "--token-file goes with --insecure"),
     ):
         result = secured.cli(*args, timeout=30, env={"TFCLUSTER_TOKEN_FILE": ""})

@@ -222,10 +222,15 @@ def new_token(cluster, *args: str) -> str:
     return cluster.cli("token", "create", *args, check=True).stdout.strip()
 
 
+def token_file(cluster, token: str) -> list[str]:
+    """The flags of an agent that joins with this token (read from a file: never on its command line)."""
+    return ["--join-token-file", str(cluster.join_token_file(token))]
+
+
 def test_joining_with_a_token_single_use_expiring_bound_and_pinned(cluster):
     ca_cert = str(cluster.ca_dir / pki.CA_CERT)
     once = new_token(cluster)
-    join_agent(cluster, "j1", "--join", once, "--ca-cert", ca_cert)
+    join_agent(cluster, "j1", *token_file(cluster, once), "--ca-cert", ca_cert)
     tls = cluster.agent_state_dir("j1") / "tls"
     assert oct(tls.stat().st_mode & 0o777) == "0o700"
     assert oct((tls / pki.NODE_KEY).stat().st_mode & 0o777) == "0o600"
@@ -236,15 +241,15 @@ def test_joining_with_a_token_single_use_expiring_bound_and_pinned(cluster):
     time.sleep(1.5)
     for name, token, needle in (("j2", once, "used already"), ("j3", short, "expired"),
                                 ("j4", bound, "is for node 'someone-else'"), ("j5", "abc.def", "unknown join token")):
-        agent = join_agent(cluster, name, "--join", token, "--ca-cert", ca_cert, wait=False)
+        agent = join_agent(cluster, name, *token_file(cluster, token), "--ca-cert", ca_cert, wait=False)
         assert agent.proc.wait(timeout=30) == 2, agent.log()
         assert needle in agent.log() and "Traceback" not in agent.log()
         assert not (cluster.agent_state_dir(name) / "tls" / pki.NODE_CERT).exists()
     pinned = pki.ca_hash(pki.load_cert(cluster.ca_dir / pki.CA_CERT))
     wrong = "sha256:" + "0" * 64
-    agent = join_agent(cluster, "j6", "--join", new_token(cluster), "--ca-hash", wrong, wait=False)
+    agent = join_agent(cluster, "j6", *token_file(cluster, new_token(cluster)), "--ca-hash", wrong, wait=False)
     assert agent.proc.wait(timeout=30) == 2 and "no CA with the pinned hash" in agent.log()
-    join_agent(cluster, "j7", "--join", new_token(cluster), "--ca-hash", pinned)
+    join_agent(cluster, "j7", *token_file(cluster, new_token(cluster)), "--ca-hash", pinned)
     # A restart needs no token: the node's certificate is kept in its state dir.
     cluster.agents["j1"].kill()
     join_agent(cluster, "j1")
