@@ -132,7 +132,9 @@ def test_a_node_name_has_one_holder_unless_an_admin_replaces_it():
     with pytest.raises(TokenRefused, match="holds a valid certificate"):
         trust.join(bound, "gpu1", csr, ca, 21.0, HOUR)
     with pytest.raises(TokenRefused, match="holds a valid certificate"):
-        trust.join(any_node, "gpu2", csr, ca, 21.0, HOUR, live=True)  # READY, with a certificate made elsewhere
+        trust.join(any_node, "gpu2", csr, ca, 21.0, HOUR, registered="READY")  # READY, its certificate older
+    with pytest.raises(TokenRefused, match="held a certificate before: .*--node gpu3"):
+        trust.join(any_node, "gpu3", csr, ca, 21.0, HOUR, registered="LOST")  # known, though not to this record
     replace, _ = trust.create_token(now=30.0, node="gpu1", replace=True)
     second = identity_of(trust.join(replace, "gpu1", csr, ca, 30.5, HOUR))
     assert trust.refusal(first) == REPLACED, "the old holder's certificate is refused from then on"

@@ -363,7 +363,8 @@ class Coordinator:
         record = self.trust.tokens.get(token.partition(".")[0])
         replaces = record is not None and record.replace
         cert = self.trust.join(token, node, csr, self.authority, self.clock(), self.node_cert_lifetime,
-                               [seen_from] if seen_from else [], live=self.cluster.info_of(node) is not None)
+                               [seen_from] if seen_from else [], registered=getattr(self.cluster.nodes.get(node),
+                                                                                    "state", ""))
         if replaces:  # the old holder's stream ends now; its certificate is refused from now on, everywhere
             self.outboxes.pop(node, Outbox()).end(StreamEnded(grpc.StatusCode.PERMISSION_DENIED,
                                                               f"node {node} {REPLACED}"))

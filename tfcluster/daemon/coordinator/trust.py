@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 
 from tfcluster.daemon.coordinator.job import Record
+from tfcluster.daemon.coordinator.node import READY
 from tfcluster.pki import NODE, Authority, Identity, check_node_name
 from tfcluster.security import REMOVED, REPLACED, token_hash
 
@@ -107,34 +108,35 @@ class Trust:
     # ---- certificates ----------------------------------------------------------------------------
 
     def join(self, token: str, node: str, csr: bytes, authority: Authority, now: float,
-             lifetime: datetime.timedelta, addresses: list[str] = (), live: bool = False) -> bytes:
-        """A node's certificate for a join token (raises TokenRefused or PkiError). live: a READY node of that
-        name is connected now. The token is used up only when a certificate is made."""
+             lifetime: datetime.timedelta, addresses: list[str] = (), registered: str = "") -> bytes:
+        """A node's certificate for a join token (raises TokenRefused or PkiError). registered: the state of the
+        cluster's node of that name ("": none), whose agent may hold a certificate this coordinator has no
+        record of (made by an earlier release). The token is used up only when a certificate is made."""
         record = self.check(token, node, now)
         check_node_name(node, set(self.reserved))
-        self._may_take(record, node, now, live)
+        self._may_take(record, node, now, registered)
         if record.replace:
             self.revoke(node, now, removed=False)
         cert = self.issue(authority, csr, node, now, lifetime, addresses)
         record.used += 1
         return cert
 
-    def _may_take(self, token: JoinToken, node: str, now: float, live: bool) -> None:
+    def _may_take(self, token: JoinToken, node: str, now: float, registered: str) -> None:
         removal, holder = self.removals.get(node), self.holders.get(node)
         if removal is not None and removal.removed and token.created < removal.time:
             raise TokenRefused(f"node {node!r} was removed from the cluster at {_when(removal.time)}: only a token "
                                f"made after that lets it join again (`tfcluster token create --node {node}`)")
         if token.replace:
             return
-        if live or self.holds_valid_certificate(node, now):
+        if registered == READY or self.holds_valid_certificate(node, now):
             until = f" (until {_when(holder.expires)})" if holder is not None and holder.expires > now else ""
             raise TokenRefused(f"node {node!r} holds a valid certificate{until}: a second agent cannot take its name. "
                                f"If this machine replaces it, an admin makes a token for that: `tfcluster token "
                                f"create --node {node} --replace`; else give this agent another --name")
-        if holder is not None and token.node != node:
-            raise TokenRefused(f"node {node!r} has held a certificate before (it expired at {_when(holder.expires)}): "
-                               f"an admin lets it back in with a token made for it: `tfcluster token create "
-                               f"--node {node}`")
+        if (holder is not None or registered) and token.node != node:
+            expired = f" (it expired at {_when(holder.expires)})" if holder is not None else ""
+            raise TokenRefused(f"node {node!r} has held a certificate before{expired}: an admin lets it back in with "
+                               f"a token made for it: `tfcluster token create --node {node}`")
 
     def holds_valid_certificate(self, node: str, now: float) -> bool:
         holder = self.holders.get(node)
