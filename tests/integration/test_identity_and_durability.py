@@ -6,6 +6,7 @@ limits."""
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import time
 
@@ -33,17 +34,26 @@ def test_a_second_agent_with_a_name_in_use_is_refused_and_exits(make_cluster):
     cluster.start_agent("a")
     job_id = start(cluster, "--name", "keeps", "--strategy", "mirrored", "--", "sleep", "120")
     before = running(cluster, job_id)["tasks"][0]
-    # A cloned machine image: the same node name, another address, its own state dir and ports.
-    base = port_block()
-    state = cluster.root / "agents" / "twin"
-    state.mkdir(parents=True)
-    twin = Daemon("twin", ["agent", "--coordinator", cluster.address, "--name", "a", "--advertise-address",
-                           "127.0.0.2", "--port-range", f"{base}-{base + 9}", "--state-dir", str(state),
-                           "--gpu-inventory", "none", *cluster.agent_trust_args()],
-                  cluster.root / "agent-twin.log").start()
-    cluster.agents["twin"] = twin
-    assert twin.proc.wait(timeout=60) == EXIT_REFUSED
-    assert "node name 'a' is held by a live agent at 127.0.0.1" in twin.log()
+    # A cloned machine image: the same node name, another address, its own state dir and ports. Without the
+    # node's certificate it cannot even join under that name; with a copy of it (the state dir cloned too) it
+    # cannot register while the node is live.
+    for twin_name, cloned in (("twin", False), ("clone", True)):
+        base = port_block()
+        state = cluster.root / "agents" / twin_name
+        state.mkdir(parents=True)
+        if cloned:
+            shutil.copytree(cluster.agent_state_dir("a") / "tls", state / "tls")
+        twin = Daemon(twin_name, ["agent", "--coordinator", cluster.address, "--name", "a", "--advertise-address",
+                                  "127.0.0.2", "--port-range", f"{base}-{base + 9}", "--state-dir", str(state),
+                                  "--gpu-inventory", "none", *cluster.agent_trust_args()],
+                      cluster.root / f"agent-{twin_name}.log").start()
+        cluster.agents[twin_name] = twin
+        if cloned:
+            assert twin.proc.wait(timeout=60) == EXIT_REFUSED
+            assert "node name 'a' is held by a live agent at 127.0.0.1" in twin.log()
+        else:
+            assert twin.proc.wait(timeout=60) == 2
+            assert "node 'a' holds a valid certificate" in twin.log()
     node = next(n for n in cluster.status()["nodes"] if n["name"] == "a")
     assert node["state"] == "READY" and node["address"] == "127.0.0.1"
     task = cluster.job(job_id)["tasks"][0]
