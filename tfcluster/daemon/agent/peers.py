@@ -139,7 +139,9 @@ class PeerServicer(agent_pb2_grpc.AgentPeerServiceServicer):
                                 chunk.sha256, self.quota)
         finally:
             if incoming is not None:
-                self.files.submit(incoming.close)  # not awaited: a cancelled stream may not wait any more
+                # Awaited, so that an answered transfer has left nothing behind; shielded, so that the files of
+                # a cancelled one are removed all the same.
+                await asyncio.shield(loop.run_in_executor(self.files, incoming.close))
 
     async def _next(self, chunks, deadline: float) -> agent_pb2.FileChunk:
         left = deadline - asyncio.get_running_loop().time()
