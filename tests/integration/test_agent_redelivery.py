@@ -15,7 +15,8 @@ from harness import free_port, port_block, wait_until
 from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc
 from tfcluster.daemon.agent.agent import Agent, AgentConfig
 from tfcluster.daemon.agent.discovery import host_info
-from tfcluster.daemon.agent.peers import PeerServicer
+from tfcluster.daemon.agent.peers import PeerServer, PeerServicer
+from tfcluster.security import Credentials
 
 END = object()
 
@@ -64,9 +65,9 @@ class CountingPeer(PeerServicer):
         super().__init__(state_dir)
         self.calls = 0
 
-    def PutFiles(self, request_iterator, context):
+    async def PutFiles(self, request_iterator, context):
         self.calls += 1
-        return super().PutFiles(request_iterator, context)
+        return await super().PutFiles(request_iterator, context)
 
 
 @pytest.fixture
@@ -77,10 +78,8 @@ def scripted(tmp_path):
     address = f"127.0.0.1:{free_port()}"
     server.add_insecure_port(address)
     peer = CountingPeer(tmp_path / "peer")
-    peer_server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    agent_pb2_grpc.add_AgentPeerServiceServicer_to_server(peer, peer_server)
     peer_address = f"127.0.0.1:{free_port()}"
-    peer_server.add_insecure_port(peer_address)
+    peer_server = PeerServer(peer_address, peer, Credentials)
     server.start()
     peer_server.start()
     base = port_block()

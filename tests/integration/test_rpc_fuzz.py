@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harness import running_cluster
+from tfcluster import pki
 from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc, control_pb2, control_pb2_grpc, types_pb2 as pb
 
 FUZZ = settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
@@ -210,7 +211,8 @@ def test_join_takes_anything(fuzzed, token, name, csr):
                                  end_of_file=st.booleans(), sha256=TEXT, commit=st.booleans()), max_size=4))
 def test_the_peer_port_takes_any_chunks(fuzzed, chunks):
     cluster, _, _ = fuzzed
-    with cluster.channel("node", FUZZ_NODE, f"127.0.0.1:{cluster.port_ranges['a'][0]}") as channel:
+    with cluster.credentials("node", FUZZ_NODE).channel(f"127.0.0.1:{cluster.port_ranges['a'][0]}",
+                                                        server_name=pki.node_server_name("a")) as channel:
         clean(lambda: agent_pb2_grpc.AgentPeerServiceStub(channel).PutFiles(iter(chunks), timeout=10))
 
 

@@ -8,13 +8,17 @@ from __future__ import annotations
 import hashlib
 import sys
 import textwrap
+import threading
+import time
 from pathlib import Path
 
 import grpc
 import pytest
 
 from harness import wait_until
+from tfcluster import pki
 from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc
+from tfcluster.security import Credentials
 
 PY = sys.executable
 
@@ -133,22 +137,31 @@ def _put(stub, job_id: str, path: str, data: bytes, sha256: str = ""):
     return stub.PutFiles(iter(chunks), timeout=10)
 
 
-def _ran_on(cluster, node: str) -> str:
-    """A job that ran a task on node: its agent expects that job's checkpoint files."""
+def _expected(cluster, sender: str, receiver: str) -> str:
+    """A job that trained on sender and evaluated on receiver: receiver's agent takes that job's checkpoint
+    files from sender's alone."""
     return cluster.cli("start", spec(cluster.root, f'''
         name = "here"
         strategy = "mirrored"
         command = ["true"]
         [roles.worker]
-        nodes = ["{node}"]
+        nodes = ["{sender}"]
+        [roles.evaluator]
+        nodes = ["{receiver}"]
     '''), "--wait", check=True).stdout.strip()
+
+
+def _peer(cluster, sender: str, receiver: str) -> grpc.Channel:
+    """A channel to receiver's peer port with a certificate of node sender, checking it reaches receiver."""
+    address = f"127.0.0.1:{cluster.port_ranges[receiver][0]}"  # the agent's own port comes first in its range
+    return cluster.credentials("node", sender).channel(address, server_name=pki.node_server_name(receiver))
 
 
 def test_peer_port_refuses_paths_outside_the_jobs_dir_bad_checksums_and_strangers(two_nodes):
     cluster = two_nodes
-    job_id = _ran_on(cluster, "b")
-    peer = f"127.0.0.1:{cluster.port_ranges['b'][0]}"  # the agent's own port comes first in its range
-    with cluster.channel("node", "a", peer) as channel:
+    job_id = _expected(cluster, "a", "b")
+    peer = f"127.0.0.1:{cluster.port_ranges['b'][0]}"
+    with _peer(cluster, "a", "b") as channel:
         stub = agent_pb2_grpc.AgentPeerServiceStub(channel)
         for chunks, code, needle in (
             ([agent_pb2.FileChunk(job_id=job_id, path="../../etc/x", data=b"x", end_of_file=True,
@@ -161,6 +174,10 @@ def test_peer_port_refuses_paths_outside_the_jobs_dir_bad_checksums_and_stranger
             ([agent_pb2.FileChunk(job_id=job_id, path="a", data=b"x")], grpc.StatusCode.INVALID_ARGUMENT, "commit"),
             ([agent_pb2.FileChunk(job_id="never-7-abc", path="a", data=b"x" * 1000)],
              grpc.StatusCode.PERMISSION_DENIED, "has not told this node"),
+            *(([agent_pb2.FileChunk(job_id=job_id, path=path, data=b"x", end_of_file=True,
+                                    sha256=hashlib.sha256(b"x").hexdigest())], grpc.StatusCode.INVALID_ARGUMENT, why)
+              for path, why in ((".", "the checkpoint dir itself"), ("", "empty"), ("..", "leads out"),
+                                ("/etc/x", "absolute"), ("a\0b", "NUL byte"), ("./", "the checkpoint dir itself"))),
         ):
             with pytest.raises(grpc.RpcError) as info:
                 stub.PutFiles(iter(chunks), timeout=5)
@@ -172,7 +189,8 @@ def test_peer_port_refuses_paths_outside_the_jobs_dir_bad_checksums_and_stranger
     assert not (cluster.agent_state_dir("b") / "jobs" / "never-7-abc").exists()
     # Only agents of the cluster: an admin's certificate is not a node's, no certificate is no connection.
     for credentials in (cluster.credentials(), None):
-        channel = credentials.channel(peer) if credentials else grpc.insecure_channel(peer)
+        channel = credentials.channel(peer, server_name=pki.node_server_name("b")) if credentials \
+            else grpc.insecure_channel(peer)
         with channel, pytest.raises(grpc.RpcError) as info:
             _put(agent_pb2_grpc.AgentPeerServiceStub(channel), job_id, "x", b"x")
         assert info.value.code() in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAVAILABLE)
@@ -181,15 +199,14 @@ def test_peer_port_refuses_paths_outside_the_jobs_dir_bad_checksums_and_stranger
 
 def test_peer_port_never_writes_through_a_symbolic_link(two_nodes, tmp_path):
     cluster = two_nodes
-    job_id = _ran_on(cluster, "b")
+    job_id = _expected(cluster, "a", "b")
     checkpoints = cluster.agent_state_dir("b") / "jobs" / job_id / "checkpoints"
     checkpoints.mkdir(parents=True, exist_ok=True)
     outside = tmp_path / "outside"
     outside.mkdir()
     (checkpoints / "escape").symlink_to(outside)
     (checkpoints / "file-link").symlink_to(outside / "target")
-    peer = f"127.0.0.1:{cluster.port_ranges['b'][0]}"
-    with cluster.channel("node", "a", peer) as channel:
+    with _peer(cluster, "a", "b") as channel:
         stub = agent_pb2_grpc.AgentPeerServiceStub(channel)
         for path in ("escape/x", "file-link"):
             with pytest.raises(grpc.RpcError) as info:
@@ -202,9 +219,8 @@ def test_peer_port_bounds_what_one_job_may_receive(make_cluster):
     cluster = make_cluster()
     cluster.start_agent("a")
     cluster.start_agent("small", extra=["--peer-quota", "1M"])
-    job_id = _ran_on(cluster, "small")
-    peer = f"127.0.0.1:{cluster.port_ranges['small'][0]}"
-    with cluster.channel("node", "a", peer) as channel:
+    job_id = _expected(cluster, "a", "small")
+    with _peer(cluster, "a", "small") as channel:
         stub = agent_pb2_grpc.AgentPeerServiceStub(channel)
         assert _put(stub, job_id, "first", b"x" * 700_000).bytes == 700_000
         with pytest.raises(grpc.RpcError) as info:
@@ -213,3 +229,80 @@ def test_peer_port_bounds_what_one_job_may_receive(make_cluster):
     checkpoints = cluster.agent_state_dir("small") / "jobs" / job_id / "checkpoints"
     assert sorted(p.name for p in checkpoints.iterdir()) == ["first"]
     assert not list(checkpoints.parent.glob(".incoming-*"))
+
+
+def _node_credentials(cluster, node: str) -> Credentials:
+    """The certificate node's agent joined with."""
+    return Credentials.from_dir(cluster.agent_state_dir(node) / "tls", pki.NODE_CERT, pki.NODE_KEY)
+
+
+def test_peer_port_takes_a_jobs_files_from_the_node_the_coordinator_named_alone(make_cluster):
+    cluster = make_cluster()
+    cluster.start_agents({"a": {}, "b": {}, "c": {}})
+    job_id = _expected(cluster, "a", "b")
+    address = f"127.0.0.1:{cluster.port_ranges['b'][0]}"
+    with _node_credentials(cluster, "c").channel(address, server_name=pki.node_server_name("b")) as channel:
+        with pytest.raises(grpc.RpcError) as info:
+            _put(agent_pb2_grpc.AgentPeerServiceStub(channel), job_id, "intruder", b"x" * 1000)
+    assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert all(name in info.value.details() for name in (job_id, "node c", "node a")), info.value.details()
+    job_dir = cluster.agent_state_dir("b") / "jobs" / job_id
+    assert not (job_dir / "checkpoints" / "intruder").exists() and not list(job_dir.glob(".incoming-*"))
+    with _node_credentials(cluster, "a").channel(address, server_name=pki.node_server_name("b")) as channel:
+        assert _put(agent_pb2_grpc.AgentPeerServiceStub(channel), job_id, "fine", b"ok").bytes == 2
+    assert (job_dir / "checkpoints" / "fine").read_bytes() == b"ok"
+
+
+def test_a_removed_nodes_certificate_is_refused_at_the_peer_ports_and_shipping_goes_on(make_cluster, tmp_path):
+    cluster = make_cluster()
+    cluster.start_agents({"a": {}, "b": {}, "c": {}})
+    removed = _node_credentials(cluster, "c")
+    address = f"127.0.0.1:{cluster.port_ranges['b'][0]}"
+
+    def attempt() -> grpc.RpcError:
+        with removed.channel(address, server_name=pki.node_server_name("b")) as channel:
+            with pytest.raises(grpc.RpcError) as info:
+                agent_pb2_grpc.AgentPeerServiceStub(channel).PutFiles(
+                    iter([agent_pb2.FileChunk(job_id="../x", path="a")]), timeout=5)
+        return info.value
+    assert attempt().code() == grpc.StatusCode.INVALID_ARGUMENT, "let in while c belongs to the cluster"
+    cluster.cli("node", "remove", "c", check=True)
+    refused = wait_until(lambda: (lambda e: e if e.code() == grpc.StatusCode.PERMISSION_DENIED else None)(attempt()),
+                         10, what="c's certificate to be refused at b's peer port")
+    assert "node c" in refused.details() and "revoked" in refused.details(), refused.details()
+    job_id = shipping_job(cluster, tmp_path, "after")
+    assert cluster.job(job_id)["state"] == "SUCCEEDED"
+    assert (cluster.agent_state_dir("b") / "jobs" / job_id / "checkpoints" / "ckpt-3.index").exists()
+
+
+def test_stalled_transfers_of_a_hostile_node_neither_block_the_sender_nor_last(two_nodes, tmp_path):
+    cluster = two_nodes
+    address = f"127.0.0.1:{cluster.port_ranges['b'][0]}"
+    release = threading.Event()
+
+    def stalled():
+        release.wait(120)
+        yield agent_pb2.FileChunk(job_id="never-1", commit=True)
+    hostile = cluster.credentials("node", "hostile").channel(address, server_name=pki.node_server_name("b"))
+    try:
+        stub = agent_pb2_grpc.AgentPeerServiceStub(hostile)
+        opened = time.monotonic()
+        calls = [stub.PutFiles.future(stalled(), timeout=120) for _ in range(20)]
+        refused = wait_until(lambda: [c for c in calls if c.done()], 10, what="transfers beyond the limit refused")
+        assert all(c.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "hostile" in c.details() for c in refused)
+        job_id = shipping_job(cluster, tmp_path, "despite")
+        job = cluster.job(job_id)
+        copy = cluster.agent_state_dir("b") / "jobs" / job_id / "checkpoints"
+        assert job["state"] == "SUCCEEDED" and job["evaluation"]["latest"]["checkpoint"] == str(copy / "ckpt-3")
+        for call in calls:
+            try:
+                call.result(timeout=max(1.0, opened + 40 - time.monotonic()))
+            except grpc.RpcError:
+                pass
+        codes = [c.code() for c in calls]
+        assert set(codes) == {grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.DEADLINE_EXCEEDED}, codes
+        ended = [c for c in calls if c.code() == grpc.StatusCode.DEADLINE_EXCEEDED]
+        assert len(ended) == 8 and all("nothing arrived for" in c.details() for c in ended)
+    finally:
+        release.set()
+        hostile.close()

@@ -12,7 +12,7 @@ from tfcluster.daemon.coordinator import job as J
 from tfcluster.daemon.coordinator.checkpoints import SYNC_DEADLINE_SECONDS
 from tfcluster.daemon.coordinator.cluster import Unplaceable
 from tfcluster.daemon.coordinator.node import LOST, READY
-from tfcluster.model import (Attempt, FinishTraining, Launch, NodeInfo, ShipCheckpoints, Stop, SyncCheckpoints,
+from tfcluster.model import (Attempt, ExpectFiles, FinishTraining, Launch, NodeInfo, ShipCheckpoints, Stop, SyncCheckpoints,
                              TaskProgress)
 
 def three_nodes():
@@ -894,6 +894,7 @@ def test_restarted_group_waits_for_the_chiefs_dir_to_be_copied_to_its_nodes():
     syncs = of_type(after, SyncCheckpoints)
     assert len(syncs) == 1 and syncs[0].node == chief_node
     others = sorted({t.node for t in job.tasks} - {chief_node})
+    assert sorted((e.node, e.sender) for e in of_type(after, ExpectFiles)) == [(n, chief_node) for n in others]
     assert syncs[0].targets == tuple(f"10.0.0.{n[-1]}:19999" for n in others)
     assert launches(after) == [] and job.state == J.STARTING and "copying checkpoints" in job.message
     assert sim.c.sync_done(syncs[0].node, job.id, syncs[0].sync_id + 1, True, "", sim.now) == [], "another copy's answer"
@@ -935,6 +936,10 @@ def test_when_the_chiefs_node_is_lost_the_group_starts_over_and_says_so():
     assert of_type(after, SyncCheckpoints) == []
     assert f"the checkpoints were on {chief_node}, which is gone" in job.message
     assert launches(after), "it starts at once"
+    new_chief = job.task("worker", 0).node
+    assert new_chief != chief_node
+    assert [(e.node, e.sender) for e in of_type(after, ExpectFiles)] == [("n3", new_chief)], \
+        "the evaluator's node takes checkpoints from the chief's new node alone"
 
 
 def test_a_restarted_chief_agent_is_told_again_where_to_ship():
@@ -946,6 +951,18 @@ def test_a_restarted_chief_agent_is_told_again_where_to_ship():
     again = sim.c.register(peer_info(chief.node), [running], "session-new", sim.now)
     ships = of_type(again, ShipCheckpoints)
     assert len(ships) == 1 and ships[0].node == chief.node and ships[0].targets == ("10.0.0.3:19999",)
+
+
+def test_a_restarted_evaluator_agent_is_told_again_which_node_sends_it_checkpoints():
+    sim = Sim(peer_info("n1"), peer_info("n2"), peer_info("n3"))
+    job, actions = sim.submit(local_spec())
+    assert [(e.node, e.sender) for e in of_type(actions, ExpectFiles)] == [("n3", job.task("worker", 0).node)]
+    sim.running(job, actions)
+    evaluator = job.task("evaluator", 0)
+    running = report(job.id, "evaluator", 0, evaluator.attempt, "RUNNING", pid=evaluator.pid)
+    again = sim.c.register(peer_info("n3"), [running], "session-new", sim.now)
+    assert [(e.node, e.job_id, e.sender) for e in of_type(again, ExpectFiles)] == \
+        [("n3", job.id, job.task("worker", 0).node)]
 
 
 def test_an_evaluator_moved_to_a_node_that_joined_later_gets_its_dir_and_the_checkpoints():

@@ -30,7 +30,7 @@ from tfcluster.daemon.agent.logs import LogServer
 from tfcluster.daemon.agent.metrics import AgentMetrics
 from tfcluster.daemon.agent.identity import NodeIdentity
 from tfcluster.daemon.agent.liveness import STAMP_EVERY_SECONDS, Liveness
-from tfcluster.daemon.agent.peers import DEFAULT_QUOTA_BYTES, PeerServer, PeerServicer
+from tfcluster.daemon.agent.peers import DEFAULT_QUOTA_BYTES, Expectation, PeerServer, PeerServicer, RevokedNodes
 from tfcluster.daemon.agent.retention import Policy, RetentionPass, ask_coordinator, disk_condition, free_bytes
 from tfcluster.daemon.agent.shipping import ShipError, Shipper, job_checkpoint_dir, peers, sync_dir
 from tfcluster.daemon.agent.summaries import EvaluatorSummaries
@@ -38,7 +38,7 @@ from tfcluster.daemon.agent.supervisor import Supervisor, TaskRecord
 from tfcluster.daemon.agent.tasklog import DEFAULT_LIMIT_BYTES
 from tfcluster.daemon.logformat import fields
 from tfcluster.model import (CancelLog, Evaluation, ExpectFiles, FinishTraining, Gpu, Launch, NodeInfo, Phase,
-                             ReadLog, ShipCheckpoints, Stop, SyncCheckpoints, SyncResult)
+                             ReadLog, Revocations, ShipCheckpoints, Stop, SyncCheckpoints, SyncResult)
 from tfcluster.daemon.web import ThreadedWebListener, WebListener
 from tfcluster.layout import INCOMING_PREFIX
 from tfcluster.security import REMOVED, REPLACED, Credentials
@@ -110,7 +110,10 @@ class Agent:
         self.refused = ""  # why the coordinator refused this agent, once it has
         self._renewed = threading.Event()  # the stream was ended to reconnect with a renewed certificate
         self.credentials = config.credentials  # replaced when the certificate is renewed
-        self.expected_jobs: set[str] = set()  # jobs whose checkpoint files the peer port accepts
+        # Jobs whose checkpoint files the peer port accepts, from the sender the coordinator named (a restarted
+        # agent is told again when it registers); certificates it refuses.
+        self.expected: dict[str, Expectation] = {}
+        self.revoked = RevokedNodes()
         self.metrics = AgentMetrics(self.supervisor, config.gpus, str(config.state_dir))
         self.web: ThreadedWebListener | None = None
 
@@ -121,7 +124,6 @@ class Agent:
         adopted = self.supervisor.adopt_running()
         if adopted:
             log.info("reattached to %d running tasks", adopted)
-        self.expected_jobs.update(r.attempt.job_id for r in self.supervisor.snapshot())
         retention = RetentionPass(self.config.state_dir, self.config.retention, self._jobs_in_use,
                                   functools.partial(ask_coordinator, self.config.coordinator, lambda: self.credentials))
         threading.Thread(target=retention.run, args=(self._stop,), name="retention", daemon=True).start()
@@ -171,8 +173,8 @@ class Agent:
 
     def serve_peers(self) -> None:
         """Starts receiving checkpoints from other agents (raises OSError when the port is taken)."""
-        servicer = PeerServicer(self.config.state_dir, lambda job: job in self.expected_jobs,
-                                self.config.peer_quota_bytes)
+        servicer = PeerServicer(self.config.state_dir, self.expected.get, self.config.peer_quota_bytes,
+                                is_revoked=self.revoked.refusal)
         self.peer_server = PeerServer(f"{self.config.address}:{self.config.peer_port}", servicer,
                                       lambda: self.credentials)
         self.peer_server.start()
@@ -344,10 +346,11 @@ class Agent:
             command = wire.command_from_proto(message, self.config.name)
             if isinstance(command, Launch):
                 # In line, not in a thread: a stop that follows must find the task it stops.
-                self.expected_jobs.add(command.attempt.job_id)
                 self.supervisor.launch(command)
             elif isinstance(command, ExpectFiles):
-                self.expected_jobs.add(command.job_id)
+                self.expected[command.job_id] = Expectation(command.sender, command.uid, command.gid)
+            elif isinstance(command, Revocations):
+                self.revoked.update(command.revoked)
             elif isinstance(command, Stop):
                 self.supervisor.stop(command.attempt, command.grace_seconds)
             elif isinstance(command, FinishTraining):

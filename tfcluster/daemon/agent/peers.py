@@ -2,171 +2,213 @@
 
 Files arrive in chunks under an incoming dir, each checked against its SHA-256, and on commit move into
 <state-dir>/jobs/<job>/checkpoints with the state files last, so the evaluator (or TensorFlow) never sees a
-checkpoint whose files are not all there. What a peer may send is bounded: only agents of the cluster call
-(their certificates say so), only for jobs the coordinator told this agent about, at most a quota of bytes
-per job, and never through a symbolic link: a path that leads out of the job's dir is refused.
+checkpoint whose files are not all there (peerfiles.py). What a peer may send is bounded: only agents of the
+cluster call (their certificates say so, and none the coordinator revoked), only for jobs the coordinator
+told this agent about and only from the node it named as their sender, at most a quota of bytes per job,
+and never through a symbolic link.
+
+A sender cannot hold the port: the server runs on asyncio, on a thread and event loop of its own (a stalled
+stream costs a coroutine, not a thread), each transfer has a deadline and an idle timeout between chunks,
+and one sender (and all of them together) may run only so many transfers at once. File work runs on a
+small pool of threads, off the loop.
 """
 
 from __future__ import annotations
 
-import hashlib
+import asyncio
 import logging
-import os
-import re
-import shutil
-import stat
-import uuid
+import threading
+from collections import Counter
 from collections.abc import Callable
 from concurrent import futures
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 
-from tfcluster import layout
+from tfcluster import auth
 from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc
-from tfcluster.security import Credentials
-from tfcluster.task import STATE_FILE
+from tfcluster.daemon.agent.peerfiles import JOB_ID_RE, Refused, as_refusal, open_incoming, owner
+from tfcluster.pki import NODE, Identity
+from tfcluster.security import AsyncGuard, Credentials, Gate, caller
 
 log = logging.getLogger("tfcluster.agent")
 
 CHUNK_BYTES = 1024 * 1024
-JOB_ID_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,80}-\d+(-[a-z0-9]{1,8})?")
 DEFAULT_QUOTA_BYTES = 64 * 1024 ** 3  # `--peer-quota 64G`
+FILE_THREADS = 4
+START_SECONDS = 30.0
 
 
-class Refused(Exception):
-    def __init__(self, code: grpc.StatusCode, message: str):
-        super().__init__(message)
-        self.code = code
+@dataclass(frozen=True)
+class Expectation:
+    """What the coordinator said of a job's files (ExpectFiles): the node that alone may send them ("": any
+    node of the cluster, as a coordinator before 0.3 says), and the task user they go to (0: none)."""
+    sender: str = ""
+    uid: int = 0
+    gid: int = 0
+
+
+ANYONE = Expectation()
+
+
+@dataclass(frozen=True)
+class Limits:
+    """How long one transfer may take, how long it may send nothing, and how many may run at once."""
+    deadline_seconds: float = 600.0  # as long as a sender waits (shipping.SEND_TIMEOUT_SECONDS)
+    idle_seconds: float = 10.0  # a sender that streams a file never pauses this long between 1 MiB chunks
+    per_sender: int = 8
+    total: int = 32
+
+
+class RevokedNodes:
+    """The node certificates the coordinator no longer accepts (its Revocations list, whole each time)."""
+
+    def __init__(self):
+        self.before: dict[str, float] = {}
+
+    def update(self, revoked: tuple[tuple[str, float], ...]) -> None:
+        self.before = dict(revoked)  # replaced at once: the gate reads it from another thread
+
+    def refusal(self, who: Identity) -> str:
+        before = self.before.get(who.name) if who.role == NODE else None
+        if before is None or who.issued >= before:
+            return ""
+        return "holds a certificate the coordinator revoked (the node was removed from the cluster or replaced)"
 
 
 class PeerServicer(agent_pb2_grpc.AgentPeerServiceServicer):
-    """Receives files into this node's host-local checkpoint dirs."""
+    """Receives files into this node's host-local checkpoint dirs. `expects` says what the coordinator told of
+    a job (None: nothing, its files are refused); `is_revoked` why a caller's certificate is refused."""
 
-    def __init__(self, state_dir: Path, expects: Callable[[str], bool] = lambda job: True,
-                 quota_bytes: int = DEFAULT_QUOTA_BYTES):
-        self.state_dir, self.expects, self.quota = state_dir, expects, quota_bytes
+    def __init__(self, state_dir: Path, expects: Callable[[str], Expectation | None] = lambda job: ANYONE,
+                 quota_bytes: int = DEFAULT_QUOTA_BYTES, limits: Limits = Limits(),
+                 is_revoked: Callable[[Identity], str] = lambda who: ""):
+        self.state_dir, self.expects, self.quota, self.limits = state_dir, expects, quota_bytes, limits
+        self.is_revoked = is_revoked
+        state_dir.mkdir(parents=True, exist_ok=True)
+        self.files = futures.ThreadPoolExecutor(max_workers=FILE_THREADS, thread_name_prefix="peer-files")
+        self.streams: Counter[str] = Counter()  # transfers under way per sender; touched on the loop only
 
-    def PutFiles(self, request_iterator, context):
+    async def PutFiles(self, request_iterator, context):
+        who = caller()
+        sender = who.name if who is not None else context.peer().rpartition(":")[0]
         try:
-            received, size = self._receive(request_iterator)
+            self._admit(sender)
         except Refused as e:
-            context.abort(e.code, str(e))
-        return agent_pb2.PutFilesReply(bytes=size, files=len(received))
-
-    def _receive(self, request_iterator) -> tuple[list[str], int]:
-        job_dir = incoming = out = digest = None
-        received: list[str] = []
-        size = allowed = 0
+            await context.abort(e.code, str(e))
+        self.streams[sender] += 1
         try:
-            for chunk in request_iterator:
-                if job_dir is None:
-                    job_dir, allowed = self._job_dir(chunk.job_id)
-                    incoming = job_dir.parent / f"{layout.INCOMING_PREFIX}{uuid.uuid4().hex}"
-                    incoming.mkdir()
-                if chunk.commit:
-                    self._commit(incoming, job_dir, received)
-                    return received, size
-                size += len(chunk.data)
-                if size > allowed:
-                    raise Refused(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                  f"{chunk.job_id}: more than this node's quota of {self.quota} bytes per job")
-                if out is None:
-                    path = _safe_relative(chunk.path)
-                    (incoming / path).parent.mkdir(parents=True, exist_ok=True)
-                    out, digest = _create(incoming / path), hashlib.sha256()
-                out.write(chunk.data)
-                digest.update(chunk.data)
-                if chunk.end_of_file:
-                    out.close()
-                    out = None
-                    if digest.hexdigest() != chunk.sha256:
-                        raise Refused(grpc.StatusCode.DATA_LOSS, f"{path}: checksum mismatch")
-                    received.append(path)
-            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "stream ended before commit")
+            files, size = await self._receive(request_iterator, who)
+        except Refused as e:
+            log.warning("refused checkpoint files from %s: %s", who or sender, e)
+            await context.abort(e.code, str(e))
         finally:
-            if out is not None:
-                out.close()
-            if incoming is not None:
-                shutil.rmtree(incoming, ignore_errors=True)
+            self.streams[sender] -= 1
+            if not self.streams[sender]:
+                del self.streams[sender]
+        return agent_pb2.PutFilesReply(bytes=size, files=files)
 
-    def _job_dir(self, job_id: str) -> tuple[Path, int]:
-        """The job's checkpoint dir, and how many more bytes it may receive."""
+    def _admit(self, sender: str) -> None:
+        if self.streams[sender] >= self.limits.per_sender:
+            raise Refused(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          f"{sender} already sends {self.limits.per_sender} transfers to this node, the most one "
+                          f"sender may; try again when one has ended")
+        if sum(self.streams.values()) >= self.limits.total:
+            raise Refused(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          f"this node already receives {self.limits.total} transfers, the most it takes at once; "
+                          f"try again when one has ended")
+
+    async def _receive(self, requests, who: Identity | None) -> tuple[int, int]:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.limits.deadline_seconds
+        chunks, incoming = requests.__aiter__(), None
+        try:
+            while True:
+                chunk = await self._next(chunks, deadline)
+                if incoming is None:
+                    expected = self._expected(chunk.job_id, who)
+                    incoming = await self._run(chunk.job_id, open_incoming, self.state_dir, chunk.job_id,
+                                               self.quota, owner(expected.uid, expected.gid))
+                if chunk.commit:
+                    if who is not None and self.is_revoked(who):  # revoked while it was sending
+                        raise Refused(grpc.StatusCode.PERMISSION_DENIED, f"{who} {self.is_revoked(who)}")
+                    await self._run(chunk.job_id, incoming.commit)
+                    return len(incoming.received), incoming.size
+                await self._run(chunk.job_id, incoming.write, chunk.path, chunk.data, chunk.end_of_file,
+                                chunk.sha256, self.quota)
+        finally:
+            if incoming is not None:
+                # Awaited, so that an answered transfer has left nothing behind; shielded, so that the files of
+                # a cancelled one are removed all the same.
+                await asyncio.shield(loop.run_in_executor(self.files, incoming.close))
+
+    async def _next(self, chunks, deadline: float) -> agent_pb2.FileChunk:
+        left = deadline - asyncio.get_running_loop().time()
+        wait = min(self.limits.idle_seconds, left)
+        try:
+            return await asyncio.wait_for(chunks.__anext__(), max(wait, 0.0))
+        except StopAsyncIteration:
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "stream ended before commit") from None
+        except asyncio.TimeoutError:
+            why = f"nothing arrived for {self.limits.idle_seconds:g} s" if wait < left else \
+                f"the transfer took longer than {self.limits.deadline_seconds:g} s"
+            raise Refused(grpc.StatusCode.DEADLINE_EXCEEDED, f"{why}; ended") from None
+
+    def _expected(self, job_id: str, who: Identity | None) -> Expectation:
+        """What the coordinator told of the job, once the caller is the sender it named."""
         if not JOB_ID_RE.fullmatch(job_id):
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"job_id: not a job id: {job_id[:100]!r}")
-        if not self.expects(job_id):
+        expected = self.expects(job_id)
+        if expected is None:
             raise Refused(grpc.StatusCode.PERMISSION_DENIED, f"{job_id}: the coordinator has not told this node to "
                                                              f"expect files of that job")
-        job_dir = Path(layout.host_checkpoint_dir(str(self.state_dir), job_id))
-        _no_links(self.state_dir, job_dir)
-        job_dir.mkdir(parents=True, exist_ok=True)
-        return job_dir, self.quota - _size(job_dir)
+        if expected.sender and who is not None and who.name != expected.sender:
+            raise Refused(grpc.StatusCode.PERMISSION_DENIED,
+                          f"{job_id}: the coordinator named node {expected.sender} as the sender of this job's "
+                          f"files; {who} may not send them")
+        return expected
 
-    def _commit(self, incoming: Path, job_dir: Path, received: list[str]) -> None:
-        """Moves files into place; state files last, each with an atomic rename."""
-        for path in sorted(received, key=lambda p: os.path.basename(p) == STATE_FILE):
-            target = job_dir / path
-            _no_links(self.state_dir, target)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(incoming / path, target)
-
-
-def _safe_relative(path: str) -> str:
-    normal = os.path.normpath(path) if path else ""
-    if not normal or os.path.isabs(normal) or normal == ".." or normal.startswith(("../", layout.INCOMING_PREFIX)) \
-            or "\0" in normal:
-        raise Refused(grpc.StatusCode.INVALID_ARGUMENT,
-                      f"path: must stay inside the job's checkpoint dir, got {path[:200]!r}")
-    return normal
-
-
-def _no_links(root: Path, path: Path) -> None:
-    """Refuses a path with a symbolic link anywhere below root (an existing file or dir in the way included)."""
-    current = root
-    for part in path.relative_to(root).parts:
-        current = current / part
+    async def _run(self, job_id: str, function, *args):
         try:
-            mode = os.lstat(current).st_mode
-        except FileNotFoundError:
-            return
-        if stat.S_ISLNK(mode):
-            raise Refused(grpc.StatusCode.PERMISSION_DENIED, f"{current}: a symbolic link on the way; refused")
-
-
-def _create(path: Path):
-    """A new file, never through a link (O_NOFOLLOW) and never an existing one (O_EXCL)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    return os.fdopen(fd, "wb")
-
-
-def _size(directory: Path) -> int:
-    total = 0
-    for root, _, files in os.walk(directory):
-        for name in files:
-            try:
-                total += os.lstat(os.path.join(root, name)).st_size
-            except OSError:
-                pass
-    return total
+            return await asyncio.get_running_loop().run_in_executor(self.files, function, *args)
+        except OSError as e:
+            raise as_refusal(e, job_id) from None
 
 
 class PeerServer:
     """The peer port: mutual TLS with the node's certificate (a renewed one is taken up at the next
-    handshake), or plain text with --insecure."""
+    handshake), or plain text with --insecure; a grpc.aio server on a thread and event loop of its own."""
 
     def __init__(self, address: str, servicer: PeerServicer, credentials: Callable[[], Credentials]):
-        self.address, self.credentials = address, credentials
-        current = credentials()
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="peer"),
-                                  options=[("grpc.max_receive_message_length", 8 * CHUNK_BYTES)],
-                                  interceptors=current.interceptors())
-        agent_pb2_grpc.add_AgentPeerServiceServicer_to_server(servicer, self.server)
-        if current.insecure:
-            port = self.server.add_insecure_port(address)
-        else:
-            port = self.server.add_secure_port(address, self._reloading(current))
+        self.address, self.servicer, self.credentials = address, servicer, credentials
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="peers", daemon=True)
+        self.thread.start()
+        try:
+            self.server = self._on_loop(self._bind())
+        except BaseException:
+            self._end_loop()
+            raise
+
+    def _on_loop(self, coroutine):
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout=START_SECONDS)
+
+    async def _bind(self) -> grpc.aio.Server:
+        current = self.credentials()
+        interceptors = auth.async_server_interceptors(current.token) if current.insecure else \
+            [AsyncGuard(Gate(self.servicer.is_revoked))]
+        server = grpc.aio.server(interceptors=interceptors,
+                                 options=[("grpc.max_receive_message_length", 8 * CHUNK_BYTES)])
+        agent_pb2_grpc.add_AgentPeerServiceServicer_to_server(self.servicer, server)
+        try:
+            port = server.add_insecure_port(self.address) if current.insecure else \
+                server.add_secure_port(self.address, self._reloading(current))
+        except RuntimeError as e:  # grpc raises where it once returned 0
+            raise OSError(f"cannot listen for peers on {self.address}: {e}") from None
         if not port:
-            raise OSError(f"cannot listen for peers on {address}")
+            raise OSError(f"cannot listen for peers on {self.address}")
+        return server
 
     def _reloading(self, initial: Credentials) -> grpc.ServerCredentials:
         served = [initial]
@@ -184,8 +226,17 @@ class PeerServer:
                                                    require_client_authentication=True)
 
     def start(self) -> None:
-        self.server.start()
+        self._on_loop(self.server.start())
         log.info("receiving checkpoints from other agents on %s", self.address)
 
     def stop(self, grace: float = 1.0) -> None:
-        self.server.stop(grace)
+        if self.thread.is_alive():
+            try:
+                self._on_loop(self.server.stop(grace))
+            finally:
+                self._end_loop()
+        self.servicer.files.shutdown(wait=False)
+
+    def _end_loop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)

@@ -65,8 +65,9 @@ class Membership:
                 else:
                     commands += self._settle(job, lifecycle.lost(job, task, f"{info.name}'s agent no longer has "
                                                                            f"this task", now))
-            # A restarted agent has lost its shipping orders: the chief's checkpoints still go out.
-            if task is job.decisive_task() and task.state == T_RUNNING:
+            # A restarted agent has lost its shipping orders, or which node alone may send it the chief's
+            # checkpoints: both are told again.
+            if (task is job.decisive_task() or task is job.evaluator()) and job.decisive_task().state == T_RUNNING:
                 commands += checkpoints.shipping(job)
         return commands + self.schedule(now)
 
