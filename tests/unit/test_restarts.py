@@ -138,3 +138,14 @@ def test_an_evaluator_whose_port_was_taken_is_placed_on_another():
     sim.c.schedule(sim.now)
     assert evaluator.state == J.T_LAUNCHING and (evaluator.node, evaluator.port) != taken
     assert job.state == J.RUNNING and job.evaluator_restarts == 1
+
+
+def test_a_worker_still_waiting_for_its_backoff_when_training_finishes_is_not_relaunched():
+    sim, job = ps_job(backoff_seconds=10)
+    sim.exit(job, "worker:1", 1)
+    sim.exit(job, "chief:0", 0, final_checkpoint="ckpt-5")
+    assert job.final_evaluation_until and launches(later(sim, 11)) == []
+    stop = sim.exit(job, "evaluator:0", 0)
+    assert keys(stop) == ["ps:0", "ps:1", "worker:0"] and job.task("worker", 1).state == J.T_STOPPED
+    sim.exit_stopped(job, stop)
+    assert job.state == J.SUCCEEDED

@@ -188,8 +188,9 @@ def _carry_out(job: Job, decision: restart.Decision, failure: Failure, now: floa
 
 
 def _launch_due(job: Job, now: float) -> list[Command]:
-    """Launches the tasks that wait on their node for a restart in place, once its backoff has passed."""
-    if now < job.not_before:
+    """Launches the tasks that wait on their node for a restart in place, once its backoff has passed (a worker
+    still waiting when training finishes is not needed any more: it is stopped with the others)."""
+    if now < job.not_before or job.final_evaluation_until:
         return []
     waiting = [t for t in job.tasks if t.state == T_PENDING and t.node]
     if job.state == STARTING and job.syncing:  # the group waits for the chief's checkpoints, the evaluator too
