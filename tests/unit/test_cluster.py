@@ -1023,7 +1023,9 @@ def test_a_task_left_on_a_node_that_is_not_ready_is_counted_lost_on_the_next_tic
     sim.c.nodes[chief.node].state = LOST  # ... and the chief's node goes away without a word
     out = sim.c.tick(sim.now)
     assert chief.state == J.T_LOST
-    assert "then chief:0 lost" in job.message, "it cannot come back in place: the whole group restarts"
+    assert job.message.startswith("chief:0") and "cannot restart in place: restarting the training group" in \
+        job.message, "it cannot come back in place: the whole group restarts"
+    assert job.last_failure.task == "chief:0" and job.restarts == 1, "the restart under way widens, at no extra cost"
     sim.exit_stopped(job, out)
     assert job.state in (J.STARTING, J.PENDING)
     assert all(a.node != chief.node for a in launches(out))

@@ -133,14 +133,14 @@ class Cluster(Membership):
         """Places every PENDING job that fits now, oldest first, and tasks that lost their node. A job that
         did not fit is tried again only once resources may have changed."""
         waiting = [j for j in self.live.values()
-                   if (j.state == PENDING and j.not_before <= now) or lifecycle.unplaced_tasks(j)]
+                   if (j.state == PENDING and j.not_before <= now) or lifecycle.unplaced_tasks(j, now)]
         waiting = [j for j in waiting if self.unfit_at.get(j.id) != self.capacity_version]
         if not waiting:
             return []
         capacity = {n.name: n for n in self.capacity(now)}
         commands: list[Command] = []
         for job in waiting:
-            unplaced = lifecycle.unplaced_tasks(job)
+            unplaced = lifecycle.unplaced_tasks(job, now)
             if unplaced:
                 result = place(job.spec, list(capacity.values()), only={(t.type, t.index) for t in unplaced})
             else:

@@ -60,9 +60,10 @@ def _put(job: Job, task: Task, p: TaskPlacement, node: NodeInfo) -> None:
     task.state, task.pid, task.exit, task.stop_grace, task.ready = T_PENDING, 0, None, None, False
 
 
-def unplaced_tasks(job: Job) -> list[Task]:
-    """Tasks of a placed job that lost their node and wait for a new one (the evaluator)."""
-    if job.state not in (STARTING, RUNNING):
+def unplaced_tasks(job: Job, now: float) -> list[Task]:
+    """Tasks of a placed job that lost their node (or port) and wait for a new one (the evaluator), once
+    their restart's backoff has passed."""
+    if job.state not in (STARTING, RUNNING) or now < job.not_before:
         return []
     return [t for t in job.tasks if t.state == T_PENDING and not t.node]
 
@@ -80,8 +81,9 @@ def launch_tasks(job: Job, tasks: list[Task], now: float) -> list[Command]:
 
 
 def advance(job: Job, now: float) -> list[Command]:
-    """While STARTING: launch the next wave once every earlier task is up; RUNNING once all are."""
-    if job.state != STARTING or job.syncing:
+    """While STARTING: launch the next wave once every earlier task is up (and a restart's backoff has passed);
+    RUNNING once all are."""
+    if job.state != STARTING or job.syncing or now < job.not_before:
         return []
     if any(t.state == T_LAUNCHING or (t.state == T_RUNNING and not t.ready) for t in job.tasks):
         return []
@@ -126,8 +128,8 @@ def ended(job: Job, task: Task, exit: TaskExit, now: float) -> list[Command]:
 
 def lost(job: Job, task: Task, why: str, now: float) -> list[Command]:
     """The task's node is gone (or its agent forgot the task): a live task, or one placed there that waits to
-    be launched (a later wave, a restart in place), is lost."""
-    waiting = task.state == T_PENDING and task.node and job.state in (STARTING, STOPPING)
+    be launched (a later wave, a restart in place, one waiting for its backoff), is lost."""
+    waiting = task.state == T_PENDING and task.node and job.state in (STARTING, RUNNING, STOPPING)
     if not task.live and not waiting:
         return []
     task.state, task.exit = T_LOST, TaskExit(message=why)
@@ -143,23 +145,18 @@ def progress(job: Job, task: Task, output_bytes: int, checkpoint: str, now: floa
 
 
 def _after_task_end(job: Job, task: Task, now: float) -> list[Command]:
+    if task.state in (T_FAILED, T_LOST):
+        failure = Failure(task=task.key, node=task.node, exit=task.exit, time=now, lost=task.state == T_LOST)
+        decision = restart.decide(job, failure, task.type)
+        if decision.scope != restart.NOTHING:
+            return _carry_out(job, decision, failure, now)
     if job.state == STOPPING:
-        if job.restarting and task.type == "evaluator" and task.state in (T_FAILED, T_LOST) and \
-                task.key not in job.restarting:
-            return _failed(job, Failure(task.key, task.node, task.exit, now, task.state == T_LOST), task, now)
-        if job.restarting and (task.state == T_LOST or (task.state == T_FAILED and task.key not in job.restarting)):
-            # During a partial restart a task elsewhere failed, or one of the restarted tasks lost its node (it
-            # cannot come back in place): restart everything instead.
-            return wind_down(job, RESTART, f"{job.message}; then {task.key} {task.state.lower()}", now)
         return _finish_if_quiet(job, now)
     if job.final_evaluation_until:
         if task.type != "evaluator":  # training is over: a ps or worker server ending changes nothing
             return []
         how = "done" if task.state == T_SUCCEEDED or completion.final_evaluated(job) else f"ended {task.state}"
         return wind_down(job, SUCCEEDED, f"final evaluation {how}", now)
-    if task.state in (T_FAILED, T_LOST):
-        failure = Failure(task=task.key, node=task.node, exit=task.exit, time=now, lost=task.state == T_LOST)
-        return _failed(job, failure, task, now)
     if task.state == T_SUCCEEDED and task.type != "evaluator":
         return _check_training_done(job, now)
     return advance(job, now)
@@ -167,42 +164,43 @@ def _after_task_end(job: Job, task: Task, now: float) -> list[Command]:
 
 # ---- failures -----------------------------------------------------------------------------------
 
-def _failed(job: Job, failure: Failure, task: Task | None, now: float) -> list[Command]:
-    """Carries out the restart policy's decision about one failure (task None: the hang watchdog)."""
+def _carry_out(job: Job, decision: restart.Decision, failure: Failure, now: float) -> list[Command]:
+    """Does what the restart policy decided about one failure."""
     job.last_failure = failure
-    decision = restart.decide(job, failure, task.type if task else "job")
     message = f"{failure.describe()}; {decision.reason}"
     log.warning("%s: %s", job.id, message, extra=fields(job=job.id, node=failure.node,
-                                                         task="" if failure.task == "job" else failure.task))
-    _charge(job, decision.charge)
-    if decision.kind in restart.RESTARTS:
-        job.seen.restart_causes.append(restart.cause(failure))
-    if decision.kind == restart.FAIL:
+                                                         task="" if failure.task == restart.WATCHDOG else failure.task))
+    restart.book(job, decision, failure, now)
+    if decision.scope == restart.FAIL:
         return wind_down(job, FAILED, message, now)
-    if decision.kind == restart.RESTART_GROUP:
+    if decision.scope == restart.GROUP:
         return wind_down(job, RESTART, message, now)
-    if decision.kind == restart.RESTART_TASKS and decision.tasks == (task.key,):
-        job.message = message  # it is dead already: relaunched at once, on its address
-        return launch_tasks(job, [task], now)
-    if decision.kind == restart.RESTART_TASKS:
+    tasks = [t for t in job.tasks if t.key in decision.tasks]
+    if any(t.live for t in tasks):  # stopped first; relaunched in place, in waves, once all are gone
         return wind_down(job, RESTART, message, now, only=decision.tasks)
     job.message = message
-    if decision.kind == restart.RESTART_EVALUATOR and failure.lost:
-        # Its node is gone: the cluster places it anew (Cluster.schedule).
-        task.state, task.node, task.host, task.port, task.gpus, task.peer = T_PENDING, "", "", 0, (), ""
-    elif decision.kind == restart.RESTART_EVALUATOR:
-        return launch_tasks(job, [task], now) + advance(job, now)
-    # An evaluator given up while STARTING must not hold back the chief's wave or RUNNING.
-    return advance(job, now)
+    for task in tasks:  # dead already: relaunched while the others run on
+        task.state = T_PENDING
+        if decision.place_anew:  # the cluster places it anew (Cluster.schedule)
+            task.node, task.host, task.port, task.gpus, task.peer = "", "", 0, (), ""
+    # An evaluator given up while STARTING must not hold back the chief's wave or RUNNING either.
+    return _launch_due(job, now)
 
 
-def _charge(job: Job, charge: str) -> None:
-    if charge == restart.BUDGET:
-        job.restarts += 1
-    elif charge == restart.PREEMPTION:
-        job.preemptions += 1
-    elif charge == restart.EVALUATOR_BUDGET:
-        job.evaluator_restarts += 1
+def _launch_due(job: Job, now: float) -> list[Command]:
+    """Launches the tasks that wait on their node for a restart in place, once its backoff has passed (a worker
+    still waiting when training finishes is not needed any more: it is stopped with the others)."""
+    if now < job.not_before or job.final_evaluation_until:
+        return []
+    waiting = [t for t in job.tasks if t.state == T_PENDING and t.node]
+    if job.state == STARTING and job.syncing:  # the group waits for the chief's checkpoints, the evaluator too
+        return []
+    if job.state == STARTING:
+        # The evaluator is outside the training cluster: it never waits for a launch wave.
+        return launch_tasks(job, [t for t in waiting if t.type == "evaluator"], now) + advance(job, now)
+    if job.state == RUNNING or (job.state == STOPPING and job.restarting):
+        return launch_tasks(job, waiting, now)
+    return []
 
 
 def _training_finished(job: Job) -> bool:
@@ -244,7 +242,7 @@ def finish_training(job: Job, now: float) -> FinishTraining:
 # ---- time ---------------------------------------------------------------------------------------
 
 def tick(job: Job, now: float) -> list[Command]:
-    """Deadlines: the checkpoint copy's, the final evaluation's, and the hang watchdog's."""
+    """Deadlines: the checkpoint copy's, the final evaluation's, the hang watchdog's, and a restart's backoff."""
     if job.syncing and now > job.sync_until:
         return sync_done(job, job.syncing, False,
                          f"no answer within {checkpoints.SYNC_DEADLINE_SECONDS:g} s", now)
@@ -257,8 +255,9 @@ def tick(job: Job, now: float) -> list[Command]:
         exit = TaskExit(message=f"hung: no task wrote output and the chief saved no checkpoint for "
                                 f"{now - last:.0f} s (hang_seconds = {hang:g})")
         job.seen.last_progress = now
-        return _failed(job, Failure(task="job", node=decisive.node, exit=exit, time=now), None, now)
-    return []
+        failure = Failure(task=restart.WATCHDOG, node=decisive.node, exit=exit, time=now)
+        return _carry_out(job, restart.decide(job, failure, restart.WATCHDOG), failure, now)
+    return _launch_due(job, now)
 
 
 # ---- stopping -----------------------------------------------------------------------------------
@@ -308,13 +307,12 @@ def _finish_if_quiet(job: Job, now: float) -> list[Command]:
     if job.restarting and _training_finished(job):  # the chief finished meanwhile: nothing to restart
         job.restarting, job.state = (), RUNNING
         return _check_training_done(job, now)
-    if job.restarting:  # relaunched in place, on the same addresses, in waves
+    if job.restarting:  # relaunched in place, on the same addresses, in waves, once the backoff has passed
         for task in scope:
             task.state = T_PENDING
         job.restarting, job.state = (), STARTING
         return advance(job, now)
-    job.state = PENDING
-    job.not_before = now + job.spec.restart.backoff_seconds
+    job.state = PENDING  # placed again by the cluster once the backoff has passed (job.not_before)
     return []
 
 

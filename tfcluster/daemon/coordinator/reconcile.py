@@ -67,7 +67,7 @@ def _heal(job: Job, task: Task, running: bool, now: float, resend_after: float) 
         seen.sent_at = now
         return [Stop(node=task.node, attempt=job.attempt_of(task), grace_seconds=task.stop_grace)]
     else:  # running; waiting for it to listen, that report may have been lost
-        resend = not task.ready and job.profile.must_listen(task.type)
+        resend = task.state == T_RUNNING and not task.ready and job.profile.must_listen(task.type)
     if not resend:
         return []
     seen.sent_at = now

@@ -1,11 +1,27 @@
-"""The restart policy: what a job does about one failure. Pure; lifecycle.py carries the decision out.
+"""The restart policy: what a job does about one failure, in one place. Pure; lifecycle.py carries it out.
 
-The coordinator owns one budget per job (LESSONS.md 3). A permanent exit code fails the job; a preemption
-save (exit 42) or a port taken on the node restarts for free; otherwise a restart costs one from the budget
-and the job fails once it is spent. What restarts is the strategy's restart scope (strategies.py): the whole
-group on the same addresses, or (parameter_server) a worker alone or ps + chief, which needs the job
-RUNNING and every task of the scope still on a live node. The evaluator is never part of it: it restarts
-alone on a budget of its own, and when that is spent training goes on without it.
+Every failure of a task (or the hang watchdog's verdict) comes here, whatever the job is doing: starting,
+running, in the middle of restarting some of its tasks, or waiting for the evaluator's final evaluation. One
+Decision comes back, like a restart tracker's answer: what restarts (the scope), what that costs (the
+charge), and how long to wait first (the delay).
+
+The rules, in order:
+1. Once the job is stopping for good or for a whole-group restart, or once training is over, nothing more
+   restarts: a task ending then is no failure of the job.
+2. The evaluator is never part of training: it restarts alone on a budget of its own (placed anew when its
+   node or port is gone), and when that is spent training goes on without it. It never fails the job.
+3. A training task exiting with a permanent exit code fails the job.
+4. A preemption save (exit 42) or a port taken on the node restarts without using the budget; any other
+   failure costs one restart, and fails the job once the budget is spent.
+5. What restarts is the strategy's restart scope (strategies.py): the whole group, or (parameter_server) a
+   worker alone or ps + chief in place. In place needs a RUNNING job, the task's node and port still good,
+   and every task of the scope on a live node; otherwise the whole group restarts, on new addresses where
+   needed. A failure during a restart in place is decided like any other, so it may fail the job; one of
+   the tasks being restarted in place that loses its node cannot come back in place: the whole group
+   restarts instead, at no extra cost.
+6. Every restart waits `restart.backoff_seconds` from the failure, except one for free: a preemption save
+   or a port taken is not the program's fault, and waiting makes neither less likely to happen again (the
+   program saved before it went; the taken port is avoided from now on).
 """
 
 from __future__ import annotations
@@ -13,69 +29,111 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tfcluster import strategies
-from tfcluster.daemon.coordinator.job import RUNNING, T_LOST, Failure, Job
+from tfcluster.daemon.coordinator.job import RUNNING, STOPPING, T_LOST, Failure, Job
 
-FAIL = "fail"
-RESTART_GROUP = "restart group"
-RESTART_TASKS = "restart tasks"          # `tasks` restart in place while the others run on
-RESTART_EVALUATOR = "restart evaluator"
-EVALUATOR_GIVEN_UP = "evaluator given up"
+# What restarts (Decision.scope).
+FAIL = "fail"                              # the job fails
+GROUP = "group"                            # every task of the job stops; the job is placed again as a whole
+TASKS = "tasks"                            # `tasks` restart in place while the others run on
+EVALUATOR = "evaluator"                    # the evaluator alone restarts
+EVALUATOR_GIVEN_UP = "evaluator given up"  # the evaluator stays ended; training goes on
+NOTHING = "nothing"                        # not a failure of the job (rule 1): nothing changes
+RESTARTS = (GROUP, TASKS, EVALUATOR)
 
-# Which counter a decision charges.
-BUDGET, PREEMPTION, FREE, EVALUATOR_BUDGET = "budget", "preemption", "free", "evaluator budget"
-RESTARTS = (RESTART_GROUP, RESTART_TASKS, RESTART_EVALUATOR)
+# What a decision costs (Decision.charge): one of the job's counters, or nothing.
+BUDGET, PREEMPTION, EVALUATOR_BUDGET, NO_CHARGE = "budget", "preemption", "evaluator budget", "nothing"
 
 # Why something restarted, as operators count it (the metrics' `cause` label).
 CAUSES = ("failure", "preemption", "port_conflict", "node_lost", "hang")
 
+WATCHDOG = "job"  # the task type the hang watchdog's failures are decided under
+
 
 @dataclass(frozen=True)
 class Decision:
-    kind: str
-    reason: str                 # said after the failure in the job's message
-    charge: str = ""            # BUDGET, PREEMPTION, FREE, EVALUATOR_BUDGET, or "" (nothing restarts)
-    tasks: tuple[str, ...] = ()  # RESTART_TASKS: the keys of the tasks that restart
+    scope: str                   # FAIL, GROUP, TASKS, EVALUATOR, EVALUATOR_GIVEN_UP or NOTHING
+    charge: str                  # BUDGET, PREEMPTION, EVALUATOR_BUDGET or NO_CHARGE
+    delay: float                 # seconds from the failure before anything of the restart is launched
+    reason: str                  # said after the failure in the job's message
+    tasks: tuple[str, ...] = ()  # TASKS, EVALUATOR: the keys of the tasks that restart
+    place_anew: bool = False     # EVALUATOR: placed again (its node is gone or its port taken), not in place
 
 
 def decide(job: Job, failure: Failure, task_type: str) -> Decision:
-    """What to do about a failed task of task_type (or the hang watchdog's "job")."""
-    restart = job.spec.restart
+    """What to do about a failed task of task_type (WATCHDOG for the hang watchdog)."""
+    if job.state == STOPPING and not job.restarting:
+        return Decision(NOTHING, NO_CHARGE, 0.0, "the job is stopping already")
+    if job.final_evaluation_until:
+        return Decision(NOTHING, NO_CHARGE, 0.0, "training is over; nothing restarts")
     if task_type == "evaluator":
-        if job.evaluator_restarts >= restart.max_restarts:
-            return Decision(EVALUATOR_GIVEN_UP, f"evaluator not restarted (its {job.evaluator_restarts} restarts "
-                                                f"are spent); training goes on")
-        return Decision(RESTART_EVALUATOR, "evaluator to be placed again" if failure.lost else "evaluator restarted",
-                        EVALUATOR_BUDGET)
-    exit = failure.exit
+        return _evaluator(job, failure)
+    restart, exit = job.spec.restart, failure.exit
     if exit.exit_code in restart.permanent_exit_codes:
-        return Decision(FAIL, "a permanent exit code, not restarted")
-    charge = PREEMPTION if exit.preempted else FREE if exit.busy_port else BUDGET
+        return Decision(FAIL, NO_CHARGE, 0.0, "a permanent exit code, not restarted")
+    if failure.lost and failure.task in job.restarting:
+        return _restart(job, failure, GROUP, NO_CHARGE, "it cannot restart in place: restarting the training group")
+    charge = PREEMPTION if exit.preempted else NO_CHARGE if exit.busy_port else BUDGET
     if charge == BUDGET and job.restarts >= restart.max_restarts:
-        return Decision(FAIL, f"restart budget spent ({job.restarts} of {restart.max_restarts})")
-    scope = _partial_scope(job, failure, task_type)
+        return Decision(FAIL, NO_CHARGE, 0.0, f"restart budget spent ({job.restarts} of {restart.max_restarts})")
+    scope = _scope_in_place(job, failure, task_type)
     if scope == strategies.ALONE:
-        return Decision(RESTART_TASKS, f"restarting {failure.task} alone", charge, (failure.task,))
+        return _restart(job, failure, TASKS, charge, f"restarting {failure.task} alone", (failure.task,))
     if scope:
-        names = " and ".join(scope)
-        return Decision(RESTART_TASKS, f"restarting {names}", charge,
+        return _restart(job, failure, TASKS, charge, f"restarting {' and '.join(scope)}",
                         tuple(t.key for t in job.tasks if t.type in scope))
-    reason = {PREEMPTION: "preemption checkpoint saved", FREE: "placing the group again"}.get(
+    reason = {PREEMPTION: "preemption checkpoint saved", NO_CHARGE: "placing the group again"}.get(
         charge, "restarting the training group")
-    return Decision(RESTART_GROUP, reason, charge)
+    if job.restarting:
+        reason += f" (it was restarting {', '.join(job.restarting)} in place)"
+    return _restart(job, failure, GROUP, charge, reason)
+
+
+def book(job: Job, decision: Decision, failure: Failure, now: float) -> None:
+    """Enters a decision on the job: the counter it charges, the time before which the restart launches
+    nothing (a later free restart never shortens an earlier one's wait), and its cause for the metrics."""
+    if decision.charge == BUDGET:
+        job.restarts += 1
+    elif decision.charge == PREEMPTION:
+        job.preemptions += 1
+    elif decision.charge == EVALUATOR_BUDGET:
+        job.evaluator_restarts += 1
+    if decision.scope in RESTARTS:
+        job.not_before = max(job.not_before, now + decision.delay)
+        job.seen.restart_causes.append(cause(failure))
 
 
 def cause(failure: Failure) -> str:
     """The cause of a restart, one of CAUSES."""
     if failure.lost:
         return "node_lost"
-    if failure.task == "job":
+    if failure.task == WATCHDOG:
         return "hang"
     return "preemption" if failure.exit.preempted else "port_conflict" if failure.exit.busy_port else "failure"
 
 
-def _partial_scope(job: Job, failure: Failure, task_type: str) -> str | tuple[str, ...] | None:
-    """The strategy's narrower scope when it applies here; None: the whole group restarts."""
-    scope = job.profile.restart_scope(task_type) if task_type != "job" else strategies.GROUP
+def _evaluator(job: Job, failure: Failure) -> Decision:
+    spent = job.evaluator_restarts
+    if spent >= job.spec.restart.max_restarts:
+        return Decision(EVALUATOR_GIVEN_UP, NO_CHARGE, 0.0,
+                        f"evaluator not restarted (its {spent} restarts are spent); training goes on")
+    anew = failure.lost or bool(failure.exit.busy_port)
+    return _restart(job, failure, EVALUATOR, EVALUATOR_BUDGET,
+                    "evaluator to be placed again" if anew else "evaluator restarted", (failure.task,), anew)
+
+
+def _restart(job: Job, failure: Failure, scope: str, charge: str, reason: str, tasks: tuple[str, ...] = (),
+             place_anew: bool = False) -> Decision:
+    """A restart, delayed by the backoff unless it is one for free (rule 6)."""
+    free = failure.exit.preempted or bool(failure.exit.busy_port)
+    delay = 0.0 if free else job.spec.restart.backoff_seconds
+    if delay:
+        reason += f", in {delay:g} s (backoff_seconds)"
+    return Decision(scope, charge, delay, reason, tasks, place_anew)
+
+
+def _scope_in_place(job: Job, failure: Failure, task_type: str) -> str | tuple[str, ...] | None:
+    """The strategy's narrower scope when it applies now; None: the whole group restarts."""
+    scope = strategies.GROUP if task_type == WATCHDOG else job.profile.restart_scope(task_type)
     if scope == strategies.GROUP or failure.lost or failure.exit.busy_port or job.state != RUNNING:
         return None
     if scope != strategies.ALONE and any(t.state == T_LOST for t in job.tasks if t.type in scope):
