@@ -147,14 +147,17 @@ class Messages:
         self.name, self.bound = method.rsplit("/", 1)[-1], max_request_bytes(method)
         self.decode = decode or (lambda raw: raw)
 
-    def __call__(self, raw: bytes):
+    def take(self, raw: bytes) -> tuple[object, Refused | None]:
+        """The message, or why not. Returned, not raised: an exception's traceback would keep the raw bytes
+        alive in a reference cycle (the call's state holds the abort, the abort its frames) until a full
+        collection, and a flood of refused megabytes would pile up."""
         if len(raw) > self.bound:
-            raise Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{self.name}: a request message of {len(raw)} bytes "
-                                                              f"is over this call's bound of {self.bound} bytes")
+            return None, Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{self.name}: a request message of {len(raw)} "
+                                                                     f"bytes is over this call's bound of {self.bound} bytes")
         try:
-            return self.decode(raw)
+            return self.decode(raw), None
         except Exception as e:  # protobuf's DecodeError, or whatever a deserializer makes of junk
-            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"{self.name}: not a valid request message ({e})") from None
+            return None, Refused(grpc.StatusCode.INVALID_ARGUMENT, f"{self.name}: not a valid request message ({e})")
 
 
 class _Reading:
@@ -168,22 +171,27 @@ class _Reading:
 
     async def read(self):
         raw = await self._context.read()
-        return raw if raw is grpc.aio.EOF else await self.decode(raw)
-
-    async def decode(self, raw: bytes):
-        try:
-            return self._messages(raw)
-        except Refused as e:
-            await self._context.abort(e.code, str(e))
+        if raw is grpc.aio.EOF:
+            return raw
+        message, refused = self._messages.take(raw)
+        del raw  # not kept by the abort's traceback
+        if refused:
+            await self._context.abort(refused.code, str(refused))
+        return message
 
     async def requests(self, raw_iterator):
         async for raw in raw_iterator:
-            yield await self.decode(raw)
+            message, refused = self._messages.take(raw)
+            del raw
+            if refused:
+                await self._context.abort(refused.code, str(refused))
+            yield message
 
 
 def _guarded(handler, method: str, check: Callable, admit: Callable | None, asynchronous: bool):
     """The handler with the check (and admit, if any) in front of its behaviour, the caller set for it, and its
-    requests decoded only within the method's bound."""
+    requests decoded only within the method's bound. A refused call ends with its status set, not an abort
+    (see Messages.take); gRPC sends no answer with a status that is not OK."""
     kind = next(k for k in ("unary_unary", "unary_stream", "stream_unary", "stream_stream")
                 if getattr(handler, k) is not None)
     behaviour, streaming = getattr(handler, kind), kind.startswith("stream")
@@ -192,44 +200,55 @@ def _guarded(handler, method: str, check: Callable, admit: Callable | None, asyn
         def run(request, context):
             try:
                 _caller.set(check(context.auth_context()))
-                request = _sync_requests(request, messages, context) if streaming else messages(request)
             except Refused as e:
                 context.abort(e.code, str(e))
+            if streaming:
+                return behaviour(_sync_requests(request, messages, context), context)
+            request, refused = messages.take(request)
+            if refused:
+                context.abort(refused.code, str(refused))
             return behaviour(request, context)
     elif inspect.isasyncgenfunction(behaviour):
         async def run(request, context):
-            request, context = await _enter(check, admit, messages, streaming, request, context)
-            async for item in behaviour(request, context):
-                yield item
+            request, context = _enter(check, admit, messages, streaming, request, context)
+            if context is not None:
+                async for item in behaviour(request, context):
+                    yield item
     else:
         async def run(request, context):
-            request, context = await _enter(check, admit, messages, streaming, request, context)
-            return await behaviour(request, context)
+            request, context = _enter(check, admit, messages, streaming, request, context)
+            return None if context is None else await behaviour(request, context)
     return getattr(grpc, f"{kind}_rpc_method_handler")(
         run, request_deserializer=None, response_serializer=handler.response_serializer)
 
 
 def _sync_requests(raw_iterator, messages: Messages, context):
     for raw in raw_iterator:
-        try:
-            yield messages(raw)
-        except Refused as e:
-            context.abort(e.code, str(e))
+        message, refused = messages.take(raw)
+        if refused:
+            context.abort(refused.code, str(refused))
+        yield message
 
 
-async def _enter(check: Callable, admit: Callable | None, messages: Messages, streaming: bool, request, context):
-    """The gate, then admit (the join port's rate), then the request's size: the request decoded (or, on a
-    stream, the context and iterator that decode each message), else the call refused."""
+def _enter(check: Callable, admit: Callable | None, messages: Messages, streaming: bool, request, context):
+    """The gate, then admit (the join port's rate), then the request's size: the request decoded (on a stream,
+    an iterator and a context that decode each message) and the context; (None, None) once refused."""
     try:
         _caller.set(check(context.auth_context()))
         if admit is not None:
             admit(context)
-        if not streaming:
-            return messages(request), context
     except Refused as e:
-        await context.abort(e.code, str(e))
-    reading = _Reading(context, messages)
-    return reading.requests(request), reading
+        refused = e
+    else:
+        if streaming:
+            reading = _Reading(context, messages)
+            return reading.requests(request), reading
+        request, refused = messages.take(request)
+        if not refused:
+            return request, context
+    context.set_code(refused.code)
+    context.set_details(str(refused))
+    return None, None
 
 
 class AsyncGuard(grpc.aio.ServerInterceptor):

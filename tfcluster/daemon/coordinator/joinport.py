@@ -52,6 +52,7 @@ def server_options() -> list[tuple[str, int]]:
             ("grpc.max_connection_age_ms", MAX_AGE_SECONDS * 1000),
             ("grpc.max_connection_age_grace_ms", GRACE_SECONDS * 1000),
             ("grpc.max_metadata_size", METADATA_BYTES),
+            ("grpc.http2.bdp_probe", 0),  # the receive window stays 64 KiB (see CoordinatorServer.start)
             ("grpc.keepalive_permit_without_calls", 0)]
 
 
