@@ -32,24 +32,49 @@ TLS_VERSION = b"TLSv1.3"
 AGENT, CONTROL, JOIN, PEER = ("/tfcluster.v1.AgentService/", "/tfcluster.v1.ControlService/",
                               "/tfcluster.v1.JoinService/", "/tfcluster.v1.AgentPeerService/")
 READERS = frozenset({ADMIN, VIEWER})
-POLICY: dict[str, frozenset[str]] = {
-    AGENT + "Register": frozenset({NODE}),
-    AGENT + "Connect": frozenset({NODE}),
-    AGENT + "RenewCertificate": frozenset({NODE}),
-    AGENT + "EndedJobs": frozenset({NODE}),
-    JOIN + "Join": frozenset({ANONYMOUS}),
-    PEER + "PutFiles": frozenset({NODE}),
-    CONTROL + "GetStatus": READERS,
-    CONTROL + "ListNodes": READERS,
-    CONTROL + "ListJobs": READERS,
-    CONTROL + "StreamLogs": READERS,
-    CONTROL + "PlanJob": READERS,
-    CONTROL + "SubmitJob": frozenset({ADMIN}),
-    CONTROL + "StopJob": frozenset({ADMIN}),
-    CONTROL + "CreateJoinToken": frozenset({ADMIN}),
-    CONTROL + "RemoveNode": frozenset({ADMIN}),
-    CONTROL + "CreateDashboardLogin": READERS,
+KIB, MIB = 1 << 10, 1 << 20
+
+
+@dataclass(frozen=True)
+class Rule:
+    """Who may call a method, and the largest request message it takes (each message, on a stream): bounded by
+    what the call is for, so that no certificate, and no caller without one, makes the coordinator hold more."""
+    roles: frozenset[str]
+    max_request_bytes: int
+
+
+# The bounds, from the largest legitimate request of each kind:
+#  NAMES: ids, names, page tokens, a CSR of the node's P-256 key (about 400 bytes of PEM): a few hundred bytes
+#         each, under 2 KB in all; 16 KiB leaves room for any name the checks behind allow.
+#  ENDED: at most 1000 job ids (wire.MAX_JOB_IDS) of under 100 bytes.
+#  SPEC: a job's command and env must fit Linux's ARG_MAX (2 MiB by default) to launch at all; a role may
+#        carry its own, so a few roles' worth plus a list of nodes fits in 16 MiB.
+#  NODE: a registration names at most 256 GPUs and reports its tasks, each under 100 KB with its last 20
+#        lines; a stream message is a heartbeat (a few hundred bytes per running task), a task report, or a
+#        64 KiB log chunk. 16 MiB holds thousands of running tasks' reports or a hundred full exit reports.
+#  CHUNK: a checkpoint file goes to a peer in 1 MiB chunks.
+NAMES, ENDED, SPEC, NODE_MESSAGE, CHUNK = 16 * KIB, 256 * KIB, 16 * MIB, 16 * MIB, 2 * MIB
+POLICY: dict[str, Rule] = {
+    AGENT + "Register": Rule(frozenset({NODE}), NODE_MESSAGE),
+    AGENT + "Connect": Rule(frozenset({NODE}), NODE_MESSAGE),
+    AGENT + "RenewCertificate": Rule(frozenset({NODE}), NAMES),
+    AGENT + "EndedJobs": Rule(frozenset({NODE}), ENDED),
+    JOIN + "Join": Rule(frozenset({ANONYMOUS}), NAMES),
+    PEER + "PutFiles": Rule(frozenset({NODE}), CHUNK),
+    CONTROL + "GetStatus": Rule(READERS, NAMES),
+    CONTROL + "ListNodes": Rule(READERS, NAMES),
+    CONTROL + "ListJobs": Rule(READERS, NAMES),
+    CONTROL + "StreamLogs": Rule(READERS, NAMES),
+    CONTROL + "PlanJob": Rule(READERS, SPEC),
+    CONTROL + "SubmitJob": Rule(frozenset({ADMIN}), SPEC),
+    CONTROL + "StopJob": Rule(frozenset({ADMIN}), NAMES),
+    CONTROL + "CreateJoinToken": Rule(frozenset({ADMIN}), NAMES),
+    CONTROL + "RemoveNode": Rule(frozenset({ADMIN}), NAMES),
+    CONTROL + "CreateDashboardLogin": Rule(READERS, NAMES),
 }
+HEALTH_MAX_BYTES = 4 * KIB  # a health check names a service
+# What a server that serves these methods must let gRPC take in at all; the bound per method is checked after.
+MAX_REQUEST_BYTES = max(rule.max_request_bytes for rule in POLICY.values())
 HEALTH = "/grpc.health.v1.Health/"
 # The refusals an agent gets when its certificate was revoked: it stops its tasks (they run on elsewhere).
 REMOVED = "was removed from the cluster"
@@ -88,9 +113,10 @@ class Gate:
     def check(self, method: str, auth: dict) -> Identity | None:
         if method.startswith(HEALTH):
             return None
-        allowed = POLICY.get(method)
-        if allowed is None:
+        rule = POLICY.get(method)
+        if rule is None:
             raise Refused(grpc.StatusCode.PERMISSION_DENIED, f"{method}: no such call here")
+        allowed = rule.roles
         if auth.get("ssl_tls_version", [b""])[0] != TLS_VERSION:
             raise Refused(grpc.StatusCode.UNAUTHENTICATED, "TLS 1.3 is required")
         pems = auth.get("x509_pem_cert")
@@ -108,49 +134,141 @@ class Gate:
         return who
 
 
-def _guarded(handler, check: Callable, asynchronous: bool):
-    """The handler with the check in front of its behaviour, and the caller set for it."""
+def max_request_bytes(method: str) -> int:
+    rule = POLICY.get(method)
+    return rule.max_request_bytes if rule else HEALTH_MAX_BYTES  # any other method is refused by the gate
+
+
+class Messages:
+    """Decodes a method's request messages, each only once its size is known to be within the method's bound:
+    gRPC hands the guard the raw bytes, and nothing is decoded for a call the guard refuses."""
+
+    def __init__(self, method: str, decode: Callable[[bytes], object] | None):
+        self.name, self.bound = method.rsplit("/", 1)[-1], max_request_bytes(method)
+        self.decode = decode or (lambda raw: raw)
+
+    def take(self, raw: bytes) -> tuple[object, Refused | None]:
+        """The message, or why not. Returned, not raised: an exception's traceback would keep the raw bytes
+        alive in a reference cycle (the call's state holds the abort, the abort its frames) until a full
+        collection, and a flood of refused megabytes would pile up."""
+        if len(raw) > self.bound:
+            return None, Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{self.name}: a request message of {len(raw)} "
+                                                                     f"bytes is over this call's bound of {self.bound} bytes")
+        try:
+            return self.decode(raw), None
+        except Exception as e:  # protobuf's DecodeError, or whatever a deserializer makes of junk
+            return None, Refused(grpc.StatusCode.INVALID_ARGUMENT, f"{self.name}: not a valid request message ({e})")
+
+
+class _Reading:
+    """A streaming call's context whose read() gives the messages decoded, each within the bound."""
+
+    def __init__(self, context, messages: Messages):
+        self._context, self._messages = context, messages
+
+    def __getattr__(self, name):
+        return getattr(self._context, name)
+
+    async def read(self):
+        raw = await self._context.read()
+        if raw is grpc.aio.EOF:
+            return raw
+        message, refused = self._messages.take(raw)
+        del raw  # not kept by the abort's traceback
+        if refused:
+            await self._context.abort(refused.code, str(refused))
+        return message
+
+    async def requests(self, raw_iterator):
+        async for raw in raw_iterator:
+            message, refused = self._messages.take(raw)
+            del raw
+            if refused:
+                await self._context.abort(refused.code, str(refused))
+            yield message
+
+
+def _guarded(handler, method: str, check: Callable, admit: Callable | None, asynchronous: bool):
+    """The handler with the check (and admit, if any) in front of its behaviour, the caller set for it, and its
+    requests decoded only within the method's bound. A refused call ends with its status set, not an abort
+    (see Messages.take); gRPC sends no answer with a status that is not OK."""
     kind = next(k for k in ("unary_unary", "unary_stream", "stream_unary", "stream_stream")
                 if getattr(handler, k) is not None)
-    behaviour = getattr(handler, kind)
-    if asynchronous and inspect.isasyncgenfunction(behaviour):
-        async def run(request, context):
-            await _enter(check, context)
-            async for item in behaviour(request, context):
-                yield item
-    elif asynchronous:
-        async def run(request, context):
-            await _enter(check, context)
-            return await behaviour(request, context)
-    else:
+    behaviour, streaming = getattr(handler, kind), kind.startswith("stream")
+    messages = Messages(method, handler.request_deserializer)
+    if not asynchronous:
         def run(request, context):
             try:
                 _caller.set(check(context.auth_context()))
             except Refused as e:
                 context.abort(e.code, str(e))
+            if streaming:
+                return behaviour(_sync_requests(request, messages, context), context)
+            request, refused = messages.take(request)
+            if refused:
+                context.abort(refused.code, str(refused))
             return behaviour(request, context)
+    elif inspect.isasyncgenfunction(behaviour):
+        async def run(request, context):
+            request, context = _enter(check, admit, messages, streaming, request, context)
+            if context is not None:
+                async for item in behaviour(request, context):
+                    yield item
+    else:
+        async def run(request, context):
+            request, context = _enter(check, admit, messages, streaming, request, context)
+            return None if context is None else await behaviour(request, context)
     return getattr(grpc, f"{kind}_rpc_method_handler")(
-        run, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer)
+        run, request_deserializer=None, response_serializer=handler.response_serializer)
 
 
-async def _enter(check: Callable, context) -> None:
+def _sync_requests(raw_iterator, messages: Messages, context):
+    for raw in raw_iterator:
+        message, refused = messages.take(raw)
+        if refused:
+            context.abort(refused.code, str(refused))
+        yield message
+
+
+def _enter(check: Callable, admit: Callable | None, messages: Messages, streaming: bool, request, context):
+    """The gate, then admit (the join port's rate), then the request's size: the request decoded (on a stream,
+    an iterator and a context that decode each message) and the context; (None, None) once refused."""
     try:
         _caller.set(check(context.auth_context()))
+        if admit is not None:
+            admit(context)
     except Refused as e:
-        await context.abort(e.code, str(e))
+        refused = e
+    else:
+        if streaming:
+            reading = _Reading(context, messages)
+            return reading.requests(request), reading
+        request, refused = messages.take(request)
+        if not refused:
+            return request, context
+    context.set_code(refused.code)
+    context.set_details(str(refused))
+    return None, None
 
 
 class AsyncGuard(grpc.aio.ServerInterceptor):
-    """The gate in front of every handler of an asyncio server (the coordinator)."""
+    """The gate in front of every handler of an asyncio server (the coordinator's), and the bound on each
+    request's size. gate=None (--insecure) keeps only the bounds; admit(context), if given, refuses a call
+    by raising Refused once the gate let it through (the join port's rate limit)."""
 
-    def __init__(self, gate: Gate):
-        self.gate = gate
+    def __init__(self, gate: Gate | None, admit: Callable | None = None):
+        self.gate, self.admit = gate, admit
 
     async def intercept_service(self, continuation, details):
         handler = await continuation(details)
         if handler is None:
             return None
-        return _guarded(handler, functools.partial(self.gate.check, details.method), asynchronous=True)
+        check = functools.partial(self.gate.check, details.method) if self.gate else _nobody
+        return _guarded(handler, details.method, check, self.admit, asynchronous=True)
+
+
+def _nobody(auth: dict) -> None:
+    return None
 
 
 class Guard(grpc.ServerInterceptor):
@@ -163,7 +281,8 @@ class Guard(grpc.ServerInterceptor):
         handler = continuation(details)
         if handler is None:
             return None
-        return _guarded(handler, functools.partial(self.gate.check, details.method), asynchronous=False)
+        return _guarded(handler, details.method, functools.partial(self.gate.check, details.method), None,
+                        asynchronous=False)
 
 
 # ---- credentials --------------------------------------------------------------------------------

@@ -35,6 +35,16 @@ log = logging.getLogger("tfcluster.web")
 # Identities allowed in by something other than a certificate (the dashboard's login) are kept on the request.
 CALLER = "tfcluster.caller"
 SHUTDOWN_SECONDS = 2.0
+# On every answer. The dashboard's page loads its script and style from /static only (no inline code), so
+# nothing injected into a page could run; no other site may frame it (clickjacking) or learn its addresses,
+# which carry job ids; a browser takes a log as the text it is said to be, never as HTML.
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+                               "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
 Authorizer = Callable[[web.Request], Awaitable[Identity | None]]
 
 
@@ -91,6 +101,7 @@ class WebListener:
         self.open_paths: set[str] = set()        # paths anyone may fetch (the dashboard's login link)
         self.context = None if credentials.insecure else server_context(credentials)
         self.app = web.Application(middlewares=[self._access])
+        self.app.on_response_prepare.append(_add_security_headers)
         self.app.router.add_get("/metrics", self._metrics)
         self.runner: web.AppRunner | None = None
         self.address = ""
@@ -172,6 +183,11 @@ class WebListener:
         families = Collected(list(self.registry.collect()))
         body = await asyncio.get_running_loop().run_in_executor(None, generate_latest, families)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def _add_security_headers(request: web.Request, response: web.StreamResponse) -> None:
+    """Every answer, refusals and errors included, before its headers go out."""
+    response.headers.update(SECURITY_HEADERS)
 
 
 class Collected:

@@ -93,6 +93,10 @@ class Dashboard:
         raise response
 
     async def _page(self, request: web.Request) -> web.FileResponse:
+        if "job_id" in request.match_info:  # a page of no job, or of no task of it, is not there
+            job = self._find_job(request)
+            if "task" in request.match_info:
+                _find_task(job, request.match_info["task"])
         return web.FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-store"})
 
     # ---- the API -----------------------------------------------------------------------------------
@@ -138,10 +142,7 @@ class Dashboard:
     async def _log(self, request: web.Request) -> web.StreamResponse:
         """A task's log as plain text: its last lines, then (follow=1) what it writes until it ends."""
         job = self._find_job(request)
-        task_type, _, index = request.match_info["task"].partition(":")
-        task = job.task(task_type, int(index)) if index.isascii() and index.isdigit() else None
-        if task is None:
-            raise web.HTTPNotFound(text=f"job {job.id} has no task {request.match_info['task']}\n")
+        task = _find_task(job, request.match_info["task"])
         follow = request.query.get("follow") == "1"
         try:
             request_id, waiter = self.c.open_log(job.id, task.type, task.index, _int(request, "attempt", 0),
@@ -171,8 +172,24 @@ class Dashboard:
     def _find_job(self, request: web.Request) -> Job:
         job = self.c.cluster.jobs.get(request.match_info["job_id"])
         if job is None:
-            raise web.HTTPNotFound(text=f"unknown job {request.match_info['job_id']!r}\n")
+            raise web.HTTPNotFound(text=f"unknown job {_short(request.match_info['job_id'])}\n")
         return job
+
+
+def _find_task(job: Job, name: str):
+    """The task a URL names as TYPE:INDEX; 400 for what cannot be a task's name, 404 for one the job lacks."""
+    task_type, colon, index = name.partition(":")
+    if not colon or not (index.isascii() and index.isdigit()) or len(index) > 9:
+        raise web.HTTPBadRequest(text=f"task: expected TYPE:INDEX (worker:0), got {_short(name)}\n")
+    task = job.task(task_type, int(index))
+    if task is None:
+        raise web.HTTPNotFound(text=f"job {job.id} has no task {_short(name)}\n")
+    return task
+
+
+def _short(text: str) -> str:
+    """A value from a URL, quoted and cut short for an error message."""
+    return repr(text[:80]) + (" (cut)" if len(text) > 80 else "")
 
 
 def job_row(job: Job) -> dict:

@@ -24,6 +24,7 @@ from tfcluster.daemon.coordinator.cluster import Unplaceable
 from tfcluster.daemon.coordinator.membership import NameTaken
 from tfcluster.daemon.coordinator.dashboard import Dashboard
 from tfcluster.daemon.coordinator.job import Job, Task
+from tfcluster.daemon.coordinator.joinport import JoinLimiter, join_server
 from tfcluster.daemon.coordinator.launch import command_for
 from tfcluster.daemon.coordinator.metrics import CoordinatorMetrics
 from tfcluster.daemon.coordinator.server import Coordinator, StreamEnded, build
@@ -37,7 +38,9 @@ from tfcluster.spec import SpecError
 log = logging.getLogger("tfcluster.coordinator")
 
 SENDER_STOP_SECONDS = 5.0
-MAX_MESSAGE_BYTES = 64 << 20  # one job's status with thousands of tasks still fits
+MAX_MESSAGE_BYTES = 64 << 20  # sent: one job's status with thousands of tasks still fits
+# Taken in: the largest request any method takes (security.POLICY bounds each method below it).
+MAX_RECEIVE_BYTES = security.MAX_REQUEST_BYTES
 SERVICES = ("", "tfcluster.v1.AgentService", "tfcluster.v1.ControlService")
 
 
@@ -326,6 +329,8 @@ class CoordinatorServer:
             self.coordinator.trust.reserved = frozenset(pki.server_names(pki.load_cert(tls_dir / pki.SERVER_CERT)))
         self.coordinator.node_cert_lifetime = datetime.timedelta(seconds=node_cert_seconds)
         self.server: grpc.aio.Server | None = None
+        self.join_server: grpc.aio.Server | None = None
+        self.join_limiter = JoinLimiter()
         self.health = HealthServicer()
         self.address = self.join_address = ""
         self.metrics: CoordinatorMetrics | None = None
@@ -344,36 +349,37 @@ class CoordinatorServer:
     def _interceptors(self) -> list:
         counting = [self.metrics.interceptor()] if self.metrics else []
         if self.credentials.insecure:
-            return counting + async_server_interceptors(self.token)
+            return counting + async_server_interceptors(self.token) + [security.AsyncGuard(None)]
         # Trust is read at each call: a node removed a moment ago is refused.
         return counting + [security.AsyncGuard(security.Gate(is_revoked=self._refusal))]
 
     async def start(self) -> "CoordinatorServer":
+        # No BDP probing: it grows a connection's receive window to megabytes, and a message refused for its
+        # size from its length prefix would still come in up to that window (a 60 MB one cost 80 MB at a
+        # time). gRPC's 64 KiB window is ample for a LAN; what the coordinator sends is not affected.
         options = [("grpc.keepalive_permit_without_calls", 1), ("grpc.http2.min_ping_interval_without_data_ms", 5000),
-                   ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                   ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES), ("grpc.http2.bdp_probe", 0),
                    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
         self.server = grpc.aio.server(interceptors=self._interceptors(), options=options)
         agent_pb2_grpc.add_AgentServiceServicer_to_server(AgentServicer(self.coordinator), self.server)
-        agent_pb2_grpc.add_JoinServiceServicer_to_server(JoinServicer(self.coordinator), self.server)
         control_pb2_grpc.add_ControlServiceServicer_to_server(ControlServicer(self.coordinator), self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         if self.credentials.insecure:
             port = self.server.add_insecure_port(self.listen)
         else:
             port = self.server.add_secure_port(self.listen, self.credentials.server())
-            join_port = self.server.add_secure_port(self.join_listen, self.credentials.join_server())
-            if join_port == 0:
-                raise OSError(f"cannot listen for joining nodes on {self.join_listen}")
-            self.join_address = _reachable(self.join_listen, join_port)
+            self.join_server = self._join_server()
         if port == 0:
             raise OSError(f"cannot listen on {self.listen}")
         self.address = _reachable(self.listen, port)
         await self.server.start()
+        if self.join_server is not None:
+            await self.join_server.start()
         if self.web is not None:
             try:
                 await self.web.start()
             except OSError:
-                await self.server.stop(0)
+                await self._stop_servers(0)
                 raise
             self.coordinator.dashboard_port = int(self.web.address.rsplit(":", 1)[1])
         self.coordinator.start()
@@ -391,8 +397,19 @@ class CoordinatorServer:
         await self.health.enter_graceful_shutdown()
         if self.web is not None:
             await self.web.stop()
-        await self.server.stop(grace)
+        await self._stop_servers(grace)
         await self.coordinator.close()
+
+    def _join_server(self) -> grpc.aio.Server:
+        counting = [self.metrics.interceptor()] if self.metrics else []
+        server, port = join_server(self.join_listen, self.credentials, JoinServicer(self.coordinator), self.health,
+                                   counting, self.join_limiter)
+        self.join_address = _reachable(self.join_listen, port)
+        return server
+
+    async def _stop_servers(self, grace: float) -> None:
+        servers = [s for s in (self.server, self.join_server) if s is not None]
+        await asyncio.gather(*(s.stop(grace) for s in servers))
 
 
 def _next_port(listen: str) -> str:
