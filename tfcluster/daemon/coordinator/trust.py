@@ -145,11 +145,12 @@ class Trust:
 
     def issue(self, authority: Authority, csr: bytes, node: str, now: float, lifetime: datetime.timedelta,
               addresses: list[str] = ()) -> bytes:
-        """Signs a certificate for node and records it as the name's newest. A certificate carries its issue time
+        """Signs a certificate for node and records it as the name's newest. addresses: those the coordinator saw
+        the node's call come from (a TCP peer that completed a handshake is there), never what the node says. A certificate carries its issue time
         in whole seconds: after a revocation it is dated a second later, so that it is not taken for a revoked one."""
         removal = self.removals.get(node)
         issued = max(now, removal.time + 1.0) if removal is not None else now
-        cert = authority.sign_node(csr, node, lifetime, [a for a in addresses if a not in self.reserved],
+        cert = authority.sign_node(csr, node, lifetime, list(addresses),
                                    datetime.datetime.fromtimestamp(issued, datetime.timezone.utc))
         self.holders[node] = Holder(node, float(int(issued)), issued + lifetime.total_seconds())
         return cert
