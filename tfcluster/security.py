@@ -347,7 +347,9 @@ def fetch_ca(address: str, pinned: str, timeout: float = 10.0) -> bytes:
                 context.wrap_socket(raw) as tls:
             chain = getattr(tls, "get_unverified_chain", None) or tls._sslobj.get_unverified_chain
             certs = [x509.load_der_x509_certificate(c.public_bytes(ssl._ssl.ENCODING_DER)) for c in chain()]
-    except (OSError, ValueError) as e:
+    except OSError as e:  # not up yet, perhaps: the caller may try again
+        raise ConnectionError(f"cannot fetch the CA from the join port {address}: {e.strerror or e}") from None
+    except ValueError as e:
         raise pki.PkiError(f"cannot fetch the CA from the join port {address}: {e}") from None
     for cert in certs:
         if pki.ca_hash(cert) == pinned:

@@ -309,3 +309,14 @@ def test_job_ids_never_repeat_even_after_the_state_is_lost(cluster):
     assert cluster.job(second)["state"] in ("STARTING", "RUNNING"), "not the old job's result"
     assert cluster.wait_job(second)["state"] == "SUCCEEDED"
     assert cluster.cli("logs", second, "worker:0", check=True).stdout == "second\n"
+
+
+def test_a_node_started_while_the_coordinator_is_down_joins_once_it_is_back(cluster):
+    token = new_token(cluster)
+    cluster.coordinator.terminate()
+    early = join_agent(cluster, "early", *token_file(cluster, token), "--ca-cert", str(cluster.ca_dir / pki.CA_CERT),
+                       wait=False)
+    wait_until(lambda: "retrying" in early.log(), 30, what="the agent to wait for the join port")
+    assert early.alive, "a join port that does not answer yet is no reason to give up"
+    cluster.start_coordinator()
+    wait_until(lambda: cluster.node_state("early") == "READY", 60, what="the node to join and register")

@@ -4,6 +4,7 @@ renewed well before it expires. Kept in <state-dir>/tls (the key 0600); the key 
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 import grpc
@@ -15,6 +16,11 @@ from tfcluster.security import Credentials, fetch_ca
 log = logging.getLogger("tfcluster.agent")
 
 JOIN_TIMEOUT_SECONDS = 20.0
+# A node may start before the coordinator, or with hundreds of others behind one address (joins are rate-limited
+# per source): such refusals are waited out, for this long at most, instead of ending the agent.
+JOIN_PATIENCE_SECONDS = 600.0
+JOIN_RETRY_MAX_SECONDS = 10.0
+RETRIED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
 class JoinError(Exception):
@@ -49,9 +55,24 @@ class NodeIdentity:
                             f"keep the node's --name, or remove {self.dir} and join again")
         return Credentials.from_dir(self.dir, pki.NODE_CERT, pki.NODE_KEY)
 
-    def join(self, join_address: str, token: str, ca_cert: bytes | None = None, ca_hash: str = "") -> Credentials:
+    def join(self, join_address: str, token: str, ca_cert: bytes | None = None, ca_hash: str = "",
+             patience: float = JOIN_PATIENCE_SECONDS) -> Credentials:
         """Trades the join token for a certificate. The coordinator is verified with the CA given (a file),
-        or the one its join port presents whose public key has the pinned hash."""
+        or the one its join port presents whose public key has the pinned hash. A coordinator that is not up
+        yet, or asks to slow down, is tried again for `patience` seconds."""
+        give_up, wait = time.monotonic() + patience, 1.0
+        while True:
+            try:
+                return self._join_once(join_address, token, ca_cert, ca_hash)
+            except ConnectionError as e:
+                if time.monotonic() + wait > give_up:
+                    raise JoinError(f"{e}; gave up after {patience:.0f} s") from None
+                log.warning("%s; retrying in %.0f s", e, wait)
+            time.sleep(wait)
+            wait = min(wait * 2, JOIN_RETRY_MAX_SECONDS)
+
+    def _join_once(self, join_address: str, token: str, ca_cert: bytes | None, ca_hash: str) -> Credentials:
+        """One try; raises ConnectionError when trying again may help, JoinError when it will not."""
         try:
             ca = ca_cert or fetch_ca(join_address, ca_hash)
         except pki.PkiError as e:
@@ -64,7 +85,8 @@ class NodeIdentity:
             reply = agent_pb2_grpc.JoinServiceStub(channel).Join(
                 agent_pb2.JoinRequest(token=token, node_name=self.name, csr=csr), timeout=JOIN_TIMEOUT_SECONDS)
         except grpc.RpcError as e:
-            raise JoinError(f"joining through {join_address} failed: {e.details() or e.code().name}") from None
+            why = f"joining through {join_address} failed: {e.details() or e.code().name}"
+            raise (ConnectionError if e.code() in RETRIED else JoinError)(why) from None
         finally:
             channel.close()
         # The CA this node trusts is the one it was given or pinned, never what the answer says it is.
