@@ -1,4 +1,5 @@
-"""A shared cluster token on every gRPC call (LESSONS.md 12: the coordinator tells agents what to run).
+"""A shared cluster token on every gRPC call of a cluster run with --insecure (the coordinator tells agents
+what to run: without TLS, this is what keeps strangers out).
 
 Servers (coordinator, agents' peer service) given a token refuse calls that do not carry it with
 UNAUTHENTICATED; the health service stays open for probes. Clients send it as `authorization: Bearer`.
@@ -50,20 +51,15 @@ class _Refusals:
     def __init__(self, token: str):
         self.expected = f"Bearer {token}".encode()
 
-        def refuse(request, context):
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong cluster token")
-
-        async def refuse_async(request, context):
+        async def refuse(request, context):
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong cluster token")
 
-        self.handlers = {}
-        for asynchronous, function in ((False, refuse), (True, refuse_async)):
-            self.handlers.update({
-                (asynchronous, False, False): grpc.unary_unary_rpc_method_handler(function),
-                (asynchronous, False, True): grpc.unary_stream_rpc_method_handler(function),
-                (asynchronous, True, False): grpc.stream_unary_rpc_method_handler(function),
-                (asynchronous, True, True): grpc.stream_stream_rpc_method_handler(function),
-            })
+        self.handlers = {
+            (False, False): grpc.unary_unary_rpc_method_handler(refuse),
+            (False, True): grpc.unary_stream_rpc_method_handler(refuse),
+            (True, False): grpc.stream_unary_rpc_method_handler(refuse),
+            (True, True): grpc.stream_stream_rpc_method_handler(refuse),
+        }
 
     def allowed(self, details) -> bool:
         if details.method.startswith(OPEN_SERVICES):
@@ -71,21 +67,10 @@ class _Refusals:
         sent = dict(details.invocation_metadata or ()).get(HEADER, "")
         return hmac.compare_digest(sent.encode(), self.expected)
 
-    def refusal(self, handler, asynchronous: bool):
+    def refusal(self, handler):
         if handler is None:
             return None
-        return self.handlers[(asynchronous, handler.request_streaming, handler.response_streaming)]
-
-
-class TokenCheck(grpc.ServerInterceptor):
-    """For the threaded servers (the agents' peer service)."""
-
-    def __init__(self, token: str):
-        self.check = _Refusals(token)
-
-    def intercept_service(self, continuation, handler_call_details):
-        handler = continuation(handler_call_details)
-        return handler if self.check.allowed(handler_call_details) else self.check.refusal(handler, False)
+        return self.handlers[(handler.request_streaming, handler.response_streaming)]
 
 
 class AsyncTokenCheck(grpc.aio.ServerInterceptor):
@@ -96,11 +81,7 @@ class AsyncTokenCheck(grpc.aio.ServerInterceptor):
 
     async def intercept_service(self, continuation, handler_call_details):
         handler = await continuation(handler_call_details)
-        return handler if self.check.allowed(handler_call_details) else self.check.refusal(handler, True)
-
-
-def server_interceptors(token: str | None) -> list[grpc.ServerInterceptor]:
-    return [TokenCheck(token)] if token else []
+        return handler if self.check.allowed(handler_call_details) else self.check.refusal(handler)
 
 
 def async_server_interceptors(token: str | None) -> list[grpc.aio.ServerInterceptor]:

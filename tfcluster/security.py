@@ -188,7 +188,7 @@ class _Reading:
             yield message
 
 
-def _guarded(handler, method: str, check: Callable, admit: Callable | None, asynchronous: bool):
+def _guarded(handler, method: str, check: Callable, admit: Callable | None):
     """The handler with the check (and admit, if any) in front of its behaviour, the caller set for it, and its
     requests decoded only within the method's bound. A refused call ends with its status set, not an abort
     (see Messages.take); gRPC sends no answer with a status that is not OK."""
@@ -196,19 +196,7 @@ def _guarded(handler, method: str, check: Callable, admit: Callable | None, asyn
                 if getattr(handler, k) is not None)
     behaviour, streaming = getattr(handler, kind), kind.startswith("stream")
     messages = Messages(method, handler.request_deserializer)
-    if not asynchronous:
-        def run(request, context):
-            try:
-                _caller.set(check(context.auth_context()))
-            except Refused as e:
-                context.abort(e.code, str(e))
-            if streaming:
-                return behaviour(_sync_requests(request, messages, context), context)
-            request, refused = messages.take(request)
-            if refused:
-                context.abort(refused.code, str(refused))
-            return behaviour(request, context)
-    elif inspect.isasyncgenfunction(behaviour):
+    if inspect.isasyncgenfunction(behaviour):
         async def run(request, context):
             request, context = _enter(check, admit, messages, streaming, request, context)
             if context is not None:
@@ -220,14 +208,6 @@ def _guarded(handler, method: str, check: Callable, admit: Callable | None, asyn
             return None if context is None else await behaviour(request, context)
     return getattr(grpc, f"{kind}_rpc_method_handler")(
         run, request_deserializer=None, response_serializer=handler.response_serializer)
-
-
-def _sync_requests(raw_iterator, messages: Messages, context):
-    for raw in raw_iterator:
-        message, refused = messages.take(raw)
-        if refused:
-            context.abort(refused.code, str(refused))
-        yield message
 
 
 def _enter(check: Callable, admit: Callable | None, messages: Messages, streaming: bool, request, context):
@@ -264,25 +244,11 @@ class AsyncGuard(grpc.aio.ServerInterceptor):
         if handler is None:
             return None
         check = functools.partial(self.gate.check, details.method) if self.gate else _nobody
-        return _guarded(handler, details.method, check, self.admit, asynchronous=True)
+        return _guarded(handler, details.method, check, self.admit)
 
 
 def _nobody(auth: dict) -> None:
     return None
-
-
-class Guard(grpc.ServerInterceptor):
-    """The gate in front of every handler of a threaded server (the agents' peer port)."""
-
-    def __init__(self, gate: Gate):
-        self.gate = gate
-
-    def intercept_service(self, continuation, details):
-        handler = continuation(details)
-        if handler is None:
-            return None
-        return _guarded(handler, details.method, functools.partial(self.gate.check, details.method), None,
-                        asynchronous=False)
 
 
 # ---- credentials --------------------------------------------------------------------------------
@@ -329,10 +295,6 @@ class Credentials:
         return grpc.secure_channel(address, creds,
                                    options=[*(options or []), ("grpc.ssl_target_name_override", server_name)])
 
-
-    def interceptors(self, is_revoked: Callable[[Identity], str] = lambda who: "") -> list:
-        """What guards a threaded server serving with these credentials (the agents' peer port)."""
-        return auth.server_interceptors(self.token) if self.insecure else [Guard(Gate(is_revoked))]
 
 
 def fetch_ca(address: str, pinned: str, timeout: float = 10.0) -> bytes:
