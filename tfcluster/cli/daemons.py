@@ -185,6 +185,10 @@ def agent(
                                               help="Serve Prometheus metrics at /metrics here (HTTPS with the node's "
                                                    "certificate: clients need an admin or viewer one) "
                                                    "[default: off]."),
+    allow_root_tasks: bool = typer.Option(False, "--allow-root-tasks",
+                                          help="Run every task on this node as root, as agents before 0.3 did "
+                                               "(whoever may submit a job then owns this node). By default each "
+                                               "job's tasks run as the job's own UID from the coordinator."),
     log_level: str = LogLevelOpt,
     log_format: str = LogFormatOpt,
 ) -> None:
@@ -205,7 +209,7 @@ def agent(
                            ca_cert=ca_cert, ca_hash=ca_hash or "", join_address=join_address or "",
                            peer_quota=parse_size(peer_quota, "--peer-quota"), http_listen=http_listen or "",
                            retention=retention_policy(retain_for, retain_bytes, min_free_disk),
-                           task_log_bytes=_task_log_bytes(max_task_log))
+                           task_log_bytes=_task_log_bytes(max_task_log), allow_root_tasks=allow_root_tasks)
     except SettingsError as e:
         fail(str(e), 2)
     try:
