@@ -160,6 +160,7 @@ class Supervisor:
         task_dirs = [env[name] for name in (layout.CHECKPOINT_DIR, layout.MODEL_DIR)
                      if env.get(name) and Path(env[name]) != paths.checkpoints]
         create_file(record.events_path, PRIVATE_FILE_MODE, *user.owner(private=True))
+        write_json_atomic(record.control_path, {}, mode=JOB_READABLE_FILE_MODE, group=record.group)
         a = record.attempt
         write_json_atomic(record.dir / layout.LAUNCH_FILE, {
             "job_id": a.job_id, "task_type": a.type, "task_index": a.index, "attempt": a.number,
