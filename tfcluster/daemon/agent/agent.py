@@ -36,7 +36,7 @@ from tfcluster.daemon.agent.shipping import ShipError, Shipper, job_checkpoint_d
 from tfcluster.daemon.agent.summaries import EvaluatorSummaries
 from tfcluster.daemon.agent.supervisor import Supervisor, TaskRecord
 from tfcluster.daemon.agent.tasklog import DEFAULT_LIMIT_BYTES
-from tfcluster.daemon.agent.taskuser import TaskUsers
+from tfcluster.daemon.agent.taskuser import TaskUsers, make_state_dir
 from tfcluster.daemon.logformat import fields
 from tfcluster.model import (CancelLog, Evaluation, ExpectFiles, FinishTraining, Gpu, Launch, NodeInfo, Phase,
                              ReadLog, ShipCheckpoints, Stop, SyncCheckpoints, SyncResult)
@@ -94,6 +94,7 @@ class Agent:
         self.config = config
         self.outbound: queue.Queue = queue.Queue()
         self.task_users = TaskUsers(config.allow_root_tasks)
+        make_state_dir(config.state_dir)  # its modes set right, whoever made it
         self.supervisor = Supervisor(config.state_dir, self._on_task_change, self.condition, config.task_log_bytes,
                                      self.task_users)
         self.logs = LogServer(self.supervisor, self._send_log)

@@ -28,7 +28,8 @@ from tfcluster import layout
 from tfcluster.daemon.agent.tasklog import DEFAULT_LIMIT_BYTES, total_bytes
 from tfcluster.daemon.agent.taskrunner import group_alive, kill_group, write_json_atomic
 from tfcluster.daemon.agent.taskuser import (JOB_READABLE_FILE_MODE, PRIVATE_FILE_MODE, JobPaths, TaskUser,
-                                             TaskUserError, TaskUsers, create_file, prepare_attempt, prepare_job)
+                                             TaskUserError, TaskUsers, create_file, prepare_attempt, prepare_job,
+                                             private_tmp_problem)
 from tfcluster.daemon.logformat import fields
 from tfcluster.model import Attempt, Launch, Phase, TaskExit, TaskProgress, TaskReport
 from tfcluster.task import latest_checkpoint
@@ -167,7 +168,8 @@ class Supervisor:
             "command": list(order.command), "env": env, "workdir": order.workdir, "port": order.port,
             "stop_grace_seconds": order.stop_grace_seconds, "log_limit_bytes": self.log_limit_bytes,
             "user": {"uid": user.uid, "gid": user.gid} if user.switches else None, "task_dirs": task_dirs,
-            "private_tmp": str(paths.tmp) if self.task_users.agent_is_root else ""})
+            "private_tmp": str(paths.tmp) if self.task_users.agent_is_root else "",
+            "private_tmp_unavailable": private_tmp_problem(self.state_dir)})
         shim_log = os.open(record.dir / layout.SHIM_LOG_FILE, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         with open(shim_log, "ab") as shim_log_file:
             return subprocess.Popen([sys.executable, "-m", "tfcluster.daemon.agent.taskrunner", str(record.dir)],

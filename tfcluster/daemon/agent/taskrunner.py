@@ -127,7 +127,7 @@ class Runner:
             isolation.no_new_privileges()
         tmp = self.launch.get("private_tmp", "")
         if tmp:
-            why = isolation.private_tmp(tmp)
+            why = self.launch.get("private_tmp_unavailable") or isolation.private_tmp(tmp)
             if why:
                 log.write(f"tfcluster: this job has no private /tmp on this node ({why}); its temporary files "
                           f"go to TMPDIR={tmp}, and fixed /tmp paths are shared with other jobs\n".encode())

@@ -102,6 +102,13 @@ class JobPaths:
     checkpoints: Path
 
 
+def private_tmp_problem(state_dir: Path) -> str:
+    """Why tasks here get no private /tmp although the agent is root ("": they get one)."""
+    if Path("/tmp") in state_dir.resolve().parents:
+        return f"the agent's state dir {state_dir} is under /tmp, which a private /tmp would hide from the task"
+    return ""
+
+
 def make_state_dir(state_dir: Path) -> None:
     """The agent's state dir and its jobs dir: traversable by the jobs' users, listable by root alone."""
     state_dir.mkdir(mode=STATE_DIR_MODE, parents=True, exist_ok=True)
