@@ -93,9 +93,11 @@ class Daemon:
         argv = [*self.host_prefix, self.python, "-m", "tfcluster.cli", *self.args]
         # Not in the source tree: `python -m` puts the working directory first on the path, and a daemon of an
         # earlier release (another interpreter) must import its own tfcluster.
+        environment = {**os.environ, **(env or {})}
+        if self.python != PYTHON:  # nor from PYTHONPATH, which would put this version's tree first
+            environment.pop("PYTHONPATH", None)
         self.proc = subprocess.Popen(argv, stdout=log, stderr=log, cwd=self.log_path.parent,
-                                     stdin=subprocess.DEVNULL, start_new_session=True,
-                                     env={**os.environ, **(env or {})})
+                                     stdin=subprocess.DEVNULL, start_new_session=True, env=environment)
         log.close()
         return self
 

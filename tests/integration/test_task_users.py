@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import sys
 import textwrap
 from pathlib import Path
@@ -36,8 +37,9 @@ PROBE = textwrap.dedent("""
         except OSError as e:
             found[name] = type(e).__name__
     checkpoint = os.path.join(os.environ["TFCLUSTER_CHECKPOINT_DIR"], "probe")
-    for name, path, mode in (("checkpoint_dir", checkpoint, "w"), ("events_file", os.environ["TFCLUSTER_EVENTS_FILE"], "a"),
-                             ("control_file", os.environ["TFCLUSTER_CONTROL_FILE"], "r"), ("tmp", "/tmp/backup", "w")):
+    own = (("checkpoint_dir", checkpoint, "w"), ("events_file", os.environ["TFCLUSTER_EVENTS_FILE"], "a"),
+           ("control_file", os.environ["TFCLUSTER_CONTROL_FILE"], "r"), ("tmp", "/tmp/backup", "w"))
+    for name, path, mode in own:
         try:
             with open(path, mode) as f:
                 f.read() if mode == "r" else f.write("")
@@ -81,7 +83,8 @@ def test_a_task_reaches_nothing_but_its_own_jobs_files(cluster, tmp_path):
     (tmp_path / "targets.json").write_text(json.dumps(targets))
     (tmp_path / "probe.py").write_text(PROBE)
     probe = start(cluster, "--name", "probe", "--strategy", "multi_worker_mirrored", "--workers", "2",
-                  "--gpus-per-task", "1", "--wait", "--", PY, str(tmp_path / "probe.py"), str(tmp_path / "targets.json"))
+                  "--gpus-per-task", "1", "--wait", "--", PY, str(tmp_path / "probe.py"),
+                  str(tmp_path / "targets.json"))
     job = cluster.job(probe)
     assert job["state"] == "SUCCEEDED", job
     assert {t["node"] for t in job["tasks"]} == {"a", "b"}
@@ -99,6 +102,32 @@ def test_a_task_reaches_nothing_but_its_own_jobs_files(cluster, tmp_path):
     after = start(cluster, "--name", "after", "--strategy", "mirrored", "--wait", "--", "id", "-u")
     assert cluster.job(after)["state"] == "SUCCEEDED"
     assert cluster.cli("logs", after, "worker:0", check=True).stdout.strip() == str(cluster.job(after)["uid"])
+
+
+def owner_and_mode(path: Path) -> tuple[int, int, str]:
+    found = path.stat()
+    return found.st_uid, found.st_gid, oct(stat.S_IMODE(found.st_mode))
+
+
+def test_a_nodes_files_are_the_jobs_own_or_root_s(cluster):
+    job_id = start(cluster, "--name", "modes", "--strategy", "mirrored", "--wait", "--", "true")
+    job = cluster.job(job_id)
+    uid, task = job["uid"], job["tasks"][0]
+    state = cluster.agent_state_dir(task["node"])
+    job_dir = layout.job_dir(state, job_id)
+    attempt = layout.attempt_dir(state, job_id, "worker", 0, task["attempt"])
+    assert {str(path.relative_to(state)): owner_and_mode(path) for path in (
+        state, state / "jobs", state / "tls", state / "tls" / pki.NODE_KEY, job_dir, job_dir / "checkpoints",
+        job_dir / "home", job_dir / "tmp", job_dir / "tasks", attempt, attempt / layout.LAUNCH_FILE,
+        attempt / layout.STATUS_FILE, attempt / layout.OUTPUT_FILE, attempt / layout.EVENTS_NAME,
+        attempt / layout.CONTROL_NAME)} == {str(path.relative_to(state)): expected for path, expected in (
+            (state, (0, 0, "0o711")), (state / "jobs", (0, 0, "0o711")), (state / "tls", (0, 0, "0o700")),
+            (state / "tls" / pki.NODE_KEY, (0, 0, "0o600")), (job_dir, (0, uid, "0o750")),
+            (job_dir / "checkpoints", (uid, uid, "0o700")), (job_dir / "home", (uid, uid, "0o700")),
+            (job_dir / "tmp", (uid, uid, "0o700")), (job_dir / "tasks", (0, uid, "0o750")),
+            (attempt, (0, uid, "0o750")), (attempt / layout.LAUNCH_FILE, (0, 0, "0o600")),
+            (attempt / layout.STATUS_FILE, (0, 0, "0o600")), (attempt / layout.OUTPUT_FILE, (0, uid, "0o640")),
+            (attempt / layout.EVENTS_NAME, (uid, uid, "0o600")), (attempt / layout.CONTROL_NAME, (0, uid, "0o640")))}
 
 
 def test_a_job_has_one_uid_on_every_node_and_another_job_another(cluster):

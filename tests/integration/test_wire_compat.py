@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import shutil
 import site
 import subprocess
@@ -45,8 +46,9 @@ def previous_python(tmp_path_factory) -> str:
     # is a .pth hook there, which a plain path entry does not run).
     (packages / "previous.pth").write_text(f"{root / 'src'}\n{site.getsitepackages()[0]}\n")
     python = str(env / "bin" / "python")
+    own_path = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # as the harness starts it
     check = subprocess.run([python, "-c", "import tfcluster.daemon.coordinator.jobs as j, grpc; print(j.__file__)"],
-                           capture_output=True, text=True, cwd=root)
+                           capture_output=True, text=True, cwd=root, env=own_path)
     assert check.returncode == 0 and str(root / "src") in check.stdout, check.stderr
     return python
 

@@ -22,11 +22,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import psutil
-
 from tfcluster import layout
 from tfcluster.daemon.agent.tasklog import DEFAULT_LIMIT_BYTES, total_bytes
-from tfcluster.daemon.agent.taskrunner import group_alive, kill_group, write_json_atomic
+from tfcluster.daemon.agent.taskrunner import group_alive, is_shim, kill_group, write_json_atomic
 from tfcluster.daemon.agent.taskuser import (JOB_READABLE_FILE_MODE, PRIVATE_FILE_MODE, JobPaths, TaskUser,
                                              TaskUserError, TaskUsers, create_file, prepare_attempt, prepare_job,
                                              private_tmp_problem)
@@ -410,14 +408,3 @@ def _signal(pid: int, sig: int) -> bool:
         return True
     except (ProcessLookupError, PermissionError):
         return False
-
-
-def is_shim(pid: int, attempt_dir: Path) -> bool:
-    """True when pid is still the shim of this attempt (pids are reused)."""
-    if not pid:
-        return False
-    try:
-        cmdline = psutil.Process(pid).cmdline()
-    except psutil.Error:
-        return False
-    return "tfcluster.daemon.agent.taskrunner" in cmdline and str(attempt_dir) in cmdline

@@ -26,6 +26,8 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
+
 from tfcluster import layout
 from tfcluster.daemon.agent import isolation
 from tfcluster.daemon.agent.tasklog import DEFAULT_LIMIT_BYTES, LastLines, OutputWriter
@@ -70,6 +72,7 @@ class Runner:
         self.stopping = threading.Event()
         self.kill_at = float("inf")  # monotonic time of the SIGKILL, once a stop was asked for
         self.child: subprocess.Popen | None = None
+        self.private_tmp = False  # /tmp is the job's own dir here
 
     def status(self, **fields) -> None:
         write_json_atomic(self.status_path, {"shim_pid": os.getpid(), "attempt": self.launch["attempt"], **fields})
@@ -131,15 +134,20 @@ class Runner:
             if why:
                 log.write(f"tfcluster: this job has no private /tmp on this node ({why}); its temporary files "
                           f"go to TMPDIR={tmp}, and fixed /tmp paths are shared with other jobs\n".encode())
-            elif env.get("TMPDIR") == tmp:  # unless the spec set its own
-                env["TMPDIR"] = "/tmp"
+            else:
+                self.private_tmp = True
+                if env.get("TMPDIR") == tmp:  # unless the spec set its own
+                    env["TMPDIR"] = "/tmp"
         return env
 
     def _start_failure(self, error: Exception) -> str:
         if isinstance(error, ValueError):
             return f"cannot start the command: {error}"
         what = "working directory" if error.filename == self.launch["workdir"] else "command"
-        return f"cannot start {what} {error.filename or self.launch['command'][0]!r}: {error.strerror or error}"
+        message = f"cannot start {what} {error.filename or self.launch['command'][0]!r}: {error.strerror or error}"
+        if self.private_tmp and str(error.filename or "").startswith("/tmp/"):
+            message += " (this job's /tmp is its own: keep programs and data outside /tmp)"
+        return message
 
     def _pump(self, pipe, log: OutputWriter) -> None:
         writable = True
@@ -184,6 +192,17 @@ class Runner:
                 time.sleep(ESCALATION_POLL_SECONDS)
             kill_group(pgid, signal.SIGKILL)
         threading.Thread(target=escalate, daemon=True).start()
+
+
+def is_shim(pid: int, attempt_dir: Path) -> bool:
+    """True when pid is still the shim of this attempt (pids are reused)."""
+    if not pid:
+        return False
+    try:
+        cmdline = psutil.Process(pid).cmdline()
+    except psutil.Error:
+        return False
+    return "tfcluster.daemon.agent.taskrunner" in cmdline and str(attempt_dir) in cmdline
 
 
 def main() -> int:
