@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import wait_until
+from harness import running_cluster, wait_until
 from tfcluster import layout, pki
 from tfcluster.daemon.agent.supervisor import Supervisor
 from tfcluster.daemon.agent.taskuser import TaskUsers, make_state_dir
@@ -60,7 +60,6 @@ def probe_result(cluster, job_id: str, task: str) -> dict:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    from harness import running_cluster
     with running_cluster(tmp_path_factory.mktemp("users"), {"a": {"gpus": 1}, "b": {"gpus": 1}}) as cluster:
         yield cluster
 
