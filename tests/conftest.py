@@ -2,12 +2,57 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
+from _pytest.tmpdir import TempPathFactory
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+# Tasks run as their job's own user, with a private /tmp (the job's own dir mounted there). What the tests give
+# them (programs, specs, checkpoint dirs) lives in a scratch dir outside /tmp, as a shared scratch dir would:
+# traversable (its base, 0711), and each test's temp dir open to every user the way /tmp is (1777).
+SCRATCH_PARENT = "/var/tmp"
+SCRATCH_BASE_MODE = 0o711
+SCRATCH_DIR_MODE = 0o1777
+_made_scratch: list[str] = []
+
+
+def pytest_configure(config):
+    _check_tasks_can_run_python()
+    if config.option.basetemp is None and os.path.isdir(SCRATCH_PARENT):
+        config.option.basetemp = tempfile.mkdtemp(prefix="tfcluster-tests-", dir=SCRATCH_PARENT)
+        _made_scratch.append(config.option.basetemp)
+    plain_mktemp = TempPathFactory.mktemp
+
+    def shared_mktemp(self, basename: str, numbered: bool = True) -> Path:
+        path = plain_mktemp(self, basename, numbered)
+        self.getbasetemp().chmod(SCRATCH_BASE_MODE)
+        path.chmod(SCRATCH_DIR_MODE)
+        return path
+    TempPathFactory.mktemp = shared_mktemp
+
+
+def _check_tasks_can_run_python() -> None:
+    """As root, tasks run as other users: they must be able to run this interpreter, as they would a system one."""
+    if os.geteuid() != 0:
+        return
+    from tfcluster.daemon.agent.isolation import acting_as
+    python = os.path.realpath(sys.executable)
+    with acting_as(65534, 65534):
+        runnable = os.access(python, os.X_OK, effective_ids=True)
+    if not runnable:
+        raise pytest.UsageError(f"tasks run as their job's own user and cannot run {python}: a dir on its path is "
+                                f"closed to other users (`namei -m {python}`); make it traversable (chmod o+x)")
+
+
+def pytest_unconfigure(config):
+    for path in _made_scratch:
+        shutil.rmtree(path, ignore_errors=True)
 
 from harness import LocalCluster, running_cluster  # noqa: E402
 

@@ -31,7 +31,7 @@ import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tfcluster import pki, wire  # noqa: E402
+from tfcluster import __version__, pki, wire  # noqa: E402
 from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc  # noqa: E402
 from tfcluster.model import Attempt, Gpu, Launch, NodeInfo, Phase, Stop, TaskExit, TaskProgress, TaskReport  # noqa: E402
 
@@ -47,7 +47,7 @@ def node_info(index: int) -> NodeInfo:
     return NodeInfo(name=name, address=address, port_range=(20001, 20999), peer_port=20000,
                     gpus=tuple(Gpu(i, uuid=f"GPU-{name}-{i}", name="Fake GPU", memory_mib=81920)
                                for i in range(GPUS_PER_NODE)),
-                    hostname=name, cpu_count=64, memory_bytes=512 << 30, agent_version="fleet",
+                    hostname=name, cpu_count=64, memory_bytes=512 << 30, agent_version=__version__,
                     state_dir=f"/var/lib/tfcluster/{name}")
 
 

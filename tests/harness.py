@@ -93,9 +93,11 @@ class Daemon:
         argv = [*self.host_prefix, self.python, "-m", "tfcluster.cli", *self.args]
         # Not in the source tree: `python -m` puts the working directory first on the path, and a daemon of an
         # earlier release (another interpreter) must import its own tfcluster.
+        environment = {**os.environ, **(env or {})}
+        if self.python != PYTHON:  # nor from PYTHONPATH, which would put this version's tree first
+            environment.pop("PYTHONPATH", None)
         self.proc = subprocess.Popen(argv, stdout=log, stderr=log, cwd=self.log_path.parent,
-                                     stdin=subprocess.DEVNULL, start_new_session=True,
-                                     env={**os.environ, **(env or {})})
+                                     stdin=subprocess.DEVNULL, start_new_session=True, env=environment)
         log.close()
         return self
 
@@ -330,6 +332,14 @@ def running_cluster(root: Path, agents: dict[str, dict], **options):
         yield cluster
     finally:
         cluster.teardown()
+
+
+def hand_on(directory: Path) -> None:
+    """Lets the next job write what an ended one left in directory, as an operator does between two jobs that
+    share a checkpoint dir: each job runs as a UID of its own, and files are made writable by their owner only."""
+    for path in [directory, *directory.rglob("*")]:
+        if not path.is_symlink():
+            path.chmod(path.stat().st_mode | (0o777 if path.is_dir() else 0o666))
 
 
 def scrape(url: str, credentials: dict | None) -> dict[str, list]:

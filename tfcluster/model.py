@@ -73,14 +73,25 @@ class NodeInfo:
     def peer_address(self) -> str:
         return f"{self.address}:{self.peer_port}" if self.peer_port else ""
 
+    def _version_at_least(self, wanted: tuple[int, int]) -> bool:
+        try:
+            return tuple(int(p) for p in self.agent_version.split(".")[:2]) >= wanted
+        except ValueError:
+            return False
+
     @property
     def keeps_sync_answers(self) -> bool:
         """Agents from 0.2 on keep the answer of each checkpoint copy and give it again when asked again; an
         older one would copy the whole dir again, so it is not asked twice."""
-        try:
-            return tuple(int(p) for p in self.agent_version.split(".")[:2]) >= (0, 2)
-        except ValueError:
-            return False
+        return self._version_at_least((0, 2))
+
+    @property
+    def root_tasks_condition(self) -> str:
+        """Why this node gets no new tasks: an agent before 0.3 ignores the job's UID and runs every task as
+        root. "": it runs them as the UID given."""
+        if self._version_at_least((0, 3)):
+            return ""
+        return f"agent {self.agent_version or '(no version)'} runs tasks as root: upgrade it"
 
 
 @dataclass(frozen=True)

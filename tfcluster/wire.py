@@ -306,7 +306,7 @@ def node_status(node, running_tasks: int, now: float) -> control_pb2.NodeStatus:
         name=i.name, address=i.address, state=node.state, gpus=[gpu_to_proto(g) for g in i.gpus],
         hostname=i.hostname, cpu_count=i.cpu_count, memory_bytes=i.memory_bytes, agent_version=i.agent_version,
         last_seen_seconds_ago=max(0.0, now - node.seen.last_seen), port_range_start=i.port_range[0],
-        port_range_end=i.port_range[1], running_tasks=running_tasks, condition=node.seen.condition)
+        port_range_end=i.port_range[1], running_tasks=running_tasks, condition=node.condition)
 
 
 def _exit_fields(target, exit: TaskExit | None) -> None:
@@ -324,7 +324,7 @@ def job_status(job) -> control_pb2.JobStatus:
     status = control_pb2.JobStatus(id=job.id, name=job.spec.name, state=job.state, strategy=job.strategy,
                                    restarts=job.restarts, message=message, created=job.created,
                                    finished=job.finished, evaluator_restarts=job.evaluator_restarts,
-                                   preemptions=job.preemptions)
+                                   preemptions=job.preemptions, uid=job.uid)
     for t in job.tasks:
         task = status.tasks.add(type=t.type, index=t.index, node=t.node, address=t.address,
                                 gpus=[gpu_to_proto(g) for g in t.gpus], state=t.state, pid=t.pid,
@@ -391,7 +391,7 @@ def job_doc(j: control_pb2.JobStatus) -> dict[str, Any]:
             "evaluation": {"latest": evaluation_doc(j.last_evaluation) if j.HasField("last_evaluation") else None,
                            "history": [evaluation_doc(e) for e in j.evaluations]},
             "last_failure": failure if j.HasField("last_failure") else None,
-            "evaluator_restarts": j.evaluator_restarts, "preemptions": j.preemptions}
+            "evaluator_restarts": j.evaluator_restarts, "preemptions": j.preemptions, "uid": j.uid or None}
 
 
 def plan_doc(p: control_pb2.PlanJobResponse) -> dict[str, Any]:

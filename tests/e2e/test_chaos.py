@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import LocalCluster, ROOT, job_processes, running_cluster, wait_until
+from harness import LocalCluster, ROOT, hand_on, job_processes, running_cluster, wait_until
 
 pytestmark = [pytest.mark.e2e,
               pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="needs the tf extra")]
@@ -168,6 +168,7 @@ def test_graceful_stop_lets_preemption_handler_save_and_a_new_job_resumes(cluste
     job = cluster.job(job_id)
     assert [t["exit_code"] for t in job["tasks"]] == [42, 42], "each worker saved and exited 42"
     assert job_processes(job_id) == []
+    hand_on(tmp_path / "ckpt")
     again = finish(cluster, submit(cluster, spec))
     log = cluster.cli("logs", again["id"], "worker:0", check=True).stdout
     resumed = [line for line in log.splitlines() if line.startswith("resumed at step")]

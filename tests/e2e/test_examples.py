@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import LocalCluster, ROOT, job_processes, running_cluster
+from harness import LocalCluster, ROOT, hand_on, job_processes, running_cluster
 
 pytestmark = [pytest.mark.e2e,
               pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="needs the tf extra")]
@@ -116,6 +116,7 @@ def test_mirrored_custom_loop_resumes_from_its_checkpoints(cluster, tmp_path):
     spec, checkpoints = example_spec("mirrored_custom_loop", tmp_path, epochs=2)
     run(cluster, spec)
     assert (checkpoints / "ckpt-2.index").exists()
+    hand_on(checkpoints)
     spec, _ = example_spec("mirrored_custom_loop", tmp_path, epochs=3)
     job = run(cluster, spec)
     log = cluster.cli("logs", job["id"], "worker:0", check=True).stdout

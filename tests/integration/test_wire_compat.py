@@ -1,23 +1,26 @@
 """Operators upgrade one node at a time: an agent of the previous release (0.1, taken from this repository's
-history) registers, heartbeats and runs tasks against this coordinator, and a live cluster of the previous
-release is upgraded in place (coordinator first, then the agent) without losing its running job. 0.1 spoke
-plain text: this release talks to it with --insecure."""
+history) registers and heartbeats against this coordinator but gets no new tasks (it would run them as root),
+and a live cluster of the previous release is upgraded in place (coordinator first, then the agent) without
+losing its running job: the old agent keeps its task meanwhile. 0.1 spoke plain text: this release talks to it
+with --insecure."""
 
 from __future__ import annotations
 
 import io
 import json
+import os
 import shutil
 import site
 import subprocess
 import sys
 import tarfile
+import time
 import venv
 
 import pytest
 
 import tfcluster
-from harness import ROOT, LocalCluster, job_processes, wait_until
+from harness import ROOT, LocalCluster, wait_until
 
 PREVIOUS_RELEASE = "2e31f90e6cf005ddd376d61e7657c25db10f7406"  # tfcluster 0.1
 PY = sys.executable
@@ -43,30 +46,31 @@ def previous_python(tmp_path_factory) -> str:
     # is a .pth hook there, which a plain path entry does not run).
     (packages / "previous.pth").write_text(f"{root / 'src'}\n{site.getsitepackages()[0]}\n")
     python = str(env / "bin" / "python")
+    own_path = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # as the harness starts it
     check = subprocess.run([python, "-c", "import tfcluster.daemon.coordinator.jobs as j, grpc; print(j.__file__)"],
-                           capture_output=True, text=True, cwd=root)
+                           capture_output=True, text=True, cwd=root, env=own_path)
     assert check.returncode == 0 and str(root / "src") in check.stdout, check.stderr
     return python
 
 
-def test_an_agent_of_the_previous_release_runs_jobs_here(make_cluster, previous_python, tmp_path):
+def test_an_agent_of_the_previous_release_registers_here_but_gets_no_new_tasks(make_cluster, previous_python):
+    # It would run them as root (it knows nothing of the job's UID): its node says so, and waits for its upgrade.
     cluster = make_cluster(tls=False)
     cluster.start_agent("old", gpus=1, python=previous_python)
     node = next(n for n in cluster.status()["nodes"] if n["name"] == "old")
     assert node["agent_version"] == "0.1.0" and len(node["gpus"]) == 1
-    ok = cluster.cli("start", "--name", "compat", "--strategy", "mirrored", "--gpus-per-task", "1", "--wait", "--",
-                     PY, "-c", "import os; print('hello from', os.environ['TFCLUSTER_TASK_TYPE'])")
-    assert ok.returncode == 0, ok.stderr
-    job_id = ok.stdout.strip()
-    assert cluster.cli("logs", job_id, "worker:0", check=True).stdout == "hello from worker\n"
-    # It heartbeats: still READY well past the node timeout.
-    wait_until(lambda: cluster.status()["nodes"][0]["last_seen_seconds_ago"] < 1.5, 10, what="heartbeats")
-    long = cluster.cli("start", "--name", "long", "--strategy", "mirrored", "--", "sleep", "300",
-                       check=True).stdout.strip()
-    wait_until(lambda: cluster.job(long)["state"] == "RUNNING", 20, what="RUNNING")
-    assert cluster.node_state("old") == "READY"
-    assert "STOPPED" in cluster.cli("stop", long, check=True).stderr
-    assert job_processes(long) == []
+    assert node["condition"] == "agent 0.1.0 runs tasks as root: upgrade it"
+    job_id = cluster.cli("start", "--name", "compat", "--strategy", "mirrored", "--", PY, "-c",
+                         "import os; print('hello from', os.environ['TFCLUSTER_TASK_TYPE'], os.getuid())",
+                         check=True).stdout.strip()
+    # It heartbeats: still READY well past the node timeout, and the job still waits.
+    time.sleep(2 * cluster.lost_after)
+    assert cluster.node_state("old") == "READY" and cluster.job(job_id)["state"] == "PENDING"
+    assert "runs tasks as root: upgrade it" in cluster.cli("status").stdout
+    cluster.start_agent("new")
+    job = cluster.wait_job(job_id, timeout=30)
+    assert job["state"] == "SUCCEEDED" and job["tasks"][0]["node"] == "new"
+    assert cluster.cli("logs", job_id, "worker:0", check=True).stdout == f"hello from worker {job['uid']}\n"
 
 
 def test_a_live_cluster_of_the_previous_release_is_upgraded_in_place(tmp_path, previous_python):
@@ -88,6 +92,7 @@ def test_a_live_cluster_of_the_previous_release_is_upgraded_in_place(tmp_path, p
         wait_until(lambda: cluster.node_state("n1") == "READY", 20, what="the 0.1 agent back")
         job = cluster.job(job_id)
         assert job["state"] == "RUNNING" and job["tasks"][0]["pid"] == pid and job["tasks"][0]["attempt"] == 1
+        assert job["uid"], "a job saved without a UID gets one for its next launches"
         # 2. The node: this release's agent takes over the task the 0.1 agent started.
         cluster.agents["n1"].kill()
         cluster.start_agent("n1")

@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 from coresim import PORTS, Sim, gpus, info, keys, launches, make_spec, report, stops, task_of
 
+from tfcluster import __version__
 from tfcluster.daemon.coordinator import job as J
 from tfcluster.daemon.coordinator.checkpoints import SYNC_DEADLINE_SECONDS
 from tfcluster.daemon.coordinator.cluster import Unplaceable
@@ -849,7 +850,7 @@ def test_lost_node_that_returns_gets_one_restart_not_two():
 
 def peer_info(name: str) -> NodeInfo:
     return NodeInfo(name=name, address=f"10.0.0.{name[-1]}", port_range=PORTS, state_dir=f"/state/{name}",
-                    peer_port=19999)
+                    peer_port=19999, agent_version=__version__)
 
 
 def local_spec(**kw):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from tfcluster import __version__
 from tfcluster.daemon.coordinator import job as J
 from tfcluster.daemon.coordinator import lifecycle
 from tfcluster.daemon.coordinator.launch import launch
@@ -25,7 +26,8 @@ def nodes(n=3, gpus=2):
 
 
 def info_of(name):
-    return NodeInfo(name=name, address=f"10.0.0.{name[-1]}", port_range=(20000, 20010), state_dir=f"/state/{name}")
+    return NodeInfo(name=name, address=f"10.0.0.{name[-1]}", port_range=(20000, 20010), state_dir=f"/state/{name}",
+                    agent_version=__version__)
 
 
 def new_job(spec, job_id="j-1", now=0.0, capacity=None):

@@ -140,12 +140,15 @@ def test_lost_sync_done_and_lost_finish_training_are_asked_again():
 
 
 def test_an_agent_of_0_1_is_not_asked_for_a_copy_twice():
-    # It does not keep the answer: asked again, it would copy the whole dir again.
-    sim = Sim(*(replace(info(n), peer_port=19999, agent_version="0.1.0") for n in ("n1", "n2", "n3")))
+    # It does not keep the answer: asked again, it would copy the whole dir again. Such an agent takes no new
+    # tasks (it would run them as root), so it is the chief's node of a job placed before it was downgraded.
+    sim = Sim(*(replace(info(n), peer_port=19999) for n in ("n1", "n2", "n3")))
     spec = replace(make_spec(worker=2, evaluator={"count": 1, "nodes": ["n3"]}, restart={"max_restarts": 2}),
                    checkpoint_dir="")
     job, actions = sim.submit(spec)
     sim.running(job, actions)
+    source = sim.c.nodes[job.decisive_task().node]
+    source.info = replace(source.info, agent_version="0.1.0")
     assert [a for a in sim.exit_stopped(job, sim.exit(job, "worker:1", 1)) if isinstance(a, SyncCheckpoints)]
     for _ in range(3):
         later(sim)

@@ -177,11 +177,15 @@ def test_last_lines_keep_the_newest_and_bound_a_line():
     assert last.tail()[:2] == ["line 8", "line 9"] and len(last.tail()[2]) == 4096
 
 
+TASK_UID = 2_100_999_000  # the job's user, as the coordinator gives it (an agent that is not root ignores it)
+
+
 def test_watchdog_byte_count_keeps_growing_past_the_head(tmp_path):
     """A running task's progress (what the heartbeat carries) counts all it wrote, not what the head holds."""
     supervisor = Supervisor(tmp_path, lambda record: None, log_limit_bytes=LIMIT)
     script = "import sys, time\nsys.stdout.write('x' * 400000 + '\\n'); sys.stdout.flush(); time.sleep(60)"
-    supervisor.launch(Launch("n", ATTEMPT, (sys.executable, "-c", script), dict(os.environ), "", 0, 1.0))
+    supervisor.launch(Launch("n", ATTEMPT, (sys.executable, "-c", script), dict(os.environ), "", 0, 1.0,
+                             uid=TASK_UID, gid=TASK_UID))
     try:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:

@@ -90,6 +90,10 @@ def coordinator(
     http_listen: Optional[str] = typer.Option(None, metavar="HOST:PORT",
                                               help="Serve Prometheus metrics at /metrics here (HTTPS with TLS: "
                                                    "clients need an admin or viewer certificate) [default: off]."),
+    task_uid_range: str = typer.Option("2100000000-2100999999", metavar="FIRST-LAST",
+                                       help="UIDs the jobs' tasks run as, one per job and the same on every node "
+                                            "(no passwd entry needed); keep it clear of the UIDs and GIDs your "
+                                            "hosts and shared storage give to people and services."),
     log_level: str = LogLevelOpt,
     log_format: str = LogFormatOpt,
 ) -> None:
@@ -98,8 +102,13 @@ def coordinator(
 
     from tfcluster.daemon.coordinator.process import serve
     from tfcluster.daemon.coordinator.service import CoordinatorServer
+    from tfcluster.daemon.coordinator.taskusers import parse_range
 
     _setup_logging(log_level, log_format)
+    try:
+        task_uids = parse_range(task_uid_range)
+    except ValueError as e:
+        fail(f"--task-uid-range: {e}", 2)
     token = read_token(token_file)
     _check_trust_flags(tls_dir, insecure, token)
     keep_for = parse_duration(keep_finished_for, "--keep-finished-for")
@@ -114,7 +123,8 @@ def coordinator(
                                    heartbeat_interval, tls_dir=tls_dir, insecure=insecure,
                                    join_listen=join_listen or "", token=token,
                                    keep_finished_jobs=keep_finished_jobs, keep_finished_seconds=keep_for,
-                                   node_cert_seconds=node_cert_seconds, http_listen=http_listen or "")
+                                   node_cert_seconds=node_cert_seconds, http_listen=http_listen or "",
+                                   task_uids=task_uids)
         serve(server)
     except PkiError as e:
         fail(f"--tls-dir: {e}", 2)
@@ -175,6 +185,10 @@ def agent(
                                               help="Serve Prometheus metrics at /metrics here (HTTPS with the node's "
                                                    "certificate: clients need an admin or viewer one) "
                                                    "[default: off]."),
+    allow_root_tasks: bool = typer.Option(False, "--allow-root-tasks",
+                                          help="Run every task on this node as root, as agents before 0.3 did "
+                                               "(whoever may submit a job then owns this node). By default each "
+                                               "job's tasks run as the job's own UID from the coordinator."),
     log_level: str = LogLevelOpt,
     log_format: str = LogFormatOpt,
 ) -> None:
@@ -195,7 +209,7 @@ def agent(
                            ca_cert=ca_cert, ca_hash=ca_hash or "", join_address=join_address or "",
                            peer_quota=parse_size(peer_quota, "--peer-quota"), http_listen=http_listen or "",
                            retention=retention_policy(retain_for, retain_bytes, min_free_disk),
-                           task_log_bytes=_task_log_bytes(max_task_log))
+                           task_log_bytes=_task_log_bytes(max_task_log), allow_root_tasks=allow_root_tasks)
     except SettingsError as e:
         fail(str(e), 2)
     try:

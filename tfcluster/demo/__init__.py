@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
+import os
 import shutil
 import socket
 import sys
@@ -37,6 +38,8 @@ from tfcluster.security import Credentials
 from tfcluster.spec import parse_spec
 
 NODES = (("node-a", 2), ("node-b", 2), ("node-c", 1))  # name, declared GPUs
+SCRATCH_PARENT_AS_ROOT = "/var/tmp"
+SHARED_DIR_MODE = 0o1777
 JOB_TIMEOUT_SECONDS = 600
 
 
@@ -61,6 +64,15 @@ def _port_free(port: int) -> bool:
             return False
 
 
+def scratch_root(prefix: str) -> Path:
+    """A temporary dir for a demo cluster. Its tasks run as their job's own user with a private /tmp: as root,
+    the dir is made outside /tmp (in /var/tmp) and traversable by them (0711)."""
+    as_root = os.geteuid() == 0 and os.path.isdir(SCRATCH_PARENT_AS_ROOT)
+    root = Path(tempfile.mkdtemp(prefix=prefix, dir=SCRATCH_PARENT_AS_ROOT if as_root else None))
+    root.chmod(0o711)
+    return root
+
+
 def run_demo(epochs: int = 5, keep: bool = False, console: Console | None = None) -> int:
     console = console or Console()
     missing = [m for m in ("tensorflow", "tf_keras", "sklearn") if importlib.util.find_spec(m) is None]
@@ -69,7 +81,10 @@ def run_demo(epochs: int = 5, keep: bool = False, console: Console | None = None
                       "pip install 'tfcluster[tf]'", markup=False)
         return 1
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    root = Path(tempfile.mkdtemp(prefix="tfcluster-demo-"))
+    root = scratch_root("tfcluster-demo-")
+    # The job's tasks (its own user) write their checkpoints here, as into a shared scratch dir.
+    (root / "checkpoints").mkdir(mode=0o700)
+    (root / "checkpoints").chmod(SHARED_DIR_MODE)
     started = time.monotonic()
     pki.init_ca(root / "ca", [])
     server = BackgroundCoordinator(CoordinatorServer("127.0.0.1:0", root / "coordinator",

@@ -15,7 +15,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from tfcluster import pki
 from tfcluster.client import Client
 from tfcluster.daemon.coordinator.process import BackgroundCoordinator
 from tfcluster.daemon.coordinator.service import CoordinatorServer
+from tfcluster.demo import scratch_root
 from tfcluster.demo.hosts import TestHosts, unavailable
 from tfcluster.model import JOB_ENDED
 from tfcluster.render import render_status
@@ -44,7 +44,7 @@ def main() -> int:
     if importlib.util.find_spec("tensorflow") is None:
         console.print("error: the demo trains a real model: pip install 'tfcluster[tf]'", markup=False)
         return 1
-    root = Path(tempfile.mkdtemp(prefix="tfcluster-multihost-"))
+    root = scratch_root("tfcluster-multihost-")
     agents: list[subprocess.Popen] = []
     with TestHosts(HOSTS) as hosts:
         pki.init_ca(root / "ca", [hosts.coordinator_ip])

@@ -36,6 +36,7 @@ from tfcluster.daemon.agent.shipping import ShipError, Shipper, job_checkpoint_d
 from tfcluster.daemon.agent.summaries import EvaluatorSummaries
 from tfcluster.daemon.agent.supervisor import Supervisor, TaskRecord
 from tfcluster.daemon.agent.tasklog import DEFAULT_LIMIT_BYTES
+from tfcluster.daemon.agent.taskuser import TaskUsers, make_state_dir
 from tfcluster.daemon.logformat import fields
 from tfcluster.model import (CancelLog, Evaluation, ExpectFiles, FinishTraining, Gpu, Launch, NodeInfo, Phase,
                              ReadLog, Revocations, ShipCheckpoints, Stop, SyncCheckpoints, SyncResult)
@@ -79,6 +80,7 @@ class AgentConfig:
     retention: Policy = field(default_factory=Policy)  # what the node keeps of its jobs' files; its disk floor
     task_log_bytes: int = DEFAULT_LIMIT_BYTES  # output kept per task attempt (its head and its newest bytes)
     http_listen: str = ""  # HOST:PORT of /metrics; "": none
+    allow_root_tasks: bool = False  # the operator lets tasks run as root here (taskuser.py)
 
     def node_info(self) -> NodeInfo:
         return NodeInfo(name=self.name, address=self.address, port_range=self.port_range, gpus=self.gpus,
@@ -91,7 +93,10 @@ class Agent:
     def __init__(self, config: AgentConfig):
         self.config = config
         self.outbound: queue.Queue = queue.Queue()
-        self.supervisor = Supervisor(config.state_dir, self._on_task_change, self.condition, config.task_log_bytes)
+        self.task_users = TaskUsers(config.allow_root_tasks)
+        make_state_dir(config.state_dir)  # its modes set right, whoever made it
+        self.supervisor = Supervisor(config.state_dir, self._on_task_change, self.condition, config.task_log_bytes,
+                                     self.task_users)
         self.logs = LogServer(self.supervisor, self._send_log)
         self._stop = threading.Event()
         self._call = None

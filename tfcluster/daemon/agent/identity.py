@@ -113,7 +113,7 @@ class NodeIdentity:
         return pki.load_cert(self.dir / pki.NODE_CERT).not_valid_after_utc.timestamp()
 
     def _save(self, key: bytes, cert: bytes, ca: bytes) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.dir.chmod(0o700)
         pki.write_private(self.dir / pki.NODE_KEY, key)
         (self.dir / pki.CA_CERT).write_bytes(ca)

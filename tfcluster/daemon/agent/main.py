@@ -18,6 +18,7 @@ from tfcluster.daemon.agent.liveness import SystemdReporter
 from tfcluster.daemon.agent.peers import DEFAULT_QUOTA_BYTES
 from tfcluster.daemon.agent.retention import Policy
 from tfcluster.daemon.agent.tasklog import DEFAULT_LIMIT_BYTES
+from tfcluster.daemon.agent.taskuser import TaskUserError, make_state_dir
 from tfcluster.daemon.notify import Notifier
 from tfcluster.daemon.web import HttpError, parse_listen
 from tfcluster.model import NODE_NAME_RE
@@ -37,7 +38,7 @@ def configure(coordinator: str, name: str | None, address: str | None, port_rang
               gpu_inventory: str | None, state_dir: Path, token: str | None, insecure: bool = False,
               join: str = "", ca_cert: Path | None = None, ca_hash: str = "", join_address: str = "",
               peer_quota: int = DEFAULT_QUOTA_BYTES, http_listen: str = "", retention: Policy = Policy(),
-              task_log_bytes: int = DEFAULT_LIMIT_BYTES) -> AgentConfig:
+              task_log_bytes: int = DEFAULT_LIMIT_BYTES, allow_root_tasks: bool = False) -> AgentConfig:
     """The agent's settings from its flags, with the node's GPUs, host and address discovered, and its
     certificate: the one it has, or one it gets by joining with a token."""
     try:
@@ -75,7 +76,10 @@ def configure(coordinator: str, name: str | None, address: str | None, port_rang
     except (InventoryError, OSError) as e:
         raise SettingsError(str(e)) from None
     state_dir = state_dir.resolve()
-    state_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        make_state_dir(state_dir)
+    except (OSError, TaskUserError) as e:
+        raise SettingsError(f"--state-dir {state_dir}: {e}") from None
     identity = None if insecure else NodeIdentity(state_dir, name, address)
     if identity is None:
         credentials = Credentials(token=token)
@@ -86,7 +90,8 @@ def configure(coordinator: str, name: str | None, address: str | None, port_rang
     return AgentConfig(coordinator=coordinator, name=name, address=address, port_range=(first, last),
                        gpus=tuple(gpus), host=host_info(), state_dir=state_dir, peer_port=peer_port,
                        credentials=credentials, identity=identity, peer_quota_bytes=peer_quota,
-                       http_listen=http_listen, retention=retention, task_log_bytes=task_log_bytes)
+                       http_listen=http_listen, retention=retention, task_log_bytes=task_log_bytes,
+                       allow_root_tasks=allow_root_tasks)
 
 
 def _node_credentials(identity: NodeIdentity, coordinator: str, join: str, ca_cert: Path | None, ca_hash: str,
@@ -132,6 +137,7 @@ def serve(config: AgentConfig, stop_tasks_on_exit: bool, notifier: Notifier | No
              config.name, config.address, len(config.gpus), gpus, *config.port_range, config.peer_port,
              config.state_dir)
     agent = Agent(config)
+    agent.task_users.announce()
     agent.serve_peers()
     agent.serve_http()
     reporter = SystemdReporter(agent, notifier)

@@ -22,11 +22,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import psutil
-
 from tfcluster import layout
 from tfcluster.daemon.agent.tasklog import DEFAULT_LIMIT_BYTES, total_bytes
-from tfcluster.daemon.agent.taskrunner import group_alive, kill_group, write_json_atomic
+from tfcluster.daemon.agent.taskrunner import group_alive, is_shim, kill_group, write_json_atomic
+from tfcluster.daemon.agent.taskuser import (JOB_READABLE_FILE_MODE, PRIVATE_FILE_MODE, JobPaths, TaskUser,
+                                             TaskUserError, TaskUsers, create_file, prepare_attempt, prepare_job,
+                                             private_tmp_problem)
 from tfcluster.daemon.logformat import fields
 from tfcluster.model import Attempt, Launch, Phase, TaskExit, TaskProgress, TaskReport
 from tfcluster.task import latest_checkpoint
@@ -51,6 +52,7 @@ class TaskRecord:
     checkpoint_dir: str = ""
     gpus: str = ""  # its CUDA_VISIBLE_DEVICES: the node's GPUs it holds (GPU metrics name the task by it)
     summary_dir: str = ""  # an evaluator's TFCLUSTER_SUMMARY_DIR: its agent reports the summaries written there
+    group: int = -1  # the job's group on this node, which may read the control file; -1: the agent's own
     started_at: float = field(default_factory=time.time)  # summaries older than this are not its own
     listening: bool = False
     exit: TaskExit | None = None
@@ -93,8 +95,10 @@ def port_in_use(port: int) -> bool:
 
 class Supervisor:
     def __init__(self, state_dir: Path, on_report: Callable[[TaskRecord], None],
-                 launch_refusal: Callable[[], str] = lambda: "", log_limit_bytes: int = DEFAULT_LIMIT_BYTES):
+                 launch_refusal: Callable[[], str] = lambda: "", log_limit_bytes: int = DEFAULT_LIMIT_BYTES,
+                 task_users: TaskUsers | None = None):
         self.state_dir = state_dir
+        self.task_users = task_users or TaskUsers()  # who each task runs as (taskuser.py)
         self.on_report = on_report
         self.launch_refusal = launch_refusal  # why no task may start on this node now ("": they may)
         self.log_limit_bytes = log_limit_bytes  # output kept per attempt (tasklog.py)
@@ -140,27 +144,47 @@ class Supervisor:
         refusal = self.launch_refusal()
         if refusal:
             raise _StartError(refusal)
-        record.dir.mkdir(parents=True, exist_ok=True)
+        try:
+            user = self.task_users.for_launch(order.uid, order.gid)
+            paths = prepare_job(self.state_dir, record.attempt.job_id, user)
+            prepare_attempt(record.dir, user)
+        except TaskUserError as e:
+            raise _StartError(str(e)) from None
         if order.port and port_in_use(order.port):
             raise _StartError(f"port {order.port} is already in use on this node", busy_port=order.port)
-        # The agent's environment, less its own settings (a join token, a token file): TFCLUSTER_* in a task's
-        # environment is what tfcluster sets for that task.
-        inherited = {k: v for k, v in os.environ.items() if not k.startswith(layout.RESERVED_ENV_PREFIX)}
-        env = {**inherited, **order.env, layout.EVENTS_FILE: str(record.events_path),
-               layout.CONTROL_FILE: str(record.control_path)}
+        env = self._environment(record, order, user, paths)
         record.checkpoint_dir = env.get(layout.CHECKPOINT_DIR, "")
-        for name in (layout.CHECKPOINT_DIR, layout.MODEL_DIR):
-            if env.get(name):
-                Path(env[name]).mkdir(parents=True, exist_ok=True)
+        record.group = user.owner(private=False)[1]
+        # Dirs the spec names are made by the task's user (in the shim), never by root here.
+        task_dirs = [env[name] for name in (layout.CHECKPOINT_DIR, layout.MODEL_DIR)
+                     if env.get(name) and Path(env[name]) != paths.checkpoints]
+        create_file(record.events_path, PRIVATE_FILE_MODE, *user.owner(private=True))
+        write_json_atomic(record.control_path, {}, mode=JOB_READABLE_FILE_MODE, group=record.group)
         a = record.attempt
         write_json_atomic(record.dir / layout.LAUNCH_FILE, {
             "job_id": a.job_id, "task_type": a.type, "task_index": a.index, "attempt": a.number,
             "command": list(order.command), "env": env, "workdir": order.workdir, "port": order.port,
-            "stop_grace_seconds": order.stop_grace_seconds, "log_limit_bytes": self.log_limit_bytes})
-        with open(record.dir / layout.SHIM_LOG_FILE, "ab") as shim_log:
+            "stop_grace_seconds": order.stop_grace_seconds, "log_limit_bytes": self.log_limit_bytes,
+            "user": {"uid": user.uid, "gid": user.gid} if user.switches else None, "task_dirs": task_dirs,
+            "private_tmp": str(paths.tmp) if self.task_users.agent_is_root else "",
+            "private_tmp_unavailable": private_tmp_problem(self.state_dir)})
+        shim_log = os.open(record.dir / layout.SHIM_LOG_FILE, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        with open(shim_log, "ab") as shim_log_file:
             return subprocess.Popen([sys.executable, "-m", "tfcluster.daemon.agent.taskrunner", str(record.dir)],
-                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=shim_log,
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=shim_log_file,
                                     start_new_session=True, close_fds=True)
+
+    @staticmethod
+    def _environment(record: TaskRecord, order: Launch, user: TaskUser, paths: JobPaths) -> dict[str, str]:
+        """The agent's environment, less its own settings (a join token, a token file): TFCLUSTER_* in a task's
+        environment is what tfcluster sets for that task. HOME and TMPDIR are the job's own on this node (a
+        spec may set others)."""
+        inherited = {k: v for k, v in os.environ.items() if not k.startswith(layout.RESERVED_ENV_PREFIX)}
+        own = {"HOME": str(paths.home), "TMPDIR": str(paths.tmp)}
+        if user.switches:
+            own.update(USER=user.name, LOGNAME=user.name)
+        return {**inherited, **own, **order.env, layout.EVENTS_FILE: str(record.events_path),
+                layout.CONTROL_FILE: str(record.control_path)}
 
     def _watch_listening(self, record: TaskRecord) -> None:
         """Reports the task again once it accepts connections on its port."""
@@ -229,7 +253,8 @@ class Supervisor:
         """Tells a running task (the evaluator) that training is over, through its control file."""
         record = self.current(attempt)
         if record is not None:
-            write_json_atomic(record.control_path, {"training_finished": True, "final_checkpoint": final_checkpoint})
+            write_json_atomic(record.control_path, {"training_finished": True, "final_checkpoint": final_checkpoint},
+                              mode=JOB_READABLE_FILE_MODE, group=record.group)
 
     def _finish(self, record: TaskRecord, phase: str, exit: TaskExit) -> None:
         with self.lock:
@@ -288,7 +313,8 @@ class Supervisor:
                                 checkpoint_dir=launch["env"].get(layout.CHECKPOINT_DIR, ""),
                                 gpus=launch["env"].get(layout.CUDA_VISIBLE_DEVICES, ""),
                                 summary_dir=launch["env"].get(layout.SUMMARY_DIR, ""),
-                                started_at=status.get("started", 0.0))
+                                started_at=status.get("started", 0.0),
+                                group=(launch.get("user") or {}).get("gid", -1))
             known = self.tasks.get(record.key)
             if known is not None and known.attempt.number >= attempt.number:
                 continue
@@ -382,14 +408,3 @@ def _signal(pid: int, sig: int) -> bool:
         return True
     except (ProcessLookupError, PermissionError):
         return False
-
-
-def is_shim(pid: int, attempt_dir: Path) -> bool:
-    """True when pid is still the shim of this attempt (pids are reused)."""
-    if not pid:
-        return False
-    try:
-        cmdline = psutil.Process(pid).cmdline()
-    except psutil.Error:
-        return False
-    return "tfcluster.daemon.agent.taskrunner" in cmdline and str(attempt_dir) in cmdline

@@ -32,6 +32,7 @@ HEAD_SHARE = 4        # the head is a quarter of the limit
 TAIL_SEGMENTS = 4     # the rest, in this many segments: 9/16 to 3/4 of the limit of newest output is kept
 LINE_SLACK_BYTES = 64 << 10  # how far past its size a file may go to end at a line break
 SCAN_BLOCK_BYTES = 64 << 10
+OUTPUT_MODE = 0o640   # the agent writes, the job's group reads
 MAX_LINE_CHARS = 4096  # of a line in the last-lines view (the coordinator keeps no more of a line)
 _TERMINAL_CONTROLS = re.compile(r"([\r\n\b])")
 
@@ -43,13 +44,14 @@ def dropped_marker(count: int) -> bytes:
 class OutputWriter:
     """Writes a task's output into its attempt dir within the limit (the head, then rotating tail segments)."""
 
-    def __init__(self, directory: Path, limit: int = DEFAULT_LIMIT_BYTES):
+    def __init__(self, directory: Path, limit: int = DEFAULT_LIMIT_BYTES, group: int = -1):
         limit = max(limit, MIN_LIMIT_BYTES)
         self.dir = directory
+        self.group = group  # the job's group: the job reads its own output, nobody else does
         self.head_bytes = limit // HEAD_SHARE
         self.segment_bytes = (limit - self.head_bytes) // TAIL_SEGMENTS
         self.slack = min(LINE_SLACK_BYTES, self.segment_bytes // 4)
-        self.file: BinaryIO = open(directory / layout.OUTPUT_FILE, "ab", buffering=0)
+        self.file: BinaryIO = self._open(directory / layout.OUTPUT_FILE)
         self.size = self.total = self.file.tell()  # bytes in the current file; bytes written in all
         self.file_bytes = self.head_bytes          # how big the current file may grow (then the next one starts)
         self.at_line_start = True
@@ -69,6 +71,12 @@ class OutputWriter:
     def close(self) -> None:
         self.file.close()
 
+    def _open(self, path: Path) -> BinaryIO:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, OUTPUT_MODE)
+        if self.group != -1:
+            os.fchown(fd, -1, self.group)
+        return open(fd, "ab", buffering=0)
+
     def _room(self, data: bytes) -> int:
         """How much of data goes into the current file: up to its size, then on to the end of the line under
         way unless that runs past the slack."""
@@ -83,7 +91,7 @@ class OutputWriter:
     def _next_segment(self) -> None:
         # The new segment exists before the oldest goes, so a reader always finds where the output went on.
         self.file.close()
-        self.file = open(self.dir / layout.output_tail_name(self.total), "ab", buffering=0)
+        self.file = self._open(self.dir / layout.output_tail_name(self.total))
         self.segments.append(self.total)
         self.size, self.file_bytes = 0, self.segment_bytes
         while len(self.segments) > TAIL_SEGMENTS:

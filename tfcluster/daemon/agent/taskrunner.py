@@ -10,6 +10,9 @@ new agent picks them up from the attempt dir (LESSONS.md 7, 9).
 Files in ATTEMPT_DIR (names in tfcluster.layout): the launch file (written by the agent), the status file
 (written here, atomically), the output files (the task's stdout and stderr), and the stop file
 (the grace period of the latest stop request). A second stop with a shorter grace shortens the wait.
+
+The shim stays root (it kills the group, writes the status); the task runs as the job's user, with a private
+/tmp and no way to gain privileges (isolation.py), when the launch file names a user.
 """
 
 from __future__ import annotations
@@ -23,7 +26,10 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
+
 from tfcluster import layout
+from tfcluster.daemon.agent import isolation
 from tfcluster.daemon.agent.tasklog import DEFAULT_LIMIT_BYTES, LastLines, OutputWriter
 
 TAIL_LINES = 20
@@ -31,10 +37,14 @@ PUMP_CHUNK_BYTES = 64 << 10
 ESCALATION_POLL_SECONDS = 0.1
 
 
-def write_json_atomic(path: Path, data: dict) -> None:
-    """Replaces path with data; readable by the agent's user only (launch.json holds the task's environment)."""
+def write_json_atomic(path: Path, data: dict, mode: int = 0o600, group: int = -1) -> None:
+    """Replaces path with data; by default readable by the agent's user only (launch.json holds the task's
+    environment), or also by a group (a job reads its control file)."""
     tmp = path.with_suffix(f".tmp{os.getpid()}")
-    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode), "w") as f:
+        if group != -1:
+            os.fchown(f.fileno(), -1, group)
+        os.fchmod(f.fileno(), mode)
         json.dump(data, f)
         f.flush()
         os.fsync(f.fileno())
@@ -62,6 +72,7 @@ class Runner:
         self.stopping = threading.Event()
         self.kill_at = float("inf")  # monotonic time of the SIGKILL, once a stop was asked for
         self.child: subprocess.Popen | None = None
+        self.private_tmp = False  # /tmp is the job's own dir here
 
     def status(self, **fields) -> None:
         write_json_atomic(self.status_path, {"shim_pid": os.getpid(), "attempt": self.launch["attempt"], **fields})
@@ -69,11 +80,20 @@ class Runner:
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_term)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        log = OutputWriter(self.dir, int(self.launch.get("log_limit_bytes") or DEFAULT_LIMIT_BYTES))
+        user = self.launch.get("user") or {}
+        uid, gid = user.get("uid"), user.get("gid")
+        log = OutputWriter(self.dir, int(self.launch.get("log_limit_bytes") or DEFAULT_LIMIT_BYTES),
+                           group=-1 if gid is None else gid)
+        env = self._isolate(log)
         try:
+            with isolation.acting_as(uid, gid):
+                isolation.check_workdir(self.launch["workdir"])
+                for problem in isolation.make_task_dirs(self.launch.get("task_dirs", [])):
+                    log.write(f"tfcluster: {problem}\n".encode())
             self.child = subprocess.Popen(self.launch["command"], cwd=self.launch["workdir"] or None,
-                                          env=self.launch["env"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                          stderr=subprocess.STDOUT, start_new_session=True)
+                                          env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                          stderr=subprocess.STDOUT, start_new_session=True,
+                                          user=uid, group=gid, extra_groups=None if uid is None else [])
         except (OSError, ValueError) as e:
             message = self._start_failure(e)
             log.write(f"tfcluster: {message}\n".encode())
@@ -102,11 +122,32 @@ class Runner:
         self.status(**fields)
         return 0
 
+    def _isolate(self, log: OutputWriter) -> dict[str, str]:
+        """No new privileges for the task, and a private /tmp when the launch asks for one (the shim is root);
+        the task's environment, with TMPDIR where its temporary files go."""
+        env = dict(self.launch["env"])
+        if self.launch.get("user"):
+            isolation.no_new_privileges()
+        tmp = self.launch.get("private_tmp", "")
+        if tmp:
+            why = self.launch.get("private_tmp_unavailable") or isolation.private_tmp(tmp)
+            if why:
+                log.write(f"tfcluster: this job has no private /tmp on this node ({why}); its temporary files "
+                          f"go to TMPDIR={tmp}, and fixed /tmp paths are shared with other jobs\n".encode())
+            else:
+                self.private_tmp = True
+                if env.get("TMPDIR") == tmp:  # unless the spec set its own
+                    env["TMPDIR"] = "/tmp"
+        return env
+
     def _start_failure(self, error: Exception) -> str:
         if isinstance(error, ValueError):
             return f"cannot start the command: {error}"
         what = "working directory" if error.filename == self.launch["workdir"] else "command"
-        return f"cannot start {what} {error.filename or self.launch['command'][0]!r}: {error.strerror or error}"
+        message = f"cannot start {what} {error.filename or self.launch['command'][0]!r}: {error.strerror or error}"
+        if self.private_tmp and str(error.filename or "").startswith("/tmp/"):
+            message += " (this job's /tmp is its own: keep programs and data outside /tmp)"
+        return message
 
     def _pump(self, pipe, log: OutputWriter) -> None:
         writable = True
@@ -151,6 +192,17 @@ class Runner:
                 time.sleep(ESCALATION_POLL_SECONDS)
             kill_group(pgid, signal.SIGKILL)
         threading.Thread(target=escalate, daemon=True).start()
+
+
+def is_shim(pid: int, attempt_dir: Path) -> bool:
+    """True when pid is still the shim of this attempt (pids are reused)."""
+    if not pid:
+        return False
+    try:
+        cmdline = psutil.Process(pid).cmdline()
+    except psutil.Error:
+        return False
+    return "tfcluster.daemon.agent.taskrunner" in cmdline and str(attempt_dir) in cmdline
 
 
 def main() -> int:

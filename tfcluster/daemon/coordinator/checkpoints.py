@@ -41,7 +41,7 @@ def sync_commands(job: Job, now: float) -> list[Command]:
     targets = {t.node: t.peer for t in job.tasks if t.type in ("chief", "worker", "evaluator")
                and t.node != job.sync_source and t.peer}
     nodes = sorted(targets)
-    expect = [ExpectFiles(node, job.id, sender=job.sync_source) for node in nodes]
+    expect = [ExpectFiles(node, job.id, sender=job.sync_source, uid=job.uid, gid=job.uid) for node in nodes]
     return [*expect, SyncCheckpoints(node=job.sync_source, job_id=job.id, sync_id=job.syncing,
                                      targets=tuple(targets[n] for n in nodes), target_nodes=tuple(nodes))]
 
@@ -62,6 +62,6 @@ def shipping(job: Job) -> list[Command]:
         return []
     if evaluator.node == decisive.node or not evaluator.peer:
         return []
-    return [ExpectFiles(evaluator.node, job.id, sender=decisive.node),
+    return [ExpectFiles(evaluator.node, job.id, sender=decisive.node, uid=job.uid, gid=job.uid),
             ShipCheckpoints(node=decisive.node, attempt=job.attempt_of(decisive), targets=(evaluator.peer,),
                             target_nodes=(evaluator.node,))]

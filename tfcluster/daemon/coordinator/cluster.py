@@ -14,7 +14,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 
 from tfcluster import strategies
-from tfcluster.daemon.coordinator import checkpoints, lifecycle
+from tfcluster.daemon.coordinator import checkpoints, lifecycle, taskusers
 from tfcluster.daemon.coordinator.job import PENDING, Job, Task
 from tfcluster.daemon.coordinator.membership import Membership
 from tfcluster.daemon.coordinator.observer import Observer
@@ -51,7 +51,8 @@ class Plan:
 class Cluster(Membership):
     def __init__(self, lost_after_seconds: float = DEFAULT_LOST_AFTER_SECONDS,
                  resend_after_seconds: float = RESEND_AFTER_SECONDS, keep_finished_jobs: int = KEEP_FINISHED_JOBS,
-                 keep_finished_seconds: float = KEEP_FINISHED_SECONDS):
+                 keep_finished_seconds: float = KEEP_FINISHED_SECONDS,
+                 task_uids: taskusers.UidRange = taskusers.UidRange()):
         self.lost_after = lost_after_seconds
         self.resend_after = resend_after_seconds
         self.keep_finished_jobs, self.keep_finished_seconds = keep_finished_jobs, keep_finished_seconds
@@ -64,6 +65,8 @@ class Cluster(Membership):
         self.removed_nodes: list[str] = []  # nodes removed from the cluster, until the store has deleted them
         self.cluster_tag = ""             # ends every job id: ids of another state dir's jobs never collide
         self.requests: dict[str, str] = {}  # a submission's client request id -> its job
+        self.task_uids = task_uids
+        self.uid_holders: dict[int, Job] = {}  # task UID -> the kept job that has it
         self.next_number = 1
         # node -> {(job id, task key): task}: what is placed where. Entries can go stale (a task moved, a job
         # removed); readers check task.node and drop those.
@@ -83,12 +86,22 @@ class Cluster(Membership):
 
     def add_job(self, job: Job) -> None:
         """A job from the store (or a new one)."""
+        if job.uid:
+            self.uid_holders.setdefault(job.uid, job)
         self.jobs[job.id] = job
         (self.ended if job.ended else self.live)[job.id] = job
         if job.request_id:
             self.requests[job.request_id] = job.id
         self.next_number = max(self.next_number, job.number + 1)
         self._track(job)
+
+    def assign_missing_uids(self) -> None:
+        """Live jobs saved by a coordinator before 0.3 have no task UID: each gets one now, after every kept job
+        was loaded (none may take a UID another holds) and before any of their tasks is launched again."""
+        for job in self.live.values():
+            if not job.uid:
+                job.uid = self._allocate_uid(job.number)
+                self.uid_holders[job.uid] = job
 
     def add_node(self, node: Node) -> None:
         if node.name not in self.nodes:
@@ -122,9 +135,13 @@ class Cluster(Membership):
         never = place(spec, [self.idle[n.name] for n in capacity])
         if isinstance(never, Unfit):
             raise Unplaceable(never.reason)
+        try:
+            uid = self._allocate_uid(self.next_number)
+        except taskusers.RangeExhausted as e:
+            raise Unplaceable(str(e)) from None
         number, self.next_number = self.next_number, self.next_number + 1
         job_id = f"{spec.name}-{number}-{self.cluster_tag}" if self.cluster_tag else f"{spec.name}-{number}"
-        job = Job(id=job_id, spec=spec, number=number, request_id=request_id, created=now,
+        job = Job(id=job_id, spec=spec, number=number, request_id=request_id, created=now, uid=uid,
                   tasks=[Task(type=t, index=i) for t, i in task_list(spec)])
         self.add_job(job)
         return job, self.schedule(now)
@@ -254,6 +271,8 @@ class Cluster(Membership):
                 return
             del self.ended[job.id], self.jobs[job.id]
             self.requests.pop(job.request_id, None)
+            if self.uid_holders.get(job.uid) is job:
+                del self.uid_holders[job.uid]
             self.unfit_at.pop(job.id, None)
             self.removed.append(job.id)
 
@@ -273,6 +292,12 @@ class Cluster(Membership):
             self.unfit_at.pop(job.id, None)
             self.capacity_version += 1
         return commands
+
+    def _allocate_uid(self, number: int) -> int:
+        def holder(uid: int) -> Job | None:
+            return self.uid_holders.get(uid)
+        return taskusers.allocate(number, self.task_uids, lambda uid: (j := holder(uid)) is not None and not j.ended,
+                                  lambda uid: holder(uid) is not None)
 
     def _track(self, job: Job) -> None:
         for task in job.tasks:

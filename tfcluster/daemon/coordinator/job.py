@@ -114,6 +114,7 @@ class Job(Record):
     spec: JobSpec             # `auto` already resolved
     number: int = 0           # the job number (its id's suffix): orders jobs and pages
     request_id: str = ""      # the client's id for the submission: a retry returns this job
+    uid: int = 0              # its tasks' user and group on every node (taskusers.py); 0: saved before 0.3
     state: str = PENDING
     tasks: list[Task] = field(default_factory=list)
     restarts: int = 0

@@ -189,10 +189,10 @@ class Membership:
             if n.state != READY:
                 continue
             busy = {p for p, until in n.seen.busy_ports.items() if until > now} if n.seen.busy_ports else ()
-            if name not in used_gpus and name not in used_ports and not busy and not n.seen.condition:
+            if name not in used_gpus and name not in used_ports and not busy and not n.condition:
                 capacity.append(self.idle[name])
             else:
                 capacity.append(replace(self.idle[name], used_gpus=frozenset(used_gpus.get(name, ())),
                                         used_ports=frozenset(used_ports.get(name, set()) | set(busy)),
-                                        unavailable=n.seen.condition))
+                                        unavailable=n.condition))
         return capacity

@@ -31,6 +31,12 @@ class Node(Record):
     def name(self) -> str:
         return self.info.name
 
+    @property
+    def condition(self) -> str:
+        """Why the node takes no new tasks (its agent's own condition, or one it is too old to know); "": it
+        takes them."""
+        return self.seen.condition or self.info.root_tasks_condition
+
 
 def ports_overlap(a: NodeInfo, b: NodeInfo) -> bool:
     """Two agents' port ranges (their peer ports included) share a port."""

@@ -30,6 +30,7 @@ from tfcluster.daemon.coordinator.node import LOST
 from tfcluster.daemon.coordinator.logins import Logins
 from tfcluster.daemon.coordinator.records import Changes, job_from_docs, node_from_doc, trust_from_docs
 from tfcluster.daemon.coordinator.store import SqliteStore, Store
+from tfcluster.daemon.coordinator.taskusers import UidRange
 from tfcluster.daemon.coordinator.trust import Trust
 from tfcluster.daemon.logformat import fields
 from tfcluster.model import Attempt, CancelLog, Command, LogData, ReadLog, Revocations
@@ -159,6 +160,7 @@ class Coordinator:
         self.cluster.cluster_tag = base36(loaded.cluster_tag)
         self.trust = trust_from_docs(loaded.trust)
         self.changes.loaded(self.cluster, self.trust)
+        self.cluster.assign_missing_uids()  # after `loaded`: the store writes the UIDs given now
         if loaded.jobs or loaded.nodes:
             log.info("loaded %d jobs and %d nodes from %s", len(loaded.jobs), len(loaded.nodes), self.store.path)
 
@@ -446,9 +448,11 @@ def base36(number: int) -> str:
 
 def build(state_dir: Path, lost_after_seconds: float, heartbeat_interval_seconds: float,
           keep_finished_jobs: int, keep_finished_seconds: float, authority: pki.Authority | None = None,
-          reconnect_grace_seconds: float = RECONNECT_GRACE_SECONDS) -> Coordinator:
+          reconnect_grace_seconds: float = RECONNECT_GRACE_SECONDS,
+          task_uids: UidRange = UidRange()) -> Coordinator:
     cluster = Cluster(lost_after_seconds, resend_after_seconds=max(3 * heartbeat_interval_seconds, 1.0),
-                      keep_finished_jobs=keep_finished_jobs, keep_finished_seconds=keep_finished_seconds)
+                      keep_finished_jobs=keep_finished_jobs, keep_finished_seconds=keep_finished_seconds,
+                      task_uids=task_uids)
     coordinator = Coordinator(SqliteStore(Path(state_dir)), cluster, heartbeat_interval_seconds,
                               authority=authority)
     coordinator.load(reconnect_grace_seconds)

@@ -21,6 +21,7 @@ from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc, control_pb2, control_pb2
 from tfcluster.auth import async_server_interceptors
 from tfcluster.daemon.coordinator import status
 from tfcluster.daemon.coordinator.cluster import Unplaceable
+from tfcluster.daemon.coordinator.taskusers import UidRange
 from tfcluster.daemon.coordinator.membership import NameTaken
 from tfcluster.daemon.coordinator.dashboard import Dashboard
 from tfcluster.daemon.coordinator.job import Job, Task
@@ -313,7 +314,7 @@ class CoordinatorServer:
                  heartbeat_interval_seconds: float = 1.0, tls_dir: Path | None = None, insecure: bool = False,
                  join_listen: str = "", token: str | None = None, keep_finished_jobs: int = 1000,
                  keep_finished_seconds: float = 7 * 86400.0, node_cert_seconds: float = pki.NODE_HOURS * 3600.0,
-                 http_listen: str = ""):
+                 http_listen: str = "", task_uids: UidRange = UidRange()):
         if (tls_dir is None) == (not insecure):
             raise ValueError("give --tls-dir (see `tfcluster ca init`) or --insecure")
         self.listen, self.join_listen, self.token = listen, join_listen or _next_port(listen), token
@@ -324,7 +325,7 @@ class CoordinatorServer:
             else security.Credentials()
         authority = pki.Authority.load(tls_dir, with_key=True) if tls_dir else None
         self.coordinator = build(state_dir, lost_after_seconds, heartbeat_interval_seconds, keep_finished_jobs,
-                                 keep_finished_seconds, authority)
+                                 keep_finished_seconds, authority, task_uids=task_uids)
         if tls_dir:  # no node may be named as the coordinator is reached
             self.coordinator.trust.reserved = frozenset(pki.server_names(pki.load_cert(tls_dir / pki.SERVER_CERT)))
         self.coordinator.node_cert_lifetime = datetime.timedelta(seconds=node_cert_seconds)

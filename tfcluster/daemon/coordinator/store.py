@@ -70,7 +70,7 @@ class Store(Protocol):
 
 class SqliteStore:
     def __init__(self, state_dir: Path):
-        state_dir.mkdir(parents=True, exist_ok=True)
+        state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.path = str(state_dir / layout.COORDINATOR_DB)
         # Job specs hold their environment (secrets, often): the owner alone reads the state (SQLite gives its
         # WAL and shared-memory files the database file's mode).
