@@ -38,16 +38,18 @@ def pytest_configure(config):
 
 
 def _check_tasks_can_run_python() -> None:
-    """As root, tasks run as other users: they must be able to run this interpreter, as they would a system one."""
+    """As root, tasks run as other users: they must be able to run this interpreter and read this checkout (the
+    package they import), as they would a system Python and a shared checkout."""
     if os.geteuid() != 0:
         return
     from tfcluster.daemon.agent.isolation import acting_as
-    python = os.path.realpath(sys.executable)
+    python, checkout = os.path.realpath(sys.executable), str(Path(__file__).resolve().parent.parent)
     with acting_as(65534, 65534):
-        runnable = os.access(python, os.X_OK, effective_ids=True)
-    if not runnable:
-        raise pytest.UsageError(f"tasks run as their job's own user and cannot run {python}: a dir on its path is "
-                                f"closed to other users (`namei -m {python}`); make it traversable (chmod o+x)")
+        closed = [path for path, mode in ((python, os.X_OK), (checkout, os.R_OK | os.X_OK))
+                  if not os.access(path, mode, effective_ids=True)]
+    if closed:
+        raise pytest.UsageError(f"tasks run as their job's own user and cannot reach {closed[0]}: a dir on its path "
+                                f"is closed to other users (`namei -m {closed[0]}`); make it traversable (chmod o+x)")
 
 
 def pytest_unconfigure(config):

@@ -169,7 +169,7 @@ def _check_role(role_type: str, role: RoleSpec, fail, absolute_paths: bool) -> N
 
 
 def _check_roles(spec: JobSpec, fail) -> None:
-    """The rules that relate roles to the strategy (TF_FACTS.md; the profiles in strategies.py)."""
+    """The rules that relate roles to the strategy (docs/tensorflow.md; the profiles in strategies.py)."""
     chief, evaluators = spec.count("chief"), spec.count("evaluator")
     if chief > 1:
         raise fail("roles.chief.count", f"at most one chief, got {chief}")

@@ -74,7 +74,7 @@ class MultiWorkerMirrored(Strategy):
 
 
 class ParameterServer(Strategy):
-    """The chief runs the program; workers and ps serve it (TF_FACTS.md: ParameterServerStrategy)."""
+    """The chief runs the program; workers and ps serve it (docs/tensorflow.md: ParameterServerStrategy)."""
 
     def check_roles(self, spec) -> Problem | None:
         if spec.count("chief") != 1:

@@ -352,7 +352,7 @@ def plan_response(plan, commands: dict[tuple[str, int], tuple[str, ...]]) -> con
     return response
 
 
-# ---- status documents (`tfcluster status --json`, DESIGN.md: CLI contract) -----------------------
+# ---- status documents (`tfcluster status --json`: its fields are a contract) -----------------------
 
 def gpu_doc(g) -> dict[str, Any]:
     return {"index": g.index, "uuid": g.uuid, "name": g.name, "memory_mib": g.memory_mib}

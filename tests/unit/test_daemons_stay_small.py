@@ -1,4 +1,4 @@
-"""What the daemons and the CLI import: never TensorFlow (DESIGN.md: the agent must stay small), and the agent
+"""What the daemons and the CLI import: never TensorFlow (the agent must stay small), and the agent
 nothing of the coordinator (they share tfcluster.model and tfcluster.wire, nothing else)."""
 
 from __future__ import annotations

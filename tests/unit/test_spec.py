@@ -18,7 +18,7 @@ from tfcluster.spec import (
     spec_from_flags,
 )
 
-# The example from DESIGN.md, verbatim.
+# A spec as a user writes one: every table, the evaluator included.
 DESIGN_EXAMPLE = '''\
 name = "digits"
 strategy = "multi_worker_mirrored"

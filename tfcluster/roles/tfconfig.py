@@ -1,4 +1,4 @@
-"""TF_CONFIG for every task of a job (TF_FACTS.md: TF_CONFIG rules). Pure.
+"""TF_CONFIG for every task of a job (docs/tensorflow.md: TF_CONFIG). Pure.
 
 The evaluator is never inside the training tasks' cluster: under parameter_server an evaluator entry
 makes the chief hang at connect, and TensorFlow accepts an evaluator that is absent from the cluster.

@@ -1,6 +1,6 @@
 """What a node has: GPUs (NVML, or a declared inventory), CPUs, memory, hostname, the address to advertise.
 
-GPUs come from NVML through nvidia-ml-py, never from parsing nvidia-smi (LESSONS.md 11). The agent's own
+GPUs come from NVML through nvidia-ml-py, never from parsing nvidia-smi (docs/tensorflow.md: GPUs). The agent's own
 CUDA_VISIBLE_DEVICES, by index or UUID, limits what it offers, the way CUDA itself would read it.
 """
 

@@ -5,7 +5,7 @@ the attempt's limit: the head and the newest bytes, tasklog.py), carries out sto
 the whole group once the grace period is over), kills whatever the task leaves behind in its group, and
 records how the task ended, with its last lines, in its status file. Because the shim, not the agent, is
 the task's parent, an agent restart loses nothing: the exit code and the log are still recorded, and the
-new agent picks them up from the attempt dir (LESSONS.md 7, 9).
+new agent picks them up from the attempt dir; and nothing the task started outlives it.
 
 Files in ATTEMPT_DIR (names in tfcluster.layout): the launch file (written by the agent), the status file
 (written here, atomically), the output files (the task's stdout and stderr), and the stop file

@@ -1,9 +1,9 @@
 """The job state machine: PENDING -> STARTING -> RUNNING -> STOPPING -> SUCCEEDED | FAILED | STOPPED. Pure.
 
-Each transition changes a Job (job.py) and returns the actions (actions.py) the agents must be sent. A job
+Each transition changes a Job (job.py) and returns the commands (model.py) the agents must be sent. A job
 that must end or restart first passes through STOPPING until every task has exited, so no state says
 "done" while a process of the job is still alive. What a failure leads to is the restart policy's
-decision (restart.py); completion is explicit (LESSONS.md 2): the chief finishes, the evaluator is told
+decision (restart.py); completion is explicit (an evaluator or ps left running must never hang a finished job): the chief finishes, the evaluator is told
 the final checkpoint and evaluates it within a deadline, only then are ps and workers stopped.
 """
 
