@@ -58,8 +58,12 @@ class Attacker:
                                                             ("grpc.max_send_message_length", -1)])
 
     def call(self, kind: str, channel: grpc.Channel, method: str, body: bytes, timeout: float = 10) -> None:
+        self.record(kind, lambda: channel.unary_unary(method)(body, timeout=timeout))
+
+    def record(self, kind: str, call) -> None:
+        """Counts how a call ended, by its status code, and keeps the first details of each."""
         try:
-            channel.unary_unary(method)(body, timeout=timeout)
+            call()
             code, details = "OK", ""
         except grpc.RpcError as e:
             code, details = e.code().name, e.details() or ""
@@ -83,14 +87,7 @@ class Attacker:
         call = channel.unary_unary(method)
         while time.monotonic() < self.until:
             for future in [call.future(body, timeout=10) for _ in range(50)]:
-                try:
-                    future.result()
-                    code, details = "OK", ""
-                except grpc.RpcError as e:
-                    code, details = e.code().name, e.details() or ""
-                with self.lock:
-                    self.codes[kind][code] += 1
-                    self.details.setdefault(f"{kind} {code}", details[:300])
+                self.record(kind, future.result)
         channel.close()
 
     def hold_connections(self, count: int) -> None:

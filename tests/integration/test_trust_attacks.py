@@ -16,19 +16,10 @@ import psutil
 import pytest
 
 from harness import Daemon, free_port, job_processes, wait_until
-from test_trust import join_agent, new_token, node_info, token_file
+from test_trust import EXIT_REFUSED, cluster, join_agent, new_token, node_info, token_file  # noqa: F401 (fixture)
 from tfcluster import pki
 from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc
 from tfcluster.security import REMOVED, REPLACED, Credentials
-
-EXIT_REFUSED = 78
-
-
-@pytest.fixture
-def cluster(make_cluster):
-    cluster = make_cluster()
-    cluster.start_agent("a")
-    return cluster
 
 
 class Recorder(grpc.GenericRpcHandler):
