@@ -5,6 +5,8 @@
 - exit report latency: the last task's exit to the job's SUCCEEDED at the coordinator (shim, agent, stream)
 - node-loss detection: kill -9 of an agent to its node being LOST (vs. the configured timeout)
 - agent memory: RSS of an idle agent and of an agent supervising tasks
+- CLI: `tfcluster status` against the live coordinator, wall time, against the floor measured in the same run
+  (a Python that imports grpc and typer and does nothing else)
 
 Prints a table and writes bench/results.json. Run with `make bench`.
 """
@@ -12,7 +14,9 @@ Prints a table and writes bench/results.json. Run with `make bench`.
 from __future__ import annotations
 
 import json
+import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -26,15 +30,36 @@ from harness import LocalCluster, wait_until  # noqa: E402
 AGENTS = 4
 ROUNDS = 5
 LOST_AFTER = 3.0
+CLI_ROUNDS = 15
 
 
 def median_ms(values: list[float]) -> str:
     return f"{statistics.median(values) * 1000:.0f} ms (min {min(values) * 1000:.0f}, max {max(values) * 1000:.0f})"
 
 
+def wall(argv: list[str], env: dict[str, str]) -> float:
+    began = time.monotonic()
+    subprocess.run(argv, check=True, capture_output=True, env={**os.environ, **env})
+    return time.monotonic() - began
+
+
+def cli_figures(cluster: LocalCluster) -> dict[str, str]:
+    """`tfcluster status` and the floor, alternated so that both meet the same machine."""
+    status, floor = [], []
+    for _ in range(CLI_ROUNDS):
+        status.append(wall([sys.executable, "-m", "tfcluster.cli", "status"], cluster.client_env()))
+        floor.append(wall([sys.executable, "-c", "import grpc, typer"], {}))
+    ratio = statistics.median(status) / statistics.median(floor)
+    return {"cli_status": median_ms(status), "cli_floor_import_grpc_typer": median_ms(floor),
+            "cli_status_over_floor": f"{ratio:.2f}x"}
+
+
 def main() -> None:
     results: dict[str, object] = {}
-    with tempfile.TemporaryDirectory(prefix="tfcluster-bench-") as tmp:
+    # Tasks run as their jobs' own users: the cluster lives where they can reach their files (not in /tmp, which a
+    # task may see as its own).
+    with tempfile.TemporaryDirectory(prefix="tfcluster-bench-", dir="/var/tmp") as tmp:
+        os.chmod(tmp, 0o711)
         cluster = LocalCluster(root=Path(tmp), lost_after=LOST_AFTER)
         try:
             began = time.monotonic()
@@ -65,6 +90,7 @@ def main() -> None:
                 exit_report.append(job["finished"] - last_exit)
             results["launch_to_running"] = median_ms(launch)
             results["last_exit_to_job_succeeded"] = median_ms(exit_report)
+            results.update(cli_figures(cluster))
 
             victim = cluster.agents["n0"]
             killed = time.monotonic()

@@ -14,8 +14,7 @@ import grpc
 from tfcluster import layout
 from tfcluster.api.v1 import control_pb2, control_pb2_grpc
 from tfcluster.auth import TokenError, client_token
-from tfcluster.pki import PkiError
-from tfcluster.security import Credentials
+from tfcluster.credentials import Credentials, PkiError
 from tfcluster.spec import JobSpec
 from tfcluster.wire import spec_to_proto
 

@@ -23,6 +23,11 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+# Files of a credentials directory, the names servers are checked by, and PkiError live with the credentials,
+# which clients load without this module's cryptography.
+from tfcluster.credentials import (CA_CERT, CA_KEY, CLIENT_CERT, CLIENT_KEY, COORDINATOR_NAME,  # noqa: F401
+                                   NODE_CERT, NODE_KEY, NODE_NAME_SUFFIX, SERVER_CERT, SERVER_KEY, PkiError,
+                                   node_server_name)
 from tfcluster.model import NODE_NAME_RE
 
 COORDINATOR, ADMIN, VIEWER, NODE = "coordinator", "admin", "viewer", "node"
@@ -33,26 +38,6 @@ COORDINATOR_DAYS = 825
 NODE_HOURS = 24          # node certificates are short-lived and renewed at about two thirds of that
 RENEW_AT = 2 / 3
 BACKDATE = datetime.timedelta(minutes=5)  # a certificate is valid from a little before it was issued: clock skew
-# Files of a credentials directory (`--tls-dir`, TFCLUSTER_TLS_DIR, an agent's <state>/tls).
-CA_CERT, CA_KEY = "ca.crt", "ca.key"
-CLIENT_CERT, CLIENT_KEY = "client.crt", "client.key"
-SERVER_CERT, SERVER_KEY = "coordinator.crt", "coordinator.key"
-NODE_CERT, NODE_KEY = "node.crt", "node.key"
-# The names a client checks a server's certificate against (gRPC's target name), whatever address it dials:
-# only a coordinator's certificate carries COORDINATOR_NAME, only node N's carries server_name(N). The CA puts
-# them in itself, never from a request, so no other certificate of the cluster can stand in for these servers.
-# `.invalid` never resolves: these names exist in certificates only.
-COORDINATOR_NAME = "coordinator.tfcluster.invalid"
-NODE_NAME_SUFFIX = ".node.tfcluster.invalid"
-
-
-def node_server_name(node: str) -> str:
-    """The name only node `node`'s certificate carries: what a peer checks when it sends that node files."""
-    return f"{node}{NODE_NAME_SUFFIX}"
-
-
-class PkiError(ValueError):
-    """A credential that is missing, unreadable or not what it must be; the message says which."""
 
 
 @dataclass(frozen=True)

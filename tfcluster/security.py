@@ -24,6 +24,7 @@ import grpc
 from cryptography import x509
 
 from tfcluster import auth, pki
+from tfcluster.credentials import Credentials  # noqa: F401 (the daemons' import of it)
 from tfcluster.pki import ADMIN, NODE, VIEWER, Identity
 
 ANONYMOUS = "anonymous"  # a caller on the join port
@@ -252,50 +253,6 @@ def _nobody(auth: dict) -> None:
 
 
 # ---- credentials --------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Credentials:
-    """A certificate and its key, and the CA that signed the other side's; or none at all (--insecure), where
-    a shared cluster token, if any, is what keeps strangers out."""
-    ca: bytes = b""
-    cert: bytes = b""
-    key: bytes = b""
-    token: str | None = None
-
-    @property
-    def insecure(self) -> bool:
-        return not self.ca
-
-    @classmethod
-    def from_dir(cls, directory: Path, cert: str = pki.CLIENT_CERT, key: str = pki.CLIENT_KEY) -> "Credentials":
-        files = [directory / pki.CA_CERT, directory / cert, directory / key]
-        try:
-            return cls(*(f.read_bytes() for f in files))
-        except OSError as e:
-            raise pki.PkiError(f"{e.filename}: cannot read: {e.strerror or e}") from None
-
-    def server(self) -> grpc.ServerCredentials:
-        return grpc.ssl_server_credentials([(self.key, self.cert)], root_certificates=self.ca,
-                                           require_client_auth=True)
-
-    def join_server(self) -> grpc.ServerCredentials:
-        """The join port: the server proves who it is (its certificate chain, the CA included, so that a node can
-        check a pinned CA hash); callers bring no certificate yet."""
-        return grpc.ssl_server_credentials([(self.key, self.cert + self.ca)], require_client_auth=False)
-
-    def channel(self, address: str, options: list | None = None,
-                server_name: str = pki.COORDINATOR_NAME) -> grpc.Channel:
-        """A channel to address that accepts only a server whose certificate carries server_name: by default the
-        coordinator (a node's certificate, though of the same CA, cannot pass for it); a peer is named by
-        pki.node_server_name."""
-        if self.insecure:
-            return auth.channel(address, self.token, options)
-        creds = grpc.ssl_channel_credentials(root_certificates=self.ca, private_key=self.key,
-                                             certificate_chain=self.cert)
-        return grpc.secure_channel(address, creds,
-                                   options=[*(options or []), ("grpc.ssl_target_name_override", server_name)])
-
-
 
 def fetch_ca(address: str, pinned: str, timeout: float = 10.0) -> bytes:
     """The cluster CA's certificate from the join port at address, checked against a pinned `sha256:` hash

@@ -22,3 +22,11 @@ def test_daemons_and_cli_do_not_import_tensorflow():
 def test_the_agent_imports_nothing_of_the_coordinator():
     loaded = modules_after("tfcluster.daemon.agent.agent, tfcluster.daemon.agent.taskrunner, tfcluster.task")
     assert sorted(m for m in loaded if m.startswith("tfcluster.daemon.coordinator")) == []
+
+
+def test_client_commands_import_no_daemon_web_server_or_ca_code():
+    """Every `tfcluster status` pays for what `tfcluster.cli` imports: the daemons, their HTTP server (aiohttp)
+    and the CA's cryptography are imported by the commands that use them, not by every command."""
+    loaded = modules_after("tfcluster.cli, tfcluster.client")
+    assert sorted(m for m in loaded if m.startswith(("tfcluster.daemon", "aiohttp", "cryptography"))
+                  or m == "tfcluster.pki") == []

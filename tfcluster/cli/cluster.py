@@ -9,7 +9,6 @@ from typing import Optional
 
 import typer
 
-from tfcluster import pki
 from tfcluster.cli.common import CoordinatorOpt, TlsDirOpt, app, connect, err, fail, out, parse_duration
 from tfcluster.client import ClientError
 from tfcluster.model import NODE_NAME_RE
@@ -35,6 +34,8 @@ def ca_init(
     for name in san:
         if not name or not name.isprintable() or len(name) > 253 or any(c.isspace() for c in name):
             fail(f"--san: expected a host name or an IP address, got {name!r}", 2)
+    from tfcluster import pki  # the CA's cryptography, for `ca` commands alone
+
     try:
         ca = pki.init_ca(directory, san)
     except pki.PkiError as e:
@@ -53,11 +54,13 @@ def ca_init(
 def ca_issue(
     directory: Path = CaDirOpt,
     name: str = typer.Option(..., help="Who the credentials are for (a person or a script)."),
-    role: str = typer.Option(pki.ADMIN, help="admin (everything) or viewer (status and logs only)."),
+    role: str = typer.Option("admin", help="admin (everything) or viewer (status and logs only)."),
     out_dir: Path = typer.Option(..., "--out", metavar="OUTDIR",
                                  help="Where to write ca.crt, client.crt and client.key."),
 ) -> None:
     """Write credentials for a person or a script: a directory to point --tls-dir at."""
+    from tfcluster import pki
+
     try:
         ca = pki.Authority.load(directory, with_key=True)
         pki.write_credentials(ca, out_dir, name, role)

@@ -12,9 +12,6 @@ import typer
 from tfcluster.auth import TokenError, load_token
 from tfcluster.cli.common import app, default_state_dir, fail, parse_duration, parse_size, read_token
 from tfcluster.cli.node import MinFreeDiskOpt, RetainBytesOpt, RetainForOpt, retention_policy
-from tfcluster.daemon import logformat
-from tfcluster.daemon.web import HttpError
-from tfcluster.pki import PkiError
 
 MIN_NODE_CERT_SECONDS = 5           # the agent renews at two thirds: shorter would be renewing all the time
 MAX_NODE_CERT_SECONDS = 365 * 86400
@@ -25,6 +22,8 @@ LogFormatOpt = typer.Option("text", metavar="text|json",
 
 
 def _setup_logging(level: str, fmt: str) -> None:
+    from tfcluster.daemon import logformat  # the daemons' own imports are paid by the daemons alone
+
     try:
         logformat.setup(level, fmt)
     except ValueError as e:
@@ -102,6 +101,8 @@ def coordinator(
 
     from tfcluster.daemon.coordinator.process import serve
     from tfcluster.daemon.coordinator.service import CoordinatorServer
+    from tfcluster.daemon.web import HttpError
+    from tfcluster.pki import PkiError
     from tfcluster.daemon.coordinator.taskusers import parse_range
 
     _setup_logging(log_level, log_format)
