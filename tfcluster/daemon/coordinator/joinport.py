@@ -34,10 +34,10 @@ GRACE_SECONDS = 20         # the agent's join timeout is 20 s
 METADATA_BYTES = 8 * 1024  # headers of a call
 
 # Joins per source (an IPv4 address, an IPv6 /64): a bucket of JOIN_BURST calls refilled at JOIN_RATE per
-# second. An agent whose join is refused exits (status 2, which systemd does not restart), so the burst covers
-# every node behind one NAT that is started at the same moment: 100 at once, and 300 started over a minute
-# get through (100 + 5 a second for the 40 s it takes to start the other 200). One source cannot make the
-# coordinator look at more than 5 tokens and CSRs a second once its burst is spent.
+# second. An agent refused for the rate waits and tries again (identity.py); the burst spares the wait to a
+# fleet started at once behind one NAT: 100 at once, and 300 started over a minute get through at once (100 +
+# 5 a second for the 40 s it takes to start the other 200). One source cannot make the coordinator look at
+# more than 5 tokens and CSRs a second once its burst is spent.
 JOIN_BURST = 100
 JOIN_RATE = 5.0
 SOURCES_KEPT = 4096  # buckets kept; the least recently used goes first (it only gets a fresh, full bucket)
