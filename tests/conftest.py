@@ -13,7 +13,7 @@ from _pytest.tmpdir import TempPathFactory
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-# Tasks run as their job's own user, with a private /tmp (the job's own dir mounted there). What the tests give
+# Tasks run as their job's own user (with --private-tmp, the job's own dir mounted on /tmp). What the tests give
 # them (programs, specs, checkpoint dirs) lives in a scratch dir outside /tmp, as a shared scratch dir would:
 # traversable (its base, 0711), and each test's temp dir open to every user the way /tmp is (1777).
 SCRATCH_PARENT = "/var/tmp"

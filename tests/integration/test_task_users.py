@@ -24,6 +24,11 @@ from tfcluster.model import Attempt, Launch
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="tasks switch to their job's UID only under a root agent")
 
 PY = sys.executable
+# With --private-tmp a task writes /tmp/backup as TensorFlow's tutorials do, without meeting another job's; it also
+# hides the host's /tmp, so it is tried only where this interpreter and checkout do not live there.
+PRIVATE_TMP = not any(Path(path).resolve().is_relative_to("/tmp")
+                      for path in (sys.executable, Path(__file__).resolve().parents[2]))
+TMP_TARGET = "/tmp/backup" if PRIVATE_TMP else "$TMPDIR/backup"
 
 # Tries every target: "read" ones must be refused, "write" and "readable" ones must work. Prints one JSON line.
 PROBE = textwrap.dedent("""
@@ -38,7 +43,7 @@ PROBE = textwrap.dedent("""
             found[name] = type(e).__name__
     checkpoint = os.path.join(os.environ["TFCLUSTER_CHECKPOINT_DIR"], "probe")
     own = (("checkpoint_dir", checkpoint, "w"), ("events_file", os.environ["TFCLUSTER_EVENTS_FILE"], "a"),
-           ("control_file", os.environ["TFCLUSTER_CONTROL_FILE"], "r"), ("tmp", "/tmp/backup", "w"))
+           ("control_file", os.environ["TFCLUSTER_CONTROL_FILE"], "r"), ("tmp", os.path.expandvars(sys.argv[2]), "w"))
     for name, path, mode in own:
         try:
             with open(path, mode) as f:
@@ -60,7 +65,9 @@ def probe_result(cluster, job_id: str, task: str) -> dict:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    with running_cluster(tmp_path_factory.mktemp("users"), {"a": {"gpus": 1}, "b": {"gpus": 1}}) as cluster:
+    private = {"extra": ["--private-tmp"]} if PRIVATE_TMP else {}
+    with running_cluster(tmp_path_factory.mktemp("users"), {"a": {"gpus": 1, **private},
+                                                            "b": {"gpus": 1, **private}}) as cluster:
         yield cluster
 
 
@@ -83,7 +90,7 @@ def test_a_task_reaches_nothing_but_its_own_jobs_files(cluster, tmp_path):
     (tmp_path / "probe.py").write_text(PROBE)
     probe = start(cluster, "--name", "probe", "--strategy", "multi_worker_mirrored", "--workers", "2",
                   "--gpus-per-task", "1", "--wait", "--", PY, str(tmp_path / "probe.py"),
-                  str(tmp_path / "targets.json"))
+                  str(tmp_path / "targets.json"), TMP_TARGET)
     job = cluster.job(probe)
     assert job["state"] == "SUCCEEDED", job
     assert {t["node"] for t in job["tasks"]} == {"a", "b"}

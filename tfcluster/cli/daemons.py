@@ -190,6 +190,11 @@ def agent(
                                           help="Run every task on this node as root, as agents before 0.3 did "
                                                "(whoever may submit a job then owns this node). By default each "
                                                "job's tasks run as the job's own UID from the coordinator."),
+    private_tmp: bool = typer.Option(False, "--private-tmp",
+                                     help="Give each job's tasks a /tmp of their own (a mount namespace, as systemd's "
+                                          "PrivateTmp), so programs that write fixed /tmp paths never meet another "
+                                          "job's files; what tasks run and read must then lie outside /tmp "
+                                          "[default: off: TMPDIR is the job's own dir]."),
     log_level: str = LogLevelOpt,
     log_format: str = LogFormatOpt,
 ) -> None:
@@ -210,7 +215,8 @@ def agent(
                            ca_cert=ca_cert, ca_hash=ca_hash or "", join_address=join_address or "",
                            peer_quota=parse_size(peer_quota, "--peer-quota"), http_listen=http_listen or "",
                            retention=retention_policy(retain_for, retain_bytes, min_free_disk),
-                           task_log_bytes=_task_log_bytes(max_task_log), allow_root_tasks=allow_root_tasks)
+                           task_log_bytes=_task_log_bytes(max_task_log), allow_root_tasks=allow_root_tasks,
+                           private_tmp=private_tmp)
     except SettingsError as e:
         fail(str(e), 2)
     try:

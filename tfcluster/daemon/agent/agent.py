@@ -81,6 +81,7 @@ class AgentConfig:
     task_log_bytes: int = DEFAULT_LIMIT_BYTES  # output kept per task attempt (its head and its newest bytes)
     http_listen: str = ""  # HOST:PORT of /metrics; "": none
     allow_root_tasks: bool = False  # the operator lets tasks run as root here (taskuser.py)
+    private_tmp: bool = False  # each job's tasks get a /tmp of their own (isolation.py)
 
     def node_info(self) -> NodeInfo:
         return NodeInfo(name=self.name, address=self.address, port_range=self.port_range, gpus=self.gpus,
@@ -93,7 +94,7 @@ class Agent:
     def __init__(self, config: AgentConfig):
         self.config = config
         self.outbound: queue.Queue = queue.Queue()
-        self.task_users = TaskUsers(config.allow_root_tasks)
+        self.task_users = TaskUsers(config.allow_root_tasks, private_tmp=config.private_tmp)
         make_state_dir(config.state_dir)  # its modes set right, whoever made it
         self.supervisor = Supervisor(config.state_dir, self._on_task_change, self.condition, config.task_log_bytes,
                                      self.task_users)

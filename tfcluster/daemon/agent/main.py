@@ -38,7 +38,8 @@ def configure(coordinator: str, name: str | None, address: str | None, port_rang
               gpu_inventory: str | None, state_dir: Path, token: str | None, insecure: bool = False,
               join: str = "", ca_cert: Path | None = None, ca_hash: str = "", join_address: str = "",
               peer_quota: int = DEFAULT_QUOTA_BYTES, http_listen: str = "", retention: Policy = Policy(),
-              task_log_bytes: int = DEFAULT_LIMIT_BYTES, allow_root_tasks: bool = False) -> AgentConfig:
+              task_log_bytes: int = DEFAULT_LIMIT_BYTES, allow_root_tasks: bool = False,
+              private_tmp: bool = False) -> AgentConfig:
     """The agent's settings from its flags, with the node's GPUs, host and address discovered, and its
     certificate: the one it has, or one it gets by joining with a token."""
     try:
@@ -91,7 +92,7 @@ def configure(coordinator: str, name: str | None, address: str | None, port_rang
                        gpus=tuple(gpus), host=host_info(), state_dir=state_dir, peer_port=peer_port,
                        credentials=credentials, identity=identity, peer_quota_bytes=peer_quota,
                        http_listen=http_listen, retention=retention, task_log_bytes=task_log_bytes,
-                       allow_root_tasks=allow_root_tasks)
+                       allow_root_tasks=allow_root_tasks, private_tmp=private_tmp)
 
 
 def _node_credentials(identity: NodeIdentity, coordinator: str, join: str, ca_cert: Path | None, ca_hash: str,

@@ -166,7 +166,7 @@ class Supervisor:
             "command": list(order.command), "env": env, "workdir": order.workdir, "port": order.port,
             "stop_grace_seconds": order.stop_grace_seconds, "log_limit_bytes": self.log_limit_bytes,
             "user": {"uid": user.uid, "gid": user.gid} if user.switches else None, "task_dirs": task_dirs,
-            "private_tmp": str(paths.tmp) if self.task_users.agent_is_root else "",
+            "private_tmp": str(paths.tmp) if self.task_users.agent_is_root and self.task_users.private_tmp else "",
             "private_tmp_unavailable": private_tmp_problem(self.state_dir)})
         shim_log = os.open(record.dir / layout.SHIM_LOG_FILE, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         with open(shim_log, "ab") as shim_log_file:

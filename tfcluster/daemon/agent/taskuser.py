@@ -70,8 +70,11 @@ class TaskUser:
 class TaskUsers:
     """This node's rule for the user of each task."""
 
-    def __init__(self, allow_root: bool = False, agent_is_root: bool | None = None):
+    def __init__(self, allow_root: bool = False, agent_is_root: bool | None = None, private_tmp: bool = False):
         self.allow_root = allow_root
+        # --private-tmp: a job's tasks see their own dir as /tmp (needs root). Off by default: it hides whatever
+        # lies under the host's /tmp, a virtualenv or a checkout the task runs from included.
+        self.private_tmp = private_tmp
         self.agent_is_root = os.geteuid() == 0 if agent_is_root is None else agent_is_root
 
     def announce(self) -> None:
