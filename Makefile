@@ -4,7 +4,10 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-multihost test test-unit bench protos clean
+.PHONY: demo demo-multihost test test-unit docs docs-check bench protos clean
+
+# mkdocs 1.6 prints a banner about its successor on every build; it says nothing about this manual.
+export NO_MKDOCS_2_WARNING := 1
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,11 +22,19 @@ demo: $(STAMP)
 demo-multihost: $(STAMP)
 	$(PY) -m tfcluster.demo.multihost
 
-test: $(STAMP)
+test: docs-check
 	$(PY) -m pytest -q -p no:cacheprovider
 
 test-unit: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider tests/unit
+
+# The manual (docs/, mkdocs.yml) as a site in build/site.
+docs: $(STAMP)
+	$(PY) -m mkdocs build --strict --site-dir build/site
+
+# The manual builds without a warning (a broken link or anchor fails), into a dir thrown away after.
+docs-check: $(STAMP)
+	@site=$$(mktemp -d) && trap 'rm -rf "$$site"' EXIT && $(PY) -m mkdocs build --strict --quiet --site-dir "$$site"
 
 bench: $(STAMP)
 	$(PY) bench/run.py
