@@ -34,7 +34,7 @@ docs: $(STAMP)
 
 # The manual builds without a warning (a broken link or anchor fails), into a dir thrown away after.
 docs-check: $(STAMP)
-	@site=$$(mktemp -d) && trap 'rm -rf "$$site"' EXIT && $(PY) -m mkdocs build --strict --quiet --site-dir "$$site"
+	@site=$$(mktemp -d) && trap 'rm -rf "$$site"' EXIT && $(PY) -m mkdocs build --strict --site-dir "$$site"
 
 bench: $(STAMP)
 	$(PY) bench/run.py
