@@ -10,19 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tfcluster import strategies
-from tfcluster.model import JOB_ENDED, JOB_STATES, Attempt, Evaluation, Gpu, TaskExit
+from tfcluster.model import Attempt, Evaluation, Gpu, TaskExit
 from tfcluster.spec import JobSpec
+from tfcluster.states import JobState, TaskState, check_transition
 
-# Job states. A job that must end or restart first passes through STOPPING until every task has exited.
-PENDING, STARTING, RUNNING, STOPPING, SUCCEEDED, FAILED, STOPPED = JOB_STATES
-RESTART = "RESTART"  # the outcome of a STOPPING job that goes back to PENDING
-
-# Task states.
-T_PENDING, T_LAUNCHING, T_RUNNING = "PENDING", "LAUNCHING", "RUNNING"
-T_SUCCEEDED, T_FAILED, T_STOPPED, T_LOST = "SUCCEEDED", "FAILED", "STOPPED", "LOST"
-TASK_STATES = (T_PENDING, T_LAUNCHING, T_RUNNING, T_SUCCEEDED, T_FAILED, T_STOPPED, T_LOST)
-TASK_LIVE = (T_LAUNCHING, T_RUNNING)
-TASK_ENDED = (T_SUCCEEDED, T_FAILED, T_STOPPED, T_LOST)
 MAX_EVALUATIONS_KEPT = 1000
 
 
@@ -57,13 +48,35 @@ class Task(Record):
     gpus: tuple[Gpu, ...] = ()
     checkpoint_dir: str = ""  # TFCLUSTER_CHECKPOINT_DIR on its node
     peer: str = ""            # its node's agent-to-agent address (host-local checkpoints go there)
-    state: str = T_PENDING
+    state: TaskState = TaskState.PENDING
     attempt: int = 0
     pid: int = 0
     exit: TaskExit | None = None
     stop_grace: float | None = None  # a stop was sent with this grace period; None: not asked to stop
     ready: bool = False  # running, and listening on its port when the next launch wave needs that
     seen: TaskSeen = field(default_factory=TaskSeen, repr=False)
+
+    def __post_init__(self) -> None:
+        self.state = TaskState(self.state)  # a value read back from the store
+
+    def move(self, state: TaskState) -> None:
+        """The one way the coordinator changes a task's state: raises IllegalTransition on a change the
+        transition table (states.py) does not allow."""
+        check_transition(f"task {self.key}", self.state, state)
+        self.state = state
+
+    def start_over(self, state: TaskState, unplace: bool = False) -> None:
+        """The one place a task starts again: LAUNCHING (a new attempt is sent) or PENDING (it waits to be
+        launched again: placed anew, or restarted). Nothing of the attempt before carries over but how it ended,
+        which a waiting task still shows until its next attempt launches. unplace: it gives up its node, port and
+        GPUs, and the cluster places it anew."""
+        self.move(state)
+        self.pid, self.stop_grace, self.ready = 0, None, False
+        if state == TaskState.LAUNCHING:
+            self.attempt += 1
+            self.exit = None
+        if unplace:
+            self.node, self.host, self.port, self.gpus, self.peer = "", "", 0, (), ""
 
     @property
     def key(self) -> str:
@@ -75,7 +88,7 @@ class Task(Record):
 
     @property
     def live(self) -> bool:
-        return self.state in TASK_LIVE
+        return self.state.live
 
     @property
     def current(self) -> Attempt:
@@ -115,7 +128,7 @@ class Job(Record):
     number: int = 0           # the job number (its id's suffix): orders jobs and pages
     request_id: str = ""      # the client's id for the submission: a retry returns this job
     uid: int = 0              # its tasks' user and group on every node (taskusers.py); 0: saved before 0.3
-    state: str = PENDING
+    state: JobState = JobState.PENDING
     tasks: list[Task] = field(default_factory=list)
     restarts: int = 0
     preemptions: int = 0
@@ -123,7 +136,7 @@ class Job(Record):
     message: str = ""
     created: float = 0.0
     finished: float = 0.0
-    outcome: str = ""         # while STOPPING: the state to take once every task is gone (or RESTART)
+    outcome: str = ""         # while STOPPING: the state to take once every task is gone, or restart.RESTART
     restarting: tuple[str, ...] = ()  # while STOPPING for a partial restart: the tasks being restarted
     not_before: float = 0.0   # restart backoff: not placed again before this time
     last_failure: Failure | None = None
@@ -139,6 +152,15 @@ class Job(Record):
     evaluations: list[Evaluation] = field(default_factory=list)
     seen: JobSeen = field(default_factory=JobSeen, repr=False)
 
+    def __post_init__(self) -> None:
+        self.state = JobState(self.state)  # a value read back from the store
+
+    def move(self, state: JobState) -> None:
+        """The one way the coordinator changes a job's state: raises IllegalTransition on a change the
+        transition table (states.py) does not allow."""
+        check_transition(f"job {self.id}", self.state, state)
+        self.state = state
+
     @property
     def strategy(self) -> str:
         return self.spec.strategy
@@ -149,7 +171,7 @@ class Job(Record):
 
     @property
     def ended(self) -> bool:
-        return self.state in JOB_ENDED
+        return self.state.ended
 
     @property
     def host_local(self) -> bool:
