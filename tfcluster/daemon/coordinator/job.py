@@ -15,6 +15,7 @@ from tfcluster.spec import JobSpec
 from tfcluster.states import JobState, TaskState, check_transition
 
 MAX_EVALUATIONS_KEPT = 1000
+_PLACED = (JobState.STARTING, JobState.RUNNING, JobState.STOPPING)  # a job's tasks have their nodes
 
 
 class Record:
@@ -185,6 +186,12 @@ class Job(Record):
             cached = (self.tasks, {(t.type, t.index): t for t in self.tasks})
             object.__setattr__(self, "_by_key", cached)
         return cached[1].get((task_type, index))
+
+    def holds(self, task: Task) -> bool:
+        """The task holds its node's GPUs and port: it runs there, or it was placed there and waits to be
+        launched (a later wave, a restart in place, a restart's backoff), so no other task may have them."""
+        placed = task.state == TaskState.PENDING and task.node and self.state in _PLACED
+        return task.live or bool(placed)
 
     def training_tasks(self) -> list[Task]:
         return [t for t in self.tasks if t.type != "evaluator"]

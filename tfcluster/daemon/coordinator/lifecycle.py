@@ -129,9 +129,7 @@ def ended(job: Job, task: Task, exit: TaskExit, now: float) -> list[Command]:
 def lost(job: Job, task: Task, why: str, now: float) -> list[Command]:
     """The task's node is gone (or its agent forgot the task): a live task, or one placed there that waits to
     be launched (a later wave, a restart in place, one waiting for its backoff), is lost."""
-    placed = job.state in (JobState.STARTING, JobState.RUNNING, JobState.STOPPING)
-    waiting = task.state == TaskState.PENDING and task.node and placed
-    if not task.live and not waiting:
+    if not job.holds(task):
         return []
     task.move(TaskState.LOST)
     task.exit = TaskExit(message=why)

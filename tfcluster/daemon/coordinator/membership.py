@@ -174,13 +174,13 @@ class Membership:
         return node.info if node is not None and node.state == NodeState.READY else None
 
     def capacity(self, now: float) -> list[NodeCapacity]:
-        """Every READY node with what live tasks (and ports found taken) use of it, and why it takes no new
-        tasks, if it does not."""
+        """Every READY node with what its tasks hold (and ports found taken), and why it takes no new tasks,
+        if it does not."""
         used_gpus: dict[str, set[int]] = {}
         used_ports: dict[str, set[int]] = {}
         for job in self.live.values():
             for task in job.tasks:
-                if task.live:
+                if job.holds(task):
                     used_gpus.setdefault(task.node, set()).update(g.index for g in task.gpus)
                     used_ports.setdefault(task.node, set()).add(task.port)
         capacity = []
