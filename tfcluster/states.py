@@ -37,10 +37,6 @@ class JobState(enum.StrEnum):
         """Over for good: nothing of the job runs, and nothing will again."""
         return self in _JOB_ENDED
 
-    @property
-    def next_states(self) -> frozenset[JobState]:
-        return JOB_TRANSITIONS[self]
-
 
 _JOB_ENDED = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.STOPPED})
 
@@ -83,10 +79,6 @@ class TaskState(enum.StrEnum):
         """Its last attempt is over (a restart may still launch another)."""
         return self in _TASK_ENDED
 
-    @property
-    def next_states(self) -> frozenset[TaskState]:
-        return TASK_TRANSITIONS[self]
-
 
 _TASK_ENDED = frozenset({TaskState.SUCCEEDED, TaskState.FAILED, TaskState.STOPPED, TaskState.LOST})
 
@@ -115,6 +107,7 @@ class Phase(enum.StrEnum):
 
 def check_transition(what: str, old: JobState | TaskState, new: JobState | TaskState) -> None:
     """Raises IllegalTransition unless `new` may follow `old` (staying in a state is no transition)."""
-    if new != old and new not in old.next_states:
-        allowed = ", ".join(sorted(old.next_states)) or "nothing: it has ended"
+    next_states = (JOB_TRANSITIONS if isinstance(old, JobState) else TASK_TRANSITIONS)[old]
+    if new != old and new not in next_states:
+        allowed = ", ".join(sorted(next_states)) or "nothing: it has ended"
         raise IllegalTransition(f"{what}: {old} -> {new} is not a transition (from {old}: {allowed})")

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from tfcluster.daemon.coordinator.cluster import Cluster, Unplaceable
-from tfcluster.daemon.coordinator.job import Job, Task
+from tfcluster.daemon.coordinator.job import Job, StateRecord, Task
 from tfcluster.model import (Attempt, Launch, PREEMPTION_EXIT_CODE, Stop, SyncCheckpoints, TaskExit, TaskProgress,
                              TaskReport)
 from tfcluster.states import JOB_TRANSITIONS, TASK_TRANSITIONS, JobState, Phase
@@ -93,16 +93,15 @@ class CoreMachine(RuleBasedStateMachine):
     def _record_moves(self) -> None:
         """Every Job.move and Task.move is noted (before it checks, so a refused one is seen even where the
         core swallows the error)."""
-        self.originals = {cls: cls.move for cls in (Job, Task)}
-        for cls, original in self.originals.items():
-            def move(record, state, original=original):
-                self.moves.append((record, record.state, state))
-                original(record, state)
-            cls.move = move
+        original = self.original_move = StateRecord.move
+
+        def move(record, state):
+            self.moves.append((record, record.state, state))
+            original(record, state)
+        StateRecord.move = move
 
     def teardown(self) -> None:
-        for cls, original in self.originals.items():
-            cls.move = original
+        StateRecord.move = self.original_move
 
     def records(self):
         for job in self.cluster.jobs.values():

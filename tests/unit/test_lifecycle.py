@@ -8,10 +8,10 @@ from tfcluster import __version__
 from tfcluster.daemon.coordinator import job as J
 from tfcluster.daemon.coordinator import lifecycle
 from tfcluster.daemon.coordinator.launch import launch
+from tfcluster.daemon.coordinator.restart import RESTART
 from tfcluster.daemon.coordinator.scheduler import NodeCapacity, place, task_list
 from tfcluster.model import Gpu, NodeInfo, TaskExit
 from tfcluster.spec import parse_spec
-from tfcluster.daemon.coordinator.restart import RESTART
 from tfcluster.states import JobState, TaskState
 
 

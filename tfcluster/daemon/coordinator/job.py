@@ -8,6 +8,7 @@ output progress, when a command was last sent) lives in the `seen` parts, which 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from tfcluster import strategies
 from tfcluster.model import Attempt, Evaluation, Gpu, TaskExit
@@ -30,6 +31,20 @@ class Record:
         object.__setattr__(self, "unsaved", False)
 
 
+class StateRecord(Record):
+    """A saved record whose state changes only along its transition table (states.py)."""
+    States: ClassVar[type[JobState] | type[TaskState]]
+
+    def __post_init__(self) -> None:
+        self.state = self.States(self.state)  # a value read back from the store becomes a member (or is refused)
+
+    def move(self, state: JobState | TaskState) -> None:
+        """The one way the coordinator changes the state: raises IllegalTransition on a change the table does not
+        allow."""
+        check_transition(str(self), self.state, state)
+        self.state = state
+
+
 @dataclass
 class TaskSeen:
     """What the coordinator observes about a task while it runs; never saved."""
@@ -40,7 +55,9 @@ class TaskSeen:
 
 
 @dataclass(eq=False)
-class Task(Record):
+class Task(StateRecord):
+    States: ClassVar = TaskState
+
     type: str
     index: int
     node: str = ""
@@ -57,14 +74,8 @@ class Task(Record):
     ready: bool = False  # running, and listening on its port when the next launch wave needs that
     seen: TaskSeen = field(default_factory=TaskSeen, repr=False)
 
-    def __post_init__(self) -> None:
-        self.state = TaskState(self.state)  # a value read back from the store
-
-    def move(self, state: TaskState) -> None:
-        """The one way the coordinator changes a task's state: raises IllegalTransition on a change the
-        transition table (states.py) does not allow."""
-        check_transition(f"task {self.key}", self.state, state)
-        self.state = state
+    def __str__(self) -> str:
+        return f"task {self.key}"
 
     def start_over(self, state: TaskState, unplace: bool = False) -> None:
         """The one place a task starts again: LAUNCHING (a new attempt is sent) or PENDING (it waits to be
@@ -123,7 +134,9 @@ class JobSeen:
 
 
 @dataclass(eq=False)
-class Job(Record):
+class Job(StateRecord):
+    States: ClassVar = JobState
+
     id: str
     spec: JobSpec             # `auto` already resolved
     number: int = 0           # the job number (its id's suffix): orders jobs and pages
@@ -153,14 +166,8 @@ class Job(Record):
     evaluations: list[Evaluation] = field(default_factory=list)
     seen: JobSeen = field(default_factory=JobSeen, repr=False)
 
-    def __post_init__(self) -> None:
-        self.state = JobState(self.state)  # a value read back from the store
-
-    def move(self, state: JobState) -> None:
-        """The one way the coordinator changes a job's state: raises IllegalTransition on a change the
-        transition table (states.py) does not allow."""
-        check_transition(f"job {self.id}", self.state, state)
-        self.state = state
+    def __str__(self) -> str:
+        return f"job {self.id}"
 
     @property
     def strategy(self) -> str:
