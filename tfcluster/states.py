@@ -7,8 +7,9 @@ back from any of those places compares equal to its member.
 A job goes PENDING -> STARTING -> RUNNING -> STOPPING -> SUCCEEDED | FAILED | STOPPED. A job that must
 end or restart first passes through STOPPING until every task has exited, so no state says "done" while a
 process of the job is still alive; from STOPPING a restart goes back to PENDING (placed again as a whole)
-or to STARTING (some tasks relaunched in place). The coordinator changes a state only through
-`check_transition`, so the tables below are the whole truth about what can happen.
+or to STARTING (some tasks relaunched in place). The coordinator changes a job's or a task's state only
+through their `move` (tfcluster/daemon/coordinator/job.py), which calls `check_transition`, so the tables
+below are the whole truth about what can happen.
 
 This module imports nothing of tfcluster: the CLI, the agent and the dashboard all read it.
 """
@@ -94,7 +95,7 @@ TASK_TRANSITIONS: Mapping[TaskState, frozenset[TaskState]] = {
 
 class NodeState(enum.StrEnum):
     READY = "READY"  # its agent is connected and heard from
-    LOST = "LOST"    # silent for too long, or its stream is gone: its tasks count as lost
+    LOST = "LOST"    # not heard from for too long: its tasks count as lost
 
 
 class Phase(enum.StrEnum):
@@ -107,6 +108,8 @@ class Phase(enum.StrEnum):
 
 def check_transition(what: str, old: JobState | TaskState, new: JobState | TaskState) -> None:
     """Raises IllegalTransition unless `new` may follow `old` (staying in a state is no transition)."""
+    if type(new) is not type(old):  # a job's RUNNING equals a task's RUNNING as a string, but is not one
+        raise IllegalTransition(f"{what}: {new!r} is not a {type(old).__name__}")
     next_states = (JOB_TRANSITIONS if isinstance(old, JobState) else TASK_TRANSITIONS)[old]
     if new != old and new not in next_states:
         allowed = ", ".join(sorted(next_states)) or "nothing: it has ended"

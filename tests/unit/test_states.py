@@ -55,7 +55,9 @@ def test_a_move_off_the_table_is_refused_and_changes_nothing():
     with pytest.raises(IllegalTransition, match="worker:0: PENDING -> RUNNING"):
         task.move(TaskState.RUNNING)  # never reported running before it was launched
     task.move(TaskState.LAUNCHING)
-    assert task.state == TaskState.LAUNCHING
+    with pytest.raises(IllegalTransition, match="not a TaskState"):
+        task.move(JobState.RUNNING)  # equal as strings, but a job's state
+    assert task.state is TaskState.LAUNCHING
 
 
 def test_states_read_back_from_the_store_become_members_and_unknown_ones_are_refused():
