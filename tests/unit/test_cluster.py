@@ -1061,11 +1061,11 @@ def test_a_chief_that_finishes_during_a_partial_restart_ends_training():
 
 def test_a_task_placed_but_waiting_for_its_wave_keeps_its_gpu_and_port_from_the_next_job():
     sim = Sim(info("n1", 2), info("n2", 2), info("n3", 2))
-    first, _ = sim.submit(make_spec(strategy="parameter_server", gpus=1, chief=1, worker=2, ps={"count": 1, "gpus": 0}))
+    spec = make_spec(strategy="parameter_server", gpus=1, chief=1, worker=2, ps={"count": 1, "gpus": 0})
+    first, _ = sim.submit(spec)
     chief = first.task("chief", 0)
     assert chief.state == TaskState.PENDING and chief.node, "the chief waits for the second wave"
-    second, _ = sim.submit(make_spec(strategy="parameter_server", gpus=1, chief=1, worker=2, ps={"count": 1, "gpus": 0}),
-                           name="second")
+    second, _ = sim.submit(spec, name="second")
     held = [(t.node, g.index) for j in (first, second) for t in j.tasks if j.holds(t) for g in t.gpus]
     ports = [(t.node, t.port) for j in (first, second) for t in j.tasks if j.holds(t)]
     assert len(held) == len(set(held)) == 6 and len(ports) == len(set(ports))
