@@ -11,6 +11,8 @@ import re
 import signal as signals
 from dataclasses import dataclass, field
 
+from tfcluster.states import Phase
+
 PREEMPTION_EXIT_CODE = 42  # PreemptionCheckpointHandler saved a checkpoint and exited: restart for free
 ROLE_TYPES = ("chief", "worker", "ps", "evaluator")
 # A node name is a host name or something like it: it appears in logs, tables and `nodes = [...]` lists.
@@ -32,19 +34,6 @@ def control_character(value: str, multiline: bool = False) -> str | None:
     """The first control character in value (as `\\x..`), if any; multiline lets tab, LF and CR through."""
     found = (_CONTROL_BUT_WHITESPACE if multiline else _CONTROL).search(value)
     return None if found is None else repr(found.group())[1:-1]
-
-
-# A job's states, in the order a job goes through them; STOPPING lasts until every task has exited.
-JOB_STATES = ("PENDING", "STARTING", "RUNNING", "STOPPING", "SUCCEEDED", "FAILED", "STOPPED")
-JOB_ENDED = JOB_STATES[4:]
-
-
-class Phase:
-    """A task attempt as its agent sees it."""
-    STARTING = "STARTING"                # launched, its process not started yet (agent-side only)
-    RUNNING = "RUNNING"
-    EXITED = "EXITED"                    # exit code or signal known
-    FAILED_TO_START = "FAILED_TO_START"  # never ran (missing program, port taken); the exit says why
 
 
 @dataclass(frozen=True)
@@ -143,7 +132,7 @@ class TaskExit:
 class TaskReport:
     """An attempt's condition, from its agent: RUNNING (perhaps listening), or ended with `exit`."""
     attempt: Attempt
-    phase: str
+    phase: Phase
     pid: int = 0
     listening: bool = False
     exit: TaskExit | None = None

@@ -8,6 +8,8 @@ from rich.console import Group
 from rich.text import Text
 from rich.table import Table
 
+from tfcluster.states import JobState, NodeState, TaskState
+
 
 def gpu_list(gpus) -> str:
     return ",".join(str(g.index) for g in gpus)
@@ -19,7 +21,8 @@ def _ago(seconds: float) -> str:
 
 def render_summary(summary) -> Text:
     """One line for the whole cluster, and what the overview leaves out."""
-    nodes = ", ".join(f"{v} {k}" for k, v in sorted(summary.nodes_by_state.items(), key=lambda kv: kv[0] != "READY"))
+    ready_first = sorted(summary.nodes_by_state.items(), key=lambda kv: kv[0] != NodeState.READY)
+    nodes = ", ".join(f"{v} {k}" for k, v in ready_first)
     jobs = ", ".join(f"{v} {k.lower()}" for k, v in summary.jobs_by_state.items())
     line = f"nodes: {nodes or 'none'}; GPUs: {summary.gpus_allocated} of {summary.gpus_total} allocated; " \
            f"jobs: {jobs or 'none'}"
@@ -46,7 +49,7 @@ def render_status(nodes_shown, jobs_shown, summary=None, job_id: Optional[str] =
         nodes.add_column(col)
     for n in nodes_shown:
         gpu_text = ", ".join(f"{g.index}:{g.name or 'gpu'}" for g in n.gpus) or "-"
-        state = f"[red]{n.state}[/]" if n.state != "READY" else f"[yellow]{n.state}*[/]" if n.condition else \
+        state = f"[red]{n.state}[/]" if n.state != NodeState.READY else f"[yellow]{n.state}*[/]" if n.condition else \
             f"[green]{n.state}[/]"
         nodes.add_row(n.name, n.address, state, gpu_text, str(n.cpu_count), f"{n.memory_bytes / 2**30:.1f} GiB",
                       str(n.running_tasks), n.agent_version, _ago(n.last_seen_seconds_ago))
@@ -96,7 +99,13 @@ def render_plan(name: str, plan) -> Table:
     return table
 
 
+# A job's and a task's states share their words (SUCCEEDED, RUNNING, ...), so one colour serves both.
+STATE_COLOURS = {JobState.SUCCEEDED: "green", JobState.RUNNING: "cyan", JobState.FAILED: "red",
+                 TaskState.LOST: "red", JobState.STOPPED: "yellow", JobState.STOPPING: "yellow",
+                 JobState.PENDING: "magenta", JobState.STARTING: "blue", TaskState.LAUNCHING: "blue"}
+
+
 def _colour_state(state: str) -> str:
-    colour = {"SUCCEEDED": "green", "RUNNING": "cyan", "FAILED": "red", "LOST": "red", "STOPPED": "yellow",
-              "STOPPING": "yellow", "PENDING": "magenta", "STARTING": "blue", "LAUNCHING": "blue"}.get(state)
+    """A state as the coordinator sent it, coloured (a state this client does not know is shown plain)."""
+    colour = STATE_COLOURS.get(state)
     return f"[{colour}]{state}[/]" if colour else state

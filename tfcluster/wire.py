@@ -21,13 +21,14 @@ from tfcluster.model import (MAX_GPUS_PER_NODE, NODE_NAME_RE, Attempt, CancelLog
                              printable)
 from tfcluster.roles.tfconfig import build_tf_configs
 from tfcluster.spec import JobSpec, RestartPolicy, RoleSpec, validate
+from tfcluster.states import Phase
 
 MAX_TEXT = 4096        # a message, a path, a name of a GPU
 MAX_LOG_TAIL_LINES = 50
 MAX_TASKS_PER_NODE = 10_000  # task reports with a registration, progress entries with a heartbeat
 MAX_JOB_IDS = 1000           # asked about in one EndedJobs call
-PHASES = {"RUNNING": pb.TASK_PHASE_RUNNING, "EXITED": pb.TASK_PHASE_EXITED,
-          "FAILED_TO_START": pb.TASK_PHASE_FAILED_TO_START}
+PHASES = {Phase.RUNNING: pb.TASK_PHASE_RUNNING, Phase.EXITED: pb.TASK_PHASE_EXITED,
+          Phase.FAILED_TO_START: pb.TASK_PHASE_FAILED_TO_START}
 PHASE_NAMES = {v: k for k, v in PHASES.items()}
 
 
@@ -116,10 +117,10 @@ def task_report_to_proto(r: TaskReport) -> pb.TaskReport:
 
 def task_report_from_proto(msg: pb.TaskReport) -> TaskReport:
     if msg.phase not in PHASE_NAMES:
-        raise ValueError(f"task.phase: expected RUNNING, EXITED or FAILED_TO_START, got {msg.phase}")
+        raise ValueError(f"task.phase: expected {', '.join(PHASES)}, got {msg.phase}")
     phase = PHASE_NAMES[msg.phase]
     exit = None
-    if phase != "RUNNING":
+    if phase != Phase.RUNNING:
         exit = TaskExit(exit_code=msg.exit_code if msg.HasField("exit_code") else None,
                         signal=msg.signal if msg.HasField("signal") else None, message=msg.message[:MAX_TEXT],
                         log_tail=tuple(line[:MAX_TEXT] for line in msg.log_tail[-MAX_LOG_TAIL_LINES:]),
@@ -303,7 +304,7 @@ def spec_from_proto(msg: pb.JobSpec) -> JobSpec:
 def node_status(node, running_tasks: int, now: float) -> control_pb2.NodeStatus:
     i = node.info
     return control_pb2.NodeStatus(
-        name=i.name, address=i.address, state=node.state, gpus=[gpu_to_proto(g) for g in i.gpus],
+        name=i.name, address=i.address, state=node.state.value, gpus=[gpu_to_proto(g) for g in i.gpus],
         hostname=i.hostname, cpu_count=i.cpu_count, memory_bytes=i.memory_bytes, agent_version=i.agent_version,
         last_seen_seconds_ago=max(0.0, now - node.seen.last_seen), port_range_start=i.port_range[0],
         port_range_end=i.port_range[1], running_tasks=running_tasks, condition=node.condition)
@@ -321,13 +322,13 @@ def job_status(job) -> control_pb2.JobStatus:
     f = job.last_failure
     if f is not None and f.describe() not in message:
         message = f"{message}; last failure: {f.describe()}" if message else f"last failure: {f.describe()}"
-    status = control_pb2.JobStatus(id=job.id, name=job.spec.name, state=job.state, strategy=job.strategy,
+    status = control_pb2.JobStatus(id=job.id, name=job.spec.name, state=job.state.value, strategy=job.strategy,
                                    restarts=job.restarts, message=message, created=job.created,
                                    finished=job.finished, evaluator_restarts=job.evaluator_restarts,
                                    preemptions=job.preemptions, uid=job.uid)
     for t in job.tasks:
         task = status.tasks.add(type=t.type, index=t.index, node=t.node, address=t.address,
-                                gpus=[gpu_to_proto(g) for g in t.gpus], state=t.state, pid=t.pid,
+                                gpus=[gpu_to_proto(g) for g in t.gpus], state=t.state.value, pid=t.pid,
                                 attempt=t.attempt, message=t.message)
         _exit_fields(task, t.exit)
     for e in job.evaluations:

@@ -9,12 +9,11 @@ import pytest
 from coresim import PORTS, Sim, gpus, info, keys, launches, make_spec, report, stops, task_of
 
 from tfcluster import __version__
-from tfcluster.daemon.coordinator import job as J
 from tfcluster.daemon.coordinator.checkpoints import SYNC_DEADLINE_SECONDS
 from tfcluster.daemon.coordinator.cluster import Unplaceable
-from tfcluster.daemon.coordinator.node import LOST, READY
 from tfcluster.model import (Attempt, ExpectFiles, FinishTraining, Launch, NodeInfo, ShipCheckpoints, Stop, SyncCheckpoints,
                              TaskProgress)
+from tfcluster.states import JobState, NodeState, TaskState
 
 def three_nodes():
     return Sim(info("n1", 2), info("n2", 2), info("n3", 0))
@@ -36,7 +35,7 @@ def start(sim, spec, name="job"):
 def test_submit_launches_every_task_with_its_environment():
     sim = three_nodes()
     job, actions = sim.submit(mwms())
-    assert job.state == J.STARTING and job.strategy == "multi_worker_mirrored"
+    assert job.state == JobState.STARTING and job.strategy == "multi_worker_mirrored"
     assert keys(actions) == ["evaluator:0", "worker:0", "worker:1"]
     assert all(isinstance(a, Launch) for a in actions)
     by_key = {f"{task_of(a).type}:{task_of(a).index}": a for a in actions}
@@ -45,7 +44,7 @@ def test_submit_launches_every_task_with_its_environment():
         task = task_of(a)
         assert a.node == task.node and a.attempt.job_id == job.id == "job-1"
         assert a.command == ("python", "train.py") and a.workdir == "/work/job"
-        assert task.attempt == 1 and task.state == J.T_LAUNCHING
+        assert task.attempt == 1 and task.state == TaskState.LAUNCHING
         env = a.env
         tf_config = json.loads(env["TF_CONFIG"])
         assert tf_config == {"cluster": cluster, "task": {"type": task.type, "index": task.index}}
@@ -90,13 +89,13 @@ def test_running_only_when_every_task_runs():
     job, actions = sim.submit(mwms())
     for a in actions[:-1]:
         assert sim.report(job, task_of(a).type, task_of(a).index, "RUNNING") == []
-        assert job.state == J.STARTING
+        assert job.state == JobState.STARTING
     sim.report(job, task_of(actions[-1]).type, task_of(actions[-1]).index, "RUNNING", pid=4242)
-    assert job.state == J.RUNNING
-    assert task_of(actions[-1]).pid == 4242 and task_of(actions[-1]).state == J.T_RUNNING
+    assert job.state == JobState.RUNNING
+    assert task_of(actions[-1]).pid == 4242 and task_of(actions[-1]).state == TaskState.RUNNING
     # A repeated report changes nothing.
     assert sim.report(job, task_of(actions[-1]).type, task_of(actions[-1]).index, "RUNNING") == []
-    assert job.state == J.RUNNING
+    assert job.state == JobState.RUNNING
 
 
 def test_capacity_accounts_for_running_jobs():
@@ -113,10 +112,10 @@ def test_all_exit_zero_succeeds_and_frees_resources():
     sim = three_nodes()
     job, _ = start(sim, mwms(roles={"worker": {"count": 2}}))
     assert sim.exit(job, "worker:1", 0) == []
-    assert job.state == J.RUNNING  # worker 0 still training
+    assert job.state == JobState.RUNNING  # worker 0 still training
     assert sim.exit(job, "worker:0", 0) == []
-    assert job.state == J.SUCCEEDED and job.finished == sim.now
-    assert all(t.state == J.T_SUCCEEDED for t in job.tasks)
+    assert job.state == JobState.SUCCEEDED and job.finished == sim.now
+    assert all(t.state == TaskState.SUCCEEDED for t in job.tasks)
     assert sim.free() == {"n1": ([0, 1], []), "n2": ([0, 1], []), "n3": ([], [])}
 
 
@@ -129,9 +128,9 @@ def test_success_needs_every_training_task_whatever_the_exit_order(roles, order)
     job, _ = start(sim, mwms(roles=roles))
     for key in order[:-1]:
         assert sim.exit(job, key, 0) == []
-        assert job.state == J.RUNNING, f"done after only {key}"
+        assert job.state == JobState.RUNNING, f"done after only {key}"
     sim.exit(job, order[-1], 0)
-    assert job.state == J.SUCCEEDED
+    assert job.state == JobState.SUCCEEDED
 
 
 def test_training_done_tells_the_evaluator_the_final_checkpoint_then_succeeds():
@@ -142,9 +141,9 @@ def test_training_done_tells_the_evaluator_the_final_checkpoint_then_succeeds():
     assert len(actions) == 1 and isinstance(actions[0], FinishTraining)
     assert (actions[0].attempt.type, actions[0].final_checkpoint) == ("evaluator", "ckpt-7")
     assert actions[0].attempt.number == job.task("evaluator", 0).attempt
-    assert job.state == J.RUNNING and "ckpt-7" in job.message
+    assert job.state == JobState.RUNNING and "ckpt-7" in job.message
     assert sim.exit(job, "evaluator:0", 0) == []
-    assert job.state == J.SUCCEEDED
+    assert job.state == JobState.SUCCEEDED
     assert sim.free() == {"n1": ([0, 1], []), "n2": ([0, 1], []), "n3": ([], [])}
 
 
@@ -159,9 +158,9 @@ def test_final_evaluation_is_bounded_by_its_deadline():
     sim.now += 2
     sim.heartbeat_all()
     actions = sim.c.tick(sim.now)
-    assert keys(actions) == ["evaluator:0"] and job.state == J.STOPPING
+    assert keys(actions) == ["evaluator:0"] and job.state == JobState.STOPPING
     sim.exit_stopped(job, actions)
-    assert job.state == J.SUCCEEDED
+    assert job.state == JobState.SUCCEEDED
     assert job.message == ("the evaluator did not evaluate the final checkpoint ckpt-2 within "
                            "evaluator_deadline_seconds = 600; stopped it")
 
@@ -174,7 +173,7 @@ def test_worker_failure_restarts_the_whole_group_on_the_same_addresses():
     before = {task_of(a).key: (a.node, task_of(a).address, a.env["TF_CONFIG"], a.env["CUDA_VISIBLE_DEVICES"])
               for a in first}
     actions = sim.exit(job, "worker:1", 1, log_tail=["Traceback", "RuntimeError: boom"])
-    assert job.state == J.STOPPING
+    assert job.state == JobState.STOPPING
     assert keys(actions) == ["evaluator:0", "worker:0"]
     assert all(isinstance(a, Stop) and a.attempt.number == 1 and a.grace_seconds == 30.0 for a in actions)
     assert job.last_failure.task == "worker:1" and job.last_failure.exit.exit_code == 1
@@ -182,9 +181,9 @@ def test_worker_failure_restarts_the_whole_group_on_the_same_addresses():
     assert "worker:1" in job.message and "exited with code 1" in job.message
 
     assert sim.exit_stopped(job, actions[:1]) == []
-    assert job.state == J.STOPPING  # one survivor left
+    assert job.state == JobState.STOPPING  # one survivor left
     relaunch = sim.exit_stopped(job, actions[1:])
-    assert job.state == J.STARTING and job.restarts == 1
+    assert job.state == JobState.STARTING and job.restarts == 1
     assert keys(relaunch) == ["evaluator:0", "worker:0", "worker:1"]
     after = {task_of(a).key: (a.node, task_of(a).address, a.env["TF_CONFIG"], a.env["CUDA_VISIBLE_DEVICES"])
              for a in relaunch}
@@ -192,19 +191,19 @@ def test_worker_failure_restarts_the_whole_group_on_the_same_addresses():
     for a in relaunch:
         assert task_of(a).attempt == 2 and a.env["TFCLUSTER_ATTEMPT"] == "2"
     assert sim.running(job, relaunch) == []
-    assert job.state == J.RUNNING
+    assert job.state == JobState.RUNNING
 
 
 def test_restart_budget_spent_fails_naming_task_and_exit_code():
     sim = three_nodes()
     job, actions = start(sim, mwms(roles={"worker": {"count": 2}}, restart={"max_restarts": 1}))
     relaunch = sim.exit_stopped(job, sim.exit(job, "worker:0", 3))
-    assert job.restarts == 1 and job.state == J.STARTING
+    assert job.restarts == 1 and job.state == JobState.STARTING
     sim.running(job, relaunch)
     stop = sim.exit(job, "worker:1", 5)
-    assert job.state == J.STOPPING and keys(stop) == ["worker:0"]
+    assert job.state == JobState.STOPPING and keys(stop) == ["worker:0"]
     assert sim.exit_stopped(job, stop) == []
-    assert job.state == J.FAILED
+    assert job.state == JobState.FAILED
     assert job.restarts == 1
     assert "worker:1" in job.message and "exited with code 5" in job.message and "budget spent" in job.message
     assert job.last_failure.describe().startswith("worker:1 on n")
@@ -214,7 +213,7 @@ def test_no_restarts_allowed_fails_at_first_failure():
     sim = three_nodes()
     job, _ = start(sim, mwms(roles={"worker": {"count": 1}}, strategy="mirrored", restart={"max_restarts": 0}))
     assert sim.exit(job, "worker:0", None, signal=9) == []
-    assert job.state == J.FAILED
+    assert job.state == JobState.FAILED
     assert "worker:0" in job.message and "SIGKILL" in job.message
 
 
@@ -223,11 +222,11 @@ def test_preemption_exit_42_restarts_without_using_the_budget():
     job, _ = start(sim, mwms(roles={"worker": {"count": 2}}, restart={"max_restarts": 0}))
     for attempt in (2, 3):
         stop = sim.exit(job, "worker:0", 42)
-        assert job.state == J.STOPPING
+        assert job.state == JobState.STOPPING
         assert "preemption" in job.message and job.last_failure.exit.exit_code == 42
         # Under MWMS every worker saves and exits 42 itself.
         relaunch = sim.exit(job, "worker:1", 42)
-        assert job.state == J.STARTING
+        assert job.state == JobState.STARTING
         assert keys(relaunch) == ["worker:0", "worker:1"] and keys(stop) == ["worker:1"]
         assert all(task_of(a).attempt == attempt for a in relaunch)
         sim.running(job, relaunch)
@@ -240,7 +239,7 @@ def test_permanent_exit_code_fails_at_once():
     stop = sim.exit(job, "worker:0", 7)
     assert keys(stop) == ["evaluator:0", "worker:1"]
     sim.exit_stopped(job, stop)
-    assert job.state == J.FAILED and job.restarts == 0
+    assert job.state == JobState.FAILED and job.restarts == 0
     assert "worker:0" in job.message and "code 7" in job.message and "permanent" in job.message
 
 
@@ -249,7 +248,7 @@ def test_failure_while_starting_restarts_too():
     job, actions = sim.submit(mwms(roles={"worker": {"count": 2}}))
     sim.report(job, "worker", 0, "RUNNING")
     stop = sim.report(job, "worker", 1, "FAILED_TO_START", message="python: not found")
-    assert job.state == J.STOPPING and keys(stop) == ["worker:0"]
+    assert job.state == JobState.STOPPING and keys(stop) == ["worker:0"]
     assert "python: not found" in job.message
     relaunch = sim.exit_stopped(job, stop)
     assert keys(relaunch) == ["worker:0", "worker:1"] and job.restarts == 1
@@ -260,7 +259,7 @@ def test_restart_backoff_waits_for_tick():
     job, _ = start(sim, mwms(roles={"worker": {"count": 1}}, strategy="mirrored",
                              restart={"backoff_seconds": 10}))
     assert sim.exit(job, "worker:0", 1) == []
-    assert job.state == J.PENDING and job.not_before == sim.now + 10
+    assert job.state == JobState.PENDING and job.not_before == sim.now + 10
     sim.now += 5
     sim.heartbeat_all()
     assert sim.c.tick(sim.now) == []
@@ -277,27 +276,27 @@ def test_evaluator_failure_restarts_only_the_evaluator():
     actions = sim.exit(job, "evaluator:0", 1)
     assert keys(actions) == ["evaluator:0"] and isinstance(actions[0], Launch)
     assert task_of(actions[0]).attempt == 2 and actions[0].env["TFCLUSTER_ATTEMPT"] == "2"
-    assert job.state == J.RUNNING
+    assert job.state == JobState.RUNNING
     assert [(t.state, t.attempt, t.pid) for t in job.training_tasks()] == workers
     assert "evaluator restarted" in job.message
     assert sim.report(job, "evaluator", 0, "RUNNING") == []
-    assert job.state == J.RUNNING
+    assert job.state == JobState.RUNNING
     # Training still ends normally, with the restarted evaluator's final evaluation.
     sim.exit(job, "worker:1", 0)
     finish = sim.exit(job, "worker:0", 0)
     assert [a.attempt.number for a in finish if isinstance(a, FinishTraining)] == [2]
     sim.exit(job, "evaluator:0", 0)
-    assert job.state == J.SUCCEEDED
+    assert job.state == JobState.SUCCEEDED
 
 
 def test_evaluator_failures_never_fail_the_job():
     sim = three_nodes()
     job, _ = start(sim, mwms(restart={"max_restarts": 0}))
     assert sim.exit(job, "evaluator:0", 1) == []  # budget spent: not restarted, but training goes on
-    assert job.state == J.RUNNING and "evaluator not restarted" in job.message
+    assert job.state == JobState.RUNNING and "evaluator not restarted" in job.message
     sim.exit(job, "worker:1", 0)
     assert sim.exit(job, "worker:0", 0) == []
-    assert job.state == J.SUCCEEDED
+    assert job.state == JobState.SUCCEEDED
 
 
 # ---- parameter server -------------------------------------------------------------------------
@@ -311,7 +310,7 @@ def test_parameter_server_chief_starts_after_ps_and_workers_and_success_stops_th
     sim = Sim(info("n1"), info("n2"), info("n3"))
     job, actions = sim.submit(ps_spec())
     assert keys(actions) == ["evaluator:0", "ps:0", "ps:1", "worker:0", "worker:1"]
-    assert job.task("chief", 0).state == J.T_PENDING
+    assert job.task("chief", 0).state == TaskState.PENDING
     for a in actions:
         assert a.env["GRPC_FAIL_FAST"] == "use_caller"
         if task_of(a).type in ("worker", "ps"):
@@ -325,50 +324,50 @@ def test_parameter_server_chief_starts_after_ps_and_workers_and_success_stops_th
     out = []
     for a in actions:
         out += sim.report(job, task_of(a).type, task_of(a).index, "RUNNING", listening=False)
-    assert out == [] and job.state == J.STARTING, "running is not enough: ps and workers must listen"
+    assert out == [] and job.state == JobState.STARTING, "running is not enough: ps and workers must listen"
     servers = [a for a in actions if a.report_listening]
     for a in servers[:-1]:
         out += sim.report(job, task_of(a).type, task_of(a).index, "RUNNING", listening=True)
-    assert out == [] and job.state == J.STARTING
+    assert out == [] and job.state == JobState.STARTING
     chief = sim.report(job, task_of(servers[-1]).type, task_of(servers[-1]).index, "RUNNING", listening=True)
     assert keys(chief) == ["chief:0"] and task_of(chief[0]).attempt == 1
     assert chief[0].command == ("python", "train.py") and not chief[0].report_listening
-    assert job.state == J.STARTING
+    assert job.state == JobState.STARTING
     sim.report(job, "chief", 0, "RUNNING")
-    assert job.state == J.RUNNING
+    assert job.state == JobState.RUNNING
 
     finish = sim.exit(job, "chief:0", 0, final_checkpoint="ckpt-4")
     assert [(type(a), a.final_checkpoint) for a in finish] == [(FinishTraining, "ckpt-4")]
-    assert job.state == J.RUNNING, "ps and workers serve on while the final evaluation runs"
+    assert job.state == JobState.RUNNING, "ps and workers serve on while the final evaluation runs"
     stop = sim.exit(job, "evaluator:0", 0)
     assert keys(stop) == ["ps:0", "ps:1", "worker:0", "worker:1"]
     assert all(isinstance(s, Stop) for s in stop)
-    assert job.state == J.STOPPING
+    assert job.state == JobState.STOPPING
     # The servers die of the SIGTERM (or exit non-zero on it): that is no failure.
     for s in stop[:2]:
         sim.report(job, s.attempt.type, s.attempt.index, "EXITED", exit_code=None, signal=15)
     for s in stop[2:]:
         sim.report(job, s.attempt.type, s.attempt.index, "EXITED", exit_code=1)
-    assert job.state == J.SUCCEEDED and job.restarts == 0 and job.last_failure is None
-    assert job.task("evaluator", 0).state == J.T_SUCCEEDED
+    assert job.state == JobState.SUCCEEDED and job.restarts == 0 and job.last_failure is None
+    assert job.task("evaluator", 0).state == TaskState.SUCCEEDED
 
 
 def test_parameter_server_chief_failure_restarts_ps_and_chief_while_workers_stay():
     sim = Sim(info("n1"), info("n2"), info("n3"))
     job, actions = sim.submit(ps_spec())
     sim.running(job, sim.running(job, actions))
-    assert job.state == J.RUNNING
+    assert job.state == JobState.RUNNING
     workers = [(t.attempt, t.pid) for t in job.tasks if t.type == "worker"]
     addresses = {t.key: t.address for t in job.tasks}
     stop = sim.exit(job, "chief:0", 1)
-    assert keys(stop) == ["ps:0", "ps:1"] and job.state == J.STOPPING
+    assert keys(stop) == ["ps:0", "ps:1"] and job.state == JobState.STOPPING
     relaunch = sim.exit_stopped(job, stop)
-    assert job.restarts == 1 and job.state == J.STARTING
+    assert job.restarts == 1 and job.state == JobState.STARTING
     assert keys(relaunch) == ["ps:0", "ps:1"], "ps first; the chief waits until they listen"
     chief = sim.running(job, relaunch)
     assert keys(chief) == ["chief:0"] and task_of(chief[0]).attempt == 2
     sim.running(job, chief)
-    assert job.state == J.RUNNING
+    assert job.state == JobState.RUNNING
     assert [(t.attempt, t.pid) for t in job.tasks if t.type == "worker"] == workers, "workers were not touched"
     assert {t.key: t.address for t in job.tasks} == addresses, "same addresses: TF_CONFIGs stay valid"
 
@@ -393,10 +392,10 @@ def test_parameter_server_worker_failure_restarts_that_worker_alone():
     again = sim.exit(job, "worker:1", None, signal=9)
     assert keys(again) == ["worker:1"] and isinstance(again[0], Launch)
     assert task_of(again[0]).attempt == 2 and task_of(again[0]).address == address
-    assert job.state == J.RUNNING and job.restarts == 1
+    assert job.state == JobState.RUNNING and job.restarts == 1
     assert {t.key: (t.attempt, t.state) for t in job.tasks if t.key != "worker:1"} == others
     sim.running(job, again)
-    assert job.task("worker", 1).state == J.T_RUNNING
+    assert job.task("worker", 1).state == TaskState.RUNNING
 
 
 def test_parameter_server_task_on_a_lost_node_restarts_the_whole_group_elsewhere():
@@ -407,9 +406,9 @@ def test_parameter_server_task_on_a_lost_node_restarts_the_whole_group_elsewhere
     sim.now += 4
     sim.heartbeat_all(lost_node)
     stop = sim.c.tick(sim.now)
-    assert job.state == J.STOPPING and "lost" in job.message
+    assert job.state == JobState.STOPPING and "lost" in job.message
     sim.exit_stopped(job, stop)
-    assert job.state == J.STARTING, "re-placed on the remaining nodes at once"
+    assert job.state == JobState.STARTING, "re-placed on the remaining nodes at once"
     assert all(t.node != lost_node for t in job.tasks)
 
 
@@ -422,7 +421,7 @@ def test_a_failure_outside_a_partial_restart_escalates_to_the_whole_group():
     more = sim.exit(job, "worker:0", 1)
     assert keys(more) == ["evaluator:0", "worker:1"]
     sim.exit_stopped(job, stop + more)
-    assert job.state == J.STARTING
+    assert job.state == JobState.STARTING
     assert {t.attempt for t in job.tasks if t.type != "chief"} == {2}
 
 
@@ -433,9 +432,9 @@ def test_evaluator_has_a_budget_of_its_own():
     assert keys(relaunch) == ["evaluator:0"] and job.evaluator_restarts == 1 and job.restarts == 0
     sim.running(job, relaunch)
     assert sim.exit(job, "evaluator:0", 1) == [], "its restarts are spent"
-    assert "training goes on" in job.message and job.state == J.RUNNING
+    assert "training goes on" in job.message and job.state == JobState.RUNNING
     sim.exit(job, "worker:1", 1)  # training still has its whole budget
-    assert job.state == J.STOPPING and "restarting the training group" in job.message
+    assert job.state == JobState.STOPPING and "restarting the training group" in job.message
 
 
 def test_evaluator_on_a_lost_node_is_placed_again_without_touching_training():
@@ -454,7 +453,7 @@ def test_evaluator_on_a_lost_node_is_placed_again_without_touching_training():
     tf_config = json.loads(relaunch[0].env["TF_CONFIG"])
     assert tf_config["task"] == {"type": "evaluator", "index": 0} and "evaluator" not in tf_config["cluster"]
     assert {t.key: (t.attempt, t.node) for t in job.training_tasks()} == workers
-    assert job.state == J.RUNNING
+    assert job.state == JobState.RUNNING
 
 
 def test_hang_watchdog_restarts_a_job_whose_tasks_make_no_progress():
@@ -470,7 +469,7 @@ def test_hang_watchdog_restarts_a_job_whose_tasks_make_no_progress():
     sim.now += 31
     sim.heartbeat_all()
     stop = sim.c.tick(sim.now)
-    assert job.state == J.STOPPING and len(stops(stop)) == 3
+    assert job.state == JobState.STOPPING and len(stops(stop)) == 3
     assert "hung" in job.message and "hang_seconds = 30" in job.message
 
 
@@ -499,13 +498,13 @@ def test_pending_job_waits_then_starts_when_another_finishes():
     b, _ = start(sim, make_spec(gpus=2, worker=1, strategy="mirrored"), "b")
     assert {a.task("worker", 0).node, b.task("worker", 0).node} == {"n1", "n2"}
     c, actions = sim.submit(make_spec(gpus=1, worker=2), "c")
-    assert actions == [] and c.state == J.PENDING
+    assert actions == [] and c.state == JobState.PENDING
     assert c.message.startswith("waiting for resources:") and "GPU" in c.message
-    assert sim.c.tick(sim.now) == [] and c.state == J.PENDING
+    assert sim.c.tick(sim.now) == [] and c.state == JobState.PENDING
     launched = sim.exit(a, "worker:0", 0)
-    assert a.state == J.SUCCEEDED
+    assert a.state == JobState.SUCCEEDED
     # The freed node has 2 GPUs: both 1-GPU workers land there, on different GPUs.
-    assert keys(launched) == ["worker:0", "worker:1"] and c.state == J.STARTING
+    assert keys(launched) == ["worker:0", "worker:1"] and c.state == JobState.STARTING
     assert {x.node for x in launched} == {a.task("worker", 0).node}
     assert len({g.index for x in launched for g in task_of(x).gpus}) == 2
 
@@ -517,9 +516,9 @@ def test_pending_jobs_start_oldest_first():
     b, _ = sim.submit(make_spec(gpus=1, worker=1, strategy="mirrored"), "b")
     sim.now += 1
     c, _ = sim.submit(make_spec(gpus=1, worker=1, strategy="mirrored"), "c")
-    assert b.state == c.state == J.PENDING
+    assert b.state == c.state == JobState.PENDING
     launched = sim.exit(a, "worker:0", 0)
-    assert [x.attempt.job_id for x in launched] == [b.id] and c.state == J.PENDING
+    assert [x.attempt.job_id for x in launched] == [b.id] and c.state == JobState.PENDING
 
 
 def test_plan_changes_nothing():
@@ -549,12 +548,12 @@ def test_a_node_below_its_disk_floor_gets_no_new_tasks_until_it_recovers():
     a, _ = start(sim, make_spec(gpus=2, worker=1, strategy="mirrored"), "a")
     assert a.task("worker", 0).node == "n2"  # placed where new tasks are taken
     b, actions = sim.submit(make_spec(gpus=1, worker=1, strategy="mirrored"), "b")  # fits on n1 alone, by GPUs
-    assert actions == [] and b.state == J.PENDING
+    assert actions == [] and b.state == JobState.PENDING
     assert b.message.endswith(f"n1 takes no new tasks: {low}")
     assert sim.c.plan(make_spec(gpus=1, worker=1, strategy="mirrored"), sim.now).placement is None
     # Disk freed: the next heartbeat says so, and the waiting job goes there.
     launched = sim.c.heartbeat("n1", "session-n1", sim.now + 1, condition="") + sim.c.tick(sim.now + 1)
-    assert keys(launched) == ["worker:0"] and launched[0].node == "n1" and b.state == J.STARTING
+    assert keys(launched) == ["worker:0"] and launched[0].node == "n1" and b.state == JobState.STARTING
 
 
 def test_silent_node_is_lost_and_its_job_restarts_elsewhere():
@@ -568,16 +567,16 @@ def test_silent_node_is_lost_and_its_job_restarts_elsewhere():
     sim.now += 2.0
     sim.heartbeat_all("n1")
     assert sim.c.tick(sim.now) == []
-    assert sim.c.nodes["n1"].state == READY  # 2 s silent: not yet
+    assert sim.c.nodes["n1"].state == NodeState.READY  # 2 s silent: not yet
     sim.now += 2.0
     sim.heartbeat_all("n1")
     stop = sim.c.tick(sim.now)
-    assert sim.c.nodes["n1"].state == LOST
+    assert sim.c.nodes["n1"].state == NodeState.LOST
     assert sim.c.heartbeat("n1", "session-n1", sim.now) is None  # it must register again
     lost = next(t for t in job.tasks if t.key == lost_key)
-    assert lost.state == J.T_LOST and "n1 lost" in lost.message
+    assert lost.state == TaskState.LOST and "n1 lost" in lost.message
     assert keys(stop) == [survivor_key] and stop[0].node == "n2"
-    assert job.state == J.STOPPING
+    assert job.state == JobState.STOPPING
     assert "n1" not in [n.name for n in sim.c.capacity(sim.now)]
 
     relaunch = sim.exit_stopped(job, stop)
@@ -594,19 +593,19 @@ def test_most_of_a_large_cluster_falling_silent_at_once_waits_before_anything_is
     job, _ = start(sim, make_spec(strategy="mirrored", gpus=1, worker=1))
     sim.now += 5  # a stall of the coordinator: 17 of 20 nodes' heartbeats wait unprocessed in its queues
     sim.heartbeat_all(*(f"n{i:02d}" for i in range(17)))
-    assert sim.c.tick(sim.now) == [] and all(n.state == READY for n in sim.c.nodes.values())
+    assert sim.c.tick(sim.now) == [] and all(n.state == NodeState.READY for n in sim.c.nodes.values())
     sim.now += 1  # heartbeats are processed again: the nodes come back and never were lost
     sim.heartbeat_all()
     assert sim.c.tick(sim.now) == [] and job.restarts == 0
-    assert all(n.state == READY for n in sim.c.nodes.values())
+    assert all(n.state == NodeState.READY for n in sim.c.nodes.values())
     silent = [n for n in sim.c.nodes if n != job.task("worker", 0).node][:15]
     sim.now += 5  # 15 of 20 really gone: they are lost once the patience is over, and not before
     sim.heartbeat_all(*silent)
-    assert sim.c.tick(sim.now) == [] and sim.c.nodes[silent[0]].state == READY
+    assert sim.c.tick(sim.now) == [] and sim.c.nodes[silent[0]].state == NodeState.READY
     sim.now += MASS_SILENCE_PATIENCE_SECONDS
     sim.heartbeat_all(*silent)
     sim.c.tick(sim.now)
-    assert [n for n in silent if sim.c.nodes[n].state == LOST] == silent
+    assert [n for n in silent if sim.c.nodes[n].state == NodeState.LOST] == silent
     assert job.restarts == 0  # its own node kept beating
 
 
@@ -616,10 +615,10 @@ def test_silence_while_the_coordinator_could_not_listen_does_not_count():
     sim.c.forgive_silence(2.0)  # its loop was blocked for 2 s: the heartbeats of that time wait unread
     sim.now += 1.5
     sim.c.tick(sim.now)
-    assert all(n.state == READY for n in sim.c.nodes.values())  # 4 s since heard, 2 s of them deaf
+    assert all(n.state == NodeState.READY for n in sim.c.nodes.values())  # 4 s since heard, 2 s of them deaf
     sim.now += 1.1
     sim.c.tick(sim.now)
-    assert all(n.state == LOST for n in sim.c.nodes.values())
+    assert all(n.state == NodeState.LOST for n in sim.c.nodes.values())
 
 
 def test_lost_node_with_the_whole_job_restarts_on_tick():
@@ -640,7 +639,7 @@ def test_lost_node_and_no_room_waits_pending():
     sim.now += 5
     sim.heartbeat_all("n1")
     assert sim.c.tick(sim.now) == []
-    assert job.state == J.PENDING and "n1" in job.message
+    assert job.state == JobState.PENDING and "n1" in job.message
 
 
 # ---- reports and re-registration --------------------------------------------------------------
@@ -654,10 +653,10 @@ def test_stale_attempt_running_report_is_told_to_stop():
     actions = sim.report(job, "worker", 1, "RUNNING", attempt=1)
     assert actions == [Stop(node=w1.node, attempt=Attempt(job.id, "worker", 1, 1),
                               grace_seconds=30.0)]
-    assert w1.state == J.T_RUNNING and w1.attempt == 2 and job.state == J.RUNNING
+    assert w1.state == TaskState.RUNNING and w1.attempt == 2 and job.state == JobState.RUNNING
     # A stale exit changes nothing either.
     assert sim.report(job, "worker", 1, "EXITED", attempt=1, exit_code=1) == []
-    assert w1.state == J.T_RUNNING and job.state == J.RUNNING
+    assert w1.state == TaskState.RUNNING and job.state == JobState.RUNNING
 
 
 def test_running_report_from_the_wrong_node_is_told_to_stop():
@@ -665,7 +664,7 @@ def test_running_report_from_the_wrong_node_is_told_to_stop():
     job, _ = start(sim, mwms(roles={"worker": {"count": 2}}))
     actions = sim.report(job, "worker", 0, "RUNNING", node="n3")
     assert keys(actions) == ["worker:0"] and actions[0].node == "n3"
-    assert job.state == J.RUNNING
+    assert job.state == JobState.RUNNING
 
 
 def test_unknown_job_running_report_is_told_to_stop():
@@ -683,7 +682,7 @@ def test_register_reconciles_with_the_agents_reports():
     w_n1 = next(t for t in job.tasks if t.node == "n1")
     w_n2 = next(t for t in job.tasks if t.node == "n2")
     sim.report(job, w_n1.type, w_n1.index, "RUNNING", pid=77)
-    assert w_n1.state == J.T_RUNNING and w_n2.state == J.T_LAUNCHING
+    assert w_n1.state == TaskState.RUNNING and w_n2.state == TaskState.LAUNCHING
 
     # n1's agent reconnects: still runs its task, plus a task of a job the coordinator does not know.
     sim.now += 1
@@ -692,7 +691,7 @@ def test_register_reconciles_with_the_agents_reports():
     actions = sim.c.register(info("n1"), reports, "session-n1-b", sim.now)
     assert actions == [Stop(node="n1", attempt=Attempt("old-job", "worker", 0, 1),
                               grace_seconds=0.0)]
-    assert w_n1.state == J.T_RUNNING and w_n1.pid == 77 and w_n1.attempt == 1
+    assert w_n1.state == TaskState.RUNNING and w_n1.pid == 77 and w_n1.attempt == 1
     assert sim.c.heartbeat("n1", "session-n1-b", sim.now) is not None
     assert sim.c.heartbeat("n1", "session-n1", sim.now) is None
 
@@ -701,9 +700,9 @@ def test_register_reconciles_with_the_agents_reports():
     assert len(actions) == 1 and isinstance(actions[0], Launch)
     assert actions[0].node == "n2" and task_of(actions[0]) is w_n2 and w_n2.attempt == 1
     assert actions[0].env["TFCLUSTER_ATTEMPT"] == "1"
-    assert w_n2.state == J.T_LAUNCHING and job.state == J.STARTING
+    assert w_n2.state == TaskState.LAUNCHING and job.state == JobState.STARTING
     sim.report(job, w_n2.type, w_n2.index, "RUNNING")
-    assert job.state == J.RUNNING
+    assert job.state == JobState.RUNNING
 
 
 def test_register_without_a_running_task_counts_it_lost():
@@ -712,7 +711,7 @@ def test_register_without_a_running_task_counts_it_lost():
     w_n1 = next(t for t in job.tasks if t.node == "n1")
     w_n2 = next(t for t in job.tasks if t.node == "n2")
     actions = sim.c.register(info("n1"), [], "session-n1-b", sim.now)
-    assert w_n1.state == J.T_LOST and "no longer has this task" in w_n1.message
+    assert w_n1.state == TaskState.LOST and "no longer has this task" in w_n1.message
     assert keys(actions) == [w_n2.key] and isinstance(actions[0], Stop)
     relaunch = sim.exit_stopped(job, actions)
     assert keys(relaunch) == ["worker:0", "worker:1"] and job.restarts == 1
@@ -724,7 +723,7 @@ def test_register_reports_an_exit_that_happened_while_away():
     w_n1 = next(t for t in job.tasks if t.node == "n1")
     sim.c.register(info("n1"), [report(job.id, w_n1.type, w_n1.index, w_n1.attempt, "EXITED", exit_code=0)],
                    "session-n1-b", sim.now)
-    assert w_n1.state == J.T_SUCCEEDED and w_n1.exit.exit_code == 0
+    assert w_n1.state == TaskState.SUCCEEDED and w_n1.exit.exit_code == 0
 
 
 def test_task_of_a_lost_node_still_running_when_it_returns_is_stopped():
@@ -737,7 +736,7 @@ def test_task_of_a_lost_node_still_running_when_it_returns_is_stopped():
     sim.now += 5
     sim.heartbeat_all("n1")
     sim.exit_stopped(job, sim.c.tick(sim.now))
-    assert job.state == J.PENDING and "waiting for resources" in job.message
+    assert job.state == JobState.PENDING and "waiting for resources" in job.message
 
     actions = sim.c.register(info("n1", 1), [report(job.id, *key, old_attempt, "RUNNING", pid=31)], "s-b", sim.now)
     old_stop = [a for a in actions if isinstance(a, Stop)]
@@ -756,11 +755,11 @@ def test_running_report_for_a_task_already_given_up_is_told_to_stop():
     job, _ = start(sim, mwms(roles={"worker": {"count": 1}}, strategy="mirrored", restart={"max_restarts": 0}))
     w = job.task("worker", 0)
     assert sim.c.register(info(w.node, 2), [], "s-b", sim.now) == []
-    assert w.state == J.T_LOST and job.state == J.FAILED
+    assert w.state == TaskState.LOST and job.state == JobState.FAILED
     actions = sim.report(job, "worker", 0, "RUNNING")
     assert actions == [Stop(node=w.node, attempt=Attempt(job.id, "worker", 0, w.attempt),
                               grace_seconds=30.0)]
-    assert job.state == J.FAILED and w.state == J.T_LOST
+    assert job.state == JobState.FAILED and w.state == TaskState.LOST
 
 
 @pytest.mark.parametrize("evaluator_end", [{"code": 1}, {"code": 0}])
@@ -775,7 +774,7 @@ def test_parameter_server_chief_still_starts_when_the_evaluator_ends_while_start
     chief = sim.exit(job, "evaluator:0", evaluator_end["code"])
     assert keys(chief) == ["chief:0"] and isinstance(chief[0], Launch)
     sim.report(job, "chief", 0, "RUNNING")
-    assert job.state == J.RUNNING
+    assert job.state == JobState.RUNNING
 
 
 def test_job_becomes_running_when_the_evaluator_gives_up_while_starting():
@@ -784,9 +783,9 @@ def test_job_becomes_running_when_the_evaluator_gives_up_while_starting():
     for a in actions:
         if task_of(a).type != "evaluator":
             sim.report(job, task_of(a).type, task_of(a).index, "RUNNING")
-    assert job.state == J.STARTING
+    assert job.state == JobState.STARTING
     assert sim.report(job, "evaluator", 0, "FAILED_TO_START", message="no such module") == []
-    assert job.state == J.RUNNING and "evaluator not restarted" in job.message
+    assert job.state == JobState.RUNNING and "evaluator not restarted" in job.message
 
 
 def test_user_stop_through_the_cluster_frees_everything():
@@ -794,10 +793,10 @@ def test_user_stop_through_the_cluster_frees_everything():
     job, _ = start(sim, mwms())
     job.saved()
     stop = sim.c.stop(job.id, sim.now)
-    assert keys(stop) == ["evaluator:0", "worker:0", "worker:1"] and job.state == J.STOPPING
+    assert keys(stop) == ["evaluator:0", "worker:0", "worker:1"] and job.state == JobState.STOPPING
     assert job.unsaved, "the store writes the change"
     sim.exit_stopped(job, stop)
-    assert job.state == J.STOPPED and job.restarts == 0
+    assert job.state == JobState.STOPPED and job.restarts == 0
     assert sim.free() == {"n1": ([0, 1], []), "n2": ([0, 1], []), "n3": ([], [])}
 
 
@@ -805,11 +804,11 @@ def test_stopping_a_pending_job_is_immediate_and_it_never_starts():
     sim = Sim(info("n1", 1))
     a, _ = start(sim, make_spec(gpus=1, worker=1, strategy="mirrored"), "a")
     b, _ = sim.submit(make_spec(gpus=1, worker=1, strategy="mirrored"), "b")
-    assert b.state == J.PENDING
+    assert b.state == JobState.PENDING
     assert sim.c.stop(b.id, sim.now) == []
-    assert b.state == J.STOPPED and b.finished == sim.now
+    assert b.state == JobState.STOPPED and b.finished == sim.now
     assert sim.exit(a, "worker:0", 0) == []  # resources free: b stays stopped
-    assert b.state == J.STOPPED and all(t.state == J.T_PENDING for t in b.tasks)
+    assert b.state == JobState.STOPPED and all(t.state == TaskState.PENDING for t in b.tasks)
 
 
 def test_busy_port_replaces_the_group_on_other_ports_without_using_the_budget():
@@ -821,7 +820,7 @@ def test_busy_port_replaces_the_group_on_other_ports_without_using_the_budget():
     actions = sim.report(job, "worker", 1, "FAILED_TO_START", message=f"port {port} is already in use",
                          busy_port=port)
     actions += sim.exit_stopped(job, actions)
-    assert job.state == J.STARTING, job.message
+    assert job.state == JobState.STARTING, job.message
     assert job.restarts == 0, "a port conflict is not the job's fault"
     again = job.task("worker", 1)
     assert again.attempt == 2
@@ -835,8 +834,8 @@ def test_lost_node_that_returns_gets_one_restart_not_two():
     sim.running(job, actions)
     sim.now += 4.0
     sim.c.tick(sim.now)
-    assert sim.c.nodes["a"].state == LOST
-    assert job.state == J.PENDING and job.restarts == 1
+    assert sim.c.nodes["a"].state == NodeState.LOST
+    assert job.state == JobState.PENDING and job.restarts == 1
     old = [report(job.id, "worker", i, 1, "RUNNING", pid=10 + i) for i in range(2)]
     actions = sim.c.register(info("a"), old, "session-2", sim.now)
     stale = stops(actions)
@@ -897,7 +896,7 @@ def test_restarted_group_waits_for_the_chiefs_dir_to_be_copied_to_its_nodes():
     others = sorted({t.node for t in job.tasks} - {chief_node})
     assert sorted((e.node, e.sender) for e in of_type(after, ExpectFiles)) == [(n, chief_node) for n in others]
     assert syncs[0].targets == tuple(f"10.0.0.{n[-1]}:19999" for n in others)
-    assert launches(after) == [] and job.state == J.STARTING and "copying checkpoints" in job.message
+    assert launches(after) == [] and job.state == JobState.STARTING and "copying checkpoints" in job.message
     assert sim.c.sync_done(syncs[0].node, job.id, syncs[0].sync_id + 1, True, "", sim.now) == [], "another copy's answer"
     assert sim.c.sync_done("n9", job.id, syncs[0].sync_id, True, "", sim.now) == [], "another node's answer"
     relaunch = sim.c.sync_done(syncs[0].node, job.id, syncs[0].sync_id, True, "", sim.now)
@@ -993,7 +992,7 @@ def test_two_agents_on_one_address_with_overlapping_ports_are_refused():
         sim.c.register(clash_on_peer_port, [], "s", sim.now)
     apart = replace(info("n1"), name="n1d", port_range=(21000, 21099), peer_port=20999 + 200)
     sim.c.register(apart, [], "s", sim.now)
-    assert sim.c.nodes["n1d"].state == READY
+    assert sim.c.nodes["n1d"].state == NodeState.READY
     sim.c.register(info("n1"), [], "again", sim.now)  # the same node registering again is no clash
 
 
@@ -1003,14 +1002,14 @@ def test_a_chief_waiting_for_its_wave_on_a_node_that_is_lost_is_not_launched_the
     sim = Sim(info("n1"), info("n2"), info("n3"), info("n4"))
     job, actions = sim.submit(ps_spec())
     chief_node = job.task("chief", 0).node
-    assert job.task("chief", 0).state == J.T_PENDING
+    assert job.task("chief", 0).state == TaskState.PENDING
     sim.now += 4
     sim.heartbeat_all(chief_node)
     stop = sim.c.tick(sim.now)
-    assert job.task("chief", 0).state == J.T_LOST and job.state == J.STOPPING
+    assert job.task("chief", 0).state == TaskState.LOST and job.state == JobState.STOPPING
     assert "lost" in job.message
     relaunch = sim.exit_stopped(job, stop)
-    assert job.state == J.STARTING and all(t.node != chief_node for t in job.tasks)
+    assert job.state == JobState.STARTING and all(t.node != chief_node for t in job.tasks)
     assert all(a.node != chief_node for a in launches(relaunch))
 
 
@@ -1021,14 +1020,14 @@ def test_a_task_left_on_a_node_that_is_not_ready_is_counted_lost_on_the_next_tic
     chief = job.task("chief", 0)
     stop = sim.exit(job, "ps:0", 1)  # ps + chief restart in place ...
     sim.exit_stopped(job, [s for s in stop if s.attempt.type == "ps"])
-    sim.c.nodes[chief.node].state = LOST  # ... and the chief's node goes away without a word
+    sim.c.nodes[chief.node].state = NodeState.LOST  # ... and the chief's node goes away without a word
     out = sim.c.tick(sim.now)
-    assert chief.state == J.T_LOST
+    assert chief.state == TaskState.LOST
     assert job.message.startswith("chief:0") and "cannot restart in place: restarting the training group" in \
         job.message, "it cannot come back in place: the whole group restarts"
     assert job.last_failure.task == "chief:0" and job.restarts == 1, "the restart under way widens, at no extra cost"
     sim.exit_stopped(job, out)
-    assert job.state in (J.STARTING, J.PENDING)
+    assert job.state in (JobState.STARTING, JobState.PENDING)
     assert all(a.node != chief.node for a in launches(out))
 
 
@@ -1043,7 +1042,7 @@ def test_an_evaluator_failing_during_a_partial_restart_restarts_alone():
     assert job.restarts == 1 and job.evaluator_restarts == 1 and job.restarting, "training's restart goes on"
     sim.running(job, again)
     relaunch = sim.exit_stopped(job, stop)
-    assert keys(relaunch) == ["ps:0", "ps:1"] and job.state == J.STARTING
+    assert keys(relaunch) == ["ps:0", "ps:1"] and job.state == JobState.STARTING
 
 
 def test_a_chief_that_finishes_during_a_partial_restart_ends_training():
@@ -1056,5 +1055,17 @@ def test_a_chief_that_finishes_during_a_partial_restart_ends_training():
     out = sim.exit_stopped(job, [s for s in stop if s.attempt.type == "ps"])
     finish = [a for a in out if isinstance(a, FinishTraining)]
     assert finish and finish[0].final_checkpoint == "ckpt-9", "the evaluator is told, nothing is relaunched"
-    assert not launches(out) and job.state == J.RUNNING
-    assert keys(sim.exit(job, "evaluator:0", 0)) == ["worker:0", "worker:1"] and job.state == J.STOPPING
+    assert not launches(out) and job.state == JobState.RUNNING
+    assert keys(sim.exit(job, "evaluator:0", 0)) == ["worker:0", "worker:1"] and job.state == JobState.STOPPING
+
+
+def test_a_task_placed_but_waiting_for_its_wave_keeps_its_gpu_and_port_from_the_next_job():
+    sim = Sim(info("n1", 2), info("n2", 2), info("n3", 2))
+    spec = make_spec(strategy="parameter_server", gpus=1, chief=1, worker=2, ps={"count": 1, "gpus": 0})
+    first, _ = sim.submit(spec)
+    chief = first.task("chief", 0)
+    assert chief.state == TaskState.PENDING and chief.node, "the chief waits for the second wave"
+    second, _ = sim.submit(spec, name="second")
+    held = [(t.node, g.index) for j in (first, second) for t in j.tasks if j.holds(t) for g in t.gpus]
+    ports = [(t.node, t.port) for j in (first, second) for t in j.tasks if j.holds(t)]
+    assert len(held) == len(set(held)) == 6 and len(ports) == len(set(ports))

@@ -10,10 +10,10 @@ from dataclasses import replace
 from coresim import Sim, info, keys, make_spec, stops
 
 from tfcluster import layout
-from tfcluster.daemon.coordinator import job as J
 from tfcluster.daemon.coordinator.completion import EVALUATOR_EXIT_SECONDS
 from tfcluster.daemon.coordinator.launch import launch
 from tfcluster.model import Evaluation, FinishTraining
+from tfcluster.states import JobState, TaskState
 
 DEADLINE = 600
 
@@ -24,7 +24,7 @@ def start(checkpoint_dir: str = "", **evaluator):
     spec = make_spec(gpus=1, worker=2, evaluator={"count": 1, "gpus": 0, **evaluator})
     job, actions = sim.submit(replace(spec, checkpoint_dir=checkpoint_dir))
     assert sim.running(job, actions) == []
-    assert job.state == J.RUNNING
+    assert job.state == JobState.RUNNING
     return sim, job
 
 
@@ -56,14 +56,14 @@ def test_an_evaluator_that_never_exits_is_stopped_seconds_after_evaluating_the_f
     assert report(sim, job, "ckpt-1", 40) == []
     told = finish_training(sim, job)
     assert [(type(a), a.final_checkpoint) for a in told] == [(FinishTraining, "ckpt-3")]
-    assert tick(sim, 30) == [] and job.state == J.RUNNING, "the final checkpoint is not evaluated yet"
+    assert tick(sim, 30) == [] and job.state == JobState.RUNNING, "the final checkpoint is not evaluated yet"
     assert report(sim, job, "ckpt-3", 120) == []
-    assert job.state == J.RUNNING and "ckpt-3 is evaluated" in job.message
+    assert job.state == JobState.RUNNING and "ckpt-3 is evaluated" in job.message
     assert tick(sim, EVALUATOR_EXIT_SECONDS - 1) == [], "it may still exit by itself"
     stop = tick(sim, 2)
     assert keys(stop) == ["evaluator:0"] and stop[0].grace_seconds == job.spec.stop_grace_seconds
     sim.exit_stopped(job, stop)
-    assert job.state == J.SUCCEEDED
+    assert job.state == JobState.SUCCEEDED
     assert job.message == "final evaluation of ckpt-3 done; stopped the evaluator"
     assert [e.checkpoint.rsplit("/", 1)[1] for e in job.evaluations] == ["ckpt-1", "ckpt-3"]
 
@@ -73,8 +73,8 @@ def test_an_evaluator_that_exits_after_the_final_evaluation_is_not_stopped():
     finish_training(sim, job)
     report(sim, job, "ckpt-3", 120)
     assert sim.exit(job, "evaluator:0", 0) == []
-    assert job.state == J.SUCCEEDED and job.message == "final evaluation done"
-    assert job.evaluator().state == J.T_SUCCEEDED
+    assert job.state == JobState.SUCCEEDED and job.message == "final evaluation done"
+    assert job.evaluator().state == TaskState.SUCCEEDED
 
 
 def test_a_final_checkpoint_evaluated_before_training_ended_counts():
@@ -86,7 +86,7 @@ def test_a_final_checkpoint_evaluated_before_training_ended_counts():
     stop = tick(sim, EVALUATOR_EXIT_SECONDS + 0.5)
     assert keys(stop) == ["evaluator:0"]
     sim.exit_stopped(job, stop)
-    assert job.state == J.SUCCEEDED and job.finished - trained_at < EVALUATOR_EXIT_SECONDS + 1
+    assert job.state == JobState.SUCCEEDED and job.finished - trained_at < EVALUATOR_EXIT_SECONDS + 1
 
 
 def test_a_checkpoint_of_the_same_name_elsewhere_or_a_step_label_is_not_the_final_one():
@@ -95,7 +95,7 @@ def test_a_checkpoint_of_the_same_name_elsewhere_or_a_step_label_is_not_the_fina
     report(sim, job, "/elsewhere/ckpt-3", 120)
     report(sim, job, "step 120", 120)
     report(sim, job, "ckpt-2", 80)
-    assert tick(sim, EVALUATOR_EXIT_SECONDS + 1) == [] and job.state == J.RUNNING
+    assert tick(sim, EVALUATOR_EXIT_SECONDS + 1) == [] and job.state == JobState.RUNNING
 
 
 def test_with_shared_storage_the_final_checkpoint_is_the_chiefs_path():
@@ -118,9 +118,9 @@ def test_an_evaluator_that_never_evaluates_the_final_checkpoint_ends_at_the_dead
     report(sim, job, "ckpt-11", 110)
     assert tick(sim, DEADLINE - 1) == []
     stop = tick(sim, 2)
-    assert keys(stop) == ["evaluator:0"] and job.state == J.STOPPING
+    assert keys(stop) == ["evaluator:0"] and job.state == JobState.STOPPING
     sim.exit_stopped(job, stop)
-    assert job.state == J.SUCCEEDED
+    assert job.state == JobState.SUCCEEDED
     assert job.message == ("the evaluator did not evaluate the final checkpoint ckpt-12 within "
                            "evaluator_deadline_seconds = 600; stopped it")
 

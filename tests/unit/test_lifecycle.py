@@ -8,9 +8,11 @@ from tfcluster import __version__
 from tfcluster.daemon.coordinator import job as J
 from tfcluster.daemon.coordinator import lifecycle
 from tfcluster.daemon.coordinator.launch import launch
+from tfcluster.daemon.coordinator.restart import RESTART
 from tfcluster.daemon.coordinator.scheduler import NodeCapacity, place, task_list
 from tfcluster.model import Gpu, NodeInfo, TaskExit
 from tfcluster.spec import parse_spec
+from tfcluster.states import JobState, TaskState
 
 
 def make_spec(**data):
@@ -40,7 +42,7 @@ def run_all(job):
     """Reports RUNNING for every launched task until the job settles (handles waves)."""
     for _ in range(3):
         for t in job.tasks:
-            if t.state == J.T_LAUNCHING:
+            if t.state == TaskState.LAUNCHING:
                 lifecycle.running(job, t, 100 + t.index, listening=True, now=0.0)
     return job
 
@@ -120,9 +122,9 @@ def test_duplicate_exit_is_ignored():
     job, _ = new_job(make_spec(restart={"max_restarts": 5}))
     run_all(job)
     first = end(job, "worker:1", 1.0, code=1)
-    assert len(first) == 1 and job.state == J.STOPPING
+    assert len(first) == 1 and job.state == JobState.STOPPING
     assert end(job, "worker:1", 2.0, code=1) == []
-    assert job.task("worker", 1).state == J.T_FAILED and job.restarts == 1
+    assert job.task("worker", 1).state == TaskState.FAILED and job.restarts == 1
 
 
 def test_log_tail_is_kept_on_the_task_and_the_failure():
@@ -139,12 +141,12 @@ def test_user_stop_while_running():
     actions = lifecycle.stop(job, 5.0)
     assert [(a.attempt.task_key, a.grace_seconds, a.attempt.number) for a in actions] == [
         ("worker:0", 7.0, 1), ("worker:1", 7.0, 1)]
-    assert job.state == J.STOPPING
+    assert job.state == JobState.STOPPING
     # A task that exits 0 when stopped still leaves the job STOPPED, not SUCCEEDED.
     end(job, "worker:0", 6.0, code=0)
-    assert job.state == J.STOPPING
+    assert job.state == JobState.STOPPING
     end(job, "worker:1", 7.0, signal=15)
-    assert job.state == J.STOPPED and job.finished == 7.0 and job.message == "stopped by user"
+    assert job.state == JobState.STOPPED and job.finished == 7.0 and job.message == "stopped by user"
     assert job.restarts == 0 and job.last_failure is None
     assert lifecycle.stop(job, 8.0) == []  # already over
 
@@ -164,37 +166,37 @@ def test_stop_of_a_pending_job_is_immediate():
     spec = make_spec()
     job = J.Job(id="j-1", spec=spec, tasks=[J.Task(t, i) for t, i in task_list(spec)])
     assert lifecycle.stop(job, 3.0) == []
-    assert job.state == J.STOPPED and job.finished == 3.0
+    assert job.state == JobState.STOPPED and job.finished == 3.0
 
 
 def test_stop_while_starting_parameter_server_drops_the_unlaunched_chief():
     job, actions = new_job(ps_spec())
-    assert job.task("chief", 0).state == J.T_PENDING
+    assert job.task("chief", 0).state == TaskState.PENDING
     stops = lifecycle.stop(job, 1.0)
     assert sorted(s.attempt.task_key for s in stops) == ["evaluator:0", "ps:0", "worker:0", "worker:1"]
-    assert job.task("chief", 0).state == J.T_STOPPED
+    assert job.task("chief", 0).state == TaskState.STOPPED
     for s in stops:
         end(job, s.attempt.task_key, 2.0, signal=15)
-    assert job.state == J.STOPPED
+    assert job.state == JobState.STOPPED
 
 
 def test_user_stop_wins_over_a_pending_restart():
     job, _ = new_job(make_spec())
     run_all(job)
     end(job, "worker:1", 1.0, code=1)
-    assert job.state == J.STOPPING and job.outcome == J.RESTART
+    assert job.state == JobState.STOPPING and job.outcome == RESTART
     lifecycle.stop(job, 2.0)
     end(job, "worker:0", 3.0, signal=15)
-    assert job.state == J.STOPPED
+    assert job.state == JobState.STOPPED
 
 
 def test_cannot_ever_be_placed():
     job = J.Job(id="j-1", spec=make_spec())
     lifecycle.unplaceable(job, "no GPUs", never=True, now=4.0)
-    assert job.state == J.FAILED and job.ended and "cannot ever be placed: no GPUs" in job.message
+    assert job.state == JobState.FAILED and job.ended and "cannot ever be placed: no GPUs" in job.message
     job = J.Job(id="j-1", spec=make_spec())
     lifecycle.unplaceable(job, "busy", never=False, now=4.0)
-    assert job.state == J.PENDING and job.message == "waiting for resources: busy"
+    assert job.state == JobState.PENDING and job.message == "waiting for resources: busy"
 
 
 def test_failure_describe():

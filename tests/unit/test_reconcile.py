@@ -6,9 +6,9 @@ from dataclasses import replace
 
 from coresim import Sim, info, keys, launches, make_spec, report, stops
 
-from tfcluster.daemon.coordinator import job as J
 from tfcluster.daemon.coordinator.cluster import RESEND_AFTER_SECONDS
 from tfcluster.model import Attempt, FinishTraining, Stop, SyncCheckpoints, TaskProgress
+from tfcluster.states import JobState, TaskState
 
 
 def beat(sim, node, *running):
@@ -59,7 +59,7 @@ def test_a_lost_running_report_heals_by_asking_again():
     w = job.task("worker", 0)
     later(sim)
     assert keys(beat(sim, w.node, attempt(job, w))) == ["worker:0"]
-    assert w.state == J.T_LAUNCHING
+    assert w.state == TaskState.LAUNCHING
 
 
 def test_a_lost_exit_report_heals():
@@ -73,7 +73,7 @@ def test_a_lost_exit_report_heals():
     asked = beat(sim, w0.node)
     assert launches(asked) and asked[0].attempt == attempt(job, w0), "asked again: the agent re-sends the exit"
     sim.exit(job, "worker:0", 0)
-    assert w0.state == J.T_SUCCEEDED
+    assert w0.state == TaskState.SUCCEEDED
     assert beat(sim, w1.node, attempt(job, w1)) == []
 
 
@@ -108,7 +108,7 @@ def test_an_attempt_nobody_wants_is_stopped_and_so_is_a_task_of_an_ended_job():
     sim.exit_stopped(job, [Stop(w0.node, attempt(job, w0), 30.0)])
     w1 = job.task("worker", 1)
     sim.exit_stopped(job, [Stop(w1.node, attempt(job, w1), 30.0)])
-    assert job.state == J.STOPPED
+    assert job.state == JobState.STOPPED
     later(sim)
     assert stops(beat(sim, w0.node, attempt(job, w0))) == [Stop(w0.node, attempt(job, w0), 30.0)]
 
@@ -136,7 +136,7 @@ def test_lost_sync_done_and_lost_finish_training_are_asked_again():
     sim.exit(job, "evaluator:0", 0)
     later(sim)
     beat_all(sim, job)
-    assert sim.c.tick(sim.now) == [] and job.state == J.SUCCEEDED
+    assert sim.c.tick(sim.now) == [] and job.state == JobState.SUCCEEDED
 
 
 def test_an_agent_of_0_1_is_not_asked_for_a_copy_twice():
@@ -171,11 +171,11 @@ def test_a_task_stopped_before_its_launch_was_confirmed_and_not_running_is_over(
     sim, job, actions = two_workers()
     w = job.task(actions[0].attempt.type, actions[0].attempt.index)
     sim.running(job, [a for a in actions if a.attempt.task_key != w.key])
-    assert w.state == J.T_LAUNCHING
+    assert w.state == TaskState.LAUNCHING
     sim.c.stop(job.id, sim.now)
     later(sim)
     assert beat(sim, w.node) == [], "not relaunched just to be stopped"
-    assert w.state == J.T_STOPPED and w.exit.message == "stopped before it started"
+    assert w.state == TaskState.STOPPED and w.exit.message == "stopped before it started"
     # If it does turn up after all, it is stopped.
     sent = sim.c.report(w.node, report(job.id, w.type, w.index, w.attempt, "RUNNING", pid=5), sim.now)
     assert stops(sent) and stops(sent)[0].attempt == attempt(job, w)

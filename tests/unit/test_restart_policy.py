@@ -6,10 +6,11 @@ from __future__ import annotations
 import pytest
 
 from tfcluster.daemon.coordinator import restart as R
-from tfcluster.daemon.coordinator.job import (RESTART, RUNNING, STARTING, STOPPING, T_LOST, T_RUNNING, T_STOPPED,
-                                              T_SUCCEEDED, Failure, Job, Task)
+from tfcluster.daemon.coordinator.job import Failure, Job, Task
+from tfcluster.daemon.coordinator.restart import RESTART
 from tfcluster.model import TaskExit
 from tfcluster.spec import parse_spec
+from tfcluster.states import JobState, TaskState
 
 MAX_RESTARTS, BACKOFF, PERMANENT = 3, 10.0, 7
 ONE_TASK = ("mirrored", "central_storage")
@@ -38,30 +39,30 @@ LOST_ONLY = ("-", "-", "-", "-", "group nothing wait", "-")
 
 TABLE = [
     # strategies            role         phase      exit 1 | permanent | 42 | port taken | node lost | budget spent
-    (ONE_TASK + MWMS,       "chief",     STARTING,  GROUP),
-    (ONE_TASK + MWMS,       "chief",     RUNNING,   GROUP),
-    (ONE_TASK + MWMS,       "worker",    STARTING,  GROUP),
-    (ONE_TASK + MWMS,       "worker",    RUNNING,   GROUP),
-    (ONE_TASK + MWMS,       "evaluator", STARTING,  EVALUATOR),
-    (ONE_TASK + MWMS,       "evaluator", RUNNING,   EVALUATOR),
+    (ONE_TASK + MWMS,       "chief",     JobState.STARTING,  GROUP),
+    (ONE_TASK + MWMS,       "chief",     JobState.RUNNING,   GROUP),
+    (ONE_TASK + MWMS,       "worker",    JobState.STARTING,  GROUP),
+    (ONE_TASK + MWMS,       "worker",    JobState.RUNNING,   GROUP),
+    (ONE_TASK + MWMS,       "evaluator", JobState.STARTING,  EVALUATOR),
+    (ONE_TASK + MWMS,       "evaluator", JobState.RUNNING,   EVALUATOR),
     (ONE_TASK + MWMS,       "evaluator", FINAL,     NOTHING),
-    (ONE_TASK + MWMS,       WATCHDOG,    RUNNING,   HUNG),
-    (PS,                    "chief",     STARTING,  GROUP),
-    (PS,                    "chief",     RUNNING,   PS_AND_CHIEF),
+    (ONE_TASK + MWMS,       WATCHDOG,    JobState.RUNNING,   HUNG),
+    (PS,                    "chief",     JobState.STARTING,  GROUP),
+    (PS,                    "chief",     JobState.RUNNING,   PS_AND_CHIEF),
     (PS,                    "chief",     PARTIAL,   LOST_ONLY),
-    (PS,                    "ps",        STARTING,  GROUP),
-    (PS,                    "ps",        RUNNING,   PS_AND_CHIEF),
+    (PS,                    "ps",        JobState.STARTING,  GROUP),
+    (PS,                    "ps",        JobState.RUNNING,   PS_AND_CHIEF),
     (PS,                    "ps",        PARTIAL,   LOST_ONLY),
     (PS,                    "ps",        FINAL,     NOTHING),
-    (PS,                    "worker",    STARTING,  GROUP),
-    (PS,                    "worker",    RUNNING,   WORKER_ALONE),
+    (PS,                    "worker",    JobState.STARTING,  GROUP),
+    (PS,                    "worker",    JobState.RUNNING,   WORKER_ALONE),
     (PS,                    "worker",    PARTIAL,   GROUP),
     (PS,                    "worker",    FINAL,     NOTHING),
-    (PS,                    "evaluator", STARTING,  EVALUATOR),
-    (PS,                    "evaluator", RUNNING,   EVALUATOR),
+    (PS,                    "evaluator", JobState.STARTING,  EVALUATOR),
+    (PS,                    "evaluator", JobState.RUNNING,   EVALUATOR),
     (PS,                    "evaluator", PARTIAL,   EVALUATOR),
     (PS,                    "evaluator", FINAL,     NOTHING),
-    (PS,                    WATCHDOG,    RUNNING,   HUNG),
+    (PS,                    WATCHDOG,    JobState.RUNNING,   HUNG),
 ]
 
 CASES = [pytest.param(strategy, role, phase, exit, cell, id=f"{strategy}-{role}-{phase}-{exit}")
@@ -81,17 +82,18 @@ def job_in(strategy: str, role: str, phase: str) -> Job:
     spec = parse_spec({"name": "j", "strategy": strategy, "command": ["p"], "roles": roles_of(strategy, role),
                        "restart": {"max_restarts": MAX_RESTARTS, "backoff_seconds": BACKOFF,
                                    "permanent_exit_codes": [PERMANENT]}})
-    tasks = [Task(t, i, node=f"n{i}", state=T_RUNNING) for t in ("chief", "worker", "ps", "evaluator")
+    tasks = [Task(t, i, node=f"n{i}", state=TaskState.RUNNING) for t in ("chief", "worker", "ps", "evaluator")
              for i in range(spec.count(t))]
-    job = Job(id="j-1", spec=spec, state=STARTING if phase == STARTING else RUNNING, tasks=tasks)
+    job = Job(id="j-1", spec=spec, state=JobState.STARTING if phase == JobState.STARTING else JobState.RUNNING,
+              tasks=tasks)
     if phase == PARTIAL:  # ps:0 failed; ps and chief are being stopped to restart in place
-        job.state, job.outcome, job.restarts = STOPPING, RESTART, 1
+        job.state, job.outcome, job.restarts = JobState.STOPPING, RESTART, 1
         job.restarting = tuple(t.key for t in tasks if t.type in ("ps", "chief"))
-        job.task("ps", 0).state = T_STOPPED
+        job.task("ps", 0).state = TaskState.STOPPED
     if phase == FINAL:  # the chief finished; the evaluator evaluates the final checkpoint
         for task in job.training_tasks():
             if task.type not in ("ps", "worker") or strategy != "parameter_server":
-                task.state = T_SUCCEEDED
+                task.state = TaskState.SUCCEEDED
         job.final_evaluation_until = 1000.0
     return job
 
@@ -142,7 +144,7 @@ def test_the_table_covers_every_strategy_role_phase_and_exit():
     strategies = {s for s, *_ in [c.values for c in CASES]}
     assert strategies == {"mirrored", "central_storage", "multi_worker_mirrored", "parameter_server"}
     assert {c.values[1] for c in CASES} == {"chief", "worker", "ps", "evaluator", WATCHDOG}
-    assert {c.values[2] for c in CASES} == {STARTING, RUNNING, PARTIAL, FINAL}
+    assert {c.values[2] for c in CASES} == {JobState.STARTING, JobState.RUNNING, PARTIAL, FINAL}
     assert {c.values[3] for c in CASES} == set(EXITS)
 
 
@@ -154,11 +156,11 @@ def decide(job, key, **exit):
 
 
 def test_reasons_name_what_restarts_and_the_backoff():
-    job = job_in("parameter_server", "chief", RUNNING)
+    job = job_in("parameter_server", "chief", JobState.RUNNING)
     assert decide(job, "ps:1", exit_code=1).reason == "restarting ps and chief, in 10 s (backoff_seconds)"
     assert decide(job, "worker:1", exit_code=1).reason == "restarting worker:1 alone, in 10 s (backoff_seconds)"
     assert decide(job, "worker:1", exit_code=42).reason == "restarting worker:1 alone", "for free: no backoff"
-    assert decide(job_in("multi_worker_mirrored", "worker", RUNNING), "worker:1", exit_code=42).reason == \
+    assert decide(job_in("multi_worker_mirrored", "worker", JobState.RUNNING), "worker:1", exit_code=42).reason == \
         "preemption checkpoint saved"
     assert decide(job, "worker:1", busy_port=20001).reason == "placing the group again"
     assert decide(job, "evaluator:0", exit_code=1).reason == "evaluator restarted, in 10 s (backoff_seconds)"
@@ -178,27 +180,28 @@ def test_a_failure_during_a_restart_in_place_says_what_was_restarting():
 
 
 def test_free_restarts_ignore_a_spent_budget():
-    job = job_in("multi_worker_mirrored", "worker", RUNNING)
+    job = job_in("multi_worker_mirrored", "worker", JobState.RUNNING)
     job.restarts = MAX_RESTARTS
     assert decide(job, "worker:1", exit_code=42).scope == R.GROUP
     assert decide(job, "worker:1", busy_port=20001).scope == R.GROUP
 
 
 def test_a_ps_on_a_lost_node_turns_a_restart_in_place_into_the_groups():
-    job = job_in("parameter_server", "chief", RUNNING)
-    job.task("ps", 1).state = T_LOST
+    job = job_in("parameter_server", "chief", JobState.RUNNING)
+    job.task("ps", 1).state = TaskState.LOST
     assert decide(job, "chief:0", exit_code=1).scope == R.GROUP
 
 
 def test_no_backoff_means_no_delay():
     spec = parse_spec({"name": "j", "strategy": "mirrored", "command": ["p"], "roles": {"worker": {}}})
-    job = Job(id="j-2", spec=spec, state=RUNNING, tasks=[Task("worker", 0, node="n1", state=T_RUNNING)])
+    job = Job(id="j-2", spec=spec, state=JobState.RUNNING,
+              tasks=[Task("worker", 0, node="n1", state=TaskState.RUNNING)])
     d = decide(job, "worker:0", exit_code=1)
     assert (d.scope, d.delay, d.reason) == (R.GROUP, 0.0, "restarting the training group")
 
 
 def test_book_charges_the_counter_and_sets_when_the_restart_may_launch():
-    job = job_in("parameter_server", "chief", RUNNING)
+    job = job_in("parameter_server", "chief", JobState.RUNNING)
     failure = Failure("worker:1", "n1", TaskExit(exit_code=1), 50.0)
     R.book(job, R.decide(job, failure, "worker"), failure, now=50.0)
     assert (job.restarts, job.preemptions, job.not_before) == (1, 0, 60.0)

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from coresim import Sim, info, keys, launches, make_spec, stops
 
-from tfcluster.daemon.coordinator import job as J
+from tfcluster.daemon.coordinator.restart import RESTART
 from tfcluster.model import Launch
+from tfcluster.states import JobState, TaskState
 
 
 def ps_job(**restart):
@@ -15,7 +16,7 @@ def ps_job(**restart):
                      evaluator={"count": 1, "gpus": 0}, restart=restart)
     job, actions = sim.submit(spec)
     sim.running(job, sim.running(job, actions))
-    assert job.state == J.RUNNING
+    assert job.state == JobState.RUNNING
     return sim, job
 
 
@@ -34,9 +35,9 @@ def test_a_permanent_exit_during_a_restart_of_ps_and_chief_fails_the_job_naming_
     assert keys(stop) == ["chief:0", "ps:0"] and job.restarting and job.restarts == 1
     more = sim.exit(job, "worker:0", 7)
     assert keys(more) == ["evaluator:0", "worker:1"]
-    assert job.state == J.STOPPING and job.outcome == J.FAILED
+    assert job.state == JobState.STOPPING and job.outcome == JobState.FAILED
     sim.exit_stopped(job, stop + more)
-    assert job.state == J.FAILED, job.message
+    assert job.state == JobState.FAILED, job.message
     assert job.message.startswith("worker:0 on ") and "exited with code 7" in job.message
     assert "permanent" in job.message
     assert job.last_failure.task == "worker:0" and job.last_failure.exit.exit_code == 7
@@ -48,7 +49,7 @@ def test_a_failure_during_a_restart_in_place_with_the_budget_spent_fails_the_job
     stop = sim.exit(job, "chief:0", 1)
     more = sim.exit(job, "worker:1", None, signal=9)
     sim.exit_stopped(job, stop + more)
-    assert job.state == J.FAILED and "budget spent (1 of 1)" in job.message
+    assert job.state == JobState.FAILED and "budget spent (1 of 1)" in job.message
     assert job.last_failure.task == "worker:1"
 
 
@@ -58,7 +59,7 @@ def test_a_failure_during_a_restart_in_place_restarts_the_group_and_costs_one_mo
     more = sim.exit(job, "worker:0", 1)
     assert job.restarts == 2 and "it was restarting" in job.message
     relaunch = sim.exit_stopped(job, stop + more)
-    assert job.state == J.STARTING and keys(relaunch) == ["evaluator:0", "ps:0", "ps:1", "worker:0", "worker:1"]
+    assert job.state == JobState.STARTING and keys(relaunch) == ["evaluator:0", "ps:0", "ps:1", "worker:0", "worker:1"]
 
 
 # ---- the backoff ------------------------------------------------------------------------------------
@@ -69,15 +70,15 @@ def test_backoff_before_a_restart_of_ps_and_chief_in_place():
     stop = sim.exit(job, "ps:1", 1)
     assert "in 10 s (backoff_seconds)" in job.message
     assert sim.exit_stopped(job, stop) == [], "nothing launches before the backoff has passed"
-    assert job.state == J.STARTING
-    assert [t.state for t in job.tasks if t.type in ("ps", "chief")] == [J.T_PENDING] * 3
+    assert job.state == JobState.STARTING
+    assert [t.state for t in job.tasks if t.type in ("ps", "chief")] == [TaskState.PENDING] * 3
     assert launches(later(sim, 5)) == []
     relaunch = launches(later(sim, 6))
     assert keys(relaunch) == ["ps:0", "ps:1"], "ps first, on their addresses; the chief once they listen"
     chief = sim.running(job, relaunch)
     assert keys(chief) == ["chief:0"]
     sim.running(job, chief)
-    assert job.state == J.RUNNING and job.restarts == 1
+    assert job.state == JobState.RUNNING and job.restarts == 1
     assert {t.key: (t.attempt, t.state) for t in job.tasks if t.type == "worker"} == workers
 
 
@@ -85,12 +86,12 @@ def test_backoff_before_a_worker_restarts_alone():
     sim, job = ps_job(backoff_seconds=10)
     assert sim.exit(job, "worker:1", 1) == []
     worker = job.task("worker", 1)
-    assert job.state == J.RUNNING and worker.state == J.T_PENDING and job.restarts == 1
+    assert job.state == JobState.RUNNING and worker.state == TaskState.PENDING and job.restarts == 1
     assert launches(later(sim, 9)) == []
     again = launches(later(sim, 2))
     assert keys(again) == ["worker:1"] and again[0].attempt.number == 2 and again[0].node == worker.node
     sim.running(job, again)
-    assert worker.state == J.T_RUNNING and job.state == J.RUNNING
+    assert worker.state == TaskState.RUNNING and job.state == JobState.RUNNING
 
 
 def test_a_worker_waiting_for_its_backoff_on_a_node_that_is_lost_restarts_the_group():
@@ -100,14 +101,14 @@ def test_a_worker_waiting_for_its_backoff_on_a_node_that_is_lost_restarts_the_gr
     sim.now += 4
     sim.heartbeat_all(node)
     stop = sim.c.tick(sim.now)
-    assert job.task("worker", 1).state == J.T_LOST and job.state == J.STOPPING and job.outcome == J.RESTART
+    assert job.task("worker", 1).state == TaskState.LOST and job.state == JobState.STOPPING and job.outcome == RESTART
     assert stops(stop) and job.restarts == 2
 
 
 def test_backoff_before_the_evaluator_restarts_and_none_after_a_preemption():
     sim, job = ps_job(backoff_seconds=10)
     assert sim.exit(job, "evaluator:0", 1) == []
-    assert job.task("evaluator", 0).state == J.T_PENDING and job.state == J.RUNNING
+    assert job.task("evaluator", 0).state == TaskState.PENDING and job.state == JobState.RUNNING
     again = launches(later(sim, 11))
     assert keys(again) == ["evaluator:0"] and job.evaluator_restarts == 1
     sim.running(job, again)
@@ -120,7 +121,7 @@ def test_backoff_before_a_group_restart_and_none_after_a_preemption():
     job, actions = sim.submit(make_spec(worker=2, restart={"backoff_seconds": 10}))
     sim.running(job, actions)
     stop = sim.exit(job, "worker:0", 1)
-    assert sim.exit_stopped(job, stop) == [] and job.state == J.PENDING
+    assert sim.exit_stopped(job, stop) == [] and job.state == JobState.PENDING
     relaunch = launches(later(sim, 11))
     assert keys(relaunch) == ["worker:0", "worker:1"]
     sim.running(job, relaunch)
@@ -136,8 +137,8 @@ def test_an_evaluator_whose_port_was_taken_is_placed_on_another():
     sim.report(job, "evaluator", 0, "FAILED_TO_START", message=f"port {taken[1]} is already in use",
                busy_port=taken[1])
     sim.c.schedule(sim.now)
-    assert evaluator.state == J.T_LAUNCHING and (evaluator.node, evaluator.port) != taken
-    assert job.state == J.RUNNING and job.evaluator_restarts == 1
+    assert evaluator.state == TaskState.LAUNCHING and (evaluator.node, evaluator.port) != taken
+    assert job.state == JobState.RUNNING and job.evaluator_restarts == 1
 
 
 def test_a_worker_still_waiting_for_its_backoff_when_training_finishes_is_not_relaunched():
@@ -146,6 +147,6 @@ def test_a_worker_still_waiting_for_its_backoff_when_training_finishes_is_not_re
     sim.exit(job, "chief:0", 0, final_checkpoint="ckpt-5")
     assert job.final_evaluation_until and launches(later(sim, 11)) == []
     stop = sim.exit(job, "evaluator:0", 0)
-    assert keys(stop) == ["ps:0", "ps:1", "worker:0"] and job.task("worker", 1).state == J.T_STOPPED
+    assert keys(stop) == ["ps:0", "ps:1", "worker:0"] and job.task("worker", 1).state == TaskState.STOPPED
     sim.exit_stopped(job, stop)
-    assert job.state == J.SUCCEEDED
+    assert job.state == JobState.SUCCEEDED

@@ -7,7 +7,7 @@ from dataclasses import replace
 from coresim import Sim, info, make_spec
 
 from tfcluster.daemon.coordinator import status
-from tfcluster.daemon.coordinator.node import LOST
+from tfcluster.states import NodeState
 
 
 def big_cluster(nodes=120):
@@ -37,8 +37,8 @@ def test_node_filters_and_the_overview_shows_lost_nodes_first():
         if name != "n077":
             sim.c.heartbeat(name, node.seen.session_id, sim.now)
     sim.c.tick(sim.now)
-    assert sim.c.nodes["n077"].state == LOST
-    assert [n.name for n in status.nodes(sim.c, state=LOST)] == ["n077"]
+    assert sim.c.nodes["n077"].state == NodeState.LOST
+    assert [n.name for n in status.nodes(sim.c, state=NodeState.LOST)] == ["n077"]
     assert [n.name for n in status.nodes(sim.c, prefix="n11")] == [f"n11{i}" for i in range(10)]
     overview = status.overview_nodes(sim.c)
     assert overview[0].name == "n077" and len(overview) == status.OVERVIEW_NODES

@@ -14,6 +14,7 @@ from tfcluster.daemon.coordinator.cluster import Cluster
 from tfcluster.daemon.coordinator.records import Changes, job_from_docs, node_from_doc
 from tfcluster.daemon.coordinator.store import SqliteStore
 from tfcluster.model import Evaluation
+from tfcluster.states import JobState
 
 
 def load(store) -> Cluster:
@@ -171,7 +172,7 @@ def test_the_state_of_a_0_1_coordinator_is_read_into_these_records(tmp_path):
     store = SqliteStore(tmp_path)
     back = load(store)
     job = back.jobs["digits-3"]
-    assert job.state == J.RUNNING and job.number == 3 and job.restarts == 1 and job.spec.env == {"E": "1"}
+    assert job.state == JobState.RUNNING and job.number == 3 and job.restarts == 1 and job.spec.env == {"E": "1"}
     assert [(t.key, t.state, t.attempt, t.pid, t.address) for t in job.tasks] == [
         ("worker:0", "RUNNING", 2, 100, "10.0.0.0:20001"), ("worker:1", "RUNNING", 2, 101, "10.0.0.1:20001")]
     assert job.tasks[0].checkpoint_dir == "/var/lib/a/jobs/digits-3/checkpoints" and job.tasks[0].peer

@@ -15,9 +15,9 @@ from rich.live import Live
 from tfcluster import wire
 from tfcluster.cli.common import FLAG_FOR_KEY, MAX_INT32, CoordinatorOpt, TlsDirOpt, app, connect, err, fail, out
 from tfcluster.client import Client, ClientError
-from tfcluster.model import JOB_ENDED, JOB_STATES
 from tfcluster.render import render_plan, render_status
 from tfcluster.spec import STRATEGIES, SpecError, load_spec_file, parse_spec, resolve_paths, spec_from_flags
+from tfcluster.states import ENDED_JOB_STATES, JobState, TaskState
 
 def _load_spec(spec_file: Path):
     try:
@@ -101,8 +101,8 @@ def _wait_for(client: Client, job_id: str, follow: bool) -> int:
         if job.state != last:
             err.print(f"{job_id}: {job.state}" + (f" ({job.message})" if job.message else ""), markup=False)
             last = job.state
-        if job.state in JOB_ENDED:
-            return 0 if job.state == "SUCCEEDED" else 1
+        if job.state in ENDED_JOB_STATES:
+            return 0 if job.state == JobState.SUCCEEDED else 1
         time.sleep(0.5)
 
 
@@ -113,9 +113,9 @@ def _follow_primary(client: Client, job_id: str) -> None:
         job = client.status(job_id).jobs[0]
         primary = next((t for t in job.tasks if t.type == "chief"), None) or \
             next((t for t in job.tasks if t.type == "worker" and t.index == 0), None)
-        if job.state in JOB_ENDED and (primary is None or primary.attempt <= attempt_seen):
+        if job.state in ENDED_JOB_STATES and (primary is None or primary.attempt <= attempt_seen):
             return
-        if primary is None or primary.attempt <= attempt_seen or primary.state in ("PENDING",):
+        if primary is None or primary.attempt <= attempt_seen or primary.state == TaskState.PENDING:
             time.sleep(0.5)
             continue
         attempt_seen = primary.attempt
@@ -160,15 +160,15 @@ def status(
     show_all: bool = typer.Option(False, "--all", "-a", help="Every node and every job, page by page."),
     node: Optional[str] = typer.Option(None, "--node", metavar="NAME", help="This node and the jobs with tasks on it."),
     state: list[str] = typer.Option([], "--state", metavar="STATE",
-                                    help="Only jobs in this state (repeatable): " + ", ".join(JOB_STATES) + "."),
+                                    help="Only jobs in this state (repeatable): " + ", ".join(JobState) + "."),
     coordinator: Optional[str] = CoordinatorOpt,
     tls_dir: Optional[Path] = TlsDirOpt,
 ) -> None:
     """Show the cluster: a summary, nodes and jobs (a bounded overview unless --all); with JOB, its tasks."""
     states = [s.upper() for s in state]
-    unknown = [s for s in states if s not in JOB_STATES]
+    unknown = [s for s in states if s not in JobState.__members__]
     if unknown:
-        fail(f"--state: expected one of {', '.join(JOB_STATES)}, got {unknown[0]!r}", 2)
+        fail(f"--state: expected one of {', '.join(JobState)}, got {unknown[0]!r}", 2)
     if job_id and (show_all or node or states):
         fail("JOB shows one job: --all, --node and --state choose among jobs, so they go without it", 2)
     with connect(coordinator, tls_dir) as client:
@@ -197,7 +197,7 @@ def status(
                     time.sleep(1.0)
                     view = fetch()
                     live.update(render_status(*view, job_id=job_id))
-                    if job_id and view[1] and view[1][0].state in JOB_ENDED:
+                    if job_id and view[1] and view[1][0].state in ENDED_JOB_STATES:
                         break
             except KeyboardInterrupt:
                 pass
@@ -220,7 +220,7 @@ def stop(
     with connect(coordinator, tls_dir) as client:
         try:
             state = client.stop(job_id, graceful)
-            while wait and state not in JOB_ENDED:
+            while wait and state not in ENDED_JOB_STATES:
                 time.sleep(0.3)
                 state = client.status(job_id).jobs[0].state
         except ClientError as e:

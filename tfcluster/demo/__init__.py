@@ -32,10 +32,11 @@ from tfcluster.daemon.agent.discovery import host_info
 from tfcluster.daemon.agent.identity import NodeIdentity
 from tfcluster.daemon.coordinator.process import BackgroundCoordinator
 from tfcluster.daemon.coordinator.service import CoordinatorServer
-from tfcluster.model import JOB_ENDED, Gpu
+from tfcluster.model import Gpu
 from tfcluster.render import render_status
 from tfcluster.security import Credentials
 from tfcluster.spec import parse_spec
+from tfcluster.states import ENDED_JOB_STATES, JobState, NodeState
 
 NODES = (("node-a", 2), ("node-b", 2), ("node-c", 1))  # name, declared GPUs
 SCRATCH_PARENT_AS_ROOT = "/var/tmp"
@@ -132,7 +133,7 @@ def _report(client: Client, job, root: Path, seconds: float, console: Console) -
     """The final status and the model's metrics; the tasks' last lines when the job did not succeed."""
     final = client.status(job.id)
     console.print(render_status(final.nodes, final.jobs, job_id=job.id))
-    if job.state == "SUCCEEDED":
+    if job.state == JobState.SUCCEEDED:
         metrics = json.loads((root / "checkpoints" / "metrics.json").read_text())
         console.print(f"{job.id} SUCCEEDED in {seconds:.1f} s: held-out accuracy {metrics['accuracy']:.3f}, loss "
                       f"{metrics['loss']:.3f} ({metrics['test_examples']} test digits, {metrics['epochs']} epochs, "
@@ -161,7 +162,7 @@ def _join(server: BackgroundCoordinator, name: str, gpu_count: int, token: str, 
 def _wait_for_nodes(client: Client, count: int, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if sum(n.state == "READY" for n in client.status().nodes) == count:
+        if sum(n.state == NodeState.READY for n in client.status().nodes) == count:
             return
         time.sleep(0.1)
     raise RuntimeError(f"the demo's {count} agents did not register within {timeout:.0f} s")
@@ -172,7 +173,7 @@ def _watch(client: Client, job_id: str, console: Console):
     response = client.status(job_id)
     with Live(render_status(response.nodes, response.jobs, job_id=job_id), console=console, refresh_per_second=4,
               transient=True) as live:
-        while response.jobs[0].state not in JOB_ENDED:
+        while response.jobs[0].state not in ENDED_JOB_STATES:
             if time.monotonic() > deadline:
                 client.stop(job_id, graceful=False)
             time.sleep(0.5)

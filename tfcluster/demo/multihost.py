@@ -27,10 +27,10 @@ from tfcluster.daemon.coordinator.process import BackgroundCoordinator
 from tfcluster.daemon.coordinator.service import CoordinatorServer
 from tfcluster.demo import scratch_root
 from tfcluster.demo.hosts import TestHosts, unavailable
-from tfcluster.model import JOB_ENDED
 from tfcluster.render import render_status
 from tfcluster.security import Credentials
 from tfcluster.spec import parse_spec
+from tfcluster.states import ENDED_JOB_STATES, JobState, NodeState
 
 HOSTS = 3
 
@@ -78,7 +78,7 @@ def main() -> int:
 def _run_job(console: Console, client: Client, root: Path) -> int:
     with client:
         deadline = time.monotonic() + 60
-        while sum(n.state == "READY" for n in client.status().nodes) < HOSTS:
+        while sum(n.state == NodeState.READY for n in client.status().nodes) < HOSTS:
             if time.monotonic() > deadline:
                 console.print("error: the agents did not register; see their logs", markup=False)
                 return 1
@@ -96,7 +96,7 @@ def _run_job(console: Console, client: Client, root: Path) -> int:
         response = client.status(job_id)
         with Live(render_status(response.nodes, response.jobs, job_id=job_id), console=console, refresh_per_second=4,
                   transient=True) as live:
-            while response.jobs[0].state not in JOB_ENDED:
+            while response.jobs[0].state not in ENDED_JOB_STATES:
                 time.sleep(0.5)
                 response = client.status(job_id)
                 live.update(render_status(response.nodes, response.jobs, job_id=job_id))
@@ -105,7 +105,7 @@ def _run_job(console: Console, client: Client, root: Path) -> int:
         for e in job.evaluations:
             shown = ", ".join(f"{k} {v:.3f}" for k, v in sorted(e.metrics.items()))
             console.print(f"  evaluated on h3: {Path(e.checkpoint).name} (step {e.step}): {shown}", markup=False)
-        return 0 if job.state == "SUCCEEDED" else 1
+        return 0 if job.state == JobState.SUCCEEDED else 1
 
 
 if __name__ == "__main__":

@@ -38,11 +38,12 @@ from tfcluster.daemon.agent.supervisor import Supervisor, TaskRecord
 from tfcluster.daemon.agent.tasklog import DEFAULT_LIMIT_BYTES
 from tfcluster.daemon.agent.taskuser import TaskUsers, make_state_dir
 from tfcluster.daemon.logformat import fields
-from tfcluster.model import (CancelLog, Evaluation, ExpectFiles, FinishTraining, Gpu, Launch, NodeInfo, Phase,
-                             ReadLog, Revocations, ShipCheckpoints, Stop, SyncCheckpoints, SyncResult)
+from tfcluster.model import (CancelLog, Evaluation, ExpectFiles, FinishTraining, Gpu, Launch, NodeInfo, ReadLog,
+                             Revocations, ShipCheckpoints, Stop, SyncCheckpoints, SyncResult)
 from tfcluster.daemon.web import ThreadedWebListener, WebListener
 from tfcluster.layout import INCOMING_PREFIX
 from tfcluster.security import REMOVED, REPLACED, Credentials
+from tfcluster.states import Phase
 
 log = logging.getLogger("tfcluster.agent")
 

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from tfcluster.daemon.notify import Notifier
-from tfcluster.model import Phase
+from tfcluster.states import Phase
 
 log = logging.getLogger("tfcluster.agent")
 

@@ -21,7 +21,8 @@ from prometheus_client.registry import Collector
 
 from tfcluster.daemon.agent.retention import measure
 from tfcluster.daemon.agent.supervisor import Supervisor, TaskRecord
-from tfcluster.model import Gpu, Phase
+from tfcluster.model import Gpu
+from tfcluster.states import Phase
 
 log = logging.getLogger("tfcluster.agent")
 

@@ -32,7 +32,7 @@ from tfcluster import layout, wire
 from tfcluster.api.v1 import agent_pb2_grpc
 from tfcluster.daemon.agent.taskrunner import is_shim
 from tfcluster.daemon.agent.taskrunner import write_json_atomic
-from tfcluster.model import Phase
+from tfcluster.states import Phase
 from tfcluster.security import Credentials
 from tfcluster.task import latest_checkpoint
 

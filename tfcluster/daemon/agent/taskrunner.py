@@ -31,6 +31,7 @@ import psutil
 from tfcluster import layout
 from tfcluster.daemon.agent import isolation
 from tfcluster.daemon.agent.tasklog import DEFAULT_LIMIT_BYTES, LastLines, OutputWriter
+from tfcluster.states import Phase
 
 TAIL_LINES = 20
 PUMP_CHUNK_BYTES = 64 << 10
@@ -97,13 +98,13 @@ class Runner:
         except (OSError, ValueError) as e:
             message = self._start_failure(e)
             log.write(f"tfcluster: {message}\n".encode())
-            self.status(phase="FAILED_TO_START", message=message, finished=time.time())
-            print(json.dumps({"phase": "FAILED_TO_START"}), flush=True)
+            self.status(phase=Phase.FAILED_TO_START, message=message, finished=time.time())
+            print(json.dumps({"phase": Phase.FAILED_TO_START}), flush=True)
             return 0
         pid = self.child.pid
         started = time.time()
-        self.status(phase="RUNNING", pid=pid, pgid=pid, started=started)
-        print(json.dumps({"phase": "RUNNING", "pid": pid}), flush=True)
+        self.status(phase=Phase.RUNNING, pid=pid, pgid=pid, started=started)
+        print(json.dumps({"phase": Phase.RUNNING, "pid": pid}), flush=True)
         if self.stopping.is_set():  # a stop that raced the start
             self._terminate()
         pump = threading.Thread(target=self._pump, args=(self.child.stdout, log), daemon=True)
@@ -113,7 +114,7 @@ class Runner:
         kill_group(pid, signal.SIGKILL)
         pump.join(timeout=5)
         log.close()
-        fields = {"phase": "EXITED", "pid": pid, "pgid": pid, "started": started, "finished": time.time(),
+        fields = {"phase": Phase.EXITED, "pid": pid, "pgid": pid, "started": started, "finished": time.time(),
                   "log_tail": self.last_lines.tail(), "stopped": self.stopping.is_set()}
         if returncode < 0:
             fields["signal"] = -returncode

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from tfcluster.daemon.coordinator.job import STARTING, Job
+from tfcluster.daemon.coordinator.job import Job
 from tfcluster.model import Command, ExpectFiles, NodeInfo, ShipCheckpoints, SyncCheckpoints
+from tfcluster.states import JobState
 
 SYNC_DEADLINE_SECONDS = 600.0
 
@@ -48,7 +49,7 @@ def sync_commands(job: Job, now: float) -> list[Command]:
 
 def sync_finished(job: Job, sync_id: int, ok: bool, message: str) -> bool:
     """True when this answer ends the copy the job waits for (then the group may start)."""
-    if sync_id != job.syncing or job.state != STARTING:
+    if sync_id != job.syncing or job.state != JobState.STARTING:
         return False
     job.syncing = 0
     job.message = "" if ok else f"copying the checkpoints failed ({message}); starting without them"

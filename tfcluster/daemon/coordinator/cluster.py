@@ -15,15 +15,16 @@ from dataclasses import dataclass, field, replace
 
 from tfcluster import strategies
 from tfcluster.daemon.coordinator import checkpoints, lifecycle, taskusers
-from tfcluster.daemon.coordinator.job import PENDING, Job, Task
+from tfcluster.daemon.coordinator.job import Job, Task
 from tfcluster.daemon.coordinator.membership import Membership
 from tfcluster.daemon.coordinator.observer import Observer
-from tfcluster.daemon.coordinator.node import READY, Node
+from tfcluster.daemon.coordinator.node import Node
 from tfcluster.daemon.coordinator.scheduler import NodeCapacity, TaskPlacement, Unfit, place, task_list
 from tfcluster.daemon.logformat import fields
-from tfcluster.model import (Attempt, Command, Evaluation, Phase, Stop, TaskExit, TaskReport)
+from tfcluster.model import Attempt, Command, Evaluation, Stop, TaskExit, TaskReport
 from tfcluster.roles.tfconfig import build_tf_configs
 from tfcluster.spec import JobSpec
+from tfcluster.states import JobState, NodeState, Phase
 
 log = logging.getLogger("tfcluster.coordinator")
 
@@ -110,7 +111,7 @@ class Cluster(Membership):
         self.by_address.setdefault(node.info.address, set()).add(node.name)
         i = node.info
         self.idle[node.name] = NodeCapacity(i.name, i.address, i.gpus, i.port_range)
-        if node.state == READY:
+        if node.state == NodeState.READY:
             self.heard[node.name] = None
             self.heard.move_to_end(node.name)
 
@@ -150,7 +151,7 @@ class Cluster(Membership):
         """Places every PENDING job that fits now, oldest first, and tasks that lost their node. A job that
         did not fit is tried again only once resources may have changed."""
         waiting = [j for j in self.live.values()
-                   if (j.state == PENDING and j.not_before <= now) or lifecycle.unplaced_tasks(j, now)]
+                   if (j.state == JobState.PENDING and j.not_before <= now) or lifecycle.unplaced_tasks(j, now)]
         waiting = [j for j in waiting if self.unfit_at.get(j.id) != self.capacity_version]
         if not waiting:
             return []

@@ -28,8 +28,8 @@ from tfcluster.daemon.coordinator.job import Job
 from tfcluster.daemon.coordinator.logins import COOKIE, SESSION_SECONDS
 from tfcluster.daemon.coordinator.server import Coordinator
 from tfcluster.daemon.web import CALLER, WebListener
-from tfcluster.model import JOB_STATES
 from tfcluster.pki import Identity
+from tfcluster.states import JobState, NodeState
 
 STATIC = Path(__file__).resolve().parent / "static"
 PAGES = ("/", "/nodes", "/jobs/{job_id}", "/jobs/{job_id}/tasks/{task}/log")
@@ -106,7 +106,8 @@ class Dashboard:
                                                               insecure=self.c.authority is None))
         who = request.get(CALLER)
         return json_response({**summary, "version": __version__, "time": self.c.clock(),
-                                  "viewer": str(who) if who else "", "job_states": list(JOB_STATES)})
+                              "viewer": str(who) if who else "", "job_states": [s.value for s in JobState],
+                              "node_states": [s.value for s in NodeState]})
 
     async def _jobs(self, request: web.Request) -> web.Response:
         """Jobs newest first, `before` a job number, filtered by state and name prefix."""
@@ -133,7 +134,7 @@ class Dashboard:
         nodes = []
         for node in page:
             doc = wire.node_doc(wire.node_status(node, running[node.name], now))
-            doc["tasks"] = [{"job": job.id, "task": task.key, "state": task.state,
+            doc["tasks"] = [{"job": job.id, "task": task.key, "state": task.state.value,
                              "gpus": [g.index for g in task.gpus]}
                             for job, task in c.placed_on(node.name) if task.live]
             nodes.append(doc)
@@ -196,7 +197,7 @@ def job_row(job: Job) -> dict:
     """What the job list shows of a job (no tasks, no evaluation history: a page of them stays small)."""
     f = job.last_failure
     latest = job.evaluations[-1] if job.evaluations else None
-    return {"id": job.id, "name": job.spec.name, "state": job.state, "strategy": job.strategy,
+    return {"id": job.id, "name": job.spec.name, "state": job.state.value, "strategy": job.strategy,
             "restarts": job.restarts, "preemptions": job.preemptions, "message": job.message,
             "created": job.created, "finished": job.finished or None, "tasks": len(job.tasks),
             "last_failure": f.describe() if f else "",

@@ -8,22 +8,15 @@ output progress, when a command was last sent) lives in the `seen` parts, which 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from tfcluster import strategies
-from tfcluster.model import JOB_ENDED, JOB_STATES, Attempt, Evaluation, Gpu, TaskExit
+from tfcluster.model import Attempt, Evaluation, Gpu, TaskExit
 from tfcluster.spec import JobSpec
+from tfcluster.states import JobState, TaskState, check_transition
 
-# Job states. A job that must end or restart first passes through STOPPING until every task has exited.
-PENDING, STARTING, RUNNING, STOPPING, SUCCEEDED, FAILED, STOPPED = JOB_STATES
-RESTART = "RESTART"  # the outcome of a STOPPING job that goes back to PENDING
-
-# Task states.
-T_PENDING, T_LAUNCHING, T_RUNNING = "PENDING", "LAUNCHING", "RUNNING"
-T_SUCCEEDED, T_FAILED, T_STOPPED, T_LOST = "SUCCEEDED", "FAILED", "STOPPED", "LOST"
-TASK_STATES = (T_PENDING, T_LAUNCHING, T_RUNNING, T_SUCCEEDED, T_FAILED, T_STOPPED, T_LOST)
-TASK_LIVE = (T_LAUNCHING, T_RUNNING)
-TASK_ENDED = (T_SUCCEEDED, T_FAILED, T_STOPPED, T_LOST)
 MAX_EVALUATIONS_KEPT = 1000
+_PLACED = (JobState.STARTING, JobState.RUNNING, JobState.STOPPING)  # a job's tasks have their nodes
 
 
 class Record:
@@ -38,6 +31,20 @@ class Record:
         object.__setattr__(self, "unsaved", False)
 
 
+class StateRecord(Record):
+    """A saved record whose state changes only along its transition table (states.py)."""
+    States: ClassVar[type[JobState] | type[TaskState]]
+
+    def __post_init__(self) -> None:
+        self.state = self.States(self.state)  # a value read back from the store becomes a member (or is refused)
+
+    def move(self, state: JobState | TaskState) -> None:
+        """The one way the coordinator changes the state: raises IllegalTransition on a change the table does not
+        allow."""
+        check_transition(str(self), self.state, state)
+        self.state = state
+
+
 @dataclass
 class TaskSeen:
     """What the coordinator observes about a task while it runs; never saved."""
@@ -48,7 +55,9 @@ class TaskSeen:
 
 
 @dataclass(eq=False)
-class Task(Record):
+class Task(StateRecord):
+    States: ClassVar = TaskState
+
     type: str
     index: int
     node: str = ""
@@ -57,13 +66,29 @@ class Task(Record):
     gpus: tuple[Gpu, ...] = ()
     checkpoint_dir: str = ""  # TFCLUSTER_CHECKPOINT_DIR on its node
     peer: str = ""            # its node's agent-to-agent address (host-local checkpoints go there)
-    state: str = T_PENDING
+    state: TaskState = TaskState.PENDING
     attempt: int = 0
     pid: int = 0
     exit: TaskExit | None = None
     stop_grace: float | None = None  # a stop was sent with this grace period; None: not asked to stop
     ready: bool = False  # running, and listening on its port when the next launch wave needs that
     seen: TaskSeen = field(default_factory=TaskSeen, repr=False)
+
+    def __str__(self) -> str:
+        return f"task {self.key}"
+
+    def start_over(self, state: TaskState, unplace: bool = False) -> None:
+        """The one place a task starts again: LAUNCHING (a new attempt is sent) or PENDING (it waits to be
+        launched again: placed anew, or restarted). Nothing of the attempt before carries over but how it ended,
+        which a waiting task still shows until its next attempt launches. unplace: it gives up its node, port and
+        GPUs, and the cluster places it anew."""
+        self.move(state)
+        self.pid, self.stop_grace, self.ready = 0, None, False
+        if state == TaskState.LAUNCHING:
+            self.attempt += 1
+            self.exit = None
+        if unplace:
+            self.node, self.host, self.port, self.gpus, self.peer = "", "", 0, (), ""
 
     @property
     def key(self) -> str:
@@ -75,7 +100,7 @@ class Task(Record):
 
     @property
     def live(self) -> bool:
-        return self.state in TASK_LIVE
+        return self.state.live
 
     @property
     def current(self) -> Attempt:
@@ -109,13 +134,15 @@ class JobSeen:
 
 
 @dataclass(eq=False)
-class Job(Record):
+class Job(StateRecord):
+    States: ClassVar = JobState
+
     id: str
     spec: JobSpec             # `auto` already resolved
     number: int = 0           # the job number (its id's suffix): orders jobs and pages
     request_id: str = ""      # the client's id for the submission: a retry returns this job
     uid: int = 0              # its tasks' user and group on every node (taskusers.py); 0: saved before 0.3
-    state: str = PENDING
+    state: JobState = JobState.PENDING
     tasks: list[Task] = field(default_factory=list)
     restarts: int = 0
     preemptions: int = 0
@@ -123,7 +150,7 @@ class Job(Record):
     message: str = ""
     created: float = 0.0
     finished: float = 0.0
-    outcome: str = ""         # while STOPPING: the state to take once every task is gone (or RESTART)
+    outcome: str = ""         # while STOPPING: the state to take once every task is gone, or restart.RESTART
     restarting: tuple[str, ...] = ()  # while STOPPING for a partial restart: the tasks being restarted
     not_before: float = 0.0   # restart backoff: not placed again before this time
     last_failure: Failure | None = None
@@ -139,6 +166,9 @@ class Job(Record):
     evaluations: list[Evaluation] = field(default_factory=list)
     seen: JobSeen = field(default_factory=JobSeen, repr=False)
 
+    def __str__(self) -> str:
+        return f"job {self.id}"
+
     @property
     def strategy(self) -> str:
         return self.spec.strategy
@@ -149,7 +179,7 @@ class Job(Record):
 
     @property
     def ended(self) -> bool:
-        return self.state in JOB_ENDED
+        return self.state.ended
 
     @property
     def host_local(self) -> bool:
@@ -163,6 +193,12 @@ class Job(Record):
             cached = (self.tasks, {(t.type, t.index): t for t in self.tasks})
             object.__setattr__(self, "_by_key", cached)
         return cached[1].get((task_type, index))
+
+    def holds(self, task: Task) -> bool:
+        """The task holds its node's GPUs and port: it runs there, or it was placed there and waits to be
+        launched (a later wave, a restart in place, a restart's backoff), so no other task may have them."""
+        placed = task.state == TaskState.PENDING and task.node and self.state in _PLACED
+        return task.live or bool(placed)
 
     def training_tasks(self) -> list[Task]:
         return [t for t in self.tasks if t.type != "evaluator"]

@@ -14,14 +14,13 @@ from collections.abc import Callable
 
 from tfcluster import layout
 from tfcluster.daemon.coordinator import checkpoints, completion, restart
-from tfcluster.daemon.coordinator.job import (FAILED, PENDING, RESTART, RUNNING, STARTING, STOPPED, STOPPING,
-                                              SUCCEEDED, T_FAILED, T_LAUNCHING, T_LOST, T_PENDING, T_RUNNING,
-                                              T_STOPPED, T_SUCCEEDED, TASK_ENDED, Failure, Job, Task)
+from tfcluster.daemon.coordinator.job import Failure, Job, Task
 from tfcluster.daemon.coordinator.launch import launch
 from tfcluster.daemon.coordinator.scheduler import TaskPlacement
 from tfcluster.daemon.logformat import fields
 from tfcluster.model import Command, FinishTraining, NodeInfo, Stop, TaskExit
 from tfcluster.roles.tfconfig import cluster_json
+from tfcluster.states import JobState, TaskState
 
 log = logging.getLogger("tfcluster.coordinator")
 
@@ -33,12 +32,13 @@ NodeLookup = Callable[[str], "NodeInfo | None"]  # a READY node's description, N
 def place(job: Job, placement: list[TaskPlacement], info_of: NodeLookup, now: float) -> list[Command]:
     """PENDING -> STARTING: tasks get nodes, GPUs and ports; the first wave launches (after the chief's
     checkpoints were copied to the group's nodes, when they are host-local)."""
-    assert job.state == PENDING, job.state
+    assert job.state == JobState.PENDING, job.state
     job.cluster_json = cluster_json((p.type, p.index, p.address) for p in placement)
     for p in placement:
         _put(job, job.task(p.type, p.index), p, info_of(p.node))
     job.final_evaluation_until = 0.0
-    job.state, job.message = STARTING, ""
+    job.move(JobState.STARTING)
+    job.message = ""
     return checkpoints.restore(job, info_of, now) + advance(job, now)
 
 
@@ -57,22 +57,21 @@ def _put(job: Job, task: Task, p: TaskPlacement, node: NodeInfo) -> None:
     task.node, task.host, task.port, task.gpus = p.node, p.host, p.port, p.gpus
     task.peer = node.peer_address
     task.checkpoint_dir = job.spec.checkpoint_dir or layout.host_checkpoint_dir(node.state_dir, job.id)
-    task.state, task.pid, task.exit, task.stop_grace, task.ready = T_PENDING, 0, None, None, False
+    task.start_over(TaskState.PENDING)
 
 
 def unplaced_tasks(job: Job, now: float) -> list[Task]:
     """Tasks of a placed job that lost their node (or port) and wait for a new one (the evaluator), once
     their restart's backoff has passed."""
-    if job.state not in (STARTING, RUNNING) or now < job.not_before:
+    if job.state not in (JobState.STARTING, JobState.RUNNING) or now < job.not_before:
         return []
-    return [t for t in job.tasks if t.state == T_PENDING and not t.node]
+    return [t for t in job.tasks if t.state == TaskState.PENDING and not t.node]
 
 
 def launch_tasks(job: Job, tasks: list[Task], now: float) -> list[Command]:
     actions: list[Command] = []
     for task in tasks:
-        task.attempt += 1
-        task.state, task.pid, task.exit, task.stop_grace, task.ready = T_LAUNCHING, 0, None, None, False
+        task.start_over(TaskState.LAUNCHING)
         task.seen.sent_at = now
         actions.append(launch(job, task))
     if job.decisive_task() in tasks or job.evaluator() in tasks:
@@ -83,15 +82,15 @@ def launch_tasks(job: Job, tasks: list[Task], now: float) -> list[Command]:
 def advance(job: Job, now: float) -> list[Command]:
     """While STARTING: launch the next wave once every earlier task is up (and a restart's backoff has passed);
     RUNNING once all are."""
-    if job.state != STARTING or job.syncing or now < job.not_before:
+    if job.state != JobState.STARTING or job.syncing or now < job.not_before:
         return []
-    if any(t.state == T_LAUNCHING or (t.state == T_RUNNING and not t.ready) for t in job.tasks):
+    if any(t.state == TaskState.LAUNCHING or (t.state == TaskState.RUNNING and not t.ready) for t in job.tasks):
         return []
-    pending = [t for t in job.tasks if t.state == T_PENDING and t.node]
+    pending = [t for t in job.tasks if t.state == TaskState.PENDING and t.node]
     wave = [t for t in pending if job.profile.in_first_wave(t.type)] or pending
     if wave:
         return launch_tasks(job, wave, now)
-    job.state = RUNNING
+    job.move(JobState.RUNNING)
     job.seen.last_progress = now
     return []
 
@@ -103,36 +102,37 @@ def sync_done(job: Job, sync_id: int, ok: bool, message: str, now: float) -> lis
 # ---- what agents report -------------------------------------------------------------------------
 
 def running(job: Job, task: Task, pid: int, listening: bool, now: float) -> list[Command]:
-    if task.state == T_RUNNING:
+    if task.state == TaskState.RUNNING:
         task.pid = task.pid or pid
         task.ready = task.ready or listening
         return advance(job, now)
-    if task.state != T_LAUNCHING:
+    if task.state != TaskState.LAUNCHING:
         return []
-    task.state, task.pid = T_RUNNING, pid
+    task.move(TaskState.RUNNING)
+    task.pid = pid
     task.ready = listening or not job.profile.must_listen(task.type)
     return advance(job, now)
 
 
 def ended(job: Job, task: Task, exit: TaskExit, now: float) -> list[Command]:
     """A task exited, or never started (exit code and signal None)."""
-    if task.state in TASK_ENDED or task.state == T_PENDING:
+    if not task.live:
         return []
     task.exit = exit
     if exit.succeeded:
-        task.state = T_SUCCEEDED
+        task.move(TaskState.SUCCEEDED)
     else:
-        task.state = T_FAILED if task.stop_grace is None else T_STOPPED
+        task.move(TaskState.FAILED if task.stop_grace is None else TaskState.STOPPED)
     return _after_task_end(job, task, now)
 
 
 def lost(job: Job, task: Task, why: str, now: float) -> list[Command]:
     """The task's node is gone (or its agent forgot the task): a live task, or one placed there that waits to
     be launched (a later wave, a restart in place, one waiting for its backoff), is lost."""
-    waiting = task.state == T_PENDING and task.node and job.state in (STARTING, RUNNING, STOPPING)
-    if not task.live and not waiting:
+    if not job.holds(task):
         return []
-    task.state, task.exit = T_LOST, TaskExit(message=why)
+    task.move(TaskState.LOST)
+    task.exit = TaskExit(message=why)
     return _after_task_end(job, task, now)
 
 
@@ -145,19 +145,19 @@ def progress(job: Job, task: Task, output_bytes: int, checkpoint: str, now: floa
 
 
 def _after_task_end(job: Job, task: Task, now: float) -> list[Command]:
-    if task.state in (T_FAILED, T_LOST):
-        failure = Failure(task=task.key, node=task.node, exit=task.exit, time=now, lost=task.state == T_LOST)
+    if task.state in (TaskState.FAILED, TaskState.LOST):
+        failure = Failure(task=task.key, node=task.node, exit=task.exit, time=now, lost=task.state == TaskState.LOST)
         decision = restart.decide(job, failure, task.type)
         if decision.scope != restart.NOTHING:
             return _carry_out(job, decision, failure, now)
-    if job.state == STOPPING:
+    if job.state == JobState.STOPPING:
         return _finish_if_quiet(job, now)
     if job.final_evaluation_until:
         if task.type != "evaluator":  # training is over: a ps or worker server ending changes nothing
             return []
-        how = "done" if task.state == T_SUCCEEDED or completion.final_evaluated(job) else f"ended {task.state}"
-        return wind_down(job, SUCCEEDED, f"final evaluation {how}", now)
-    if task.state == T_SUCCEEDED and task.type != "evaluator":
+        how = "done" if task.state == TaskState.SUCCEEDED or completion.final_evaluated(job) else f"ended {task.state}"
+        return wind_down(job, JobState.SUCCEEDED, f"final evaluation {how}", now)
+    if task.state == TaskState.SUCCEEDED and task.type != "evaluator":
         return _check_training_done(job, now)
     return advance(job, now)
 
@@ -172,17 +172,15 @@ def _carry_out(job: Job, decision: restart.Decision, failure: Failure, now: floa
                                                          task="" if failure.task == restart.WATCHDOG else failure.task))
     restart.book(job, decision, failure, now)
     if decision.scope == restart.FAIL:
-        return wind_down(job, FAILED, message, now)
+        return wind_down(job, JobState.FAILED, message, now)
     if decision.scope == restart.GROUP:
-        return wind_down(job, RESTART, message, now)
+        return wind_down(job, restart.RESTART, message, now)
     tasks = [t for t in job.tasks if t.key in decision.tasks]
     if any(t.live for t in tasks):  # stopped first; relaunched in place, in waves, once all are gone
-        return wind_down(job, RESTART, message, now, only=decision.tasks)
+        return wind_down(job, restart.RESTART, message, now, only=decision.tasks)
     job.message = message
-    for task in tasks:  # dead already: relaunched while the others run on
-        task.state = T_PENDING
-        if decision.place_anew:  # the cluster places it anew (Cluster.schedule)
-            task.node, task.host, task.port, task.gpus, task.peer = "", "", 0, (), ""
+    for task in tasks:  # dead already: relaunched while the others run on (placed anew by Cluster.schedule)
+        task.start_over(TaskState.PENDING, unplace=decision.place_anew)
     # An evaluator given up while STARTING must not hold back the chief's wave or RUNNING either.
     return _launch_due(job, now)
 
@@ -192,13 +190,13 @@ def _launch_due(job: Job, now: float) -> list[Command]:
     still waiting when training finishes is not needed any more: it is stopped with the others)."""
     if now < job.not_before or job.final_evaluation_until:
         return []
-    waiting = [t for t in job.tasks if t.state == T_PENDING and t.node]
-    if job.state == STARTING and job.syncing:  # the group waits for the chief's checkpoints, the evaluator too
+    waiting = [t for t in job.tasks if t.state == TaskState.PENDING and t.node]
+    if job.state == JobState.STARTING and job.syncing:  # all wait for the chief's checkpoints, the evaluator too
         return []
-    if job.state == STARTING:
+    if job.state == JobState.STARTING:
         # The evaluator is outside the training cluster: it never waits for a launch wave.
         return launch_tasks(job, [t for t in waiting if t.type == "evaluator"], now) + advance(job, now)
-    if job.state == RUNNING or (job.state == STOPPING and job.restarting):
+    if job.state == JobState.RUNNING or (job.state == JobState.STOPPING and job.restarting):
         return launch_tasks(job, waiting, now)
     return []
 
@@ -206,7 +204,7 @@ def _launch_due(job: Job, now: float) -> list[Command]:
 def _training_finished(job: Job) -> bool:
     """The chief (or worker 0) and every training task that runs the user program exited 0 (servers under
     parameter_server never exit by themselves)."""
-    return all(t.state == T_SUCCEEDED for t in job.training_tasks()
+    return all(t.state == TaskState.SUCCEEDED for t in job.training_tasks()
                if t is job.decisive_task() or not job.profile.serves_until_stopped(t.type))
 
 
@@ -215,7 +213,7 @@ def _check_training_done(job: Job, now: float) -> list[Command]:
         return []
     evaluator = job.evaluator()
     if evaluator is None or not evaluator.live:
-        return wind_down(job, SUCCEEDED, "", now)
+        return wind_down(job, JobState.SUCCEEDED, "", now)
     job.final_evaluation_until = now + job.spec.evaluator_deadline_seconds
     evaluated(job, now)  # it may have evaluated the final checkpoint already, as the newest one
     job.message = completion.waiting_message(job)
@@ -225,7 +223,8 @@ def _check_training_done(job: Job, now: float) -> list[Command]:
 def evaluated(job: Job, now: float) -> list[Command]:
     """A result was reported. Once training is over and the final checkpoint is evaluated, the evaluator has a
     few seconds to exit by itself; then tick() stops it and the job succeeds."""
-    if job.final_evaluation_until and job.state in (STARTING, RUNNING) and completion.final_evaluated(job):
+    training = job.state in (JobState.STARTING, JobState.RUNNING)
+    if job.final_evaluation_until and training and completion.final_evaluated(job):
         job.final_evaluation_until = min(job.final_evaluation_until, now + completion.EVALUATOR_EXIT_SECONDS)
         job.message = completion.waiting_message(job)
     return []
@@ -246,11 +245,12 @@ def tick(job: Job, now: float) -> list[Command]:
     if job.syncing and now > job.sync_until:
         return sync_done(job, job.syncing, False,
                          f"no answer within {checkpoints.SYNC_DEADLINE_SECONDS:g} s", now)
-    if job.final_evaluation_until and job.state in (STARTING, RUNNING) and now > job.final_evaluation_until:
-        return wind_down(job, SUCCEEDED, completion.deadline_message(job), now)
+    training = job.state in (JobState.STARTING, JobState.RUNNING)
+    if job.final_evaluation_until and training and now > job.final_evaluation_until:
+        return wind_down(job, JobState.SUCCEEDED, completion.deadline_message(job), now)
     hang = job.spec.restart.hang_seconds
     last = job.seen.last_progress
-    if hang and job.state == RUNNING and not job.final_evaluation_until and last and now - last > hang:
+    if hang and job.state == JobState.RUNNING and not job.final_evaluation_until and last and now - last > hang:
         decisive = job.decisive_task()
         exit = TaskExit(message=f"hung: no task wrote output and the chief saved no checkpoint for "
                                 f"{now - last:.0f} s (hang_seconds = {hang:g})")
@@ -266,22 +266,24 @@ def stop(job: Job, now: float, graceful: bool = True) -> list[Command]:
     """The user's stop. Again with graceful=False while tasks are still stopping: SIGKILL at once."""
     if job.ended:
         return []
-    if job.state == PENDING:
-        job.state, job.message, job.finished = STOPPED, "stopped by user", now
+    if job.state == JobState.PENDING:
+        job.move(JobState.STOPPED)
+        job.message, job.finished = "stopped by user", now
         return []
-    return wind_down(job, STOPPED, "stopped by user", now, grace=None if graceful else 0.0)
+    return wind_down(job, JobState.STOPPED, "stopped by user", now, grace=None if graceful else 0.0)
 
 
 def wind_down(job: Job, outcome: str, message: str, now: float, grace: float | None = None,
               only: tuple[str, ...] = ()) -> list[Command]:
     """Stops every live task (or only those named, for a partial restart); outcome once they are gone."""
-    job.state, job.outcome, job.message, job.restarting = STOPPING, outcome, message, tuple(only)
+    job.move(JobState.STOPPING)
+    job.outcome, job.message, job.restarting = outcome, message, tuple(only)
     actions: list[Command] = []
     for task in job.tasks:
         if only and task.key not in only:
             continue
-        if task.state == T_PENDING and not only:
-            task.state = T_STOPPED
+        if task.state == TaskState.PENDING and not only:
+            task.move(TaskState.STOPPED)
         elif task.live:
             actions += stop_task(job, task, job.spec.stop_grace_seconds if grace is None else grace, now)
     return actions + _finish_if_quiet(job, now)
@@ -298,27 +300,31 @@ def stop_task(job: Job, task: Task, grace: float, now: float) -> list[Command]:
 
 def _finish_if_quiet(job: Job, now: float) -> list[Command]:
     scope = [t for t in job.tasks if not job.restarting or t.key in job.restarting]
-    if job.state != STOPPING or any(t.live for t in scope):
+    if job.state != JobState.STOPPING or any(t.live for t in scope):
         return []
-    if job.outcome != RESTART:
-        job.state, job.outcome, job.finished = job.outcome, "", now
+    if job.outcome != restart.RESTART:
+        job.move(JobState(job.outcome))
+        job.outcome, job.finished = "", now
         return []
     job.outcome = ""
     if job.restarting and _training_finished(job):  # the chief finished meanwhile: nothing to restart
-        job.restarting, job.state = (), RUNNING
+        job.restarting = ()
+        job.move(JobState.RUNNING)
         return _check_training_done(job, now)
     if job.restarting:  # relaunched in place, on the same addresses, in waves, once the backoff has passed
         for task in scope:
-            task.state = T_PENDING
-        job.restarting, job.state = (), STARTING
+            task.start_over(TaskState.PENDING)
+        job.restarting = ()
+        job.move(JobState.STARTING)
         return advance(job, now)
-    job.state = PENDING  # placed again by the cluster once the backoff has passed (job.not_before)
+    job.move(JobState.PENDING)  # placed again by the cluster once the backoff has passed (job.not_before)
     return []
 
 
 def unplaceable(job: Job, reason: str, never: bool, now: float) -> None:
     if never:
-        job.state, job.message, job.finished = FAILED, f"cannot ever be placed: {reason}", now
+        job.move(JobState.FAILED)
+        job.message, job.finished = f"cannot ever be placed: {reason}", now
     else:
         job.message = f"waiting for resources: {reason}"
 

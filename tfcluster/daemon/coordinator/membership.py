@@ -10,8 +10,8 @@ import logging
 from dataclasses import replace
 
 from tfcluster.daemon.coordinator import checkpoints, lifecycle
-from tfcluster.daemon.coordinator.job import T_LAUNCHING, T_RUNNING
-from tfcluster.daemon.coordinator.node import LOST, READY, Node, ports_overlap
+from tfcluster.daemon.coordinator.node import Node, ports_overlap
+from tfcluster.states import NodeState, TaskState
 from tfcluster.daemon.coordinator.launch import launch
 from tfcluster.daemon.coordinator.reconcile import reconcile_node
 from tfcluster.daemon.coordinator.scheduler import NodeCapacity
@@ -35,21 +35,21 @@ class Membership:
         """Adds or refreshes a node. Raises NameTaken when another live agent holds the name, ValueError
         when the node would share ports with another agent on its address."""
         node = self.nodes.get(info.name)
-        if node is not None and node.state == READY and \
+        if node is not None and node.state == NodeState.READY and \
                 (node.info.address, node.info.state_dir) != (info.address, info.state_dir):
             raise NameTaken(f"node name {info.name!r} is held by a live agent at {node.info.address} (state dir "
                             f"{node.info.state_dir}); give this agent another --name")
         for other in self.by_address.get(info.address, ()):
             o = self.nodes[other].info
-            if other != info.name and self.nodes[other].state == READY and ports_overlap(o, info):
+            if other != info.name and self.nodes[other].state == NodeState.READY and ports_overlap(o, info):
                 raise ValueError(f"node.port_range_start/end: {info.name}'s ports {info.port_range[0]}-"
                                  f"{info.port_range[1]} overlap {o.name}'s on the same address {info.address} "
                                  f"({o.port_range[0]}-{o.port_range[1]}); give agents on one host disjoint ranges")
         if node is None:
             node = Node(info=info)
         self.by_address.get(node.info.address, set()).discard(info.name)
-        if node.info != info or node.state != READY:
-            node.info, node.state = info, READY
+        if node.info != info or node.state != NodeState.READY:
+            node.info, node.state = info, NodeState.READY
         node.seen.last_seen, node.seen.session_id = now, session_id
         self.add_node(node)
         self.capacity_version += 1
@@ -59,7 +59,7 @@ class Membership:
             commands += self._apply(info.name, report, now)
         for job, task in self.placed_on(info.name):
             if task.live and job.attempt_of(task) not in reported:
-                if task.state == T_LAUNCHING:  # the launch may have been lost with the old stream
+                if task.state == TaskState.LAUNCHING:  # the launch may have been lost with the old stream
                     task.seen.sent_at = now
                     commands.append(launch(job, task))
                 else:
@@ -67,7 +67,7 @@ class Membership:
                                                                            f"this task", now))
             # A restarted agent has lost its shipping orders, or which node alone may send it the chief's
             # checkpoints: both are told again.
-            if (task is job.decisive_task() or task is job.evaluator()) and job.decisive_task().state == T_RUNNING:
+            if (task is job.decisive_task() or task is job.evaluator()) and job.decisive_task().state == TaskState.RUNNING:
                 commands += checkpoints.shipping(job)
         return commands + self.schedule(now)
 
@@ -75,7 +75,7 @@ class Membership:
         """A message from the node's agent: it is alive. False when it must register again (unknown, an old
         session, or declared lost meanwhile)."""
         node = self.nodes.get(name)
-        if node is None or node.seen.session_id != session_id or node.state != READY:
+        if node is None or node.seen.session_id != session_id or node.state != NodeState.READY:
             return False
         node.seen.last_seen = now
         self.heard.move_to_end(name)
@@ -123,7 +123,7 @@ class Membership:
             return []
         for node in silent:
             del self.heard[node.name]
-            node.state, node.seen.condition = LOST, ""  # what its heartbeats said no longer holds
+            node.state, node.seen.condition = NodeState.LOST, ""  # what its heartbeats said no longer holds
             why = f"node {node.name} lost (no heartbeat for {now - node.seen.last_seen:.1f} s)"
             log.warning("%s", why, extra=fields(node=node.name))
             for job in list(self.live.values()):
@@ -171,22 +171,22 @@ class Membership:
 
     def info_of(self, name: str) -> NodeInfo | None:
         node = self.nodes.get(name)
-        return node.info if node is not None and node.state == READY else None
+        return node.info if node is not None and node.state == NodeState.READY else None
 
     def capacity(self, now: float) -> list[NodeCapacity]:
-        """Every READY node with what live tasks (and ports found taken) use of it, and why it takes no new
-        tasks, if it does not."""
+        """Every READY node with what its tasks hold (and ports found taken), and why it takes no new tasks,
+        if it does not."""
         used_gpus: dict[str, set[int]] = {}
         used_ports: dict[str, set[int]] = {}
         for job in self.live.values():
             for task in job.tasks:
-                if task.live:
+                if job.holds(task):
                     used_gpus.setdefault(task.node, set()).update(g.index for g in task.gpus)
                     used_ports.setdefault(task.node, set()).add(task.port)
         capacity = []
         for name in self.names:
             n = self.nodes[name]
-            if n.state != READY:
+            if n.state != NodeState.READY:
                 continue
             busy = {p for p, until in n.seen.busy_ports.items() if until > now} if n.seen.busy_ports else ()
             if name not in used_gpus and name not in used_ports and not busy and not n.condition:

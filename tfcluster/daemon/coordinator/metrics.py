@@ -22,10 +22,10 @@ from prometheus_client.registry import Collector
 
 from tfcluster import strategies
 from tfcluster.daemon.coordinator.cluster import Cluster
-from tfcluster.daemon.coordinator.job import JOB_STATES, TASK_STATES, Job
-from tfcluster.daemon.coordinator.node import LOST, READY
+from tfcluster.daemon.coordinator.job import Job
 from tfcluster.daemon.coordinator.observer import Observer
 from tfcluster.daemon.coordinator.restart import CAUSES
+from tfcluster.states import JobState, NodeState, TaskState
 
 # A job runs for minutes to weeks; it waits for placement for milliseconds to hours.
 JOB_SECONDS_BUCKETS = (60, 300, 900, 1800, 3600, 3 * 3600, 6 * 3600, 12 * 3600, 86400, 3 * 86400, 7 * 86400,
@@ -74,7 +74,7 @@ class CoordinatorMetrics(Observer):
 
     def ended(self, job: Job) -> None:
         if job.created and job.finished >= job.created:
-            self.job_seconds.labels(job.strategy, job.state).observe(job.finished - job.created)
+            self.job_seconds.labels(job.strategy, job.state.value).observe(job.finished - job.created)
 
     def stored(self, seconds: float, ok: bool) -> None:
         self.store_seconds.observe(seconds)
@@ -100,18 +100,18 @@ class ModelCollector(Collector):
         nodes = self.cluster.nodes.values()
         by_state = Counter(n.state for n in nodes)
         family = GaugeMetricFamily("tfcluster_nodes", "Nodes by state.", labels=["state"])
-        for state in (READY, LOST):
-            family.add_metric([state], by_state[state])
+        for state in NodeState:
+            family.add_metric([state.value], by_state[state])
         yield family
         yield GaugeMetricFamily("tfcluster_gpus", "GPUs on READY nodes.",
-                                value=sum(len(n.info.gpus) for n in nodes if n.state == READY))
+                                value=sum(len(n.info.gpus) for n in nodes if n.state == NodeState.READY))
         yield GaugeMetricFamily("tfcluster_gpus_allocated", "GPUs held by tasks of jobs that have not ended.",
                                 value=sum(len(t.gpus) for j in self.cluster.live.values() for t in j.tasks if t.live))
         age = GaugeMetricFamily("tfcluster_node_heartbeat_age_seconds", "Seconds since each READY node's agent was "
                                 "last heard from.", labels=["node"])
         now = self.clock()
         for node in nodes:
-            if node.state == READY:
+            if node.state == NodeState.READY:
                 age.add_metric([node.name], max(0.0, now - node.seen.last_seen))
         yield age
 
@@ -120,14 +120,14 @@ class ModelCollector(Collector):
         family = GaugeMetricFamily("tfcluster_jobs", "Jobs the coordinator keeps, by state and strategy.",
                                    labels=["state", "strategy"])
         for strategy in sorted(set(STRATEGIES) | {s for _, s in jobs}):
-            for state in JOB_STATES:
-                family.add_metric([state, strategy], jobs[(state, strategy)])
+            for state in JobState:
+                family.add_metric([state.value, strategy], jobs[(state, strategy)])
         yield family
         tasks = Counter(t.state for j in self.cluster.live.values() for t in j.tasks)
         family = GaugeMetricFamily("tfcluster_tasks", "Tasks of jobs that have not ended, by state.",
                                    labels=["state"])
-        for state in TASK_STATES:
-            family.add_metric([state], tasks[state])
+        for state in TaskState:
+            family.add_metric([state.value], tasks[state])
         yield family
 
     def _evaluations(self):

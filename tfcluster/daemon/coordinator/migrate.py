@@ -16,6 +16,7 @@ from tfcluster.daemon.coordinator.job import Failure, Job, Task
 from tfcluster.daemon.coordinator.records import dumps, job_doc, spec_from_doc, task_doc
 from tfcluster.model import Evaluation, Gpu, TaskExit
 from tfcluster.roles.tfconfig import cluster_json
+from tfcluster.states import TaskState
 
 
 def from_version_1(db: sqlite3.Connection) -> None:
@@ -65,7 +66,7 @@ def _job(old: dict[str, Any]) -> Job:
 def _task(old: dict[str, Any], shared_dir: str, job_id: str, state_dirs: dict[str, str], peers: dict[str, str],
           grace: float) -> Task:
     node = old["node"]
-    ended = old["state"] in ("SUCCEEDED", "FAILED", "STOPPED", "LOST")
+    ended = TaskState(old["state"]).ended
     local = layout.host_checkpoint_dir(state_dirs[node], job_id) if node in state_dirs else ""
     return Task(type=old["type"], index=old["index"], node=node, host=old["host"], port=old["port"],
                 gpus=tuple(Gpu(**g) for g in old["gpus"]), checkpoint_dir=shared_dir or local,

@@ -7,8 +7,7 @@ from dataclasses import dataclass, field
 
 from tfcluster.daemon.coordinator.job import Record
 from tfcluster.model import Attempt, NodeInfo
-
-READY, LOST = "READY", "LOST"
+from tfcluster.states import NodeState
 
 
 @dataclass
@@ -24,8 +23,11 @@ class NodeSeen:
 @dataclass(eq=False)
 class Node(Record):
     info: NodeInfo
-    state: str = READY
+    state: NodeState = NodeState.READY
     seen: NodeSeen = field(default_factory=NodeSeen, repr=False)
+
+    def __post_init__(self) -> None:
+        self.state = NodeState(self.state)  # a value read back from the store
 
     @property
     def name(self) -> str:

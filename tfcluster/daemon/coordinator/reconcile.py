@@ -19,7 +19,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from tfcluster.daemon.coordinator import lifecycle
-from tfcluster.daemon.coordinator.job import T_LAUNCHING, T_RUNNING, Job, Task
+from tfcluster.daemon.coordinator.job import Job, Task
+from tfcluster.states import TaskState
 from tfcluster.daemon.coordinator.launch import launch
 from tfcluster.model import Attempt, Command, Stop, TaskExit
 
@@ -50,24 +51,24 @@ def reconcile_node(node: str, placed: Iterable[tuple[Job, Task]], running: Itera
 
 def _heal(job: Job, task: Task, running: bool, now: float, resend_after: float) -> list[Command]:
     seen = task.seen
-    if task.state == T_RUNNING:
+    if task.state == TaskState.RUNNING:
         seen.missing_since = 0.0 if running else (seen.missing_since or now)
     if now - seen.sent_at < resend_after:
         return []
-    if task.state == T_LAUNCHING and task.stop_grace is not None and not running:
+    if task.state == TaskState.LAUNCHING and task.stop_grace is not None and not running:
         return lifecycle.ended(job, task, TaskExit(message="stopped before it started"), now)
-    if task.state == T_LAUNCHING and task.stop_grace is not None:
+    if task.state == TaskState.LAUNCHING and task.stop_grace is not None:
         seen.sent_at = now
         return [Stop(node=task.node, attempt=job.attempt_of(task), grace_seconds=task.stop_grace)]
-    if task.state == T_LAUNCHING:
+    if task.state == TaskState.LAUNCHING:
         resend = True
-    elif task.state == T_RUNNING and not running:
+    elif task.state == TaskState.RUNNING and not running:
         resend = now - seen.missing_since >= resend_after
-    elif task.state == T_RUNNING and task.stop_grace is not None:
+    elif task.state == TaskState.RUNNING and task.stop_grace is not None:
         seen.sent_at = now
         return [Stop(node=task.node, attempt=job.attempt_of(task), grace_seconds=task.stop_grace)]
     else:  # running; waiting for it to listen, that report may have been lost
-        resend = task.state == T_RUNNING and not task.ready and job.profile.must_listen(task.type)
+        resend = task.state == TaskState.RUNNING and not task.ready and job.profile.must_listen(task.type)
     if not resend:
         return []
     seen.sent_at = now

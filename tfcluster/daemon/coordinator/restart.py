@@ -29,7 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tfcluster import strategies
-from tfcluster.daemon.coordinator.job import RUNNING, STOPPING, T_LOST, Failure, Job
+from tfcluster.daemon.coordinator.job import Failure, Job
+from tfcluster.states import JobState, TaskState
 
 # What restarts (Decision.scope).
 FAIL = "fail"                              # the job fails
@@ -48,6 +49,11 @@ CAUSES = ("failure", "preemption", "port_conflict", "node_lost", "hang")
 
 WATCHDOG = "job"  # the task type the hang watchdog's failures are decided under
 
+# A stopping job's outcome (Job.outcome) when it restarts rather than ends: no state of its own, since the job
+# goes on to PENDING (the whole group is placed again) or STARTING (tasks restarted in place) once its tasks
+# are gone. The value is kept in the store.
+RESTART = "RESTART"
+
 
 @dataclass(frozen=True)
 class Decision:
@@ -61,7 +67,7 @@ class Decision:
 
 def decide(job: Job, failure: Failure, task_type: str) -> Decision:
     """What to do about a failed task of task_type (WATCHDOG for the hang watchdog)."""
-    if job.state == STOPPING and not job.restarting:
+    if job.state == JobState.STOPPING and not job.restarting:
         return Decision(NOTHING, NO_CHARGE, 0.0, "the job is stopping already")
     if job.final_evaluation_until:
         return Decision(NOTHING, NO_CHARGE, 0.0, "training is over; nothing restarts")
@@ -134,8 +140,8 @@ def _restart(job: Job, failure: Failure, scope: str, charge: str, reason: str, t
 def _scope_in_place(job: Job, failure: Failure, task_type: str) -> str | tuple[str, ...] | None:
     """The strategy's narrower scope when it applies now; None: the whole group restarts."""
     scope = strategies.GROUP if task_type == WATCHDOG else job.profile.restart_scope(task_type)
-    if scope == strategies.GROUP or failure.lost or failure.exit.busy_port or job.state != RUNNING:
+    if scope == strategies.GROUP or failure.lost or failure.exit.busy_port or job.state != JobState.RUNNING:
         return None
-    if scope != strategies.ALONE and any(t.state == T_LOST for t in job.tasks if t.type in scope):
+    if scope != strategies.ALONE and any(t.state == TaskState.LOST for t in job.tasks if t.type in scope):
         return None
     return scope

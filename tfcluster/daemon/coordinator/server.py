@@ -26,7 +26,6 @@ import grpc
 from tfcluster import pki, wire
 from tfcluster.api.v1 import agent_pb2
 from tfcluster.daemon.coordinator.cluster import Cluster
-from tfcluster.daemon.coordinator.node import LOST
 from tfcluster.daemon.coordinator.logins import Logins
 from tfcluster.daemon.coordinator.records import Changes, job_from_docs, node_from_doc, trust_from_docs
 from tfcluster.daemon.coordinator.store import SqliteStore, Store
@@ -36,6 +35,7 @@ from tfcluster.daemon.logformat import fields
 from tfcluster.model import Attempt, CancelLog, Command, LogData, ReadLog, Revocations
 from tfcluster.pki import Identity, PkiError
 from tfcluster.security import REMOVED, REPLACED
+from tfcluster.states import NodeState
 
 log = logging.getLogger("tfcluster.coordinator")
 
@@ -342,7 +342,7 @@ class Coordinator:
         if attempt > task.attempt:
             raise LookupError(f"{task.key} of {job_id} has had {task.attempt} attempts, not {attempt}")
         node = self.cluster.nodes.get(task.node)
-        if node is None or node.state == LOST or task.node not in self.streams:
+        if node is None or node.state == NodeState.LOST or task.node not in self.streams:
             raise ConnectionError(f"node {task.node} (where {task.key} ran) is not connected")
         request_id = next(self.log_ids)
         waiter = self.log_waiters[request_id] = LogWaiter(task.node)

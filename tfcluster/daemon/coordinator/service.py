@@ -175,7 +175,7 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
         log.info("job %s submitted (%s, %d tasks): %s", job.id, job.strategy, len(job.tasks), job.state,
                  extra=fields(job=job.id))
-        return control_pb2.SubmitJobResponse(job_id=job.id, state=job.state)
+        return control_pb2.SubmitJobResponse(job_id=job.id, state=job.state.value)
 
     async def PlanJob(self, request, context):
         try:
@@ -195,7 +195,7 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
             await asyncio.shield(self.c.apply(self.c.cluster.stop(job.id, self.c.clock(), request.graceful)))
         except OSError as e:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
-        return control_pb2.StopJobResponse(state=job.state)
+        return control_pb2.StopJobResponse(state=job.state.value)
 
     async def GetStatus(self, request, context):
         c = self.c.cluster

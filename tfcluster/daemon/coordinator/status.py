@@ -15,8 +15,9 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TypeVar
 
 from tfcluster.daemon.coordinator.cluster import Cluster
-from tfcluster.daemon.coordinator.job import JOB_STATES, PENDING, RUNNING, STARTING, STOPPING, Job
-from tfcluster.daemon.coordinator.node import LOST, READY, Node
+from tfcluster.daemon.coordinator.job import Job
+from tfcluster.daemon.coordinator.node import Node
+from tfcluster.states import JobState, NodeState
 
 DEFAULT_PAGE = 100
 MAX_PAGE = 1000
@@ -56,8 +57,8 @@ def nodes(cluster: Cluster, after: str = "", state: str = "", prefix: str = "") 
 
 def overview_nodes(cluster: Cluster) -> list[Node]:
     """The nodes the overview lists: LOST ones first (they need attention), then by name."""
-    lost = [cluster.nodes[n] for n in cluster.names if cluster.nodes[n].state == LOST][:OVERVIEW_NODES]
-    ready = (cluster.nodes[n] for n in cluster.names if cluster.nodes[n].state != LOST)
+    lost = [cluster.nodes[n] for n in cluster.names if cluster.nodes[n].state == NodeState.LOST][:OVERVIEW_NODES]
+    ready = (cluster.nodes[n] for n in cluster.names if cluster.nodes[n].state != NodeState.LOST)
     return lost + list(itertools.islice(ready, OVERVIEW_NODES - len(lost)))
 
 
@@ -82,23 +83,25 @@ def overview_jobs(cluster: Cluster) -> list[Job]:
 def summary(cluster: Cluster) -> dict:
     """Counts over the whole cluster: nodes by state, GPUs on READY nodes and held by live tasks, jobs by state."""
     by_state = Counter(n.state for n in cluster.nodes.values())
-    gpus_total = sum(len(n.info.gpus) for n in cluster.nodes.values() if n.state == READY)
+    gpus_total = sum(len(n.info.gpus) for n in cluster.nodes.values() if n.state == NodeState.READY)
     allocated = sum(len(t.gpus) for j in cluster.live.values() for t in j.tasks if t.live)
     jobs_by_state = Counter(j.state for j in cluster.jobs.values())
-    return {"nodes_by_state": {s: by_state[s] for s in (READY, LOST) if by_state[s]},
+    return {"nodes_by_state": {s.value: by_state[s] for s in NodeState if by_state[s]},
             "gpus_total": gpus_total, "gpus_allocated": allocated,
-            "jobs_by_state": {s: jobs_by_state[s] for s in JOB_STATES if jobs_by_state[s]}}
+            "jobs_by_state": {s.value: jobs_by_state[s] for s in JobState if jobs_by_state[s]}}
 
 
 def one_line(cluster: Cluster) -> str:
     """The cluster in one line, for `systemctl status`: "12 nodes READY, 1 LOST, 3 jobs running, 1 pending".
     Counted from the nodes and the live jobs only (never the ended ones), so it stays cheap with thousands."""
-    lost = sum(1 for node in cluster.nodes.values() if node.state == LOST)
+    lost = sum(1 for node in cluster.nodes.values() if node.state == NodeState.LOST)
     jobs_by_state = Counter(job.state for job in cluster.live.values())
-    parts = [_count(len(cluster.nodes) - lost, "node", "READY")] + ([f"{lost} LOST"] if lost else [])
-    parts.append(_count(jobs_by_state[RUNNING], "job", "running"))
-    parts += [f"{jobs_by_state[state]} {state.lower()}" for state in (PENDING, STARTING, STOPPING)
-              if jobs_by_state[state] or state == PENDING]
+    parts = [_count(len(cluster.nodes) - lost, "node", NodeState.READY)] + \
+        ([f"{lost} {NodeState.LOST}"] if lost else [])
+    parts.append(_count(jobs_by_state[JobState.RUNNING], "job", "running"))
+    parts += [f"{jobs_by_state[state]} {state.lower()}" for state in (JobState.PENDING, JobState.STARTING,
+                                                                       JobState.STOPPING)
+              if jobs_by_state[state] or state == JobState.PENDING]
     return ", ".join(parts)
 
 

@@ -19,9 +19,9 @@ import time
 from dataclasses import dataclass, field
 
 from tfcluster.daemon.coordinator.job import Record
-from tfcluster.daemon.coordinator.node import READY
 from tfcluster.pki import NODE, Authority, Identity, check_node_name
 from tfcluster.security import REMOVED, REPLACED, token_hash
+from tfcluster.states import NodeState
 
 DEFAULT_TOKEN_TTL_SECONDS = 3600.0
 MAX_TOKEN_TTL_SECONDS = 30 * 86400.0
@@ -128,7 +128,7 @@ class Trust:
                                f"made after that lets it join again (`tfcluster token create --node {node}`)")
         if token.replace:
             return
-        if registered == READY or self.holds_valid_certificate(node, now):
+        if registered == NodeState.READY or self.holds_valid_certificate(node, now):
             until = f" (until {_when(holder.expires)})" if holder is not None and holder.expires > now else ""
             raise TokenRefused(f"node {node!r} holds a valid certificate{until}: a second agent cannot take its name. "
                                f"If this machine replaces it, an admin makes a token for that: `tfcluster token "

@@ -55,11 +55,11 @@ function number(value) {
 
 function jobLink(id) { return el("a", {href: `/jobs/${encodeURIComponent(id)}`}, id); }
 
-// A name-prefix box and a state menu; changing either loads the view again with them in its address.
-function filters(params, what, states) {
+// A name-prefix box and a state menu (its states come with the first summary: addStates); changing either loads
+// the view again with them in its address.
+function filters(params, what) {
   const name = el("input", {id: "filter-name", placeholder: `${what} name starts with…`, value: params.get("name") || ""});
   const state = el("select", {id: "filter-state"}, el("option", {value: ""}, "any state"));
-  addStates(state, states, params);
   const apply = () => {
     const next = new URLSearchParams();
     if (name.value) next.set("name", name.value);
@@ -120,7 +120,7 @@ async function refreshSummary() {
 
 function jobsView(params) {
   document.getElementById("nav-jobs").classList.add("active");
-  const [name, state] = filters(params, "job", []);
+  const [name, state] = filters(params, "job");
   const body = el("tbody");
   const pager = el("div", {class: "pager"});
   replace(el("h1", {}, "Jobs"), el("div", {class: "filters"}, name, state),
@@ -240,14 +240,15 @@ function lineChart(points) {
 
 function nodesView(params) {
   document.getElementById("nav-nodes").classList.add("active");
-  const [name, state] = filters(params, "node", ["READY", "LOST"]);
+  const [name, state] = filters(params, "node");
   const body = el("tbody");
   const pager = el("div", {class: "pager"});
   replace(el("h1", {}, "Nodes"), el("div", {class: "filters"}, name, state),
           el("table", {id: "nodes"}, el("thead", {}, el("tr", {}, ["node", "state", "address", "GPUs", "tasks", "CPUs",
             "memory", "agent", "heartbeat"].map(h => el("th", {}, h)))), body), pager);
   every(async () => {
-    await refreshSummary();
+    const summary = await refreshSummary();
+    if (state.options.length === 1) addStates(state, summary.node_states, params);
     const page = await api(`/api/nodes?${params}`);
     body.replaceChildren(...page.nodes.map(n => {
       const holders = {};
