@@ -120,6 +120,13 @@ class TaskExit:
     busy_port: int = 0          # it could not start because this port was taken on the node
     final_checkpoint: str = ""  # with exit code 0: the newest committed checkpoint in its dir (relative name)
 
+    @classmethod
+    def of_returncode(cls, returncode: int, log_tail: tuple[str, ...] = ()) -> TaskExit:
+        """How a process ended, from its return code as subprocess gives it (negative: the signal that killed it)."""
+        if returncode < 0:
+            return cls(signal=-returncode, log_tail=log_tail)
+        return cls(exit_code=returncode, log_tail=log_tail)
+
     @property
     def succeeded(self) -> bool:
         return self.exit_code == 0
