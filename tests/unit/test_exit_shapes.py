@@ -12,7 +12,7 @@ from coresim import Sim, info, launches, make_spec
 
 from tfcluster import wire
 from tfcluster.api.v1 import types_pb2
-from tfcluster.daemon.agent.supervisor import TaskRecord, exit_of
+from tfcluster.daemon.agent.taskrecord import TaskRecord, exit_of
 from tfcluster.daemon.agent.taskfiles import ShimStatus
 from tfcluster.model import Attempt, Phase, TaskExit, TaskReport
 

@@ -20,7 +20,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from tfcluster.daemon.agent.retention import measure
-from tfcluster.daemon.agent.supervisor import Supervisor, TaskRecord
+from tfcluster.daemon.agent.supervisor import Supervisor
+from tfcluster.daemon.agent.taskrecord import TaskRecord
 from tfcluster.model import Gpu, Phase
 
 log = logging.getLogger("tfcluster.agent")

@@ -7,7 +7,6 @@ Task files live in one directory per attempt (layout.attempt_dir).
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import json
 import logging
@@ -20,80 +19,24 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from tfcluster import layout
 from tfcluster.daemon.agent.tasklog import DEFAULT_LIMIT_BYTES, total_bytes
 from tfcluster.daemon.agent.taskfiles import LaunchFile, ShimStatus, TaskFileError, write_json_atomic, write_stop
+from tfcluster.daemon.agent.taskrecord import TaskKey, TaskRecord, exit_of, newest_checkpoint
 from tfcluster.daemon.agent.taskrunner import group_alive, is_shim, kill_group
 from tfcluster.daemon.agent.taskuser import (JOB_READABLE_FILE_MODE, PRIVATE_FILE_MODE, JobPaths, TaskUser,
                                              TaskUserError, TaskUsers, create_file, prepare_attempt, prepare_job,
                                              private_tmp_problem)
 from tfcluster.daemon.logformat import fields
-from tfcluster.model import Attempt, Launch, Phase, TaskExit, TaskProgress, TaskReport
-from tfcluster.task import latest_checkpoint
+from tfcluster.model import Attempt, Launch, Phase, TaskExit, TaskProgress
 
 log = logging.getLogger("tfcluster.agent")
 
-TaskKey = tuple[str, str, int]  # job id, task type, task index
 FINISHED_KEPT_SECONDS = 3600.0
 LISTEN_POLL_SECONDS = 0.1
 ADOPTED_POLL_SECONDS = 0.5
-
-
-@dataclass(eq=False)
-class TaskRecord:
-    """One attempt of one task on this node, as the agent knows it."""
-    attempt: Attempt
-    dir: Path
-    phase: str = Phase.STARTING
-    pid: int = 0
-    shim_pid: int = 0
-    port: int = 0
-    checkpoint_dir: str = ""
-    gpus: str = ""  # its CUDA_VISIBLE_DEVICES: the node's GPUs it holds (GPU metrics name the task by it)
-    summary_dir: str = ""  # an evaluator's TFCLUSTER_SUMMARY_DIR: its agent reports the summaries written there
-    group: int = -1  # the job's group on this node, which may read the control file; -1: the agent's own
-    started_at: float = field(default_factory=time.time)  # summaries older than this are not its own
-    listening: bool = False
-    exit: TaskExit | None = None
-    finished_at: float = 0.0
-    exited: threading.Event = field(default_factory=threading.Event)
-
-    @property
-    def key(self) -> TaskKey:
-        return (self.attempt.job_id, self.attempt.type, self.attempt.index)
-
-    @property
-    def events_path(self) -> Path:
-        """Where the task appends its events (evaluation results), one JSON object a line."""
-        return self.dir / layout.EVENTS_NAME
-
-    @property
-    def control_path(self) -> Path:
-        """What the coordinator tells the task while it runs (training finished, final checkpoint)."""
-        return self.dir / layout.CONTROL_NAME
-
-    @property
-    def name(self) -> str:
-        return str(self.attempt)
-
-    def report(self) -> TaskReport:
-        return TaskReport(self.attempt, self.phase, pid=self.pid, listening=self.listening, exit=self.exit)
-
-
-def exit_of(status: ShimStatus, checkpoint_dir: str) -> TaskExit:
-    """The exit its shim recorded, as the agent reports it: with the task's final checkpoint when it succeeded
-    (the agent, not the shim, knows where checkpoints go)."""
-    exit = status.exit or TaskExit(message="ended without a record of how")
-    return dataclasses.replace(exit, final_checkpoint=newest_checkpoint(checkpoint_dir) if exit.succeeded else "")
-
-
-def newest_checkpoint(directory: str) -> str:
-    """The newest committed checkpoint in a task's checkpoint dir, relative to it ("" if none)."""
-    newest = latest_checkpoint(directory) if directory else None
-    return os.path.relpath(newest, directory) if newest else ""
 
 
 def port_in_use(port: int) -> bool:
@@ -312,11 +255,7 @@ class Supervisor:
                 continue
             if status is None or launch is None:
                 continue
-            record = TaskRecord(launch.attempt, directory, pid=status.pid, shim_pid=status.shim_pid, port=launch.port,
-                                checkpoint_dir=launch.env.get(layout.CHECKPOINT_DIR, ""),
-                                gpus=launch.env.get(layout.CUDA_VISIBLE_DEVICES, ""),
-                                summary_dir=launch.env.get(layout.SUMMARY_DIR, ""), started_at=status.started,
-                                group=-1 if launch.gid is None else launch.gid)
+            record = TaskRecord.from_files(directory, launch, status)
             known = self.tasks.get(record.key)
             if known is not None and known.attempt.number >= launch.attempt.number:
                 continue

@@ -15,7 +15,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from tfcluster import layout
 from tfcluster.model import Attempt, Phase, TaskExit
@@ -91,11 +91,26 @@ def _read(path: Path) -> _Fields | None:
     return _Fields(path, text)
 
 
+class _TaskFile:
+    """A file named NAME in the attempt dir, written whole (to_json) and read field by field (from_json)."""
+    NAME: ClassVar[str]
+
+    def write(self, attempt_dir: Path) -> None:
+        write_json_atomic(attempt_dir / self.NAME, self.to_json())
+
+    @classmethod
+    def read(cls, attempt_dir: Path):
+        """The attempt's file; None when it has none (yet)."""
+        f = _read(attempt_dir / cls.NAME)
+        return None if f is None else cls.from_json(f)
+
+
 # ---- the launch file -----------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class LaunchFile:
+class LaunchFile(_TaskFile):
     """What the shim runs, and how."""
+    NAME: ClassVar[str] = layout.LAUNCH_FILE
     attempt: Attempt
     command: tuple[str, ...]
     env: dict[str, str] = field(repr=False)  # secrets: never in a log line
@@ -138,22 +153,15 @@ class LaunchFile:
                    task_dirs=f.strings("task_dirs", ()), private_tmp=f.get("private_tmp", str, ""),
                    private_tmp_unavailable=f.get("private_tmp_unavailable", str, ""))
 
-    def write(self, attempt_dir: Path) -> None:
-        write_json_atomic(attempt_dir / layout.LAUNCH_FILE, self.to_json())
-
-    @classmethod
-    def read(cls, attempt_dir: Path) -> LaunchFile | None:
-        """The attempt's launch file; None when there is none."""
-        f = _read(attempt_dir / layout.LAUNCH_FILE)
-        return None if f is None else cls.from_json(f)
 
 
 # ---- the status file -----------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class ShimStatus:
+class ShimStatus(_TaskFile):
     """How the attempt runs or ended, as its shim recorded it: the first of the exit's shapes (then the
     task report on the wire, the coordinator's task record, the status views)."""
+    NAME: ClassVar[str] = layout.STATUS_FILE
     phase: str                # RUNNING, EXITED or FAILED_TO_START
     attempt: int = 0
     shim_pid: int = 0
@@ -203,14 +211,6 @@ class ShimStatus:
                    finished=float(f.get("finished", (int, float), 0.0)), stopped=f.get("stopped", bool, False),
                    exit=exit)
 
-    def write(self, attempt_dir: Path) -> None:
-        write_json_atomic(attempt_dir / layout.STATUS_FILE, self.to_json())
-
-    @classmethod
-    def read(cls, attempt_dir: Path) -> ShimStatus | None:
-        """The attempt's status; None while its shim has written none."""
-        f = _read(attempt_dir / layout.STATUS_FILE)
-        return None if f is None else cls.from_json(f)
 
 
 # ---- the stop file -------------------------------------------------------------------------------
