@@ -4,13 +4,15 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
 from tfcluster import layout
+from tfcluster.daemon.agent.supervisor import Supervisor
 from tfcluster.daemon.agent.taskfiles import (FORMAT, LaunchFile, ShimStatus, TaskFileError, read_stop_grace,
                                               write_stop)
-from tfcluster.model import Attempt, Phase, TaskExit
+from tfcluster.model import Attempt, Phase, TaskExit, TaskReport
 
 ATTEMPT = Attempt("job-1", "worker", 1, 3)
 
@@ -103,3 +105,15 @@ def test_the_stop_file_carries_the_latest_grace_period(tmp_path):
     assert read_stop_grace(tmp_path) == 2.5
     (tmp_path / layout.STOP_FILE).write_text(json.dumps({"grace_seconds": 7}))  # as 0.3 wrote it
     assert read_stop_grace(tmp_path) == 7.0
+
+
+def test_an_upgraded_agent_picks_up_the_exit_a_0_3_shim_recorded(tmp_path):
+    directory = layout.attempt_dir(tmp_path, ATTEMPT.job_id, ATTEMPT.type, ATTEMPT.index, ATTEMPT.number)
+    directory.mkdir(parents=True)
+    (directory / layout.LAUNCH_FILE).write_text(json.dumps(LAUNCH_0_3))
+    (directory / layout.STATUS_FILE).write_text(json.dumps({**STATUS_0_3["exited"], "finished": time.time()}))
+    supervisor = Supervisor(tmp_path, lambda record: None)
+    assert supervisor.adopt_running() == 0, "nothing runs"
+    [record] = supervisor.snapshot()
+    assert record.report() == TaskReport(ATTEMPT, Phase.EXITED, pid=11, exit=TaskExit(exit_code=3, log_tail=("a", "b")))
+    assert (record.port, record.group) == (20001, 1500)
