@@ -182,7 +182,6 @@ class Supervisor:
             died = "the task's supervisor process died; the task was killed"
             self._finish(record, Phase.EXITED, TaskExit(signal=signal.SIGKILL, message=died))
 
-
     def progress(self) -> list[TaskProgress]:
         """Every running task, with the bytes of output so far (dropped ones included) and its newest checkpoint."""
         found = []
