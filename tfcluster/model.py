@@ -101,13 +101,24 @@ class Attempt:
 
 @dataclass(frozen=True)
 class TaskExit:
-    """How an attempt ended. exit_code and signal both None: it never started (message says why)."""
+    """How an attempt ended. exit_code and signal both None: it never started (message says why).
+
+    The same value all the way: the shim records it in the attempt's status file (taskfiles.ShimStatus), its
+    agent sends it in a TaskReport (wire.py), the coordinator keeps it as the task's exit and in the job's last
+    failure, and the status views show it (wire.job_status, wire.job_doc)."""
     exit_code: int | None = None
     signal: int | None = None
     message: str = ""
     log_tail: tuple[str, ...] = ()
     busy_port: int = 0          # it could not start because this port was taken on the node
     final_checkpoint: str = ""  # with exit code 0: the newest committed checkpoint in its dir (relative name)
+
+    @classmethod
+    def of_returncode(cls, returncode: int, log_tail: tuple[str, ...] = ()) -> TaskExit:
+        """How a process ended, from its return code as subprocess gives it (negative: the signal that killed it)."""
+        if returncode < 0:
+            return cls(signal=-returncode, log_tail=log_tail)
+        return cls(exit_code=returncode, log_tail=log_tail)
 
     @property
     def succeeded(self) -> bool:

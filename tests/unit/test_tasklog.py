@@ -4,7 +4,6 @@ the status view's last lines show progress bars in their final state."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -19,6 +18,7 @@ import pytest
 from tfcluster import layout
 from tfcluster.daemon.agent.logs import LogServer
 from tfcluster.daemon.agent.supervisor import Supervisor
+from tfcluster.daemon.agent.taskfiles import LaunchFile, ShimStatus
 from tfcluster.daemon.agent.tasklog import (MIN_LIMIT_BYTES, LastLines, OutputReader, OutputWriter, dropped_marker,
                                             total_bytes)
 from tfcluster.model import Attempt, Launch, Phase, ReadLog
@@ -36,19 +36,17 @@ def run_shim(state_dir: Path, script: str, limit: int = LIMIT) -> Path:
     """Runs a task through the real shim, as the agent does, until it ends; returns its attempt dir."""
     directory = layout.attempt_dir(state_dir, ATTEMPT.job_id, ATTEMPT.type, ATTEMPT.index, ATTEMPT.number)
     directory.mkdir(parents=True)
-    (directory / layout.LAUNCH_FILE).write_text(json.dumps({
-        "job_id": ATTEMPT.job_id, "task_type": ATTEMPT.type, "task_index": ATTEMPT.index, "attempt": ATTEMPT.number,
-        "command": [sys.executable, "-c", script], "env": dict(os.environ), "workdir": "", "port": 0,
-        "stop_grace_seconds": 1, "log_limit_bytes": limit}))
+    LaunchFile(ATTEMPT, (sys.executable, "-c", script), dict(os.environ), stop_grace_seconds=1,
+               log_limit_bytes=limit).write(directory)
     shim = subprocess.Popen([sys.executable, "-m", "tfcluster.daemon.agent.taskrunner", str(directory)],
                             stdout=subprocess.DEVNULL, start_new_session=True)
     try:
         assert shim.wait(timeout=60) == 0
     finally:
         _kill_group(shim.pid)
-        status = json.loads((directory / layout.STATUS_FILE).read_text())
-        _kill_group(status.get("pgid", 0))
-    assert status["phase"] == Phase.EXITED and status["exit_code"] == 0, status
+        status = ShimStatus.read(directory)
+        _kill_group(status.pgid)
+    assert status.phase == Phase.EXITED and status.exit.exit_code == 0, status
     return directory
 
 

@@ -20,10 +20,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from tfcluster.daemon.agent.retention import measure
-from tfcluster.daemon.agent.supervisor import Supervisor, TaskRecord
+from tfcluster.daemon.agent.supervisor import Supervisor
+from tfcluster.daemon.agent.taskrecord import TaskRecord
 from tfcluster.model import Gpu
 from tfcluster.states import Phase
-
 log = logging.getLogger("tfcluster.agent")
 
 STATE_DIR_SIZE_EVERY_SECONDS = 60.0  # walking a state dir with many attempts is not free: at most once a minute

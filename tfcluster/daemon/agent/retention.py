@@ -16,7 +16,6 @@ and its reason. remove() carries them out. The agent runs a pass at startup and 
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -30,10 +29,11 @@ import grpc
 
 from tfcluster import layout, wire
 from tfcluster.api.v1 import agent_pb2_grpc
+from tfcluster.daemon.agent.taskfiles import ShimStatus, TaskFileError, write_json_atomic
 from tfcluster.daemon.agent.taskrunner import is_shim
-from tfcluster.daemon.agent.taskrunner import write_json_atomic
-from tfcluster.states import Phase
+from tfcluster.model import 
 from tfcluster.security import Credentials
+from tfcluster.states import Phase
 from tfcluster.task import latest_checkpoint
 
 log = logging.getLogger("tfcluster.agent")
@@ -197,13 +197,16 @@ def _attempts(state_dir: Path, job_id: str, now: float) -> tuple[list[Item], boo
 
 
 def _attempt_runs(attempt_dir: Path, now: float) -> bool:
-    status = _read_json(attempt_dir / layout.STATUS_FILE)
-    if not status:  # starting: its shim has not written its status yet
+    try:
+        status = ShimStatus.read(attempt_dir)
+    except TaskFileError:
+        status = None  # as good as none: within the start's grace, it may run
+    if status is None:  # starting: its shim has not written its status yet
         try:
             return now - (attempt_dir / layout.LAUNCH_FILE).stat().st_mtime < STARTING_GRACE_SECONDS
         except OSError:
             return False
-    return status.get("phase") == Phase.RUNNING and is_shim(status.get("shim_pid", 0), attempt_dir)
+    return status.phase == Phase.RUNNING and is_shim(status.shim_pid, attempt_dir)
 
 
 def _older_checkpoints(state_dir: Path, job_id: str) -> list[Item]:
@@ -227,13 +230,6 @@ def _older_checkpoints(state_dir: Path, job_id: str) -> list[Item]:
         kept.add(max(measured, key=lambda p: measured[p][1]))
     return [Item(f"older checkpoint {p} ({', '.join(sorted(kept))} kept)", f"{os.path.join(directory, p)}.*",
                  tuple(prefixes[p]), *measured[p]) for p in sorted(measured) if p not in kept]
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
 
 
 def free_bytes(state_dir: Path) -> int:

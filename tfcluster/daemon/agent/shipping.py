@@ -1,12 +1,14 @@
 """Checkpoints between nodes without shared storage, agent to agent over gRPC (AgentPeerService): sending.
 
 A Shipper follows one task's checkpoint dir through its `checkpoint` state file and, for each newly
-committed checkpoint, streams its files and then the state file to every target; `sync_dir` copies a whole
-checkpoint dir (a restarted group's new nodes need the chief's backups too). Receiving is peers.py.
+committed checkpoint, streams its files and then the state file to every target; ShippingHook starts one
+for each ShipCheckpoints order. `sync_dir` copies a whole checkpoint dir (a restarted group's new nodes need
+the chief's backups too: copies.py). Receiving is peers.py.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -20,7 +22,9 @@ import grpc
 
 from tfcluster import layout, pki
 from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc
+from tfcluster.daemon.agent.hooks import TaskHook
 from tfcluster.daemon.logformat import fields
+from tfcluster.model import Attempt, ShipCheckpoints
 from tfcluster.security import Credentials
 from tfcluster.task import STATE_FILE, latest_checkpoint
 
@@ -173,3 +177,29 @@ class Shipper:
             log.info("%s: shipped %s to %s: %.1f MB in %.3f s (%.1f MB/s)", self.name, os.path.basename(prefix),
                      target, size / 1e6, seconds, size / 1e6 / max(seconds, 1e-6), extra=fields(job=self.job_id))
         return not failed
+
+
+class ShippingHook(TaskHook):
+    """Carries out ShipCheckpoints: a Shipper for the attempt, or new targets for the one it has."""
+    commands = (ShipCheckpoints,)
+
+    def __init__(self, current: Callable[[Attempt], object], credentials: Callable[[], Credentials], metrics):
+        self.current = current  # the supervisor's record of exactly this attempt, if it is the task's newest
+        self.credentials = credentials
+        self.metrics = metrics  # the agent's (metrics.py)
+        self.shippers: dict[Attempt, Shipper] = {}
+
+    def handle(self, order: ShipCheckpoints) -> None:
+        record = self.current(order.attempt)
+        if record is None or record.exited.is_set() or not record.checkpoint_dir:
+            return
+        shipper = self.shippers.get(order.attempt)
+        if shipper is not None and shipper.thread.is_alive():
+            shipper.retarget(peers(order.targets, order.target_nodes))
+            return
+        for old in [k for k, s in self.shippers.items() if not s.thread.is_alive()]:
+            del self.shippers[old]
+        self.shippers[order.attempt] = Shipper(
+            order.attempt.job_id, record.checkpoint_dir, peers(order.targets, order.target_nodes), record.exited,
+            record.name, self.credentials, on_sent=functools.partial(self.metrics.shipped, "new"),
+            on_failed=functools.partial(self.metrics.ship_failed, "new")).start()

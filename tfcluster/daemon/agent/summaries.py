@@ -18,12 +18,15 @@ import logging
 import os
 import re
 import struct
+import threading
 import time
 from typing import Any
 
 from google.protobuf.message import DecodeError
 
+from tfcluster import wire
 from tfcluster.daemon.agent.checkpoint_steps import read_steps
+from tfcluster.daemon.agent.hooks import Send, TaskHook
 from tfcluster.model import Attempt, Evaluation
 from tfcluster.task import STEP_VARIABLES, checkpoint_paths, checkpoint_step
 
@@ -167,6 +170,31 @@ class EvaluatorSummaries:
             _remember(self.finished, attempt)
             del self.readers[attempt]
         return reader.poll()
+
+
+class SummariesHook(TaskHook):
+    """Sends the results read from evaluators' summaries; all of them again after each registration."""
+
+    def __init__(self, send: Send):
+        self.send = send
+        self.summaries = EvaluatorSummaries()
+        self.lock = threading.Lock()
+
+    def reports_itself(self, attempt: Attempt) -> None:
+        with self.lock:
+            self.summaries.reports_itself(attempt)
+
+    def on_register(self) -> None:
+        with self.lock:
+            self.summaries.read_again()
+
+    def on_poll(self, record) -> None:
+        with self.lock:
+            results = self.summaries.poll(record)
+        for result in results:
+            self.send(wire.evaluation_to_proto(record.attempt, result))
+
+    on_exit = on_poll  # its last results, before its exit
 
 
 def _remember(attempts: dict[Attempt, None], attempt: Attempt) -> None:

@@ -19,66 +19,24 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from tfcluster import layout
 from tfcluster.daemon.agent.tasklog import DEFAULT_LIMIT_BYTES, total_bytes
-from tfcluster.daemon.agent.taskrunner import group_alive, is_shim, kill_group, write_json_atomic
+from tfcluster.daemon.agent.taskfiles import LaunchFile, ShimStatus, TaskFileError, write_json_atomic, write_stop
+from tfcluster.daemon.agent.taskrecord import TaskKey, TaskRecord, exit_of, newest_checkpoint
+from tfcluster.daemon.agent.taskrunner import group_alive, is_shim, kill_group
 from tfcluster.daemon.agent.taskuser import (JOB_READABLE_FILE_MODE, PRIVATE_FILE_MODE, JobPaths, TaskUser,
                                              TaskUserError, TaskUsers, create_file, prepare_attempt, prepare_job,
                                              private_tmp_problem)
 from tfcluster.daemon.logformat import fields
-from tfcluster.model import Attempt, Launch, Phase, TaskExit, TaskProgress, TaskReport
-from tfcluster.task import latest_checkpoint
-
+from tfcluster.model import Attempt, Launch, TaskExit, TaskProgress
+from tfcluster.states import Phase
 log = logging.getLogger("tfcluster.agent")
 
-TaskKey = tuple[str, str, int]  # job id, task type, task index
 FINISHED_KEPT_SECONDS = 3600.0
 LISTEN_POLL_SECONDS = 0.1
 ADOPTED_POLL_SECONDS = 0.5
-
-
-@dataclass(eq=False)
-class TaskRecord:
-    """One attempt of one task on this node, as the agent knows it."""
-    attempt: Attempt
-    dir: Path
-    phase: str = Phase.STARTING
-    pid: int = 0
-    shim_pid: int = 0
-    port: int = 0
-    checkpoint_dir: str = ""
-    gpus: str = ""  # its CUDA_VISIBLE_DEVICES: the node's GPUs it holds (GPU metrics name the task by it)
-    summary_dir: str = ""  # an evaluator's TFCLUSTER_SUMMARY_DIR: its agent reports the summaries written there
-    group: int = -1  # the job's group on this node, which may read the control file; -1: the agent's own
-    started_at: float = field(default_factory=time.time)  # summaries older than this are not its own
-    listening: bool = False
-    exit: TaskExit | None = None
-    finished_at: float = 0.0
-    exited: threading.Event = field(default_factory=threading.Event)
-
-    @property
-    def key(self) -> TaskKey:
-        return (self.attempt.job_id, self.attempt.type, self.attempt.index)
-
-    @property
-    def events_path(self) -> Path:
-        """Where the task appends its events (evaluation results), one JSON object a line."""
-        return self.dir / layout.EVENTS_NAME
-
-    @property
-    def control_path(self) -> Path:
-        """What the coordinator tells the task while it runs (training finished, final checkpoint)."""
-        return self.dir / layout.CONTROL_NAME
-
-    @property
-    def name(self) -> str:
-        return str(self.attempt)
-
-    def report(self) -> TaskReport:
-        return TaskReport(self.attempt, self.phase, pid=self.pid, listening=self.listening, exit=self.exit)
 
 
 def port_in_use(port: int) -> bool:
@@ -160,14 +118,11 @@ class Supervisor:
                      if env.get(name) and Path(env[name]) != paths.checkpoints]
         create_file(record.events_path, PRIVATE_FILE_MODE, *user.owner(private=True))
         write_json_atomic(record.control_path, {}, mode=JOB_READABLE_FILE_MODE, group=record.group)
-        a = record.attempt
-        write_json_atomic(record.dir / layout.LAUNCH_FILE, {
-            "job_id": a.job_id, "task_type": a.type, "task_index": a.index, "attempt": a.number,
-            "command": list(order.command), "env": env, "workdir": order.workdir, "port": order.port,
-            "stop_grace_seconds": order.stop_grace_seconds, "log_limit_bytes": self.log_limit_bytes,
-            "user": {"uid": user.uid, "gid": user.gid} if user.switches else None, "task_dirs": task_dirs,
-            "private_tmp": str(paths.tmp) if self.task_users.agent_is_root and self.task_users.private_tmp else "",
-            "private_tmp_unavailable": private_tmp_problem(self.state_dir)})
+        LaunchFile(record.attempt, order.command, env, order.workdir, order.port, order.stop_grace_seconds,
+                   self.log_limit_bytes, uid=user.uid if user.switches else None,
+                   gid=user.gid if user.switches else None, task_dirs=tuple(task_dirs),
+                   private_tmp=str(paths.tmp) if self.task_users.agent_is_root and self.task_users.private_tmp else "",
+                   private_tmp_unavailable=private_tmp_problem(self.state_dir)).write(record.dir)
         shim_log = os.open(record.dir / layout.SHIM_LOG_FILE, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         with open(shim_log, "ab") as shim_log_file:
             return subprocess.Popen([sys.executable, "-m", "tfcluster.daemon.agent.taskrunner", str(record.dir)],
@@ -216,29 +171,16 @@ class Supervisor:
 
     def _collect(self, record: TaskRecord) -> None:
         """The shim is gone: read how the task ended from its status file."""
-        status = _read_json(record.dir / layout.STATUS_FILE)
-        if status.get("phase") in (Phase.EXITED, Phase.FAILED_TO_START):
-            self._finish(record, status["phase"], self._exit_from(record, status))
+        status = _read_status(record)
+        if status is not None and status.ended:
+            self._finish(record, status.phase, exit_of(status, record.checkpoint_dir))
         else:
             # The shim died without recording an exit (killed with -9): make sure the task is gone too.
-            pgid = status.get("pgid") or record.pid
+            pgid = (status.pgid if status is not None else 0) or record.pid
             if pgid:
                 kill_group(pgid, signal.SIGKILL)
             died = "the task's supervisor process died; the task was killed"
             self._finish(record, Phase.EXITED, TaskExit(signal=signal.SIGKILL, message=died))
-
-    def _exit_from(self, record: TaskRecord, status: dict) -> TaskExit:
-        code = status.get("exit_code")
-        return TaskExit(exit_code=code, signal=status.get("signal"), message=status.get("message", ""),
-                        log_tail=tuple(status.get("log_tail", ())),
-                        final_checkpoint=self._newest_checkpoint(record) if code == 0 else "")
-
-    @staticmethod
-    def _newest_checkpoint(record: TaskRecord) -> str:
-        """The newest committed checkpoint in the task's checkpoint dir, relative to it ("" if none)."""
-        directory = record.checkpoint_dir
-        newest = latest_checkpoint(directory) if directory else None
-        return os.path.relpath(newest, directory) if newest else ""
 
     def progress(self) -> list[TaskProgress]:
         """Every running task, with the bytes of output so far (dropped ones included) and its newest checkpoint."""
@@ -246,7 +188,8 @@ class Supervisor:
         for record in self.snapshot():
             if record.phase != Phase.RUNNING or record.exited.is_set():
                 continue
-            found.append(TaskProgress(record.attempt, total_bytes(record.dir), self._newest_checkpoint(record)))
+            found.append(TaskProgress(record.attempt, total_bytes(record.dir),
+                                      newest_checkpoint(record.checkpoint_dir)))
         return found
 
     def finish_training(self, attempt: Attempt, final_checkpoint: str) -> None:
@@ -274,7 +217,7 @@ class Supervisor:
         if record is None or record.exited.is_set():
             return
         try:
-            write_json_atomic(record.dir / layout.STOP_FILE, {"grace_seconds": grace_seconds})
+            write_stop(record.dir, grace_seconds)
         except OSError:
             pass
         if grace_seconds <= 0 and record.pid:
@@ -304,21 +247,18 @@ class Supervisor:
         """Finds tasks that a previous agent process started and that still run (or ended meanwhile)."""
         found = 0
         for directory in sorted(self.state_dir.glob(layout.ATTEMPT_DIR_GLOB)):
-            status, launch = _read_json(directory / layout.STATUS_FILE), _read_json(directory / layout.LAUNCH_FILE)
-            if not status or not launch:
+            try:
+                status, launch = ShimStatus.read(directory), LaunchFile.read(directory)
+            except TaskFileError as e:
+                log.warning("not reattaching to %s: %s", directory, e)
                 continue
-            attempt = Attempt(launch["job_id"], launch["task_type"], launch["task_index"], launch["attempt"])
-            record = TaskRecord(attempt, directory, pid=status.get("pid", 0), shim_pid=status.get("shim_pid", 0),
-                                port=launch.get("port", 0),
-                                checkpoint_dir=launch["env"].get(layout.CHECKPOINT_DIR, ""),
-                                gpus=launch["env"].get(layout.CUDA_VISIBLE_DEVICES, ""),
-                                summary_dir=launch["env"].get(layout.SUMMARY_DIR, ""),
-                                started_at=status.get("started", 0.0),
-                                group=(launch.get("user") or {}).get("gid", -1))
+            if status is None or launch is None:
+                continue
+            record = TaskRecord.from_files(directory, launch, status)
             known = self.tasks.get(record.key)
-            if known is not None and known.attempt.number >= attempt.number:
+            if known is not None and known.attempt.number >= launch.attempt.number:
                 continue
-            if status.get("phase") == Phase.RUNNING:
+            if status.phase == Phase.RUNNING:
                 if not is_shim(record.shim_pid, record.dir):
                     if record.pid and group_alive(record.pid):
                         kill_group(record.pid, signal.SIGKILL)
@@ -329,11 +269,10 @@ class Supervisor:
                                  daemon=True).start()
                 found += 1
                 log.info("reattached to %s (pid %d)", record.name, record.pid, extra=fields(record.attempt))
-            elif status.get("phase") in (Phase.EXITED, Phase.FAILED_TO_START) and \
-                    time.time() - status.get("finished", 0) < FINISHED_KEPT_SECONDS:
+            elif status.ended and time.time() - status.finished < FINISHED_KEPT_SECONDS:
                 # It ended while no agent watched: the coordinator still needs to hear how.
-                record.phase, record.exit = status["phase"], self._exit_from(record, status)
-                record.finished_at = status.get("finished", 0)
+                record.phase, record.exit = status.phase, exit_of(status, record.checkpoint_dir)
+                record.finished_at = status.finished
                 record.exited.set()
                 self.tasks[record.key] = record
         return found
@@ -395,11 +334,12 @@ class _StartError(Exception):
         self.busy_port = busy_port
 
 
-def _read_json(path: Path) -> dict:
+def _read_status(record: TaskRecord) -> ShimStatus | None:
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
+        return ShimStatus.read(record.dir)
+    except TaskFileError as e:
+        log.warning("%s: %s", record.name, e, extra=fields(record.attempt))
+        return None
 
 
 def _signal(pid: int, sig: int) -> bool:

@@ -7,9 +7,9 @@ records how the task ended, with its last lines, in its status file. Because the
 the task's parent, an agent restart loses nothing: the exit code and the log are still recorded, and the
 new agent picks them up from the attempt dir; and nothing the task started outlives it.
 
-Files in ATTEMPT_DIR (names in tfcluster.layout): the launch file (written by the agent), the status file
-(written here, atomically), the output files (the task's stdout and stderr), and the stop file
-(the grace period of the latest stop request). A second stop with a shorter grace shortens the wait.
+Files in ATTEMPT_DIR (names in tfcluster.layout, contents in taskfiles.py): the launch file (written by the
+agent), the status file (written here, atomically), the output files (the task's stdout and stderr), and the
+stop file (the grace period of the latest stop request). A second stop with a shorter grace shortens the wait.
 
 The shim stays root (it kills the group, writes the status); the task runs as the job's user, with a private
 /tmp and no way to gain privileges (isolation.py), when the launch file names a user.
@@ -30,26 +30,13 @@ import psutil
 
 from tfcluster import layout
 from tfcluster.daemon.agent import isolation
+from tfcluster.daemon.agent.taskfiles import LaunchFile, ShimStatus, read_stop_grace
 from tfcluster.daemon.agent.tasklog import DEFAULT_LIMIT_BYTES, LastLines, OutputWriter
+from tfcluster.model import TaskExit
 from tfcluster.states import Phase
-
 TAIL_LINES = 20
 PUMP_CHUNK_BYTES = 64 << 10
 ESCALATION_POLL_SECONDS = 0.1
-
-
-def write_json_atomic(path: Path, data: dict, mode: int = 0o600, group: int = -1) -> None:
-    """Replaces path with data; by default readable by the agent's user only (launch.json holds the task's
-    environment), or also by a group (a job reads its control file)."""
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode), "w") as f:
-        if group != -1:
-            os.fchown(f.fileno(), -1, group)
-        os.fchmod(f.fileno(), mode)
-        json.dump(data, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def kill_group(pgid: int, sig: int) -> bool:
@@ -67,43 +54,44 @@ def group_alive(pgid: int) -> bool:
 class Runner:
     def __init__(self, attempt_dir: Path):
         self.dir = attempt_dir
-        self.launch = json.loads((attempt_dir / layout.LAUNCH_FILE).read_text())
-        self.status_path = attempt_dir / layout.STATUS_FILE
+        launch = LaunchFile.read(attempt_dir)
+        if launch is None:
+            raise FileNotFoundError(f"{attempt_dir / layout.LAUNCH_FILE}: no launch file")
+        self.launch = launch
         self.last_lines = LastLines(TAIL_LINES)
         self.stopping = threading.Event()
         self.kill_at = float("inf")  # monotonic time of the SIGKILL, once a stop was asked for
         self.child: subprocess.Popen | None = None
         self.private_tmp = False  # /tmp is the job's own dir here
 
-    def status(self, **fields) -> None:
-        write_json_atomic(self.status_path, {"shim_pid": os.getpid(), "attempt": self.launch["attempt"], **fields})
+    def status(self, phase: str, **fields) -> None:
+        ShimStatus(phase, attempt=self.launch.attempt.number, shim_pid=os.getpid(), **fields).write(self.dir)
 
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_term)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        user = self.launch.get("user") or {}
-        uid, gid = user.get("uid"), user.get("gid")
-        log = OutputWriter(self.dir, int(self.launch.get("log_limit_bytes") or DEFAULT_LIMIT_BYTES),
+        uid, gid = self.launch.uid, self.launch.gid
+        log = OutputWriter(self.dir, self.launch.log_limit_bytes or DEFAULT_LIMIT_BYTES,
                            group=-1 if gid is None else gid)
         env = self._isolate(log)
         try:
             with isolation.acting_as(uid, gid):
-                isolation.check_workdir(self.launch["workdir"])
-                for problem in isolation.make_task_dirs(self.launch.get("task_dirs", [])):
+                isolation.check_workdir(self.launch.workdir)
+                for problem in isolation.make_task_dirs(list(self.launch.task_dirs)):
                     log.write(f"tfcluster: {problem}\n".encode())
-            self.child = subprocess.Popen(self.launch["command"], cwd=self.launch["workdir"] or None,
+            self.child = subprocess.Popen(self.launch.command, cwd=self.launch.workdir or None,
                                           env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                           stderr=subprocess.STDOUT, start_new_session=True,
                                           user=uid, group=gid, extra_groups=None if uid is None else [])
         except (OSError, ValueError) as e:
             message = self._start_failure(e)
             log.write(f"tfcluster: {message}\n".encode())
-            self.status(phase=Phase.FAILED_TO_START, message=message, finished=time.time())
+            self.status(Phase.FAILED_TO_START, finished=time.time(), exit=TaskExit(message=message))
             print(json.dumps({"phase": Phase.FAILED_TO_START}), flush=True)
             return 0
         pid = self.child.pid
         started = time.time()
-        self.status(phase=Phase.RUNNING, pid=pid, pgid=pid, started=started)
+        self.status(Phase.RUNNING, pid=pid, pgid=pid, started=started)
         print(json.dumps({"phase": Phase.RUNNING, "pid": pid}), flush=True)
         if self.stopping.is_set():  # a stop that raced the start
             self._terminate()
@@ -114,24 +102,20 @@ class Runner:
         kill_group(pid, signal.SIGKILL)
         pump.join(timeout=5)
         log.close()
-        fields = {"phase": Phase.EXITED, "pid": pid, "pgid": pid, "started": started, "finished": time.time(),
-                  "log_tail": self.last_lines.tail(), "stopped": self.stopping.is_set()}
-        if returncode < 0:
-            fields["signal"] = -returncode
-        else:
-            fields["exit_code"] = returncode
-        self.status(**fields)
+        exit = TaskExit.of_returncode(returncode, tuple(self.last_lines.tail()))
+        self.status(Phase.EXITED, pid=pid, pgid=pid, started=started, finished=time.time(),
+                    stopped=self.stopping.is_set(), exit=exit)
         return 0
 
     def _isolate(self, log: OutputWriter) -> dict[str, str]:
         """No new privileges for the task, and a private /tmp when the launch asks for one (the shim is root);
         the task's environment, with TMPDIR where its temporary files go."""
-        env = dict(self.launch["env"])
-        if self.launch.get("user"):
+        env = dict(self.launch.env)
+        if self.launch.uid is not None:
             isolation.no_new_privileges()
-        tmp = self.launch.get("private_tmp", "")
+        tmp = self.launch.private_tmp
         if tmp:
-            why = self.launch.get("private_tmp_unavailable") or isolation.private_tmp(tmp)
+            why = self.launch.private_tmp_unavailable or isolation.private_tmp(tmp)
             if why:
                 log.write(f"tfcluster: this job has no private /tmp on this node ({why}); its temporary files "
                           f"go to TMPDIR={tmp}, and fixed /tmp paths are shared with other jobs\n".encode())
@@ -144,8 +128,8 @@ class Runner:
     def _start_failure(self, error: Exception) -> str:
         if isinstance(error, ValueError):
             return f"cannot start the command: {error}"
-        what = "working directory" if error.filename == self.launch["workdir"] else "command"
-        message = f"cannot start {what} {error.filename or self.launch['command'][0]!r}: {error.strerror or error}"
+        what = "working directory" if error.filename == self.launch.workdir else "command"
+        message = f"cannot start {what} {error.filename or self.launch.command[0]!r}: {error.strerror or error}"
         if self.private_tmp and str(error.filename or "").startswith("/tmp/"):
             message += " (this job's /tmp is its own: keep programs and data outside /tmp)"
         return message
@@ -171,9 +155,11 @@ class Runner:
 
     def _grace(self) -> float:
         try:
-            return float(json.loads((self.dir / layout.STOP_FILE).read_text())["grace_seconds"])
-        except (OSError, ValueError, KeyError):
-            return float(self.launch.get("stop_grace_seconds", 30.0))
+            grace = read_stop_grace(self.dir)
+        except ValueError as e:
+            print(f"ignoring the stop file: {e}", file=sys.stderr, flush=True)
+            grace = None
+        return self.launch.stop_grace_seconds if grace is None else grace
 
     def _terminate(self, first: bool = True) -> None:
         """SIGTERM to the group now (the first time), SIGKILL once the grace period is over."""

@@ -1,0 +1,119 @@
+"""The launch, status and stop files of an attempt dir: what this release writes reads back the same, what
+0.3 wrote still reads (a shim outlives an agent upgrade), and bad content is refused naming file and field."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from tfcluster import layout
+from tfcluster.daemon.agent.supervisor import Supervisor
+from tfcluster.daemon.agent.taskfiles import (FORMAT, LaunchFile, ShimStatus, TaskFileError, read_stop_grace,
+                                              write_stop)
+from tfcluster.model import Attempt, Phase, TaskExit, TaskReport
+
+ATTEMPT = Attempt("job-1", "worker", 1, 3)
+
+# Files as the agent and the shim of 0.3 wrote them, field for field.
+LAUNCH_0_3 = {"job_id": "job-1", "task_type": "worker", "task_index": 1, "attempt": 3,
+              "command": ["python", "train.py"], "env": {"TF_CONFIG": "{}"}, "workdir": "/work", "port": 20001,
+              "stop_grace_seconds": 30.0, "log_limit_bytes": 1024, "user": {"uid": 1500, "gid": 1500},
+              "task_dirs": ["/ckpt"], "private_tmp": "/state/jobs/job-1/tmp", "private_tmp_unavailable": ""}
+STATUS_0_3 = {
+    "running": {"shim_pid": 10, "attempt": 3, "phase": "RUNNING", "pid": 11, "pgid": 11, "started": 100.5},
+    "exited": {"shim_pid": 10, "attempt": 3, "phase": "EXITED", "pid": 11, "pgid": 11, "started": 100.5,
+               "finished": 200.25, "log_tail": ["a", "b"], "stopped": False, "exit_code": 3},
+    "killed": {"shim_pid": 10, "attempt": 3, "phase": "EXITED", "pid": 11, "pgid": 11, "started": 100.5,
+               "finished": 200.25, "log_tail": [], "stopped": True, "signal": 9},
+    "never_ran": {"shim_pid": 10, "attempt": 3, "phase": "FAILED_TO_START", "message": "cannot start command",
+                  "finished": 100.5},
+}
+
+
+def test_a_launch_file_reads_back_as_written_and_as_0_3_wrote_it(tmp_path):
+    launch = LaunchFile(ATTEMPT, ("python", "train.py"), {"TF_CONFIG": "{}"}, "/work", 20001, 30.0, 1024,
+                        uid=1500, gid=1500, task_dirs=("/ckpt",), private_tmp="/state/jobs/job-1/tmp")
+    launch.write(tmp_path)
+    assert LaunchFile.read(tmp_path) == launch
+    assert json.loads((tmp_path / layout.LAUNCH_FILE).read_text())["format"] == FORMAT
+    (tmp_path / layout.LAUNCH_FILE).write_text(json.dumps(LAUNCH_0_3))
+    assert LaunchFile.read(tmp_path) == launch
+
+
+def test_a_launch_file_without_a_user_or_the_optional_fields_reads_with_their_defaults(tmp_path):
+    minimal = {k: LAUNCH_0_3[k] for k in ("job_id", "task_type", "task_index", "attempt", "command", "env")}
+    (tmp_path / layout.LAUNCH_FILE).write_text(json.dumps({**minimal, "user": None}))
+    launch = LaunchFile.read(tmp_path)
+    assert (launch.uid, launch.gid, launch.workdir, launch.port, launch.task_dirs) == (None, None, "", 0, ())
+    assert launch.stop_grace_seconds == 30.0 and LaunchFile.read(tmp_path / "nothing") is None
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("running", ShimStatus(Phase.RUNNING, 3, 10, pid=11, pgid=11, started=100.5)),
+    ("exited", ShimStatus(Phase.EXITED, 3, 10, 11, 11, 100.5, 200.25, exit=TaskExit(exit_code=3, log_tail=("a", "b")))),
+    ("killed", ShimStatus(Phase.EXITED, 3, 10, 11, 11, 100.5, 200.25, stopped=True, exit=TaskExit(signal=9))),
+    ("never_ran", ShimStatus(Phase.FAILED_TO_START, 3, 10, finished=100.5,
+                             exit=TaskExit(message="cannot start command"))),
+])
+def test_a_status_file_reads_back_as_written_and_as_0_3_wrote_it(tmp_path, name, expected):
+    (tmp_path / layout.STATUS_FILE).write_text(json.dumps(STATUS_0_3[name]))
+    assert ShimStatus.read(tmp_path) == expected
+    expected.write(tmp_path)
+    assert ShimStatus.read(tmp_path) == expected
+    written = json.loads((tmp_path / layout.STATUS_FILE).read_text())
+    assert {k: v for k, v in written.items() if k in STATUS_0_3[name]} == STATUS_0_3[name], \
+        "the fields 0.3 wrote keep their names and places: a 0.3 agent reads this release's files too"
+
+
+def test_fields_a_newer_release_adds_are_ignored(tmp_path):
+    (tmp_path / layout.STATUS_FILE).write_text(json.dumps({**STATUS_0_3["exited"], "format": FORMAT + 1,
+                                                            "cpu_seconds": 12.5}))
+    assert ShimStatus.read(tmp_path).exit == TaskExit(exit_code=3, log_tail=("a", "b"))
+
+
+@pytest.mark.parametrize("content, named", [
+    ("{not json", "not JSON"),
+    ("[1, 2]", "expected a JSON object"),
+    (json.dumps({**STATUS_0_3["exited"], "exit_code": "3"}), "field 'exit_code': expected int"),
+    (json.dumps({**STATUS_0_3["exited"], "exit_code": True}), "field 'exit_code': expected int"),
+    (json.dumps({**STATUS_0_3["exited"], "log_tail": [1]}), "field 'log_tail': expected a list of strings"),
+    (json.dumps({**STATUS_0_3["running"], "phase": "DANCING"}), "field 'phase': expected RUNNING"),
+    (json.dumps({"pid": 3}), "field 'phase' is missing"),
+])
+def test_bad_status_content_is_refused_naming_the_file_and_the_field(tmp_path, content, named):
+    (tmp_path / layout.STATUS_FILE).write_text(content)
+    with pytest.raises(TaskFileError, match=named) as refused:
+        ShimStatus.read(tmp_path)
+    assert str(refused.value).startswith(str(tmp_path / layout.STATUS_FILE))
+
+
+@pytest.mark.parametrize("change, named", [
+    ({"env": {"A": 1}}, "field 'env'"), ({"user": {"uid": "root"}}, "field 'uid'"),
+    ({"command": "python train.py"}, "field 'command': expected list"), ({"job_id": None}, "field 'job_id'"),
+])
+def test_bad_launch_content_is_refused_naming_the_file_and_the_field(tmp_path, change, named):
+    (tmp_path / layout.LAUNCH_FILE).write_text(json.dumps({**LAUNCH_0_3, **change}))
+    with pytest.raises(TaskFileError, match=named):
+        LaunchFile.read(tmp_path)
+
+
+def test_the_stop_file_carries_the_latest_grace_period(tmp_path):
+    assert read_stop_grace(tmp_path) is None
+    write_stop(tmp_path, 2.5)
+    assert read_stop_grace(tmp_path) == 2.5
+    (tmp_path / layout.STOP_FILE).write_text(json.dumps({"grace_seconds": 7}))  # as 0.3 wrote it
+    assert read_stop_grace(tmp_path) == 7.0
+
+
+def test_an_upgraded_agent_picks_up_the_exit_a_0_3_shim_recorded(tmp_path):
+    directory = layout.attempt_dir(tmp_path, ATTEMPT.job_id, ATTEMPT.type, ATTEMPT.index, ATTEMPT.number)
+    directory.mkdir(parents=True)
+    (directory / layout.LAUNCH_FILE).write_text(json.dumps(LAUNCH_0_3))
+    (directory / layout.STATUS_FILE).write_text(json.dumps({**STATUS_0_3["exited"], "finished": time.time()}))
+    supervisor = Supervisor(tmp_path, lambda record: None)
+    assert supervisor.adopt_running() == 0, "nothing runs"
+    [record] = supervisor.snapshot()
+    assert record.report() == TaskReport(ATTEMPT, Phase.EXITED, pid=11, exit=TaskExit(exit_code=3, log_tail=("a", "b")))
+    assert (record.port, record.group) == (20001, 1500)

@@ -1,0 +1,65 @@
+"""Evaluation results a task appends to its events file (TFCLUSTER_EVENTS_FILE, one JSON object a line),
+sent to the coordinator as they come, the last ones before the task's exit. After each registration every
+result is sent again: the coordinator keeps one per checkpoint, and a restarted one has none.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable
+
+from tfcluster import wire
+from tfcluster.daemon.agent.hooks import Send, TaskHook
+from tfcluster.daemon.logformat import fields
+from tfcluster.model import Attempt, Evaluation
+
+log = logging.getLogger("tfcluster.agent")
+
+
+class EventsHook(TaskHook):
+    def __init__(self, send: Send, reports_itself: Callable[[Attempt], None] = lambda attempt: None):
+        self.send = send
+        self.reports_itself = reports_itself  # told of each attempt that reports evaluations through its file
+        self.offsets: dict[Attempt, int] = {}  # how far each attempt's events file has been sent
+        self.lock = threading.Lock()
+
+    def on_register(self) -> None:
+        with self.lock:
+            self.offsets.clear()
+
+    def on_poll(self, record) -> None:
+        self._send_new(record)
+
+    def on_exit(self, record) -> None:
+        self._send_new(record)
+
+    def _send_new(self, record) -> None:
+        key = record.attempt
+        with self.lock:
+            try:
+                with open(record.events_path, "rb") as f:
+                    f.seek(self.offsets.get(key, 0))
+                    data = f.read()
+            except OSError:
+                return  # nothing reported (yet)
+            complete = data[:data.rfind(b"\n") + 1]  # a line still being written waits for the next poll
+            if complete:
+                self.offsets[key] = self.offsets.get(key, 0) + len(complete)
+            for line in complete.splitlines():
+                self._send_line(record, line)
+
+    def _send_line(self, record, line: bytes) -> None:
+        try:
+            event = json.loads(line)
+            if event.get("kind") != "evaluation":
+                return
+            result = Evaluation(checkpoint=str(event["checkpoint"]), step=int(event["step"]), time=float(event["time"]),
+                                metrics={str(k): float(v) for k, v in event["metrics"].items()})
+        except (ValueError, KeyError, TypeError, AttributeError):
+            log.warning("%s: ignoring a malformed event line: %r", record.name, line[:200],
+                        extra=fields(record.attempt))
+            return
+        self.reports_itself(record.attempt)
+        self.send(wire.evaluation_to_proto(record.attempt, result))

@@ -1,0 +1,46 @@
+"""Per-task features of the agent, as hooks on the life of each task attempt.
+
+The agent itself only keeps the session with the coordinator (session.py) and runs each attempt under the
+supervisor; everything else it does for a task (evaluation events, evaluator summaries, checkpoint
+shipping, checkpoint copies) is a TaskHook, listed once in Agent.hooks. A new per-task feature is a new
+module with a hook class added to that list.
+
+A hook sends what it has for the coordinator through the function it was given (the stream's queue), and
+is called:
+- on_register: a session began; the coordinator may be new (restarted) and know nothing it was sent;
+- on_poll: every POLL_SECONDS while connected, for each attempt the supervisor knows, ended ones included;
+- on_exit: an attempt ended; called before its exit is reported, so what the hook sends arrives first;
+- handle: a coordinator command of one of the types in `commands`;
+- jobs_in_use: jobs whose files retention must leave alone because of the hook's work.
+Hooks run on the agent's threads, so each guards its own state; one hook's failure never reaches another's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from tfcluster.api.v1 import agent_pb2
+
+POLL_SECONDS = 0.2
+
+Send = Callable[[agent_pb2.AgentMessage], None]  # queues a message for the coordinator's stream
+
+
+class TaskHook:
+    """Does nothing by default: a feature overrides what it needs."""
+    commands: tuple[type, ...] = ()
+
+    def on_register(self) -> None:
+        pass
+
+    def on_poll(self, record) -> None:
+        """`record` is the supervisor's TaskRecord of one attempt."""
+
+    def on_exit(self, record) -> None:
+        pass
+
+    def handle(self, command) -> None:
+        raise TypeError(f"{type(self).__name__} does not carry out {type(command).__name__}")
+
+    def jobs_in_use(self) -> set[str]:
+        return set()

@@ -1,0 +1,166 @@
+"""The agent's session with the coordinator: registers the node, keeps one stream to the coordinator
+(heartbeats and messages up, commands down), and reconnects with backoff and jitter when the coordinator is
+away, without touching running tasks.
+
+Nothing that must arrive is lost across reconnects: the registration carries every task's state (exits
+included), and the owner's on_register sends again what else the coordinator must have (its hooks' results).
+A coordinator that refuses the agent (bad settings, its name held by another live agent, a wrong token)
+ends the session for good: retrying would not help.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import random
+import threading
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+import grpc
+
+from tfcluster import wire
+from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc
+from tfcluster.daemon.agent.liveness import STAMP_EVERY_SECONDS, Liveness
+from tfcluster.model import NodeInfo, TaskProgress
+from tfcluster.security import Credentials
+
+log = logging.getLogger("tfcluster.agent")
+
+BACKOFF_START_SECONDS = 0.5
+# Short enough that agents are back well inside a restarted coordinator's reconnect grace.
+BACKOFF_MAX_SECONDS = 2.0
+REGISTER_TIMEOUT_SECONDS = 10.0
+# Another agent holds this node's name: wait this long for it to turn out to be this node's own old
+# registration (it expires), then give up.
+NAME_CONFLICT_PATIENCE_SECONDS = 20.0
+REFUSALS = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
+# The transport's own reconnect backoff would otherwise grow to two minutes during a long coordinator
+# outage, and the agent would come back after its node had been declared lost.
+CHANNEL_OPTIONS = [("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000),
+                   ("grpc.initial_reconnect_backoff_ms", int(BACKOFF_START_SECONDS * 1000)),
+                   ("grpc.max_reconnect_backoff_ms", int(BACKOFF_MAX_SECONDS * 1000))]
+
+
+class Owner(Protocol):
+    """What the session needs of the agent it serves."""
+    credentials: Credentials  # the node's current ones: replaced when the certificate is renewed
+
+    def node_info(self) -> NodeInfo: ...
+    def task_reports(self) -> list: ...  # every task's report (wire messages), for the registration
+    def progress(self) -> list[TaskProgress]: ...
+    def condition(self) -> str: ...
+    def on_register(self) -> None: ...
+    def handle(self, message: agent_pb2.CoordinatorMessage) -> None: ...
+
+
+class Session:
+    def __init__(self, coordinator: str, owner: Owner, stopped: threading.Event, liveness: Liveness,
+                 on_refused: Callable[[str], None]):
+        self.coordinator = coordinator
+        self.owner = owner
+        self.stopped = stopped  # set when the agent stops
+        self.liveness = liveness
+        self.on_refused = on_refused
+        self.outbound: queue.Queue = queue.Queue()  # messages for the stream
+        self.connected = threading.Event()
+        self.registered = threading.Event()  # set at the first registration, for systemd's READY=1
+        self.trouble = ""  # why the last try to reach the coordinator failed, until one succeeds
+        self.refused = ""  # why the coordinator refused this agent, once it has
+        self._call = None
+        self._renewed = threading.Event()  # the stream was ended to reconnect with a renewed certificate
+
+    def send(self, message: agent_pb2.AgentMessage) -> None:
+        self.outbound.put(message)
+
+    def run(self) -> None:
+        """Registers and serves the stream until the agent stops or is refused; reconnects with backoff."""
+        backoff, conflict_since = BACKOFF_START_SECONDS, 0.0
+        while not self.stopped.is_set():
+            self.liveness.stamp("connection")
+            with self.owner.credentials.channel(self.coordinator, CHANNEL_OPTIONS) as channel:  # the current ones
+                try:
+                    self._serve(agent_pb2_grpc.AgentServiceStub(channel))
+                    backoff, conflict_since = BACKOFF_START_SECONDS, 0.0
+                except grpc.RpcError as e:
+                    if self.stopped.is_set():
+                        break
+                    code = e.code() if hasattr(e, "code") else None
+                    if code == grpc.StatusCode.CANCELLED and self._renewed.is_set():
+                        self._renewed.clear()  # not a failure: the stream ended to start again with the new
+                        backoff = BACKOFF_START_SECONDS  # certificate, at once (the node must not go LOST)
+                        continue
+                    if code == grpc.StatusCode.ALREADY_EXISTS:
+                        conflict_since = conflict_since or time.monotonic()
+                    if code in REFUSALS or (conflict_since and
+                                            time.monotonic() - conflict_since > NAME_CONFLICT_PATIENCE_SECONDS):
+                        self.refused = e.details() or code.name
+                        log.error("the coordinator refused this agent: %s", self.refused)
+                        self.on_refused(self.refused)
+                        break
+                    why = e.details() if code == grpc.StatusCode.ALREADY_EXISTS else \
+                        f"unreachable ({code.name if code else e})"
+                    log.warning("coordinator %s: %s; retrying in %.1f s", self.coordinator, why, backoff)
+                    self.trouble = f"coordinator {self.coordinator}: {why}"
+                finally:
+                    self.connected.clear()
+                if self.stopped.wait(backoff * random.uniform(0.5, 1.5)):
+                    break
+                backoff = min(backoff * 2, BACKOFF_MAX_SECONDS)
+
+    def reconnect(self) -> None:
+        """Ends the stream so that the session starts again at once (with a renewed certificate)."""
+        call = self._call
+        if call is not None:
+            self._renewed.set()
+            call.cancel()
+
+    def cancel(self) -> None:
+        call = self._call
+        if call is not None:
+            call.cancel()
+
+    def _serve(self, stub: agent_pb2_grpc.AgentServiceStub) -> None:
+        # What was queued for the old stream is covered by the registration and what follows it.
+        while not self.outbound.empty():
+            self.outbound.get_nowait()
+        info = self.owner.node_info()
+        reply = stub.Register(agent_pb2.RegisterRequest(node=wire.node_info_to_proto(info),
+                                                        tasks=self.owner.task_reports()),
+                              timeout=REGISTER_TIMEOUT_SECONDS)
+        self.owner.on_register()
+        log.info("registered with %s as %s (%s)", self.coordinator, info.name, info.address)
+        self.trouble = ""
+        self.registered.set()
+        self._call = stub.Connect(self._messages(info.name, reply.session_id, reply.heartbeat_interval_seconds or 1.0))
+        self.connected.set()
+        try:
+            for message in self._call:
+                self.owner.handle(message)
+        finally:
+            self.outbound.put(_END)
+            self._call = None
+
+    def _messages(self, node_name: str, session_id: str, interval: float):
+        """The stream up: its opening, then heartbeats every interval and queued messages as they come."""
+        yield agent_pb2.AgentMessage(open=agent_pb2.StreamOpen(node_name=node_name, session_id=session_id))
+        yield wire.heartbeat_to_proto(session_id, self.owner.progress(), self.owner.condition())
+        next_beat = time.monotonic() + interval
+        while not self.stopped.is_set():
+            self.liveness.stamp("connection")
+            wait = min(STAMP_EVERY_SECONDS, max(0.0, next_beat - time.monotonic()))
+            try:
+                item = self.outbound.get(timeout=wait)
+            except queue.Empty:
+                item = None
+            if item is _END:
+                return
+            if item is not None:
+                yield item
+            if time.monotonic() >= next_beat:
+                yield wire.heartbeat_to_proto(session_id, self.owner.progress(), self.owner.condition())
+                next_beat = time.monotonic() + interval
+
+
+_END = object()

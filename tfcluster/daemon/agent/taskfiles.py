@@ -1,0 +1,225 @@
+"""The files of one attempt dir that the agent and the task's shim (taskrunner.py) hand each other, typed:
+the launch file (what to run, written by the agent), the status file (how the task runs or ended, written by
+the shim) and the stop file (the grace period of the latest stop, written by the agent).
+
+Every reader and writer of these files goes through this module. A shim outlives the agent that started it
+(tasks survive an agent upgrade), so a file written by an older release must still read: each file carries
+the format it was written in (`format`; 0.3 wrote none, which is format 0, the same fields), fields are only
+ever added, and a field this release does not know is ignored. Bad content raises TaskFileError naming the
+file and the field.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from tfcluster import layout
+from tfcluster.model import Attempt, TaskExit
+from tfcluster.states import Phase
+FORMAT = 1  # what this release writes; 0: the files of 0.3, which had no `format` field
+DEFAULT_STOP_GRACE_SECONDS = 30.0
+ENDED_PHASES = (Phase.EXITED, Phase.FAILED_TO_START)
+
+
+class TaskFileError(ValueError):
+    """A task file whose content is not what its writer would have written."""
+
+
+def write_json_atomic(path: Path, data: dict, mode: int = 0o600, group: int = -1) -> None:
+    """Replaces path with data, so a reader sees the old file or the new one, never half of one; by default
+    readable by the agent's user only (the launch file holds the task's environment), or also by a group (a
+    job reads its control file)."""
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode), "w") as f:
+        if group != -1:
+            os.fchown(f.fileno(), -1, group)
+        os.fchmod(f.fileno(), mode)
+        json.dump(data, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class _Fields:
+    """One file's JSON object, read field by field: a missing optional field takes its default, a field of the
+    wrong type raises TaskFileError naming the file and the field."""
+
+    def __init__(self, path: Path, text: str):
+        self.path = path
+        try:
+            self.doc = json.loads(text)
+        except ValueError as e:
+            raise TaskFileError(f"{path}: not JSON ({e})") from None
+        if not isinstance(self.doc, dict):
+            raise TaskFileError(f"{path}: expected a JSON object, got {type(self.doc).__name__}")
+
+    def get(self, name: str, kinds: type | tuple[type, ...], default: Any = ...) -> Any:
+        """The field's value; its default when it is missing (or null, where the default is None)."""
+        if name not in self.doc or (self.doc[name] is None and default is None):
+            if default is ...:
+                raise TaskFileError(f"{self.path}: field {name!r} is missing")
+            return default
+        value = self.doc[name]
+        # JSON's true is no number here, though Python's bool is an int.
+        if isinstance(value, kinds) and not (isinstance(value, bool) and bool not in _tuple(kinds)):
+            return value
+        wanted = " or ".join(k.__name__ for k in _tuple(kinds))
+        raise TaskFileError(f"{self.path}: field {name!r}: expected {wanted}, got {value!r:.80}")
+
+    def strings(self, name: str, default: Any = ...) -> tuple[str, ...]:
+        value = self.get(name, list, default)
+        if not all(isinstance(item, str) for item in value):
+            raise TaskFileError(f"{self.path}: field {name!r}: expected a list of strings")
+        return tuple(value)
+
+
+def _tuple(kinds: type | tuple[type, ...]) -> tuple[type, ...]:
+    return kinds if isinstance(kinds, tuple) else (kinds,)
+
+
+def _read(path: Path) -> _Fields | None:
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise TaskFileError(f"{path}: unreadable ({e.strerror or e})") from None
+    return _Fields(path, text)
+
+
+class _TaskFile:
+    """A file named NAME in the attempt dir, written whole (to_json) and read field by field (from_json)."""
+    NAME: ClassVar[str]
+
+    def write(self, attempt_dir: Path) -> None:
+        write_json_atomic(attempt_dir / self.NAME, self.to_json())
+
+    @classmethod
+    def read(cls, attempt_dir: Path):
+        """The attempt's file; None when it has none (yet)."""
+        f = _read(attempt_dir / cls.NAME)
+        return None if f is None else cls.from_json(f)
+
+
+# ---- the launch file -----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class LaunchFile(_TaskFile):
+    """What the shim runs, and how."""
+    NAME: ClassVar[str] = layout.LAUNCH_FILE
+    attempt: Attempt
+    command: tuple[str, ...]
+    env: dict[str, str] = field(repr=False)  # secrets: never in a log line
+    workdir: str = ""
+    port: int = 0
+    stop_grace_seconds: float = DEFAULT_STOP_GRACE_SECONDS
+    log_limit_bytes: int = 0  # output kept for the attempt (tasklog.py); 0: the default
+    uid: int | None = None    # the task's user and group; None: the shim's own (no user switch)
+    gid: int | None = None
+    task_dirs: tuple[str, ...] = ()  # dirs the spec names, made by the task's user
+    private_tmp: str = ""     # the job's dir that becomes the task's /tmp; "": none
+    private_tmp_unavailable: str = ""  # why the task gets no private /tmp although asked ("": it does)
+
+    def to_json(self) -> dict[str, Any]:
+        a = self.attempt
+        return {"format": FORMAT, "job_id": a.job_id, "task_type": a.type, "task_index": a.index,
+                "attempt": a.number, "command": list(self.command), "env": dict(self.env), "workdir": self.workdir,
+                "port": self.port, "stop_grace_seconds": self.stop_grace_seconds,
+                "log_limit_bytes": self.log_limit_bytes,
+                "user": None if self.uid is None else {"uid": self.uid, "gid": self.gid},
+                "task_dirs": list(self.task_dirs), "private_tmp": self.private_tmp,
+                "private_tmp_unavailable": self.private_tmp_unavailable}
+
+    @classmethod
+    def from_json(cls, f: _Fields) -> LaunchFile:
+        env = f.get("env", dict)
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+            raise TaskFileError(f"{f.path}: field 'env': expected strings for names and values")
+        user = f.get("user", dict, None)
+        uid = gid = None
+        if user is not None:
+            ids = _Fields(f.path, json.dumps(user))
+            uid, gid = ids.get("uid", int), ids.get("gid", int)
+        return cls(Attempt(f.get("job_id", str), f.get("task_type", str), f.get("task_index", int),
+                           f.get("attempt", int)),
+                   command=f.strings("command"), env=env, workdir=f.get("workdir", str, ""),
+                   port=f.get("port", int, 0),
+                   stop_grace_seconds=float(f.get("stop_grace_seconds", (int, float), DEFAULT_STOP_GRACE_SECONDS)),
+                   log_limit_bytes=f.get("log_limit_bytes", int, 0), uid=uid, gid=gid,
+                   task_dirs=f.strings("task_dirs", ()), private_tmp=f.get("private_tmp", str, ""),
+                   private_tmp_unavailable=f.get("private_tmp_unavailable", str, ""))
+
+
+
+# ---- the status file -----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ShimStatus(_TaskFile):
+    """How the attempt runs or ended, as its shim recorded it: the first of the exit's shapes (then the
+    task report on the wire, the coordinator's task record, the status views)."""
+    NAME: ClassVar[str] = layout.STATUS_FILE
+    phase: str                # RUNNING, EXITED or FAILED_TO_START
+    attempt: int = 0
+    shim_pid: int = 0
+    pid: int = 0              # the task's pid, also its process group
+    pgid: int = 0
+    started: float = 0.0      # time.time() when the task started
+    finished: float = 0.0     # ... and when it ended
+    stopped: bool = False     # it ended after a stop was asked for
+    exit: TaskExit | None = None  # with EXITED or FAILED_TO_START
+
+    @property
+    def ended(self) -> bool:
+        return self.phase in ENDED_PHASES
+
+    def to_json(self) -> dict[str, Any]:
+        # The exit's fields are at the top level, as 0.3 wrote them: an agent of 0.3 reads this file too.
+        doc: dict[str, Any] = {"format": FORMAT, "shim_pid": self.shim_pid, "attempt": self.attempt,
+                               "phase": self.phase}
+        if self.pid:
+            doc.update(pid=self.pid, pgid=self.pgid)
+        if self.started:
+            doc["started"] = self.started
+        if self.ended:
+            doc.update(finished=self.finished, stopped=self.stopped)
+        if self.exit is not None:
+            e = self.exit
+            doc.update(message=e.message, log_tail=list(e.log_tail))
+            if e.exit_code is not None:
+                doc["exit_code"] = e.exit_code
+            if e.signal is not None:
+                doc["signal"] = e.signal
+        return doc
+
+    @classmethod
+    def from_json(cls, f: _Fields) -> ShimStatus:
+        phase = f.get("phase", str)
+        if phase not in (Phase.RUNNING, *ENDED_PHASES):
+            raise TaskFileError(f"{f.path}: field 'phase': expected RUNNING, EXITED or FAILED_TO_START, "
+                                f"got {phase!r:.80}")
+        exit = None
+        if phase in ENDED_PHASES:
+            exit = TaskExit(exit_code=f.get("exit_code", int, None), signal=f.get("signal", int, None),
+                            message=f.get("message", str, ""), log_tail=f.strings("log_tail", ()))
+        return cls(phase, attempt=f.get("attempt", int, 0), shim_pid=f.get("shim_pid", int, 0),
+                   pid=f.get("pid", int, 0), pgid=f.get("pgid", int, 0),
+                   started=float(f.get("started", (int, float), 0.0)),
+                   finished=float(f.get("finished", (int, float), 0.0)), stopped=f.get("stopped", bool, False),
+                   exit=exit)
+
+
+
+# ---- the stop file -------------------------------------------------------------------------------
+
+def write_stop(attempt_dir: Path, grace_seconds: float) -> None:
+    write_json_atomic(attempt_dir / layout.STOP_FILE, {"format": FORMAT, "grace_seconds": grace_seconds})
+
+
+def read_stop_grace(attempt_dir: Path) -> float | None:
+    """The grace period of the latest stop asked for; None when none was."""
+    f = _read(attempt_dir / layout.STOP_FILE)
+    return None if f is None else float(f.get("grace_seconds", (int, float)))

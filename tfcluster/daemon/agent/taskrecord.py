@@ -1,0 +1,85 @@
+"""One attempt of one task on this node as the agent knows it (TaskRecord), and its exit as the agent
+reports it, made from the shim's record of it in one place (exit_of).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tfcluster import layout
+from tfcluster.daemon.agent.taskfiles import LaunchFile, ShimStatus
+from tfcluster.model import Attempt, TaskExit, TaskReport
+from tfcluster.states import Phase
+from tfcluster.task import latest_checkpoint
+
+TaskKey = tuple[str, str, int]  # job id, task type, task index
+
+
+@dataclass(eq=False)
+class TaskRecord:
+    """One attempt of one task on this node, as the agent knows it."""
+    attempt: Attempt
+    dir: Path
+    phase: str = Phase.STARTING
+    pid: int = 0
+    shim_pid: int = 0
+    port: int = 0
+    checkpoint_dir: str = ""
+    gpus: str = ""  # its CUDA_VISIBLE_DEVICES: the node's GPUs it holds (GPU metrics name the task by it)
+    summary_dir: str = ""  # an evaluator's TFCLUSTER_SUMMARY_DIR: its agent reports the summaries written there
+    group: int = -1  # the job's group on this node, which may read the control file; -1: the agent's own
+    started_at: float = field(default_factory=time.time)  # summaries older than this are not its own
+    listening: bool = False
+    exit: TaskExit | None = None
+    finished_at: float = 0.0
+    exited: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def key(self) -> TaskKey:
+        return (self.attempt.job_id, self.attempt.type, self.attempt.index)
+
+    @property
+    def events_path(self) -> Path:
+        """Where the task appends its events (evaluation results), one JSON object a line."""
+        return self.dir / layout.EVENTS_NAME
+
+    @property
+    def control_path(self) -> Path:
+        """What the coordinator tells the task while it runs (training finished, final checkpoint)."""
+        return self.dir / layout.CONTROL_NAME
+
+    @property
+    def name(self) -> str:
+        return str(self.attempt)
+
+    @classmethod
+    def from_files(cls, directory: Path, launch: LaunchFile, status: ShimStatus) -> TaskRecord:
+        """The record of an attempt a previous agent process started, from its files (its phase and exit are
+        the caller's to set: whether it still runs is not in the files)."""
+        return cls(launch.attempt, directory, pid=status.pid, shim_pid=status.shim_pid, port=launch.port,
+                   checkpoint_dir=launch.env.get(layout.CHECKPOINT_DIR, ""),
+                   gpus=launch.env.get(layout.CUDA_VISIBLE_DEVICES, ""),
+                   summary_dir=launch.env.get(layout.SUMMARY_DIR, ""), started_at=status.started,
+                   group=-1 if launch.gid is None else launch.gid)
+
+    def report(self) -> TaskReport:
+        """The attempt's report to the coordinator (wire.py sends it)."""
+        return TaskReport(self.attempt, self.phase, pid=self.pid, listening=self.listening, exit=self.exit)
+
+
+def exit_of(status: ShimStatus, checkpoint_dir: str) -> TaskExit:
+    """The exit its shim recorded, as the agent reports it: with the task's final checkpoint when it succeeded
+    (the agent, not the shim, knows where checkpoints go)."""
+    exit = status.exit or TaskExit(message="ended without a record of how")
+    return dataclasses.replace(exit, final_checkpoint=newest_checkpoint(checkpoint_dir) if exit.succeeded else "")
+
+
+def newest_checkpoint(directory: str) -> str:
+    """The newest committed checkpoint in a task's checkpoint dir, relative to it ("" if none)."""
+    newest = latest_checkpoint(directory) if directory else None
+    return os.path.relpath(newest, directory) if newest else ""
