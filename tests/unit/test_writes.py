@@ -10,26 +10,22 @@ from coresim import info, make_spec
 
 from tfcluster.daemon.coordinator import server as S
 from tfcluster.daemon.coordinator.cluster import Cluster
-from tfcluster.daemon.coordinator.records import Loaded
+from tfcluster.daemon.coordinator.store import MemoryStore
 
 
-class FlakyStore:
-    path = "flaky"
+class FlakyStore(MemoryStore):
+    """A store whose disk can be full."""
 
     def __init__(self):
+        super().__init__()
         self.full = False
         self.batches = []
 
-    def load(self):
-        return Loaded(jobs=[], nodes=[], next_job_number=1)
-
-    def write(self, batch):
+    def write(self, writes):
         if self.full:
             raise OSError(28, "No space left on device")
-        self.batches.append(batch)
-
-    def close(self):
-        pass
+        self.batches.append(writes)
+        return super().write(writes)
 
 
 async def settle():
@@ -54,7 +50,7 @@ def test_commands_wait_for_their_change_to_be_stored(monkeypatch):
         store.full = False
         await settle()
         assert len(c.outboxes["n1"].items) == 1, "sent once the next write succeeded"
-        assert any(job.id in [j[0] for j in b.jobs] for b in store.batches)
+        assert any(("job", job.id) in [(w.kind, w.key) for w in b] for b in store.batches)
         await c.close()
 
     asyncio.run(run())

@@ -18,6 +18,7 @@ import secrets
 import time
 from dataclasses import dataclass, field
 
+from tfcluster.daemon.coordinator.changelog import ChangeLog, TokenDropped
 from tfcluster.daemon.coordinator.job import Record
 from tfcluster.daemon.coordinator.node import READY
 from tfcluster.pki import NODE, Authority, Identity, check_node_name
@@ -67,7 +68,7 @@ class Trust:
     tokens: dict[str, JoinToken] = field(default_factory=dict)
     removals: dict[str, Removal] = field(default_factory=dict)
     holders: dict[str, Holder] = field(default_factory=dict)
-    dropped_tokens: list[str] = field(default_factory=list)  # expired ones, until the store deleted them
+    changes: ChangeLog = field(default_factory=ChangeLog)  # the cluster's, once loaded: expired tokens go there
     reserved: frozenset[str] = frozenset()  # the coordinator's own names: no node may be called so
 
     # ---- tokens ----------------------------------------------------------------------------------
@@ -103,7 +104,7 @@ class Trust:
     def expire(self, now: float) -> None:
         for token_id in [t for t, record in self.tokens.items() if record.expires + EXPIRED_KEPT_SECONDS < now]:
             del self.tokens[token_id]
-            self.dropped_tokens.append(token_id)
+            self.changes.append(TokenDropped(token_id))
 
     # ---- certificates ----------------------------------------------------------------------------
 
