@@ -202,3 +202,18 @@ def test_the_state_of_a_0_1_coordinator_is_read_into_these_records(tmp_path):
     assert counters["next_job_number"] == "4" and "job" not in counters, "read once; the upgraded state stays"
     assert migrate.upgrade(store) == store.load(), "nothing left to upgrade"
     store.close()
+
+
+def test_removed_nodes_and_expired_tokens_leave_the_store(store):
+    sim = Sim(info("n1"), info("n2"))
+    trust = Trust(changes=sim.c.changes)
+    trust.create_token(sim.now, ttl=60)
+    writer = Writer()
+    write(store, writer, writer.collect(sim.c.changes, trust))
+    assert {d.kind for d in store.load()} >= {"node", "token"}
+    sim.c.remove_node("n2", sim.now)
+    trust.expire(sim.now + 60 + 2 * 86400)
+    batch = writer.collect(sim.c.changes, trust)
+    assert {(type(w).__name__, w.kind) for w in batch.writes.values()} == {("Delete", "node"), ("Delete", "token")}
+    write(store, writer, batch)
+    assert [d.key for d in store.load() if d.kind in ("node", "token")] == ["n1"]

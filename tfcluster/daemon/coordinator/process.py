@@ -76,7 +76,7 @@ def serve(server: CoordinatorServer, notifier: Notifier | None = None) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        server.coordinator.on_fenced = stop.set
+        server.coordinator.persistence.on_fenced = stop.set
         await stop.wait()
         notifier.stopping("stopping: writing the last changes")
         for task in background:
@@ -86,8 +86,8 @@ def serve(server: CoordinatorServer, notifier: Notifier | None = None) -> None:
 
     raise_open_file_limit()
     asyncio.run(main())
-    if server.coordinator.fenced is not None:
-        raise server.coordinator.fenced
+    if server.coordinator.persistence.fenced is not None:
+        raise server.coordinator.persistence.fenced
 
 
 class BackgroundCoordinator:

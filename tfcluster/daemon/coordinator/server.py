@@ -1,11 +1,7 @@
 """The coordinator process: one asyncio event loop owns the cluster model, the store and the agents' streams.
 
-Every event runs to completion on the loop (the model never awaits), so nothing needs a lock. What an
-event changes is written by the writer task: it collects every unsaved record into one batch, writes it on
-a thread of its own, and only then sends the commands the changes produced: agents never act on a
-decision a crash could forget. Changes that arrive during a write go into the next batch, so under load
-one transaction carries many events. A client that needs durability (a submission) waits for the batch
-that holds its change.
+Every event runs to completion on the loop (the model never awaits), so nothing needs a lock. What an event
+changes is stored before the commands it decided are sent (persistence.py).
 """
 
 from __future__ import annotations
@@ -18,7 +14,6 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
@@ -28,10 +23,9 @@ from tfcluster.api.v1 import agent_pb2
 from tfcluster.daemon.coordinator.cluster import Cluster
 from tfcluster.daemon.coordinator.node import LOST
 from tfcluster.daemon.coordinator.logins import Logins
-from tfcluster.daemon.coordinator import migrate
 from tfcluster.daemon.coordinator.outbox import LogWaiter, Outbox, StreamEnded
-from tfcluster.daemon.coordinator.records import Writer, from_documents
-from tfcluster.daemon.coordinator.store import Conflict, Store, open_store
+from tfcluster.daemon.coordinator.persistence import Persistence
+from tfcluster.daemon.coordinator.store import Store, open_store
 from tfcluster.daemon.coordinator.taskusers import UidRange
 from tfcluster.daemon.coordinator.trust import Trust
 from tfcluster.daemon.logformat import fields
@@ -44,8 +38,6 @@ log = logging.getLogger("tfcluster.coordinator")
 TICK_SECONDS = 0.2
 LATE_FORGIVEN_SECONDS = 0.1  # a tick this much later than due means heartbeats waited unread as long
 RECONNECT_GRACE_SECONDS = 10.0
-WRITE_RETRY_SECONDS = 1.0
-PENDING_LIMIT = 100_000  # commands waiting for a write that succeeds
 
 
 class Coordinator:
@@ -53,128 +45,42 @@ class Coordinator:
 
     def __init__(self, store: Store, cluster: Cluster, heartbeat_interval: float,
                  clock: Callable[[], float] = time.time, authority: pki.Authority | None = None):
-        self.store, self.cluster, self.clock = store, cluster, clock
+        self.cluster, self.clock = cluster, clock
         self.authority = authority  # the CA that signs node certificates; None: no TLS (--insecure)
         self.node_cert_lifetime = datetime.timedelta(hours=pki.NODE_HOURS)
-        self.trust = Trust()
         self.heartbeat_interval = heartbeat_interval
-        self.records = Writer()  # the change log as store writes
-        self.fenced: Conflict | None = None  # another coordinator wrote to the store: this one acts no more
-        self.on_fenced: Callable[[], None] = lambda: None
+        self.persistence = Persistence(store, cluster, self.send)
+        self.store = store
+        self.apply = self.persistence.apply  # something changed: the commands go out once it is stored
         self.outboxes: dict[str, Outbox] = collections.defaultdict(Outbox)
         self.streams: dict[str, asyncio.Task] = {}  # node -> the handler serving its current stream
         self.log_waiters: dict[int, LogWaiter] = {}
         self.log_ids = itertools.count(1)
-        self.pending: list[Command] = []
-        self.next_write: asyncio.Future | None = None
-        self.wake = asyncio.Event()
-        self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store")
-        self.closing = False
         self.tasks: list[asyncio.Task] = []
         self.started = self.clock()
         self.logins = Logins()     # the dashboard's one-time links and browser sessions
         self.dashboard_port = 0    # where the dashboard is served; 0: nowhere
 
+    @property
+    def trust(self) -> Trust:
+        return self.persistence.trust
+
     # ---- loading and running -------------------------------------------------------------------
 
     def load(self, reconnect_grace: float) -> None:
-        documents = migrate.upgrade(self.store)
-        state = from_documents(documents)
-        now = self.clock()
-        for job in state.jobs:
-            job.seen.last_progress = now  # the hang watchdog counts from now: progress was not seen meanwhile
-            self.cluster.add_job(job)
-        for node in state.nodes:
-            # Agents retry with backoff while the coordinator is away: they get the reconnect grace on top of the
-            # usual timeout before their nodes (and the tasks on them) count as lost.
-            node.seen.last_seen = now + reconnect_grace
-            self.cluster.add_node(node)
-        self.cluster.next_number = max(self.cluster.next_number, state.next_job_number)
-        self.cluster.cluster_tag = migrate.base36(state.cluster_tag)
-        self.trust = state.trust
-        self.trust.changes = self.cluster.changes
-        self.records.loaded(documents, self.cluster.changes, self.trust)
-        self.cluster.assign_missing_uids()  # after `loaded`: the store writes the UIDs given now
-        if state.jobs or state.nodes:
-            log.info("loaded %d jobs and %d nodes from %s", len(state.jobs), len(state.nodes), self.store.location)
+        self.persistence.load(self.clock(), reconnect_grace)
 
     def start(self) -> None:
-        self.tasks = [asyncio.create_task(self._write_loop(), name="writer"),
+        self.tasks = [asyncio.create_task(self.persistence.run(), name="writer"),
                       asyncio.create_task(self._tick_loop(), name="ticker")]
 
     async def close(self) -> None:
-        # The writer finishes the write under way (cancelled, it would leave the batch's revisions unknown).
-        self.closing = True
-        self.wake.set()
-        for task in self.tasks:
-            if task.get_name() != "writer":
-                task.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
-        await self._write()  # what changed last is stored too
-        self.writer.shutdown(wait=True)
-        self.store.close()
+        for task in self.tasks[1:]:
+            task.cancel()
+        await asyncio.gather(*self.tasks[1:], return_exceptions=True)
+        await self.persistence.close(self.tasks[0] if self.tasks else None)
 
-    # ---- changes: store them, then send what they decided --------------------------------------
-
-    def apply(self, commands: list[Command] = ()) -> asyncio.Future:
-        """Something changed; commands go out once it is stored. The future is done once it is stored."""
-        self.pending.extend(commands)
-        if self.next_write is None:
-            self.next_write = asyncio.get_running_loop().create_future()
-        self.wake.set()
-        return self.next_write
-
-    async def _write_loop(self) -> None:
-        while not self.closing and not self.fenced:
-            await self.wake.wait()
-            self.wake.clear()
-            try:
-                written = await self._write()
-            except Exception:  # a bug here must not stop every later write
-                log.exception("writing the state failed")
-                written = False
-            if not written and not self.closing:
-                await asyncio.sleep(WRITE_RETRY_SECONDS)
-                self.wake.set()
-
-    async def _write(self) -> bool:
-        """Writes what changed, then sends the commands those changes decided. When the write fails (a full
-        disk) nothing is sent: the commands wait for a write that succeeds, so no agent acts on a decision
-        a restart could forget; a client waiting for the write is told it failed. Once another coordinator
-        wrote to the store, nothing is written or sent any more."""
-        done, self.next_write = self.next_write, None
-        commands, self.pending = self.pending, []
-        error = self.fenced or await self._store(len(commands))
-        if error is None:
-            self.send(commands)
-        elif not self.fenced:
-            self.pending[:0] = commands[-PENDING_LIMIT:]  # reconcile resends what is dropped here
-            del self.pending[PENDING_LIMIT:]
-        if done is not None and not done.done():
-            done.set_exception(OSError(f"cannot store the change: {error}")) if error else done.set_result(None)
-        return error is None
-
-    async def _store(self, commands: int) -> Exception | None:
-        """Writes the batch of what changed; the error when it could not be written."""
-        batch = self.records.collect(self.cluster.changes, self.trust)
-        if not batch:
-            return None
-        started, error = time.monotonic(), None
-        try:
-            revisions = await asyncio.get_running_loop().run_in_executor(self.writer, self.store.write,
-                                                                         list(batch.writes.values()))
-            self.records.written(batch, revisions)
-        except Conflict as e:  # only the coordinator that wrote last may act on the cluster
-            error = self.fenced = e
-            log.critical("the store %s was written by another coordinator: this one stops acting, without "
-                         "sending %d commands (%s)", self.store.location, commands, e)
-            self.on_fenced()
-        except Exception as e:  # a full disk must not take the coordinator down; the next batch retries
-            self.records.failed(batch, self.cluster.changes)
-            error = e
-            log.error("cannot write the state to %s: %s", self.store.location, e)
-        self.cluster.observer.stored(time.monotonic() - started, ok=error is None)
-        return error
+    # ---- sending what the stored changes decided -----------------------------------------------
 
     def send(self, commands: list[Command]) -> None:
         for command in commands:
