@@ -80,15 +80,41 @@ def _row(w: Write) -> tuple[str, tuple]:
     return table, (w.key,)
 
 
-def _columns(table: str, body: str) -> dict[str, object]:
-    """The columns a document sets besides its key: the counters hold integers; the jobs table keeps a job's
-    number and request id beside it (older releases read them there)."""
+# The columns a document sets besides its key: the counters hold integers; the jobs table keeps a job's number
+# and request id beside it (older releases read them there).
+BODY_COLUMNS = {table: ("doc",) for table in KEY_COLUMNS} | {"counters": ("value",),
+                                                             "jobs": ("number", "request_id", "doc")}
+
+
+def _body(table: str, body: str) -> tuple:
     if table == "counters":
-        return {"value": int(json.loads(body))}
+        return (int(json.loads(body)),)
     if table == "jobs":
         doc = json.loads(body)
-        return {"number": int(doc.get("number", 0)), "request_id": doc.get("request_id", ""), "doc": body}
-    return {"doc": body}
+        return int(doc.get("number", 0)), doc.get("request_id", ""), body
+    return (body,)
+
+
+def _where(table: str) -> str:
+    return " AND ".join(f"{c} = ?" for c in KEY_COLUMNS[table])
+
+
+# Each statement writes a row only if it has the expected revision (inserting: only if there is none).
+INSERT = {t: f"INSERT INTO {t}({', '.join((*KEY_COLUMNS[t], *BODY_COLUMNS[t], 'revision'))}) "
+             f"VALUES({', '.join('?' * (len(KEY_COLUMNS[t]) + len(BODY_COLUMNS[t]) + 1))})" for t in KEY_COLUMNS}
+UPDATE = {t: f"UPDATE {t} SET {', '.join(f'{c} = ?' for c in (*BODY_COLUMNS[t], 'revision'))} "
+             f"WHERE {_where(t)} AND revision = ?" for t in KEY_COLUMNS}
+DELETE = {t: f"DELETE FROM {t} WHERE {_where(t)} AND revision = ?" for t in KEY_COLUMNS}
+
+
+def _statement(w: Write, revision: int) -> tuple[str, tuple]:
+    """The SQL that writes one document, and its parameters."""
+    table, key = _row(w)
+    if isinstance(w, Delete):
+        return DELETE[table], (*key, w.expect)
+    if w.expect == 0:
+        return INSERT[table], (*key, *_body(table, w.body), revision)
+    return UPDATE[table], (*_body(table, w.body), revision, *key, w.expect)
 
 
 class SqliteStore:
@@ -154,43 +180,36 @@ class SqliteStore:
         return documents
 
     def write(self, writes: Sequence[Write]) -> Revisions:
-        validate(writes)  # expectations are checked against the rows, as each is written
+        """Each statement checks the expected revision in its WHERE clause (or, inserting, the primary key): the
+        writes of one kind of statement go in one executemany, and fewer rows changed than written is a Conflict."""
+        validate(writes)
         with self._lock, self._transaction():
             self._db.execute("UPDATE store_revision SET value = value + 1")
             revision = self._db.execute("SELECT value FROM store_revision").fetchone()[0]
-            revisions: Revisions = {}
+            statements: dict[str, list[tuple[Write, tuple]]] = {}
             for w in writes:
-                table, key = _row(w)
+                sql, parameters = _statement(w, revision)
+                statements.setdefault(sql, []).append((w, parameters))
+            for sql, rows in statements.items():
                 try:
-                    changed = self._apply(w, table, key, revision)
+                    changed = self._db.executemany(sql, [parameters for _, parameters in rows]).rowcount
                 except sqlite3.IntegrityError:  # inserted, but there already
-                    changed = 0
-                if not changed:
-                    found = self._db.execute(f"SELECT revision FROM {table} WHERE {_where(table)}", key).fetchone()
-                    raise Conflict(f"{w.kind} {w.key!r} is at revision {found[0] if found else 0}, "
-                                   f"the write expected {w.expect}")
-                if isinstance(w, Put):
-                    revisions[(w.kind, w.key)] = revision
-            return revisions
+                    changed = -1
+                if changed != len(rows):
+                    raise self._conflict([w for w, _ in rows], revision)
+            return {(w.kind, w.key): revision for w in writes if isinstance(w, Put)}
 
-    def _apply(self, w: Write, table: str, key: tuple, revision: int) -> int:
-        """Writes one document if its row has the expected revision; the number of rows changed (0 or 1)."""
-        if isinstance(w, Delete):
-            return self._db.execute(f"DELETE FROM {table} WHERE {_where(table)} AND revision = ?",
-                                    (*key, w.expect)).rowcount
-        columns = _columns(table, w.body)
-        if w.expect == 0:
-            names = [*KEY_COLUMNS[table], *columns, "revision"]
-            return self._db.execute(f"INSERT INTO {table}({', '.join(names)}) VALUES({', '.join('?' * len(names))})",
-                                    (*key, *columns.values(), revision)).rowcount
-        sets = ", ".join(f"{c} = ?" for c in [*columns, "revision"])
-        return self._db.execute(f"UPDATE {table} SET {sets} WHERE {_where(table)} AND revision = ?",
-                                (*columns.values(), revision, *key, w.expect)).rowcount
+    def _conflict(self, writes: list[Write], revision: int) -> Conflict:
+        """Names the write that found its document at another revision (the others of its statement may have
+        been applied already, at this batch's revision; the transaction is rolled back after)."""
+        for w in writes:
+            table, key = _row(w)
+            row = self._db.execute(f"SELECT revision FROM {table} WHERE {_where(table)}", key).fetchone()
+            found = row[0] if row else 0
+            if found not in (w.expect, revision) and (found or isinstance(w, Put)):
+                return Conflict(f"{w.kind} {w.key!r} is at revision {found}, the write expected {w.expect}")
+        return Conflict(f"one of {len(writes)} {writes[0].kind} documents to delete is gone already")
 
     def close(self) -> None:
         with self._lock:
             self._db.close()
-
-
-def _where(table: str) -> str:
-    return " AND ".join(f"{c} = ?" for c in KEY_COLUMNS[table])
