@@ -30,7 +30,7 @@ def load(store) -> Cluster:
 
 
 def collect(writer: Writer, cluster: Cluster) -> Batch:
-    return writer.collect(cluster.changes, Trust())
+    return writer.collect(cluster.changes)
 
 
 def write(store, writer: Writer, batch: Batch) -> None:
@@ -209,11 +209,11 @@ def test_removed_nodes_and_expired_tokens_leave_the_store(store):
     trust = Trust(changes=sim.c.changes)
     trust.create_token(sim.now, ttl=60)
     writer = Writer()
-    write(store, writer, writer.collect(sim.c.changes, trust))
+    write(store, writer, writer.collect(sim.c.changes))
     assert {d.kind for d in store.load()} >= {"node", "token"}
     sim.c.remove_node("n2", sim.now)
     trust.expire(sim.now + 60 + 2 * 86400)
-    batch = writer.collect(sim.c.changes, trust)
+    batch = writer.collect(sim.c.changes)
     assert {(type(w).__name__, w.kind) for w in batch.writes.values()} == {("Delete", "node"), ("Delete", "token")}
     write(store, writer, batch)
     assert [d.key for d in store.load() if d.kind in ("node", "token")] == ["n1"]

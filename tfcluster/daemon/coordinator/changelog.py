@@ -1,7 +1,7 @@
 """What the core changed that the store has not written yet, as domain changes. Pure.
 
-The core appends to one log: a job added, ended or removed, a node added or removed, a join token
-dropped, job numbers issued. A change to a field of a stored record needs no entry: the record marks
+The core appends to one log: a job added, ended or removed, a node added or removed, a trust record
+(join token, certificate holder, removal) added, a join token dropped, job numbers issued. A change to a field of a stored record needs no entry: the record marks
 itself unsaved (job.py's Record), and the writer looks at every record the log says is still stored.
 The writer (records.py) drains the log into store documents; the store is written before the commands
 the same changes produced are sent.
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Union
 
-from tfcluster.daemon.coordinator.job import Job
+from tfcluster.daemon.coordinator.job import Job, Record
 from tfcluster.daemon.coordinator.node import Node
 
 
@@ -42,6 +42,13 @@ class NodeRemoved:
 
 
 @dataclass(frozen=True)
+class TrustAdded:
+    kind: str  # token, holder or removal (trust.py)
+    key: str   # the token's id, or the node's name
+    record: Record
+
+
+@dataclass(frozen=True)
 class TokenDropped:
     token_id: str  # an expired join token, forgotten
 
@@ -51,7 +58,7 @@ class JobsNumbered:
     next_number: int  # the next job number to issue: none below it is ever issued again
 
 
-Change = Union[JobAdded, JobEnded, JobRemoved, NodeAdded, NodeRemoved, TokenDropped, JobsNumbered]
+Change = Union[JobAdded, JobEnded, JobRemoved, NodeAdded, NodeRemoved, TrustAdded, TokenDropped, JobsNumbered]
 
 
 class ChangeLog:

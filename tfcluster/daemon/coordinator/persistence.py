@@ -57,8 +57,8 @@ class Persistence:
         self.cluster.next_number = max(self.cluster.next_number, state.next_job_number)
         self.cluster.cluster_tag = migrate.base36(state.cluster_tag)
         self.trust = state.trust
-        self.trust.changes = self.cluster.changes
-        self.records.loaded(documents, self.cluster.changes, self.trust)
+        self.trust.log_to(self.cluster.changes)
+        self.records.loaded(documents, self.cluster.changes)
         self.cluster.assign_missing_uids()  # after `loaded`: the store writes the UIDs given now
         if state.jobs or state.nodes:
             log.info("loaded %d jobs and %d nodes from %s", len(state.jobs), len(state.nodes), self.store.location)
@@ -118,7 +118,7 @@ class Persistence:
 
     async def _store(self, commands: int) -> Exception | None:
         """Writes the batch of what changed; the error when it could not be written."""
-        batch = self.records.collect(self.cluster.changes, self.trust)
+        batch = self.records.collect(self.cluster.changes)
         if not batch:
             return None
         started, error = time.monotonic(), None

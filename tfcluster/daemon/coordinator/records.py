@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tfcluster.daemon.coordinator.changelog import (Change, ChangeLog, JobAdded, JobEnded, JobRemoved, JobsNumbered,
-                                                    NodeAdded, NodeRemoved, TokenDropped)
+                                                    NodeAdded, NodeRemoved, TokenDropped, TrustAdded)
 from tfcluster.daemon.coordinator.job import Failure, Job, Record, Task
 from tfcluster.daemon.coordinator.node import Node
 from tfcluster.daemon.coordinator.store import Delete, Document, Put, Revisions, Write
@@ -83,16 +83,18 @@ class Batch:
 
 
 class Writer:
-    """Turns the change log, and the records it says are stored, into the writes of a batch."""
+    """Turns the change log, and the records it says are stored, into the writes of a batch. It reads nothing
+    else of the cluster."""
 
     def __init__(self) -> None:
         self.revisions: Revisions = {}  # (kind, key) -> the revision of each stored document
         self.jobs: dict[str, Job] = {}  # jobs whose documents may change: live, or ended and not written since
         self.nodes: dict[str, Node] = {}
+        self.trust: dict[tuple[str, str], Record] = {}  # (kind, key) -> a join token, holder or removal
         self.evaluations: dict[str, dict[str, float]] = {}  # job id -> checkpoint -> time of the stored one
         self.next_job_number = 0
 
-    def loaded(self, documents: list[Document], log: ChangeLog, trust: Trust) -> None:
+    def loaded(self, documents: list[Document], log: ChangeLog) -> None:
         """The model was just built from these documents (its log says what it holds): everything is stored."""
         self.revisions = {(d.kind, d.key): d.revision for d in documents}
         for change in log.drain():
@@ -102,13 +104,12 @@ class Writer:
             for task in job.tasks:
                 task.saved()
             self.evaluations[job.id] = {e.checkpoint: e.time for e in job.evaluations}
-        for record in [*self.nodes.values(), *trust.tokens.values(), *trust.removals.values(),
-                       *trust.holders.values()]:
+        for record in [*self.nodes.values(), *self.trust.values()]:
             record.saved()
         stored = [d.body for d in documents if (d.kind, d.key) == ("counter", NEXT_JOB_NUMBER)]
         self.next_job_number = json.loads(stored[0]) if stored else 0
 
-    def collect(self, log: ChangeLog, trust: Trust) -> Batch:
+    def collect(self, log: ChangeLog) -> Batch:
         batch = Batch(entries=log.drain())
         ended = [self._follow(change, batch) for change in batch.entries]
         for job in self.jobs.values():
@@ -119,10 +120,9 @@ class Writer:
         for node in self.nodes.values():
             if node.unsaved:
                 self._put(batch, node, "node", node.name, node_doc(node))
-        for kind, records in (("token", trust.tokens), ("removal", trust.removals), ("holder", trust.holders)):
-            for key, record in records.items():
-                if record.unsaved:
-                    self._put(batch, record, kind, key, dataclasses.asdict(record))
+        for (kind, key), record in self.trust.items():
+            if record.unsaved:
+                self._put(batch, record, kind, key, dataclasses.asdict(record))
         if batch.next_job_number > self.next_job_number:
             batch.put("counter", NEXT_JOB_NUMBER, batch.next_job_number, self._revision("counter", NEXT_JOB_NUMBER))
             self.next_job_number = batch.next_job_number
@@ -140,7 +140,10 @@ class Writer:
         elif isinstance(change, NodeRemoved):
             self.nodes.pop(change.name, None)
             batch.delete("node", change.name, self._revision("node", change.name))
+        elif isinstance(change, TrustAdded):
+            self.trust[(change.kind, change.key)] = change.record
         elif isinstance(change, TokenDropped):
+            self.trust.pop(("token", change.token_id), None)
             batch.delete("token", change.token_id, self._revision("token", change.token_id))
         elif isinstance(change, JobsNumbered):
             batch.next_job_number = max(batch.next_job_number, change.next_number)
