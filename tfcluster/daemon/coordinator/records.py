@@ -76,7 +76,9 @@ class Batch:
         self.writes[(kind, key)] = Put(kind, key, dumps(doc), expect)
 
     def delete(self, kind: str, key: str, expect: int) -> None:
-        if expect:  # never stored: nothing to delete
+        """The document goes. One never stored (expect 0) has nothing to delete: only a put of it in this batch
+        is dropped."""
+        if expect:
             self.writes[(kind, key)] = Delete(kind, key, expect)
         else:
             self.writes.pop((kind, key), None)
