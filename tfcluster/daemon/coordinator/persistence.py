@@ -71,6 +71,7 @@ class Persistence:
         if self.fenced:
             refused, self.next_write = self.next_write, None
             refused.set_exception(OSError(f"cannot store the change: {self.fenced}"))
+            refused.exception()  # the ticker's changes are refused too, and nobody awaits those: no warning each tick
             return refused
         self.pending.extend(commands)
         self.wake.set()
