@@ -1,7 +1,7 @@
 """Node identity, stop escalation and what the coordinator keeps: a name is held by one live agent, a
 restarted agent takes its name back at once, `stop --now` after a graceful stop kills at once, an
 acknowledged submission survives kill -9, a retried submission is one job, ended jobs are kept within
-limits."""
+limits, and a coordinator that another overtook on its store stops acting and exits."""
 
 from __future__ import annotations
 
@@ -134,3 +134,21 @@ def test_ended_jobs_are_kept_within_the_limit_and_job_ids_never_repeat(make_clus
     assert kept == ids[2:], "removed with their records"
     wait_until(lambda: cluster.node_state("a") == "READY", 20, what="the agent back")
     assert start(cluster, "--name", "short", "--strategy", "mirrored", "--", "true") == f"short-5-{tag}"
+
+
+def test_a_coordinator_overtaken_on_its_store_stops_acting_and_exits(make_cluster):
+    cluster = make_cluster()
+    first = (cluster.address, cluster.join_address, cluster.coordinator)
+    # A second coordinator on the same state dir, as a failover that did not wait for the first to go.
+    cluster.address = cluster.join_address = ""
+    second = cluster.start_coordinator()
+    try:
+        cluster.start_agent("b")  # joins through the second: the cluster's reusable join token is used once more
+        cluster.address, cluster.join_address, cluster.coordinator = first
+        cluster.start_agent("c", wait=False)  # through the first, whose record of that token is now stale
+        assert first[2].proc.wait(timeout=30) == 1
+        assert "was written by another coordinator: this one stops acting" in first[2].log()
+        assert "error: stopped: another coordinator wrote to the store" in first[2].log()
+        assert second.alive
+    finally:
+        second.terminate()

@@ -1,5 +1,5 @@
-"""The store: records as rows, only what changed written, everything read back as it was; retention; and a
-state dir written by tfcluster 0.1 read into this version's records."""
+"""The coordinator's records in a store: only what changed written, everything read back as it was; retention;
+and a state dir written by tfcluster 0.1 read into this version's records. (store contract: test_store_contract.py)"""
 
 from __future__ import annotations
 
@@ -10,22 +10,36 @@ import pytest
 from coresim import Sim, info, make_spec
 
 from tfcluster.daemon.coordinator import job as J
+from tfcluster.daemon.coordinator import migrate
 from tfcluster.daemon.coordinator.cluster import Cluster
-from tfcluster.daemon.coordinator.records import Changes, job_from_docs, node_from_doc
-from tfcluster.daemon.coordinator.store import SqliteStore
+from tfcluster.daemon.coordinator.records import Batch, Writer, from_documents
+from tfcluster.daemon.coordinator.store import open_store
+from tfcluster.daemon.coordinator.trust import Trust
 from tfcluster.model import Evaluation
 from tfcluster.states import JobState
 
 
 def load(store) -> Cluster:
     cluster = Cluster()
-    loaded = store.load()
-    for job_doc, task_docs, evaluation_docs in loaded.jobs:
-        cluster.add_job(job_from_docs(job_doc, task_docs, evaluation_docs))
-    for doc in loaded.nodes:
-        cluster.add_node(node_from_doc(doc))
-    cluster.next_number = max(cluster.next_number, loaded.next_job_number)
+    state = from_documents(migrate.upgrade(store))
+    for job in state.jobs:
+        cluster.add_job(job)
+    for node in state.nodes:
+        cluster.add_node(node)
+    cluster.next_number = max(cluster.next_number, state.next_job_number)
     return cluster
+
+
+def collect(writer: Writer, cluster: Cluster) -> Batch:
+    return writer.collect(cluster.changes)
+
+
+def write(store, writer: Writer, batch: Batch) -> None:
+    writer.written(batch, store.write(list(batch.writes.values())))
+
+
+def keys(batch: Batch, kind: str) -> list[str]:
+    return [key for k, key in batch.writes if k == kind]
 
 
 def comparable(job: J.Job) -> dict:
@@ -40,7 +54,7 @@ def comparable(job: J.Job) -> dict:
 
 @pytest.fixture
 def store(tmp_path):
-    s = SqliteStore(tmp_path)
+    s = open_store("", tmp_path)
     yield s
     s.close()
 
@@ -52,8 +66,8 @@ def test_everything_read_back_as_it_was(store):
     sim.exit(a, "worker:1", 3, log_tail=["Traceback", "boom"])  # a failure: last_failure, STOPPING, a stop asked
     b, _ = sim.submit(make_spec(strategy="mirrored", worker=1, gpus=2), "b")  # waits PENDING
     a.add_evaluation(Evaluation("ckpt-1", 10, {"loss": 0.5}, 1.0))
-    changes = Changes()
-    store.write(changes.collect(sim.c))
+    writer = Writer()
+    write(store, writer, collect(writer, sim.c))
     back = load(store)
     assert set(back.jobs) == {a.id, b.id}
     assert comparable(back.jobs[a.id]) == comparable(a) and comparable(back.jobs[b.id]) == comparable(b)
@@ -66,32 +80,34 @@ def test_everything_read_back_as_it_was(store):
 def test_only_what_changed_is_written(store):
     sim = Sim(info("n1"), info("n2"))
     job, actions = sim.submit(make_spec(worker=2))
-    changes = Changes()
-    first = changes.collect(sim.c)
-    store.write(first)
-    assert len(first.jobs) == 1 and len(first.tasks) == 2 and len(first.nodes) == 2
-    assert not changes.collect(sim.c), "nothing changed: nothing to write"
+    writer = Writer()
+    first = collect(writer, sim.c)
+    write(store, writer, first)
+    assert len(keys(first, "job")) == 1 and len(keys(first, "task")) == 2 and len(keys(first, "node")) == 2
+    assert not collect(writer, sim.c), "nothing changed: nothing to write"
     sim.report(job, actions[0].attempt.type, actions[0].attempt.index, "RUNNING")
-    second = changes.collect(sim.c)
-    assert [t[1] for t in second.tasks] == [actions[0].attempt.task_key] and second.nodes == []
+    second = collect(writer, sim.c)
+    assert keys(second, "task") == [f"{job.id}/{actions[0].attempt.task_key}"] and keys(second, "node") == []
+    write(store, writer, second)
     for i in range(5):
         job.add_evaluation(Evaluation(f"ckpt-{i}", i, {"loss": 1.0 / (i + 1)}, float(i)))
-    third = changes.collect(sim.c)
-    assert len(third.evaluations) == 5
+    third = collect(writer, sim.c)
+    assert len(keys(third, "evaluation")) == 5
+    write(store, writer, third)
     job.add_evaluation(Evaluation("ckpt-5", 5, {"loss": 0.1}, 5.0))
-    assert [e[1] for e in changes.collect(sim.c).evaluations] == ["ckpt-5"], "one new evaluation: one row"
+    assert keys(collect(writer, sim.c), "evaluation") == [f"{job.id}/ckpt-5"], "one new evaluation: one document"
 
 
 def test_trimmed_and_replaced_evaluations(store, monkeypatch):
     monkeypatch.setattr(J, "MAX_EVALUATIONS_KEPT", 3)
     sim = Sim(info("n1"))
     job, _ = sim.submit(make_spec(strategy="mirrored", worker=1))
-    changes = Changes()
+    writer = Writer()
     for i in range(5):
         job.add_evaluation(Evaluation(f"ckpt-{i}", i, {"m": i}, float(i)))
-        store.write(changes.collect(sim.c))
+        write(store, writer, collect(writer, sim.c))
     job.add_evaluation(Evaluation("ckpt-3", 3, {"m": 33}, 9.0))  # evaluated again: replaces its entry
-    store.write(changes.collect(sim.c))
+    write(store, writer, collect(writer, sim.c))
     back = load(store).jobs[job.id]
     assert [(e.checkpoint, e.metrics["m"]) for e in back.evaluations] == [("ckpt-2", 2), ("ckpt-4", 4), ("ckpt-3", 33)]
 
@@ -99,7 +115,7 @@ def test_trimmed_and_replaced_evaluations(store, monkeypatch):
 def test_retention_removes_the_oldest_ended_jobs_with_their_rows(store):
     sim = Sim(info("n1"))
     sim.c.keep_finished_jobs = 2
-    changes = Changes()
+    writer = Writer()
     ids = []
     for _ in range(4):
         job, actions = sim.submit(make_spec(strategy="mirrored", worker=1))
@@ -110,7 +126,7 @@ def test_retention_removes_the_oldest_ended_jobs_with_their_rows(store):
         sim.now += 1
     sim.c.prune(sim.now)
     assert set(sim.c.jobs) == set(ids[2:])
-    store.write(changes.collect(sim.c))
+    write(store, writer, collect(writer, sim.c))
     assert set(load(store).jobs) == set(ids[2:])
     rows = sqlite3.connect(store.path).execute("SELECT DISTINCT job_id FROM tasks UNION SELECT job_id FROM "
                                                "evaluations").fetchall()
@@ -124,12 +140,12 @@ def test_retention_removes_the_oldest_ended_jobs_with_their_rows(store):
 def test_a_failed_write_is_written_again_by_the_next(store, monkeypatch):
     sim = Sim(info("n1"))
     job, _ = sim.submit(make_spec(strategy="mirrored", worker=1))
-    changes = Changes()
-    batch = changes.collect(sim.c)
-    changes.failed(batch, sim.c)  # the disk was full
-    again = changes.collect(sim.c)
-    assert len(again.jobs) == 1 and len(again.tasks) == 1 and again.next_job_number == 2
-    store.write(again)
+    writer = Writer()
+    batch = collect(writer, sim.c)
+    writer.failed(batch, sim.c.changes)  # the disk was full
+    again = collect(writer, sim.c)
+    assert again.writes == batch.writes and again.next_job_number == 2
+    write(store, writer, again)
     assert set(load(store).jobs) == {job.id}
 
 
@@ -169,7 +185,7 @@ def test_the_state_of_a_0_1_coordinator_is_read_into_these_records(tmp_path):
     db.execute("INSERT INTO counters VALUES ('job', 3)")
     db.commit()
     db.close()
-    store = SqliteStore(tmp_path)
+    store = open_store("", tmp_path)
     back = load(store)
     job = back.jobs["digits-3"]
     assert job.state == JobState.RUNNING and job.number == 3 and job.restarts == 1 and job.spec.env == {"E": "1"}
@@ -182,4 +198,23 @@ def test_the_state_of_a_0_1_coordinator_is_read_into_these_records(tmp_path):
     assert back.nodes["n0"].info.peer_port == 20000
     assert back.next_number == 4, "no job id is issued twice"
     store.close()
-    assert SqliteStore(tmp_path).load().next_job_number == 4, "read once; the upgraded state stays"
+    store = open_store("", tmp_path)
+    counters = {d.key: d.body for d in store.load() if d.kind == "counter"}
+    assert counters["next_job_number"] == "4" and "job" not in counters, "read once; the upgraded state stays"
+    assert migrate.upgrade(store) == store.load(), "nothing left to upgrade"
+    store.close()
+
+
+def test_removed_nodes_and_expired_tokens_leave_the_store(store):
+    sim = Sim(info("n1"), info("n2"))
+    trust = Trust(changes=sim.c.changes)
+    trust.create_token(sim.now, ttl=60)
+    writer = Writer()
+    write(store, writer, writer.collect(sim.c.changes))
+    assert {d.kind for d in store.load()} >= {"node", "token"}
+    sim.c.remove_node("n2", sim.now)
+    trust.expire(sim.now + 60 + 2 * 86400)
+    batch = writer.collect(sim.c.changes)
+    assert {(type(w).__name__, w.kind) for w in batch.writes.values()} == {("Delete", "node"), ("Delete", "token")}
+    write(store, writer, batch)
+    assert [d.key for d in store.load() if d.kind in ("node", "token")] == ["n1"]

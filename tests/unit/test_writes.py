@@ -4,32 +4,30 @@ change is stored; a failed write holds them back, tells a waiting client, and th
 from __future__ import annotations
 
 import asyncio
+import uuid
 
 import pytest
 from coresim import info, make_spec
 
+from tfcluster.daemon.coordinator import persistence
 from tfcluster.daemon.coordinator import server as S
 from tfcluster.daemon.coordinator.cluster import Cluster
-from tfcluster.daemon.coordinator.records import Loaded
+from tfcluster.daemon.coordinator.store import MemoryStore
 
 
-class FlakyStore:
-    path = "flaky"
+class FlakyStore(MemoryStore):
+    """A store whose disk can be full."""
 
     def __init__(self):
+        super().__init__()
         self.full = False
         self.batches = []
 
-    def load(self):
-        return Loaded(jobs=[], nodes=[], next_job_number=1)
-
-    def write(self, batch):
+    def write(self, writes):
         if self.full:
             raise OSError(28, "No space left on device")
-        self.batches.append(batch)
-
-    def close(self):
-        pass
+        self.batches.append(writes)
+        return super().write(writes)
 
 
 async def settle():
@@ -38,7 +36,7 @@ async def settle():
 
 
 def test_commands_wait_for_their_change_to_be_stored(monkeypatch):
-    monkeypatch.setattr(S, "WRITE_RETRY_SECONDS", 0.05)
+    monkeypatch.setattr(persistence, "WRITE_RETRY_SECONDS", 0.05)
 
     async def run():
         store = FlakyStore()
@@ -54,7 +52,38 @@ def test_commands_wait_for_their_change_to_be_stored(monkeypatch):
         store.full = False
         await settle()
         assert len(c.outboxes["n1"].items) == 1, "sent once the next write succeeded"
-        assert any(job.id in [j[0] for j in b.jobs] for b in store.batches)
+        assert any(("job", job.id) in [(w.kind, w.key) for w in b] for b in store.batches)
         await c.close()
+
+    asyncio.run(run())
+
+
+def test_a_coordinator_that_another_overtook_stops_acting():
+    async def run():
+        name = uuid.uuid4().hex
+        first = S.Coordinator(MemoryStore(name), Cluster(), heartbeat_interval=1.0, clock=lambda: 100.0)
+        first.load(reconnect_grace=0)
+        first.start()
+        await first.apply(first.cluster.register(info("n1"), [], "s1", 100.0))
+        second = S.Coordinator(MemoryStore(name), Cluster(), heartbeat_interval=1.0, clock=lambda: 100.0)
+        second.load(reconnect_grace=0)
+        second.start()
+        await second.apply(second.cluster.register(info("n1", 2), [], "s2", 100.0))  # the node's document changes
+        told = []
+        first.persistence.on_fenced = lambda: told.append(True)
+        first.cluster.register(info("n1", 3), [], "s3", 100.0)
+        job, commands = first.cluster.submit(make_spec(strategy="mirrored", worker=1), 100.0)
+        with pytest.raises(OSError, match="is at revision"):
+            await first.apply(commands)
+        assert first.persistence.fenced is not None and told and not first.outboxes["n1"].items, "nothing sent"
+        with pytest.raises(OSError):
+            await first.apply()
+        await first.close()
+        assert second.cluster.nodes["n1"].info == info("n1", 2)
+        await second.close()
+        back = S.Coordinator(MemoryStore(name), Cluster(), heartbeat_interval=1.0)
+        back.load(reconnect_grace=0)
+        assert back.cluster.nodes["n1"].info == info("n1", 2) and job.id not in back.cluster.jobs, \
+            "the overtaken coordinator wrote nothing"
 
     asyncio.run(run())

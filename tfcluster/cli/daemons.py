@@ -66,6 +66,10 @@ def coordinator(
     listen: str = typer.Option("0.0.0.0:7070", metavar="HOST:PORT", help="Address to serve gRPC on."),
     state_dir: Optional[Path] = typer.Option(None, help="Where the SQLite state lives "
                                                         "[default: /var/lib/tfcluster/coordinator as root, else ~/.local/state/tfcluster/coordinator]."),
+    store: Optional[str] = typer.Option(None, metavar="URL",
+                                        help="Where the cluster's state is kept: sqlite:///PATH (a SQLite file), "
+                                             "or memory:// (forgotten when the coordinator exits) "
+                                             "[default: coordinator.sqlite3 in the state dir]."),
     lost_after: float = typer.Option(3.0, min=0.5, help="Seconds without a heartbeat before a node is LOST."),
     heartbeat_interval: float = typer.Option(1.0, min=0.1, help="Seconds between agent heartbeats."),
     keep_finished_jobs: int = typer.Option(1000, min=0, help="Ended jobs kept (the oldest are removed first)."),
@@ -101,6 +105,7 @@ def coordinator(
 
     from tfcluster.daemon.coordinator.process import serve
     from tfcluster.daemon.coordinator.service import CoordinatorServer
+    from tfcluster.daemon.coordinator.store import Conflict, StoreUrlError
     from tfcluster.daemon.web import HttpError
     from tfcluster.pki import PkiError
     from tfcluster.daemon.coordinator.taskusers import parse_range
@@ -125,8 +130,12 @@ def coordinator(
                                    join_listen=join_listen or "", token=token,
                                    keep_finished_jobs=keep_finished_jobs, keep_finished_seconds=keep_for,
                                    node_cert_seconds=node_cert_seconds, http_listen=http_listen or "",
-                                   task_uids=task_uids)
+                                   task_uids=task_uids, store_url=store or "")
         serve(server)
+    except StoreUrlError as e:
+        fail(str(e), 2)
+    except Conflict as e:
+        fail(f"stopped: another coordinator wrote to the store ({e})")
     except PkiError as e:
         fail(f"--tls-dir: {e}", 2)
     except HttpError as e:

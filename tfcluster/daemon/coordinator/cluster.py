@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 
 from tfcluster import strategies
 from tfcluster.daemon.coordinator import checkpoints, lifecycle, taskusers
+from tfcluster.daemon.coordinator.changelog import ChangeLog, JobAdded, JobEnded, JobRemoved, JobsNumbered, NodeAdded
 from tfcluster.daemon.coordinator.job import Job, Task
 from tfcluster.daemon.coordinator.membership import Membership
 from tfcluster.daemon.coordinator.observer import Observer
@@ -61,9 +62,7 @@ class Cluster(Membership):
         self.jobs: dict[str, Job] = {}
         self.live: dict[str, Job] = {}    # jobs not ended, oldest first
         self.ended: dict[str, Job] = {}   # ended jobs, in the order they ended (retention removes from the front)
-        self.removed: list[str] = []      # ids of jobs removed by retention, until the store has deleted them
-        self.just_ended: list[Job] = []   # jobs that ended since the store last wrote
-        self.removed_nodes: list[str] = []  # nodes removed from the cluster, until the store has deleted them
+        self.changes = ChangeLog()        # what the store has yet to write
         self.cluster_tag = ""             # ends every job id: ids of another state dir's jobs never collide
         self.requests: dict[str, str] = {}  # a submission's client request id -> its job
         self.task_uids = task_uids
@@ -95,6 +94,7 @@ class Cluster(Membership):
             self.requests[job.request_id] = job.id
         self.next_number = max(self.next_number, job.number + 1)
         self._track(job)
+        self.changes.append(JobAdded(job))
 
     def assign_missing_uids(self) -> None:
         """Live jobs saved by a coordinator before 0.3 have no task UID: each gets one now, after every kept job
@@ -111,6 +111,7 @@ class Cluster(Membership):
         self.by_address.setdefault(node.info.address, set()).add(node.name)
         i = node.info
         self.idle[node.name] = NodeCapacity(i.name, i.address, i.gpus, i.port_range)
+        self.changes.append(NodeAdded(node))
         if node.state == NodeState.READY:
             self.heard[node.name] = None
             self.heard.move_to_end(node.name)
@@ -141,6 +142,7 @@ class Cluster(Membership):
         except taskusers.RangeExhausted as e:
             raise Unplaceable(str(e)) from None
         number, self.next_number = self.next_number, self.next_number + 1
+        self.changes.append(JobsNumbered(self.next_number))
         job_id = f"{spec.name}-{number}-{self.cluster_tag}" if self.cluster_tag else f"{spec.name}-{number}"
         job = Job(id=job_id, spec=spec, number=number, request_id=request_id, created=now, uid=uid,
                   tasks=[Task(type=t, index=i) for t, i in task_list(spec)])
@@ -275,7 +277,7 @@ class Cluster(Membership):
             if self.uid_holders.get(job.uid) is job:
                 del self.uid_holders[job.uid]
             self.unfit_at.pop(job.id, None)
-            self.removed.append(job.id)
+            self.changes.append(JobRemoved(job))
 
     # ---- helpers -------------------------------------------------------------------------------
 
@@ -288,7 +290,7 @@ class Cluster(Membership):
         if job.ended and job.id in self.live:
             del self.live[job.id]
             self.ended[job.id] = job
-            self.just_ended.append(job)
+            self.changes.append(JobEnded(job))
             self.observer.ended(job)
             self.unfit_at.pop(job.id, None)
             self.capacity_version += 1

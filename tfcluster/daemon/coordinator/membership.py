@@ -10,6 +10,7 @@ import logging
 from dataclasses import replace
 
 from tfcluster.daemon.coordinator import checkpoints, lifecycle
+from tfcluster.daemon.coordinator.changelog import NodeRemoved
 from tfcluster.daemon.coordinator.node import Node, ports_overlap
 from tfcluster.states import NodeState, TaskState
 from tfcluster.daemon.coordinator.launch import launch
@@ -165,7 +166,7 @@ class Membership:
         self.idle.pop(name, None)
         self.placed.pop(name, None)
         self.by_address.get(node.info.address, set()).discard(name)
-        self.removed_nodes.append(name)
+        self.changes.append(NodeRemoved(name))
         self.capacity_version += 1
         return commands + self.schedule(now)
 

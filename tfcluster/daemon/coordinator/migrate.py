@@ -1,44 +1,84 @@
-"""Reads the state a tfcluster 0.1 coordinator left (one JSON blob per job) into the records of this one.
+"""Brings the documents a store holds to this release's shape, in any store, once at start.
 
-0.1 kept each job as a single document in `jobs(id, seq, state, doc)`, its nodes as they are kept now, and
-the last job number issued in `counters('job')`. Run once, inside the transaction that creates the
-current schema, so an upgraded coordinator finds every job and node it had, and issues no job id twice.
+Run on the loaded documents before the cluster is built from them; what a step changes is written back through
+the store's put/delete contract, with the revisions loaded (a coordinator that another overtook meanwhile is
+refused there, like at any write). The steps:
+- a state dir's cluster tag is chosen the first time it is opened: it ends every job id, so the ids of two
+  state dirs never collide;
+- tfcluster 0.1 kept each job as one document (its tasks and evaluations inside) and the last job number
+  issued in the counter `job`: each job becomes its job, task and evaluation documents, and the counter the
+  next number to issue, so an upgraded coordinator finds every job it had and issues no job id twice.
 """
 
 from __future__ import annotations
 
 import json
-import sqlite3
+import secrets
+from collections.abc import Callable
 from typing import Any
 
 from tfcluster import layout
 from tfcluster.daemon.coordinator.job import Failure, Job, Task
-from tfcluster.daemon.coordinator.records import dumps, job_doc, spec_from_doc, task_doc
+from tfcluster.daemon.coordinator.records import (CLUSTER_TAG, NEXT_JOB_NUMBER, dumps, evaluation_key, job_doc,
+                                                  spec_from_doc, task_doc, task_key)
+from tfcluster.daemon.coordinator.store import Delete, Document, Put, Store, Write
 from tfcluster.model import Evaluation, Gpu, TaskExit
 from tfcluster.roles.tfconfig import cluster_json
 from tfcluster.states import TaskState
 
+Documents = dict[tuple[str, str], Document]
 
-def from_version_1(db: sqlite3.Connection) -> None:
-    rows = db.execute("SELECT doc FROM jobs").fetchall()
-    last = db.execute("SELECT value FROM counters WHERE name = 'job'").fetchone()
-    db.execute("ALTER TABLE jobs RENAME TO jobs_v1")
-    db.execute("CREATE TABLE jobs (id TEXT PRIMARY KEY, number INTEGER NOT NULL, request_id TEXT NOT NULL, "
-               "doc TEXT NOT NULL)")
-    db.execute("CREATE TABLE tasks (job_id TEXT NOT NULL, key TEXT NOT NULL, doc TEXT NOT NULL, "
-               "PRIMARY KEY (job_id, key))")
-    db.execute("CREATE TABLE evaluations (job_id TEXT NOT NULL, checkpoint TEXT NOT NULL, doc TEXT NOT NULL, "
-               "PRIMARY KEY (job_id, checkpoint))")
-    for (text,) in rows:
-        job = _job(json.loads(text))
-        db.execute("INSERT INTO jobs VALUES (?, ?, '', ?)", (job.id, job.number, dumps(job_doc(job))))
-        db.executemany("INSERT INTO tasks VALUES (?, ?, ?)", [(job.id, t.key, dumps(task_doc(t))) for t in job.tasks])
-        db.executemany("INSERT INTO evaluations VALUES (?, ?, ?)",
-                       [(job.id, e.checkpoint, dumps(e.__dict__)) for e in job.evaluations])
-    db.execute("DROP TABLE jobs_v1")
+
+def upgrade(store: Store) -> list[Document]:
+    """Every document of the store, in this release's shape; each step's changes are written before the next."""
+    documents: Documents = {(d.kind, d.key): d for d in store.load()}
+    steps: list[Callable[[Documents], list[Write]]] = [from_version_1, issue_cluster_tag]
+    for step in steps:
+        writes = step(documents)
+        if writes:
+            revisions = store.write(writes)
+            for w in writes:
+                if isinstance(w, Put):
+                    documents[(w.kind, w.key)] = Document(w.kind, w.key, w.body, revisions[(w.kind, w.key)])
+                else:
+                    del documents[(w.kind, w.key)]
+    return list(documents.values())
+
+
+def issue_cluster_tag(documents: Documents) -> list[Write]:
+    if ("counter", CLUSTER_TAG) in documents:
+        return []
+    tag = secrets.randbelow(36 ** 4 - 36 ** 3) + 36 ** 3  # four base-36 digits
+    return [Put("counter", CLUSTER_TAG, json.dumps(tag))]
+
+
+def base36(number: int) -> str:
+    """A cluster tag as it ends job ids."""
+    digits = "0123456789abcdefghijklmnopqrstuvwxyz"
+    text = ""
+    while number:
+        number, digit = divmod(number, 36)
+        text = digits[digit] + text
+    return text
+
+
+def from_version_1(documents: Documents) -> list[Write]:
+    writes: list[Write] = []
+    for (kind, key), document in documents.items():
+        old = json.loads(document.body) if kind == "job" else None
+        if old is None or not any(isinstance(t, dict) for t in old["tasks"]):  # tasks named by key: this release's
+            continue
+        job = _job(old)
+        writes.append(Put("job", job.id, dumps(job_doc(job)), document.revision))
+        writes += [Put("task", task_key(job.id, t.key), dumps(task_doc(t))) for t in job.tasks]
+        writes += [Put("evaluation", evaluation_key(job.id, e.checkpoint), dumps(e.__dict__)) for e in job.evaluations]
+    last = documents.get(("counter", "job"))
     if last is not None:
-        db.execute("DELETE FROM counters WHERE name = 'job'")
-        db.execute("INSERT INTO counters(name, value) VALUES('next_job_number', ?)", (last[0] + 1,))
+        writes.append(Delete("counter", "job", last.revision))
+        stored = documents.get(("counter", NEXT_JOB_NUMBER))
+        writes.append(Put("counter", NEXT_JOB_NUMBER, json.dumps(json.loads(last.body) + 1),
+                          stored.revision if stored else 0))
+    return writes
 
 
 def _job(old: dict[str, Any]) -> Job:

@@ -64,7 +64,8 @@ def tell_systemd_ready(server: CoordinatorServer, notifier: Notifier) -> asyncio
 
 def serve(server: CoordinatorServer, notifier: Notifier | None = None) -> None:
     """Serves until SIGTERM or SIGINT, then shuts down (the last changes are written). Tells systemd when it
-    is ready, how it is doing and when it stops (see notify.py)."""
+    is ready, how it is doing and when it stops (see notify.py). Raises the store's Conflict when another
+    coordinator wrote to the store: this one stopped acting at once, and must not run on."""
     notifier = notifier or Notifier.from_environment()
 
     async def main() -> None:
@@ -75,6 +76,7 @@ def serve(server: CoordinatorServer, notifier: Notifier | None = None) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        server.coordinator.persistence.on_fenced = stop.set
         await stop.wait()
         notifier.stopping("stopping: writing the last changes")
         for task in background:
@@ -84,6 +86,8 @@ def serve(server: CoordinatorServer, notifier: Notifier | None = None) -> None:
 
     raise_open_file_limit()
     asyncio.run(main())
+    if server.coordinator.persistence.fenced is not None:
+        raise server.coordinator.persistence.fenced
 
 
 class BackgroundCoordinator:

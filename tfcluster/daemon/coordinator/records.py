@@ -1,8 +1,9 @@
-"""The coordinator's records as stored documents, and the collection of what changed since the last write.
+"""The coordinator's records as store documents, and the writer that turns the change log into store writes.
 
-A job, each of its tasks, each evaluation and each node is one document (plain JSON-able data), so a
-change to a task writes that task alone, and a job's thousand evaluations are not rewritten with each
-change. The documents do not depend on SQLite: another store (a replicated one) keeps the same ones.
+A job, each of its tasks, each evaluation, each node and each trust record is one document (plain JSON), so a
+change to a task writes that task alone, and a job's thousand evaluations are not rewritten with each change.
+The documents do not depend on any one store (store.py). The writer keeps the revision of every document it
+knows, and writes each with the revision it expects, so a store can refuse a writer another one overtook.
 """
 
 from __future__ import annotations
@@ -12,131 +13,204 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from tfcluster.daemon.coordinator.cluster import Cluster
-from tfcluster.daemon.coordinator.job import Failure, Job, Task
+from tfcluster.daemon.coordinator.changelog import (Change, ChangeLog, JobAdded, JobEnded, JobRemoved, JobsNumbered,
+                                                    NodeAdded, NodeRemoved, TokenDropped, TrustAdded)
+from tfcluster.daemon.coordinator.job import Failure, Job, Record, Task
 from tfcluster.daemon.coordinator.node import Node
+from tfcluster.daemon.coordinator.store import Delete, Document, Put, Revisions, Write
 from tfcluster.daemon.coordinator.trust import Holder, JoinToken, Removal, Trust
 from tfcluster.model import Evaluation, Gpu, NodeInfo, TaskExit
 from tfcluster.spec import JobSpec, RestartPolicy, RoleSpec
 
+NEXT_JOB_NUMBER = "next_job_number"  # counters
+CLUSTER_TAG = "cluster_tag"
+
+
+def task_key(job_id: str, key: str) -> str:
+    return f"{job_id}/{key}"  # job ids hold no slash (spec.NAME_RE and numbers)
+
+
+def evaluation_key(job_id: str, checkpoint: str) -> str:
+    return f"{job_id}/{checkpoint}"
+
+
+@dataclass
+class State:
+    """Everything a store holds, as records."""
+    jobs: list[Job]  # oldest first
+    nodes: list[Node]
+    trust: Trust
+    next_job_number: int = 1
+    cluster_tag: int = 0  # chosen once for a state dir (migrate.py)
+
+
+def from_documents(documents: list[Document]) -> State:
+    by_kind: dict[str, list[Document]] = {}
+    for d in documents:
+        by_kind.setdefault(d.kind, []).append(d)
+    parts: dict[str, tuple[list[str], list[str]]] = {}  # job id -> its tasks' documents, its evaluations'
+    for index, kind in ((0, "task"), (1, "evaluation")):
+        for d in by_kind.get(kind, []):
+            parts.setdefault(d.key.partition("/")[0], ([], []))[index].append(d.body)
+    jobs = [job_from_docs(d.body, *parts.get(d.key, ([], []))) for d in by_kind.get("job", [])]
+    counters = {d.key: json.loads(d.body) for d in by_kind.get("counter", [])}
+    return State(jobs=sorted(jobs, key=lambda j: j.number),
+                 nodes=sorted((node_from_doc(d.body) for d in by_kind.get("node", [])), key=lambda n: n.name),
+                 trust=trust_from_docs([(d.kind, d.body) for k in ("token", "removal", "holder")
+                                        for d in by_kind.get(k, [])]),
+                 next_job_number=counters.get(NEXT_JOB_NUMBER, 1), cluster_tag=counters.get(CLUSTER_TAG, 0))
+
 
 @dataclass
 class Batch:
-    """What one write stores, in one transaction."""
-    jobs: list[tuple[str, int, str, str]] = field(default_factory=list)   # id, number, request id, document
-    tasks: list[tuple[str, str, str]] = field(default_factory=list)       # job id, task key, document
-    evaluations: list[tuple[str, str, str]] = field(default_factory=list)  # job id, checkpoint, document
-    dropped_evaluations: list[tuple[str, str]] = field(default_factory=list)  # job id, checkpoint
-    nodes: list[tuple[str, str]] = field(default_factory=list)            # name, document
-    removed_jobs: list[str] = field(default_factory=list)
-    removed_nodes: list[str] = field(default_factory=list)
-    trust: list[tuple[str, str, str]] = field(default_factory=list)       # kind (token, removal), key, document
-    dropped_trust: list[tuple[str, str]] = field(default_factory=list)    # kind, key
-    next_job_number: int = 0
-    records: list = field(default_factory=list, repr=False)  # what to mark unsaved again if the write fails
-    ended: list = field(default_factory=list, repr=False)    # jobs that ended since the last write
+    """What one write stores, whole or not at all."""
+    writes: dict[tuple[str, str], Write] = field(default_factory=dict)  # one per document: the last one wins
+    entries: list[Change] = field(default_factory=list, repr=False)  # the change log's, put back if the write fails
+    records: list[Record] = field(default_factory=list, repr=False)  # marked saved; unsaved again if it fails
+    next_job_number: int = 0  # the next job number to issue, when jobs were numbered since the last write
 
     def __bool__(self) -> bool:
-        return bool(self.jobs or self.tasks or self.evaluations or self.dropped_evaluations or self.nodes or
-                    self.removed_jobs or self.removed_nodes or self.trust or self.dropped_trust or
-                    self.next_job_number)
+        return bool(self.writes)
+
+    def put(self, kind: str, key: str, doc: dict[str, Any] | int, expect: int) -> None:
+        self.writes[(kind, key)] = Put(kind, key, dumps(doc), expect)
+
+    def delete(self, kind: str, key: str, expect: int) -> None:
+        """The document goes. One never stored (expect 0) has nothing to delete: only a put of it in this batch
+        is dropped."""
+        if expect:
+            self.writes[(kind, key)] = Delete(kind, key, expect)
+        else:
+            self.writes.pop((kind, key), None)
 
 
-@dataclass
-class Loaded:
-    """Everything a store holds, as documents."""
-    jobs: list[tuple[str, list[str], list[str]]]  # job document, its task documents, its evaluation documents
-    nodes: list[str]
-    next_job_number: int
-    trust: list[tuple[str, str]] = field(default_factory=list)  # kind, document
-    cluster_tag: int = 0  # chosen once for a state dir: job ids of another one never collide with these
-
-
-class Changes:
-    """Collects the unsaved records of a cluster into a Batch, remembering what each write stored."""
+class Writer:
+    """Turns the change log, and the records it says are stored, into the writes of a batch. It reads nothing
+    else of the cluster."""
 
     def __init__(self) -> None:
+        self.revisions: Revisions = {}  # (kind, key) -> the revision of each stored document
+        self.jobs: dict[str, Job] = {}  # jobs whose documents may change: live, or ended and not written since
+        self.nodes: dict[str, Node] = {}
+        self.trust: dict[tuple[str, str], Record] = {}  # (kind, key) -> a join token, holder or removal
         self.evaluations: dict[str, dict[str, float]] = {}  # job id -> checkpoint -> time of the stored one
         self.next_job_number = 0
 
-    def collect(self, cluster: Cluster, trust: Trust | None = None) -> Batch:
-        batch = Batch()
-        if trust is not None:
-            self._trust(trust, batch)
-        # An ended job changes no more once its end is written: only live ones and those that just ended are looked at.
-        batch.ended, cluster.just_ended = cluster.just_ended, []
-        for job in [*cluster.live.values(), *batch.ended]:
-            if job.unsaved:
-                batch.jobs.append((job.id, job.number, job.request_id, dumps(job_doc(job))))
-                self._evaluations(job, batch)
-                batch.records.append(job)
-                job.saved()
+    def loaded(self, documents: list[Document], log: ChangeLog) -> None:
+        """The model was just built from these documents (its log says what it holds): everything is stored."""
+        self.revisions = {(d.kind, d.key): d.revision for d in documents}
+        for change in log.drain():
+            self._follow(change, Batch())
+        for job in self.jobs.values():
+            job.saved()
             for task in job.tasks:
-                if task.unsaved:
-                    batch.tasks.append((job.id, task.key, dumps(task_doc(task))))
-                    batch.records.append(task)
-                    task.saved()
-        for node in cluster.nodes.values():
+                task.saved()
+            self.evaluations[job.id] = {e.checkpoint: e.time for e in job.evaluations}
+        for record in [*self.nodes.values(), *self.trust.values()]:
+            record.saved()
+        stored = [d.body for d in documents if (d.kind, d.key) == ("counter", NEXT_JOB_NUMBER)]
+        self.next_job_number = json.loads(stored[0]) if stored else 0
+
+    def collect(self, log: ChangeLog) -> Batch:
+        batch = Batch(entries=log.drain())
+        ended = [self._follow(change, batch) for change in batch.entries]
+        for job in self.jobs.values():
+            self._job(job, batch)
+        for job in ended:
+            if job is not None:  # written now: it changes no more
+                self.jobs.pop(job.id, None)
+        for node in self.nodes.values():
             if node.unsaved:
-                batch.nodes.append((node.name, dumps(node_doc(node))))
-                batch.records.append(node)
-                node.saved()
-        batch.removed_jobs, cluster.removed = cluster.removed, []
-        batch.removed_nodes, cluster.removed_nodes = cluster.removed_nodes, []
-        for job_id in batch.removed_jobs:
-            self.evaluations.pop(job_id, None)
-        if cluster.next_number != self.next_job_number:
-            batch.next_job_number = self.next_job_number = cluster.next_number
+                self._put(batch, node, "node", node.name, node_doc(node))
+        for (kind, key), record in self.trust.items():
+            if record.unsaved:
+                self._put(batch, record, kind, key, dataclasses.asdict(record))
+        if batch.next_job_number > self.next_job_number:
+            batch.put("counter", NEXT_JOB_NUMBER, batch.next_job_number, self._revision("counter", NEXT_JOB_NUMBER))
+            self.next_job_number = batch.next_job_number
         return batch
 
-    @staticmethod
-    def _trust(trust: Trust, batch: Batch) -> None:
-        for kind, records in (("token", trust.tokens), ("removal", trust.removals), ("holder", trust.holders)):
-            for key, record in records.items():
-                if record.unsaved:
-                    batch.trust.append((kind, key, dumps(dataclasses.asdict(record))))
-                    batch.records.append(record)
-                    record.saved()
-        batch.dropped_trust = [("token", t) for t in trust.dropped_tokens]
-        trust.dropped_tokens = []
+    def _follow(self, change: Change, batch: Batch) -> Job | None:
+        """Follows one entry of the change log; the job when it ended."""
+        if isinstance(change, (JobAdded, JobEnded)):
+            self.jobs[change.job.id] = change.job
+            return change.job if isinstance(change, JobEnded) else None
+        if isinstance(change, JobRemoved):
+            self._remove(change.job, batch)
+        elif isinstance(change, NodeAdded):
+            self.nodes[change.node.name] = change.node
+        elif isinstance(change, NodeRemoved):
+            self.nodes.pop(change.name, None)
+            batch.delete("node", change.name, self._revision("node", change.name))
+        elif isinstance(change, TrustAdded):
+            self.trust[(change.kind, change.key)] = change.record
+        elif isinstance(change, TokenDropped):
+            self.trust.pop(("token", change.token_id), None)
+            batch.delete("token", change.token_id, self._revision("token", change.token_id))
+        elif isinstance(change, JobsNumbered):
+            batch.next_job_number = max(batch.next_job_number, change.next_number)
+        return None
+
+    def _remove(self, job: Job, batch: Batch) -> None:
+        self.jobs.pop(job.id, None)
+        batch.delete("job", job.id, self._revision("job", job.id))
+        for task in job.tasks:
+            key = task_key(job.id, task.key)
+            batch.delete("task", key, self._revision("task", key))
+        for checkpoint in self.evaluations.pop(job.id, {}):
+            key = evaluation_key(job.id, checkpoint)
+            batch.delete("evaluation", key, self._revision("evaluation", key))
+
+    def _job(self, job: Job, batch: Batch) -> None:
+        if job.unsaved:
+            self._put(batch, job, "job", job.id, job_doc(job))
+            self._evaluations(job, batch)
+        for task in job.tasks:
+            if task.unsaved:
+                self._put(batch, task, "task", task_key(job.id, task.key), task_doc(task))
 
     def _evaluations(self, job: Job, batch: Batch) -> None:
         stored = self.evaluations.setdefault(job.id, {})
         current = {e.checkpoint: e for e in job.evaluations}
         for checkpoint in [c for c in stored if c not in current]:
-            batch.dropped_evaluations.append((job.id, checkpoint))
+            key = evaluation_key(job.id, checkpoint)
+            batch.delete("evaluation", key, self._revision("evaluation", key))
             del stored[checkpoint]
         for e in job.evaluations:
             if stored.get(e.checkpoint) != e.time:
-                batch.evaluations.append((job.id, e.checkpoint, dumps(dataclasses.asdict(e))))
+                key = evaluation_key(job.id, e.checkpoint)
+                batch.put("evaluation", key, dataclasses.asdict(e), self._revision("evaluation", key))
                 stored[e.checkpoint] = e.time
 
-    def failed(self, batch: Batch, cluster: Cluster) -> None:
+    def _put(self, batch: Batch, record: Record, kind: str, key: str, doc: dict[str, Any]) -> None:
+        batch.put(kind, key, doc, self._revision(kind, key))
+        batch.records.append(record)
+        record.saved()
+
+    def _revision(self, kind: str, key: str) -> int:
+        return self.revisions.get((kind, key), 0)
+
+    def written(self, batch: Batch, revisions: Revisions) -> None:
+        """The store wrote the batch: its documents have these revisions now."""
+        for key, w in batch.writes.items():
+            if isinstance(w, Put):
+                self.revisions[key] = revisions[key]
+            else:
+                self.revisions.pop(key, None)
+
+    def failed(self, batch: Batch, log: ChangeLog) -> None:
         """The write did not happen: the next one stores all of it again."""
         for record in batch.records:
             object.__setattr__(record, "unsaved", True)
-        for job_id, checkpoint, _ in batch.evaluations:
-            self.evaluations.get(job_id, {}).pop(checkpoint, None)
-        for job_id, checkpoint in batch.dropped_evaluations:  # still stored: to be dropped next time
-            self.evaluations.setdefault(job_id, {})[checkpoint] = float("nan")
-        cluster.removed[:0] = batch.removed_jobs
-        cluster.removed_nodes[:0] = batch.removed_nodes
-        cluster.just_ended[:0] = batch.ended
-        if batch.next_job_number:
-            self.next_job_number = 0
-
-    def loaded(self, cluster: Cluster, trust: Trust | None = None) -> None:
-        """The cluster was just read from the store: everything in it is stored."""
-        for job in cluster.jobs.values():
-            job.saved()
-            for task in job.tasks:
-                task.saved()
-            self.evaluations[job.id] = {e.checkpoint: e.time for e in job.evaluations}
-        for node in cluster.nodes.values():
-            node.saved()
-        for record in [*trust.tokens.values(), *trust.removals.values(), *trust.holders.values()] if trust else []:
-            record.saved()
-        self.next_job_number = cluster.next_number
+        for (kind, key), w in batch.writes.items():
+            if kind == "evaluation":
+                job_id, _, checkpoint = key.partition("/")
+                if isinstance(w, Put):  # not stored: written again next time
+                    self.evaluations.get(job_id, {}).pop(checkpoint, None)
+                else:  # still stored: to be dropped next time
+                    self.evaluations.setdefault(job_id, {})[checkpoint] = float("nan")
+        log.put_back(batch.entries)
+        self.next_job_number = 0  # the entries put back say again which number to store
 
 
 def dumps(doc: dict[str, Any]) -> str:

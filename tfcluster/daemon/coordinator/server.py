@@ -1,11 +1,7 @@
 """The coordinator process: one asyncio event loop owns the cluster model, the store and the agents' streams.
 
-Every event runs to completion on the loop (the model never awaits), so nothing needs a lock. What an
-event changes is written by the writer task: it collects every unsaved record into one batch, writes it on
-a thread of its own, and only then sends the commands the changes produced: agents never act on a
-decision a crash could forget. Changes that arrive during a write go into the next batch, so under load
-one transaction carries many events. A client that needs durability (a submission) waits for the batch
-that holds its change.
+Every event runs to completion on the loop (the model never awaits), so nothing needs a lock. What an event
+changes is stored before the commands it decided are sent (persistence.py).
 """
 
 from __future__ import annotations
@@ -18,7 +14,6 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
@@ -27,12 +22,13 @@ from tfcluster import pki, wire
 from tfcluster.api.v1 import agent_pb2
 from tfcluster.daemon.coordinator.cluster import Cluster
 from tfcluster.daemon.coordinator.logins import Logins
-from tfcluster.daemon.coordinator.records import Changes, job_from_docs, node_from_doc, trust_from_docs
-from tfcluster.daemon.coordinator.store import SqliteStore, Store
+from tfcluster.daemon.coordinator.outbox import LogWaiter, Outbox, StreamEnded
+from tfcluster.daemon.coordinator.persistence import Persistence
+from tfcluster.daemon.coordinator.store import Store, open_store
 from tfcluster.daemon.coordinator.taskusers import UidRange
 from tfcluster.daemon.coordinator.trust import Trust
 from tfcluster.daemon.logformat import fields
-from tfcluster.model import Attempt, CancelLog, Command, LogData, ReadLog, Revocations
+from tfcluster.model import Attempt, CancelLog, Command, ReadLog, Revocations
 from tfcluster.pki import Identity, PkiError
 from tfcluster.security import REMOVED, REPLACED
 from tfcluster.states import NodeState
@@ -42,79 +38,6 @@ log = logging.getLogger("tfcluster.coordinator")
 TICK_SECONDS = 0.2
 LATE_FORGIVEN_SECONDS = 0.1  # a tick this much later than due means heartbeats waited unread as long
 RECONNECT_GRACE_SECONDS = 10.0
-WRITE_RETRY_SECONDS = 1.0
-OUTBOX_LIMIT = 10_000  # commands kept for a node whose stream is away (reconcile resends what is dropped)
-PENDING_LIMIT = 100_000  # commands waiting for a write that succeeds
-LOG_CHUNKS_BUFFERED = 256  # 64 KiB each: a log client this far behind the agent is told so
-
-
-class StreamEnded(Exception):
-    """The coordinator ends a node's stream: the code and the reason go to the agent as the stream's status."""
-
-    def __init__(self, code: grpc.StatusCode, message: str):
-        super().__init__(message)
-        self.code = code
-
-
-class Outbox:
-    """Commands waiting for a node's stream. It outlives streams; a new stream takes it over."""
-
-    def __init__(self) -> None:
-        self.items: collections.deque = collections.deque(maxlen=OUTBOX_LIMIT)
-        self.ready = asyncio.Event()
-        self.generation = 0
-        self.ended: StreamEnded | None = None  # why the node's stream must end now (it was removed), once it must
-
-    def put(self, message) -> None:
-        self.items.append(message)
-        self.ready.set()
-
-    def take_over(self) -> int:
-        self.generation += 1
-        self.ready.set()  # wakes the old stream's sender, which sees it was replaced
-        return self.generation
-
-    def end(self, reason: StreamEnded) -> None:
-        self.ended = reason
-        self.ready.set()
-
-    def wake(self) -> None:
-        self.ready.set()
-
-    async def get(self, generation: int, stopping: Callable[[], bool] = lambda: False):
-        """The next message for the stream of this generation; None once it is stopping. Raises StreamEnded when
-        the stream must end: the node was removed, or a newer stream of it took over (the agent hears so, rather
-        than keeping a call that nobody answers)."""
-        while True:
-            if self.ended:
-                raise self.ended
-            if self.generation != generation:
-                raise StreamEnded(grpc.StatusCode.ABORTED, "a newer connection of this node took over its stream")
-            if stopping():
-                return None
-            if self.items:
-                return self.items.popleft()
-            self.ready.clear()
-            await self.ready.wait()
-
-
-class LogWaiter:
-    def __init__(self, node: str):
-        self.node = node
-        self.chunks: asyncio.Queue[LogData] = asyncio.Queue(maxsize=LOG_CHUNKS_BUFFERED + 1)
-
-    def put(self, data: LogData) -> bool:
-        """Queues a chunk for the client; False (and an error for it instead) when it has fallen too far behind."""
-        if self.chunks.qsize() >= LOG_CHUNKS_BUFFERED:
-            self.fail(data.request_id, "the log arrives faster than the client reads it; try --tail")
-            return False
-        self.chunks.put_nowait(data)
-        return True
-
-    def fail(self, request_id: int, error: str) -> None:
-        while self.chunks.full():
-            self.chunks.get_nowait()
-        self.chunks.put_nowait(LogData(request_id, eof=True, error=error))
 
 
 class Coordinator:
@@ -122,108 +45,42 @@ class Coordinator:
 
     def __init__(self, store: Store, cluster: Cluster, heartbeat_interval: float,
                  clock: Callable[[], float] = time.time, authority: pki.Authority | None = None):
-        self.store, self.cluster, self.clock = store, cluster, clock
+        self.cluster, self.clock = cluster, clock
         self.authority = authority  # the CA that signs node certificates; None: no TLS (--insecure)
         self.node_cert_lifetime = datetime.timedelta(hours=pki.NODE_HOURS)
-        self.trust = Trust()
         self.heartbeat_interval = heartbeat_interval
-        self.changes = Changes()
+        self.persistence = Persistence(store, cluster, self.send)
+        self.store = store
+        self.apply = self.persistence.apply  # something changed: the commands go out once it is stored
         self.outboxes: dict[str, Outbox] = collections.defaultdict(Outbox)
         self.streams: dict[str, asyncio.Task] = {}  # node -> the handler serving its current stream
         self.log_waiters: dict[int, LogWaiter] = {}
         self.log_ids = itertools.count(1)
-        self.pending: list[Command] = []
-        self.next_write: asyncio.Future | None = None
-        self.wake = asyncio.Event()
-        self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store")
         self.tasks: list[asyncio.Task] = []
         self.started = self.clock()
         self.logins = Logins()     # the dashboard's one-time links and browser sessions
         self.dashboard_port = 0    # where the dashboard is served; 0: nowhere
 
+    @property
+    def trust(self) -> Trust:
+        return self.persistence.trust
+
     # ---- loading and running -------------------------------------------------------------------
 
     def load(self, reconnect_grace: float) -> None:
-        loaded = self.store.load()
-        now = self.clock()
-        for job_doc, task_docs, evaluation_docs in loaded.jobs:
-            job = job_from_docs(job_doc, task_docs, evaluation_docs)
-            job.seen.last_progress = now  # the hang watchdog counts from now: progress was not seen meanwhile
-            self.cluster.add_job(job)
-        for doc in loaded.nodes:
-            node = node_from_doc(doc)
-            # Agents retry with backoff while the coordinator is away: they get the reconnect grace on top of the
-            # usual timeout before their nodes (and the tasks on them) count as lost.
-            node.seen.last_seen = now + reconnect_grace
-            self.cluster.add_node(node)
-        self.cluster.next_number = max(self.cluster.next_number, loaded.next_job_number)
-        self.cluster.cluster_tag = base36(loaded.cluster_tag)
-        self.trust = trust_from_docs(loaded.trust)
-        self.changes.loaded(self.cluster, self.trust)
-        self.cluster.assign_missing_uids()  # after `loaded`: the store writes the UIDs given now
-        if loaded.jobs or loaded.nodes:
-            log.info("loaded %d jobs and %d nodes from %s", len(loaded.jobs), len(loaded.nodes), self.store.path)
+        self.persistence.load(self.clock(), reconnect_grace)
 
     def start(self) -> None:
-        self.tasks = [asyncio.create_task(self._write_loop(), name="writer"),
+        self.tasks = [asyncio.create_task(self.persistence.run(), name="writer"),
                       asyncio.create_task(self._tick_loop(), name="ticker")]
 
     async def close(self) -> None:
-        for task in self.tasks:
+        for task in self.tasks[1:]:
             task.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
-        await self._write()  # what changed last is stored too
-        self.writer.shutdown(wait=True)
-        self.store.close()
+        await asyncio.gather(*self.tasks[1:], return_exceptions=True)
+        await self.persistence.close(self.tasks[0] if self.tasks else None)
 
-    # ---- changes: store them, then send what they decided --------------------------------------
-
-    def apply(self, commands: list[Command] = ()) -> asyncio.Future:
-        """Something changed; commands go out once it is stored. The future is done once it is stored."""
-        self.pending.extend(commands)
-        if self.next_write is None:
-            self.next_write = asyncio.get_running_loop().create_future()
-        self.wake.set()
-        return self.next_write
-
-    async def _write_loop(self) -> None:
-        while True:
-            await self.wake.wait()
-            self.wake.clear()
-            try:
-                written = await self._write()
-            except Exception:  # a bug here must not stop every later write
-                log.exception("writing the state failed")
-                written = False
-            if not written:
-                await asyncio.sleep(WRITE_RETRY_SECONDS)
-                self.wake.set()
-
-    async def _write(self) -> bool:
-        """Writes what changed, then sends the commands those changes decided. When the write fails (a full
-        disk) nothing is sent: the commands wait for a write that succeeds, so no agent acts on a decision
-        a restart could forget; a client waiting for the write is told it failed."""
-        done, self.next_write = self.next_write, None
-        commands, self.pending = self.pending, []
-        batch = self.changes.collect(self.cluster, self.trust)
-        error = None
-        if batch:
-            started = time.monotonic()
-            try:
-                await asyncio.get_running_loop().run_in_executor(self.writer, self.store.write, batch)
-            except Exception as e:  # a full disk must not take the coordinator down; the next batch retries
-                self.changes.failed(batch, self.cluster)
-                error = e
-                log.error("cannot write the state to %s: %s", self.store.path, e)
-            self.cluster.observer.stored(time.monotonic() - started, ok=error is None)
-        if error is None:
-            self.send(commands)
-        else:
-            self.pending[:0] = commands[-PENDING_LIMIT:]  # reconcile resends what is dropped here
-            del self.pending[PENDING_LIMIT:]
-        if done is not None and not done.done():
-            done.set_exception(OSError(f"cannot store the change: {error}")) if error else done.set_result(None)
-        return error is None
+    # ---- sending what the stored changes decided -----------------------------------------------
 
     def send(self, commands: list[Command]) -> None:
         for command in commands:
@@ -437,23 +294,15 @@ def _acts_for_itself(caller: Identity | None, node: str) -> None:
         raise PermissionError(f"node {caller.name!r} may not act for node {node!r}")
 
 
-def base36(number: int) -> str:
-    digits = "0123456789abcdefghijklmnopqrstuvwxyz"
-    text = ""
-    while number:
-        number, digit = divmod(number, 36)
-        text = digits[digit] + text
-    return text
-
-
 def build(state_dir: Path, lost_after_seconds: float, heartbeat_interval_seconds: float,
           keep_finished_jobs: int, keep_finished_seconds: float, authority: pki.Authority | None = None,
           reconnect_grace_seconds: float = RECONNECT_GRACE_SECONDS,
-          task_uids: UidRange = UidRange()) -> Coordinator:
+          task_uids: UidRange = UidRange(), store_url: str = "") -> Coordinator:
+    """A coordinator with its state loaded from the store --store names (store.py; "": under the state dir)."""
     cluster = Cluster(lost_after_seconds, resend_after_seconds=max(3 * heartbeat_interval_seconds, 1.0),
                       keep_finished_jobs=keep_finished_jobs, keep_finished_seconds=keep_finished_seconds,
                       task_uids=task_uids)
-    coordinator = Coordinator(SqliteStore(Path(state_dir)), cluster, heartbeat_interval_seconds,
+    coordinator = Coordinator(open_store(store_url, Path(state_dir)), cluster, heartbeat_interval_seconds,
                               authority=authority)
     coordinator.load(reconnect_grace_seconds)
     return coordinator

@@ -314,7 +314,7 @@ class CoordinatorServer:
                  heartbeat_interval_seconds: float = 1.0, tls_dir: Path | None = None, insecure: bool = False,
                  join_listen: str = "", token: str | None = None, keep_finished_jobs: int = 1000,
                  keep_finished_seconds: float = 7 * 86400.0, node_cert_seconds: float = pki.NODE_HOURS * 3600.0,
-                 http_listen: str = "", task_uids: UidRange = UidRange()):
+                 http_listen: str = "", task_uids: UidRange = UidRange(), store_url: str = ""):
         if (tls_dir is None) == (not insecure):
             raise ValueError("give --tls-dir (see `tfcluster ca init`) or --insecure")
         self.listen, self.join_listen, self.token = listen, join_listen or _next_port(listen), token
@@ -325,7 +325,7 @@ class CoordinatorServer:
             else security.Credentials()
         authority = pki.Authority.load(tls_dir, with_key=True) if tls_dir else None
         self.coordinator = build(state_dir, lost_after_seconds, heartbeat_interval_seconds, keep_finished_jobs,
-                                 keep_finished_seconds, authority, task_uids=task_uids)
+                                 keep_finished_seconds, authority, task_uids=task_uids, store_url=store_url)
         if tls_dir:  # no node may be named as the coordinator is reached
             self.coordinator.trust.reserved = frozenset(pki.server_names(pki.load_cert(tls_dir / pki.SERVER_CERT)))
         self.coordinator.node_cert_lifetime = datetime.timedelta(seconds=node_cert_seconds)
@@ -391,7 +391,7 @@ class CoordinatorServer:
                         "the cluster and, without a token, make the agents run commands", __version__, self.address)
         else:
             log.info("coordinator %s listening on %s (mutual TLS), joins on %s (state: %s)", __version__,
-                     self.address, self.join_address, self.coordinator.store.path)
+                     self.address, self.join_address, self.coordinator.store.location)
         return self
 
     async def stop(self, grace: float = 1.0) -> None:

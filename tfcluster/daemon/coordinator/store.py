@@ -1,156 +1,169 @@
-"""Where the coordinator's records live: a small interface, and SQLite as the embedded default.
+"""The store as a contract in documents, an in-memory store, and where a coordinator's store is chosen.
 
-A store loads everything once at start and then writes batches (records.py): each batch is one
-transaction, so a batch is stored whole or not at all. SQLite runs in WAL mode with synchronous=FULL: once
-`write` returns, the batch survives a kill -9 and a power cut, which is what lets the coordinator
-acknowledge a submission only after its batch is written. Writes run on one thread of their own, never on
-the event loop. A replicated store (etcd, say) implements the same three methods with the same documents.
+A document is one of the coordinator's records (a job, a task, an evaluation, a node, a join token, a
+certificate holder, a removal, a counter) as JSON text, named by its kind and key; what the text says is
+records.py's business, not the store's. The store gives each document a revision whenever it writes it,
+and never gives the same revision twice. The coordinator writes with the revision it expects each document
+to have (0: it must not exist yet): when any expectation fails the store refuses the whole write with
+Conflict. A coordinator that another one overtook (a replicated store fences the leader's writes the same
+way) thus learns so at its next write, before it sends a single command decided on stale state.
+
+`write` stores a batch whole or not at all, and once it returns the batch survives a crash: the
+coordinator acknowledges a submission only after the batch that holds it is written. Writes come from one
+thread of their own, never the event loop.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import secrets
-import sqlite3
+import logging
 import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, Union
 
-from tfcluster import layout
-from tfcluster.daemon.coordinator.records import Batch, Loaded
+log = logging.getLogger("tfcluster.coordinator")
 
-SCHEMA_VERSION = 3
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS jobs (
-    id TEXT PRIMARY KEY,
-    number INTEGER NOT NULL,
-    request_id TEXT NOT NULL,
-    doc TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS jobs_by_request ON jobs(request_id) WHERE request_id != '';
-CREATE TABLE IF NOT EXISTS tasks (
-    job_id TEXT NOT NULL,
-    key TEXT NOT NULL,
-    doc TEXT NOT NULL,
-    PRIMARY KEY (job_id, key)
-);
-CREATE TABLE IF NOT EXISTS evaluations (
-    job_id TEXT NOT NULL,
-    checkpoint TEXT NOT NULL,
-    doc TEXT NOT NULL,
-    PRIMARY KEY (job_id, checkpoint)
-);
-CREATE TABLE IF NOT EXISTS nodes (
-    name TEXT PRIMARY KEY,
-    doc TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS counters (
-    name TEXT PRIMARY KEY,
-    value INTEGER NOT NULL
-);
-CREATE TABLE IF NOT EXISTS trust (
-    kind TEXT NOT NULL,
-    key TEXT NOT NULL,
-    doc TEXT NOT NULL,
-    PRIMARY KEY (kind, key)
-);
-"""
+KINDS = ("job", "task", "evaluation", "node", "token", "removal", "holder", "counter")
+
+
+@dataclass(frozen=True)
+class Document:
+    kind: str
+    key: str
+    body: str      # JSON
+    revision: int  # given by the store; > 0
+
+
+@dataclass(frozen=True)
+class Put:
+    kind: str
+    key: str
+    body: str
+    expect: int = 0  # the document's revision now; 0: it must not exist yet
+
+
+@dataclass(frozen=True)
+class Delete:
+    kind: str
+    key: str
+    expect: int
+
+
+Write = Union[Put, Delete]
+Revisions = dict[tuple[str, str], int]  # (kind, key) -> revision
+
+
+class Conflict(Exception):
+    """A document's revision is not the one the writer expected: another writer wrote since this one read, and
+    this one must stop acting on what it believes."""
+
+
+class StoreUrlError(ValueError):
+    """--store names no store this coordinator can open."""
 
 
 class Store(Protocol):
-    path: str
+    location: str  # where the documents live, for messages
 
-    def load(self) -> Loaded: ...
+    def load(self) -> list[Document]:
+        """Every document, with its revision."""
 
-    def write(self, batch: Batch) -> None: ...
+    def write(self, writes: Sequence[Write]) -> Revisions:
+        """Stores every write or none (Conflict, or an OSError); returns the new revision of each document put."""
 
     def close(self) -> None: ...
 
 
-class SqliteStore:
-    def __init__(self, state_dir: Path):
-        state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        self.path = str(state_dir / layout.COORDINATOR_DB)
-        # Job specs hold their environment (secrets, often): the owner alone reads the state (SQLite gives its
-        # WAL and shared-memory files the database file's mode).
-        os.chmod(state_dir, 0o700)
-        os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600))
-        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-        self._lock = threading.Lock()  # load at start, then writes from the writer thread
-        with self._lock:
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=FULL")
-            version = self._db.execute("PRAGMA user_version").fetchone()[0]
-            with self._transaction():
-                if version < SCHEMA_VERSION and self._has_table("jobs"):  # written by tfcluster 0.1
-                    from tfcluster.daemon.coordinator.migrate import from_version_1
-                    from_version_1(self._db)
-                for statement in SCHEMA.split(";"):
-                    self._db.execute(statement)
-                self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+def validate(writes: Sequence[Write]) -> None:
+    """ValueError for a kind no store keeps, or a document written twice in one batch (which write would win is
+    then unclear)."""
+    seen: set[tuple[str, str]] = set()
+    for w in writes:
+        if w.kind not in KINDS:
+            raise ValueError(f"unknown document kind {w.kind!r}")
+        if (w.kind, w.key) in seen:
+            raise ValueError(f"{w.kind} {w.key!r} is written twice in one batch")
+        seen.add((w.kind, w.key))
 
-    def _has_table(self, name: str) -> bool:
-        return self._db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
-                                (name,)).fetchone() is not None
 
-    @contextlib.contextmanager
-    def _transaction(self):
-        """One transaction; whatever fails inside it, or in its COMMIT (a full disk), leaves none open."""
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
-            yield
-            self._db.execute("COMMIT")
-        except BaseException:
-            if self._db.in_transaction:
-                self._db.execute("ROLLBACK")
-            raise
+def check(writes: Sequence[Write], current: Revisions) -> None:
+    """Raises Conflict unless every write expects the revision its document has (0: absent)."""
+    for w in writes:
+        found = current.get((w.kind, w.key), 0)
+        if found != w.expect or (isinstance(w, Delete) and not found):
+            raise Conflict(f"{w.kind} {w.key!r} is at revision {found}, the write expected {w.expect}")
 
-    def load(self) -> Loaded:
-        with self._lock:
-            tasks: dict[str, list[str]] = {}
-            for job_id, doc in self._db.execute("SELECT job_id, doc FROM tasks"):
-                tasks.setdefault(job_id, []).append(doc)
-            evaluations: dict[str, list[str]] = {}
-            for job_id, doc in self._db.execute("SELECT job_id, doc FROM evaluations"):
-                evaluations.setdefault(job_id, []).append(doc)
-            jobs = [(doc, tasks.get(job_id, []), evaluations.get(job_id, []))
-                    for job_id, doc in self._db.execute("SELECT id, doc FROM jobs ORDER BY number")]
-            nodes = [doc for (doc,) in self._db.execute("SELECT doc FROM nodes ORDER BY name")]
-            trust = self._db.execute("SELECT kind, doc FROM trust").fetchall()
-            counters = dict(self._db.execute("SELECT name, value FROM counters"))
-        return Loaded(jobs=jobs, nodes=nodes, next_job_number=counters.get("next_job_number", 1), trust=trust,
-                      cluster_tag=counters.get("cluster_tag") or self._new_cluster_tag())
 
-    def _new_cluster_tag(self) -> int:
-        tag = secrets.randbelow(36 ** 4 - 36 ** 3) + 36 ** 3  # four base-36 digits
-        with self._lock, self._transaction():
-            self._db.execute("INSERT INTO counters(name, value) VALUES('cluster_tag', ?)", (tag,))
-        return tag
+class _Memory:
+    """The documents of one in-memory store, kept for as long as the process lives."""
 
-    def write(self, batch: Batch) -> None:
-        with self._lock, self._transaction():
-            db = self._db
-            db.executemany("INSERT INTO jobs(id, number, request_id, doc) VALUES(?, ?, ?, ?) "
-                           "ON CONFLICT(id) DO UPDATE SET doc = excluded.doc", batch.jobs)
-            db.executemany("INSERT INTO tasks(job_id, key, doc) VALUES(?, ?, ?) "
-                           "ON CONFLICT(job_id, key) DO UPDATE SET doc = excluded.doc", batch.tasks)
-            db.executemany("INSERT INTO evaluations(job_id, checkpoint, doc) VALUES(?, ?, ?) "
-                           "ON CONFLICT(job_id, checkpoint) DO UPDATE SET doc = excluded.doc", batch.evaluations)
-            db.executemany("DELETE FROM evaluations WHERE job_id = ? AND checkpoint = ?", batch.dropped_evaluations)
-            db.executemany("INSERT INTO nodes(name, doc) VALUES(?, ?) "
-                           "ON CONFLICT(name) DO UPDATE SET doc = excluded.doc", batch.nodes)
-            for table, column in (("jobs", "id"), ("tasks", "job_id"), ("evaluations", "job_id")):
-                db.executemany(f"DELETE FROM {table} WHERE {column} = ?", [(j,) for j in batch.removed_jobs])
-            db.executemany("DELETE FROM nodes WHERE name = ?", [(n,) for n in batch.removed_nodes])
-            db.executemany("INSERT INTO trust(kind, key, doc) VALUES(?, ?, ?) "
-                           "ON CONFLICT(kind, key) DO UPDATE SET doc = excluded.doc", batch.trust)
-            db.executemany("DELETE FROM trust WHERE kind = ? AND key = ?", batch.dropped_trust)
-            if batch.next_job_number:
-                db.execute("INSERT INTO counters(name, value) VALUES('next_job_number', ?) "
-                           "ON CONFLICT(name) DO UPDATE SET value = excluded.value", (batch.next_job_number,))
+    def __init__(self) -> None:
+        self.documents: dict[tuple[str, str], Document] = {}
+        self.revision = 0
+        self.lock = threading.Lock()
+
+
+_NAMED: dict[str, _Memory] = {}
+_NAMED_LOCK = threading.Lock()
+
+
+class MemoryStore:
+    """Documents in this process's memory: a store for tests, and for a coordinator whose state may go with it.
+    Stores opened with the same name share their documents (a coordinator restarted in the same process finds
+    them); the empty name is a store of its own each time."""
+
+    def __init__(self, name: str = ""):
+        self.location = f"memory://{name}"
+        if not name:
+            self._memory = _Memory()
+            return
+        with _NAMED_LOCK:
+            self._memory = _NAMED.setdefault(name, _Memory())
+
+    def load(self) -> list[Document]:
+        with self._memory.lock:
+            return list(self._memory.documents.values())
+
+    def write(self, writes: Sequence[Write]) -> Revisions:
+        memory = self._memory
+        validate(writes)
+        with memory.lock:
+            check(writes, {k: d.revision for k, d in memory.documents.items()})
+            memory.revision += 1
+            revisions: Revisions = {}
+            for w in writes:
+                if isinstance(w, Put):
+                    memory.documents[(w.kind, w.key)] = Document(w.kind, w.key, w.body, memory.revision)
+                    revisions[(w.kind, w.key)] = memory.revision
+                else:
+                    del memory.documents[(w.kind, w.key)]
+                    revisions.pop((w.kind, w.key), None)
+            return revisions
 
     def close(self) -> None:
-        with self._lock:
-            self._db.close()
+        pass
 
+
+def open_store(url: str, state_dir: Path) -> Store:
+    """The store --store names: sqlite:///PATH (the default: the SQLite file under the state dir), or memory://
+    (its documents go when the coordinator exits). Raises StoreUrlError naming the flag."""
+    from tfcluster import layout
+    from tfcluster.daemon.coordinator.sqlitestore import SqliteStore
+    if not url:
+        return SqliteStore(Path(state_dir) / layout.COORDINATOR_DB, private_dir=True)
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        raise StoreUrlError(f"--store {url!r}: expected a URL such as sqlite:///var/lib/tfcluster/state.sqlite3")
+    if scheme == "sqlite":
+        if not rest.startswith("/") or rest.endswith("/") or rest == "/":
+            raise StoreUrlError(f"--store {url!r}: expected sqlite:///ABSOLUTE/PATH/TO/FILE (three slashes, then "
+                                f"the database file's absolute path)")
+        return SqliteStore(Path(rest))
+    if scheme == "memory":
+        log.warning("the state is kept in memory (--store %s): every job and node is forgotten when the "
+                    "coordinator exits", url)
+        return MemoryStore(rest)
+    if scheme == "etcd":
+        raise StoreUrlError(f"--store {url!r}: etcd is not available in this release; use sqlite:///PATH")
+    raise StoreUrlError(f"--store {url!r}: unknown scheme {scheme!r} (expected sqlite:///PATH or memory://)")

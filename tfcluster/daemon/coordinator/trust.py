@@ -18,6 +18,7 @@ import secrets
 import time
 from dataclasses import dataclass, field
 
+from tfcluster.daemon.coordinator.changelog import ChangeLog, TokenDropped, TrustAdded
 from tfcluster.daemon.coordinator.job import Record
 from tfcluster.pki import NODE, Authority, Identity, check_node_name
 from tfcluster.security import REMOVED, REPLACED, token_hash
@@ -67,8 +68,15 @@ class Trust:
     tokens: dict[str, JoinToken] = field(default_factory=dict)
     removals: dict[str, Removal] = field(default_factory=dict)
     holders: dict[str, Holder] = field(default_factory=dict)
-    dropped_tokens: list[str] = field(default_factory=list)  # expired ones, until the store deleted them
+    changes: ChangeLog = field(default_factory=ChangeLog)  # where records added and tokens dropped are told
     reserved: frozenset[str] = frozenset()  # the coordinator's own names: no node may be called so
+
+    def log_to(self, changes: ChangeLog) -> None:
+        """Changes go to this log from now on (the cluster's), and it learns of every record held now."""
+        self.changes = changes
+        for kind, records in (("token", self.tokens), ("removal", self.removals), ("holder", self.holders)):
+            for key, record in records.items():
+                changes.append(TrustAdded(kind, key, record))
 
     # ---- tokens ----------------------------------------------------------------------------------
 
@@ -83,6 +91,7 @@ class Trust:
         token_id, secret = secrets.token_hex(3), secrets.token_urlsafe(24)
         record = self.tokens[token_id] = JoinToken(token_id, token_hash(secret), now + ttl, node, reusable,
                                                    created=now, replace=replace)
+        self.changes.append(TrustAdded("token", token_id, record))
         return f"{token_id}.{secret}", record
 
     def check(self, token: str, node: str, now: float) -> JoinToken:
@@ -103,7 +112,7 @@ class Trust:
     def expire(self, now: float) -> None:
         for token_id in [t for t, record in self.tokens.items() if record.expires + EXPIRED_KEPT_SECONDS < now]:
             del self.tokens[token_id]
-            self.dropped_tokens.append(token_id)
+            self.changes.append(TokenDropped(token_id))
 
     # ---- certificates ----------------------------------------------------------------------------
 
@@ -152,13 +161,15 @@ class Trust:
         issued = max(now, removal.time + 1.0) if removal is not None else now
         cert = authority.sign_node(csr, node, lifetime, list(addresses),
                                    datetime.datetime.fromtimestamp(issued, datetime.timezone.utc))
-        self.holders[node] = Holder(node, float(int(issued)), issued + lifetime.total_seconds())
+        holder = self.holders[node] = Holder(node, float(int(issued)), issued + lifetime.total_seconds())
+        self.changes.append(TrustAdded("holder", node, holder))
         return cert
 
     def revoke(self, node: str, now: float, removed: bool = True) -> None:
         """Refuses node's certificates issued until now: it leaves the cluster (removed), or its name gets a new
         holder."""
-        self.removals[node] = Removal(node, now, removed)
+        removal = self.removals[node] = Removal(node, now, removed)
+        self.changes.append(TrustAdded("removal", node, removal))
 
     def knows(self, node: str) -> bool:
         """The coordinator made a certificate for this name (it may never have registered)."""
