@@ -65,7 +65,7 @@ class Changes:
             self._trust(trust, batch)
         # An ended job changes no more once its end is written: only live ones and those that just ended are looked at.
         batch.ended, cluster.just_ended = cluster.just_ended, []
-        for job in [*cluster.live.values(), *batch.ended]:
+        for job in [*cluster.jobs.live.values(), *batch.ended]:
             if job.unsaved:
                 batch.jobs.append((job.id, job.number, job.request_id, dumps(job_doc(job))))
                 self._evaluations(job, batch)
@@ -85,8 +85,8 @@ class Changes:
         batch.removed_nodes, cluster.removed_nodes = cluster.removed_nodes, []
         for job_id in batch.removed_jobs:
             self.evaluations.pop(job_id, None)
-        if cluster.next_number != self.next_job_number:
-            batch.next_job_number = self.next_job_number = cluster.next_number
+        if cluster.jobs.next_number != self.next_job_number:
+            batch.next_job_number = self.next_job_number = cluster.jobs.next_number
         return batch
 
     @staticmethod
@@ -136,7 +136,7 @@ class Changes:
             node.saved()
         for record in [*trust.tokens.values(), *trust.removals.values(), *trust.holders.values()] if trust else []:
             record.saved()
-        self.next_job_number = cluster.next_number
+        self.next_job_number = cluster.jobs.next_number
 
 
 def dumps(doc: dict[str, Any]) -> str:
