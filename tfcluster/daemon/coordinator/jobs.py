@@ -8,11 +8,12 @@ good through prune; each of these changes every index with it, so none holds a j
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from types import MappingProxyType
 
 from tfcluster.daemon.coordinator import taskusers
 from tfcluster.daemon.coordinator.job import Job, Task
+from tfcluster.daemon.coordinator.registry import Registry
 from tfcluster.daemon.coordinator.scheduler import task_list
 from tfcluster.spec import JobSpec
 
@@ -20,7 +21,7 @@ KEEP_FINISHED_JOBS = 1000
 KEEP_FINISHED_SECONDS = 7 * 86400.0
 
 
-class Jobs(Mapping[str, Job]):
+class Jobs(Registry[Job]):
     """The registry, read as a mapping of job id -> Job; changed only through its methods."""
 
     def __init__(self, task_uids: taskusers.UidRange = taskusers.UidRange(),
@@ -29,37 +30,18 @@ class Jobs(Mapping[str, Job]):
         self.keep_finished_jobs, self.keep_finished_seconds = keep_finished_jobs, keep_finished_seconds
         self.cluster_tag = ""  # ends every job id: ids of another state dir's jobs never collide
         self._jobs: dict[str, Job] = {}
+        super().__init__(self._jobs)
         self._live: dict[str, Job] = {}   # jobs not ended, oldest first
         self._ended: dict[str, Job] = {}  # ended jobs, in the order they ended (retention removes from the front)
         self.live: Mapping[str, Job] = MappingProxyType(self._live)
         self.ended: Mapping[str, Job] = MappingProxyType(self._ended)
         self._requests: dict[str, str] = {}  # a submission's client request id -> its job
-        # task UID -> the kept jobs that have it: one, but for jobs loaded from a store of before 0.3
+        # task UID -> the kept jobs that have it: one, or ended ones and the job that took it over when the range
+        # ran short (taskusers.allocate)
         self._by_uid: dict[int, dict[str, Job]] = {}
         self._next_number = 1
 
     # ---- reading -------------------------------------------------------------------------------
-
-    def __getitem__(self, job_id: str) -> Job:
-        return self._jobs[job_id]
-
-    def __contains__(self, job_id: object) -> bool:
-        return job_id in self._jobs
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._jobs)
-
-    def __len__(self) -> int:
-        return len(self._jobs)
-
-    def get(self, job_id: str, default: Job | None = None) -> Job | None:
-        return self._jobs.get(job_id, default)
-
-    def values(self):
-        return self._jobs.values()
-
-    def items(self):
-        return self._jobs.items()
 
     @property
     def next_number(self) -> int:

@@ -13,10 +13,11 @@ from __future__ import annotations
 import bisect
 import logging
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import replace
 
 from tfcluster.daemon.coordinator.job import Job, Task
+from tfcluster.daemon.coordinator.registry import Registry
 from tfcluster.daemon.coordinator.node import LOST, READY, Node, ports_overlap
 from tfcluster.daemon.coordinator.scheduler import NodeCapacity
 from tfcluster.model import NodeInfo
@@ -35,12 +36,13 @@ class NameTaken(Exception):
     """A node name held by another live agent."""
 
 
-class Nodes(Mapping[str, Node]):
+class Nodes(Registry[Node]):
     """The registry, read as a mapping of name -> Node; changed only through its methods."""
 
     def __init__(self, lost_after_seconds: float):
         self.lost_after = lost_after_seconds
         self._nodes: dict[str, Node] = {}
+        super().__init__(self._nodes)
         self._names: list[str] = []  # sorted: placement and status pages go in this order
         self._by_address: dict[str, set[str]] = {}
         self._idle: dict[str, NodeCapacity] = {}  # each node's capacity when nothing runs on it
@@ -52,28 +54,6 @@ class Nodes(Mapping[str, Node]):
         self.mass_silence_since = 0.0  # when most nodes fell silent at once (expiry waits a while); 0: not now
 
     # ---- reading -------------------------------------------------------------------------------
-    # The mapping's methods go straight to the dict: heartbeats of thousands of agents read them.
-
-    def __getitem__(self, name: str) -> Node:
-        return self._nodes[name]
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._nodes
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._nodes)
-
-    def __len__(self) -> int:
-        return len(self._nodes)
-
-    def get(self, name: str, default: Node | None = None) -> Node | None:
-        return self._nodes.get(name, default)
-
-    def values(self):
-        return self._nodes.values()
-
-    def items(self):
-        return self._nodes.items()
 
     @property
     def names(self) -> list[str]:
