@@ -84,8 +84,8 @@ class Cluster:
     # ---- nodes -------------------------------------------------------------------------------
 
     def register(self, info: NodeInfo, reports: list[TaskReport], session_id: str, now: float) -> list[Command]:
-        """Adds or refreshes a node, with what its agent runs. Raises NameTaken (nodes.py) when another live agent holds the
-        name, ValueError when the node would share ports with another agent on its address."""
+        """Adds or refreshes a node, with what its agent runs. Raises NameTaken (nodes.py) when another live agent
+        holds the name, ValueError when the node would share ports with another agent on its address."""
         self.nodes.register(info, session_id, now)
         commands: list[Command] = []
         reported = {r.attempt for r in reports}
@@ -120,12 +120,13 @@ class Cluster:
             if task is not None and task.node == name and task.attempt == p.attempt.number and task.live:
                 lifecycle.progress(job, task, p.output_bytes, p.checkpoint, now)
         placed = self.nodes.placed_on(name)
-        states = [task.state for _, task in placed]
+        before = [(task.state, task.attempt) for _, task in placed]
         commands = reconcile_node(name, placed, (p.attempt for p in progress), self.jobs,
                                   self.nodes[name].seen.stops_sent, now, self.resend_after)
-        # Reconcile changes a job only by ending one of its tasks here: those jobs alone are settled (settling a
-        # large job costs a pass over its tasks, and every one of its nodes heartbeats each second).
-        changed = {id(job): job for (job, task), state in zip(placed, states) if task.state != state}
+        # Reconcile changes a job only by ending one of its tasks here (which may relaunch it in place, as a new
+        # attempt): those jobs alone are settled, as settling a large job costs a pass over its tasks, and every
+        # one of its nodes heartbeats each second.
+        changed = {id(job): job for (job, task), was in zip(placed, before) if (task.state, task.attempt) != was}
         for job in changed.values():
             commands = self._settle(job, commands)
         return commands
