@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from tfcluster.daemon.coordinator.job import Job, Task
-from tfcluster.daemon.coordinator.registry import Registry
 from tfcluster.daemon.coordinator.node import LOST, READY, Node, ports_overlap
+from tfcluster.daemon.coordinator.registry import Registry
 from tfcluster.daemon.coordinator.scheduler import NodeCapacity
 from tfcluster.model import NodeInfo
 
