@@ -67,6 +67,22 @@ def test_an_ended_jobs_uid_is_given_again_only_when_the_range_has_no_other():
     assert third.uid == 7000
 
 
+def test_a_uid_taken_over_from_an_ended_job_is_held_by_the_live_one_before_and_after_retention():
+    sim = Sim(info("n1"))
+    sim.c.jobs.task_uids = UidRange(7000, 7001)
+    first = submit_and_end(sim, "a")
+    sim.submit(make_spec(worker=1), "b")
+    third, _ = sim.submit(make_spec(worker=1), "c")
+    assert third.uid == first.uid == 7000
+    with pytest.raises(Unplaceable, match="every task UID of the range 7000-7001 is held by a live job"):
+        sim.submit(make_spec(worker=1), "d")  # 7000 is the live job c's, though the ended a had it first
+    sim.c.jobs.keep_finished_jobs = 0
+    sim.c.prune(sim.now)
+    assert first.id not in sim.c.jobs
+    with pytest.raises(Unplaceable, match="every task UID of the range 7000-7001 is held by a live job"):
+        sim.submit(make_spec(worker=1), "d")
+
+
 def test_the_uid_is_saved_with_the_job_and_a_job_saved_without_one_gets_one_on_load():
     sim = Sim(info("n1"))
     job, _ = sim.submit(make_spec(worker=1), "a")
