@@ -588,7 +588,7 @@ def test_silent_node_is_lost_and_its_job_restarts_elsewhere():
 
 
 def test_most_of_a_large_cluster_falling_silent_at_once_waits_before_anything_is_lost():
-    from tfcluster.daemon.coordinator.membership import MASS_SILENCE_PATIENCE_SECONDS
+    from tfcluster.daemon.coordinator.nodes import MASS_SILENCE_PATIENCE_SECONDS
     sim = Sim(*(replace(info(f"n{i:02d}", 1), address=f"10.0.1.{i}") for i in range(20)))
     job, _ = start(sim, make_spec(strategy="mirrored", gpus=1, worker=1))
     sim.now += 5  # a stall of the coordinator: 17 of 20 nodes' heartbeats wait unprocessed in its queues
@@ -612,7 +612,7 @@ def test_most_of_a_large_cluster_falling_silent_at_once_waits_before_anything_is
 def test_silence_while_the_coordinator_could_not_listen_does_not_count():
     sim = Sim(info("n1", 1), info("n2", 1))
     sim.now += 2.5
-    sim.c.forgive_silence(2.0)  # its loop was blocked for 2 s: the heartbeats of that time wait unread
+    sim.c.nodes.forgive_silence(2.0)  # its loop was blocked for 2 s: the heartbeats of that time wait unread
     sim.now += 1.5
     sim.c.tick(sim.now)
     assert all(n.state == NodeState.READY for n in sim.c.nodes.values())  # 4 s since heard, 2 s of them deaf

@@ -228,7 +228,7 @@ class CoreMachine(RuleBasedStateMachine):
 
     # ---- what users and time do -------------------------------------------------------------------
 
-    @precondition(lambda self: len(self.cluster.live) < MAX_LIVE_JOBS)
+    @precondition(lambda self: len(self.cluster.jobs.live) < MAX_LIVE_JOBS)
     @rule(shape=st.sampled_from(list(SHAPES)), max_restarts=st.integers(0, 2),
           backoff=st.sampled_from([0.0, 2.0]), hang=st.sampled_from([0.0, 20.0]))
     def submit(self, shape: str, max_restarts: int, backoff: float, hang: float) -> None:

@@ -26,7 +26,7 @@ def load(store) -> Cluster:
         cluster.add_job(job)
     for node in state.nodes:
         cluster.add_node(node)
-    cluster.next_number = max(cluster.next_number, state.next_job_number)
+    cluster.jobs.continue_numbering(state.next_job_number)
     return cluster
 
 
@@ -73,8 +73,8 @@ def test_everything_read_back_as_it_was(store):
     assert comparable(back.jobs[a.id]) == comparable(a) and comparable(back.jobs[b.id]) == comparable(b)
     assert back.jobs[a.id].last_failure.exit.log_tail == ("Traceback", "boom")
     assert {n: back.nodes[n].info for n in back.nodes} == {n: sim.c.nodes[n].info for n in sim.c.nodes}
-    assert back.next_number == sim.c.next_number == 3
-    assert set(back.live) == {a.id, b.id}
+    assert back.jobs.next_number == sim.c.jobs.next_number == 3
+    assert set(back.jobs.live) == {a.id, b.id}
 
 
 def test_only_what_changed_is_written(store):
@@ -114,7 +114,7 @@ def test_trimmed_and_replaced_evaluations(store, monkeypatch):
 
 def test_retention_removes_the_oldest_ended_jobs_with_their_rows(store):
     sim = Sim(info("n1"))
-    sim.c.keep_finished_jobs = 2
+    sim.c.jobs.keep_finished_jobs = 2
     writer = Writer()
     ids = []
     for _ in range(4):
@@ -131,10 +131,10 @@ def test_retention_removes_the_oldest_ended_jobs_with_their_rows(store):
     rows = sqlite3.connect(store.path).execute("SELECT DISTINCT job_id FROM tasks UNION SELECT job_id FROM "
                                                "evaluations").fetchall()
     assert {r[0] for r in rows} == set(ids[2:])
-    sim.c.keep_finished_seconds = 0.5  # ... and those ended longer ago than allowed
+    sim.c.jobs.keep_finished_seconds = 0.5  # ... and those ended longer ago than allowed
     sim.now += 1
     sim.c.prune(sim.now)
-    assert sim.c.jobs == {} and sim.c.next_number == 5, "job numbers are never given out twice"
+    assert sim.c.jobs == {} and sim.c.jobs.next_number == 5, "job numbers are never given out twice"
 
 
 def test_a_failed_write_is_written_again_by_the_next(store, monkeypatch):
@@ -196,7 +196,7 @@ def test_the_state_of_a_0_1_coordinator_is_read_into_these_records(tmp_path):
     assert job.last_failure.describe() == "worker:1 on n1 exited with code 1"
     assert [e.checkpoint for e in job.evaluations] == ["/x/ckpt-1"]
     assert back.nodes["n0"].info.peer_port == 20000
-    assert back.next_number == 4, "no job id is issued twice"
+    assert back.jobs.next_number == 4, "no job id is issued twice"
     store.close()
     store = open_store("", tmp_path)
     counters = {d.key: d.body for d in store.load() if d.kind == "counter"}

@@ -48,7 +48,7 @@ def submit_and_end(sim: Sim, name: str):
 
 def test_every_live_job_has_a_uid_of_its_own_that_its_launches_carry():
     sim = Sim(info("n1"), info("n2"))
-    sim.c.task_uids = UidRange(7000, 7002)
+    sim.c.jobs.task_uids = UidRange(7000, 7002)
     jobs = [sim.submit(make_spec(worker=2), f"j{i}") for i in range(3)]
     assert [job.uid for job, _ in jobs] == [7000, 7001, 7002]
     for job, actions in jobs:
@@ -59,12 +59,28 @@ def test_every_live_job_has_a_uid_of_its_own_that_its_launches_carry():
 
 def test_an_ended_jobs_uid_is_given_again_only_when_the_range_has_no_other():
     sim = Sim(info("n1"))
-    sim.c.task_uids = UidRange(7000, 7001)
+    sim.c.jobs.task_uids = UidRange(7000, 7001)
     first = submit_and_end(sim, "a")
     second, _ = sim.submit(make_spec(worker=1), "b")
     assert (first.uid, second.uid) == (7000, 7001)
     third, _ = sim.submit(make_spec(worker=1), "c")  # 7001 is live: the ended job's 7000 is the only one left
     assert third.uid == 7000
+
+
+def test_a_uid_taken_over_from_an_ended_job_is_held_by_the_live_one_before_and_after_retention():
+    sim = Sim(info("n1"))
+    sim.c.jobs.task_uids = UidRange(7000, 7001)
+    first = submit_and_end(sim, "a")
+    sim.submit(make_spec(worker=1), "b")
+    third, _ = sim.submit(make_spec(worker=1), "c")
+    assert third.uid == first.uid == 7000
+    with pytest.raises(Unplaceable, match="every task UID of the range 7000-7001 is held by a live job"):
+        sim.submit(make_spec(worker=1), "d")  # 7000 is the live job c's, though the ended a had it first
+    sim.c.jobs.keep_finished_jobs = 0
+    sim.c.prune(sim.now)
+    assert first.id not in sim.c.jobs
+    with pytest.raises(Unplaceable, match="every task UID of the range 7000-7001 is held by a live job"):
+        sim.submit(make_spec(worker=1), "d")
 
 
 def test_the_uid_is_saved_with_the_job_and_a_job_saved_without_one_gets_one_on_load():
@@ -79,8 +95,8 @@ def test_the_uid_is_saved_with_the_job_and_a_job_saved_without_one_gets_one_on_l
     cluster = Cluster()
     cluster.add_job(loaded)
     loaded.saved()
-    cluster.assign_missing_uids()
-    assert loaded.uid in cluster.task_uids and loaded.unsaved
+    cluster.jobs.assign_missing_uids()
+    assert loaded.uid in cluster.jobs.task_uids and loaded.unsaved
 
 
 def test_an_agent_before_0_3_keeps_its_tasks_but_gets_no_new_ones():

@@ -136,7 +136,7 @@ class Dashboard:
             doc = wire.node_doc(wire.node_status(node, running[node.name], now))
             doc["tasks"] = [{"job": job.id, "task": task.key, "state": task.state.value,
                              "gpus": [g.index for g in task.gpus]}
-                            for job, task in c.placed_on(node.name) if task.live]
+                            for job, task in c.nodes.placed_on(node.name) if task.live]
             nodes.append(doc)
         return json_response({"nodes": nodes, "next": page[-1].name if more else ""})
 

@@ -106,7 +106,7 @@ class ModelCollector(Collector):
         yield GaugeMetricFamily("tfcluster_gpus", "GPUs on READY nodes.",
                                 value=sum(len(n.info.gpus) for n in nodes if n.state == NodeState.READY))
         yield GaugeMetricFamily("tfcluster_gpus_allocated", "GPUs held by tasks of jobs that have not ended.",
-                                value=sum(len(t.gpus) for j in self.cluster.live.values() for t in j.tasks if t.live))
+                                value=sum(len(t.gpus) for j in self.cluster.jobs.live.values() for t in j.tasks if t.live))
         age = GaugeMetricFamily("tfcluster_node_heartbeat_age_seconds", "Seconds since each READY node's agent was "
                                 "last heard from.", labels=["node"])
         now = self.clock()
@@ -123,7 +123,7 @@ class ModelCollector(Collector):
             for state in JobState:
                 family.add_metric([state.value, strategy], jobs[(state, strategy)])
         yield family
-        tasks = Counter(t.state for j in self.cluster.live.values() for t in j.tasks)
+        tasks = Counter(t.state for j in self.cluster.jobs.live.values() for t in j.tasks)
         family = GaugeMetricFamily("tfcluster_tasks", "Tasks of jobs that have not ended, by state.",
                                    labels=["state"])
         for state in TaskState:

@@ -54,12 +54,12 @@ class Persistence:
             # usual timeout before their nodes (and the tasks on them) count as lost.
             node.seen.last_seen = now + reconnect_grace
             self.cluster.add_node(node)
-        self.cluster.next_number = max(self.cluster.next_number, state.next_job_number)
-        self.cluster.cluster_tag = migrate.base36(state.cluster_tag)
+        self.cluster.jobs.continue_numbering(state.next_job_number)
+        self.cluster.jobs.cluster_tag = migrate.base36(state.cluster_tag)
         self.trust = state.trust
         self.trust.log_to(self.cluster.changes)
         self.records.loaded(documents, self.cluster.changes)
-        self.cluster.assign_missing_uids()  # after `loaded`: the store writes the UIDs given now
+        self.cluster.jobs.assign_missing_uids()  # after `loaded`: the store writes the UIDs given now
         if state.jobs or state.nodes:
             log.info("loaded %d jobs and %d nodes from %s", len(state.jobs), len(state.nodes), self.store.location)
 

@@ -101,7 +101,7 @@ class Coordinator:
                 if late > LATE_FORGIVEN_SECONDS:
                     # The loop was too busy to read heartbeats on time (a reconnect storm, an overload): that
                     # silence is the coordinator's, not the nodes'.
-                    self.cluster.forgive_silence(late)
+                    self.cluster.nodes.forgive_silence(late)
                 now = self.clock()
                 self.trust.expire(now)
                 self.apply(self.cluster.tick(now))
@@ -131,7 +131,7 @@ class Coordinator:
 
     def open_stream(self, node: str, session: str, caller: Identity | None = None) -> tuple[Outbox, int]:
         _acts_for_itself(caller, node)
-        if not self.cluster.alive(node, session, self.clock()):
+        if not self.cluster.nodes.alive(node, session, self.clock()):
             raise PermissionError(f"node {node!r} has no current registration for this session; register again")
         old = self.streams.get(node)
         if old is not None and old is not asyncio.current_task():
@@ -163,7 +163,7 @@ class Coordinator:
             if commands:
                 self.apply(commands)
             return commands is not None
-        if not self.cluster.alive(node, session, now):
+        if not self.cluster.nodes.alive(node, session, now):
             return False
         if kind == "task":
             self.apply(self.cluster.report(node, wire.task_report_from_proto(msg.task), now))
@@ -254,7 +254,7 @@ class Coordinator:
         now = self.clock()
         if name not in self.cluster.nodes and not self.trust.knows(name):
             raise KeyError(name)
-        lost = sum(1 for job in self.cluster.live.values() for t in job.tasks if t.node == name and t.live)
+        lost = sum(1 for job in self.cluster.jobs.live.values() for t in job.tasks if t.node == name and t.live)
         commands = self.cluster.remove_node(name, now) if name in self.cluster.nodes else []
         self.trust.revoke(name, now)
         # Its stream ends with the reason (a cancelled handler would leave the agent's call open, unanswered).
@@ -275,13 +275,13 @@ class Coordinator:
             if job_id in self.cluster.jobs:
                 return self.cluster.jobs[job_id].ended
             _, number, tag = (["", ""] + job_id.rsplit("-", 2))[-3:]
-            return bool(tag) and tag == self.cluster.cluster_tag and number.isdigit() and \
-                int(number) < self.cluster.next_number
+            return bool(tag) and tag == self.cluster.jobs.cluster_tag and number.isdigit() and \
+                int(number) < self.cluster.jobs.next_number
         return [job_id for job_id in job_ids if over(job_id)]
 
     def running_tasks(self) -> dict[str, int]:
         running: dict[str, int] = collections.Counter()
-        for job in self.cluster.live.values():
+        for job in self.cluster.jobs.live.values():
             for task in job.tasks:
                 if task.live:
                     running[task.node] += 1

@@ -22,7 +22,7 @@ from tfcluster.auth import async_server_interceptors
 from tfcluster.daemon.coordinator import status
 from tfcluster.daemon.coordinator.cluster import Unplaceable
 from tfcluster.daemon.coordinator.taskusers import UidRange
-from tfcluster.daemon.coordinator.membership import NameTaken
+from tfcluster.daemon.coordinator.nodes import NameTaken
 from tfcluster.daemon.coordinator.dashboard import Dashboard
 from tfcluster.daemon.coordinator.job import Job, Task
 from tfcluster.daemon.coordinator.joinport import JoinLimiter, join_server

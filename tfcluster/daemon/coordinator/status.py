@@ -49,7 +49,7 @@ def fill(entries: Iterable[T], limit: int, encode: Callable[[T], object], key: C
 
 def nodes(cluster: Cluster, after: str = "", state: str = "", prefix: str = "") -> Iterator[Node]:
     """Nodes by name, after a page token, optionally only one state or names with a prefix."""
-    for name in cluster.names[bisect.bisect_right(cluster.names, after):]:
+    for name in cluster.nodes.names[bisect.bisect_right(cluster.nodes.names, after):]:
         node = cluster.nodes[name]
         if (not state or node.state == state) and name.startswith(prefix):
             yield node
@@ -57,8 +57,8 @@ def nodes(cluster: Cluster, after: str = "", state: str = "", prefix: str = "") 
 
 def overview_nodes(cluster: Cluster) -> list[Node]:
     """The nodes the overview lists: LOST ones first (they need attention), then by name."""
-    lost = [cluster.nodes[n] for n in cluster.names if cluster.nodes[n].state == NodeState.LOST][:OVERVIEW_NODES]
-    ready = (cluster.nodes[n] for n in cluster.names if cluster.nodes[n].state != NodeState.LOST)
+    lost = [cluster.nodes[n] for n in cluster.nodes.names if cluster.nodes[n].state == NodeState.LOST][:OVERVIEW_NODES]
+    ready = (cluster.nodes[n] for n in cluster.nodes.names if cluster.nodes[n].state != NodeState.LOST)
     return lost + list(itertools.islice(ready, OVERVIEW_NODES - len(lost)))
 
 
@@ -75,8 +75,8 @@ def jobs(cluster: Cluster, after: int = 0, states: Iterable[str] = (), name: str
 
 def overview_jobs(cluster: Cluster) -> list[Job]:
     """The active jobs (oldest first) and the newest ended ones."""
-    live = list(cluster.live.values())[:OVERVIEW_LIVE_JOBS]
-    ended = list(cluster.ended.values())[-OVERVIEW_ENDED_JOBS:]
+    live = list(cluster.jobs.live.values())[:OVERVIEW_LIVE_JOBS]
+    ended = list(cluster.jobs.ended.values())[-OVERVIEW_ENDED_JOBS:]
     return sorted(live + ended, key=lambda j: j.number)
 
 
@@ -84,7 +84,7 @@ def summary(cluster: Cluster) -> dict:
     """Counts over the whole cluster: nodes by state, GPUs on READY nodes and held by live tasks, jobs by state."""
     by_state = Counter(n.state for n in cluster.nodes.values())
     gpus_total = sum(len(n.info.gpus) for n in cluster.nodes.values() if n.state == NodeState.READY)
-    allocated = sum(len(t.gpus) for j in cluster.live.values() for t in j.tasks if t.live)
+    allocated = sum(len(t.gpus) for j in cluster.jobs.live.values() for t in j.tasks if t.live)
     jobs_by_state = Counter(j.state for j in cluster.jobs.values())
     return {"nodes_by_state": {s.value: by_state[s] for s in NodeState if by_state[s]},
             "gpus_total": gpus_total, "gpus_allocated": allocated,
@@ -95,7 +95,7 @@ def one_line(cluster: Cluster) -> str:
     """The cluster in one line, for `systemctl status`: "12 nodes READY, 1 LOST, 3 jobs running, 1 pending".
     Counted from the nodes and the live jobs only (never the ended ones), so it stays cheap with thousands."""
     lost = sum(1 for node in cluster.nodes.values() if node.state == NodeState.LOST)
-    jobs_by_state = Counter(job.state for job in cluster.live.values())
+    jobs_by_state = Counter(job.state for job in cluster.jobs.live.values())
     parts = [_count(len(cluster.nodes) - lost, "node", NodeState.READY)] + \
         ([f"{lost} {NodeState.LOST}"] if lost else [])
     parts.append(_count(jobs_by_state[JobState.RUNNING], "job", "running"))
