@@ -120,7 +120,7 @@ def test_an_evaluator_that_only_writes_summaries_is_stopped_once_it_evaluated_th
     job = shared_cluster.job(job_id)
     assert job["state"] == "SUCCEEDED", job
     assert job["message"] == "final evaluation of ckpt-3 done; stopped the evaluator"
-    assert job["finished"] - job["created"] < 30, "ended long before evaluator_deadline_seconds (600)"
+    assert job["finished"] - job["created"] < 120, "ended long before evaluator_deadline_seconds (600)"
     evaluator = next(t for t in job["tasks"] if t["type"] == "evaluator")
     assert evaluator["state"] == "STOPPED" and evaluator["signal"] == 15, "SIGTERM, not SIGKILL"
     latest = job["evaluation"]["latest"]
