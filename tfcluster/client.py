@@ -8,6 +8,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 
@@ -15,8 +16,9 @@ from tfcluster import layout
 from tfcluster.api.v1 import control_pb2, control_pb2_grpc
 from tfcluster.auth import TokenError, client_token
 from tfcluster.credentials import Credentials, PkiError
-from tfcluster.spec import JobSpec
-from tfcluster.wire import spec_to_proto
+
+if TYPE_CHECKING:  # the spec and its conversion are imported by the calls that send one: status starts without
+    from tfcluster.spec import JobSpec
 
 RPC_TIMEOUT_SECONDS = 10.0
 SUBMIT_TRIES = 5  # over about 4 s: a coordinator that restarts is back; one that is not running is reported
@@ -91,6 +93,8 @@ class Client:
 
     def submit(self, spec: JobSpec) -> str:
         """Submits once: a retry after a lost answer carries the same request id and gets the same job."""
+        from tfcluster.wire import spec_to_proto
+
         request = control_pb2.SubmitJobRequest(spec=spec_to_proto(spec), client_request_id=uuid.uuid4().hex)
         for attempt in range(SUBMIT_TRIES):
             try:
@@ -123,6 +127,8 @@ class Client:
         return self._call(self.stub.RemoveNode, control_pb2.RemoveNodeRequest(name=name)).tasks_lost
 
     def plan(self, spec: JobSpec) -> control_pb2.PlanJobResponse:
+        from tfcluster.wire import spec_to_proto
+
         return self._call(self.stub.PlanJob, control_pb2.PlanJobRequest(spec=spec_to_proto(spec)))
 
     def stop(self, job_id: str, graceful: bool = True) -> str:
