@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # the spec and its conversion are imported by the calls that 
 RPC_TIMEOUT_SECONDS = 10.0
 SUBMIT_TRIES = 5  # over about 4 s: a coordinator that restarts is back; one that is not running is reported
 MAX_MESSAGE_BYTES = 64 << 20
+POLL_SECONDS = 0.5  # following a job on a coordinator without WatchJob
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
@@ -180,6 +181,32 @@ class Client:
         if states:
             return list(overview.nodes), list(self.all_jobs(states=states)), overview.summary
         return list(overview.nodes), list(overview.jobs), overview.summary
+
+    def watch(self, job_id: str, ended: Iterable[str]) -> Iterator[control_pb2.JobStatus]:
+        """The job's status now and at each change, until its state is one of ended. From a coordinator that
+        streams them (WatchJob); from one that predates it, by asking for the status every POLL_SECONDS."""
+        call = self.stub.WatchJob(control_pb2.WatchJobRequest(job_id=job_id), timeout=None)
+        try:
+            for reply in call:
+                yield reply.job
+            return
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.UNIMPLEMENTED:
+                raise self._error(e) from None
+        finally:
+            call.cancel()
+        yield from self._poll(job_id, frozenset(ended))
+
+    def _poll(self, job_id: str, ended: frozenset[str]) -> Iterator[control_pb2.JobStatus]:
+        last = None
+        while True:
+            job = self.job(job_id)
+            if job != last:
+                yield job
+                last = job
+            if job.state in ended:
+                return
+            time.sleep(POLL_SECONDS)
 
     def logs(self, job_id: str, task_type: str, task_index: int, follow: bool = False, tail_lines: int = 0,
              attempt: int = 0) -> Iterator[bytes]:

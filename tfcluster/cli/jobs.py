@@ -95,33 +95,35 @@ def _wait_for(client: Client, job_id: str, follow: bool) -> int:
     if follow:
         _follow_primary(client, job_id)
     last = None
-    while True:
-        try:
-            job = client.status(job_id).jobs[0]
-        except ClientError as e:
-            err.print(f"warning: {e}; retrying", markup=False)
-            time.sleep(2)
-            continue
+    for job in _views(client, job_id):
         if job.state != last:
             err.print(f"{job_id}: {job.state}" + (f" ({job.message})" if job.message else ""), markup=False)
             last = job.state
-        if job.state in JOB_ENDED:
-            return 0 if job.state == "SUCCEEDED" else 1
-        time.sleep(0.5)
+    return 0 if last == "SUCCEEDED" else 1
+
+
+def _views(client: Client, job_id: str):
+    """The job's status at each change (streamed by the coordinator), until it has ended; a lost connection is
+    said in one line and the watch taken up again."""
+    while True:
+        try:
+            for job in client.watch(job_id, JOB_ENDED):
+                yield job
+                if job.state in JOB_ENDED:
+                    return
+        except ClientError as e:
+            err.print(f"warning: {e}; retrying", markup=False)
+            time.sleep(2)
 
 
 def _follow_primary(client: Client, job_id: str) -> None:
     """Streams the chief's (or worker 0's) log, attempt after attempt, until the job ends."""
     attempt_seen = 0
-    while True:
-        job = client.status(job_id).jobs[0]
+    for job in _views(client, job_id):
         primary = next((t for t in job.tasks if t.type == "chief"), None) or \
             next((t for t in job.tasks if t.type == "worker" and t.index == 0), None)
-        if job.state in JOB_ENDED and (primary is None or primary.attempt <= attempt_seen):
-            return
         if primary is None or primary.attempt <= attempt_seen or primary.state in ("PENDING",):
-            time.sleep(0.5)
-            continue
+            continue  # the job's next change may start it (a job that ended ends the views)
         attempt_seen = primary.attempt
         try:
             for data in client.logs(job_id, primary.type, primary.index, follow=True, attempt=primary.attempt):
