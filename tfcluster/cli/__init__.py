@@ -32,7 +32,15 @@ def load_commands(argv: list[str]):
         importlib.import_module(f"tfcluster.cli.{module}")
     from tfcluster.cli.common import app
 
+    if wanted:  # typer builds every command it holds before it runs one: it holds the one that runs
+        app.registered_commands[:] = [c for c in app.registered_commands if _name(c) == argv[0]]
+        app.registered_groups[:] = [g for g in app.registered_groups if g.name == argv[0]]
     return app
+
+
+def _name(command) -> str:
+    """A command's name as typer gives it: its own, or its function's with dashes."""
+    return command.name or command.callback.__name__.lower().replace("_", "-")
 
 
 def main() -> None:
