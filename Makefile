@@ -27,6 +27,7 @@ test-unit: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/run.py
+	$(PY) bench/cli.py
 	$(PY) bench/scale.py
 	$(PY) bench/multihost.py
 

@@ -11,10 +11,18 @@ import typer
 from rich.console import Console
 
 from tfcluster.auth import TokenError, load_token
+from tfcluster.cli import quickparams
 from tfcluster.client import Client, ClientError, credentials_for, default_coordinator
 
+quickparams.install()
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   help="TensorFlow distributed training on bare-metal machines.")
+
+
+@app.callback()
+def _group() -> None:
+    """Nothing to do before a command: the callback keeps `tfcluster` a group of commands when a run loads the
+    module of one command alone."""
 out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 

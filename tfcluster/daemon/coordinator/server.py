@@ -32,6 +32,7 @@ from tfcluster.daemon.coordinator.records import Changes, job_from_docs, node_fr
 from tfcluster.daemon.coordinator.store import SqliteStore, Store
 from tfcluster.daemon.coordinator.taskusers import UidRange
 from tfcluster.daemon.coordinator.trust import Trust
+from tfcluster.daemon.coordinator.watch import Watchers
 from tfcluster.daemon.logformat import fields
 from tfcluster.model import Attempt, CancelLog, Command, LogData, ReadLog, Revocations
 from tfcluster.pki import Identity, PkiError
@@ -139,6 +140,7 @@ class Coordinator:
         self.tasks: list[asyncio.Task] = []
         self.started = self.clock()
         self.logins = Logins()     # the dashboard's one-time links and browser sessions
+        self.watchers = Watchers()  # clients following a job (WatchJob): woken after each store write
         self.dashboard_port = 0    # where the dashboard is served; 0: nowhere
 
     # ---- loading and running -------------------------------------------------------------------
@@ -218,6 +220,7 @@ class Coordinator:
             self.cluster.observer.stored(time.monotonic() - started, ok=error is None)
         if error is None:
             self.send(commands)
+            self.watchers.changed()
         else:
             self.pending[:0] = commands[-PENDING_LIMIT:]  # reconcile resends what is dropped here
             del self.pending[PENDING_LIMIT:]
