@@ -205,7 +205,7 @@ def _attempt_runs(attempt_dir: Path, now: float) -> bool:
             return now - (attempt_dir / layout.LAUNCH_FILE).stat().st_mtime < STARTING_GRACE_SECONDS
         except OSError:
             return False
-    return status.phase == Phase.RUNNING and is_shim(status.shim_pid, attempt_dir)
+    return status.phase == Phase.RUNNING and is_shim(status.shim_pid, attempt_dir, status.shim_started)
 
 
 def _older_checkpoints(state_dir: Path, job_id: str) -> list[Item]:

@@ -171,6 +171,10 @@ class ShimStatus(_TaskFile):
     finished: float = 0.0     # ... and when it ended
     stopped: bool = False     # it ended after a stop was asked for
     exit: TaskExit | None = None  # with EXITED or FAILED_TO_START
+    # When the shim process started (clock ticks since boot, /proc/PID/stat): with shim_pid, it names the shim
+    # for good, pids being reused; 0 in files of earlier releases, whose shims carry their attempt dir in their
+    # command line instead.
+    shim_started: int = 0
 
     @property
     def ended(self) -> bool:
@@ -180,6 +184,8 @@ class ShimStatus(_TaskFile):
         # The exit's fields are at the top level, as 0.3 wrote them: an agent of 0.3 reads this file too.
         doc: dict[str, Any] = {"format": FORMAT, "shim_pid": self.shim_pid, "attempt": self.attempt,
                                "phase": self.phase}
+        if self.shim_started:
+            doc["shim_started"] = self.shim_started
         if self.pid:
             doc.update(pid=self.pid, pgid=self.pgid)
         if self.started:
@@ -206,7 +212,7 @@ class ShimStatus(_TaskFile):
             exit = TaskExit(exit_code=f.get("exit_code", int, None), signal=f.get("signal", int, None),
                             message=f.get("message", str, ""), log_tail=f.strings("log_tail", ()))
         return cls(phase, attempt=f.get("attempt", int, 0), shim_pid=f.get("shim_pid", int, 0),
-                   pid=f.get("pid", int, 0), pgid=f.get("pgid", int, 0),
+                   shim_started=f.get("shim_started", int, 0), pid=f.get("pid", int, 0), pgid=f.get("pgid", int, 0),
                    started=float(f.get("started", (int, float), 0.0)),
                    finished=float(f.get("finished", (int, float), 0.0)), stopped=f.get("stopped", bool, False),
                    exit=exit)

@@ -27,6 +27,7 @@ class TaskRecord:
     phase: str = Phase.STARTING
     pid: int = 0
     shim_pid: int = 0
+    shim_started: int = 0  # when the shim started (ShimStatus.shim_started); 0: unknown
     port: int = 0
     checkpoint_dir: str = ""
     gpus: str = ""  # its CUDA_VISIBLE_DEVICES: the node's GPUs it holds (GPU metrics name the task by it)
@@ -60,7 +61,8 @@ class TaskRecord:
     def from_files(cls, directory: Path, launch: LaunchFile, status: ShimStatus) -> TaskRecord:
         """The record of an attempt a previous agent process started, from its files (its phase and exit are
         the caller's to set: whether it still runs is not in the files)."""
-        return cls(launch.attempt, directory, pid=status.pid, shim_pid=status.shim_pid, port=launch.port,
+        return cls(launch.attempt, directory, pid=status.pid, shim_pid=status.shim_pid,
+                   shim_started=status.shim_started, port=launch.port,
                    checkpoint_dir=launch.env.get(layout.CHECKPOINT_DIR, ""),
                    gpus=launch.env.get(layout.CUDA_VISIBLE_DEVICES, ""),
                    summary_dir=launch.env.get(layout.SUMMARY_DIR, ""), started_at=status.started,
