@@ -86,7 +86,7 @@ def start(
             fail(str(e), e.exit_code)
         print(job_id, flush=True)
         if not (wait or follow):
-            err.print(f"job {job_id} submitted; watch it with: tfcluster status {job_id}")
+            print(f"job {job_id} submitted; watch it with: tfcluster status {job_id}", file=sys.stderr, flush=True)
             return
         raise typer.Exit(_wait_for(client, job_id, follow))
 
@@ -206,7 +206,7 @@ def status(
             return
         from rich.live import Live
 
-        with Live(render_status(*fetch(), job_id=job_id), console=out, refresh_per_second=4) as live:
+        with Live(render_status(*fetch(), job_id=job_id), console=out.console, refresh_per_second=4) as live:
             try:
                 while True:
                     time.sleep(1.0)

@@ -16,7 +16,7 @@ def demo(
     """Run a local cluster (a coordinator and three agents) and a real 2-worker training job on it."""
     from tfcluster.demo import run_demo
 
-    raise typer.Exit(run_demo(epochs=epochs, keep=keep, console=out))
+    raise typer.Exit(run_demo(epochs=epochs, keep=keep, console=out.console))
 
 
 @app.command()
