@@ -120,7 +120,7 @@ class Supervisor:
         task_dirs = [env[name] for name in (layout.CHECKPOINT_DIR, layout.MODEL_DIR)
                      if env.get(name) and Path(env[name]) != paths.checkpoints]
         create_file(record.events_path, PRIVATE_FILE_MODE, *user.owner(private=True))
-        write_json_atomic(record.control_path, {}, mode=JOB_READABLE_FILE_MODE, group=record.group)
+        write_json_atomic(record.control_path, {}, mode=JOB_READABLE_FILE_MODE, group=record.group, durable=False)
         LaunchFile(record.attempt, order.command, env, order.workdir, order.port, order.stop_grace_seconds,
                    self.log_limit_bytes, uid=user.uid if user.switches else None,
                    gid=user.gid if user.switches else None, task_dirs=tuple(task_dirs),
@@ -212,7 +212,7 @@ class Supervisor:
         record = self.current(attempt)
         if record is not None:
             write_json_atomic(record.control_path, {"training_finished": True, "final_checkpoint": final_checkpoint},
-                              mode=JOB_READABLE_FILE_MODE, group=record.group)
+                              mode=JOB_READABLE_FILE_MODE, group=record.group, durable=False)  # for the running task
 
     def _finish(self, record: TaskRecord, phase: str, exit: TaskExit) -> None:
         with self.lock:
