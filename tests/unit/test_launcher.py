@@ -13,7 +13,8 @@ import psutil
 from tfcluster.daemon.agent import launcher as launcher_module
 from tfcluster.daemon.agent.supervisor import Supervisor
 from tfcluster.daemon.agent.taskfiles import ShimStatus
-from tfcluster.daemon.agent.taskrunner import is_shim, process_start
+from tfcluster.daemon.agent.taskrecord import is_shim
+from tfcluster.daemon.agent.taskrunner import process_start
 from tfcluster.model import Attempt, Launch, Phase
 
 TASK_UID = 2_100_999_000  # the job's user, as the coordinator gives it (an agent that is not root ignores it)

@@ -30,7 +30,7 @@ import grpc
 from tfcluster import layout, wire
 from tfcluster.api.v1 import agent_pb2_grpc
 from tfcluster.daemon.agent.taskfiles import ShimStatus, TaskFileError, write_json_atomic
-from tfcluster.daemon.agent.taskrunner import is_shim
+from tfcluster.daemon.agent.taskrecord import is_shim
 from tfcluster.model import Phase
 from tfcluster.security import Credentials
 from tfcluster.task import latest_checkpoint

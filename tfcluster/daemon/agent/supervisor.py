@@ -26,8 +26,8 @@ from tfcluster import layout
 from tfcluster.daemon.agent.launcher import ForkedShim, Launcher
 from tfcluster.daemon.agent.tasklog import DEFAULT_LIMIT_BYTES, total_bytes
 from tfcluster.daemon.agent.taskfiles import LaunchFile, ShimStatus, TaskFileError, write_json_atomic, write_stop
-from tfcluster.daemon.agent.taskrecord import TaskKey, TaskRecord, exit_of, newest_checkpoint
-from tfcluster.daemon.agent.taskrunner import group_alive, is_shim, kill_group
+from tfcluster.daemon.agent.taskrecord import TaskKey, TaskRecord, exit_of, is_shim, newest_checkpoint
+from tfcluster.daemon.agent.taskrunner import group_alive, kill_group
 from tfcluster.daemon.agent.taskuser import (JOB_READABLE_FILE_MODE, PRIVATE_FILE_MODE, JobPaths, TaskUser,
                                              TaskUserError, TaskUsers, create_file, prepare_attempt, prepare_job,
                                              private_tmp_problem)

@@ -1,5 +1,5 @@
-"""One attempt of one task on this node as the agent knows it (TaskRecord), and its exit as the agent
-reports it, made from the shim's record of it in one place (exit_of).
+"""One attempt of one task on this node as the agent knows it (TaskRecord), its exit as the agent reports it,
+made from the shim's record of it in one place (exit_of), and whether its shim still runs (is_shim).
 """
 
 from __future__ import annotations
@@ -11,8 +11,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
+
 from tfcluster import layout
 from tfcluster.daemon.agent.taskfiles import LaunchFile, ShimStatus
+from tfcluster.daemon.agent.taskrunner import process_start
 from tfcluster.model import Attempt, Phase, TaskExit, TaskReport
 from tfcluster.task import latest_checkpoint
 
@@ -84,3 +87,17 @@ def newest_checkpoint(directory: str) -> str:
     """The newest committed checkpoint in a task's checkpoint dir, relative to it ("" if none)."""
     newest = latest_checkpoint(directory) if directory else None
     return os.path.relpath(newest, directory) if newest else ""
+
+
+def is_shim(pid: int, attempt_dir: Path, started: int = 0) -> bool:
+    """True when pid is still the shim of this attempt (pids are reused): the process that started at `started`,
+    or, for a shim of an earlier release that did not record it, one whose command line names the attempt dir."""
+    if not pid:
+        return False
+    if started:
+        return process_start(pid) == started
+    try:
+        cmdline = psutil.Process(pid).cmdline()
+    except psutil.Error:
+        return False
+    return "tfcluster.daemon.agent.taskrunner" in cmdline and str(attempt_dir) in cmdline

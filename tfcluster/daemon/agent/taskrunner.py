@@ -27,8 +27,6 @@ import threading
 import time
 from pathlib import Path
 
-import psutil
-
 from tfcluster import layout
 from tfcluster.daemon.agent import isolation
 from tfcluster.daemon.agent.taskfiles import LaunchFile, ShimStatus, read_stop_grace
@@ -195,20 +193,6 @@ def process_start(pid: int) -> int:
     # The command name (field 2, in parentheses) may hold spaces or parentheses: count after its end.
     fields = stat[stat.rindex(b")") + 2:].split()
     return 0 if fields[0] == b"Z" else int(fields[19])
-
-
-def is_shim(pid: int, attempt_dir: Path, started: int = 0) -> bool:
-    """True when pid is still the shim of this attempt (pids are reused): the process that started at `started`,
-    or, for a shim of an earlier release that did not record it, one whose command line names the attempt dir."""
-    if not pid:
-        return False
-    if started:
-        return process_start(pid) == started
-    try:
-        cmdline = psutil.Process(pid).cmdline()
-    except psutil.Error:
-        return False
-    return "tfcluster.daemon.agent.taskrunner" in cmdline and str(attempt_dir) in cmdline
 
 
 def main() -> int:
