@@ -39,7 +39,7 @@ def write_json_atomic(path: Path, data: dict, mode: int = 0o600, group: int = -1
         if group != -1:
             os.fchown(f.fileno(), -1, group)
         os.fchmod(f.fileno(), mode)
-        json.dump(data, f)
+        f.write(json.dumps(data))  # in one piece: json.dump encodes in Python, chunk by chunk
         f.flush()
         if durable:
             os.fsync(f.fileno())
