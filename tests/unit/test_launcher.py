@@ -4,6 +4,7 @@ replaced, and with none the agent starts the shim itself."""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import threading
@@ -103,16 +104,21 @@ def test_a_dead_launcher_is_replaced(tmp_path):
 
 
 def test_without_a_launcher_the_agent_starts_the_shim_itself(tmp_path, monkeypatch, caplog):
-    def no_launcher(self) -> None:
-        raise OSError("no pidfd_open on this system")
-    monkeypatch.setattr(launcher_module.Launcher, "_start", no_launcher)
+    def no_pidfd(pid: int) -> int:
+        raise OSError(38, "Function not implemented")
+    monkeypatch.setattr(os, "pidfd_open", no_pidfd)  # Linux before 5.3
+    caplog.set_level(logging.DEBUG, "tfcluster.agent")
     reports = Reports()
     supervisor = Supervisor(tmp_path, reports)
     attempt = launch(supervisor, "direct-1", "sh", "-c", "exit 4")
     reports.wait_for(attempt, Phase.EXITED)
     record = supervisor.current(attempt)
     assert record.exit.exit_code == 4 and supervisor.launcher.process is None
-    assert "cannot start its shim (no pidfd_open on this system); starting it directly" in caplog.text
+    assert "cannot start its shim (no pidfd_open on this system ([Errno 38] Function not implemented)); " \
+           "starting it directly" in caplog.text
+    again = launch(supervisor, "direct-2", "true")
+    reports.wait_for(again, Phase.EXITED)
+    assert supervisor.launcher.process is None and supervisor.current(again).exit.exit_code == 0
 
 
 def test_the_launcher_ends_with_the_agent(tmp_path):

@@ -64,11 +64,14 @@ class Launcher:
         self.lock = threading.Lock()
         self.process: subprocess.Popen | None = None
         self.sock: socket.socket | None = None
+        self.unavailable = ""  # why no launcher can ever serve on this system ("": one can)
 
     def spawn(self, attempt_dir: Path, stderr_fd: int) -> ForkedShim:
         """Forks a shim for attempt_dir, its stderr to stderr_fd. Raises OSError when no launcher serves (the
         caller then starts the shim itself)."""
         with self.lock:
+            if self.unavailable:
+                raise OSError(self.unavailable)
             try:
                 return self._spawn(attempt_dir, stderr_fd)
             except OSError as e:  # it died (or was never started): once more with a new one
@@ -99,8 +102,11 @@ class Launcher:
         return ForkedShim(int(reply), fds[0], os.fdopen(read_end, "rb"))
 
     def _start(self) -> None:
-        if not hasattr(os, "pidfd_open"):
-            raise OSError("no pidfd_open on this system")
+        try:  # Linux 5.3 and later: the agent waits on each shim it did not start through a pidfd
+            os.close(os.pidfd_open(os.getpid()))
+        except (AttributeError, OSError) as e:
+            self.unavailable = f"no pidfd_open on this system ({e})"
+            raise OSError(self.unavailable) from None
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         with theirs:
             # Its own session: a ^C for a foreground agent is not for it (it ends when the agent does).

@@ -135,9 +135,10 @@ class Supervisor:
         try:
             try:
                 return self.launcher.spawn(record.dir, shim_log)
-            except OSError as e:
-                log.warning("%s: the task launcher cannot start its shim (%s); starting it directly", record.name, e,
-                            extra=fields(record.attempt))
+            except OSError as e:  # said once for good when no launcher can ever serve here
+                log.log(logging.DEBUG if self.launcher.unavailable else logging.WARNING,
+                        "%s: the task launcher cannot start its shim (%s); starting it directly", record.name, e,
+                        extra=fields(record.attempt))
             return subprocess.Popen([sys.executable, "-m", "tfcluster.daemon.agent.taskrunner", str(record.dir)],
                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=shim_log,
                                     start_new_session=True, close_fds=True)
