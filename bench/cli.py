@@ -4,7 +4,8 @@ measured in the same run, on a local cluster (a real coordinator and two agents 
 - status: `tfcluster status` wall time, alternated with the floor (a Python that imports grpc and typer)
 - start: `tfcluster start` of a 2-task job until every task is RUNNING (read with GetStatus every 2 ms),
   beside the floor (a Python that imports grpc and typer, and the store write and launch that no CLI can skip
-  are in the figure)
+  are in the figure); and the same job submitted through the client library, which is the store write and
+  the launch alone
 - throughput: jobs of 2 tasks running `true`, submitted back to back by one client, from the first submission
   to the last job SUCCEEDED
 - tf: a 2-worker MultiWorkerMirroredStrategy Keras program (TensorFlow's multi-worker tutorial, on synthetic
@@ -57,22 +58,32 @@ def status_figures(cluster: LocalCluster, rounds: int) -> dict[str, str]:
 
 
 def start_figures(cluster: LocalCluster, rounds: int) -> dict[str, str]:
-    to_running, floor = [], []
+    from tfcluster.spec import parse_spec
+
+    to_running, by_library, floor = [], [], []
     argv = [PYTHON, "-m", "tfcluster.cli", "start", "--name", "quick", "--strategy", "multi_worker_mirrored",
             "--workers", "2", "--", "sleep", "30"]
+    spec = parse_spec({"name": "quick", "strategy": "multi_worker_mirrored", "workdir": "/", "command": ["sleep", "30"],
+                       "roles": {"worker": {"count": 2}}}, source="bench")
     env = {**os.environ, **cluster.client_env()}
     with cluster.client() as client:
-        for _ in range(rounds):
-            began = time.monotonic()
-            job_id = subprocess.run(argv, check=True, capture_output=True, text=True, env=env).stdout.strip()
+        def until_running(began: float, submit) -> float:
+            job_id = submit()
             wait_until(lambda: all(t.state == "RUNNING" for t in client.job(job_id).tasks), 30, interval=0.002,
                        what="every task RUNNING")
-            to_running.append(time.monotonic() - began)
+            took = time.monotonic() - began
             client.stop(job_id, graceful=False)
             wait_until(lambda: client.job(job_id).state == "STOPPED", 30, interval=0.02, what="STOPPED")
+            return took
+
+        for _ in range(rounds):
+            to_running.append(until_running(time.monotonic(), lambda: subprocess.run(
+                argv, check=True, capture_output=True, text=True, env=env).stdout.strip()))
+            by_library.append(until_running(time.monotonic(), lambda: client.submit(spec)))
             floor.append(wall(FLOOR))
     return {"start_to_running": ms(to_running), "start_floor_import_grpc_typer": ms(floor),
-            "start_over_floor": f"{statistics.median(to_running) / statistics.median(floor):.2f}x"}
+            "start_over_floor": f"{statistics.median(to_running) / statistics.median(floor):.2f}x",
+            "start_by_client_library_to_running": ms(by_library)}
 
 
 def throughput_figures(cluster: LocalCluster, jobs: int) -> dict[str, str]:
