@@ -7,13 +7,15 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import subprocess
+import sys
 import threading
 
 import psutil
 
 from tfcluster.daemon.agent import launcher as launcher_module
 from tfcluster.daemon.agent.supervisor import Supervisor
-from tfcluster.daemon.agent.taskfiles import ShimStatus
+from tfcluster.daemon.agent.taskfiles import LaunchFile, ShimStatus
 from tfcluster.daemon.agent.taskrecord import is_shim
 from tfcluster.daemon.agent.taskrunner import process_start
 from tfcluster.model import Attempt, Launch, Phase
@@ -59,6 +61,7 @@ def test_a_forked_shim_runs_in_a_session_of_its_own_and_its_exit_is_seen_at_once
         reports.wait_for(running, Phase.RUNNING)
         pid = supervisor.current(running).shim_pid
         assert os.getsid(pid) == pid, "a session of its own"
+        assert psutil.Process(pid).name() == launcher_module.SHIM_NAME
         assert psutil.Process(pid).ppid() == supervisor.launcher.process.pid, "the launcher's child, not the agent's"
         assert is_shim(pid, supervisor.current(running).dir, process_start(pid))
     finally:
@@ -128,3 +131,21 @@ def test_the_launcher_ends_with_the_agent(tmp_path):
     handle.sock.close()  # the agent's end, as when the agent dies
     handle.sock = None
     assert process.wait(timeout=30) == 0
+
+
+def test_a_shim_whose_answer_never_reached_the_agent_never_runs(tmp_path):
+    """The agent would start another shim for the attempt: the one forked for it must not run its task."""
+    marker = tmp_path / "ran"
+    LaunchFile(Attempt("lost-1", "worker", 0, 1), ("touch", str(marker)), {"PATH": os.environ["PATH"]}).write(tmp_path)
+    script = (
+        "import os, socket, sys\n"
+        "from tfcluster.daemon.agent import launcher\n"
+        "ours, agent = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)\n"
+        "agent.close()  # the agent died while the launcher forked\n"
+        "out, err = os.open(os.devnull, os.O_WRONLY), os.open(os.devnull, os.O_WRONLY)\n"
+        "launcher._answer(ours, os.fsencode(sys.argv[1]), [out, err])\n"
+        "pid, status = os.wait()\n"
+        "print(os.waitstatus_to_exitcode(status))\n")
+    result = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert result.stdout.strip() == "1", result.stderr
+    assert not marker.exists() and ShimStatus.read(tmp_path) is None

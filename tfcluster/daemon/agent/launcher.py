@@ -34,6 +34,7 @@ log = logging.getLogger("tfcluster.agent")
 MAX_REQUEST_BYTES = 64 << 10  # an attempt dir's path
 MAX_FDS = 2
 MAX_REPLY_BYTES = 1024
+SHIM_NAME = "tfcluster-shim"
 # A launcher this slow to answer is stuck: the agent kills it (a shim it forked and did not answer for never
 # runs) and starts another one.
 ANSWER_TIMEOUT_SECONDS = 10.0
@@ -158,7 +159,10 @@ def serve(sock: socket.socket) -> None:
                 pass
         _reap()
         if sock in ready:
-            message, fds, _, _ = socket.recv_fds(sock, MAX_REQUEST_BYTES, MAX_FDS)
+            try:
+                message, fds, _, _ = socket.recv_fds(sock, MAX_REQUEST_BYTES, MAX_FDS)
+            except OSError:
+                return
             if not message:
                 return  # the agent is gone
             _answer(sock, message, fds)
@@ -174,6 +178,7 @@ def _answer(sock: socket.socket, attempt_dir: bytes, fds: list[int]) -> None:
         go_read, go_write = os.pipe2(os.O_CLOEXEC)
         pid = os.fork()
         if pid == 0:
+            os.close(go_write)  # or the child's own copy would keep it waiting for a "go" that never comes
             _run_shim(os.fsdecode(attempt_dir), *fds, go=go_read)
         pidfd = os.pidfd_open(pid)  # before any reaping: pid is still this child, at worst a zombie
     except OSError as e:
@@ -186,6 +191,9 @@ def _answer(sock: socket.socket, attempt_dir: bytes, fds: list[int]) -> None:
                 os.close(fd)
     try:
         socket.send_fds(sock, [reply], [pidfd])
+    except OSError:
+        pass  # the agent is gone: its next read sees the end
+    else:
         if go_write != -1:
             os.write(go_write, b"go")
     finally:
@@ -208,6 +216,8 @@ def _run_shim(attempt_dir: str, stdout_fd: int, stderr_fd: int, go: int) -> None
         for fd, target in ((devnull, 0), (stdout_fd, 1), (stderr_fd, 2)):
             os.dup2(fd, target)
         os.closerange(3, os.sysconf("SC_OPEN_MAX"))  # the launcher's socket and pipes are not the shim's
+        with open("/proc/self/comm", "w") as comm:  # what ps and top show: its command line is the launcher's
+            comm.write(SHIM_NAME)
         from tfcluster.daemon.agent.taskrunner import Runner
         code = Runner(Path(attempt_dir)).run()
     except BaseException:  # whatever happens, this child never returns into the launcher's loop
