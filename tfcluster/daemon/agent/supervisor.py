@@ -1,9 +1,9 @@
 """Starts, stops and watches a node's tasks, each through its own shim (taskrunner.py), forked by the
 launcher (launcher.py).
 
-Exits are seen at once: a thread waits on each shim's pidfd (or on the shim, when the agent had to start it as
-its own child), also for shims adopted after an agent restart. Every change becomes a report for the coordinator through on_report.
-Task files live in one directory per attempt (layout.attempt_dir).
+Exits are seen at once: a thread waits on each shim's pidfd (or on the shim itself, when the agent had to start
+it as its own child), also for shims adopted after an agent restart. Every change becomes a report for the
+coordinator through on_report. Task files live in one directory per attempt (layout.attempt_dir).
 """
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ class Supervisor:
         try:
             try:
                 return self.launcher.spawn(record.dir, shim_log)
-            except OSError as e:  # said once for good when no launcher can ever serve here
+            except OSError as e:  # where none can ever serve, the launcher said so once, when the agent started
                 log.log(logging.DEBUG if self.launcher.unavailable else logging.WARNING,
                         "%s: the task launcher cannot start its shim (%s); starting it directly", record.name, e,
                         extra=fields(record.attempt))
