@@ -121,11 +121,12 @@ class Supervisor:
                      if env.get(name) and Path(env[name]) != paths.checkpoints]
         create_file(record.events_path, PRIVATE_FILE_MODE, *user.owner(private=True))
         write_json_atomic(record.control_path, {}, mode=JOB_READABLE_FILE_MODE, group=record.group, durable=False)
+        private_tmp = self.task_users.agent_is_root and self.task_users.private_tmp
         LaunchFile(record.attempt, order.command, env, order.workdir, order.port, order.stop_grace_seconds,
                    self.log_limit_bytes, uid=user.uid if user.switches else None,
                    gid=user.gid if user.switches else None, task_dirs=tuple(task_dirs),
-                   private_tmp=str(paths.tmp) if self.task_users.agent_is_root and self.task_users.private_tmp else "",
-                   private_tmp_unavailable=private_tmp_problem(self.state_dir)).write(record.dir)
+                   private_tmp=str(paths.tmp) if private_tmp else "",
+                   private_tmp_unavailable=private_tmp_problem(self.state_dir) if private_tmp else "").write(record.dir)
         return self._start_shim(record)
 
     def _start_shim(self, record: TaskRecord) -> ForkedShim | subprocess.Popen:
