@@ -38,6 +38,7 @@ docs-check: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/run.py
+	$(PY) bench/cli.py
 	$(PY) bench/scale.py
 	$(PY) bench/multihost.py
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 
@@ -15,12 +16,14 @@ from tfcluster import layout
 from tfcluster.api.v1 import control_pb2, control_pb2_grpc
 from tfcluster.auth import TokenError, client_token
 from tfcluster.credentials import Credentials, PkiError
-from tfcluster.spec import JobSpec
-from tfcluster.wire import spec_to_proto
+
+if TYPE_CHECKING:  # the spec and its conversion are imported by the calls that send one: status starts without
+    from tfcluster.spec import JobSpec
 
 RPC_TIMEOUT_SECONDS = 10.0
 SUBMIT_TRIES = 5  # over about 4 s: a coordinator that restarts is back; one that is not running is reported
 MAX_MESSAGE_BYTES = 64 << 20
+POLL_SECONDS = 0.5  # following a job on a coordinator without WatchJob
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
@@ -91,6 +94,8 @@ class Client:
 
     def submit(self, spec: JobSpec) -> str:
         """Submits once: a retry after a lost answer carries the same request id and gets the same job."""
+        from tfcluster.wire import spec_to_proto
+
         request = control_pb2.SubmitJobRequest(spec=spec_to_proto(spec), client_request_id=uuid.uuid4().hex)
         for attempt in range(SUBMIT_TRIES):
             try:
@@ -123,6 +128,8 @@ class Client:
         return self._call(self.stub.RemoveNode, control_pb2.RemoveNodeRequest(name=name)).tasks_lost
 
     def plan(self, spec: JobSpec) -> control_pb2.PlanJobResponse:
+        from tfcluster.wire import spec_to_proto
+
         return self._call(self.stub.PlanJob, control_pb2.PlanJobRequest(spec=spec_to_proto(spec)))
 
     def stop(self, job_id: str, graceful: bool = True) -> str:
@@ -174,6 +181,32 @@ class Client:
         if states:
             return list(overview.nodes), list(self.all_jobs(states=states)), overview.summary
         return list(overview.nodes), list(overview.jobs), overview.summary
+
+    def watch(self, job_id: str, ended: Iterable[str]) -> Iterator[control_pb2.JobStatus]:
+        """The job's status now and at each change, until its state is one of ended. From a coordinator that
+        streams them (WatchJob); from one that predates it, by asking for the status every POLL_SECONDS."""
+        call = self.stub.WatchJob(control_pb2.WatchJobRequest(job_id=job_id), timeout=None)
+        try:
+            for reply in call:
+                yield reply.job
+            return
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.UNIMPLEMENTED:
+                raise self._error(e) from None
+        finally:
+            call.cancel()
+        yield from self._poll(job_id, frozenset(ended))
+
+    def _poll(self, job_id: str, ended: frozenset[str]) -> Iterator[control_pb2.JobStatus]:
+        last = None
+        while True:
+            job = self.job(job_id)
+            if job != last:
+                yield job
+                last = job
+            if job.state in ended:
+                return
+            time.sleep(POLL_SECONDS)
 
     def logs(self, job_id: str, task_type: str, task_index: int, follow: bool = False, tail_lines: int = 0,
              attempt: int = 0) -> Iterator[bytes]:

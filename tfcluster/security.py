@@ -66,6 +66,7 @@ POLICY: dict[str, Rule] = {
     CONTROL + "ListNodes": Rule(READERS, NAMES),
     CONTROL + "ListJobs": Rule(READERS, NAMES),
     CONTROL + "StreamLogs": Rule(READERS, NAMES),
+    CONTROL + "WatchJob": Rule(READERS, NAMES),
     CONTROL + "PlanJob": Rule(READERS, SPEC),
     CONTROL + "SubmitJob": Rule(frozenset({ADMIN}), SPEC),
     CONTROL + "StopJob": Rule(frozenset({ADMIN}), NAMES),

@@ -73,6 +73,26 @@ def test_events_are_sent_once_whole_lines_at_a_time_and_all_again_after_a_regist
     assert [m.evaluation.checkpoint for m in messages] == ["ckpt-1", "ckpt-2", "ckpt-1", "ckpt-2"]
 
 
+
+def test_an_ended_attempts_events_file_is_read_once_a_registration(tmp_path, monkeypatch):
+    """Its task writes no more: polls leave its file alone until a registration asks for everything again."""
+    messages = []
+    hook = EventsHook(messages.append)
+    record = TaskRecord(ATTEMPT, tmp_path)
+    record.events_path.write_bytes(evaluation("ckpt-1", 1))
+    record.exited.set()
+    hook.on_exit(record)
+    opened = []
+    real_open = open
+    monkeypatch.setattr("builtins.open", lambda path, *a, **k: opened.append(path) or real_open(path, *a, **k))
+    hook.on_poll(record)
+    hook.on_poll(record)
+    assert opened == [] and len(messages) == 1
+    hook.on_register()
+    hook.on_poll(record)
+    hook.on_poll(record)
+    assert opened == [record.events_path] and [m.evaluation.checkpoint for m in messages] == ["ckpt-1", "ckpt-1"]
+
 def test_every_feature_is_a_hook_listed_once_and_commands_go_to_their_hook(agent):
     assert [type(h) for h in agent.hooks] == [EventsHook, SummariesHook, ShippingHook, CopiesHook]
     assert agent.commands == {ShipCheckpoints: agent.hooks[2], SyncCheckpoints: agent.hooks[3]}

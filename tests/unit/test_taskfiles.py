@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import pytest
@@ -117,3 +118,16 @@ def test_an_upgraded_agent_picks_up_the_exit_a_0_3_shim_recorded(tmp_path):
     [record] = supervisor.snapshot()
     assert record.report() == TaskReport(ATTEMPT, Phase.EXITED, pid=11, exit=TaskExit(exit_code=3, log_tail=("a", "b")))
     assert (record.port, record.group) == (20001, 1500)
+
+
+def test_only_the_exit_is_forced_to_disk(tmp_path, monkeypatch):
+    """A rebooted node's agent still reports an exit; what only the same boot reads back skips the fsync."""
+    synced = []
+    monkeypatch.setattr("os.fsync", lambda fd: synced.append(os.readlink(f"/proc/self/fd/{fd}")))
+    LaunchFile(ATTEMPT, ("true",), {}).write(tmp_path)
+    ShimStatus(Phase.RUNNING, 3, 10, pid=11, pgid=11, started=100.5).write(tmp_path)
+    write_stop(tmp_path, 1.0)
+    assert synced == []
+    ShimStatus(Phase.EXITED, 3, 10, 11, 11, 100.5, 200.25, exit=TaskExit(exit_code=3)).write(tmp_path)
+    assert len(synced) == 1 and ".tmp" in synced[0]
+    assert ShimStatus.read(tmp_path).exit.exit_code == 3 and LaunchFile.read(tmp_path).command == ("true",)

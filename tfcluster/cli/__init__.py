@@ -1,41 +1,52 @@
 """The `tfcluster` command: parses, calls the coordinator (or runs a daemon), renders. Thin by design.
 
 Errors are one line on stderr and a non-zero exit (2 for bad input, 1 otherwise), never a traceback.
+
+Quick to start: a run imports the module of the command it runs and nothing else (every command's module for
+`tfcluster --help` and for a name that is no command, so that help lists them all and a typo gets suggestions).
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 
 # gRPC's core logs a failed TLS handshake on stderr by itself; the error a command prints says it in one line.
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
-import typer  # noqa: E402
-
-from tfcluster import __version__  # noqa: E402
-from tfcluster.cli import cluster, daemons, jobs, node  # noqa: E402,F401  (each module adds its commands to the app)
-from tfcluster.cli.common import app, err, out  # noqa: E402
-
-
-@app.command()
-def demo(
-    epochs: int = typer.Option(5, min=1, help="Training epochs."),
-    keep: bool = typer.Option(False, help="Keep the temporary state dirs (logs, checkpoints) and print where."),
-) -> None:
-    """Run a local cluster (a coordinator and three agents) and a real 2-worker training job on it."""
-    from tfcluster.demo import run_demo
-
-    raise typer.Exit(run_demo(epochs=epochs, keep=keep, console=out))
+# Each command's module under tfcluster.cli, in the order `tfcluster --help` lists them.
+COMMAND_MODULES = {
+    "dashboard": "cluster", "ca": "cluster", "token": "cluster", "node": "cluster",
+    "gc": "node", "coordinator": "daemons", "agent": "daemons",
+    "start": "jobs", "plan": "jobs", "status": "jobs", "stop": "jobs", "logs": "jobs",
+    "demo": "misc", "version": "misc",
+}
+MODULE_ORDER = ("cluster", "node", "daemons", "jobs", "misc")
 
 
-@app.command()
-def version() -> None:
-    """Print the version."""
-    print(__version__)
+def load_commands(argv: list[str]):
+    """The app with the commands argv may run: its first word's module, or all of them."""
+    wanted = COMMAND_MODULES.get(argv[0]) if argv else None
+    for module in (wanted,) if wanted else MODULE_ORDER:
+        importlib.import_module(f"tfcluster.cli.{module}")
+    from tfcluster.cli.common import app
+
+    if wanted:  # typer builds every command it holds before it runs one: it holds the one that runs
+        app.registered_commands[:] = [c for c in app.registered_commands if _name(c) == argv[0]]
+        app.registered_groups[:] = [g for g in app.registered_groups if g.name == argv[0]]
+    return app
+
+
+def _name(command) -> str:
+    """A command's name as typer gives it: its own, or its function's with dashes."""
+    return command.name or command.callback.__name__.lower().replace("_", "-")
 
 
 def main() -> None:
+    app = load_commands(sys.argv[1:])
+    import typer
+
     try:
         sys.exit(app(standalone_mode=False))
     except KeyboardInterrupt:
@@ -47,6 +58,8 @@ def main() -> None:
         if context is not None and e.format_message() == context.get_help():  # no arguments at all
             print(e.format_message())
             sys.exit(e.exit_code)
+        from tfcluster.cli.common import err
+
         where = f"{context.command_path}: " if context is not None else ""
         err.print(f"error: {where}{e.format_message()} (see --help)", markup=False)
         sys.exit(e.exit_code)

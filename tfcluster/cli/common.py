@@ -8,15 +8,47 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 
 from tfcluster.auth import TokenError, load_token
+from tfcluster.cli import quickparams
 from tfcluster.client import Client, ClientError, credentials_for, default_coordinator
 
+quickparams.install()
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   help="TensorFlow distributed training on bare-metal machines.")
-out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+@app.callback()
+def _group() -> None:
+    """Nothing to do before a command: the callback keeps `tfcluster` a group of commands when a run loads the
+    module of one command alone."""
+
+
+class LazyConsole:
+    """A rich Console made at its first use: importing rich costs a command that prints nothing through it
+    (`tfcluster start` prints its job id and one plain line) a good part of its start-up."""
+
+    def __init__(self, **options) -> None:
+        self._options = options
+        self._console = None
+
+    @property
+    def console(self):
+        """The Console itself, for rich's own classes (Live)."""
+        if self._console is None:
+            from rich.console import Console
+            options = dict(self._options)
+            if options.pop("tty_width", False):
+                options["width"] = None if sys.stdout.isatty() else 160
+            self._console = Console(**options)
+        return self._console
+
+    def __getattr__(self, name: str):
+        return getattr(self.console, name)
+
+
+out = LazyConsole(highlight=False, tty_width=True)
+err = LazyConsole(stderr=True, highlight=False, soft_wrap=True)
 
 MAX_INT32 = 2**31 - 1
 DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -32,7 +64,7 @@ CoordinatorOpt = typer.Option(None, "--coordinator", "-c", metavar="HOST:PORT",
 
 
 def fail(message: str, code: int = 1) -> None:
-    err.print(f"error: {message}", markup=False)
+    print(f"error: {message}", file=sys.stderr, flush=True)
     raise typer.Exit(code)
 
 

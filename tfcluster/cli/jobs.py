@@ -10,16 +10,18 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.live import Live
 
-from tfcluster import wire
+from tfcluster import strategies
 from tfcluster.cli.common import FLAG_FOR_KEY, MAX_INT32, CoordinatorOpt, TlsDirOpt, app, connect, err, fail, out
 from tfcluster.client import Client, ClientError
-from tfcluster.render import render_plan, render_status
-from tfcluster.spec import STRATEGIES, SpecError, load_spec_file, parse_spec, resolve_paths, spec_from_flags
 from tfcluster.states import ENDED_JOB_STATES, JobState, TaskState
 
+# A job's spec (parsing, checking) and its conversions to the wire are imported by the commands that send one
+# (start, plan): `tfcluster status` starts without them.
+
 def _load_spec(spec_file: Path):
+    from tfcluster.spec import SpecError, load_spec_file
+
     try:
         return load_spec_file(spec_file)
     except SpecError as e:
@@ -31,7 +33,7 @@ def start(
     args: list[str] = typer.Argument(None, metavar="[SPEC.toml | -- COMMAND ...]",
                                      help="A job spec file, or (with --name and --strategy) the command after --."),
     name: Optional[str] = typer.Option(None, help="Job name (with flags instead of a spec file)."),
-    strategy: Optional[str] = typer.Option(None, help=f"One of: {', '.join(STRATEGIES)}."),
+    strategy: Optional[str] = typer.Option(None, help=f"One of: {', '.join(strategies.NAMES)}."),
     workers: Optional[int] = typer.Option(None, min=0, help="Number of workers [default: 1]."),
     chief: bool = typer.Option(False, "--chief", help="Add a chief task."),
     ps: Optional[int] = typer.Option(None, min=0, help="Number of parameter servers."),
@@ -46,6 +48,8 @@ def start(
     tls_dir: Optional[Path] = TlsDirOpt,
 ) -> None:
     """Submit a job. Prints the job id alone on stdout."""
+    from tfcluster.spec import SpecError, parse_spec, resolve_paths, spec_from_flags
+
     args = args or []
     if name is None and strategy is None:
         if len(args) != 1:
@@ -82,7 +86,7 @@ def start(
             fail(str(e), e.exit_code)
         print(job_id, flush=True)
         if not (wait or follow):
-            err.print(f"job {job_id} submitted; watch it with: tfcluster status {job_id}")
+            print(f"job {job_id} submitted; watch it with: tfcluster status {job_id}", file=sys.stderr, flush=True)
             return
         raise typer.Exit(_wait_for(client, job_id, follow))
 
@@ -91,33 +95,35 @@ def _wait_for(client: Client, job_id: str, follow: bool) -> int:
     if follow:
         _follow_primary(client, job_id)
     last = None
-    while True:
-        try:
-            job = client.status(job_id).jobs[0]
-        except ClientError as e:
-            err.print(f"warning: {e}; retrying", markup=False)
-            time.sleep(2)
-            continue
+    for job in _views(client, job_id):
         if job.state != last:
             err.print(f"{job_id}: {job.state}" + (f" ({job.message})" if job.message else ""), markup=False)
             last = job.state
-        if job.state in ENDED_JOB_STATES:
-            return 0 if job.state == JobState.SUCCEEDED else 1
-        time.sleep(0.5)
+    return 0 if last == JobState.SUCCEEDED else 1
+
+
+def _views(client: Client, job_id: str):
+    """The job's status at each change (streamed by the coordinator), until it has ended; a lost connection is
+    said in one line and the watch taken up again."""
+    while True:
+        try:
+            for job in client.watch(job_id, ENDED_JOB_STATES):
+                yield job
+                if job.state in ENDED_JOB_STATES:
+                    return
+        except ClientError as e:
+            err.print(f"warning: {e}; retrying", markup=False)
+            time.sleep(2)
 
 
 def _follow_primary(client: Client, job_id: str) -> None:
     """Streams the chief's (or worker 0's) log, attempt after attempt, until the job ends."""
     attempt_seen = 0
-    while True:
-        job = client.status(job_id).jobs[0]
+    for job in _views(client, job_id):
         primary = next((t for t in job.tasks if t.type == "chief"), None) or \
             next((t for t in job.tasks if t.type == "worker" and t.index == 0), None)
-        if job.state in ENDED_JOB_STATES and (primary is None or primary.attempt <= attempt_seen):
-            return
         if primary is None or primary.attempt <= attempt_seen or primary.state == TaskState.PENDING:
-            time.sleep(0.5)
-            continue
+            continue  # the job's next change may start it (a job that ended ends the views)
         attempt_seen = primary.attempt
         try:
             for data in client.logs(job_id, primary.type, primary.index, follow=True, attempt=primary.attempt):
@@ -136,6 +142,9 @@ def plan(
     tls_dir: Optional[Path] = TlsDirOpt,
 ) -> None:
     """Show where a job's tasks would go and every TF_CONFIG; launches nothing."""
+    from tfcluster import wire
+    from tfcluster.render import render_plan
+
     spec = _load_spec(spec_file)
     with connect(coordinator, tls_dir) as client:
         try:
@@ -171,6 +180,8 @@ def status(
         fail(f"--state: expected one of {', '.join(JobState)}, got {unknown[0]!r}", 2)
     if job_id and (show_all or node or states):
         fail("JOB shows one job: --all, --node and --state choose among jobs, so they go without it", 2)
+    from tfcluster.render import render_status
+
     with connect(coordinator, tls_dir) as client:
         def fetch():
             try:
@@ -178,6 +189,8 @@ def status(
             except ClientError as e:
                 fail(str(e), e.exit_code)
         if as_json:
+            from tfcluster import wire
+
             nodes, jobs, summary = fetch()
             doc = wire.status_doc(nodes, jobs, summary)
             if summary is not None:
@@ -191,7 +204,9 @@ def status(
                 out.print(f"dashboard: {_dashboard(client, view[2])}  (a browser logs in with `tfcluster "
                           f"dashboard{' ' + job_id if job_id else ''}`)", markup=False)
             return
-        with Live(render_status(*fetch(), job_id=job_id), console=out, refresh_per_second=4) as live:
+        from rich.live import Live
+
+        with Live(render_status(*fetch(), job_id=job_id), console=out.console, refresh_per_second=4) as live:
             try:
                 while True:
                     time.sleep(1.0)

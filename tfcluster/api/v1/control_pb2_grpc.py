@@ -70,6 +70,11 @@ class ControlServiceStub:
                 request_serializer=tfcluster_dot_v1_dot_control__pb2.StreamLogsRequest.SerializeToString,
                 response_deserializer=tfcluster_dot_v1_dot_control__pb2.LogChunk.FromString,
                 _registered_method=True)
+        self.WatchJob = channel.unary_stream(
+                '/tfcluster.v1.ControlService/WatchJob',
+                request_serializer=tfcluster_dot_v1_dot_control__pb2.WatchJobRequest.SerializeToString,
+                response_deserializer=tfcluster_dot_v1_dot_control__pb2.WatchJobResponse.FromString,
+                _registered_method=True)
         self.CreateJoinToken = channel.unary_unary(
                 '/tfcluster.v1.ControlService/CreateJoinToken',
                 request_serializer=tfcluster_dot_v1_dot_control__pb2.CreateJoinTokenRequest.SerializeToString,
@@ -137,6 +142,14 @@ class ControlServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchJob(self, request, context):
+        """One job's status at once, then again each time it changes, until it has ended (the last message shows it
+        ended). A client that reads slowly gets the newest status, not every one in between.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def CreateJoinToken(self, request, context):
         """Admins only: a token a new node joins with (`tfcluster agent --join`); only its hash is kept.
         """
@@ -195,6 +208,11 @@ def add_ControlServiceServicer_to_server(servicer, server):
                     servicer.StreamLogs,
                     request_deserializer=tfcluster_dot_v1_dot_control__pb2.StreamLogsRequest.FromString,
                     response_serializer=tfcluster_dot_v1_dot_control__pb2.LogChunk.SerializeToString,
+            ),
+            'WatchJob': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchJob,
+                    request_deserializer=tfcluster_dot_v1_dot_control__pb2.WatchJobRequest.FromString,
+                    response_serializer=tfcluster_dot_v1_dot_control__pb2.WatchJobResponse.SerializeToString,
             ),
             'CreateJoinToken': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateJoinToken,
@@ -401,6 +419,33 @@ class ControlService:
             '/tfcluster.v1.ControlService/StreamLogs',
             tfcluster_dot_v1_dot_control__pb2.StreamLogsRequest.SerializeToString,
             tfcluster_dot_v1_dot_control__pb2.LogChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/tfcluster.v1.ControlService/WatchJob',
+            tfcluster_dot_v1_dot_control__pb2.WatchJobRequest.SerializeToString,
+            tfcluster_dot_v1_dot_control__pb2.WatchJobResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -117,6 +117,7 @@ class Agent:
         retention = RetentionPass(self.config.state_dir, self.config.retention, self._jobs_in_use,
                                   functools.partial(ask_coordinator, self.config.coordinator, lambda: self.credentials))
         threading.Thread(target=retention.run, args=(self._stop,), name="retention", daemon=True).start()
+        threading.Thread(target=self.supervisor.launcher.warm, name="launcher", daemon=True).start()
         threading.Thread(target=self._poll_hooks, name="events", daemon=True).start()
         if self.config.identity is not None:
             threading.Thread(target=self._renew_certificate, name="renew", daemon=True).start()
@@ -166,6 +167,7 @@ class Agent:
         self.session.cancel()
         if stop_tasks:
             self.supervisor.stop_all(grace_seconds)
+        self.supervisor.launcher.close()
 
     def _refused(self, why: str) -> None:
         # A removed or replaced node's tasks run on elsewhere; nobody will ever stop these.

@@ -11,7 +11,7 @@ import threading
 from collections.abc import Callable
 
 from tfcluster import wire
-from tfcluster.daemon.agent.hooks import Send, TaskHook
+from tfcluster.daemon.agent.hooks import Send, TaskHook, remember
 from tfcluster.daemon.logformat import fields
 from tfcluster.model import Attempt, Evaluation
 
@@ -23,17 +23,27 @@ class EventsHook(TaskHook):
         self.send = send
         self.reports_itself = reports_itself  # told of each attempt that reports evaluations through its file
         self.offsets: dict[Attempt, int] = {}  # how far each attempt's events file has been sent
+        # Ended attempts whose files were read to the end since the registration: they write no more, and a
+        # node that ran thousands of short tasks in the last hour would otherwise read each file 5 times a second.
+        self.finished: dict[Attempt, None] = {}
         self.lock = threading.Lock()
 
     def on_register(self) -> None:
         with self.lock:
             self.offsets.clear()
+            self.finished.clear()
 
     def on_poll(self, record) -> None:
+        if record.attempt in self.finished:
+            return
+        ended = record.exited.is_set()  # before the read: all the attempt wrote is in its file by then
         self._send_new(record)
+        if ended:
+            with self.lock:
+                remember(self.finished, record.attempt)
 
     def on_exit(self, record) -> None:
-        self._send_new(record)
+        self.on_poll(record)
 
     def _send_new(self, record) -> None:
         key = record.attempt

@@ -20,8 +20,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from tfcluster.api.v1 import agent_pb2
+from tfcluster.model import Attempt
 
 POLL_SECONDS = 0.2
+ATTEMPTS_REMEMBERED = 4096  # per kind, the oldest forgotten first: a node's agent runs for months
 
 Send = Callable[[agent_pb2.AgentMessage], None]  # queues a message for the coordinator's stream
 
@@ -44,3 +46,10 @@ class TaskHook:
 
     def jobs_in_use(self) -> set[str]:
         return set()
+
+
+def remember(attempts: dict[Attempt, None], attempt: Attempt) -> None:
+    """Adds attempt to an insertion-ordered set of at most ATTEMPTS_REMEMBERED, forgetting the oldest."""
+    attempts[attempt] = None
+    if len(attempts) > ATTEMPTS_REMEMBERED:
+        del attempts[next(iter(attempts))]

@@ -30,7 +30,7 @@ import grpc
 from tfcluster import layout, wire
 from tfcluster.api.v1 import agent_pb2_grpc
 from tfcluster.daemon.agent.taskfiles import ShimStatus, TaskFileError, write_json_atomic
-from tfcluster.daemon.agent.taskrunner import is_shim
+from tfcluster.daemon.agent.taskrecord import is_shim
 from tfcluster.security import Credentials
 from tfcluster.states import Phase
 from tfcluster.task import latest_checkpoint
@@ -205,7 +205,7 @@ def _attempt_runs(attempt_dir: Path, now: float) -> bool:
             return now - (attempt_dir / layout.LAUNCH_FILE).stat().st_mtime < STARTING_GRACE_SECONDS
         except OSError:
             return False
-    return status.phase == Phase.RUNNING and is_shim(status.shim_pid, attempt_dir)
+    return status.phase == Phase.RUNNING and is_shim(status.shim_pid, attempt_dir, status.shim_started)
 
 
 def _older_checkpoints(state_dir: Path, job_id: str) -> list[Item]:

@@ -26,7 +26,7 @@ from google.protobuf.message import DecodeError
 
 from tfcluster import wire
 from tfcluster.daemon.agent.checkpoint_steps import read_steps
-from tfcluster.daemon.agent.hooks import Send, TaskHook
+from tfcluster.daemon.agent.hooks import Send, TaskHook, remember
 from tfcluster.model import Attempt, Evaluation
 from tfcluster.task import STEP_VARIABLES, checkpoint_paths, checkpoint_step
 
@@ -36,7 +36,6 @@ SCAN_SECONDS = 1.0  # how often the summary dir is listed for new event files (k
 EVENT_FILE_MARK = ".tfevents."  # TensorBoard's event files: events.out.tfevents.<time>.<host>...
 MAX_RECORDS_PER_FILE_POLL = 10_000  # a huge event file is read over several polls, not in one go
 MAX_METRICS = 256  # what the coordinator accepts in one evaluation
-ATTEMPTS_REMEMBERED = 4096  # per kind, the oldest forgotten first: a node's agent runs for months
 # tf-keras's TensorBoard callback names an evaluation's scalars evaluation_<metric>_vs_iterations.
 KERAS_EVALUATION_TAG = re.compile(r"^evaluation_(.+)_vs_iterations$")
 SCALAR_FORMATS = {1: "<f", 2: "<d", 3: "<i", 9: "<q"}  # DataType DT_FLOAT, DT_DOUBLE, DT_INT32, DT_INT64
@@ -142,7 +141,7 @@ class EvaluatorSummaries:
         self.unavailable = False  # the agent's Python has no tensorboard package
 
     def reports_itself(self, attempt: Attempt) -> None:
-        _remember(self.reporting, attempt)
+        remember(self.reporting, attempt)
         self.readers.pop(attempt, None)
 
     def read_again(self) -> None:
@@ -167,7 +166,7 @@ class EvaluatorSummaries:
                 return []
         if record.exited.is_set():
             reader.scanned_at = float("-inf")  # its last look: every event file it wrote
-            _remember(self.finished, attempt)
+            remember(self.finished, attempt)
             del self.readers[attempt]
         return reader.poll()
 
@@ -195,12 +194,6 @@ class SummariesHook(TaskHook):
             self.send(wire.evaluation_to_proto(record.attempt, result))
 
     on_exit = on_poll  # its last results, before its exit
-
-
-def _remember(attempts: dict[Attempt, None], attempt: Attempt) -> None:
-    attempts[attempt] = None
-    if len(attempts) > ATTEMPTS_REMEMBERED:
-        del attempts[next(iter(attempts))]
 
 
 def _scalars(event) -> dict[str, float]:

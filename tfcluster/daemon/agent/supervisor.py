@@ -1,8 +1,9 @@
-"""Starts, stops and watches a node's tasks, each through its own shim (taskrunner.py).
+"""Starts, stops and watches a node's tasks, each through its own shim (taskrunner.py), forked by the
+launcher (launcher.py).
 
-Exits are seen at once: a thread waits on each shim (a child of this agent), or on a pidfd for shims
-adopted after an agent restart. Every change becomes a report for the coordinator through on_report.
-Task files live in one directory per attempt (layout.attempt_dir).
+Exits are seen at once: a thread waits on each shim's pidfd (or on the shim itself, when the agent had to start
+it as its own child), also for shims adopted after an agent restart. Every change becomes a report for the
+coordinator through on_report. Task files live in one directory per attempt (layout.attempt_dir).
 """
 
 from __future__ import annotations
@@ -22,10 +23,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tfcluster import layout
+from tfcluster.daemon.agent.launcher import ForkedShim, Launcher
 from tfcluster.daemon.agent.tasklog import DEFAULT_LIMIT_BYTES, total_bytes
 from tfcluster.daemon.agent.taskfiles import LaunchFile, ShimStatus, TaskFileError, write_json_atomic, write_stop
-from tfcluster.daemon.agent.taskrecord import TaskKey, TaskRecord, exit_of, newest_checkpoint
-from tfcluster.daemon.agent.taskrunner import group_alive, is_shim, kill_group
+from tfcluster.daemon.agent.taskrecord import TaskKey, TaskRecord, exit_of, is_shim, newest_checkpoint
+from tfcluster.daemon.agent.taskrunner import group_alive, kill_group
 from tfcluster.daemon.agent.taskuser import (JOB_READABLE_FILE_MODE, PRIVATE_FILE_MODE, JobPaths, TaskUser,
                                              TaskUserError, TaskUsers, create_file, prepare_attempt, prepare_job,
                                              private_tmp_problem)
@@ -62,6 +64,7 @@ class Supervisor:
         self.log_limit_bytes = log_limit_bytes  # output kept per attempt (tasklog.py)
         self.lock = threading.Lock()
         self.tasks: dict[TaskKey, TaskRecord] = {}
+        self.launcher = Launcher()  # forks the shims (launcher.py)
 
     # ---- launching -------------------------------------------------------------------------------
 
@@ -117,17 +120,31 @@ class Supervisor:
         task_dirs = [env[name] for name in (layout.CHECKPOINT_DIR, layout.MODEL_DIR)
                      if env.get(name) and Path(env[name]) != paths.checkpoints]
         create_file(record.events_path, PRIVATE_FILE_MODE, *user.owner(private=True))
-        write_json_atomic(record.control_path, {}, mode=JOB_READABLE_FILE_MODE, group=record.group)
+        write_json_atomic(record.control_path, {}, mode=JOB_READABLE_FILE_MODE, group=record.group, durable=False)
+        private_tmp = self.task_users.agent_is_root and self.task_users.private_tmp
         LaunchFile(record.attempt, order.command, env, order.workdir, order.port, order.stop_grace_seconds,
                    self.log_limit_bytes, uid=user.uid if user.switches else None,
                    gid=user.gid if user.switches else None, task_dirs=tuple(task_dirs),
-                   private_tmp=str(paths.tmp) if self.task_users.agent_is_root and self.task_users.private_tmp else "",
-                   private_tmp_unavailable=private_tmp_problem(self.state_dir)).write(record.dir)
-        shim_log = os.open(record.dir / layout.SHIM_LOG_FILE, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        with open(shim_log, "ab") as shim_log_file:
+                   private_tmp=str(paths.tmp) if private_tmp else "",
+                   private_tmp_unavailable=private_tmp_problem(self.state_dir) if private_tmp else "").write(record.dir)
+        return self._start_shim(record)
+
+    def _start_shim(self, record: TaskRecord) -> ForkedShim | subprocess.Popen:
+        """Forked by the launcher (a millisecond), or, when it cannot serve, a fresh interpreter (100 ms of CPU)."""
+        shim_log = os.open(record.dir / layout.SHIM_LOG_FILE, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC,
+                           0o600)
+        try:
+            try:
+                return self.launcher.spawn(record.dir, shim_log)
+            except OSError as e:  # where none can ever serve, the launcher said so once, when the agent started
+                log.log(logging.DEBUG if self.launcher.unavailable else logging.WARNING,
+                        "%s: the task launcher cannot start its shim (%s); starting it directly", record.name, e,
+                        extra=fields(record.attempt))
             return subprocess.Popen([sys.executable, "-m", "tfcluster.daemon.agent.taskrunner", str(record.dir)],
-                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=shim_log_file,
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=shim_log,
                                     start_new_session=True, close_fds=True)
+        finally:
+            os.close(shim_log)
 
     @staticmethod
     def _environment(record: TaskRecord, order: Launch, user: TaskUser, paths: JobPaths) -> dict[str, str]:
@@ -154,7 +171,7 @@ class Supervisor:
                         return
             record.exited.wait(LISTEN_POLL_SECONDS)
 
-    def _watch_child(self, record: TaskRecord, shim: subprocess.Popen) -> None:
+    def _watch_child(self, record: TaskRecord, shim: ForkedShim | subprocess.Popen) -> None:
         line = shim.stdout.readline()
         try:
             started = json.loads(line) if line else {}
@@ -197,7 +214,7 @@ class Supervisor:
         record = self.current(attempt)
         if record is not None:
             write_json_atomic(record.control_path, {"training_finished": True, "final_checkpoint": final_checkpoint},
-                              mode=JOB_READABLE_FILE_MODE, group=record.group)
+                              mode=JOB_READABLE_FILE_MODE, group=record.group, durable=False)  # for the running task
 
     def _finish(self, record: TaskRecord, phase: str, exit: TaskExit) -> None:
         with self.lock:
@@ -259,7 +276,7 @@ class Supervisor:
             if known is not None and known.attempt.number >= launch.attempt.number:
                 continue
             if status.phase == Phase.RUNNING:
-                if not is_shim(record.shim_pid, record.dir):
+                if not is_shim(record.shim_pid, record.dir, record.shim_started):
                     if record.pid and group_alive(record.pid):
                         kill_group(record.pid, signal.SIGKILL)
                     continue
@@ -285,7 +302,7 @@ class Supervisor:
             self._collect(record)
             return
         except OSError:  # no pidfd (Linux < 5.3): fall back to polling the pid
-            while is_shim(record.shim_pid, record.dir):
+            while is_shim(record.shim_pid, record.dir, record.shim_started):
                 time.sleep(ADOPTED_POLL_SECONDS)
             self._collect(record)
             return

@@ -1,5 +1,5 @@
-"""One attempt of one task on this node as the agent knows it (TaskRecord), and its exit as the agent
-reports it, made from the shim's record of it in one place (exit_of).
+"""One attempt of one task on this node as the agent knows it (TaskRecord), its exit as the agent reports it,
+made from the shim's record of it in one place (exit_of), and whether its shim still runs (is_shim).
 """
 
 from __future__ import annotations
@@ -11,8 +11,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
+
 from tfcluster import layout
 from tfcluster.daemon.agent.taskfiles import LaunchFile, ShimStatus
+from tfcluster.daemon.agent.taskrunner import process_start
 from tfcluster.model import Attempt, TaskExit, TaskReport
 from tfcluster.states import Phase
 from tfcluster.task import latest_checkpoint
@@ -28,6 +31,7 @@ class TaskRecord:
     phase: str = Phase.STARTING
     pid: int = 0
     shim_pid: int = 0
+    shim_started: int = 0  # when the shim started (ShimStatus.shim_started); 0: unknown
     port: int = 0
     checkpoint_dir: str = ""
     gpus: str = ""  # its CUDA_VISIBLE_DEVICES: the node's GPUs it holds (GPU metrics name the task by it)
@@ -61,7 +65,8 @@ class TaskRecord:
     def from_files(cls, directory: Path, launch: LaunchFile, status: ShimStatus) -> TaskRecord:
         """The record of an attempt a previous agent process started, from its files (its phase and exit are
         the caller's to set: whether it still runs is not in the files)."""
-        return cls(launch.attempt, directory, pid=status.pid, shim_pid=status.shim_pid, port=launch.port,
+        return cls(launch.attempt, directory, pid=status.pid, shim_pid=status.shim_pid,
+                   shim_started=status.shim_started, port=launch.port,
                    checkpoint_dir=launch.env.get(layout.CHECKPOINT_DIR, ""),
                    gpus=launch.env.get(layout.CUDA_VISIBLE_DEVICES, ""),
                    summary_dir=launch.env.get(layout.SUMMARY_DIR, ""), started_at=status.started,
@@ -83,3 +88,17 @@ def newest_checkpoint(directory: str) -> str:
     """The newest committed checkpoint in a task's checkpoint dir, relative to it ("" if none)."""
     newest = latest_checkpoint(directory) if directory else None
     return os.path.relpath(newest, directory) if newest else ""
+
+
+def is_shim(pid: int, attempt_dir: Path, started: int = 0) -> bool:
+    """True when pid is still the shim of this attempt (pids are reused): the process that started at `started`,
+    or, for a shim of an earlier release that did not record it, one whose command line names the attempt dir."""
+    if not pid:
+        return False
+    if started:
+        return process_start(pid) == started
+    try:
+        cmdline = psutil.Process(pid).cmdline()
+    except psutil.Error:
+        return False
+    return "tfcluster.daemon.agent.taskrunner" in cmdline and str(attempt_dir) in cmdline

@@ -1,4 +1,5 @@
-"""The per-task shim: `python -m tfcluster.daemon.agent.taskrunner ATTEMPT_DIR`.
+"""The per-task shim: forked by the agent's launcher (launcher.py) with this module already imported, or
+started as `python -m tfcluster.daemon.agent.taskrunner ATTEMPT_DIR` when the launcher cannot serve.
 
 It starts the task in its own process group, copies its output into the attempt's output files (within
 the attempt's limit: the head and the newest bytes, tasklog.py), carries out stops (SIGTERM, then SIGKILL to
@@ -25,8 +26,6 @@ import sys
 import threading
 import time
 from pathlib import Path
-
-import psutil
 
 from tfcluster import layout
 from tfcluster.daemon.agent import isolation
@@ -63,9 +62,11 @@ class Runner:
         self.kill_at = float("inf")  # monotonic time of the SIGKILL, once a stop was asked for
         self.child: subprocess.Popen | None = None
         self.private_tmp = False  # /tmp is the job's own dir here
+        self.started = process_start(os.getpid())
 
     def status(self, phase: str, **fields) -> None:
-        ShimStatus(phase, attempt=self.launch.attempt.number, shim_pid=os.getpid(), **fields).write(self.dir)
+        ShimStatus(phase, attempt=self.launch.attempt.number, shim_pid=os.getpid(), shim_started=self.started,
+                   **fields).write(self.dir)
 
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_term)
@@ -181,15 +182,17 @@ class Runner:
         threading.Thread(target=escalate, daemon=True).start()
 
 
-def is_shim(pid: int, attempt_dir: Path) -> bool:
-    """True when pid is still the shim of this attempt (pids are reused)."""
-    if not pid:
-        return False
+def process_start(pid: int) -> int:
+    """When the process started, in clock ticks since boot (field 22 of /proc/PID/stat); 0: it is gone (or a
+    zombie). The pid and this name one process for good: a reused pid comes with another start time."""
     try:
-        cmdline = psutil.Process(pid).cmdline()
-    except psutil.Error:
-        return False
-    return "tfcluster.daemon.agent.taskrunner" in cmdline and str(attempt_dir) in cmdline
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return 0
+    # The command name (field 2, in parentheses) may hold spaces or parentheses: count after its end.
+    fields = stat[stat.rindex(b")") + 2:].split()
+    return 0 if fields[0] == b"Z" else int(fields[19])
 
 
 def main() -> int:

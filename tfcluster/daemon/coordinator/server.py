@@ -27,6 +27,7 @@ from tfcluster.daemon.coordinator.persistence import Persistence
 from tfcluster.daemon.coordinator.store import Store, open_store
 from tfcluster.daemon.coordinator.taskusers import UidRange
 from tfcluster.daemon.coordinator.trust import Trust
+from tfcluster.daemon.coordinator.watch import Watchers
 from tfcluster.daemon.logformat import fields
 from tfcluster.model import Attempt, CancelLog, Command, ReadLog, Revocations
 from tfcluster.pki import Identity, PkiError
@@ -49,7 +50,7 @@ class Coordinator:
         self.authority = authority  # the CA that signs node certificates; None: no TLS (--insecure)
         self.node_cert_lifetime = datetime.timedelta(hours=pki.NODE_HOURS)
         self.heartbeat_interval = heartbeat_interval
-        self.persistence = Persistence(store, cluster, self.send)
+        self.persistence = Persistence(store, cluster, self._stored)
         self.store = store
         self.apply = self.persistence.apply  # something changed: the commands go out once it is stored
         self.outboxes: dict[str, Outbox] = collections.defaultdict(Outbox)
@@ -59,6 +60,7 @@ class Coordinator:
         self.tasks: list[asyncio.Task] = []
         self.started = self.clock()
         self.logins = Logins()     # the dashboard's one-time links and browser sessions
+        self.watchers = Watchers()  # clients following a job (WatchJob): woken after each store write
         self.dashboard_port = 0    # where the dashboard is served; 0: nowhere
 
     @property
@@ -81,6 +83,11 @@ class Coordinator:
         await self.persistence.close(self.tasks[0] if self.tasks else None)
 
     # ---- sending what the stored changes decided -----------------------------------------------
+
+    def _stored(self, commands: list[Command]) -> None:
+        """A write succeeded: the commands it decided go out, and clients following a job see its new state."""
+        self.send(commands)
+        self.watchers.changed()
 
     def send(self, commands: list[Command]) -> None:
         for command in commands:

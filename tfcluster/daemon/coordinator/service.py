@@ -7,6 +7,7 @@ held by another live agent ALREADY_EXISTS. One stream per agent costs a coroutin
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import logging
 import urllib.parse
@@ -30,6 +31,7 @@ from tfcluster.daemon.coordinator.launch import command_for
 from tfcluster.daemon.coordinator.metrics import CoordinatorMetrics
 from tfcluster.daemon.coordinator.server import Coordinator, StreamEnded, build
 from tfcluster.daemon.coordinator.trust import TokenRefused
+from tfcluster.daemon.coordinator.watch import TooManyWatchers
 from tfcluster.daemon.logformat import fields
 from tfcluster.daemon.web import WebListener, parse_listen
 from tfcluster.model import NODE_NAME_RE
@@ -292,6 +294,19 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
                     return
         finally:
             self.c.close_log(request_id, cancel=not finished)
+
+    async def WatchJob(self, request, context):
+        jobs = self.c.cluster.jobs
+        if request.job_id not in jobs:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown job {request.job_id[:200]!r}")
+        try:
+            views = self.c.watchers.follow(lambda: jobs.get(request.job_id), wire.job_status,
+                                           lambda job: job.state.ended)
+            async with contextlib.aclosing(views):  # a client gone mid-send ends the watch at once
+                async for job in views:
+                    yield control_pb2.WatchJobResponse(job=job)
+        except TooManyWatchers as e:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
 
 
 def _peer_ip(context) -> str:

@@ -1,0 +1,179 @@
+"""How quickly the CLI answers and jobs go through (a benchmark, not a test), each figure beside its floor
+measured in the same run, on a local cluster (a real coordinator and two agents over mutual TLS):
+
+- status: `tfcluster status` wall time, alternated with the floor (a Python that imports grpc and typer)
+- start: `tfcluster start` of a 2-task job until every task is RUNNING (read with GetStatus every 2 ms),
+  beside the floor (a Python that imports grpc and typer, and the store write and launch that no CLI can skip
+  are in the figure); and the same job submitted through the client library, which is the store write and
+  the launch alone
+- throughput: jobs of 2 tasks running `true`, submitted back to back by one client, from the first submission
+  to the last job SUCCEEDED
+- tf: a 2-worker MultiWorkerMirroredStrategy Keras program (TensorFlow's multi-worker tutorial, on synthetic
+  data) under `tfcluster start --wait`, against the same program launched by hand with TF_CONFIG, rounds
+  alternated (needs the tf extra)
+
+Usage: python bench/cli.py [--quick] [status|start|throughput|tf ...]   (all four by default)
+Prints a table and writes bench/cli.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))
+from harness import PYTHON, LocalCluster, free_port, wait_until  # noqa: E402
+
+FLOOR = [PYTHON, "-c", "import grpc, typer"]
+FIGURES = ("status", "start", "throughput", "tf")
+TF_PROGRAM = Path(__file__).resolve().parent / "tf_main.py"
+
+
+def wall(argv: list[str], env: dict[str, str] | None = None) -> float:
+    began = time.monotonic()
+    subprocess.run(argv, check=True, capture_output=True, env={**os.environ, **(env or {})})
+    return time.monotonic() - began
+
+
+def ms(values: list[float]) -> str:
+    return f"{statistics.median(values) * 1000:.0f} ms (min {min(values) * 1000:.0f}, max {max(values) * 1000:.0f})"
+
+
+def status_figures(cluster: LocalCluster, rounds: int) -> dict[str, str]:
+    status, floor = [], []
+    for _ in range(rounds):
+        status.append(wall([PYTHON, "-m", "tfcluster.cli", "status"], cluster.client_env()))
+        floor.append(wall(FLOOR))
+    return {"status": ms(status), "status_floor_import_grpc_typer": ms(floor),
+            "status_over_floor": f"{statistics.median(status) / statistics.median(floor):.2f}x"}
+
+
+def start_figures(cluster: LocalCluster, rounds: int) -> dict[str, str]:
+    from tfcluster.spec import parse_spec
+
+    to_running, by_library, floor = [], [], []
+    argv = [PYTHON, "-m", "tfcluster.cli", "start", "--name", "quick", "--strategy", "multi_worker_mirrored",
+            "--workers", "2", "--", "sleep", "30"]
+    spec = parse_spec({"name": "quick", "strategy": "multi_worker_mirrored", "workdir": "/", "command": ["sleep", "30"],
+                       "roles": {"worker": {"count": 2}}}, source="bench")
+    env = {**os.environ, **cluster.client_env()}
+    with cluster.client() as client:
+        def until_running(began: float, submit) -> float:
+            job_id = submit()
+            wait_until(lambda: all(t.state == "RUNNING" for t in client.job(job_id).tasks), 30, interval=0.002,
+                       what="every task RUNNING")
+            took = time.monotonic() - began
+            client.stop(job_id, graceful=False)
+            wait_until(lambda: client.job(job_id).state == "STOPPED", 30, interval=0.02, what="STOPPED")
+            return took
+
+        for _ in range(rounds):
+            to_running.append(until_running(time.monotonic(), lambda: subprocess.run(
+                argv, check=True, capture_output=True, text=True, env=env).stdout.strip()))
+            by_library.append(until_running(time.monotonic(), lambda: client.submit(spec)))
+            floor.append(wall(FLOOR))
+    return {"start_to_running": ms(to_running), "start_floor_import_grpc_typer": ms(floor),
+            "start_over_floor": f"{statistics.median(to_running) / statistics.median(floor):.2f}x",
+            "start_by_client_library_to_running": ms(by_library)}
+
+
+def throughput_figures(cluster: LocalCluster, jobs: int) -> dict[str, str]:
+    from tfcluster.model import JOB_ENDED
+    from tfcluster.spec import parse_spec
+
+    spec = parse_spec({"name": "tiny", "strategy": "multi_worker_mirrored", "workdir": "/", "command": ["true"],
+                       "roles": {"worker": {"count": 2}}}, source="bench")
+    with cluster.client() as client:
+        first = time.time()
+        ids = [client.submit(spec) for _ in range(jobs)]
+        submitted = time.time() - first
+        ended = [next(j for j in client.watch(job_id, JOB_ENDED) if j.state in JOB_ENDED) for job_id in ids]
+    failed = [j.id for j in ended if j.state != "SUCCEEDED"]
+    elapsed = max(j.finished for j in ended) - first
+    return {"throughput_jobs": f"{jobs} of 2 tasks running `true` ({len(failed)} not SUCCEEDED)",
+            "throughput_submit_only": f"{jobs / submitted:.0f} jobs/s",
+            "throughput_jobs_per_second": f"{jobs / elapsed:.1f} jobs/s (first submission to last SUCCEEDED: "
+                                          f"{elapsed:.2f} s)"}
+
+
+def by_hand(workdir: Path, epochs: int) -> float:
+    """The two workers started as the tutorial does: the same program, TF_CONFIG in each one's environment."""
+    ports = [free_port(), free_port()]
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
+    began = time.monotonic()
+    procs = [subprocess.Popen([PYTHON, str(TF_PROGRAM)], cwd=workdir, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL,
+                              env={**os.environ, "EPOCHS": str(epochs), "CUDA_VISIBLE_DEVICES": "",
+                                   "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker",
+                                                                                         "index": i}})})
+             for i in range(2)]
+    codes = [p.wait() for p in procs]
+    if codes != [0, 0]:
+        raise RuntimeError(f"the workers started by hand exited {codes}")
+    return time.monotonic() - began
+
+
+def under_tfcluster(cluster: LocalCluster, workdir: Path, epochs: int) -> float:
+    began = time.monotonic()
+    cluster.cli("start", "--name", "tutorial", "--strategy", "multi_worker_mirrored", "--workers", "2",
+                "--max-restarts", "0", "-e", f"EPOCHS={epochs}", "--wait", "--",
+                PYTHON, str(TF_PROGRAM), check=True, timeout=600)
+    return time.monotonic() - began
+
+
+def tf_figures(cluster: LocalCluster, rounds: int, epochs: int) -> dict[str, str]:
+    with tempfile.TemporaryDirectory(prefix="tfcluster-bench-tf-", dir="/var/tmp") as tmp:
+        os.chmod(tmp, 0o777)
+        hand, managed = [], []
+        for r in range(rounds):  # alternated, each first in turn: both meet the same machine
+            for run in ((by_hand, under_tfcluster) if r % 2 == 0 else (under_tfcluster, by_hand)):
+                if run is by_hand:
+                    hand.append(by_hand(Path(tmp), epochs))
+                else:
+                    managed.append(under_tfcluster(cluster, Path(tmp), epochs))
+    ratio = statistics.median(managed) / statistics.median(hand)
+    return {"tf_by_hand_with_tf_config": ms(hand), "tf_under_start_wait": ms(managed),
+            "tf_start_wait_over_by_hand": f"{ratio:.3f}x ({(ratio - 1) * 100:+.1f}%)"}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("figures", nargs="*", choices=[*FIGURES, []], metavar="FIGURE", help=", ".join(FIGURES))
+    parser.add_argument("--quick", action="store_true", help="Fewer rounds and jobs: a smoke run.")
+    options = parser.parse_args()
+    figures = options.figures or FIGURES
+    rounds = 5 if options.quick else 21
+    results: dict[str, str] = {}
+    with tempfile.TemporaryDirectory(prefix="tfcluster-bench-", dir="/var/tmp") as tmp:
+        os.chmod(tmp, 0o711)  # tasks run as their jobs' users: they must reach what is under it
+        cluster = LocalCluster(root=Path(tmp))
+        try:
+            cluster.start_coordinator()
+            cluster.start_agents({"a": {}, "b": {}})
+            if "status" in figures:
+                results.update(status_figures(cluster, rounds))
+            if "start" in figures:
+                results.update(start_figures(cluster, rounds))
+            if "throughput" in figures:
+                results.update(throughput_figures(cluster, 20 if options.quick else 200))
+            if "tf" in figures:
+                results.update(tf_figures(cluster, 2 if options.quick else 6, 2 if options.quick else 5))
+        finally:
+            cluster.teardown()
+    width = max(len(k) for k in results)
+    for key, value in results.items():
+        print(f"{key:<{width}}  {value}")
+    (Path(__file__).resolve().parent / "cli.json").write_text(json.dumps(results, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,151 @@
+"""Shims forked by the agent's launcher behave as shims started as interpreters of their own: a session of their
+own, their exit seen at once, adopted by a new agent after a restart (the launcher gone); a dead launcher is
+replaced, and with none the agent starts the shim itself."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+import psutil
+
+from tfcluster.daemon.agent import launcher as launcher_module
+from tfcluster.daemon.agent.supervisor import Supervisor
+from tfcluster.daemon.agent.taskfiles import LaunchFile, ShimStatus
+from tfcluster.daemon.agent.taskrecord import is_shim
+from tfcluster.daemon.agent.taskrunner import process_start
+from tfcluster.model import Attempt, Launch, Phase
+
+TASK_UID = 2_100_999_000  # the job's user, as the coordinator gives it (an agent that is not root ignores it)
+
+
+class Reports:
+    def __init__(self) -> None:
+        self.seen: list[tuple[Attempt, str]] = []
+        self.changed = threading.Condition()
+
+    def __call__(self, record) -> None:
+        with self.changed:
+            self.seen.append((record.attempt, record.phase))
+            self.changed.notify_all()
+
+    def wait_for(self, attempt: Attempt, phase: str, timeout: float = 30) -> None:
+        with self.changed:
+            assert self.changed.wait_for(lambda: (attempt, phase) in self.seen, timeout), self.seen
+
+
+def launch(supervisor: Supervisor, job: str, *command: str) -> Attempt:
+    attempt = Attempt(job, "worker", 0, 1)
+    supervisor.launch(Launch("n", attempt, command, {"PATH": os.environ["PATH"]}, "/", 0, 1.0,
+                             uid=TASK_UID, gid=TASK_UID))
+    return attempt
+
+
+def test_a_forked_shim_runs_in_a_session_of_its_own_and_its_exit_is_seen_at_once(tmp_path):
+    reports = Reports()
+    supervisor = Supervisor(tmp_path, reports)
+    try:
+        attempt = launch(supervisor, "fork-1", "sh", "-c", "exit 3")
+        reports.wait_for(attempt, Phase.EXITED)
+        record = supervisor.current(attempt)
+        assert record.exit.exit_code == 3 and (attempt, Phase.RUNNING) in reports.seen
+        shim = supervisor.launcher.process
+        assert shim is not None, "the launcher forked it"
+        status = ShimStatus.read(record.dir)
+        assert status.shim_pid == record.shim_pid != shim.pid and status.shim_started > 0
+        running = launch(supervisor, "fork-2", "sleep", "60")
+        reports.wait_for(running, Phase.RUNNING)
+        pid = supervisor.current(running).shim_pid
+        assert os.getsid(pid) == pid, "a session of its own"
+        assert psutil.Process(pid).name() == launcher_module.SHIM_NAME
+        assert psutil.Process(pid).ppid() == supervisor.launcher.process.pid, "the launcher's child, not the agent's"
+        assert is_shim(pid, supervisor.current(running).dir, process_start(pid))
+    finally:
+        supervisor.stop_all(0)
+        supervisor.launcher.close()
+
+
+def test_shims_outlive_their_launcher_and_a_new_agent_adopts_them(tmp_path):
+    reports = Reports()
+    supervisor = Supervisor(tmp_path, reports)
+    attempt = launch(supervisor, "survive-1", "sleep", "60")
+    reports.wait_for(attempt, Phase.RUNNING)
+    shim_pid = supervisor.current(attempt).shim_pid
+    supervisor.launcher.close()  # as when the agent exits: its end of the socket closes
+    assert psutil.pid_exists(shim_pid) and is_shim(shim_pid, supervisor.current(attempt).dir,
+                                                   ShimStatus.read(supervisor.current(attempt).dir).shim_started)
+    again = Reports()
+    restarted = Supervisor(tmp_path, again)
+    assert restarted.adopt_running() == 1
+    try:
+        restarted.stop(attempt, 0)
+        again.wait_for(attempt, Phase.EXITED)
+        assert restarted.current(attempt).exit.signal == signal.SIGKILL
+    finally:
+        restarted.stop_all(0)
+
+
+def test_a_dead_launcher_is_replaced(tmp_path):
+    reports = Reports()
+    supervisor = Supervisor(tmp_path, reports)
+    try:
+        first = launch(supervisor, "again-1", "true")
+        reports.wait_for(first, Phase.EXITED)
+        old = supervisor.launcher.process
+        old.kill()
+        old.wait()
+        second = launch(supervisor, "again-2", "true")
+        reports.wait_for(second, Phase.EXITED)
+        assert supervisor.launcher.process.pid != old.pid
+        assert supervisor.current(second).exit.exit_code == 0
+    finally:
+        supervisor.launcher.close()
+
+
+def test_without_a_launcher_the_agent_starts_the_shim_itself(tmp_path, monkeypatch, caplog):
+    def no_pidfd(pid: int) -> int:
+        raise OSError(38, "Function not implemented")
+    monkeypatch.setattr(os, "pidfd_open", no_pidfd)  # Linux before 5.3
+    caplog.set_level(logging.DEBUG, "tfcluster.agent")
+    reports = Reports()
+    supervisor = Supervisor(tmp_path, reports)
+    attempt = launch(supervisor, "direct-1", "sh", "-c", "exit 4")
+    reports.wait_for(attempt, Phase.EXITED)
+    record = supervisor.current(attempt)
+    assert record.exit.exit_code == 4 and supervisor.launcher.process is None
+    assert "cannot start its shim (no pidfd_open on this system ([Errno 38] Function not implemented)); " \
+           "starting it directly" in caplog.text
+    again = launch(supervisor, "direct-2", "true")
+    reports.wait_for(again, Phase.EXITED)
+    assert supervisor.launcher.process is None and supervisor.current(again).exit.exit_code == 0
+
+
+def test_the_launcher_ends_with_the_agent(tmp_path):
+    handle = launcher_module.Launcher()
+    handle.warm()
+    process = handle.process
+    handle.sock.close()  # the agent's end, as when the agent dies
+    handle.sock = None
+    assert process.wait(timeout=30) == 0
+
+
+def test_a_shim_whose_answer_never_reached_the_agent_never_runs(tmp_path):
+    """The agent would start another shim for the attempt: the one forked for it must not run its task."""
+    marker = tmp_path / "ran"
+    LaunchFile(Attempt("lost-1", "worker", 0, 1), ("touch", str(marker)), {"PATH": os.environ["PATH"]}).write(tmp_path)
+    script = (
+        "import os, socket, sys\n"
+        "from tfcluster.daemon.agent import launcher\n"
+        "ours, agent = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)\n"
+        "agent.close()  # the agent died while the launcher forked\n"
+        "out, err = os.open(os.devnull, os.O_WRONLY), os.open(os.devnull, os.O_WRONLY)\n"
+        "launcher._answer(ours, os.fsencode(sys.argv[1]), [out, err])\n"
+        "pid, status = os.wait()\n"
+        "print(os.waitstatus_to_exitcode(status))\n")
+    result = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert result.stdout.strip() == "1", result.stderr
+    assert not marker.exists() and ShimStatus.read(tmp_path) is None
