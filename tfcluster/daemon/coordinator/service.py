@@ -1,4 +1,5 @@
-"""The coordinator's gRPC services on grpc.aio, thin: decode, call the Coordinator, encode, map errors.
+"""The coordinator's gRPC services on grpc.aio (the agents' in agentservice.py) and the server that serves them.
+Thin: decode, call the Coordinator, encode, map errors.
 
 Nothing a client or an agent sends can crash the coordinator: a bad field is INVALID_ARGUMENT, a node name
 held by another live agent ALREADY_EXISTS. One stream per agent costs a coroutine, not a thread.
@@ -18,143 +19,30 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
 from tfcluster import __version__, pki, security, wire
-from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc, control_pb2, control_pb2_grpc
+from tfcluster.api.v1 import agent_pb2_grpc, control_pb2, control_pb2_grpc
 from tfcluster.auth import async_server_interceptors
 from tfcluster.daemon.coordinator import status
+from tfcluster.daemon.coordinator.agentservice import AgentServicer, JoinServicer
 from tfcluster.daemon.coordinator.cluster import Unplaceable
 from tfcluster.daemon.coordinator.taskusers import UidRange
-from tfcluster.daemon.coordinator.nodes import NameTaken
 from tfcluster.daemon.coordinator.dashboard import Dashboard
 from tfcluster.daemon.coordinator.job import Job, Task
 from tfcluster.daemon.coordinator.joinport import JoinLimiter, join_server
 from tfcluster.daemon.coordinator.launch import command_for
 from tfcluster.daemon.coordinator.metrics import CoordinatorMetrics
-from tfcluster.daemon.coordinator.server import Coordinator, StreamEnded, build
-from tfcluster.daemon.coordinator.trust import TokenRefused
+from tfcluster.daemon.coordinator.server import Coordinator, build
 from tfcluster.daemon.coordinator.watch import TooManyWatchers
 from tfcluster.daemon.logformat import fields
 from tfcluster.daemon.web import WebListener, parse_listen
 from tfcluster.model import NODE_NAME_RE
-from tfcluster.pki import PkiError
 from tfcluster.spec import SpecError
 
 log = logging.getLogger("tfcluster.coordinator")
 
-SENDER_STOP_SECONDS = 5.0
 MAX_MESSAGE_BYTES = 64 << 20  # sent: one job's status with thousands of tasks still fits
 # Taken in: the largest request any method takes (security.POLICY bounds each method below it).
 MAX_RECEIVE_BYTES = security.MAX_REQUEST_BYTES
 SERVICES = ("", "tfcluster.v1.AgentService", "tfcluster.v1.ControlService")
-
-
-class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
-    def __init__(self, coordinator: Coordinator):
-        self.c = coordinator
-
-    async def Register(self, request, context):
-        try:
-            session = self.c.register(request, security.caller())
-        except NameTaken as e:
-            await context.abort(grpc.StatusCode.ALREADY_EXISTS, str(e))
-        except PermissionError as e:
-            await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(e))
-        except ValueError as e:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        return agent_pb2.RegisterResponse(session_id=session, heartbeat_interval_seconds=self.c.heartbeat_interval)
-
-    async def Connect(self, request_iterator, context):
-        first = await context.read()
-        if first is grpc.aio.EOF:
-            return
-        if first.WhichOneof("kind") != "open":
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message on Connect must be `open`")
-        node, session = first.open.node_name, first.open.session_id
-        try:
-            outbox, generation = self.c.open_stream(node, session, security.caller())
-        except PermissionError as e:
-            code = grpc.StatusCode.PERMISSION_DENIED if "may not act" in str(e) else grpc.StatusCode.FAILED_PRECONDITION
-            await context.abort(code, str(e))
-        sender = Sender(context, outbox, generation)
-        reason = ""
-        try:
-            while True:
-                msg = await context.read()
-                if msg is grpc.aio.EOF:
-                    break
-                if not self.c.on_agent_message(node, session, msg):
-                    reason = "session no longer current; register again"
-                    break
-        except ValueError as e:
-            reason = str(e)
-        except Exception:  # a bug must cost one stream (the agent registers again), never the coordinator
-            if not context.done():  # (reading a stream that the sender ended fails: nothing to report)
-                log.exception("stream from %s failed", node, extra=fields(node=node))
-                reason = "the coordinator failed to handle a message; register again"
-        finally:
-            await sender.stop()
-            self.c.close_stream(node)
-        if reason and not context.done():
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, reason)
-
-
-    async def RenewCertificate(self, request, context):
-        try:
-            return agent_pb2.RenewCertificateResponse(certificate=self.c.renew(security.caller(), request.csr,
-                                                                               _peer_ip(context)))
-        except PkiError as e:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-
-    async def EndedJobs(self, request, context):
-        try:
-            job_ids = wire.ended_jobs_request_from_proto(request)
-        except ValueError as e:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        return wire.ended_jobs_response(self.c.ended_jobs(job_ids))
-
-
-class JoinServicer(agent_pb2_grpc.JoinServiceServicer):
-    def __init__(self, coordinator: Coordinator):
-        self.c = coordinator
-
-    async def Join(self, request, context):
-        try:
-            cert = self.c.join(request.token, request.node_name, request.csr, _peer_ip(context))
-        except TokenRefused as e:
-            await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(e))
-        except PkiError as e:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        return agent_pb2.JoinResponse(certificate=cert, ca_certificate=self.c.authority.pem)
-
-
-class Sender:
-    """Writes a node's commands to its stream, beside the handler that reads the stream."""
-
-    def __init__(self, context, outbox, generation: int):
-        self.context, self.outbox, self.generation = context, outbox, generation
-        self.stopping = False
-        self.task = asyncio.create_task(self._run())
-
-    async def _run(self) -> None:
-        while True:
-            try:
-                message = await self.outbox.get(self.generation, lambda: self.stopping)
-            except StreamEnded as e:
-                await self.context.abort(e.code, str(e))
-            if message is None:  # stopping
-                return
-            await self.context.write(message)
-
-    async def stop(self) -> None:
-        """Ends the sender after the write under way, if any: a write cancelled half-way and the stream's
-        status sent after it collide in gRPC's core. A write stuck on a client that reads nothing is given up."""
-        self.stopping = True
-        self.outbox.wake()
-        try:
-            await asyncio.wait_for(asyncio.shield(self.task), SENDER_STOP_SECONDS)
-        except asyncio.TimeoutError:
-            self.task.cancel()
-        except Exception:  # its abort, or the stream gone under its write: the stream is over either way
-            pass
 
 
 class ControlServicer(control_pb2_grpc.ControlServiceServicer):
@@ -307,12 +195,6 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
                     yield control_pb2.WatchJobResponse(job=job)
         except TooManyWatchers as e:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
-
-
-def _peer_ip(context) -> str:
-    """The IPv4 address a call comes from (gRPC's `ipv4:10.0.0.11:52214`), "" for any other kind of peer."""
-    peer = context.peer() or ""
-    return peer[len("ipv4:"):].rsplit(":", 1)[0] if peer.startswith("ipv4:") else ""
 
 
 def _size(message) -> int:
