@@ -13,7 +13,7 @@ from harness import LocalCluster, free_port, scrape, value
 from tfcluster.api.v1 import control_pb2
 from tfcluster.client import Client, ClientError
 from tfcluster.credentials import Credentials
-from tfcluster.model import JOB_ENDED
+from tfcluster.states import ENDED_JOB_STATES
 from tfcluster.spec import parse_spec
 
 
@@ -43,7 +43,7 @@ def test_the_stream_sends_each_change_once_and_ends_with_the_job(watched_cluster
         job_id = client.submit(parse_spec({"name": "streamed", "strategy": "multi_worker_mirrored", "workdir": "/",
                                            "command": ["sh", "-c", "sleep 1"], "roles": {"worker": {"count": 2}}},
                                           source="test"))
-        views = list(client.watch(job_id, JOB_ENDED))
+        views = list(client.watch(job_id, ENDED_JOB_STATES))
     states = [v.state for v in views]
     assert states[-1] == "SUCCEEDED" and "RUNNING" in states, states
     assert all(a != b for a, b in zip(views, views[1:])), "a status is sent only when it changed"
@@ -76,7 +76,7 @@ def test_follow_prints_the_primary_log_and_the_outcome(watched_cluster):
 
 def test_watching_an_unknown_job_is_not_found(watched_cluster):
     with watched_cluster.client() as client, pytest.raises(ClientError, match="unknown job"):
-        list(client.watch("nosuch-1-x", JOB_ENDED))
+        list(client.watch("nosuch-1-x", ENDED_JOB_STATES))
 
 
 class StatusOnly(grpc.GenericRpcHandler):
@@ -107,7 +107,7 @@ def test_a_coordinator_without_watch_is_polled(monkeypatch):
     server.start()
     try:
         with Client(f"127.0.0.1:{port}", Credentials()) as client:
-            states = [job.state for job in client.watch("old-1-x", JOB_ENDED)]
+            states = [job.state for job in client.watch("old-1-x", ENDED_JOB_STATES)]
     finally:
         server.stop(0)
     assert states == ["STARTING", "RUNNING", "SUCCEEDED"] and handler.calls == 3
