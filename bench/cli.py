@@ -87,7 +87,7 @@ def start_figures(cluster: LocalCluster, rounds: int) -> dict[str, str]:
 
 
 def throughput_figures(cluster: LocalCluster, jobs: int) -> dict[str, str]:
-    from tfcluster.model import JOB_ENDED
+    from tfcluster.states import ENDED_JOB_STATES, JobState
     from tfcluster.spec import parse_spec
 
     spec = parse_spec({"name": "tiny", "strategy": "multi_worker_mirrored", "workdir": "/", "command": ["true"],
@@ -96,8 +96,8 @@ def throughput_figures(cluster: LocalCluster, jobs: int) -> dict[str, str]:
         first = time.time()
         ids = [client.submit(spec) for _ in range(jobs)]
         submitted = time.time() - first
-        ended = [next(j for j in client.watch(job_id, JOB_ENDED) if j.state in JOB_ENDED) for job_id in ids]
-    failed = [j.id for j in ended if j.state != "SUCCEEDED"]
+        ended = [next(j for j in client.watch(job_id, ENDED_JOB_STATES) if j.state in ENDED_JOB_STATES) for job_id in ids]
+    failed = [j.id for j in ended if j.state != JobState.SUCCEEDED]
     elapsed = max(j.finished for j in ended) - first
     return {"throughput_jobs": f"{jobs} of 2 tasks running `true` ({len(failed)} not SUCCEEDED)",
             "throughput_submit_only": f"{jobs / submitted:.0f} jobs/s",
