@@ -17,11 +17,10 @@ import re
 from pathlib import Path
 from typing import Any, get_args, get_origin
 
-from typer._param_types import coerce_cli_path, routes_to_path
-
 _INT = re.compile(r"[0-9]{1,18}")
 _FLOAT = re.compile(r"[0-9]{1,15}(\.[0-9]{1,15})?")
 _NOT_CONVERTED = object()
+_typer: Any = None  # typer's own path checks (typer._param_types), once install() found them
 
 
 def _text(value: Any) -> Any:
@@ -51,11 +50,11 @@ def _leaf(annotation: Any, info: Any, value: Any, param: Any, ctx: Any) -> Any:
         return _text(value)
     if annotation in (int, float):
         return _number(annotation, info, value)
-    if annotation is Path and routes_to_path(annotation, info) and info.path_type is None:
+    if annotation is Path and _typer.routes_to_path(annotation, info) and info.path_type is None:
         if _text(value) is _NOT_CONVERTED or value == "":
             return _NOT_CONVERTED
         # Given a Path already, typer's own check (exists, file or dir, readable...) needs no adapter.
-        return coerce_cli_path(Path(value), info, path_type=Path, param=param, ctx=ctx)
+        return _typer.coerce_cli_path(Path(value), info, path_type=Path, param=param, ctx=ctx)
     return _NOT_CONVERTED
 
 
@@ -98,10 +97,15 @@ class QuickConversion:
 def install() -> None:
     """Every typer parameter of this process converts its values as above (the CLI's process: the daemons'
     commands too, which convert their flags once)."""
-    from typer.core import _TyperParameter
-
-    if not hasattr(_TyperParameter, "get_runtime_param"):  # typer's internals changed: typer converts, slower
+    global _typer
+    try:
+        from typer import _param_types
+        from typer.core import _TyperParameter
+    except ImportError:  # typer's internals changed: typer converts, slower
         return
+    if not hasattr(_TyperParameter, "get_runtime_param"):
+        return
+    _typer = _param_types
 
     def get_runtime_param(param: Any) -> Any:
         if getattr(param, "_runtime_param", None) is None:
