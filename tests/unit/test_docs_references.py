@@ -162,10 +162,10 @@ def small_repository(root: Path, extra: dict[str, str]) -> None:
 
 
 @pytest.mark.parametrize("path, text", [
-    ("tfcluster/example.py", '"""The rules are in DESIGN.md."""\nx = 1\n'),
-    ("tfcluster/example.py", "x = 1  # see LESSONS.md: why\n"),
+    ("tfcluster/example.py", '"""The rules are in ROADMAP.md."""\nx = 1\n'),
+    ("tfcluster/example.py", "x = 1  # see HISTORY.md: why\n"),
     ("tfcluster/example.py", "def f():\n    '''As actions.py does.'''\n"),
-    ("docs/page.md", "The facts are in `TF_FACTS.md`.\n"),
+    ("docs/page.md", "The facts are in `FACTS.md`.\n"),
     ("docs/page.md", "See [the design](design.md).\n"),
     ("docs/page.md", "See [states](architecture.md#no-such-heading).\n"),
     ("README.md", "See [the manual](docs/missing.md).\n"),
@@ -178,7 +178,7 @@ def test_a_reference_to_a_missing_file_is_found(tmp_path, path, text):
 
 @pytest.mark.parametrize("path, text", [
     ("tfcluster/example.py", '"""TF_CONFIG as docs/architecture.md says; built in roles/tfconfig.py."""\n'),
-    ("tfcluster/example.py", "x = 'DESIGN.md'  # a string in code is data, not a reference\n"),
+    ("tfcluster/example.py", "x = 'ROADMAP.md'  # a string in code is data, not a reference\n"),
     ("docs/page.md", "See [states](architecture.md#states) and `tfconfig.py`.\n\n```sh\ncat job.toml\n```\n"),
     ("README.md", "See [the manual](docs/architecture.md#states) and [systemd](systemd/).\n"),
 ])

@@ -191,14 +191,16 @@ def _answer(sock: socket.socket, attempt_dir: bytes, fds: list[int]) -> None:
                 os.close(fd)
     try:
         socket.send_fds(sock, [reply], [pidfd])
-    except OSError:
-        pass  # the agent is gone: its next read sees the end
-    else:
-        if go_write != -1:
-            os.write(go_write, b"go")
+        told = True
+    except OSError:  # the agent is gone: its next read sees the end
+        told = False
     finally:
         os.close(pidfd)
-        if go_write != -1:
+    if go_write != -1:
+        try:
+            if told:
+                os.write(go_write, b"go")
+        finally:
             os.close(go_write)  # unsent, the child reads no "go" and ends before it runs anything
 
 
