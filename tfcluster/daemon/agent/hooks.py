@@ -33,13 +33,13 @@ class TaskHook:
     commands: tuple[type, ...] = ()
 
     def on_register(self) -> None:
-        pass
+        """A session with the coordinator began."""
 
     def on_poll(self, record) -> None:
         """`record` is the supervisor's TaskRecord of one attempt."""
 
     def on_exit(self, record) -> None:
-        pass
+        """The attempt of `record` ended; its exit is reported next."""
 
     def handle(self, command) -> None:
         raise TypeError(f"{type(self).__name__} does not carry out {type(command).__name__}")
