@@ -18,12 +18,11 @@ import socket
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import grpc
 from cryptography import x509
 
-from tfcluster import auth, pki
+from tfcluster import pki
 from tfcluster.credentials import Credentials  # noqa: F401 (the daemons' import of it)
 from tfcluster.pki import ADMIN, NODE, VIEWER, Identity
 
