@@ -112,6 +112,8 @@ class TaskExit:
     log_tail: tuple[str, ...] = ()
     busy_port: int = 0          # it could not start because this port was taken on the node
     final_checkpoint: str = ""  # with exit code 0: the newest committed checkpoint in its dir (relative name)
+    cpu_seconds: float = 0.0    # what the attempt's process tree used, as its agent measured it
+    peak_rss_bytes: int = 0
 
     @classmethod
     def of_returncode(cls, returncode: int, log_tail: tuple[str, ...] = ()) -> TaskExit:
@@ -198,6 +200,8 @@ class Launch:
     report_listening: bool = False  # report again once the task accepts connections on its port
     uid: int = 0  # the job's task user and group on every node; 0: none given (a coordinator before 0.3)
     gid: int = 0
+    owner: str = ""        # the job's owner: with `--task-user owner` the agent runs the task as their account
+    memory_bytes: int = 0  # the most memory the task's process tree may use; 0: not limited
 
     def __str__(self) -> str:
         return f"launch {self.attempt} on {self.node}"

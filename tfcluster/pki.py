@@ -13,6 +13,7 @@ import datetime
 import hashlib
 import ipaddress
 import os
+import re
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,8 +31,11 @@ from tfcluster.credentials import (CA_CERT, CA_KEY, CLIENT_CERT, CLIENT_KEY, COO
                                    node_server_name)
 from tfcluster.model import NODE_NAME_RE
 
-COORDINATOR, ADMIN, VIEWER, NODE = "coordinator", "admin", "viewer", "node"
-PEOPLE_ROLES = (ADMIN, VIEWER)
+COORDINATOR, ADMIN, USER, VIEWER, NODE = "coordinator", "admin", "user", "viewer", "node"
+PEOPLE_ROLES = (ADMIN, USER, VIEWER)
+# A person's groups travel in their certificate as Organization (O) attributes, one per group, as Kubernetes
+# reads a client certificate's O as its groups: the coordinator's policy gives groups quotas and limits.
+GROUP_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 CA_YEARS = 10
 PERSON_DAYS = 365
 COORDINATOR_DAYS = 825
@@ -46,6 +50,7 @@ class Identity:
     role: str
     name: str
     issued: float = 0.0
+    groups: tuple[str, ...] = ()
 
     def __str__(self) -> str:
         return f"{self.role} {self.name}"
@@ -78,9 +83,10 @@ def write_private(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def _name(common_name: str, role: str) -> x509.Name:
+def _name(common_name: str, role: str, groups: tuple[str, ...] = ()) -> x509.Name:
     return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name),
-                      x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, role)])
+                      x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, role)]
+                     + [x509.NameAttribute(NameOID.ORGANIZATION_NAME, group) for group in groups])
 
 
 def _sans(names: list[str]) -> list[x509.GeneralName]:
@@ -134,7 +140,8 @@ class Authority:
         return cert_pem(self.cert)
 
     def sign(self, public_key, common_name: str, role: str, lifetime: datetime.timedelta,
-             sans: list[str] = (), issued: datetime.datetime | None = None) -> x509.Certificate:
+             sans: list[str] = (), issued: datetime.datetime | None = None,
+             groups: tuple[str, ...] = ()) -> x509.Certificate:
         """A certificate for role; sans are exactly the names given (the caller decides them, never a request).
         People's certificates only prove who calls (client auth); servers' also who serves. `issued` (default
         now) is the issue time the certificate carries, backdated for clock skew."""
@@ -143,7 +150,7 @@ class Authority:
         issued = issued or _now()
         usages = [ExtendedKeyUsageOID.CLIENT_AUTH] if role in PEOPLE_ROLES else \
             [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
-        builder = (x509.CertificateBuilder().subject_name(_name(common_name, role)).issuer_name(self.cert.subject)
+        builder = (x509.CertificateBuilder().subject_name(_name(common_name, role, groups)).issuer_name(self.cert.subject)
                    .public_key(public_key).serial_number(x509.random_serial_number())
                    .not_valid_before(issued - BACKDATE).not_valid_after(issued + lifetime)
                    .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
@@ -155,10 +162,10 @@ class Authority:
         return builder.sign(self.key, hashes.SHA256())
 
     def issue(self, common_name: str, role: str, lifetime: datetime.timedelta,
-              sans: list[str] = ()) -> tuple[bytes, bytes]:
+              sans: list[str] = (), groups: tuple[str, ...] = ()) -> tuple[bytes, bytes]:
         """A new key and its certificate, as PEM."""
         key = new_key()
-        return key_pem(key), cert_pem(self.sign(key.public_key(), common_name, role, lifetime, sans))
+        return key_pem(key), cert_pem(self.sign(key.public_key(), common_name, role, lifetime, sans, groups=groups))
 
     def sign_node(self, csr_pem: bytes, node: str, lifetime: datetime.timedelta = None, addresses: list[str] = (),
                   issued: datetime.datetime | None = None) -> bytes:
@@ -212,8 +219,9 @@ def identity(cert: x509.Certificate) -> Identity:
     def first(oid) -> str:
         values = cert.subject.get_attributes_for_oid(oid)
         return str(values[0].value) if values else ""
+    groups = tuple(sorted(str(a.value) for a in cert.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)))
     return Identity(role=first(NameOID.ORGANIZATIONAL_UNIT_NAME), name=first(NameOID.COMMON_NAME),
-                    issued=(cert.not_valid_before_utc + BACKDATE).timestamp())
+                    issued=(cert.not_valid_before_utc + BACKDATE).timestamp(), groups=groups)
 
 
 def ca_hash(cert: x509.Certificate) -> str:
@@ -305,13 +313,16 @@ def upgrade_coordinator_certificate(directory: Path) -> bool:
     return True
 
 
-def write_credentials(ca: Authority, out: Path, name: str, role: str) -> None:
+def write_credentials(ca: Authority, out: Path, name: str, role: str, groups: tuple[str, ...] = ()) -> None:
     """A directory a person or a script points --tls-dir at: ca.crt, client.crt, client.key."""
     if role not in PEOPLE_ROLES:
-        raise PkiError(f"--role: expected admin or viewer, got {role!r}")
+        raise PkiError(f"--role: expected admin, user or viewer, got {role!r}")
     if not NODE_NAME_RE.fullmatch(name):
         raise PkiError(f"--name: expected letters, digits, '.', '_' or '-' (at most 253), got {name!r}")
-    key, cert = ca.issue(name, role, datetime.timedelta(days=PERSON_DAYS))
+    for group in groups:
+        if not GROUP_RE.fullmatch(group):
+            raise PkiError(f"--group: expected letters, digits, '.', '_' or '-' (at most 64), got {group!r}")
+    key, cert = ca.issue(name, role, datetime.timedelta(days=PERSON_DAYS), groups=tuple(sorted(set(groups))))
     out.mkdir(parents=True, exist_ok=True)
     os.chmod(out, 0o700)
     (out / CA_CERT).write_bytes(ca.pem)

@@ -24,14 +24,15 @@ from cryptography import x509
 
 from tfcluster import pki
 from tfcluster.credentials import Credentials  # noqa: F401 (the daemons' import of it)
-from tfcluster.pki import ADMIN, NODE, VIEWER, Identity
+from tfcluster.pki import ADMIN, NODE, USER, VIEWER, Identity
 
 ANONYMOUS = "anonymous"  # a caller on the join port
 OPEN = "open"            # health checks: probes carry no certificate
 TLS_VERSION = b"TLSv1.3"
 AGENT, CONTROL, JOIN, PEER = ("/tfcluster.v1.AgentService/", "/tfcluster.v1.ControlService/",
                               "/tfcluster.v1.JoinService/", "/tfcluster.v1.AgentPeerService/")
-READERS = frozenset({ADMIN, VIEWER})
+READERS = frozenset({ADMIN, USER, VIEWER})
+SUBMITTERS = frozenset({ADMIN, USER})  # a user acts on their own jobs only: the handlers check the owner
 KIB, MIB = 1 << 10, 1 << 20
 
 
@@ -67,8 +68,8 @@ POLICY: dict[str, Rule] = {
     CONTROL + "StreamLogs": Rule(READERS, NAMES),
     CONTROL + "WatchJob": Rule(READERS, NAMES),
     CONTROL + "PlanJob": Rule(READERS, SPEC),
-    CONTROL + "SubmitJob": Rule(frozenset({ADMIN}), SPEC),
-    CONTROL + "StopJob": Rule(frozenset({ADMIN}), NAMES),
+    CONTROL + "SubmitJob": Rule(SUBMITTERS, SPEC),
+    CONTROL + "StopJob": Rule(SUBMITTERS, NAMES),
     CONTROL + "CreateJoinToken": Rule(frozenset({ADMIN}), NAMES),
     CONTROL + "RemoveNode": Rule(frozenset({ADMIN}), NAMES),
     CONTROL + "CreateDashboardLogin": Rule(READERS, NAMES),

@@ -40,6 +40,8 @@ DEFAULT_STOP_GRACE_SECONDS = 30.0
 DEFAULT_EVALUATOR_DEADLINE_SECONDS = 600.0
 MAX_TASKS_PER_ROLE = 10_000
 MAX_GPUS_PER_TASK = 64
+MAX_MEMORY_BYTES = 1 << 50        # a petabyte: far above any node, far below a number that overflows
+SIZE_RE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGTkmgt](?:i?[Bb])?|[Bb])?")
 
 
 class SpecError(ValueError):
@@ -62,6 +64,7 @@ class RoleSpec:
     nodes: tuple[str, ...] = ()
     entrypoint: str = ""
     summary_dir: str = ""  # evaluator: where it writes TensorBoard summaries; "": <model dir>/eval
+    memory: int | None = None  # bytes each task may use; None: the job's memory
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,8 @@ class JobSpec:
     restart: RestartPolicy = field(default_factory=RestartPolicy)
     stop_grace_seconds: float = DEFAULT_STOP_GRACE_SECONDS
     evaluator_deadline_seconds: float = DEFAULT_EVALUATOR_DEADLINE_SECONDS
+    priority: str = ""  # a priority class of the coordinator's policy; "": the owner's default class
+    memory: int = 0     # bytes each task may use, unless the role says otherwise; 0: not limited
 
     def role(self, role_type: str) -> RoleSpec:
         return self.roles.get(role_type, RoleSpec())
@@ -96,6 +101,10 @@ class JobSpec:
     def gpus_for(self, role_type: str) -> int:
         role = self.role(role_type)
         return self.gpus if role.gpus is None else role.gpus
+
+    def memory_for(self, role_type: str) -> int:
+        role = self.role(role_type)
+        return self.memory if role.memory is None else role.memory
 
     def command_for(self, role_type: str) -> tuple[str, ...]:
         return self.role(role_type).command or self.command
@@ -128,6 +137,9 @@ def validate(spec: JobSpec, source: str = "<spec>", absolute_paths: bool = False
         _check_path(getattr(spec, key), key, fail, absolute_paths, required=key == "workdir")
     _check_env(spec.env, "env", fail)
     _check_int(spec.gpus, "gpus", 0, MAX_GPUS_PER_TASK, fail)
+    _check_int(spec.memory, "memory", 0, MAX_MEMORY_BYTES, fail)
+    if spec.priority and not NAME_RE.fullmatch(spec.priority):
+        raise fail("priority", f"expected the name of a priority class (such as \"high\"), got {spec.priority!r}")
     for role_type, role in spec.roles.items():
         if role_type not in ROLE_TYPES:
             raise fail(f"roles.{role_type}", f"unknown role (expected one of: {', '.join(ROLE_TYPES)})")
@@ -149,6 +161,8 @@ def _check_role(role_type: str, role: RoleSpec, fail, absolute_paths: bool) -> N
     _check_int(role.count, f"{key}.count", 0, MAX_TASKS_PER_ROLE, fail)
     if role.gpus is not None:
         _check_int(role.gpus, f"{key}.gpus", 0, MAX_GPUS_PER_TASK, fail)
+    if role.memory is not None:
+        _check_int(role.memory, f"{key}.memory", 0, MAX_MEMORY_BYTES, fail)
     if role.command:
         _check_command(role.command, f"{key}.command", fail)
     _check_env(role.env, f"{key}.env", fail)
@@ -238,8 +252,8 @@ def _check_env(env: dict[str, str], key: str, fail) -> None:
 # ---- types: reading a TOML document (or the same plain data from flags) ------------------------
 
 JOB_KEYS = ("name", "strategy", "command", "workdir", "checkpoint_dir", "model_dir", "env", "gpus",
-            "roles", "restart", "stop_grace_seconds", "evaluator_deadline_seconds")
-ROLE_KEYS = ("count", "gpus", "command", "env", "nodes", "entrypoint", "summary_dir")
+            "roles", "restart", "stop_grace_seconds", "evaluator_deadline_seconds", "priority", "memory")
+ROLE_KEYS = ("count", "gpus", "command", "env", "nodes", "entrypoint", "summary_dir", "memory")
 RESTART_KEYS = ("max_restarts", "backoff_seconds", "permanent_exit_codes", "hang_seconds")
 
 
@@ -275,6 +289,16 @@ class _Reader:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise self.fail(key, f"expected a number, got {_describe(value)}")
         return float(value)
+
+    def size(self, value: Any, key: str) -> int:
+        """Bytes, as an integer or a string such as "16G", "512MiB" or "1.5T" (K, M, G, T are powers of 1024)."""
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        match = SIZE_RE.fullmatch(value.strip()) if isinstance(value, str) else None
+        if not match:
+            raise self.fail(key, f"expected a size such as \"16G\" or \"512M\" (or bytes), got {_describe(value)}")
+        number, unit = match.groups()
+        return int(float(number) * 1024 ** "BKMGT".index((unit or "B")[0].upper()))
 
     def command(self, value: Any, key: str) -> tuple[str, ...]:
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
@@ -348,6 +372,8 @@ def parse_spec(data: Any, source: str = "<spec>") -> JobSpec:
         evaluator_deadline_seconds=r.number(data.get("evaluator_deadline_seconds",
                                                      DEFAULT_EVALUATOR_DEADLINE_SECONDS),
                                             "evaluator_deadline_seconds"),
+        priority=r.string(data.get("priority", ""), "priority"),
+        memory=r.size(data.get("memory", 0), "memory"),
     )
     return validate(spec, source)
 
@@ -363,6 +389,7 @@ def _read_role(r: _Reader, role_type: str, table: Any) -> RoleSpec:
         nodes=r.string_list(table.get("nodes", []), f"{key}.nodes"),
         entrypoint=r.string(table.get("entrypoint", ""), f"{key}.entrypoint"),
         summary_dir=r.string(table.get("summary_dir", ""), f"{key}.summary_dir"),
+        memory=r.size(table["memory"], f"{key}.memory") if "memory" in table else None,
     )
 
 

@@ -107,6 +107,7 @@ def task_report_to_proto(r: TaskReport) -> pb.TaskReport:
     if r.exit is not None:
         e = r.exit
         msg.message, msg.busy_port, msg.final_checkpoint = e.message, e.busy_port, e.final_checkpoint
+        msg.cpu_seconds, msg.peak_rss_bytes = e.cpu_seconds, e.peak_rss_bytes
         msg.log_tail.extend(e.log_tail)
         if e.exit_code is not None:
             msg.exit_code = e.exit_code
@@ -124,7 +125,9 @@ def task_report_from_proto(msg: pb.TaskReport) -> TaskReport:
         exit = TaskExit(exit_code=msg.exit_code if msg.HasField("exit_code") else None,
                         signal=msg.signal if msg.HasField("signal") else None, message=msg.message[:MAX_TEXT],
                         log_tail=tuple(line[:MAX_TEXT] for line in msg.log_tail[-MAX_LOG_TAIL_LINES:]),
-                        busy_port=msg.busy_port, final_checkpoint=_text(msg.final_checkpoint, "task.final_checkpoint"))
+                        busy_port=msg.busy_port, final_checkpoint=_text(msg.final_checkpoint, "task.final_checkpoint"),
+                        cpu_seconds=max(0.0, msg.cpu_seconds) if math.isfinite(msg.cpu_seconds) else 0.0,
+                        peak_rss_bytes=msg.peak_rss_bytes)
     return TaskReport(_attempt(msg, "task"), phase, pid=msg.pid, listening=msg.listening, exit=exit)
 
 
@@ -205,7 +208,8 @@ def command_to_proto(c: Command) -> agent_pb2.CoordinatorMessage:
     if isinstance(c, Launch):
         return M(launch=pb.TaskLaunch(**_attempt_fields(c.attempt), command=c.command, env=c.env, workdir=c.workdir,
                                       port=c.port, stop_grace_seconds=c.stop_grace_seconds,
-                                      report_listening=c.report_listening, uid=c.uid, gid=c.gid))
+                                      report_listening=c.report_listening, uid=c.uid, gid=c.gid, owner=c.owner,
+                                      memory_bytes=c.memory_bytes))
     if isinstance(c, Stop):
         return M(stop=agent_pb2.StopTask(**_attempt_fields(c.attempt), grace_seconds=c.grace_seconds))
     if isinstance(c, FinishTraining):
@@ -234,7 +238,8 @@ def command_from_proto(msg: agent_pb2.CoordinatorMessage, node: str) -> Command 
     m = getattr(msg, kind) if kind else None
     if kind == "launch":
         return Launch(node, _attempt(m, "launch"), tuple(m.command), dict(m.env), m.workdir, m.port,
-                      m.stop_grace_seconds, m.report_listening, m.uid, m.gid)
+                      m.stop_grace_seconds, m.report_listening, m.uid, m.gid, _text(m.owner, "launch.owner", 256),
+                      m.memory_bytes)
     if kind == "stop":
         return Stop(node, _attempt(m, "stop"), m.grace_seconds)
     if kind == "finish_training":
@@ -267,11 +272,12 @@ def spec_to_proto(spec: JobSpec) -> pb.JobSpec:
     msg = pb.JobSpec(name=spec.name, strategy=spec.strategy, command=spec.command, workdir=spec.workdir,
                      checkpoint_dir=spec.checkpoint_dir, model_dir=spec.model_dir, env=spec.env, gpus=spec.gpus,
                      stop_grace_seconds=spec.stop_grace_seconds,
-                     evaluator_deadline_seconds=spec.evaluator_deadline_seconds)
+                     evaluator_deadline_seconds=spec.evaluator_deadline_seconds, priority=spec.priority,
+                     memory_bytes=spec.memory)
     for role_type, role in spec.roles.items():
         msg.roles[role_type].CopyFrom(pb.RoleSpec(count=role.count, gpus=role.gpus, command=role.command,
                                                   env=role.env, nodes=role.nodes, entrypoint=role.entrypoint,
-                                                  summary_dir=role.summary_dir))
+                                                  summary_dir=role.summary_dir, memory_bytes=role.memory))
     r = spec.restart
     msg.restart.CopyFrom(pb.RestartPolicy(max_restarts=r.max_restarts, backoff_seconds=r.backoff_seconds,
                                           permanent_exit_codes=r.permanent_exit_codes, hang_seconds=r.hang_seconds))
@@ -282,7 +288,8 @@ def spec_from_proto(msg: pb.JobSpec) -> JobSpec:
     """A spec from the wire, validated by the same rules as a file (SpecError names the field). Its paths
     must be absolute: the client resolved them where the spec was written."""
     roles = {t: RoleSpec(count=r.count, gpus=r.gpus if r.HasField("gpus") else None, command=tuple(r.command),
-                         env=dict(r.env), nodes=tuple(r.nodes), entrypoint=r.entrypoint, summary_dir=r.summary_dir)
+                         env=dict(r.env), nodes=tuple(r.nodes), entrypoint=r.entrypoint, summary_dir=r.summary_dir,
+                         memory=r.memory_bytes if r.HasField("memory_bytes") else None)
              for t, r in msg.roles.items()}
     if "chief" not in roles and "worker" not in roles:
         roles["worker"] = RoleSpec(count=1)  # as in a file: the plain case is one training task
@@ -293,7 +300,7 @@ def spec_from_proto(msg: pb.JobSpec) -> JobSpec:
     optional = {k: getattr(msg, k) for k in ("stop_grace_seconds", "evaluator_deadline_seconds") if msg.HasField(k)}
     spec = JobSpec(name=msg.name, strategy=msg.strategy, command=tuple(msg.command), workdir=msg.workdir,
                    checkpoint_dir=msg.checkpoint_dir, model_dir=msg.model_dir, env=dict(msg.env), gpus=msg.gpus,
-                   roles=roles, restart=restart, **optional)
+                   roles=roles, restart=restart, priority=msg.priority, memory=msg.memory_bytes, **optional)
     return validate(spec, "spec", absolute_paths=True)
 
 
@@ -325,7 +332,8 @@ def job_status(job) -> control_pb2.JobStatus:
     status = control_pb2.JobStatus(id=job.id, name=job.spec.name, state=job.state.value, strategy=job.strategy,
                                    restarts=job.restarts, message=message, created=job.created,
                                    finished=job.finished, evaluator_restarts=job.evaluator_restarts,
-                                   preemptions=job.preemptions, uid=job.uid)
+                                   preemptions=job.preemptions, uid=job.uid, owner=job.owner,
+                                   priority=job.priority)
     for t in job.tasks:
         task = status.tasks.add(type=t.type, index=t.index, node=t.node, address=t.address,
                                 gpus=[gpu_to_proto(g) for g in t.gpus], state=t.state.value, pid=t.pid,
@@ -392,7 +400,8 @@ def job_doc(j: control_pb2.JobStatus) -> dict[str, Any]:
             "evaluation": {"latest": evaluation_doc(j.last_evaluation) if j.HasField("last_evaluation") else None,
                            "history": [evaluation_doc(e) for e in j.evaluations]},
             "last_failure": failure if j.HasField("last_failure") else None,
-            "evaluator_restarts": j.evaluator_restarts, "preemptions": j.preemptions, "uid": j.uid or None}
+            "evaluator_restarts": j.evaluator_restarts, "preemptions": j.preemptions, "uid": j.uid or None,
+            "owner": j.owner, "priority": j.priority}
 
 
 def plan_doc(p: control_pb2.PlanJobResponse) -> dict[str, Any]:

@@ -54,7 +54,10 @@ def ca_init(
 def ca_issue(
     directory: Path = CaDirOpt,
     name: str = typer.Option(..., help="Who the credentials are for (a person or a script)."),
-    role: str = typer.Option("admin", help="admin (everything) or viewer (status and logs only)."),
+    role: str = typer.Option("admin", help="admin (everything), user (submits, and acts on their own jobs) or "
+                                           "viewer (reads status and logs)."),
+    group: list[str] = typer.Option([], "--group", help="A group the holder belongs to (repeatable): group "
+                                                         "quotas and limits apply to its members."),
     out_dir: Path = typer.Option(..., "--out", metavar="OUTDIR",
                                  help="Where to write ca.crt, client.crt and client.key."),
 ) -> None:
@@ -63,12 +66,13 @@ def ca_issue(
 
     try:
         ca = pki.Authority.load(directory, with_key=True)
-        pki.write_credentials(ca, out_dir, name, role)
+        pki.write_credentials(ca, out_dir, name, role, tuple(group))
     except pki.PkiError as e:
         fail(str(e), 2)
     except OSError as e:
         fail(f"--out {out_dir}: {e.strerror or e}")
-    out.print(f"{role} credentials for {name!r} written to {out_dir.resolve()} (valid {pki.PERSON_DAYS} days); "
+    groups = f" in {', '.join(sorted(set(group)))}" if group else ""
+    out.print(f"{role} credentials for {name!r}{groups} written to {out_dir.resolve()} (valid {pki.PERSON_DAYS} days); "
               f"use them with --tls-dir {out_dir} or TFCLUSTER_TLS_DIR", markup=False)
 
 

@@ -58,7 +58,7 @@ class NodeInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., hostname: _Optional[str] = ..., address: _Optional[str] = ..., port_range_start: _Optional[int] = ..., port_range_end: _Optional[int] = ..., cpu_count: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., agent_version: _Optional[str] = ..., state_dir: _Optional[str] = ..., peer_port: _Optional[int] = ...) -> None: ...
 
 class RoleSpec(_message.Message):
-    __slots__ = ("count", "gpus", "command", "env", "nodes", "entrypoint", "summary_dir")
+    __slots__ = ("count", "gpus", "command", "env", "nodes", "entrypoint", "summary_dir", "memory_bytes")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -73,6 +73,7 @@ class RoleSpec(_message.Message):
     NODES_FIELD_NUMBER: _ClassVar[int]
     ENTRYPOINT_FIELD_NUMBER: _ClassVar[int]
     SUMMARY_DIR_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     count: int
     gpus: int
     command: _containers.RepeatedScalarFieldContainer[str]
@@ -80,7 +81,8 @@ class RoleSpec(_message.Message):
     nodes: _containers.RepeatedScalarFieldContainer[str]
     entrypoint: str
     summary_dir: str
-    def __init__(self, count: _Optional[int] = ..., gpus: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., nodes: _Optional[_Iterable[str]] = ..., entrypoint: _Optional[str] = ..., summary_dir: _Optional[str] = ...) -> None: ...
+    memory_bytes: int
+    def __init__(self, count: _Optional[int] = ..., gpus: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., nodes: _Optional[_Iterable[str]] = ..., entrypoint: _Optional[str] = ..., summary_dir: _Optional[str] = ..., memory_bytes: _Optional[int] = ...) -> None: ...
 
 class RestartPolicy(_message.Message):
     __slots__ = ("max_restarts", "backoff_seconds", "permanent_exit_codes", "hang_seconds")
@@ -95,7 +97,7 @@ class RestartPolicy(_message.Message):
     def __init__(self, max_restarts: _Optional[int] = ..., backoff_seconds: _Optional[float] = ..., permanent_exit_codes: _Optional[_Iterable[int]] = ..., hang_seconds: _Optional[float] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("name", "strategy", "command", "workdir", "checkpoint_dir", "model_dir", "env", "gpus", "roles", "restart", "stop_grace_seconds", "evaluator_deadline_seconds")
+    __slots__ = ("name", "strategy", "command", "workdir", "checkpoint_dir", "model_dir", "env", "gpus", "roles", "restart", "stop_grace_seconds", "evaluator_deadline_seconds", "priority", "memory_bytes")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -122,6 +124,8 @@ class JobSpec(_message.Message):
     RESTART_FIELD_NUMBER: _ClassVar[int]
     STOP_GRACE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     EVALUATOR_DEADLINE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     name: str
     strategy: str
     command: _containers.RepeatedScalarFieldContainer[str]
@@ -134,10 +138,12 @@ class JobSpec(_message.Message):
     restart: RestartPolicy
     stop_grace_seconds: float
     evaluator_deadline_seconds: float
-    def __init__(self, name: _Optional[str] = ..., strategy: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., workdir: _Optional[str] = ..., checkpoint_dir: _Optional[str] = ..., model_dir: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., gpus: _Optional[int] = ..., roles: _Optional[_Mapping[str, RoleSpec]] = ..., restart: _Optional[_Union[RestartPolicy, _Mapping]] = ..., stop_grace_seconds: _Optional[float] = ..., evaluator_deadline_seconds: _Optional[float] = ...) -> None: ...
+    priority: str
+    memory_bytes: int
+    def __init__(self, name: _Optional[str] = ..., strategy: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., workdir: _Optional[str] = ..., checkpoint_dir: _Optional[str] = ..., model_dir: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., gpus: _Optional[int] = ..., roles: _Optional[_Mapping[str, RoleSpec]] = ..., restart: _Optional[_Union[RestartPolicy, _Mapping]] = ..., stop_grace_seconds: _Optional[float] = ..., evaluator_deadline_seconds: _Optional[float] = ..., priority: _Optional[str] = ..., memory_bytes: _Optional[int] = ...) -> None: ...
 
 class TaskLaunch(_message.Message):
-    __slots__ = ("job_id", "task_type", "task_index", "attempt", "command", "env", "workdir", "port", "stop_grace_seconds", "report_listening", "uid", "gid")
+    __slots__ = ("job_id", "task_type", "task_index", "attempt", "command", "env", "workdir", "port", "stop_grace_seconds", "report_listening", "uid", "gid", "owner", "memory_bytes")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -157,6 +163,8 @@ class TaskLaunch(_message.Message):
     REPORT_LISTENING_FIELD_NUMBER: _ClassVar[int]
     UID_FIELD_NUMBER: _ClassVar[int]
     GID_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     task_type: str
     task_index: int
@@ -169,10 +177,12 @@ class TaskLaunch(_message.Message):
     report_listening: bool
     uid: int
     gid: int
-    def __init__(self, job_id: _Optional[str] = ..., task_type: _Optional[str] = ..., task_index: _Optional[int] = ..., attempt: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., workdir: _Optional[str] = ..., port: _Optional[int] = ..., stop_grace_seconds: _Optional[float] = ..., report_listening: _Optional[bool] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ...) -> None: ...
+    owner: str
+    memory_bytes: int
+    def __init__(self, job_id: _Optional[str] = ..., task_type: _Optional[str] = ..., task_index: _Optional[int] = ..., attempt: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., workdir: _Optional[str] = ..., port: _Optional[int] = ..., stop_grace_seconds: _Optional[float] = ..., report_listening: _Optional[bool] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., owner: _Optional[str] = ..., memory_bytes: _Optional[int] = ...) -> None: ...
 
 class TaskReport(_message.Message):
-    __slots__ = ("job_id", "task_type", "task_index", "attempt", "phase", "pid", "exit_code", "signal", "message", "log_tail", "log_path", "busy_port", "final_checkpoint", "listening")
+    __slots__ = ("job_id", "task_type", "task_index", "attempt", "phase", "pid", "exit_code", "signal", "message", "log_tail", "log_path", "busy_port", "final_checkpoint", "listening", "cpu_seconds", "peak_rss_bytes")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     TASK_TYPE_FIELD_NUMBER: _ClassVar[int]
     TASK_INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -187,6 +197,8 @@ class TaskReport(_message.Message):
     BUSY_PORT_FIELD_NUMBER: _ClassVar[int]
     FINAL_CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     LISTENING_FIELD_NUMBER: _ClassVar[int]
+    CPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PEAK_RSS_BYTES_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     task_type: str
     task_index: int
@@ -201,7 +213,9 @@ class TaskReport(_message.Message):
     busy_port: int
     final_checkpoint: str
     listening: bool
-    def __init__(self, job_id: _Optional[str] = ..., task_type: _Optional[str] = ..., task_index: _Optional[int] = ..., attempt: _Optional[int] = ..., phase: _Optional[_Union[TaskPhase, str]] = ..., pid: _Optional[int] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., message: _Optional[str] = ..., log_tail: _Optional[_Iterable[str]] = ..., log_path: _Optional[str] = ..., busy_port: _Optional[int] = ..., final_checkpoint: _Optional[str] = ..., listening: _Optional[bool] = ...) -> None: ...
+    cpu_seconds: float
+    peak_rss_bytes: int
+    def __init__(self, job_id: _Optional[str] = ..., task_type: _Optional[str] = ..., task_index: _Optional[int] = ..., attempt: _Optional[int] = ..., phase: _Optional[_Union[TaskPhase, str]] = ..., pid: _Optional[int] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., message: _Optional[str] = ..., log_tail: _Optional[_Iterable[str]] = ..., log_path: _Optional[str] = ..., busy_port: _Optional[int] = ..., final_checkpoint: _Optional[str] = ..., listening: _Optional[bool] = ..., cpu_seconds: _Optional[float] = ..., peak_rss_bytes: _Optional[int] = ...) -> None: ...
 
 class Evaluation(_message.Message):
     __slots__ = ("job_id", "task_type", "task_index", "attempt", "checkpoint", "step", "metrics", "time")

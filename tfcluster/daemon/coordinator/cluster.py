@@ -165,9 +165,10 @@ class Cluster:
         return Plan(spec.strategy, result, spec=spec,
                     tf_configs=build_tf_configs([(p.type, p.index, p.address) for p in result]))
 
-    def submit(self, spec: JobSpec, now: float, request_id: str = "") -> tuple[Job, list[Command]]:
+    def submit(self, spec: JobSpec, now: float, request_id: str = "", owner: str = "",
+               groups: tuple[str, ...] = ()) -> tuple[Job, list[Command]]:
         """Accepts a job (PENDING, then placed at once if it fits) or raises Unplaceable. A submission
-        retried with the same request id gets the job of the first."""
+        retried with the same request id gets the job of the first. owner and groups: the submitter's."""
         earlier = self.jobs.by_request(request_id)
         if earlier is not None:
             return earlier, []
@@ -177,7 +178,7 @@ class Cluster:
         if isinstance(never, Unfit):
             raise Unplaceable(never.reason)
         try:
-            job = self.jobs.new(spec, request_id, now)
+            job = self.jobs.new(spec, request_id, now, owner, groups)
         except taskusers.RangeExhausted as e:
             raise Unplaceable(str(e)) from None
         return job, self.schedule(now)

@@ -142,6 +142,9 @@ class Job(StateRecord):
     number: int = 0           # the job number (its id's suffix): orders jobs and pages
     request_id: str = ""      # the client's id for the submission: a retry returns this job
     uid: int = 0              # its tasks' user and group on every node (taskusers.py); 0: saved before 0.3
+    owner: str = ""           # the name in the submitter's certificate; "": submitted before 0.5 or insecure
+    groups: tuple[str, ...] = ()  # the owner's groups, from the same certificate, when the job was submitted
+    priority: str = ""        # its priority class, resolved at submission; "": no policy
     state: JobState = JobState.PENDING
     tasks: list[Task] = field(default_factory=list)
     restarts: int = 0

@@ -80,12 +80,13 @@ class Jobs(Registry[Job]):
         self._next_number = max(self._next_number, job.number + 1)
         self.changes.append(JobAdded(job))
 
-    def new(self, spec: JobSpec, request_id: str, now: float) -> Job:
+    def new(self, spec: JobSpec, request_id: str, now: float, owner: str = "", groups: tuple[str, ...] = ()) -> Job:
         """A new PENDING job with the next number and a task UID of its own; raises taskusers.RangeExhausted."""
         uid = self._allocate_uid(self._next_number)
         number = self._next_number
         job_id = f"{spec.name}-{number}-{self.cluster_tag}" if self.cluster_tag else f"{spec.name}-{number}"
-        job = Job(id=job_id, spec=spec, number=number, request_id=request_id, created=now, uid=uid,
+        job = Job(id=job_id, spec=spec, number=number, request_id=request_id, created=now, uid=uid, owner=owner,
+                  groups=groups,
                   tasks=[Task(type=t, index=i) for t, i in task_list(spec)])
         self.add(job)
         self.changes.append(JobsNumbered(self._next_number))

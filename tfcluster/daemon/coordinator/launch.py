@@ -18,7 +18,8 @@ def launch(job: Job, task: Task) -> Launch:
     return Launch(node=task.node, attempt=job.attempt_of(task), command=command_for(job, task),
                   env=task_env(job, task), workdir=job.spec.workdir, port=task.port,
                   stop_grace_seconds=job.spec.stop_grace_seconds,
-                  report_listening=job.profile.must_listen(task.type), uid=job.uid, gid=job.uid)
+                  report_listening=job.profile.must_listen(task.type), uid=job.uid, gid=job.uid, owner=job.owner,
+                  memory_bytes=job.spec.memory_for(task.type))
 
 
 def command_for(job: Job, task: Task) -> tuple[str, ...]:

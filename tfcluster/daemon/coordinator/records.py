@@ -246,6 +246,7 @@ def job_from_docs(job_text: str, task_texts: list[str], evaluation_texts: list[s
     failure = doc.pop("last_failure")
     evaluations = sorted((Evaluation(**json.loads(text)) for text in evaluation_texts), key=lambda e: e.time)
     return Job(**{**doc, "spec": spec_from_doc(doc["spec"]), "restarting": tuple(doc["restarting"]),
+                  "groups": tuple(doc.get("groups", ())),
                   "tasks": [tasks[key] for key in order], "evaluations": evaluations,
                   "last_failure": Failure(**{**failure, "exit": _exit(failure["exit"])}) if failure else None})
 

@@ -52,7 +52,9 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
     async def SubmitJob(self, request, context):
         try:
             spec = wire.spec_from_proto(request.spec)
-            job, commands = self.c.cluster.submit(spec, self.c.clock(), request.client_request_id[:128])
+            who = security.caller()
+            job, commands = self.c.cluster.submit(spec, self.c.clock(), request.client_request_id[:128],
+                                                  owner=who.name if who else "", groups=who.groups if who else ())
         except SpecError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         except Unplaceable as e:
@@ -81,6 +83,9 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
         if request.job_id not in self.c.cluster.jobs:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown job {request.job_id!r}")
         job = self.c.cluster.jobs[request.job_id]
+        who = security.caller()
+        if who is not None and who.role == pki.USER and job.owner != who.name:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"job {job.id} belongs to {job.owner or 'nobody'}")
         try:
             await asyncio.shield(self.c.apply(self.c.cluster.stop(job.id, self.c.clock(), request.graceful)))
         except OSError as e:
