@@ -145,6 +145,8 @@ class Job(StateRecord):
     owner: str = ""           # the name in the submitter's certificate; "": submitted before 0.5 or insecure
     groups: tuple[str, ...] = ()  # the owner's groups, from the same certificate, when the job was submitted
     priority: str = ""        # its priority class, resolved at submission; "": no policy
+    rank: int = 0             # the class's value when submitted: a higher one goes first and may preempt
+    preemptible: bool = True  # whether a job of a higher class may take its resources
     state: JobState = JobState.PENDING
     tasks: list[Task] = field(default_factory=list)
     restarts: int = 0
