@@ -58,14 +58,15 @@ def render_status(nodes_shown, jobs_shown, summary=None, job_id: Optional[str] =
         parts += [Text(f"* {n.name} takes no new tasks: {n.condition}", style="yellow")
                   for n in nodes_shown if n.condition]
     jobs = Table(title="jobs", title_justify="left")
-    for col in ("job", "strategy", "state", "restarts", "tasks", "message"):
+    for col in ("job", "owner", "strategy", "state", "restarts", "tasks", "message"):
         jobs.add_column(col, overflow="fold")
     for j in jobs_shown:
         counts: dict[str, int] = {}
         for t in j.tasks:
             counts[t.state] = counts.get(t.state, 0) + 1
         summary = ", ".join(f"{v} {k.lower()}" for k, v in sorted(counts.items()))
-        jobs.add_row(j.id, j.strategy, _colour_state(j.state), str(j.restarts), summary, j.message or "")
+        jobs.add_row(j.id, j.owner or "-", j.strategy, _colour_state(j.state), str(j.restarts), summary,
+                     j.message or "")
     parts.append(jobs)
     if job_id and jobs_shown:
         job = jobs_shown[0]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tfcluster.daemon.coordinator.dashboard import NEXT_PAGE
 from tfcluster.daemon.coordinator.logins import LINK_SECONDS, SESSION_SECONDS, Logins
-from tfcluster.pki import ADMIN, VIEWER, Identity
+from tfcluster.pki import ADMIN, USER, VIEWER, Identity
 
 
 def test_a_link_works_once_within_its_time_and_gives_a_viewer_session():
@@ -27,3 +27,11 @@ def test_a_login_leads_only_to_a_page_of_the_dashboard():
     for elsewhere in ("//evil.example", "/\t/evil.example", "https://evil.example", "/\\evil.example",
                       "/jobs/x/../../evil", "/jobs/", "", "/api/jobs"):
         assert not NEXT_PAGE.fullmatch(elsewhere), elsewhere
+
+
+def test_a_users_link_gives_a_session_that_reads_as_that_user():
+    logins = Logins()
+    token, _ = logins.create_link(Identity(USER, "alice", groups=("vision",)), now=0.0)
+    session, login = logins.redeem(token, now=1.0)
+    assert login.holder == Identity(USER, "alice", groups=("vision",))  # so others' jobs stay redacted for her
+    assert logins.holder(session, now=2.0).role == USER

@@ -23,7 +23,7 @@ from aiohttp import web
 
 from tfcluster import __version__, wire
 from tfcluster.api.v1 import control_pb2
-from tfcluster.daemon.coordinator import status
+from tfcluster.daemon.coordinator import access, status
 from tfcluster.daemon.coordinator.job import Job
 from tfcluster.daemon.coordinator.logins import COOKIE, SESSION_SECONDS
 from tfcluster.daemon.coordinator.server import Coordinator
@@ -94,7 +94,7 @@ class Dashboard:
 
     async def _page(self, request: web.Request) -> web.FileResponse:
         if "job_id" in request.match_info:  # a page of no job, or of no task of it, is not there
-            job = self._find_job(request)
+            job = self._readable_job(request)
             if "task" in request.match_info:
                 _find_task(job, request.match_info["task"])
         return web.FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-store"})
@@ -118,11 +118,12 @@ class Dashboard:
                 if (not before or j.number < before) and (not states or j.state in states)
                 and j.spec.name.startswith(prefix))
         page, more = _page(jobs, _limit(request))
-        return json_response({"jobs": [job_row(j) for j in page],
-                                  "next": str(page[-1].number) if more else ""})
+        who = request.get(CALLER)
+        return json_response({"jobs": [job_row(j, access.may_read(who, j)) for j in page],
+                              "next": str(page[-1].number) if more else ""})
 
     async def _job(self, request: web.Request) -> web.Response:
-        job = self._find_job(request)
+        job = self._readable_job(request)
         return json_response(wire.job_doc(wire.job_status(job)))
 
     async def _nodes(self, request: web.Request) -> web.Response:
@@ -142,7 +143,7 @@ class Dashboard:
 
     async def _log(self, request: web.Request) -> web.StreamResponse:
         """A task's log as plain text: its last lines, then (follow=1) what it writes until it ends."""
-        job = self._find_job(request)
+        job = self._readable_job(request)
         task = _find_task(job, request.match_info["task"])
         follow = request.query.get("follow") == "1"
         try:
@@ -176,6 +177,14 @@ class Dashboard:
             raise web.HTTPNotFound(text=f"unknown job {_short(request.match_info['job_id'])}\n")
         return job
 
+    def _readable_job(self, request: web.Request) -> Job:
+        """The job of the address, once the caller may see all of it (access.py): a user's own, or any for an
+        admin or a viewer; another person's job is refused with its owner's name."""
+        job = self._find_job(request)
+        if not access.may_read(request.get(CALLER), job):
+            raise web.HTTPForbidden(text=access.refusal(job) + "\n")
+        return job
+
 
 def _find_task(job: Job, name: str):
     """The task a URL names as TYPE:INDEX; 400 for what cannot be a task's name, 404 for one the job lacks."""
@@ -193,14 +202,16 @@ def _short(text: str) -> str:
     return repr(text[:80]) + (" (cut)" if len(text) > 80 else "")
 
 
-def job_row(job: Job) -> dict:
-    """What the job list shows of a job (no tasks, no evaluation history: a page of them stays small)."""
-    f = job.last_failure
+def job_row(job: Job, readable: bool = True) -> dict:
+    """What the job list shows of a job (no tasks, no evaluation history: a page of them stays small); of a job
+    the viewer may not read in full (access.py), no message and no failure, and no link to its page."""
+    f = job.last_failure if readable else None
     latest = job.evaluations[-1] if job.evaluations else None
     return {"id": job.id, "name": job.spec.name, "state": job.state.value, "strategy": job.strategy,
-            "restarts": job.restarts, "preemptions": job.preemptions, "message": job.message,
+            "restarts": job.restarts, "preemptions": job.preemptions, "message": job.message if readable else "",
             "created": job.created, "finished": job.finished or None, "tasks": len(job.tasks),
-            "last_failure": f.describe() if f else "",
+            "gpus": sum(job.spec.gpus_for(t.type) for t in job.tasks),
+            "owner": job.owner, "readable": readable, "last_failure": f.describe() if f else "",
             "evaluation": {"step": latest.step, "metrics": latest.metrics} if latest else None}
 
 

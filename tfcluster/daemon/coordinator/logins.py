@@ -1,5 +1,7 @@
 """Browser logins to the dashboard, the way Jupyter does it: anyone whose certificate may read the cluster asks
-for a one-time link (`tfcluster dashboard`), and opening it gives that browser a viewer session cookie.
+for a one-time link (`tfcluster dashboard`), and opening it gives that browser a session cookie that reads as its
+a user does (access.py): a person with a user certificate sees their own jobs in full and others' without their
+secrets; anyone else gets a viewer session (the dashboard only reads, so an admin's session needs no more).
 
 Pure: time is passed in. Links and sessions live in memory only: a restarted coordinator logs browsers out,
 and a new link is one command away. Both are bounded, the oldest going first.
@@ -11,7 +13,7 @@ import secrets
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from tfcluster.pki import VIEWER, Identity
+from tfcluster.pki import USER, VIEWER, Identity
 
 LINK_SECONDS = 120.0          # long enough to paste into a browser, short enough to be worthless in a log later
 SESSION_SECONDS = 12 * 3600.0  # a working day; the cookie says so too
@@ -22,7 +24,7 @@ COOKIE = "tfcluster_session"
 
 @dataclass(frozen=True)
 class Login:
-    holder: Identity  # a viewer, named after whoever asked for the link
+    holder: Identity  # a user, or a viewer, named after whoever asked for the link
     expires: float
 
 
@@ -33,9 +35,12 @@ class Logins:
 
     def create_link(self, asker: Identity | None, now: float) -> tuple[str, float]:
         """A one-time token for asker (None: an --insecure cluster, where anyone may read)."""
-        name = asker.name if asker is not None else "anyone"
+        if asker is None:
+            holder = Identity(VIEWER, "anyone")
+        else:
+            holder = Identity(USER if asker.role == USER else VIEWER, asker.name, groups=asker.groups)
         token = secrets.token_urlsafe(32)
-        login = Login(Identity(VIEWER, name), now + LINK_SECONDS)
+        login = Login(holder, now + LINK_SECONDS)
         _put(self.links, token, login, MAX_LINKS, now)
         return token, login.expires
 

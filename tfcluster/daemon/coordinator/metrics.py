@@ -131,14 +131,16 @@ class ModelCollector(Collector):
         yield family
 
     def _evaluations(self):
+        # owner adds no series: each job has one.
         family = GaugeMetricFamily("tfcluster_evaluation", "Each job's latest evaluation result, by metric "
-                                   "(`step` is the step of the evaluated checkpoint).", labels=["job_id", "metric"])
+                                   "(`step` is the step of the evaluated checkpoint), with the job's owner.",
+                                   labels=["job_id", "owner", "metric"])
         for job in self.cluster.jobs.values():
             if job.evaluations:
                 latest = job.evaluations[-1]
-                family.add_metric([job.id, "step"], latest.step)
+                family.add_metric([job.id, job.owner, "step"], latest.step)
                 for name, value in latest.metrics.items():
-                    family.add_metric([job.id, name], value)
+                    family.add_metric([job.id, job.owner, name], value)
         return family
 
 

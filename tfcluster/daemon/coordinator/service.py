@@ -21,7 +21,7 @@ from grpc_health.v1._async import HealthServicer
 from tfcluster import __version__, pki, security, wire
 from tfcluster.api.v1 import agent_pb2_grpc, control_pb2, control_pb2_grpc
 from tfcluster.auth import async_server_interceptors
-from tfcluster.daemon.coordinator import status
+from tfcluster.daemon.coordinator import access, status
 from tfcluster.daemon.coordinator.agentservice import AgentServicer, JoinServicer
 from tfcluster.daemon.coordinator.cluster import Unplaceable
 from tfcluster.daemon.coordinator.taskusers import UidRange
@@ -83,9 +83,8 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
         if request.job_id not in self.c.cluster.jobs:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown job {request.job_id!r}")
         job = self.c.cluster.jobs[request.job_id]
-        who = security.caller()
-        if who is not None and who.role == pki.USER and job.owner != who.name:
-            await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"job {job.id} belongs to {job.owner or 'nobody'}")
+        if not access.may_act(security.caller(), job):
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, access.refusal(job))
         try:
             await asyncio.shield(self.c.apply(self.c.cluster.stop(job.id, self.c.clock(), request.graceful)))
         except OSError as e:
@@ -105,7 +104,8 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
         running, now = self.c.running_tasks(), self.c.clock()
         response = control_pb2.GetStatusResponse(summary=control_pb2.ClusterSummary(**status.summary(c)))
         response.nodes.extend(wire.node_status(n, running[n.name], now) for n in nodes)
-        job_messages, _ = status.fill(jobs, len(jobs), wire.job_status, lambda j: str(j.number), _size)
+        encode = access.job_status_for(security.caller(), wire.job_status)
+        job_messages, _ = status.fill(jobs, len(jobs), encode, lambda j: str(j.number), _size)
         response.jobs.extend(job_messages)
         response.summary.nodes_shown, response.summary.jobs_shown = len(response.nodes), len(response.jobs)
         response.summary.insecure = self.c.authority is None
@@ -116,8 +116,8 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
         if not self.c.dashboard_port:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "the coordinator serves no dashboard: start it "
                                                                      "with --http-listen HOST:PORT")
-        if request.job_id and request.job_id not in self.c.cluster.jobs:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown job {request.job_id[:200]!r}")
+        if request.job_id:
+            await self._readable_job(request.job_id, context)
         token, expires = self.c.logins.create_link(security.caller(), self.c.clock())
         page = f"/jobs/{urllib.parse.quote(request.job_id)}" if request.job_id else "/"
         path = f"/login?{urllib.parse.urlencode({'token': token, 'next': page})}"
@@ -155,13 +155,15 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
         except ValueError:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"page_token: not a token: {request.page_token!r}")
         entries = status.jobs(self.c.cluster, after, request.states, request.name, request.node)
-        jobs, token = status.fill(entries, status.page_size(request.page_size), wire.job_status,
-                                  lambda j: str(j.number), _size)
+        encode = access.job_status_for(security.caller(), wire.job_status)
+        jobs, token = status.fill(entries, status.page_size(request.page_size), encode, lambda j: str(j.number),
+                                  _size)
         return control_pb2.ListJobsResponse(jobs=jobs, next_page_token=token)
 
     async def StreamLogs(self, request, context):
         if not request.task_type:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "task_type: required")
+        await self._readable_job(request.job_id, context)
         try:
             request_id, waiter = self.c.open_log(request.job_id, request.task_type, request.task_index,
                                                  request.attempt, request.follow, request.tail_lines)
@@ -190,8 +192,7 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
 
     async def WatchJob(self, request, context):
         jobs = self.c.cluster.jobs
-        if request.job_id not in jobs:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown job {request.job_id[:200]!r}")
+        await self._readable_job(request.job_id, context)
         try:
             views = self.c.watchers.follow(lambda: jobs.get(request.job_id), wire.job_status,
                                            lambda job: job.state.ended)
@@ -200,6 +201,15 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
                     yield control_pb2.WatchJobResponse(job=job)
         except TooManyWatchers as e:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
+
+    async def _readable_job(self, job_id: str, context) -> Job:
+        """The job, once the caller may read all of it (its logs, its progress, its dashboard page)."""
+        job = self.c.cluster.jobs.get(job_id)
+        if job is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown job {job_id[:200]!r}")
+        if not access.may_read(security.caller(), job):
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, access.refusal(job))
+        return job
 
 
 def _size(message) -> int:

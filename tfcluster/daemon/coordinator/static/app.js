@@ -124,7 +124,7 @@ function jobsView(params) {
   const body = el("tbody");
   const pager = el("div", {class: "pager"});
   replace(el("h1", {}, "Jobs"), el("div", {class: "filters"}, name, state),
-          el("table", {id: "jobs"}, el("thead", {}, el("tr", {}, ["job", "state", "strategy", "restarts", "tasks",
+          el("table", {id: "jobs"}, el("thead", {}, el("tr", {}, ["job", "owner", "state", "strategy", "restarts", "tasks",
             "evaluation", "last failure / message", "started", "took"].map(h => el("th", {}, h)))), body), pager);
   every(async () => {
     const summary = await refreshSummary();
@@ -132,13 +132,16 @@ function jobsView(params) {
     const query = new URLSearchParams(params);
     const page = await api(`/api/jobs?${query}`);
     body.replaceChildren(...page.jobs.map(j => el("tr", {"data-job": j.id},
-      el("td", {}, jobLink(j.id)), el("td", {}, badge(j.state)), el("td", {}, j.strategy),
-      el("td", {}, j.restarts + (j.preemptions ? ` (+${j.preemptions} preempted)` : "")), el("td", {}, j.tasks),
+      // Another person's job has no page for a user: its id is not a link.
+      el("td", {}, j.readable ? jobLink(j.id) : j.id), el("td", {class: "owner"}, j.owner || "-"),
+      el("td", {}, badge(j.state)), el("td", {}, j.strategy),
+      el("td", {}, j.restarts + (j.preemptions ? ` (+${j.preemptions} preempted)` : "")),
+      el("td", {}, j.gpus ? `${j.tasks} (${j.gpus} GPUs)` : j.tasks),
       el("td", {}, j.evaluation ? `step ${j.evaluation.step}: ` + Object.entries(j.evaluation.metrics).slice(0, 2)
         .map(([k, v]) => `${k} ${number(v)}`).join(", ") : "-"),
       el("td", {class: "message"}, j.last_failure || j.message || ""),
       el("td", {}, when(j.created, now())), el("td", {}, duration(j, now())))));
-    if (!page.jobs.length) body.append(el("tr", {}, el("td", {colspan: 9, class: "muted"}, "No jobs.")));
+    if (!page.jobs.length) body.append(el("tr", {}, el("td", {colspan: 10, class: "muted"}, "No jobs.")));
     const older = new URLSearchParams(params);
     older.set("before", page.next);
     pager.replaceChildren(params.get("before") ? el("a", {href: "/"}, "← newest") : "",
@@ -164,6 +167,7 @@ function jobView(id) {
     head.replaceChildren(
       el("h1", {}, job.id, el("span", {id: "job-state", class: `state ${job.state}`}, job.state)),
       el("div", {class: "facts"},
+        el("span", {}, "owner ", el("b", {id: "job-owner"}, job.owner || "-")),
         el("span", {}, "strategy ", el("b", {}, job.strategy)),
         el("span", {}, "restarts ", el("b", {}, job.restarts)),
         el("span", {}, "preemptions ", el("b", {}, job.preemptions)),

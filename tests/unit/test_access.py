@@ -1,0 +1,54 @@
+"""Who may see and do what with a job (access.py): the owner and admins act, viewers read, and another user
+sees the job's state, owner and size, never a text its program or spec could have put in."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from coresim import Sim, info, make_spec
+
+from tfcluster import wire
+from tfcluster.daemon.coordinator import access
+from tfcluster.pki import ADMIN, NODE, USER, VIEWER, Identity
+
+SECRET = "hunter2-secret"
+ALICE, BOB = Identity(USER, "alice"), Identity(USER, "bob")
+
+
+def failed_job_of_alice():
+    """alice's two-worker job whose worker:1 failed, printing the secret her spec's env held, then restarted."""
+    sim = Sim(info("n1", 2), info("n2", 2))
+    spec = make_spec(worker=2, gpus=1, env={"API_KEY": SECRET})
+    job, actions = sim.c.submit(replace(spec, name="train"), sim.now, owner="alice", groups=("vision",))
+    sim.running(job, actions)
+    sim.exit(job, "worker:1", 3, message=f"cannot open {SECRET}", log_tail=(f"KeyError: {SECRET}",))
+    return job
+
+
+def test_the_owner_and_admins_act_viewers_read_and_others_are_refused_by_the_owners_name():
+    job = failed_job_of_alice()
+    assert access.may_act(ALICE, job) and access.may_act(Identity(ADMIN, "root-ish"), job)
+    assert access.may_act(None, job), "--insecure: anyone may do anything"
+    assert not access.may_act(BOB, job) and not access.may_read(BOB, job)
+    assert not access.may_act(Identity(VIEWER, "grafana"), job) and access.may_read(Identity(VIEWER, "grafana"), job)
+    assert not access.may_read(Identity(NODE, "n1"), job)
+    assert not access.may_act(Identity(USER, ""), replace(job, owner="")), "no owner is no one's job, not everyone's"
+    assert access.refusal(job) == f"job {job.id} belongs to alice"
+    assert "only an admin" in access.refusal(replace(job, owner=""))
+
+
+def test_another_users_view_keeps_state_owner_and_size_and_leaks_nothing_the_job_wrote():
+    job = failed_job_of_alice()
+    full = wire.job_status(job)
+    assert SECRET in str(full), "the owner sees the failure as it was"
+    seen = access.job_status_for(BOB, wire.job_status)(job)
+    assert SECRET not in str(seen) and SECRET not in str(wire.job_doc(seen))
+    assert all(not t.address and not t.pid and not t.message for t in seen.tasks)
+    doc = wire.job_doc(seen)
+    assert all(t["tf_config"] == "" for t in doc["tasks"]), "TF_CONFIG is not rebuilt from hidden addresses"
+    assert (seen.id, seen.state, seen.owner, seen.restarts) == (full.id, full.state, "alice", full.restarts)
+    assert [(t.type, t.index, t.node, len(t.gpus), t.state) for t in seen.tasks] == \
+        [(t.type, t.index, t.node, len(t.gpus), t.state) for t in full.tasks]
+    assert seen.last_failure.task == "worker:1" and not seen.last_failure.log_tail
+    for reader in (ALICE, Identity(VIEWER, "grafana"), Identity(ADMIN, "ops"), None):
+        assert access.job_status_for(reader, wire.job_status)(job) == full
