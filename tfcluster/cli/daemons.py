@@ -199,6 +199,11 @@ def agent(
                                           help="Run every task on this node as root, as agents before 0.3 did "
                                                "(whoever may submit a job then owns this node). By default each "
                                                "job's tasks run as the job's own UID from the coordinator."),
+    task_user: str = typer.Option("job", "--task-user", metavar="job|owner",
+                                  help="Who tasks run as: `job`, a UID of the job's own from the coordinator; "
+                                       "`owner`, the local account named as the job's owner (its certificate's "
+                                       "name), with that account's groups, as Slurm does; a job whose owner has "
+                                       "no account on this node fails to start, and uid 0 is refused."),
     private_tmp: bool = typer.Option(False, "--private-tmp",
                                      help="Give each job's tasks a /tmp of their own (a mount namespace, as systemd's "
                                           "PrivateTmp), so programs that write fixed /tmp paths never meet another "
@@ -225,7 +230,7 @@ def agent(
                            peer_quota=parse_size(peer_quota, "--peer-quota"), http_listen=http_listen or "",
                            retention=retention_policy(retain_for, retain_bytes, min_free_disk),
                            task_log_bytes=_task_log_bytes(max_task_log), allow_root_tasks=allow_root_tasks,
-                           private_tmp=private_tmp)
+                           private_tmp=private_tmp, task_user=task_user)
     except SettingsError as e:
         fail(str(e), 2)
     try:

@@ -33,7 +33,7 @@ from tfcluster.daemon.agent.summaries import SummariesHook
 from tfcluster.daemon.agent.supervisor import Supervisor
 from tfcluster.daemon.agent.taskrecord import TaskRecord
 from tfcluster.daemon.agent.tasklog import DEFAULT_LIMIT_BYTES
-from tfcluster.daemon.agent.taskuser import TaskUsers, make_state_dir
+from tfcluster.daemon.agent.taskuser import PER_JOB, TaskUsers, make_state_dir
 from tfcluster.daemon.web import ThreadedWebListener, WebListener
 from tfcluster.layout import INCOMING_PREFIX
 from tfcluster.model import (CancelLog, ExpectFiles, FinishTraining, Gpu, Launch, NodeInfo, ReadLog, Revocations,
@@ -65,6 +65,7 @@ class AgentConfig:
     http_listen: str = ""  # HOST:PORT of /metrics; "": none
     allow_root_tasks: bool = False  # the operator lets tasks run as root here (taskuser.py)
     private_tmp: bool = False  # each job's tasks get a /tmp of their own (isolation.py)
+    task_user: str = PER_JOB  # who tasks run as: the job's own UID, or the owner's account (taskuser.py)
 
     def node_info(self) -> NodeInfo:
         return NodeInfo(name=self.name, address=self.address, port_range=self.port_range, gpus=self.gpus,
@@ -77,7 +78,7 @@ class Agent:
     def __init__(self, config: AgentConfig):
         self.config = config
         self.credentials = config.credentials  # replaced when the certificate is renewed
-        self.task_users = TaskUsers(config.allow_root_tasks, private_tmp=config.private_tmp)
+        self.task_users = TaskUsers(config.allow_root_tasks, private_tmp=config.private_tmp, mode=config.task_user)
         make_state_dir(config.state_dir)  # its modes set right, whoever made it
         self._stop = threading.Event()
         self.liveness = Liveness(("connection", "events"))  # see liveness.py

@@ -49,14 +49,15 @@ def private_tmp(directory: str) -> str:
 
 
 @contextlib.contextmanager
-def acting_as(uid: int | None, gid: int | None):
-    """Within: file access is checked, and files are made, as uid:gid with no supplementary groups (the
-    effective IDs; the real and saved ones stay root, so root's rights come back at the end)."""
+def acting_as(uid: int | None, gid: int | None, groups: list[int] | None = None):
+    """Within: file access is checked, and files are made, as uid:gid with the task's supplementary groups
+    (none for a job's own UID; an owner's account's), by the effective IDs: the real and saved ones stay root,
+    so root's rights come back at the end."""
     if uid is None:
         yield
         return
-    groups = os.getgroups()
-    os.setgroups([])
+    before = os.getgroups()
+    os.setgroups(groups or [])
     os.setegid(gid)
     os.seteuid(uid)
     try:
@@ -64,7 +65,7 @@ def acting_as(uid: int | None, gid: int | None):
     finally:
         os.seteuid(0)
         os.setegid(0)
-        os.setgroups(groups)
+        os.setgroups(before)
 
 
 def check_workdir(workdir: str) -> None:

@@ -18,7 +18,7 @@ from tfcluster.daemon.agent.liveness import SystemdReporter
 from tfcluster.daemon.agent.peers import DEFAULT_QUOTA_BYTES
 from tfcluster.daemon.agent.retention import Policy
 from tfcluster.daemon.agent.tasklog import DEFAULT_LIMIT_BYTES
-from tfcluster.daemon.agent.taskuser import TaskUserError, make_state_dir
+from tfcluster.daemon.agent.taskuser import OWNER, PER_JOB, TASK_USER_MODES, TaskUserError, make_state_dir
 from tfcluster.daemon.notify import Notifier
 from tfcluster.daemon.web import HttpError, parse_listen
 from tfcluster.model import NODE_NAME_RE
@@ -39,7 +39,7 @@ def configure(coordinator: str, name: str | None, address: str | None, port_rang
               join: str = "", ca_cert: Path | None = None, ca_hash: str = "", join_address: str = "",
               peer_quota: int = DEFAULT_QUOTA_BYTES, http_listen: str = "", retention: Policy = Policy(),
               task_log_bytes: int = DEFAULT_LIMIT_BYTES, allow_root_tasks: bool = False,
-              private_tmp: bool = False) -> AgentConfig:
+              private_tmp: bool = False, task_user: str = PER_JOB) -> AgentConfig:
     """The agent's settings from its flags, with the node's GPUs, host and address discovered, and its
     certificate: the one it has, or one it gets by joining with a token."""
     try:
@@ -63,6 +63,7 @@ def configure(coordinator: str, name: str | None, address: str | None, port_rang
             raise SettingsError(str(e)) from None
     if ":" not in coordinator:
         raise SettingsError(f"--coordinator: expected HOST:PORT, got {coordinator!r}")
+    _check_task_user(task_user, insecure, allow_root_tasks)
     name = name or socket.gethostname()
     if not NODE_NAME_RE.fullmatch(name):
         raise SettingsError(f"--name: expected letters, digits, '.', '_' or '-' (at most 253), got {name!r}")
@@ -92,7 +93,20 @@ def configure(coordinator: str, name: str | None, address: str | None, port_rang
                        gpus=tuple(gpus), host=host_info(), state_dir=state_dir, peer_port=peer_port,
                        credentials=credentials, identity=identity, peer_quota_bytes=peer_quota,
                        http_listen=http_listen, retention=retention, task_log_bytes=task_log_bytes,
-                       allow_root_tasks=allow_root_tasks, private_tmp=private_tmp)
+                       allow_root_tasks=allow_root_tasks, private_tmp=private_tmp, task_user=task_user)
+
+
+def _check_task_user(task_user: str, insecure: bool, allow_root_tasks: bool) -> None:
+    """--task-user owner needs owners the coordinator vouches for: with --insecure no job has one (a name a
+    client merely claimed would let anyone run tasks as any account of the node)."""
+    if task_user not in TASK_USER_MODES:
+        raise SettingsError(f"--task-user: expected one of {', '.join(TASK_USER_MODES)}, got {task_user!r}")
+    if task_user == OWNER and insecure:
+        raise SettingsError("--task-user owner needs the cluster's certificates: with --insecure no job has an "
+                            "authenticated owner to run as")
+    if task_user == OWNER and allow_root_tasks:
+        raise SettingsError("--task-user owner runs tasks as their owners' accounts, --allow-root-tasks as root: "
+                            "give one of them")
 
 
 def _node_credentials(identity: NodeIdentity, coordinator: str, join: str, ca_cert: Path | None, ca_hash: str,

@@ -106,7 +106,7 @@ class Supervisor:
         if refusal:
             raise _StartError(refusal)
         try:
-            user = self.task_users.for_launch(order.uid, order.gid)
+            user = self.task_users.for_launch(order.uid, order.gid, order.owner, order.node)
             paths = prepare_job(self.state_dir, record.attempt.job_id, user)
             prepare_attempt(record.dir, user)
         except TaskUserError as e:
@@ -115,7 +115,7 @@ class Supervisor:
             raise _StartError(f"port {order.port} is already in use on this node", busy_port=order.port)
         env = self._environment(record, order, user, paths)
         record.checkpoint_dir = env.get(layout.CHECKPOINT_DIR, "")
-        record.group = user.owner(private=False)[1]
+        record.group = user.owner(private=False)[1]  # the job's group, whoever the task runs as
         # Dirs the spec names are made by the task's user (in the shim), never by root here.
         task_dirs = [env[name] for name in (layout.CHECKPOINT_DIR, layout.MODEL_DIR)
                      if env.get(name) and Path(env[name]) != paths.checkpoints]
@@ -124,7 +124,8 @@ class Supervisor:
         private_tmp = self.task_users.agent_is_root and self.task_users.private_tmp
         LaunchFile(record.attempt, order.command, env, order.workdir, order.port, order.stop_grace_seconds,
                    self.log_limit_bytes, uid=user.uid if user.switches else None,
-                   gid=user.gid if user.switches else None, task_dirs=tuple(task_dirs),
+                   gid=user.gid if user.switches else None, groups=user.groups,
+                   job_gid=user.job_gid, task_dirs=tuple(task_dirs),
                    private_tmp=str(paths.tmp) if private_tmp else "",
                    private_tmp_unavailable=private_tmp_problem(self.state_dir) if private_tmp else "").write(record.dir)
         return self._start_shim(record)
@@ -150,9 +151,10 @@ class Supervisor:
     def _environment(record: TaskRecord, order: Launch, user: TaskUser, paths: JobPaths) -> dict[str, str]:
         """The agent's environment, less its own settings (a join token, a token file): TFCLUSTER_* in a task's
         environment is what tfcluster sets for that task. HOME and TMPDIR are the job's own on this node (a
-        spec may set others)."""
+        spec may set others); a task run as its owner's account has that account's home, where it exists."""
         inherited = {k: v for k, v in os.environ.items() if not k.startswith(layout.RESERVED_ENV_PREFIX)}
-        own = {"HOME": str(paths.home), "TMPDIR": str(paths.tmp)}
+        home = user.home if user.home and os.path.isdir(user.home) else str(paths.home)
+        own = {"HOME": home, "TMPDIR": str(paths.tmp)}
         if user.switches:
             own.update(USER=user.name, LOGNAME=user.name)
         return {**inherited, **own, **order.env, layout.EVENTS_FILE: str(record.events_path),

@@ -131,10 +131,17 @@ class LaunchFile(_TaskFile):
     log_limit_bytes: int = 0  # output kept for the attempt (tasklog.py); 0: the default
     uid: int | None = None    # the task's user and group; None: the shim's own (no user switch)
     gid: int | None = None
+    groups: tuple[int, ...] = ()  # its supplementary groups (an owner's account's); none for a job's own UID
+    job_gid: int | None = None  # the group of the job's files, where it is not gid (an owner's account)
     task_dirs: tuple[str, ...] = ()  # dirs the spec names, made by the task's user
     private_tmp: str = ""     # the job's dir that becomes the task's /tmp; "": none
     private_tmp_unavailable: str = ""  # why the task gets no private /tmp although asked ("": it does)
     durable = False  # read by the shim it starts (see _TaskFile.durable)
+
+    @property
+    def file_group(self) -> int | None:
+        """The group of the job's files (the task's output): the job's, whoever the task runs as."""
+        return self.gid if self.job_gid is None else self.job_gid
 
     def to_json(self) -> dict[str, Any]:
         a = self.attempt
@@ -142,7 +149,8 @@ class LaunchFile(_TaskFile):
                 "attempt": a.number, "command": list(self.command), "env": dict(self.env), "workdir": self.workdir,
                 "port": self.port, "stop_grace_seconds": self.stop_grace_seconds,
                 "log_limit_bytes": self.log_limit_bytes,
-                "user": None if self.uid is None else {"uid": self.uid, "gid": self.gid},
+                "user": None if self.uid is None else {"uid": self.uid, "gid": self.gid, "groups": list(self.groups),
+                                                       "job_gid": self.job_gid},
                 "task_dirs": list(self.task_dirs), "private_tmp": self.private_tmp,
                 "private_tmp_unavailable": self.private_tmp_unavailable}
 
@@ -152,17 +160,21 @@ class LaunchFile(_TaskFile):
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
             raise TaskFileError(f"{f.path}: field 'env': expected strings for names and values")
         user = f.get("user", dict, None)
-        uid = gid = None
+        uid = gid = job_gid = None
+        groups: tuple[int, ...] = ()
         if user is not None:
             ids = _Fields(f.path, json.dumps(user))
-            uid, gid = ids.get("uid", int), ids.get("gid", int)
+            uid, gid, job_gid = ids.get("uid", int), ids.get("gid", int), ids.get("job_gid", int, None)
+            groups = tuple(ids.get("groups", list, []))
+            if not all(isinstance(g, int) and not isinstance(g, bool) for g in groups):
+                raise TaskFileError(f"{f.path}: field 'user.groups': expected group ids")
         return cls(Attempt(f.get("job_id", str), f.get("task_type", str), f.get("task_index", int),
                            f.get("attempt", int)),
                    command=f.strings("command"), env=env, workdir=f.get("workdir", str, ""),
                    port=f.get("port", int, 0),
                    stop_grace_seconds=float(f.get("stop_grace_seconds", (int, float), DEFAULT_STOP_GRACE_SECONDS)),
-                   log_limit_bytes=f.get("log_limit_bytes", int, 0), uid=uid, gid=gid,
-                   task_dirs=f.strings("task_dirs", ()), private_tmp=f.get("private_tmp", str, ""),
+                   log_limit_bytes=f.get("log_limit_bytes", int, 0), uid=uid, gid=gid, groups=groups,
+                   job_gid=job_gid, task_dirs=f.strings("task_dirs", ()), private_tmp=f.get("private_tmp", str, ""),
                    private_tmp_unavailable=f.get("private_tmp_unavailable", str, ""))
 
 

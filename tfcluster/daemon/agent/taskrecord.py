@@ -70,7 +70,7 @@ class TaskRecord:
                    checkpoint_dir=launch.env.get(layout.CHECKPOINT_DIR, ""),
                    gpus=launch.env.get(layout.CUDA_VISIBLE_DEVICES, ""),
                    summary_dir=launch.env.get(layout.SUMMARY_DIR, ""), started_at=status.started,
-                   group=-1 if launch.gid is None else launch.gid)
+                   group=-1 if launch.file_group is None else launch.file_group)
 
     def report(self) -> TaskReport:
         """The attempt's report to the coordinator (wire.py sends it)."""

@@ -71,19 +71,20 @@ class Runner:
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_term)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        uid, gid = self.launch.uid, self.launch.gid
+        uid, gid, groups = self.launch.uid, self.launch.gid, list(self.launch.groups)
+        file_group = self.launch.file_group
         log = OutputWriter(self.dir, self.launch.log_limit_bytes or DEFAULT_LIMIT_BYTES,
-                           group=-1 if gid is None else gid)
+                           group=-1 if file_group is None else file_group)
         env = self._isolate(log)
         try:
-            with isolation.acting_as(uid, gid):
+            with isolation.acting_as(uid, gid, groups):
                 isolation.check_workdir(self.launch.workdir)
                 for problem in isolation.make_task_dirs(list(self.launch.task_dirs)):
                     log.write(f"tfcluster: {problem}\n".encode())
             self.child = subprocess.Popen(self.launch.command, cwd=self.launch.workdir or None,
                                           env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                           stderr=subprocess.STDOUT, start_new_session=True,
-                                          user=uid, group=gid, extra_groups=None if uid is None else [])
+                                          user=uid, group=gid, extra_groups=None if uid is None else groups)
         except (OSError, ValueError) as e:
             message = self._start_failure(e)
             log.write(f"tfcluster: {message}\n".encode())
