@@ -9,6 +9,8 @@ from coresim import Sim, info, make_spec
 
 from tfcluster import wire
 from tfcluster.daemon.coordinator import access
+from tfcluster.daemon.coordinator.metrics import ModelCollector
+from tfcluster.model import Evaluation
 from tfcluster.pki import ADMIN, NODE, USER, VIEWER, Identity
 
 SECRET = "hunter2-secret"
@@ -52,3 +54,11 @@ def test_another_users_view_keeps_state_owner_and_size_and_leaks_nothing_the_job
     assert seen.last_failure.task == "worker:1" and not seen.last_failure.log_tail
     for reader in (ALICE, Identity(VIEWER, "grafana"), Identity(ADMIN, "ops"), None):
         assert access.job_status_for(reader, wire.job_status)(job) == full
+
+
+def test_the_owner_labels_the_evaluation_metric_and_adds_no_series():
+    job = failed_job_of_alice()
+    job.evaluations.append(Evaluation("/ckpt/ckpt-7", 7, {"accuracy": 0.5}))
+    family = next(f for f in ModelCollector(Sim.current.c, lambda: 0.0).collect() if f.name == "tfcluster_evaluation")
+    assert {(s.labels["owner"], s.labels["metric"], s.value) for s in family.samples} == \
+        {("alice", "step", 7), ("alice", "accuracy", 0.5)}
