@@ -168,6 +168,16 @@ class Evaluation:
     time: float = 0.0
 
 
+def size_text(size: int) -> str:
+    """Bytes as people read them, in powers of 1024: `16 GiB`, `16.4 GiB`, `200 MiB`, `512 B`."""
+    value, unit = float(size), "B"
+    for bigger in ("KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(value) < 1024:
+            break
+        value, unit = value / 1024, bigger
+    return f"{value:.1f}".removesuffix(".0") + f" {unit}"
+
+
 def signal_name(number: int) -> str:
     try:
         return signals.Signals(number).name
