@@ -157,6 +157,9 @@ class TaskProgress:
     attempt: Attempt
     output_bytes: int = 0
     checkpoint: str = ""  # newest committed checkpoint in its checkpoint dir
+    cpu_seconds: float = 0.0  # its process tree's CPU time so far, as its shim measures it
+    rss_bytes: int = 0        # its process tree's resident memory now
+    peak_rss_bytes: int = 0   # ... and the most it has held
 
 
 @dataclass(frozen=True)
