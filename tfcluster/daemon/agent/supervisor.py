@@ -25,7 +25,8 @@ from pathlib import Path
 from tfcluster import layout
 from tfcluster.daemon.agent.launcher import ForkedShim, Launcher
 from tfcluster.daemon.agent.tasklog import DEFAULT_LIMIT_BYTES, total_bytes
-from tfcluster.daemon.agent.taskfiles import LaunchFile, ShimStatus, TaskFileError, write_json_atomic, write_stop
+from tfcluster.daemon.agent.taskfiles import (LaunchFile, ShimStatus, TaskFileError, UsageFile, write_json_atomic,
+                                              write_stop)
 from tfcluster.daemon.agent.taskrecord import TaskKey, TaskRecord, exit_of, is_shim, newest_checkpoint
 from tfcluster.daemon.agent.taskrunner import group_alive, kill_group
 from tfcluster.daemon.agent.taskuser import (JOB_READABLE_FILE_MODE, PRIVATE_FILE_MODE, JobPaths, TaskUser,
@@ -126,7 +127,8 @@ class Supervisor:
                    self.log_limit_bytes, uid=user.uid if user.switches else None,
                    gid=user.gid if user.switches else None, task_dirs=tuple(task_dirs),
                    private_tmp=str(paths.tmp) if private_tmp else "",
-                   private_tmp_unavailable=private_tmp_problem(self.state_dir) if private_tmp else "").write(record.dir)
+                   private_tmp_unavailable=private_tmp_problem(self.state_dir) if private_tmp else "",
+                   memory_bytes=order.memory_bytes).write(record.dir)
         return self._start_shim(record)
 
     def _start_shim(self, record: TaskRecord) -> ForkedShim | subprocess.Popen:
@@ -200,13 +202,18 @@ class Supervisor:
             self._finish(record, Phase.EXITED, TaskExit(signal=signal.SIGKILL, message=died))
 
     def progress(self) -> list[TaskProgress]:
-        """Every running task, with the bytes of output so far (dropped ones included) and its newest checkpoint."""
+        """Every running task, with the bytes of output so far (dropped ones included), its newest checkpoint, and
+        what its process tree uses as its shim last measured it."""
         found = []
         for record in self.snapshot():
             if record.phase != Phase.RUNNING or record.exited.is_set():
                 continue
-            found.append(TaskProgress(record.attempt, total_bytes(record.dir),
-                                      newest_checkpoint(record.checkpoint_dir)))
+            try:
+                usage = UsageFile.read(record.dir) or UsageFile()
+            except TaskFileError:  # left out: the attempt's exit carries its final figures all the same
+                usage = UsageFile()
+            found.append(TaskProgress(record.attempt, total_bytes(record.dir), newest_checkpoint(record.checkpoint_dir),
+                                      usage.cpu_seconds, usage.rss_bytes, usage.peak_rss_bytes))
         return found
 
     def finish_training(self, attempt: Attempt, final_checkpoint: str) -> None:

@@ -25,12 +25,14 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from tfcluster import layout
 from tfcluster.daemon.agent import isolation
-from tfcluster.daemon.agent.taskfiles import LaunchFile, ShimStatus, read_stop_grace
+from tfcluster.daemon.agent.taskfiles import LaunchFile, ShimStatus, UsageFile, read_stop_grace
 from tfcluster.daemon.agent.tasklog import DEFAULT_LIMIT_BYTES, LastLines, OutputWriter
+from tfcluster.daemon.agent.treewatch import TreeWatch, Usage, exceeded_message
 from tfcluster.model import TaskExit
 from tfcluster.states import Phase
 TAIL_LINES = 20
@@ -98,15 +100,29 @@ class Runner:
             self._terminate()
         pump = threading.Thread(target=self._pump, args=(self.child.stdout, log), daemon=True)
         pump.start()
+        watch = TreeWatch(pid, self.launch.memory_bytes, self._publish)
+        watch.start()
         returncode = self.child.wait()
+        usage = watch.finish()
         # Whatever the task left in its group (workers of a data loader, a daemonised helper) goes too.
         kill_group(pid, signal.SIGKILL)
         pump.join(timeout=5)
         log.close()
         exit = TaskExit.of_returncode(returncode, tuple(self.last_lines.tail()))
+        exit = replace(exit, cpu_seconds=usage.cpu_seconds, peak_rss_bytes=usage.peak_rss_bytes)
+        if watch.exceeded:
+            exit = replace(exit, message=exceeded_message(self.launch.attempt.task_key, self.launch.memory_bytes,
+                                                          usage.peak_rss_bytes))
         self.status(Phase.EXITED, pid=pid, pgid=pid, started=started, finished=time.time(),
                     stopped=self.stopping.is_set(), exit=exit)
         return 0
+
+    def _publish(self, usage: Usage) -> None:
+        """The running task's figures, for its agent's heartbeats."""
+        try:
+            UsageFile(usage.cpu_seconds, usage.rss_bytes, usage.peak_rss_bytes).write(self.dir)
+        except OSError as e:  # a full disk: the task runs on; its figures are in its exit all the same
+            print(f"cannot record the task's usage: {e}", file=sys.stderr, flush=True)
 
     def _isolate(self, log: OutputWriter) -> dict[str, str]:
         """No new privileges for the task, and a private /tmp when the launch asks for one (the shim is root);
