@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 
+from tfcluster import wire
 from tfcluster.daemon.coordinator.cluster import Unplaceable
 from tfcluster.daemon.coordinator.scheduler import NodeCapacity, Unfit, place
 from tfcluster.spec import parse_spec
@@ -104,3 +105,15 @@ def test_a_job_waits_for_memory_and_starts_when_it_frees():
     actions = sim.exit(first, "worker:0", code=0)
     assert [a.attempt.job_id for a in launches(actions)] == [second.id]
     assert launches(actions)[0].memory_bytes == 8 * GIB
+
+
+def test_a_task_killed_for_its_memory_is_a_failure_that_charges_the_restart_budget():
+    sim = sim_with_memory(16)
+    job, actions = sim.submit(replace(make_spec(worker=2, restart={"max_restarts": 1}), memory=2 * GIB))
+    sim.running(job, actions)
+    message = "worker:1 exceeded its memory limit of 2 GiB (peak 2.1 GiB)"
+    sim.exit_stopped(job, sim.exit(job, "worker:1", code=None, signal=9, message=message,
+                                   peak_rss_bytes=int(2.1 * GIB), cpu_seconds=12.5))
+    assert job.restarts == 1
+    assert job.last_failure.exit.message == message and job.last_failure.task == "worker:1"
+    assert wire.job_status(job).last_failure.message == message  # what `tfcluster status` shows
