@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tfcluster import layout
+from tfcluster.daemon.agent.cgroups import TaskCgroups
 from tfcluster.daemon.agent.launcher import ForkedShim, Launcher
 from tfcluster.daemon.agent.tasklog import DEFAULT_LIMIT_BYTES, total_bytes
 from tfcluster.daemon.agent.taskfiles import (LaunchFile, ShimStatus, TaskFileError, UsageFile, write_json_atomic,
@@ -66,6 +67,7 @@ class Supervisor:
         self.lock = threading.Lock()
         self.tasks: dict[TaskKey, TaskRecord] = {}
         self.launcher = Launcher()  # forks the shims (launcher.py)
+        self.cgroups: TaskCgroups | None = None  # keeps tasks' memory limits where the kernel can (cgroups.py)
 
     # ---- launching -------------------------------------------------------------------------------
 
@@ -128,8 +130,20 @@ class Supervisor:
                    gid=user.gid if user.switches else None, task_dirs=tuple(task_dirs),
                    private_tmp=str(paths.tmp) if private_tmp else "",
                    private_tmp_unavailable=private_tmp_problem(self.state_dir) if private_tmp else "",
-                   memory_bytes=order.memory_bytes).write(record.dir)
+                   memory_bytes=order.memory_bytes, cgroup=self._cgroup(record, order.memory_bytes)).write(record.dir)
         return self._start_shim(record)
+
+    def _cgroup(self, record: TaskRecord, limit: int) -> str:
+        """The task's own cgroup with its memory limit; "": its shim keeps the limit by watching (or none)."""
+        if not limit or self.cgroups is None or self.cgroups.delegated is None:
+            return ""
+        a = record.attempt
+        try:
+            return self.cgroups.make(f"{a.job_id}.{a.type}-{a.index}.{a.number}", limit)
+        except OSError as e:
+            log.warning("%s: cannot make its cgroup (%s); its shim keeps its memory limit by watching", record.name,
+                        e, extra=fields(a))
+            return ""
 
     def _start_shim(self, record: TaskRecord) -> ForkedShim | subprocess.Popen:
         """Forked by the launcher (a millisecond), or, when it cannot serve, a fresh interpreter (100 ms of CPU)."""

@@ -29,7 +29,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from tfcluster import layout
-from tfcluster.daemon.agent import isolation
+from tfcluster.daemon.agent import cgroups, isolation
 from tfcluster.daemon.agent.taskfiles import LaunchFile, ShimStatus, UsageFile, read_stop_grace
 from tfcluster.daemon.agent.tasklog import DEFAULT_LIMIT_BYTES, LastLines, OutputWriter
 from tfcluster.daemon.agent.treewatch import TreeWatch, Usage, exceeded_message
@@ -64,6 +64,7 @@ class Runner:
         self.kill_at = float("inf")  # monotonic time of the SIGKILL, once a stop was asked for
         self.child: subprocess.Popen | None = None
         self.private_tmp = False  # /tmp is the job's own dir here
+        self.cgroup = ""  # the task's cgroup it was started in, which keeps its memory limit; "": none does
         self.started = process_start(os.getpid())
 
     def status(self, phase: str, **fields) -> None:
@@ -77,6 +78,7 @@ class Runner:
         log = OutputWriter(self.dir, self.launch.log_limit_bytes or DEFAULT_LIMIT_BYTES,
                            group=-1 if gid is None else gid)
         env = self._isolate(log)
+        home = self._enter_cgroup(log)
         try:
             with isolation.acting_as(uid, gid):
                 isolation.check_workdir(self.launch.workdir)
@@ -92,6 +94,9 @@ class Runner:
             self.status(Phase.FAILED_TO_START, finished=time.time(), exit=TaskExit(message=message))
             print(json.dumps({"phase": Phase.FAILED_TO_START}), flush=True)
             return 0
+        finally:
+            if home is not None:
+                cgroups.leave(home)  # the task, forked meanwhile, stays in; the shim's memory is not the task's
         pid = self.child.pid
         started = time.time()
         self.status(Phase.RUNNING, pid=pid, pgid=pid, started=started)
@@ -100,7 +105,8 @@ class Runner:
             self._terminate()
         pump = threading.Thread(target=self._pump, args=(self.child.stdout, log), daemon=True)
         pump.start()
-        watch = TreeWatch(pid, self.launch.memory_bytes, self._publish)
+        # With a cgroup the kernel keeps the limit; the watch measures all the same.
+        watch = TreeWatch(pid, 0 if self.cgroup else self.launch.memory_bytes, self._publish)
         watch.start()
         returncode = self.child.wait()
         usage = watch.finish()
@@ -108,14 +114,36 @@ class Runner:
         kill_group(pid, signal.SIGKILL)
         pump.join(timeout=5)
         log.close()
-        exit = TaskExit.of_returncode(returncode, tuple(self.last_lines.tail()))
-        exit = replace(exit, cpu_seconds=usage.cpu_seconds, peak_rss_bytes=usage.peak_rss_bytes)
-        if watch.exceeded:
-            exit = replace(exit, message=exceeded_message(self.launch.attempt.task_key, self.launch.memory_bytes,
-                                                          usage.peak_rss_bytes))
+        exit = self._exit(returncode, usage, watch.exceeded)
         self.status(Phase.EXITED, pid=pid, pgid=pid, started=started, finished=time.time(),
                     stopped=self.stopping.is_set(), exit=exit)
         return 0
+
+    def _exit(self, returncode: int, usage: Usage, exceeded: bool) -> TaskExit:
+        """How the task ended, with what it used, and why when it was killed for its memory."""
+        peak = usage.peak_rss_bytes
+        if self.cgroup:
+            exceeded, peak = cgroups.oom_kills(self.cgroup) > 0, max(peak, cgroups.peak_bytes(self.cgroup))
+            cgroups.remove(self.cgroup)
+        exit = TaskExit.of_returncode(returncode, tuple(self.last_lines.tail()))
+        exit = replace(exit, cpu_seconds=usage.cpu_seconds, peak_rss_bytes=peak)
+        if exceeded:
+            exit = replace(exit, message=exceeded_message(self.launch.attempt.task_key, self.launch.memory_bytes, peak))
+        return exit
+
+    def _enter_cgroup(self, log: OutputWriter):
+        """Steps into the task's cgroup (when its agent made one) for the task to start there; returns the cgroup
+        to step back to, None when there is none."""
+        if not self.launch.cgroup:
+            return None
+        try:
+            home = cgroups.enter(self.launch.cgroup)
+        except OSError as e:
+            log.write(f"tfcluster: cannot start the task in its cgroup {self.launch.cgroup} ({e.strerror or e}); "
+                      f"its memory limit is kept by watching its processes\n".encode())
+            return None
+        self.cgroup = self.launch.cgroup
+        return home
 
     def _publish(self, usage: Usage) -> None:
         """The running task's figures, for its agent's heartbeats."""
