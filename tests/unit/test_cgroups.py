@@ -16,20 +16,20 @@ def fake_hierarchy(tmp_path: Path, service: str = "tfcluster-agent.service") -> 
     """A unified hierarchy whose service cgroup was delegated the memory controller."""
     tmp_path.mkdir(exist_ok=True)
     (tmp_path / "cgroup.controllers").write_text("cpu memory pids\n")
-    own = tmp_path / "system.slice" / service
-    own.mkdir(parents=True)
-    (own / "cgroup.controllers").write_text("cpu memory pids\n")
-    (own / "cgroup.subtree_control").write_text("")
-    return own
+    delegated = tmp_path / "system.slice" / service
+    (delegated / "agent").mkdir(parents=True)
+    (delegated / "cgroup.controllers").write_text("cpu memory pids\n")
+    (delegated / "cgroup.subtree_control").write_text("")
+    return delegated / "agent"
 
 
-def test_the_delegated_cgroup_holds_the_agent_in_a_leaf_and_tasks_beside_it(tmp_path, monkeypatch):
+def test_the_delegated_cgroup_hands_memory_down_to_the_tasks_beside_the_agents_leaf(tmp_path, monkeypatch):
     own = fake_hierarchy(tmp_path)
     monkeypatch.setattr(cgroups, "own_cgroup", lambda root: own)
     monkeypatch.setattr(Path, "mkdir", _mkdir_with_control_files(Path.mkdir))
     task_cgroups = TaskCgroups(tmp_path)
-    assert task_cgroups.why_not == "" and task_cgroups.delegated == own
-    assert (own / "agent" / "cgroup.procs").read_text() == "0", "the agent moved itself into its leaf"
+    assert task_cgroups.why_not == "" and task_cgroups.delegated == own.parent
+    own = own.parent
     assert (own / "cgroup.subtree_control").read_text() == "+memory"
     assert (own / "tasks" / "cgroup.subtree_control").read_text() == "+memory"
     path = Path(task_cgroups.make("job-1.worker-1.2", 16 << 30))
@@ -46,9 +46,9 @@ def test_without_cgroup_v2_or_delegation_it_says_why(tmp_path, monkeypatch):
     assert "no cgroup v2 hierarchy" in TaskCgroups(tmp_path).why_not
     own = fake_hierarchy(tmp_path, service="session-3.scope")
     monkeypatch.setattr(cgroups, "own_cgroup", lambda root: own)
-    assert TaskCgroups(tmp_path).why_not.startswith("the agent does not run as a systemd service")
+    assert "not the agent subgroup of its systemd service" in TaskCgroups(tmp_path).why_not
     own = fake_hierarchy(tmp_path / "other")
-    (own / "cgroup.controllers").write_text("cpu pids\n")
+    (own.parent / "cgroup.controllers").write_text("cpu pids\n")
     monkeypatch.setattr(cgroups, "own_cgroup", lambda root: own)
     assert "Delegate=yes" in TaskCgroups(tmp_path / "other").why_not
 

@@ -2,8 +2,10 @@
 (its unit's Delegate=yes), with memory.max at the task's limit and memory.oom.group set, so the kernel kills the
 whole task when it passes its limit and counts it in memory.events (oom_kill).
 
-The layout under the agent's delegated cgroup D: the agent and its shims live in D/agent (cgroup v2 lets only
-leaves hold processes once D hands the memory controller down), and each task in D/tasks/<attempt>. A shim
+The layout under the agent's delegated cgroup D: the agent and its shims live in D/agent, where systemd starts
+it (the unit's DelegateSubgroup=agent, systemd 254 on: cgroup v2 lets only leaves hold processes once D hands
+the memory controller down, and a restarted agent must land in a leaf again), and each task in
+D/tasks/<attempt>. A shim
 steps into its task's cgroup just to start the task, and steps back out, so the task and everything it starts
 are inside from their first instruction while the shim's own memory is never counted against the task.
 
@@ -45,9 +47,10 @@ class TaskCgroups:
             self.why_not = f"no cgroup v2 hierarchy at {root} (this kernel mounts cgroup v1)"
             return
         own = own_cgroup(root=root)
-        delegated = own.parent if own.name == AGENT_LEAF else own
-        if not delegated.name.endswith(".service"):  # never rearrange the cgroup of a shell or a test run
-            self.why_not = f"the agent does not run as a systemd service (its cgroup is {own})"
+        delegated = own.parent
+        if own.name != AGENT_LEAF or not delegated.name.endswith(".service"):
+            self.why_not = f"the agent's cgroup is {own}, not the {AGENT_LEAF} subgroup of its systemd service " \
+                           f"(its unit's Delegate=yes and DelegateSubgroup={AGENT_LEAF}, systemd 254 or later)"
             return
         if "memory" not in (delegated / "cgroup.controllers").read_text().split():
             self.why_not = f"the memory controller is not given to {delegated} (run the agent from its systemd " \
@@ -56,9 +59,6 @@ class TaskCgroups:
         if not os.access(delegated / "cgroup.subtree_control", os.W_OK):
             self.why_not = f"{delegated} is not delegated to the agent (its systemd unit needs Delegate=yes)"
             return
-        if own == delegated:  # move the agent out of the way: only leaves hold processes
-            (delegated / AGENT_LEAF).mkdir(exist_ok=True)
-            (delegated / AGENT_LEAF / "cgroup.procs").write_text("0")
         _enable_memory(delegated)
         (delegated / TASKS).mkdir(exist_ok=True)
         _enable_memory(delegated / TASKS)
