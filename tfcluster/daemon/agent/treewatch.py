@@ -8,6 +8,10 @@ limit at the pace it grows, so a task allocating fast is caught soon after it cr
 one sample a second. Between samples the kernel still keeps the high-water mark of each process (ru_maxrss),
 which the final figure takes into account.
 
+A sample reads one /proc/PID/stat per process of the tree (CPU times, those of reaped children, resident
+pages). Finding the tree's members means reading every process's stat on the node, so that is done every few
+seconds, and at every sample once the tree holds half its limit; in between, the members known are read.
+
 CPU seconds count every process of the tree: the live ones (with the children they reaped), and at the end the
 task with every descendant reaped below it (the shim's RUSAGE_CHILDREN) plus those still alive when it ended,
 sampled just before the shim kills them.
@@ -23,13 +27,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import psutil
-
 from tfcluster.model import size_text
 
 SAMPLE_SECONDS = 1.0        # at least this often
 FASTEST_SAMPLE_SECONDS = 0.1
 PUBLISH_SECONDS = 1.0       # the live figures are handed to the agent at most this often
+RESCAN_SECONDS = 5.0        # the tree's members are looked for anew at least this often
+TICKS = os.sysconf("SC_CLK_TCK")
+PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
 @dataclass(frozen=True)
@@ -45,8 +50,8 @@ def exceeded_message(task: str, limit: int, peak: int) -> str:
 
 
 class TreeWatch:
-    """Samples the tree of pid in a thread of its own until stop(); with limit_bytes (0: none), kills the tree when
-    its resident memory passes the limit. publish gets the live figures (at most once per PUBLISH_SECONDS)."""
+    """Samples the tree of pid in a thread of its own until finish(); with limit_bytes (0: none), kills the tree
+    when its resident memory passes the limit. publish gets the live figures (at most once per PUBLISH_SECONDS)."""
 
     def __init__(self, pid: int, limit_bytes: int = 0, publish: Callable[[Usage], None] = lambda usage: None):
         self.pid, self.limit, self.publish = pid, limit_bytes, publish
@@ -54,7 +59,8 @@ class TreeWatch:
         self.rss = 0
         self.peak = 0
         self.exceeded = False  # the tree was killed for passing the limit
-        self._tree: list[psutil.Process] = []
+        self._members: dict[int, _Stat] = {}  # the tree as last sampled: pid -> its stat
+        self._rescan_at = 0.0
         self._done = threading.Event()
         self._published_at = 0.0
         self._thread = threading.Thread(target=self._loop, name="tree-watch", daemon=True)
@@ -86,23 +92,23 @@ class TreeWatch:
 
     def sample(self) -> None:
         """Reads the tree's figures now."""
-        try:
-            root = psutil.Process(self.pid)
-            tree = [root] + root.children(recursive=True)
-        except psutil.Error:  # the task ended: what is left of its tree is looked at in finish()
+        now = time.monotonic()
+        if now >= self._rescan_at or (self.limit and self.rss * 2 > self.limit):
+            members = _tree(self.pid)
+            self._rescan_at = now + RESCAN_SECONDS
+        else:
+            members = _same(self._members)
+        if self.pid not in members:  # the task ended: what is left of its tree is looked at in finish()
             return
-        cpu, rss = _cpu_and_rss(tree)
-        self._tree = tree
-        self.cpu, self.rss = max(self.cpu, cpu), rss
-        self.peak = max(self.peak, rss)
+        self._members = members
+        self.cpu = max(self.cpu, sum(s.cpu for s in members.values()))
+        self.rss = sum(s.rss for s in members.values())
+        self.peak = max(self.peak, self.rss)
 
     def kill(self) -> None:
-        """SIGKILL to the task's process group, and to any process of its tree that left the group."""
-        for process in self._tree:
-            try:
-                process.send_signal(signal.SIGKILL)  # checks the process is still the one sampled (pid reuse)
-            except psutil.Error:
-                pass
+        """SIGKILL to the task's process group, and to each process of its tree that left the group."""
+        for pid in _same(self._members):
+            _signal(pid, signal.SIGKILL)
         try:
             os.killpg(self.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
@@ -117,31 +123,71 @@ class TreeWatch:
         self._done.set()
         if self._thread.is_alive():
             self._thread.join()
-        survivors = [p for p in self._tree[1:] if _still_running(p)]
-        cpu, rss = _cpu_and_rss(survivors)
+        survivors = [s for pid, s in _same(self._members).items() if pid != self.pid]
         reaped = resource.getrusage(resource.RUSAGE_CHILDREN)  # the shim's only child is the task
-        self.cpu = max(self.cpu, reaped.ru_utime + reaped.ru_stime + cpu)
-        self.peak = max(self.peak, reaped.ru_maxrss * 1024, rss)
+        self.cpu = max(self.cpu, reaped.ru_utime + reaped.ru_stime + sum(s.cpu for s in survivors))
+        self.peak = max(self.peak, reaped.ru_maxrss * 1024, sum(s.rss for s in survivors))
         self.rss = 0
         return self.usage()
 
 
-def _cpu_and_rss(processes: list[psutil.Process]) -> tuple[float, int]:
-    """CPU seconds (with what each process's reaped children used) and resident bytes of these processes."""
-    cpu, rss = 0.0, 0
-    for process in processes:
-        try:
-            with process.oneshot():
-                times = process.cpu_times()
-                rss += process.memory_info().rss
-        except psutil.Error:  # it ended while we looked
-            continue
-        cpu += times.user + times.system + times.children_user + times.children_system
-    return cpu, rss
+@dataclass(frozen=True)
+class _Stat:
+    """What one /proc/PID/stat says of a process."""
+    parent: int
+    start: int   # clock ticks after boot: with the pid, it names the process for good
+    cpu: float   # its user and system seconds, and those of the children it reaped
+    rss: int     # bytes
 
 
-def _still_running(process: psutil.Process) -> bool:
+def _stat(pid: int) -> _Stat | None:
+    try:  # os.open and os.read cost less than open(), which counts when every process on the node is read
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
+    except OSError:
+        return None
     try:
-        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
+        data = os.read(fd, 4096)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    # Fields after the command name (in parentheses, which may hold anything): state is field 3.
+    f = data[data.rindex(b")") + 2:].split()
+    ticks = int(f[11]) + int(f[12]) + int(f[13]) + int(f[14])  # utime, stime, cutime, cstime
+    return _Stat(parent=int(f[1]), start=int(f[19]), cpu=ticks / TICKS, rss=int(f[21]) * PAGE)
+
+
+def _tree(root: int) -> dict[int, _Stat]:
+    """root and its descendants, from every process's stat."""
+    stats = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            stat = _stat(int(name))
+            if stat is not None:
+                stats[int(name)] = stat
+    children: dict[int, list[int]] = {}
+    for pid, stat in stats.items():
+        children.setdefault(stat.parent, []).append(pid)
+    found, todo = {}, [root] if root in stats else []
+    while todo:
+        pid = todo.pop()
+        found[pid] = stats[pid]
+        todo += children.get(pid, ())
+    return found
+
+
+def _same(members: dict[int, _Stat]) -> dict[int, _Stat]:
+    """The members still running (the same processes: a reused pid has another start), read again."""
+    now = {}
+    for pid, before in members.items():
+        stat = _stat(pid)
+        if stat is not None and stat.start == before.start:
+            now[pid] = stat
+    return now
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
