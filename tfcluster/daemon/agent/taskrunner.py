@@ -110,6 +110,7 @@ class Runner:
         watch.start()
         returncode = self.child.wait()
         usage = watch.finish()
+        (self.dir / layout.USAGE_FILE).unlink(missing_ok=True)  # the running figures: the exit has the final ones
         # Whatever the task left in its group (workers of a data loader, a daemonised helper) goes too.
         kill_group(pid, signal.SIGKILL)
         pump.join(timeout=5)
