@@ -3,6 +3,8 @@ fit is refused with the reason, one that does not fit now waits, and memory free
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from dataclasses import replace
 
 import pytest
@@ -10,7 +12,7 @@ import pytest
 from tfcluster import wire
 from tfcluster.daemon.coordinator.cluster import Unplaceable
 from tfcluster.daemon.coordinator.scheduler import NodeCapacity, Unfit, place
-from tfcluster.spec import parse_spec
+from tfcluster.spec import parse_spec, spec_from_flags
 from tfcluster.states import JobState
 from tests.unit.coresim import Sim, info, launches, make_spec
 
@@ -117,3 +119,14 @@ def test_a_task_killed_for_its_memory_is_a_failure_that_charges_the_restart_budg
     assert job.restarts == 1
     assert job.last_failure.exit.message == message and job.last_failure.task == "worker:1"
     assert wire.job_status(job).last_failure.message == message  # what `tfcluster status` shows
+
+
+def test_start_flags_give_every_task_a_limit_and_a_bad_size_names_the_flag():
+    data = spec_from_flags(name="j", strategy="multi_worker_mirrored", workers=2, chief=False, ps=0,
+                           evaluator=False, gpus_per_task=0, checkpoint_dir=None, command=["python"], memory="200M")
+    assert parse_spec(data).memory_for("worker") == 200 << 20
+    result = subprocess.run([sys.executable, "-m", "tfcluster.cli", "start", "--name", "j", "--strategy",
+                             "multi_worker_mirrored", "--memory", "lots", "--", "python"], capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert "flags: --memory: expected a size such as" in result.stderr
