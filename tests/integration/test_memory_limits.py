@@ -10,7 +10,7 @@ import time
 
 from tfcluster.daemon.agent.supervisor import Supervisor
 from tfcluster.daemon.agent.taskfiles import ShimStatus
-from tfcluster.model import Attempt, Launch, Phase
+from tfcluster.model import Attempt, Launch
 
 MIB = 1 << 20
 TASK_UID = 2_100_999_001  # the job's user, as the coordinator gives it (an agent that is not root ignores it)
@@ -61,14 +61,14 @@ def run(tmp_path, script: str, memory: int, job: str = "mem-1", progress: list |
         while progress is not None and attempt not in ended.records:
             progress += supervisor.progress()
             time.sleep(0.3)
-        return ended.wait(attempt), supervisor.find(attempt)
+        return ended.wait(attempt)
     finally:
         supervisor.stop_all(0)
         supervisor.launcher.close()
 
 
 def test_a_memory_hog_is_killed_with_its_limit_and_peak_soon_after_it_crosses(tmp_path):
-    record, _ = run(tmp_path, HOG, 200 * MIB)
+    record = run(tmp_path, HOG, 200 * MIB)
     killed_at = ShimStatus.read(record.dir).finished
     exit = record.exit
     assert exit.signal == 9, exit
@@ -83,7 +83,7 @@ def test_a_memory_hog_is_killed_with_its_limit_and_peak_soon_after_it_crosses(tm
 
 def test_a_task_under_its_limit_is_left_alone_and_its_usage_is_measured(tmp_path):
     progress: list = []
-    record, _ = run(tmp_path, BURN_AND_TOUCH, 400 * MIB, progress=progress)
+    record = run(tmp_path, BURN_AND_TOUCH, 400 * MIB, progress=progress)
     exit = record.exit
     assert exit.exit_code == 0 and exit.message == "", exit
     assert 0.9 <= exit.cpu_seconds < 3.0, exit.cpu_seconds  # the child's second, reaped, counts
@@ -95,6 +95,6 @@ def test_a_task_under_its_limit_is_left_alone_and_its_usage_is_measured(tmp_path
 
 
 def test_without_a_limit_the_usage_is_still_measured(tmp_path):
-    record, _ = run(tmp_path, BURN_AND_TOUCH, 0)
+    record = run(tmp_path, BURN_AND_TOUCH, 0)
     assert record.exit.exit_code == 0
     assert record.exit.cpu_seconds >= 0.9 and record.exit.peak_rss_bytes >= 100_000_000
