@@ -50,6 +50,7 @@ OUTPUT_FILE = "output.log"     # the task's stdout and stderr, as written: its f
 OUTPUT_TAIL_PREFIX = "output.tail-"
 OUTPUT_TAIL_SUFFIX = ".log"
 STOP_FILE = "stop.json"        # the grace period of a requested stop
+USAGE_FILE = "usage.json"      # the running task's CPU seconds and memory (written by the shim)
 SHIM_LOG_FILE = "shim.log"     # the shim's own errors
 EVENTS_NAME = "events.jsonl"
 CONTROL_NAME = "control.json"

@@ -157,6 +157,9 @@ class TaskProgress:
     attempt: Attempt
     output_bytes: int = 0
     checkpoint: str = ""  # newest committed checkpoint in its checkpoint dir
+    cpu_seconds: float = 0.0  # its process tree's CPU time so far, as its shim measures it
+    rss_bytes: int = 0        # its process tree's resident memory now
+    peak_rss_bytes: int = 0   # ... and the most it has held
 
 
 @dataclass(frozen=True)
@@ -166,6 +169,16 @@ class Evaluation:
     step: int
     metrics: dict[str, float] = field(default_factory=dict)
     time: float = 0.0
+
+
+def size_text(size: int) -> str:
+    """Bytes as people read them, in powers of 1024: `16 GiB`, `16.4 GiB`, `200 MiB`, `512 B`."""
+    value, unit = float(size), "B"
+    for bigger in ("KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(value) < 1024:
+            break
+        value, unit = value / 1024, bigger
+    return f"{value:.1f}".removesuffix(".0") + f" {unit}"
 
 
 def signal_name(number: int) -> str:

@@ -51,7 +51,10 @@ def render_status(nodes_shown, jobs_shown, summary=None, job_id: Optional[str] =
         gpu_text = ", ".join(f"{g.index}:{g.name or 'gpu'}" for g in n.gpus) or "-"
         state = f"[red]{n.state}[/]" if n.state != NodeState.READY else f"[yellow]{n.state}*[/]" if n.condition else \
             f"[green]{n.state}[/]"
-        nodes.add_row(n.name, n.address, state, gpu_text, str(n.cpu_count), f"{n.memory_bytes / 2**30:.1f} GiB",
+        memory = f"{n.memory_bytes / 2**30:.1f} GiB"
+        if n.memory_allocated_bytes:  # what tasks' limits hold of it
+            memory = f"{n.memory_allocated_bytes / 2**30:.1f} of {memory}"
+        nodes.add_row(n.name, n.address, state, gpu_text, str(n.cpu_count), memory,
                       str(n.running_tasks), n.agent_version, _ago(n.last_seen_seconds_ago))
     if nodes_shown or not job_id:
         parts.append(nodes)

@@ -422,7 +422,8 @@ def resolve_paths(spec: JobSpec, base: Path) -> JobSpec:
 
 def spec_from_flags(*, name: str, strategy: str, workers: int, chief: bool, ps: int, evaluator: bool,
                     gpus_per_task: int, checkpoint_dir: str | None, command: list[str],
-                    env: dict[str, str] | None = None, max_restarts: int | None = None) -> dict[str, Any]:
+                    env: dict[str, str] | None = None, max_restarts: int | None = None,
+                    memory: str | None = None) -> dict[str, Any]:
     """The same plain data a TOML file would give, from `tfcluster start` flags."""
     roles: dict[str, Any] = {}
     if workers:
@@ -442,4 +443,6 @@ def spec_from_flags(*, name: str, strategy: str, workers: int, chief: bool, ps: 
         data["env"] = env
     if max_restarts is not None:
         data["restart"] = {"max_restarts": max_restarts}
+    if memory is not None:
+        data["memory"] = memory
     return data

@@ -126,7 +126,7 @@ def task_report_from_proto(msg: pb.TaskReport) -> TaskReport:
                         signal=msg.signal if msg.HasField("signal") else None, message=msg.message[:MAX_TEXT],
                         log_tail=tuple(line[:MAX_TEXT] for line in msg.log_tail[-MAX_LOG_TAIL_LINES:]),
                         busy_port=msg.busy_port, final_checkpoint=_text(msg.final_checkpoint, "task.final_checkpoint"),
-                        cpu_seconds=max(0.0, msg.cpu_seconds) if math.isfinite(msg.cpu_seconds) else 0.0,
+                        cpu_seconds=_seconds(msg.cpu_seconds),
                         peak_rss_bytes=msg.peak_rss_bytes)
     return TaskReport(_attempt(msg, "task"), phase, pid=msg.pid, listening=msg.listening, exit=exit)
 
@@ -134,7 +134,8 @@ def task_report_from_proto(msg: pb.TaskReport) -> TaskReport:
 def heartbeat_to_proto(session_id: str, progress: list[TaskProgress],
                        condition: str = "") -> agent_pb2.AgentMessage:
     return agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat(session_id=session_id, condition=condition, progress=[
-        agent_pb2.TaskProgress(**_attempt_fields(p.attempt), output_bytes=p.output_bytes, checkpoint=p.checkpoint)
+        agent_pb2.TaskProgress(**_attempt_fields(p.attempt), output_bytes=p.output_bytes, checkpoint=p.checkpoint,
+                               cpu_seconds=p.cpu_seconds, rss_bytes=p.rss_bytes, peak_rss_bytes=p.peak_rss_bytes)
         for p in progress]))
 
 
@@ -146,7 +147,9 @@ def condition_from_proto(msg: agent_pb2.Heartbeat) -> str:
 def progress_from_proto(msg: agent_pb2.Heartbeat) -> list[TaskProgress]:
     if len(msg.progress) > MAX_TASKS_PER_NODE:
         raise ValueError(f"heartbeat.progress: at most {MAX_TASKS_PER_NODE} tasks, got {len(msg.progress)}")
-    return [TaskProgress(_attempt(p, "progress"), p.output_bytes, p.checkpoint[:MAX_TEXT]) for p in msg.progress]
+    return [TaskProgress(_attempt(p, "progress"), p.output_bytes, p.checkpoint[:MAX_TEXT],
+                         cpu_seconds=_seconds(p.cpu_seconds), rss_bytes=p.rss_bytes, peak_rss_bytes=p.peak_rss_bytes)
+            for p in msg.progress]
 
 
 def evaluation_to_proto(attempt: Attempt, e: Evaluation) -> agent_pb2.AgentMessage:
@@ -308,13 +311,19 @@ def spec_from_proto(msg: pb.JobSpec) -> JobSpec:
 # (Job, Task and Node are the coordinator's records, read by attribute: the agent, which imports this
 # module too, imports nothing of the coordinator.)
 
-def node_status(node, running_tasks: int, now: float) -> control_pb2.NodeStatus:
+def _seconds(value: float) -> float:
+    """A duration an agent measured: never negative, infinite or NaN."""
+    return max(0.0, value) if math.isfinite(value) else 0.0
+
+
+def node_status(node, running_tasks: int, now: float, memory_allocated: int = 0) -> control_pb2.NodeStatus:
     i = node.info
     return control_pb2.NodeStatus(
         name=i.name, address=i.address, state=node.state.value, gpus=[gpu_to_proto(g) for g in i.gpus],
         hostname=i.hostname, cpu_count=i.cpu_count, memory_bytes=i.memory_bytes, agent_version=i.agent_version,
         last_seen_seconds_ago=max(0.0, now - node.seen.last_seen), port_range_start=i.port_range[0],
-        port_range_end=i.port_range[1], running_tasks=running_tasks, condition=node.condition)
+        port_range_end=i.port_range[1], running_tasks=running_tasks, condition=node.condition,
+        memory_allocated_bytes=memory_allocated)
 
 
 def _exit_fields(target, exit: TaskExit | None) -> None:
@@ -370,6 +379,7 @@ def gpu_doc(g) -> dict[str, Any]:
 def node_doc(n: control_pb2.NodeStatus) -> dict[str, Any]:
     return {"name": n.name, "address": n.address, "state": n.state, "gpus": [gpu_doc(g) for g in n.gpus],
             "hostname": n.hostname, "cpu_count": n.cpu_count, "memory_bytes": n.memory_bytes,
+            "memory_allocated_bytes": n.memory_allocated_bytes,
             "agent_version": n.agent_version, "last_seen_seconds_ago": round(n.last_seen_seconds_ago, 3),
             "port_range": [n.port_range_start, n.port_range_end], "running_tasks": n.running_tasks,
             "condition": n.condition}

@@ -11,7 +11,7 @@ import pytest
 
 from tfcluster import layout
 from tfcluster.daemon.agent.supervisor import Supervisor
-from tfcluster.daemon.agent.taskfiles import (FORMAT, LaunchFile, ShimStatus, TaskFileError, read_stop_grace,
+from tfcluster.daemon.agent.taskfiles import (FORMAT, LaunchFile, ShimStatus, TaskFileError, UsageFile, read_stop_grace,
                                               write_stop)
 from tfcluster.model import Attempt, Phase, TaskExit, TaskReport
 
@@ -70,7 +70,7 @@ def test_a_status_file_reads_back_as_written_and_as_0_3_wrote_it(tmp_path, name,
 
 def test_fields_a_newer_release_adds_are_ignored(tmp_path):
     (tmp_path / layout.STATUS_FILE).write_text(json.dumps({**STATUS_0_3["exited"], "format": FORMAT + 1,
-                                                            "cpu_seconds": 12.5}))
+                                                            "energy_joules": 12.5}))
     assert ShimStatus.read(tmp_path).exit == TaskExit(exit_code=3, log_tail=("a", "b"))
 
 
@@ -131,3 +131,22 @@ def test_only_the_exit_is_forced_to_disk(tmp_path, monkeypatch):
     ShimStatus(Phase.EXITED, 3, 10, 11, 11, 100.5, 200.25, exit=TaskExit(exit_code=3)).write(tmp_path)
     assert len(synced) == 1 and ".tmp" in synced[0]
     assert ShimStatus.read(tmp_path).exit.exit_code == 3 and LaunchFile.read(tmp_path).command == ("true",)
+
+
+def test_a_memory_limit_and_an_attempts_usage_read_back_as_written_and_default_to_none(tmp_path):
+    launch = LaunchFile(ATTEMPT, ("python", "train.py"), {}, memory_bytes=16 << 30, cgroup="/sys/fs/cgroup/x/t")
+    launch.write(tmp_path)
+    assert LaunchFile.read(tmp_path) == launch
+    (tmp_path / layout.LAUNCH_FILE).write_text(json.dumps(LAUNCH_0_3))
+    assert (LaunchFile.read(tmp_path).memory_bytes, LaunchFile.read(tmp_path).cgroup) == (0, "")
+    ended = ShimStatus(Phase.EXITED, 3, 10, 11, 11, 100.5, 200.25, exit=TaskExit(
+        signal=9, message="worker:1 exceeded its memory limit of 16 GiB (peak 16.4 GiB)", cpu_seconds=61.25,
+        peak_rss_bytes=17_609_365_914))
+    ended.write(tmp_path)
+    assert ShimStatus.read(tmp_path) == ended
+    assert UsageFile.read(tmp_path) is None
+    UsageFile(1.5, 100, 200).write(tmp_path)
+    assert UsageFile.read(tmp_path) == UsageFile(1.5, 100, 200)
+    (tmp_path / layout.USAGE_FILE).write_text('{"cpu_seconds": "a lot"}')
+    with pytest.raises(TaskFileError, match="usage.json: field 'cpu_seconds'"):
+        UsageFile.read(tmp_path)

@@ -58,7 +58,7 @@ FLAG_FOR_KEY = {"name": "--name", "strategy": "--strategy", "roles.worker.count"
                 "roles.evaluator.count": "--evaluator", "gpus": "--gpus-per-task", "roles.chief.gpus": "--gpus-per-task",
                 "command": "COMMAND", "roles.worker.command": "COMMAND", "roles.chief.command": "COMMAND",
                 "roles.evaluator.command": "COMMAND", "checkpoint_dir": "--checkpoint-dir",
-                "restart.max_restarts": "--max-restarts", "roles": "--workers/--chief"}
+                "restart.max_restarts": "--max-restarts", "roles": "--workers/--chief", "memory": "--memory"}
 CoordinatorOpt = typer.Option(None, "--coordinator", "-c", metavar="HOST:PORT",
                               help="Coordinator address [default: $TFCLUSTER_COORDINATOR or localhost:7070].")
 

@@ -42,6 +42,8 @@ def start(
     checkpoint_dir: Optional[str] = typer.Option(None, help="Shared checkpoint dir (host-local when absent)."),
     env: list[str] = typer.Option([], "--env", "-e", metavar="NAME=VALUE", help="Environment for every task."),
     max_restarts: Optional[int] = typer.Option(None, min=0, help="Restart budget of the job [default: 3]."),
+    memory: Optional[str] = typer.Option(None, metavar="SIZE",
+                                         help="Memory each task may use, such as 16G [default: not limited]."),
     wait: bool = typer.Option(False, "--wait", help="Wait for the job to end; exit 0 only if it SUCCEEDED."),
     follow: bool = typer.Option(False, "--follow", help="Stream the chief's (or worker 0's) log; implies --wait."),
     coordinator: Optional[str] = CoordinatorOpt,
@@ -57,7 +59,7 @@ def start(
         given = {"--workers": workers is not None, "--chief": chief, "--ps": ps is not None,
                  "--evaluator": evaluator, "--gpus-per-task": gpus_per_task is not None,
                  "--checkpoint-dir": checkpoint_dir is not None, "--env": bool(env),
-                 "--max-restarts": max_restarts is not None}
+                 "--max-restarts": max_restarts is not None, "--memory": memory is not None}
         clashing = [flag for flag, present in given.items() if present]
         if clashing:
             fail(f"{clashing[0]} describes the job and cannot be combined with a spec file; set it in {args[0]}", 2)
@@ -74,7 +76,7 @@ def start(
         data = spec_from_flags(name=name, strategy=strategy, workers=1 if workers is None else workers, chief=chief,
                                ps=ps or 0, evaluator=evaluator, gpus_per_task=gpus_per_task or 0,
                                checkpoint_dir=checkpoint_dir,
-                               command=args, env=env_table, max_restarts=max_restarts)
+                               command=args, env=env_table, max_restarts=max_restarts, memory=memory)
         try:
             spec = resolve_paths(parse_spec(data, source="flags"), Path.cwd())
         except SpecError as e:

@@ -101,20 +101,26 @@ class Heartbeat(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., progress: _Optional[_Iterable[_Union[TaskProgress, _Mapping]]] = ..., condition: _Optional[str] = ...) -> None: ...
 
 class TaskProgress(_message.Message):
-    __slots__ = ("job_id", "task_type", "task_index", "attempt", "output_bytes", "checkpoint")
+    __slots__ = ("job_id", "task_type", "task_index", "attempt", "output_bytes", "checkpoint", "cpu_seconds", "rss_bytes", "peak_rss_bytes")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     TASK_TYPE_FIELD_NUMBER: _ClassVar[int]
     TASK_INDEX_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_BYTES_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    CPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    RSS_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PEAK_RSS_BYTES_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     task_type: str
     task_index: int
     attempt: int
     output_bytes: int
     checkpoint: str
-    def __init__(self, job_id: _Optional[str] = ..., task_type: _Optional[str] = ..., task_index: _Optional[int] = ..., attempt: _Optional[int] = ..., output_bytes: _Optional[int] = ..., checkpoint: _Optional[str] = ...) -> None: ...
+    cpu_seconds: float
+    rss_bytes: int
+    peak_rss_bytes: int
+    def __init__(self, job_id: _Optional[str] = ..., task_type: _Optional[str] = ..., task_index: _Optional[int] = ..., attempt: _Optional[int] = ..., output_bytes: _Optional[int] = ..., checkpoint: _Optional[str] = ..., cpu_seconds: _Optional[float] = ..., rss_bytes: _Optional[int] = ..., peak_rss_bytes: _Optional[int] = ...) -> None: ...
 
 class StreamOpen(_message.Message):
     __slots__ = ("node_name", "session_id")

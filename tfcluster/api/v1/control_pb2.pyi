@@ -115,7 +115,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ...) -> None: ...
 
 class NodeStatus(_message.Message):
-    __slots__ = ("name", "address", "state", "gpus", "hostname", "cpu_count", "memory_bytes", "agent_version", "last_seen_seconds_ago", "port_range_start", "port_range_end", "running_tasks", "condition")
+    __slots__ = ("name", "address", "state", "gpus", "hostname", "cpu_count", "memory_bytes", "agent_version", "last_seen_seconds_ago", "port_range_start", "port_range_end", "running_tasks", "condition", "memory_allocated_bytes")
     NAME_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -129,6 +129,7 @@ class NodeStatus(_message.Message):
     PORT_RANGE_END_FIELD_NUMBER: _ClassVar[int]
     RUNNING_TASKS_FIELD_NUMBER: _ClassVar[int]
     CONDITION_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_ALLOCATED_BYTES_FIELD_NUMBER: _ClassVar[int]
     name: str
     address: str
     state: str
@@ -142,7 +143,8 @@ class NodeStatus(_message.Message):
     port_range_end: int
     running_tasks: int
     condition: str
-    def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ..., state: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[_types_pb2.Gpu, _Mapping]]] = ..., hostname: _Optional[str] = ..., cpu_count: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., agent_version: _Optional[str] = ..., last_seen_seconds_ago: _Optional[float] = ..., port_range_start: _Optional[int] = ..., port_range_end: _Optional[int] = ..., running_tasks: _Optional[int] = ..., condition: _Optional[str] = ...) -> None: ...
+    memory_allocated_bytes: int
+    def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ..., state: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[_types_pb2.Gpu, _Mapping]]] = ..., hostname: _Optional[str] = ..., cpu_count: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., agent_version: _Optional[str] = ..., last_seen_seconds_ago: _Optional[float] = ..., port_range_start: _Optional[int] = ..., port_range_end: _Optional[int] = ..., running_tasks: _Optional[int] = ..., condition: _Optional[str] = ..., memory_allocated_bytes: _Optional[int] = ...) -> None: ...
 
 class TaskStatus(_message.Message):
     __slots__ = ("type", "index", "node", "address", "gpus", "state", "pid", "exit_code", "signal", "attempt", "message", "tf_config")

@@ -17,6 +17,7 @@ import grpc
 
 from tfcluster import __version__, wire
 from tfcluster.api.v1 import agent_pb2
+from tfcluster.daemon.agent.cgroups import TaskCgroups
 from tfcluster.daemon.agent.copies import CopiesHook
 from tfcluster.daemon.agent.discovery import HostInfo
 from tfcluster.daemon.agent.events import EventsHook
@@ -85,6 +86,11 @@ class Agent:
         self.session = Session(config.coordinator, self, self._stop, self.liveness, self._refused)
         self.supervisor = Supervisor(config.state_dir, self._on_task_change, self.condition, config.task_log_bytes,
                                      self.task_users)
+        if self.task_users.agent_is_root:
+            self.supervisor.cgroups = TaskCgroups()
+            log.info("memory limits: %s", f"kept by the kernel in task cgroups under {self.supervisor.cgroups.delegated}"
+                     if self.supervisor.cgroups.delegated else
+                     f"kept by watching each task's processes ({self.supervisor.cgroups.why_not})")
         self.logs = LogServer(self.supervisor, self._send_log)
         self.metrics = AgentMetrics(self.supervisor, config.gpus, str(config.state_dir))
         send, credentials = self.session.send, lambda: self.credentials

@@ -23,9 +23,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tfcluster import layout
+from tfcluster.daemon.agent.cgroups import TaskCgroups
 from tfcluster.daemon.agent.launcher import ForkedShim, Launcher
 from tfcluster.daemon.agent.tasklog import DEFAULT_LIMIT_BYTES, total_bytes
-from tfcluster.daemon.agent.taskfiles import LaunchFile, ShimStatus, TaskFileError, write_json_atomic, write_stop
+from tfcluster.daemon.agent.taskfiles import (LaunchFile, ShimStatus, TaskFileError, UsageFile, write_json_atomic,
+                                              write_stop)
 from tfcluster.daemon.agent.taskrecord import TaskKey, TaskRecord, exit_of, is_shim, newest_checkpoint
 from tfcluster.daemon.agent.taskrunner import group_alive, kill_group
 from tfcluster.daemon.agent.taskuser import (JOB_READABLE_FILE_MODE, PRIVATE_FILE_MODE, JobPaths, TaskUser,
@@ -65,6 +67,7 @@ class Supervisor:
         self.lock = threading.Lock()
         self.tasks: dict[TaskKey, TaskRecord] = {}
         self.launcher = Launcher()  # forks the shims (launcher.py)
+        self.cgroups: TaskCgroups | None = None  # keeps tasks' memory limits where the kernel can (cgroups.py)
 
     # ---- launching -------------------------------------------------------------------------------
 
@@ -127,8 +130,21 @@ class Supervisor:
                    gid=user.gid if user.switches else None, groups=user.groups,
                    job_gid=user.job_gid, task_dirs=tuple(task_dirs),
                    private_tmp=str(paths.tmp) if private_tmp else "",
-                   private_tmp_unavailable=private_tmp_problem(self.state_dir) if private_tmp else "").write(record.dir)
+                   private_tmp_unavailable=private_tmp_problem(self.state_dir) if private_tmp else "",
+                   memory_bytes=order.memory_bytes, cgroup=self._cgroup(record, order.memory_bytes)).write(record.dir)
         return self._start_shim(record)
+
+    def _cgroup(self, record: TaskRecord, limit: int) -> str:
+        """The task's own cgroup with its memory limit; "": its shim keeps the limit by watching (or none)."""
+        if not limit or self.cgroups is None or self.cgroups.delegated is None:
+            return ""
+        a = record.attempt
+        try:
+            return self.cgroups.make(f"{a.job_id}.{a.type}-{a.index}.{a.number}", limit)
+        except OSError as e:
+            log.warning("%s: cannot make its cgroup (%s); its shim keeps its memory limit by watching", record.name,
+                        e, extra=fields(a))
+            return ""
 
     def _start_shim(self, record: TaskRecord) -> ForkedShim | subprocess.Popen:
         """Forked by the launcher (a millisecond), or, when it cannot serve, a fresh interpreter (100 ms of CPU)."""
@@ -202,13 +218,18 @@ class Supervisor:
             self._finish(record, Phase.EXITED, TaskExit(signal=signal.SIGKILL, message=died))
 
     def progress(self) -> list[TaskProgress]:
-        """Every running task, with the bytes of output so far (dropped ones included) and its newest checkpoint."""
+        """Every running task, with the bytes of output so far (dropped ones included), its newest checkpoint, and
+        what its process tree uses as its shim last measured it."""
         found = []
         for record in self.snapshot():
             if record.phase != Phase.RUNNING or record.exited.is_set():
                 continue
-            found.append(TaskProgress(record.attempt, total_bytes(record.dir),
-                                      newest_checkpoint(record.checkpoint_dir)))
+            try:
+                usage = UsageFile.read(record.dir) or UsageFile()
+            except TaskFileError:  # left out: the attempt's exit carries its final figures all the same
+                usage = UsageFile()
+            found.append(TaskProgress(record.attempt, total_bytes(record.dir), newest_checkpoint(record.checkpoint_dir),
+                                      usage.cpu_seconds, usage.rss_bytes, usage.peak_rss_bytes))
         return found
 
     def finish_training(self, attempt: Attempt, final_checkpoint: str) -> None:

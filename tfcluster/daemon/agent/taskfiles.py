@@ -1,6 +1,7 @@
 """The files of one attempt dir that the agent and the task's shim (taskrunner.py) hand each other, typed:
 the launch file (what to run, written by the agent), the status file (how the task runs or ended, written by
-the shim) and the stop file (the grace period of the latest stop, written by the agent).
+the shim), the usage file (what the running task uses, written by the shim) and the stop file (the grace period
+of the latest stop, written by the agent).
 
 Every reader and writer of these files goes through this module. A shim outlives the agent that started it
 (tasks survive an agent upgrade), so a file written by an older release must still read: each file carries
@@ -136,6 +137,8 @@ class LaunchFile(_TaskFile):
     task_dirs: tuple[str, ...] = ()  # dirs the spec names, made by the task's user
     private_tmp: str = ""     # the job's dir that becomes the task's /tmp; "": none
     private_tmp_unavailable: str = ""  # why the task gets no private /tmp although asked ("": it does)
+    memory_bytes: int = 0     # the most memory the task's process tree may use; 0: not limited
+    cgroup: str = ""          # the cgroup (v2) made for the task, which enforces memory_bytes; "": the shim does
     durable = False  # read by the shim it starts (see _TaskFile.durable)
 
     @property
@@ -152,7 +155,8 @@ class LaunchFile(_TaskFile):
                 "user": None if self.uid is None else {"uid": self.uid, "gid": self.gid, "groups": list(self.groups),
                                                        "job_gid": self.job_gid},
                 "task_dirs": list(self.task_dirs), "private_tmp": self.private_tmp,
-                "private_tmp_unavailable": self.private_tmp_unavailable}
+                "private_tmp_unavailable": self.private_tmp_unavailable, "memory_bytes": self.memory_bytes,
+                "cgroup": self.cgroup}
 
     @classmethod
     def from_json(cls, f: _Fields) -> LaunchFile:
@@ -175,7 +179,8 @@ class LaunchFile(_TaskFile):
                    stop_grace_seconds=float(f.get("stop_grace_seconds", (int, float), DEFAULT_STOP_GRACE_SECONDS)),
                    log_limit_bytes=f.get("log_limit_bytes", int, 0), uid=uid, gid=gid, groups=groups,
                    job_gid=job_gid, task_dirs=f.strings("task_dirs", ()), private_tmp=f.get("private_tmp", str, ""),
-                   private_tmp_unavailable=f.get("private_tmp_unavailable", str, ""))
+                   private_tmp_unavailable=f.get("private_tmp_unavailable", str, ""),
+                   memory_bytes=f.get("memory_bytes", int, 0), cgroup=f.get("cgroup", str, ""))
 
 
 
@@ -222,7 +227,8 @@ class ShimStatus(_TaskFile):
             doc.update(finished=self.finished, stopped=self.stopped)
         if self.exit is not None:
             e = self.exit
-            doc.update(message=e.message, log_tail=list(e.log_tail))
+            doc.update(message=e.message, log_tail=list(e.log_tail), cpu_seconds=e.cpu_seconds,
+                       peak_rss_bytes=e.peak_rss_bytes)
             if e.exit_code is not None:
                 doc["exit_code"] = e.exit_code
             if e.signal is not None:
@@ -238,13 +244,36 @@ class ShimStatus(_TaskFile):
         exit = None
         if phase in ENDED_PHASES:
             exit = TaskExit(exit_code=f.get("exit_code", int, None), signal=f.get("signal", int, None),
-                            message=f.get("message", str, ""), log_tail=f.strings("log_tail", ()))
+                            message=f.get("message", str, ""), log_tail=f.strings("log_tail", ()),
+                            cpu_seconds=float(f.get("cpu_seconds", (int, float), 0.0)),
+                            peak_rss_bytes=f.get("peak_rss_bytes", int, 0))
         return cls(phase, attempt=f.get("attempt", int, 0), shim_pid=f.get("shim_pid", int, 0),
                    shim_started=f.get("shim_started", int, 0), pid=f.get("pid", int, 0), pgid=f.get("pgid", int, 0),
                    started=float(f.get("started", (int, float), 0.0)),
                    finished=float(f.get("finished", (int, float), 0.0)), stopped=f.get("stopped", bool, False),
                    exit=exit)
 
+
+
+# ---- the usage file ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class UsageFile(_TaskFile):
+    """What the running task's process tree uses, as its shim last measured it (treewatch.py)."""
+    NAME: ClassVar[str] = layout.USAGE_FILE
+    cpu_seconds: float = 0.0
+    rss_bytes: int = 0
+    peak_rss_bytes: int = 0
+    durable = False  # read by the agent while the task runs (see _TaskFile.durable)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": FORMAT, "cpu_seconds": self.cpu_seconds, "rss_bytes": self.rss_bytes,
+                "peak_rss_bytes": self.peak_rss_bytes}
+
+    @classmethod
+    def from_json(cls, f: _Fields) -> UsageFile:
+        return cls(float(f.get("cpu_seconds", (int, float), 0.0)), f.get("rss_bytes", int, 0),
+                   f.get("peak_rss_bytes", int, 0))
 
 
 # ---- the stop file -------------------------------------------------------------------------------

@@ -25,12 +25,14 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from tfcluster import layout
-from tfcluster.daemon.agent import isolation
-from tfcluster.daemon.agent.taskfiles import LaunchFile, ShimStatus, read_stop_grace
+from tfcluster.daemon.agent import cgroups, isolation
+from tfcluster.daemon.agent.taskfiles import LaunchFile, ShimStatus, UsageFile, read_stop_grace
 from tfcluster.daemon.agent.tasklog import DEFAULT_LIMIT_BYTES, LastLines, OutputWriter
+from tfcluster.daemon.agent.treewatch import TreeWatch, Usage, exceeded_message
 from tfcluster.model import TaskExit
 from tfcluster.states import Phase
 TAIL_LINES = 20
@@ -62,6 +64,7 @@ class Runner:
         self.kill_at = float("inf")  # monotonic time of the SIGKILL, once a stop was asked for
         self.child: subprocess.Popen | None = None
         self.private_tmp = False  # /tmp is the job's own dir here
+        self.cgroup = ""  # the task's cgroup it was started in, which keeps its memory limit; "": none does
         self.started = process_start(os.getpid())
 
     def status(self, phase: str, **fields) -> None:
@@ -76,6 +79,7 @@ class Runner:
         log = OutputWriter(self.dir, self.launch.log_limit_bytes or DEFAULT_LIMIT_BYTES,
                            group=-1 if file_group is None else file_group)
         env = self._isolate(log)
+        home = self._enter_cgroup(log)
         try:
             with isolation.acting_as(uid, gid, groups):
                 isolation.check_workdir(self.launch.workdir)
@@ -91,6 +95,9 @@ class Runner:
             self.status(Phase.FAILED_TO_START, finished=time.time(), exit=TaskExit(message=message))
             print(json.dumps({"phase": Phase.FAILED_TO_START}), flush=True)
             return 0
+        finally:
+            if home is not None:
+                cgroups.leave(home)  # the task, forked meanwhile, stays in; the shim's memory is not the task's
         pid = self.child.pid
         started = time.time()
         self.status(Phase.RUNNING, pid=pid, pgid=pid, started=started)
@@ -99,15 +106,53 @@ class Runner:
             self._terminate()
         pump = threading.Thread(target=self._pump, args=(self.child.stdout, log), daemon=True)
         pump.start()
+        # With a cgroup the kernel keeps the limit; the watch measures all the same.
+        watch = TreeWatch(pid, 0 if self.cgroup else self.launch.memory_bytes, self._publish)
+        watch.start()
         returncode = self.child.wait()
+        usage = watch.finish()
+        (self.dir / layout.USAGE_FILE).unlink(missing_ok=True)  # the running figures: the exit has the final ones
         # Whatever the task left in its group (workers of a data loader, a daemonised helper) goes too.
         kill_group(pid, signal.SIGKILL)
         pump.join(timeout=5)
         log.close()
-        exit = TaskExit.of_returncode(returncode, tuple(self.last_lines.tail()))
+        exit = self._exit(returncode, usage, watch.exceeded)
         self.status(Phase.EXITED, pid=pid, pgid=pid, started=started, finished=time.time(),
                     stopped=self.stopping.is_set(), exit=exit)
         return 0
+
+    def _exit(self, returncode: int, usage: Usage, exceeded: bool) -> TaskExit:
+        """How the task ended, with what it used, and why when it was killed for its memory."""
+        peak = usage.peak_rss_bytes
+        if self.cgroup:
+            exceeded, peak = cgroups.oom_kills(self.cgroup) > 0, max(peak, cgroups.peak_bytes(self.cgroup))
+            cgroups.remove(self.cgroup)
+        exit = TaskExit.of_returncode(returncode, tuple(self.last_lines.tail()))
+        exit = replace(exit, cpu_seconds=usage.cpu_seconds, peak_rss_bytes=peak)
+        if exceeded:
+            exit = replace(exit, message=exceeded_message(self.launch.attempt.task_key, self.launch.memory_bytes, peak))
+        return exit
+
+    def _enter_cgroup(self, log: OutputWriter):
+        """Steps into the task's cgroup (when its agent made one) for the task to start there; returns the cgroup
+        to step back to, None when there is none."""
+        if not self.launch.cgroup:
+            return None
+        try:
+            home = cgroups.enter(self.launch.cgroup)
+        except OSError as e:
+            log.write(f"tfcluster: cannot start the task in its cgroup {self.launch.cgroup} ({e.strerror or e}); "
+                      f"its memory limit is kept by watching its processes\n".encode())
+            return None
+        self.cgroup = self.launch.cgroup
+        return home
+
+    def _publish(self, usage: Usage) -> None:
+        """The running task's figures, for its agent's heartbeats."""
+        try:
+            UsageFile(usage.cpu_seconds, usage.rss_bytes, usage.peak_rss_bytes).write(self.dir)
+        except OSError as e:  # a full disk: the task runs on; its figures are in its exit all the same
+            print(f"cannot record the task's usage: {e}", file=sys.stderr, flush=True)
 
     def _isolate(self, log: OutputWriter) -> dict[str, str]:
         """No new privileges for the task, and a private /tmp when the launch asks for one (the shim is root);

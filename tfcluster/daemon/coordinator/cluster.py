@@ -215,7 +215,7 @@ class Cluster:
             for p in result:  # what this job now holds is not free for the next one
                 n = capacity[p.node]
                 capacity[p.node] = replace(n, used_gpus=n.used_gpus | {g.index for g in p.gpus},
-                                           used_ports=n.used_ports | {p.port})
+                                           used_ports=n.used_ports | {p.port}, used_memory=n.used_memory + p.memory)
         return commands
 
     def report(self, node_name: str, report: TaskReport, now: float) -> list[Command]:

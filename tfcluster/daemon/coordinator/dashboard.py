@@ -128,13 +128,13 @@ class Dashboard:
 
     async def _nodes(self, request: web.Request) -> web.Response:
         c = self.c.cluster
-        running, now = self.c.running_tasks(), self.c.clock()
+        running, memory, now = self.c.running_tasks(), self.c.memory_allocated(), self.c.clock()
         entries = status.nodes(c, request.query.get("after", ""), request.query.get("state", ""),
                                request.query.get("name", ""))
         page, more = _page(entries, _limit(request))
         nodes = []
         for node in page:
-            doc = wire.node_doc(wire.node_status(node, running[node.name], now))
+            doc = wire.node_doc(wire.node_status(node, running[node.name], now, memory.get(node.name, 0)))
             doc["tasks"] = [{"job": job.id, "task": task.key, "state": task.state.value,
                              "gpus": [g.index for g in task.gpus]}
                             for job, task in c.nodes.placed_on(node.name) if task.live]

@@ -56,17 +56,21 @@ class Jobs(Registry[Job]):
         job_id = self._requests.get(request_id) if request_id else None
         return self._jobs[job_id] if job_id is not None else None
 
-    def in_use(self) -> tuple[dict[str, set[int]], dict[str, set[int]]]:
-        """Node -> the GPU indices, and node -> the ports, that tasks hold: live ones, and those placed and waiting
-        to launch there (a later wave, a restart in place, a backoff)."""
+    def in_use(self) -> tuple[dict[str, set[int]], dict[str, set[int]], dict[str, int]]:
+        """Node -> the GPU indices, node -> the ports, and node -> the bytes of memory limits, that tasks hold: live
+        ones, and those placed and waiting to launch there (a later wave, a restart in place, a backoff)."""
         gpus: dict[str, set[int]] = {}
         ports: dict[str, set[int]] = {}
+        memory: dict[str, int] = {}
         for job in self._live.values():
             for task in job.tasks:
                 if job.holds(task):
                     gpus.setdefault(task.node, set()).update(g.index for g in task.gpus)
                     ports.setdefault(task.node, set()).add(task.port)
-        return gpus, ports
+                    limit = job.spec.memory_for(task.type)
+                    if limit:
+                        memory[task.node] = memory.get(task.node, 0) + limit
+        return gpus, ports, memory
 
     # ---- changes -------------------------------------------------------------------------------
 

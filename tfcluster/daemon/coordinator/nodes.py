@@ -82,21 +82,23 @@ class Nodes(Registry[Node]):
     def has_placed(self, name: str) -> bool:
         return name in self._placed
 
-    def capacity(self, now: float, used_gpus: Mapping[str, set[int]],
-                 used_ports: Mapping[str, set[int]]) -> list[NodeCapacity]:
-        """Every READY node, by name, with what its tasks hold (and ports found taken), and why it takes no
-        new tasks, if it does not."""
+    def capacity(self, now: float, used_gpus: Mapping[str, set[int]], used_ports: Mapping[str, set[int]],
+                 used_memory: Mapping[str, int]) -> list[NodeCapacity]:
+        """Every READY node, by name, with what its tasks hold (GPUs, ports, the bytes of their memory limits; and
+        ports found taken), and why it takes no new tasks, if it does not."""
         capacity = []
         for name in self._names:
             n = self._nodes[name]
             if n.state != NodeState.READY:
                 continue
             busy = {p for p, until in n.seen.busy_ports.items() if until > now} if n.seen.busy_ports else ()
-            if name not in used_gpus and name not in used_ports and not busy and not n.condition:
+            if name not in used_gpus and name not in used_ports and name not in used_memory and not busy \
+                    and not n.condition:
                 capacity.append(self._idle[name])
             else:
                 capacity.append(replace(self._idle[name], used_gpus=frozenset(used_gpus.get(name, ())),
                                         used_ports=frozenset(used_ports.get(name, set()) | set(busy)),
+                                        used_memory=used_memory.get(name, 0),
                                         unavailable=n.condition))
         return capacity
 
@@ -116,7 +118,7 @@ class Nodes(Registry[Node]):
         self._nodes[node.name] = node
         self._by_address.setdefault(node.info.address, set()).add(node.name)
         i = node.info
-        self._idle[node.name] = NodeCapacity(i.name, i.address, i.gpus, i.port_range)
+        self._idle[node.name] = NodeCapacity(i.name, i.address, i.gpus, i.port_range, memory_bytes=i.memory_bytes)
         if node.state == NodeState.READY:
             self._heard[node.name] = None
             self._heard.move_to_end(node.name)

@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from tfcluster.model import ROLE_TYPES, Gpu
+from tfcluster.model import ROLE_TYPES, Gpu, size_text
 from tfcluster.spec import JobSpec
 
 SEARCH_BUDGET = 20_000  # placement attempts before giving up on a job (jobs are tens of tasks)
@@ -36,9 +36,11 @@ class NodeCapacity:
     used_gpus: frozenset[int] = frozenset()
     used_ports: frozenset[int] = frozenset()
     unavailable: str = ""  # why the node takes no new tasks now (its agent's low disk); "": it takes them
+    memory_bytes: int = 0  # the node's memory, which tasks with a memory limit are placed against
+    used_memory: int = 0   # what the limits of tasks placed here add up to
 
     def idle(self) -> "NodeCapacity":
-        return NodeCapacity(self.name, self.address, self.gpus, self.port_range)
+        return NodeCapacity(self.name, self.address, self.gpus, self.port_range, memory_bytes=self.memory_bytes)
 
     @property
     def free_gpus(self) -> int:
@@ -47,6 +49,10 @@ class NodeCapacity:
     @property
     def free_ports(self) -> int:
         return 0 if self.unavailable else self.port_range[1] - self.port_range[0] + 1 - len(self.used_ports)
+
+    @property
+    def free_memory(self) -> int:
+        return 0 if self.unavailable else max(0, self.memory_bytes - self.used_memory)
 
 
 @dataclass(frozen=True)
@@ -57,6 +63,7 @@ class TaskPlacement:
     host: str
     port: int
     gpus: tuple[Gpu, ...]
+    memory: int = 0  # bytes the task's limit holds on its node; 0: not limited
 
     @property
     def address(self) -> str:
@@ -75,6 +82,7 @@ class _Slot:
         self.gpus = [g for g in node.gpus if g.index not in node.used_gpus] if not node.unavailable else []
         self.first, self.last = node.port_range if not node.unavailable else (1, 0)  # no port to take
         self.taken = {p for p in node.used_ports if self.first <= p <= self.last}
+        self.memory = node.free_memory
         self.tasks = 0  # tasks of this job placed here
 
     def has_port(self) -> bool:
@@ -126,8 +134,9 @@ class _Search:
         self.candidates = {r: [n for n in spec.role(r).nodes if n in by_name] if spec.role(r).nodes else all_names
                            for r in ROLE_TYPES}
         self.tasks = [t for t in task_list(spec) if only is None or t in only]
-        # Most constrained first: pinned roles, then GPU-hungry ones; keep index order within a role.
-        self.tasks.sort(key=lambda t: (len(self.candidates[t[0]]), -spec.gpus_for(t[0])))
+        # Most constrained first: pinned roles, then GPU-hungry ones, then memory-hungry ones; keep index order
+        # within a role.
+        self.tasks.sort(key=lambda t: (len(self.candidates[t[0]]), -spec.gpus_for(t[0]), -spec.memory_for(t[0])))
         # Nodes in preference order for a task no other task of the job is on yet: most GPUs free, then by
         # name (a stable sort of names already in order).
         free = {n.name: n.free_gpus for n in nodes}
@@ -139,10 +148,9 @@ class _Search:
             if not self.candidates[role_type]:
                 return Unfit(f"roles.{role_type}.nodes: none of {', '.join(self.spec.role(role_type).nodes)} is a "
                              f"ready node")
-            need = self.spec.gpus_for(role_type)
-            if not any(len(self.by_name[n].gpus) >= need for n in self.candidates[role_type]):
-                return Unfit(_too_big_reason(self.spec, role_type,
-                                             [self.by_name[n] for n in self.candidates[role_type]]))
+            too_big = _too_big_reason(self.spec, role_type, [self.by_name[n] for n in self.candidates[role_type]])
+            if too_big:
+                return Unfit(too_big)
         short = self._short_in_all() if len(self.tasks) > SMALL_JOB_TASKS else ""
         if short:
             return Unfit(short)
@@ -176,13 +184,19 @@ class _Search:
         names = set().union(*(self.candidates[r] for r in {t[0] for t in self.tasks}))
         nodes = [self.by_name[n] for n in names]
         gpus = sum(self.spec.gpus_for(t[0]) for t in self.tasks)
+        memory = sum(self.spec.memory_for(t[0]) for t in self.tasks)
         free_gpus = sum(n.free_gpus for n in nodes)
         free_ports = sum(n.free_ports for n in nodes)
-        if gpus <= free_gpus and len(self.tasks) <= free_ports:
+        free_memory = sum(n.free_memory for n in nodes) if memory else 0
+        if gpus <= free_gpus and len(self.tasks) <= free_ports and memory <= free_memory:
             return ""
-        return (f"cannot place all {len(self.tasks)} tasks at once: they need {gpus} GPUs and {len(self.tasks)} "
-                f"ports, and the {len(nodes)} nodes they may use have {free_gpus} GPUs and {free_ports} ports free"
-                f"{_unavailable(nodes)}")
+        needed, free = [f"{gpus} GPUs", f"{len(self.tasks)} ports"], [f"{free_gpus} GPUs", f"{free_ports} ports"]
+        if memory:
+            needed.append(f"{size_text(memory)} of memory")
+            free.append(f"{size_text(free_memory)} of memory")
+        need, free_text = _listed(needed), _listed(free)
+        return (f"cannot place all {len(self.tasks)} tasks at once: they need {need}, and the {len(nodes)} nodes "
+                f"they may use have {free_text} free{_unavailable(nodes)}")
 
     def _slot(self, name: str) -> _Slot:
         if name not in self.slots:
@@ -209,17 +223,19 @@ class _Search:
 
     def _place_next(self, task: tuple[str, int], choices: Iterator[str]) -> bool:
         """Puts the task on the next node among its choices that has room; False when none is left."""
-        need = self.spec.gpus_for(task[0])
+        need, memory = self.spec.gpus_for(task[0]), self.spec.memory_for(task[0])
         for name in choices:
             s = self._slot(name)
-            if len(s.gpus) < need or not s.has_port():
+            if len(s.gpus) < need or not s.has_port() or s.memory < memory:
                 continue
             old_node, old_port = self.previous.get(task, ("", 0))
             port = s.take_port(old_port if name == old_node else 0)
             gpus = tuple(s.gpus[:need])
             del s.gpus[:need]
             s.tasks += 1
-            self.assignment[task] = TaskPlacement(task[0], task[1], name, self.by_name[name].address, port, gpus)
+            s.memory -= memory
+            self.assignment[task] = TaskPlacement(task[0], task[1], name, self.by_name[name].address, port, gpus,
+                                                  memory)
             return True
         return False
 
@@ -229,31 +245,46 @@ class _Search:
         s.tasks -= 1
         s.taken.discard(p.port)
         s.gpus[:0] = p.gpus
+        s.memory += p.memory
 
 
-def _what(need: int) -> str:
-    return f"{need} GPU{'s' if need != 1 else ''}" if need else "a port"
+def _what(spec: JobSpec, role_type: str) -> str:
+    need, memory = spec.gpus_for(role_type), spec.memory_for(role_type)
+    what = f"{need} GPU{'s' if need != 1 else ''}" if need else "a port"
+    return f"{what} and {size_text(memory)} of memory" if memory else what
 
 
 def _too_big_reason(spec: JobSpec, role_type: str, nodes: list[NodeCapacity]) -> str:
+    """Why no node the role may use could ever hold one of its tasks, even idle; "": some node could."""
+    need, memory = spec.gpus_for(role_type), spec.memory_for(role_type)
+    if any(len(n.gpus) >= need and n.memory_bytes >= memory for n in nodes):
+        return ""
     where = "the nodes it may use" if spec.role(role_type).nodes else "any ready node"
-    if len(nodes) <= SHOWN_NODES:
-        sizes = ", ".join(f"{n.name}: {len(n.gpus)}" for n in nodes)
+    if any(len(n.gpus) >= need for n in nodes):  # the GPUs would fit: memory is what no node has
+        what, per_node, text = f"{size_text(memory)} of memory", "memory per node", size_text
+        amounts = [n.memory_bytes for n in nodes]
     else:
-        counts = Counter(len(n.gpus) for n in nodes)
-        sizes = ", ".join(f"{c} nodes with {g}" for g, c in sorted(counts.items(), reverse=True))
-    return f"{role_type} tasks need {_what(spec.gpus_for(role_type))} each, more than {where} has " \
-           f"(GPUs per node: {sizes})"
+        what, per_node, text = _what(spec, role_type), "GPUs per node", str
+        amounts = [len(n.gpus) for n in nodes]
+    if len(nodes) <= SHOWN_NODES:
+        sizes = ", ".join(f"{n.name}: {text(a)}" for n, a in zip(nodes, amounts))
+    else:
+        counts = Counter(amounts)
+        sizes = ", ".join(f"{c} nodes with {text(a)}" for a, c in sorted(counts.items(), reverse=True))
+    return f"{role_type} tasks need {what} each, more than {where} has ({per_node}: {sizes})"
 
 
 def _no_room_reason(spec: JobSpec, task: tuple[str, int], nodes: list[NodeCapacity]) -> str:
     gpus_needed = sum(spec.gpus_for(t) for t, _ in task_list(spec))
     shown = heapq.nsmallest(SHOWN_NODES, nodes, key=lambda n: (-n.free_gpus, n.name))
-    state = ", ".join(f"{n.name}: {n.free_gpus} of {len(n.gpus)} GPUs free" for n in shown)
+    memory = spec.memory_for(task[0])
+    state = ", ".join(f"{n.name}: {n.free_gpus} of {len(n.gpus)} GPUs" + (
+        f" and {size_text(n.free_memory)} of {size_text(n.memory_bytes)} memory" if memory else "") + " free"
+        for n in shown)
     if len(nodes) > len(shown):
         state += f" (the {len(shown)} with the most free of {len(nodes)} nodes)"
     return (f"cannot place all {len(task_list(spec))} tasks at once ({gpus_needed} GPUs in all); "
-            f"no node left for {task[0]}:{task[1]} (needs {_what(spec.gpus_for(task[0]))}); {state}"
+            f"no node left for {task[0]}:{task[1]} (needs {_what(spec, task[0])}); {state}"
             f"{_unavailable(nodes)}")
 
 
@@ -261,6 +292,11 @@ def _unavailable(nodes: list[NodeCapacity]) -> str:
     """The nodes among these that take no new tasks, and why."""
     shown = [n for n in nodes if n.unavailable][:SHOWN_NODES]
     return "".join(f"; {n.name} takes no new tasks: {n.unavailable}" for n in shown)
+
+
+def _listed(items: list[str]) -> str:
+    """`a and b`, `a, b and c`."""
+    return ", ".join(items[:-1]) + f" and {items[-1]}"
 
 
 def _names(names: list[str]) -> str:

@@ -286,6 +286,10 @@ class Coordinator:
                 int(number) < self.cluster.jobs.next_number
         return [job_id for job_id in job_ids if over(job_id)]
 
+    def memory_allocated(self) -> dict[str, int]:
+        """Node -> what the memory limits of the tasks placed there add up to."""
+        return self.cluster.jobs.in_use()[2]
+
     def running_tasks(self) -> dict[str, int]:
         running: dict[str, int] = collections.Counter()
         for job in self.cluster.jobs.live.values():

@@ -101,9 +101,9 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
             nodes, jobs = [c.nodes[name] for name in names], [job]
         else:
             nodes, jobs = status.overview_nodes(c), status.overview_jobs(c)
-        running, now = self.c.running_tasks(), self.c.clock()
+        running, memory, now = self.c.running_tasks(), self.c.memory_allocated(), self.c.clock()
         response = control_pb2.GetStatusResponse(summary=control_pb2.ClusterSummary(**status.summary(c)))
-        response.nodes.extend(wire.node_status(n, running[n.name], now) for n in nodes)
+        response.nodes.extend(wire.node_status(n, running[n.name], now, memory.get(n.name, 0)) for n in nodes)
         encode = access.job_status_for(security.caller(), wire.job_status)
         job_messages, _ = status.fill(jobs, len(jobs), encode, lambda j: str(j.number), _size)
         response.jobs.extend(job_messages)
@@ -143,10 +143,11 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
         return control_pb2.RemoveNodeResponse(tasks_lost=lost)
 
     async def ListNodes(self, request, context):
-        running, now = self.c.running_tasks(), self.c.clock()
+        running, memory, now = self.c.running_tasks(), self.c.memory_allocated(), self.c.clock()
         entries = status.nodes(self.c.cluster, request.page_token, request.state, request.name_prefix)
         nodes, token = status.fill(entries, status.page_size(request.page_size),
-                                   lambda n: wire.node_status(n, running[n.name], now), lambda n: n.name, _size)
+                                   lambda n: wire.node_status(n, running[n.name], now, memory.get(n.name, 0)),
+                                   lambda n: n.name, _size)
         return control_pb2.ListNodesResponse(nodes=nodes, next_page_token=token)
 
     async def ListJobs(self, request, context):
