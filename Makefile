@@ -39,6 +39,7 @@ docs-check: $(STAMP)
 bench: $(STAMP)
 	$(PY) bench/run.py
 	$(PY) bench/cli.py
+	$(PY) bench/memwatch.py
 	$(PY) bench/scale.py
 	$(PY) bench/multihost.py
 
