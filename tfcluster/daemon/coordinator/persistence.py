@@ -54,6 +54,7 @@ class Persistence:
             # usual timeout before their nodes (and the tasks on them) count as lost.
             node.seen.last_seen = now + reconnect_grace
             self.cluster.add_node(node)
+        self.cluster.usage.load(state.usage)
         self.cluster.jobs.continue_numbering(state.next_job_number)
         self.cluster.jobs.cluster_tag = migrate.base36(state.cluster_tag)
         self.trust = state.trust
