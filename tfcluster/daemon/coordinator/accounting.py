@@ -18,6 +18,7 @@ the job itself. Queries take the live jobs as entries made up to now, so running
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -77,6 +78,13 @@ class Totals:
         self.jobs += 1
 
 
+def by_user_and_group(totals: dict[str, Totals]) -> tuple[dict[str, Totals], dict[str, Totals]]:
+    """Ledger.totals' keys apart: user name -> totals, and group name -> totals."""
+    users = {k: t for k, t in totals.items() if not k.startswith(GROUP_PREFIX)}
+    groups = {k[len(GROUP_PREFIX):]: t for k, t in totals.items() if k.startswith(GROUP_PREFIX)}
+    return users, groups
+
+
 # ---- a job's usage ---------------------------------------------------------------------------------
 
 def attempt_usage(gpus: int, running_since: float, cpu_seconds: float, peak_rss_bytes: int, now: float) -> Usage:
@@ -107,16 +115,33 @@ def entry_of(job, now: float) -> Entry:
 # ---- the ledger ------------------------------------------------------------------------------------
 
 def decayed_gpu_hours(entry: Entry, now: float, half_life: float) -> float:
-    """The entry's GPU-hours, each moment's use weighted 0.5 ** ((now - then) / half_life): the integral of that
-    weight over its run, times its even rate. now may precede the entry's end (a weight above 1), which lets
-    sums anchored at one time take entries that end after it."""
-    hours = entry.gpu_seconds / 3600.0
-    if not hours:
+    """The entry's GPU-hours, each moment's use weighted 0.5 ** ((now - then) / half_life)."""
+    return _decayed_hours(entry.gpu_seconds, entry.start, entry.end, now, half_life)
+
+
+def _decayed_hours(gpu_seconds: float, start: float, end: float, now: float, half_life: float) -> float:
+    """GPU-seconds used evenly from start to end, as decayed GPU-hours at now: the integral of the weight over the
+    run, times the even rate. now may precede the end (a weight above 1), which lets sums anchored at one time
+    take entries that end after it."""
+    if not gpu_seconds:
         return 0.0
-    if entry.end <= entry.start:
-        return hours * 0.5 ** ((now - entry.end) / half_life)
-    weight = (0.5 ** ((now - entry.end) / half_life) - 0.5 ** ((now - entry.start) / half_life))
-    return hours / (entry.end - entry.start) * half_life / math.log(2) * weight
+    hours = gpu_seconds / 3600.0
+    if end <= start:
+        return hours * 0.5 ** ((now - end) / half_life)
+    weight = 0.5 ** ((now - end) / half_life) - 0.5 ** ((now - start) / half_life)
+    return hours / (end - start) * half_life / math.log(2) * weight
+
+
+def accrued(job, now: float) -> tuple[float, float]:
+    """A live job's GPU-seconds so far (its ended attempts' and its running ones' up to now), and when its first
+    attempt began running (0: none did). What fair share asks of every live job on every pass: floats only."""
+    gpu_seconds, started = job.usage.gpu_seconds, job.usage.started
+    for task in job.tasks:
+        since = task.running_since
+        if since:
+            gpu_seconds += len(task.gpus) * max(0.0, now - since)
+            started = min(started, since) if started else since
+    return gpu_seconds, started
 
 
 @dataclass
@@ -154,7 +179,10 @@ class Ledger:
     def __init__(self, keep_seconds: float = DEFAULT_KEEP_USAGE_SECONDS, changed=None):
         self.keep_seconds = keep_seconds
         self.changed = changed or (lambda entry, recorded: None)
-        self._entries: dict[str, Entry] = {}  # job id -> its entry, in the order they ended
+        self._entries: dict[str, Entry] = {}  # job id -> its entry
+        # The entries in the order they ended, and their ends: a window's query starts where the window does.
+        self._ordered: list[Entry] = []
+        self._ends: list[float] = []
         self._decayed: dict[float, _Decayed] = {}  # half-life -> the sums for it
 
     def __len__(self) -> int:
@@ -164,35 +192,42 @@ class Ledger:
         return job_id in self._entries
 
     def entries(self) -> list[Entry]:
-        return list(self._entries.values())
+        return list(self._ordered)
 
     def load(self, entries: Iterable[Entry]) -> None:
         """Entries from the store (already stored: nothing to write)."""
         for entry in sorted(entries, key=lambda e: e.end):
-            self._entries[entry.job_id] = entry
+            self._add(entry)
         self._decayed.clear()
+
+    def _add(self, entry: Entry) -> None:
+        self._entries[entry.job_id] = entry
+        # A clock stepped back may end a job before the last one recorded: it goes where its end puts it.
+        at = bisect.bisect_right(self._ends, entry.end)
+        self._ordered.insert(at, entry)
+        self._ends.insert(at, entry.end)
 
     def record(self, entry: Entry) -> None:
         """A job ended: its entry joins the ledger (once)."""
         if entry.job_id in self._entries:
             return
-        self._entries[entry.job_id] = entry
+        self._add(entry)
         for sums in self._decayed.values():
             sums.add(entry)
         self.changed(entry, True)
 
     def prune(self, now: float) -> list[Entry]:
         """Drops the entries of jobs that ended longer than keep_seconds ago; returns them."""
-        dropped = []
-        while self._entries:
-            entry = next(iter(self._entries.values()))
-            if now - entry.end <= self.keep_seconds:
-                break
+        count = bisect.bisect_left(self._ends, now - self.keep_seconds)
+        if not count:
+            return []
+        dropped = self._ordered[:count]
+        del self._ordered[:count], self._ends[:count]
+        for entry in dropped:
             del self._entries[entry.job_id]
             for sums in self._decayed.values():
                 sums.add(entry, -1.0)
             self.changed(entry, False)
-            dropped.append(entry)
         return dropped
 
     # ---- queries -------------------------------------------------------------------------------
@@ -201,7 +236,8 @@ class Ledger:
         """Per user (their name) and per group (GROUP_PREFIX + its name), what the jobs used between since and
         now: the ledger's, and the live jobs' (as entries up to now). A job counts once in each of its groups."""
         totals: dict[str, Totals] = {}
-        for entry in [*self._entries.values(), *live]:
+        in_window = self._ordered[bisect.bisect_left(self._ends, since):]
+        for entry in [*in_window, *live]:
             if entry.end < since or not (entry.start or entry.gpu_seconds or entry.cpu_seconds):
                 continue
             share = entry.share_between(since, now)
@@ -209,8 +245,9 @@ class Ledger:
                 totals.setdefault(key, Totals()).add(entry, share)
         return totals
 
-    def decayed(self, now: float, half_life: float, live: Iterable[Entry] = ()) -> dict[str, float]:
-        """Each owner's decayed GPU-hours at now: the ledger's (from sums kept up to date) and the live jobs'."""
+    def decayed(self, now: float, half_life: float, live: Iterable[tuple[str, float, float]] = ()) -> dict[str, float]:
+        """Each owner's decayed GPU-hours at now: the ledger's (from sums kept up to date), and the live jobs'
+        given as (owner, GPU-seconds so far, first start), each taken as used evenly from its start to now."""
         if half_life <= 0:
             raise ValueError(f"a half-life must be positive, got {half_life}")
         sums = self._decayed.get(half_life)
@@ -218,11 +255,10 @@ class Ledger:
             if len(self._decayed) >= _DECAY_CACHES:
                 self._decayed.pop(next(iter(self._decayed)))
             sums = self._decayed[half_life] = _Decayed(half_life, now)
-            for entry in self._entries.values():
+            for entry in self._ordered:
                 sums.add(entry)
         result = sums.at(now)
-        for entry in live:
-            if entry.gpu_seconds:
-                result[entry.owner] = result.get(entry.owner, 0.0) + decayed_gpu_hours(entry, now, half_life)
+        for owner, gpu_seconds, started in live:
+            if gpu_seconds:
+                result[owner] = result.get(owner, 0.0) + _decayed_hours(gpu_seconds, started, now, now, half_life)
         return result
-

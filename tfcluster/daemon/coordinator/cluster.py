@@ -316,7 +316,8 @@ class Cluster:
         """Owner -> decayed GPU-hours at now (each GPU-hour used at time t weighs 0.5 ** ((now - t) /
         half_life)): the ledger's ended jobs and the live ones up to now. Owners who used nothing are absent.
         Cheap enough for every scheduling pass: sums kept per half-life, plus one pass over the live jobs."""
-        return self.usage.decayed(now, half_life, self._live_entries(now))
+        live = ((job.owner, *accounting.accrued(job, now)) for job in self.jobs.live.values())
+        return self.usage.decayed(now, half_life, live)
 
     def gpu_hours_since(self, since: float, now: float) -> dict[str, float]:
         """User name, and "group:NAME" for each group -> GPU-hours used between since and now (running jobs
