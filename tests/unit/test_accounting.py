@@ -224,6 +224,7 @@ def test_the_ledger_is_stored_and_read_back_and_dropped_entries_leave_the_store(
     state = from_documents(store.load())
     assert state.usage == sim.c.usage.entries()
     assert state.usage[0] == Entry(old.id, "alice", ("vision",), 100.0, 100.0 + HOUR, HOUR, 7.0, 99)
+    assert next(j for j in state.jobs if j.id == old.id).usage == old.usage == Usage(HOUR, 7.0, 99, 100.0)
     loaded = next(j for j in state.jobs if j.id == live.id)
     assert loaded.task("worker", 0).running_since == 100.0 + HOUR  # a restarted coordinator counts on from there
     restarted = Cluster()

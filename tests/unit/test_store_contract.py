@@ -228,3 +228,17 @@ def test_a_file_of_0_2_or_0_3_opens_with_every_document_and_stays_readable_by_th
     assert db.execute("SELECT id, number FROM jobs ORDER BY number").fetchall() == [("a-1-xyz1", 1), ("a-2-xyz1", 2)]
     assert db.execute("SELECT doc FROM tasks").fetchall() == [('{"v":2}',)]
     db.close()
+
+
+def test_a_file_without_the_usage_ledger_gets_its_table(tmp_path):
+    path = tmp_path / "coordinator.sqlite3"
+    SqliteStore(path).close()
+    db = sqlite3.connect(path)
+    db.execute("DROP TABLE usage")
+    db.execute("PRAGMA user_version = 4")
+    db.commit()
+    db.close()
+    store = SqliteStore(path)
+    store.write([Put("usage", "a-1-xyz1", '{"gpu_seconds":1.0}')])
+    store.close()
+    assert bodies(SqliteStore(path)) == {("usage", "a-1-xyz1"): '{"gpu_seconds":1.0}'}

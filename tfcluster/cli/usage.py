@@ -8,8 +8,7 @@ from typing import Optional
 
 import typer
 
-from tfcluster.cli.common import CoordinatorOpt, TlsDirOpt, app, connect, fail, out, parse_duration
-from tfcluster.client import ClientError
+from tfcluster.cli.common import CoordinatorOpt, TlsDirOpt, app, ask, out, parse_duration
 
 
 @app.command()
@@ -25,16 +24,12 @@ def usage(
     """GPU-hours, CPU-hours, peak memory and jobs per user and per group over a window (running jobs up to
     now). Anyone who may read the cluster sees every user's totals."""
     window = parse_duration(since, "--since")
-    with connect(coordinator, tls_dir) as client:
-        try:
-            report = client.usage(window)
-        except ClientError as e:
-            fail(str(e), e.exit_code)
+    report = ask(coordinator, tls_dir, lambda client: client.usage(window))
     if as_json:
         from tfcluster import wire
 
         print(json.dumps(wire.usage_doc(report), indent=2))
-        return
-    from tfcluster.render import render_usage
+    else:
+        from tfcluster.render import render_usage
 
-    out.print(render_usage(report))
+        out.print(render_usage(report))
