@@ -3,6 +3,7 @@ the ledger's horizon, and the ledger kept by the store. Pure: a Cluster driven w
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from dataclasses import replace
@@ -12,8 +13,9 @@ from coresim import Sim, info, make_spec
 
 from tfcluster.daemon.coordinator.accounting import Entry, Ledger, Usage, decayed_gpu_hours
 from tfcluster.daemon.coordinator.cluster import Cluster
+from tfcluster.daemon.coordinator.persistence import Persistence
 from tfcluster.daemon.coordinator.records import Writer, from_documents
-from tfcluster.daemon.coordinator.store import MemoryStore
+from tfcluster.daemon.coordinator.store import MemoryStore, Put
 from tfcluster.states import JobState
 
 HOUR, DAY = 3600.0, 86400.0
@@ -235,3 +237,27 @@ def test_the_ledger_is_stored_and_read_back_and_dropped_entries_leave_the_store(
     sim.c.tick(sim.now + 2 * DAY)
     write()
     assert [d.key for d in store.load() if d.kind == "usage"] == []
+
+
+def test_a_coordinator_loading_the_store_has_the_ledger_and_counts_running_tasks_on():
+    store, writer = MemoryStore(), Writer()
+    sim = four_gpus()
+    done = submit(sim, "alice", workers=1, gpus=1, name="done")
+    running = submit(sim, "bob", workers=1, gpus=1, name="running")
+    sim.now += HOUR
+    finish(sim, done)
+    batch = writer.collect(sim.c.changes)
+    writer.written(batch, store.write(list(batch.writes.values())))
+    # A task saved by a release that kept no usage: no running_since in its document.
+    stripped = [Put(d.kind, d.key, json.dumps({k: v for k, v in json.loads(d.body).items() if k != "running_since"}),
+                    d.revision) for d in store.load() if d.kind == "task" and d.key.startswith(running.id)]
+    store.write(stripped)
+    restarted = Cluster()
+    persistence = Persistence(store, restarted, lambda commands: None)
+    try:
+        persistence.load(sim.now + 10, reconnect_grace=0)
+    finally:
+        persistence.thread.shutdown()
+    assert restarted.usage.entries() == sim.c.usage.entries()
+    assert restarted.jobs[running.id].task("worker", 0).running_since == sim.now + 10
+    assert restarted.gpu_hours_since(0, sim.now + 10 + HOUR) == {"alice": pytest.approx(1), "bob": pytest.approx(1)}

@@ -22,6 +22,7 @@ from tfcluster.daemon.coordinator.records import Writer, from_documents
 from tfcluster.daemon.coordinator.store import Conflict, Store
 from tfcluster.daemon.coordinator.trust import Trust
 from tfcluster.model import Command
+from tfcluster.states import TaskState
 
 log = logging.getLogger("tfcluster.coordinator")
 
@@ -48,6 +49,9 @@ class Persistence:
         state = from_documents(documents)
         for job in state.jobs:
             job.seen.last_progress = now  # the hang watchdog counts from now: progress was not seen meanwhile
+            for task in job.tasks:  # saved by a release that kept no usage: its GPUs count from now on
+                if task.state == TaskState.RUNNING and not task.running_since:
+                    task.running_since = now
             self.cluster.add_job(job)
         for node in state.nodes:
             # Agents retry with backoff while the coordinator is away: they get the reconnect grace on top of the
