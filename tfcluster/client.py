@@ -138,6 +138,10 @@ class Client:
     def status(self, job_id: str = "") -> control_pb2.GetStatusResponse:
         return self._call(self.stub.GetStatus, control_pb2.GetStatusRequest(job_id=job_id))
 
+    def usage(self, window_seconds: float = 0.0) -> control_pb2.GetUsageResponse:
+        """Usage per user and per group over the last window_seconds (0: all the coordinator keeps)."""
+        return self._call(self.stub.GetUsage, control_pb2.GetUsageRequest(window_seconds=window_seconds))
+
     def job(self, job_id: str) -> control_pb2.JobStatus:
         return self.status(job_id).jobs[0]
 

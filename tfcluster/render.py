@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Optional
 
 from rich.console import Group
@@ -82,6 +83,7 @@ def render_status(nodes_shown, jobs_shown, summary=None, job_id: Optional[str] =
             tasks.add_row(f"{t.type}:{t.index}", t.node or "-", t.address or "-", gpu_list(t.gpus) or "-",
                           _colour_state(t.state), str(t.pid or ""), exit_text, str(t.attempt), t.message)
         parts.append(tasks)
+        parts.append(Text(usage_line(job)))
         if job.HasField("last_failure"):
             f = job.last_failure
             tail = "\n".join(f"    {line}" for line in f.log_tail[-8:])
@@ -90,6 +92,37 @@ def render_status(nodes_shown, jobs_shown, summary=None, job_id: Optional[str] =
             e = job.last_evaluation
             metrics = ", ".join(f"{k}={v:.4g}" for k, v in sorted(e.metrics.items()))
             parts.append(Text(f"latest evaluation: step {e.step} ({e.checkpoint}): {metrics}"))
+    return Group(*parts)
+
+
+def byte_size(n: int) -> str:
+    """Bytes in the largest binary unit that keeps the number at 1 or more: 512 MiB, 16.4 GiB."""
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def usage_line(job) -> str:
+    """A job's usage in one line, for `tfcluster status JOB`."""
+    return f"usage: {job.gpu_seconds / 3600:.2f} GPU-hours, {job.cpu_seconds / 3600:.2f} CPU-hours, " \
+           f"peak memory {byte_size(job.peak_rss_bytes) if job.peak_rss_bytes else '-'} (one task)"
+
+
+def render_usage(report) -> Group:
+    """`tfcluster usage`: one table per user, one per group, most GPU-hours first."""
+    since = time.strftime("%Y-%m-%d %H:%M", time.localtime(report.since))
+    until = time.strftime("%Y-%m-%d %H:%M", time.localtime(report.until))
+    parts: list = [Text(f"usage from {since} to {until} (the coordinator keeps "
+                        f"{report.horizon_seconds / 86400:g} days)")]
+    for title, rows in (("users", report.users), ("groups", report.groups)):
+        table = Table(title=title, title_justify="left")
+        for col in (title[:-1], "GPU-hours", "CPU-hours", "peak memory", "jobs"):
+            table.add_column(col, justify="left" if col == title[:-1] else "right")
+        for t in rows:
+            table.add_row(t.name or "(no owner)", f"{t.gpu_seconds / 3600:.2f}", f"{t.cpu_seconds / 3600:.2f}",
+                          byte_size(t.peak_rss_bytes) if t.peak_rss_bytes else "-", str(t.jobs))
+        parts.append(table if rows else Text(f"{title}: none used anything in this window"))
     return Group(*parts)
 
 

@@ -333,7 +333,9 @@ def _exit_fields(target, exit: TaskExit | None) -> None:
         target.signal = exit.signal
 
 
-def job_status(job) -> control_pb2.JobStatus:
+def job_status(job, usage=None) -> control_pb2.JobStatus:
+    """A coordinator's job as its status; usage: what it used up to now (accounting.job_usage), else what its
+    ended attempts used."""
     message = job.message
     f = job.last_failure
     if f is not None and f.describe() not in message:
@@ -343,6 +345,9 @@ def job_status(job) -> control_pb2.JobStatus:
                                    finished=job.finished, evaluator_restarts=job.evaluator_restarts,
                                    preemptions=job.preemptions, uid=job.uid, owner=job.owner,
                                    priority=job.priority)
+    usage = usage or job.usage
+    status.gpu_seconds, status.cpu_seconds = usage.gpu_seconds, usage.cpu_seconds
+    status.peak_rss_bytes = usage.peak_rss_bytes
     for t in job.tasks:
         task = status.tasks.add(type=t.type, index=t.index, node=t.node, address=t.address,
                                 gpus=[gpu_to_proto(g) for g in t.gpus], state=t.state.value, pid=t.pid,
@@ -411,7 +416,8 @@ def job_doc(j: control_pb2.JobStatus) -> dict[str, Any]:
                            "history": [evaluation_doc(e) for e in j.evaluations]},
             "last_failure": failure if j.HasField("last_failure") else None,
             "evaluator_restarts": j.evaluator_restarts, "preemptions": j.preemptions, "uid": j.uid or None,
-            "owner": j.owner, "priority": j.priority}
+            "owner": j.owner, "priority": j.priority,
+            "usage": {"gpu_seconds": j.gpu_seconds, "cpu_seconds": j.cpu_seconds, "peak_rss_bytes": j.peak_rss_bytes}}
 
 
 def plan_doc(p: control_pb2.PlanJobResponse) -> dict[str, Any]:
@@ -425,6 +431,27 @@ def plan_doc(p: control_pb2.PlanJobResponse) -> dict[str, Any]:
 def summary_doc(s: control_pb2.ClusterSummary) -> dict[str, Any]:
     return {"nodes_by_state": dict(s.nodes_by_state), "gpus_total": s.gpus_total,
             "gpus_allocated": s.gpus_allocated, "jobs_by_state": dict(s.jobs_by_state), "insecure": s.insecure}
+
+
+def usage_doc(u: control_pb2.GetUsageResponse) -> dict[str, Any]:
+    """`tfcluster usage --json`: one object."""
+    def totals(t: control_pb2.UsageTotals) -> dict[str, Any]:
+        return {"name": t.name, "gpu_seconds": t.gpu_seconds, "cpu_seconds": t.cpu_seconds,
+                "peak_rss_bytes": t.peak_rss_bytes, "jobs": t.jobs}
+
+    return {"since": u.since, "until": u.until, "horizon_seconds": u.horizon_seconds,
+            "users": [totals(t) for t in u.users], "groups": [totals(t) for t in u.groups]}
+
+
+def usage_response(users: dict[str, Any], groups: dict[str, Any], since: float, until: float,
+                   horizon_seconds: float) -> control_pb2.GetUsageResponse:
+    """accounting.Totals per user and per group as the reply of GetUsage, most GPU-seconds first."""
+    response = control_pb2.GetUsageResponse(since=since, until=until, horizon_seconds=horizon_seconds)
+    for target, totals in ((response.users, users), (response.groups, groups)):
+        for name, t in sorted(totals.items(), key=lambda kv: (-kv[1].gpu_seconds, kv[0])):
+            target.add(name=name, gpu_seconds=t.gpu_seconds, cpu_seconds=t.cpu_seconds,
+                       peak_rss_bytes=t.peak_rss_bytes, jobs=t.jobs)
+    return response
 
 
 def status_doc(nodes, jobs, summary: control_pb2.ClusterSummary | None = None) -> dict[str, Any]:

@@ -118,6 +118,7 @@ def test_the_reading_and_admin_calls_take_any_fields(fuzzed, data):
             ttl_seconds=data.draw(DOUBLE), node=data.draw(TEXT), reusable=data.draw(st.booleans())), timeout=10),
         "remove": lambda: control.RemoveNode(control_pb2.RemoveNodeRequest(
             name=data.draw(TEXT.filter(lambda name: name != "a"))), timeout=10),
+        "usage": lambda: control.GetUsage(control_pb2.GetUsageRequest(window_seconds=data.draw(DOUBLE)), timeout=10),
     }
     clean(calls[data.draw(st.sampled_from(sorted(calls)))])
 

@@ -74,7 +74,8 @@ def test_every_kind_is_put_read_back_and_deleted(store):
     docs = {("job", "a-1-xyz1"): JOB, ("task", "a-1-xyz1/worker:0"): '{"state":"RUNNING"}',
             ("evaluation", "a-1-xyz1//shared/ckpt/ckpt-10"): '{"step":10}', ("node", "n1"): '{"state":"READY"}',
             ("token", "abc123"): '{"id":"abc123"}', ("removal", "n2"): '{"node":"n2"}',
-            ("holder", "n1"): '{"node":"n1"}', ("counter", "next_job_number"): "7"}
+            ("holder", "n1"): '{"node":"n1"}', ("counter", "next_job_number"): "7",
+            ("usage", "a-0-xyz1"): '{"gpu_seconds":3600.0}'}
     assert {k for k, _ in docs} == set(KINDS)
     written = store.write([Put(kind, key, body) for (kind, key), body in docs.items()])
     assert bodies(store) == docs
@@ -227,3 +228,17 @@ def test_a_file_of_0_2_or_0_3_opens_with_every_document_and_stays_readable_by_th
     assert db.execute("SELECT id, number FROM jobs ORDER BY number").fetchall() == [("a-1-xyz1", 1), ("a-2-xyz1", 2)]
     assert db.execute("SELECT doc FROM tasks").fetchall() == [('{"v":2}',)]
     db.close()
+
+
+def test_a_file_without_the_usage_ledger_gets_its_table(tmp_path):
+    path = tmp_path / "coordinator.sqlite3"
+    SqliteStore(path).close()
+    db = sqlite3.connect(path)
+    db.execute("DROP TABLE usage")
+    db.execute("PRAGMA user_version = 4")
+    db.commit()
+    db.close()
+    store = SqliteStore(path)
+    store.write([Put("usage", "a-1-xyz1", '{"gpu_seconds":1.0}')])
+    store.close()
+    assert bodies(SqliteStore(path)) == {("usage", "a-1-xyz1"): '{"gpu_seconds":1.0}'}

@@ -118,3 +118,12 @@ def read_token(path: Optional[str]) -> Optional[str]:
         return load_token(path)
     except TokenError as e:
         fail(f"--token-file: {e}", 2)
+
+
+def ask(coordinator: Optional[str], tls_dir: Optional[Path], call):
+    """One call to the coordinator (call takes the Client): its answer, or its error as the command's, in one line."""
+    with connect(coordinator, tls_dir) as client:
+        try:
+            return call(client)
+        except ClientError as e:
+            fail(str(e), e.exit_code)

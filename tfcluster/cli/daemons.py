@@ -75,6 +75,9 @@ def coordinator(
     keep_finished_jobs: int = typer.Option(1000, min=0, help="Ended jobs kept (the oldest are removed first)."),
     keep_finished_for: str = typer.Option("7d", metavar="DURATION",
                                           help="How long an ended job is kept, e.g. 12h or 30d."),
+    keep_usage_for: str = typer.Option("90d", metavar="DURATION",
+                                       help="How long the usage ledger keeps an ended job's entry (`tfcluster "
+                                            "usage`, fair share), whatever --keep-finished-* remove."),
     tls_dir: Optional[Path] = typer.Option(None, metavar="DIR",
                                            help="The cluster CA's directory (`tfcluster ca init`): serve mutual "
                                                 "TLS with its coordinator certificate, sign nodes' certificates."),
@@ -118,6 +121,7 @@ def coordinator(
     token = read_token(token_file)
     _check_trust_flags(tls_dir, insecure, token)
     keep_for = parse_duration(keep_finished_for, "--keep-finished-for")
+    keep_usage_seconds = parse_duration(keep_usage_for, "--keep-usage-for")
     node_cert_seconds = parse_duration(node_cert_lifetime, "--node-cert-lifetime")
     if not MIN_NODE_CERT_SECONDS <= node_cert_seconds <= MAX_NODE_CERT_SECONDS:
         fail(f"--node-cert-lifetime: expected between {MIN_NODE_CERT_SECONDS}s and {MAX_NODE_CERT_SECONDS // 86400}d, "
@@ -130,7 +134,8 @@ def coordinator(
                                    join_listen=join_listen or "", token=token,
                                    keep_finished_jobs=keep_finished_jobs, keep_finished_seconds=keep_for,
                                    node_cert_seconds=node_cert_seconds, http_listen=http_listen or "",
-                                   task_uids=task_uids, store_url=store or "")
+                                   task_uids=task_uids, store_url=store or "",
+                                   keep_usage_seconds=keep_usage_seconds)
         serve(server)
     except StoreUrlError as e:
         fail(str(e), 2)

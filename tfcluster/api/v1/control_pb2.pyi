@@ -214,7 +214,7 @@ class Failure(_message.Message):
     def __init__(self, task: _Optional[str] = ..., node: _Optional[str] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., message: _Optional[str] = ..., log_tail: _Optional[_Iterable[str]] = ..., time: _Optional[float] = ..., description: _Optional[str] = ...) -> None: ...
 
 class JobStatus(_message.Message):
-    __slots__ = ("id", "name", "state", "strategy", "restarts", "tasks", "message", "created", "finished", "last_evaluation", "evaluations", "last_failure", "evaluator_restarts", "preemptions", "uid", "owner", "priority")
+    __slots__ = ("id", "name", "state", "strategy", "restarts", "tasks", "message", "created", "finished", "last_evaluation", "evaluations", "last_failure", "evaluator_restarts", "preemptions", "uid", "owner", "priority", "gpu_seconds", "cpu_seconds", "peak_rss_bytes")
     ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -232,6 +232,9 @@ class JobStatus(_message.Message):
     UID_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    GPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    CPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PEAK_RSS_BYTES_FIELD_NUMBER: _ClassVar[int]
     id: str
     name: str
     state: str
@@ -249,7 +252,10 @@ class JobStatus(_message.Message):
     uid: int
     owner: str
     priority: str
-    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[str] = ..., strategy: _Optional[str] = ..., restarts: _Optional[int] = ..., tasks: _Optional[_Iterable[_Union[TaskStatus, _Mapping]]] = ..., message: _Optional[str] = ..., created: _Optional[float] = ..., finished: _Optional[float] = ..., last_evaluation: _Optional[_Union[EvaluationResult, _Mapping]] = ..., evaluations: _Optional[_Iterable[_Union[EvaluationResult, _Mapping]]] = ..., last_failure: _Optional[_Union[Failure, _Mapping]] = ..., evaluator_restarts: _Optional[int] = ..., preemptions: _Optional[int] = ..., uid: _Optional[int] = ..., owner: _Optional[str] = ..., priority: _Optional[str] = ...) -> None: ...
+    gpu_seconds: float
+    cpu_seconds: float
+    peak_rss_bytes: int
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[str] = ..., strategy: _Optional[str] = ..., restarts: _Optional[int] = ..., tasks: _Optional[_Iterable[_Union[TaskStatus, _Mapping]]] = ..., message: _Optional[str] = ..., created: _Optional[float] = ..., finished: _Optional[float] = ..., last_evaluation: _Optional[_Union[EvaluationResult, _Mapping]] = ..., evaluations: _Optional[_Iterable[_Union[EvaluationResult, _Mapping]]] = ..., last_failure: _Optional[_Union[Failure, _Mapping]] = ..., evaluator_restarts: _Optional[int] = ..., preemptions: _Optional[int] = ..., uid: _Optional[int] = ..., owner: _Optional[str] = ..., priority: _Optional[str] = ..., gpu_seconds: _Optional[float] = ..., cpu_seconds: _Optional[float] = ..., peak_rss_bytes: _Optional[int] = ...) -> None: ...
 
 class GetStatusResponse(_message.Message):
     __slots__ = ("nodes", "jobs", "summary")
@@ -386,3 +392,37 @@ class CreateDashboardLoginResponse(_message.Message):
     path: str
     expires: float
     def __init__(self, port: _Optional[int] = ..., path: _Optional[str] = ..., expires: _Optional[float] = ...) -> None: ...
+
+class GetUsageRequest(_message.Message):
+    __slots__ = ("window_seconds",)
+    WINDOW_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    window_seconds: float
+    def __init__(self, window_seconds: _Optional[float] = ...) -> None: ...
+
+class UsageTotals(_message.Message):
+    __slots__ = ("name", "gpu_seconds", "cpu_seconds", "peak_rss_bytes", "jobs")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    GPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    CPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PEAK_RSS_BYTES_FIELD_NUMBER: _ClassVar[int]
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    gpu_seconds: float
+    cpu_seconds: float
+    peak_rss_bytes: int
+    jobs: int
+    def __init__(self, name: _Optional[str] = ..., gpu_seconds: _Optional[float] = ..., cpu_seconds: _Optional[float] = ..., peak_rss_bytes: _Optional[int] = ..., jobs: _Optional[int] = ...) -> None: ...
+
+class GetUsageResponse(_message.Message):
+    __slots__ = ("users", "groups", "since", "until", "horizon_seconds")
+    USERS_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    UNTIL_FIELD_NUMBER: _ClassVar[int]
+    HORIZON_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    users: _containers.RepeatedCompositeFieldContainer[UsageTotals]
+    groups: _containers.RepeatedCompositeFieldContainer[UsageTotals]
+    since: float
+    until: float
+    horizon_seconds: float
+    def __init__(self, users: _Optional[_Iterable[_Union[UsageTotals, _Mapping]]] = ..., groups: _Optional[_Iterable[_Union[UsageTotals, _Mapping]]] = ..., since: _Optional[float] = ..., until: _Optional[float] = ..., horizon_seconds: _Optional[float] = ...) -> None: ...

@@ -90,6 +90,11 @@ class ControlServiceStub:
                 request_serializer=tfcluster_dot_v1_dot_control__pb2.CreateDashboardLoginRequest.SerializeToString,
                 response_deserializer=tfcluster_dot_v1_dot_control__pb2.CreateDashboardLoginResponse.FromString,
                 _registered_method=True)
+        self.GetUsage = channel.unary_unary(
+                '/tfcluster.v1.ControlService/GetUsage',
+                request_serializer=tfcluster_dot_v1_dot_control__pb2.GetUsageRequest.SerializeToString,
+                response_deserializer=tfcluster_dot_v1_dot_control__pb2.GetUsageResponse.FromString,
+                _registered_method=True)
 
 
 class ControlServiceServicer:
@@ -171,6 +176,14 @@ class ControlServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetUsage(self, request, context):
+        """What each user and each group used over a window (running jobs up to now), from the usage ledger. Anyone
+        who may read sees every user's and group's totals: fair share is decided on them, in the open.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControlServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -228,6 +241,11 @@ def add_ControlServiceServicer_to_server(servicer, server):
                     servicer.CreateDashboardLogin,
                     request_deserializer=tfcluster_dot_v1_dot_control__pb2.CreateDashboardLoginRequest.FromString,
                     response_serializer=tfcluster_dot_v1_dot_control__pb2.CreateDashboardLoginResponse.SerializeToString,
+            ),
+            'GetUsage': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetUsage,
+                    request_deserializer=tfcluster_dot_v1_dot_control__pb2.GetUsageRequest.FromString,
+                    response_serializer=tfcluster_dot_v1_dot_control__pb2.GetUsageResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -527,6 +545,33 @@ class ControlService:
             '/tfcluster.v1.ControlService/CreateDashboardLogin',
             tfcluster_dot_v1_dot_control__pb2.CreateDashboardLoginRequest.SerializeToString,
             tfcluster_dot_v1_dot_control__pb2.CreateDashboardLoginResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetUsage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tfcluster.v1.ControlService/GetUsage',
+            tfcluster_dot_v1_dot_control__pb2.GetUsageRequest.SerializeToString,
+            tfcluster_dot_v1_dot_control__pb2.GetUsageResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,7 +1,8 @@
 """What the core changed that the store has not written yet, as domain changes. Pure.
 
 The core appends to one log: a job added, ended or removed, a node added or removed, a trust record
-(join token, certificate holder, removal) added, a join token dropped, job numbers issued. A change to a field of a stored record needs no entry: the record marks
+(join token, certificate holder, removal) added, a join token dropped, job numbers issued, a usage ledger entry
+recorded or dropped. A change to a field of a stored record needs no entry: the record marks
 itself unsaved (job.py's Record), and the writer looks at every record the log says is still stored.
 The writer (records.py) drains the log into store documents; the store is written before the commands
 the same changes produced are sent.
@@ -12,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Union
 
+from tfcluster.daemon.coordinator.accounting import Entry
 from tfcluster.daemon.coordinator.job import Job, Record
 from tfcluster.daemon.coordinator.node import Node
 
@@ -58,7 +60,18 @@ class JobsNumbered:
     next_number: int  # the next job number to issue: none below it is ever issued again
 
 
-Change = Union[JobAdded, JobEnded, JobRemoved, NodeAdded, NodeRemoved, TrustAdded, TokenDropped, JobsNumbered]
+@dataclass(frozen=True)
+class UsageRecorded:
+    entry: Entry  # an ended job's entry in the usage ledger: written once, never changed
+
+
+@dataclass(frozen=True)
+class UsageDropped:
+    job_id: str  # its ledger entry is older than the ledger keeps
+
+
+Change = Union[JobAdded, JobEnded, JobRemoved, NodeAdded, NodeRemoved, TrustAdded, TokenDropped, JobsNumbered,
+               UsageRecorded, UsageDropped]
 
 
 class ChangeLog:

@@ -16,8 +16,8 @@ import logging
 from dataclasses import dataclass, field, replace
 
 from tfcluster import strategies
-from tfcluster.daemon.coordinator import checkpoints, lifecycle, taskusers
-from tfcluster.daemon.coordinator.changelog import ChangeLog
+from tfcluster.daemon.coordinator import accounting, checkpoints, lifecycle, taskusers
+from tfcluster.daemon.coordinator.changelog import ChangeLog, UsageDropped, UsageRecorded
 from tfcluster.daemon.coordinator.job import Job
 from tfcluster.daemon.coordinator.jobs import KEEP_FINISHED_JOBS, KEEP_FINISHED_SECONDS, Jobs
 from tfcluster.daemon.coordinator.launch import launch
@@ -60,10 +60,13 @@ class Cluster:
     def __init__(self, lost_after_seconds: float = DEFAULT_LOST_AFTER_SECONDS,
                  resend_after_seconds: float = RESEND_AFTER_SECONDS, keep_finished_jobs: int = KEEP_FINISHED_JOBS,
                  keep_finished_seconds: float = KEEP_FINISHED_SECONDS,
-                 task_uids: taskusers.UidRange = taskusers.UidRange()):
+                 task_uids: taskusers.UidRange = taskusers.UidRange(),
+                 keep_usage_seconds: float = accounting.DEFAULT_KEEP_USAGE_SECONDS):
         self.changes = ChangeLog()  # what the store has yet to write: nodes and jobs append to it
         self.nodes = Nodes(lost_after_seconds, self.changes)
         self.jobs = Jobs(task_uids, keep_finished_jobs, keep_finished_seconds, self.changes)
+        self.usage = accounting.Ledger(keep_usage_seconds, lambda entry, recorded: self.changes.append(
+            UsageRecorded(entry) if recorded else UsageDropped(entry.job_id)))
         self.resend_after = resend_after_seconds
         self.unfit_at: dict[str, int] = {}  # PENDING job -> capacity version at which it last did not fit
         self.full_schedule_at = 0.0
@@ -118,6 +121,7 @@ class Cluster:
             task = job.task(p.attempt.type, p.attempt.index) if job else None
             if task is not None and task.node == name and task.attempt == p.attempt.number and task.live:
                 lifecycle.progress(job, task, p.output_bytes, p.checkpoint, now)
+                task.seen.live = accounting.Usage(cpu_seconds=p.cpu_seconds, peak_rss_bytes=p.peak_rss_bytes)
         placed = self.nodes.placed_on(name)
         before = [(task.state, task.attempt) for _, task in placed]
         commands = reconcile_node(name, placed, (p.attempt for p in progress), self.jobs,
@@ -301,9 +305,33 @@ class Cluster:
         return []
 
     def prune(self, now: float) -> None:
-        """Removes the oldest ended jobs beyond --keep-finished-jobs, and those ended longer ago than allowed."""
+        """Removes the oldest ended jobs beyond --keep-finished-jobs, and those ended longer ago than allowed, and
+        the usage ledger's entries older than --keep-usage-for."""
         for job in self.jobs.prune(now):
             self.unfit_at.pop(job.id, None)
+        self.usage.prune(now)
+
+    # ---- accounting ----------------------------------------------------------------------------
+
+    def fair_share(self, now: float, half_life: float) -> dict[str, float]:
+        """Owner -> decayed GPU-hours at now (each GPU-hour used at time t weighs 0.5 ** ((now - t) /
+        half_life)): the ledger's ended jobs and the live ones up to now. Owners who used nothing are absent.
+        Cheap enough for every scheduling pass: sums kept per half-life, plus one pass over the live jobs."""
+        live = ((job.owner, *accounting.accrued(job, now)) for job in self.jobs.live.values())
+        return self.usage.decayed(now, half_life, live)
+
+    def gpu_hours_since(self, since: float, now: float) -> dict[str, float]:
+        """User name, and "group:NAME" for each group -> GPU-hours used between since and now (running jobs
+        up to now; a job's use taken as spread evenly over its run)."""
+        return {key: t.gpu_seconds / 3600.0 for key, t in self.usage_totals(since, now).items()}
+
+    def usage_totals(self, since: float, now: float) -> dict[str, accounting.Totals]:
+        """User name, and "group:NAME" for each group -> what their jobs used between since and now."""
+        return self.usage.totals(since, now, self._live_entries(now))
+
+    def _live_entries(self, now: float) -> list[accounting.Entry]:
+        return [accounting.entry_of(job, now) for job in self.jobs.live.values()
+                if job.usage.started or any(t.running_since for t in job.tasks)]
 
     # ---- helpers -------------------------------------------------------------------------------
 
@@ -319,6 +347,9 @@ class Cluster:
             self.observer.restarted(job, cause)
         job.seen.restart_causes.clear()
         if self.jobs.settle(job):
+            entry = accounting.entry_of(job, job.finished)
+            if entry.start:  # a job that never ran used nothing: the ledger keeps the jobs that did
+                self.usage.record(entry)
             self.observer.ended(job)
             self.unfit_at.pop(job.id, None)
             self.nodes.resources_changed()

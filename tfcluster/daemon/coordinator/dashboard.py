@@ -24,6 +24,7 @@ from aiohttp import web
 from tfcluster import __version__, wire
 from tfcluster.api.v1 import control_pb2
 from tfcluster.daemon.coordinator import access, status
+from tfcluster.daemon.coordinator.accounting import job_usage
 from tfcluster.daemon.coordinator.job import Job
 from tfcluster.daemon.coordinator.logins import COOKIE, SESSION_SECONDS
 from tfcluster.daemon.coordinator.server import Coordinator
@@ -124,7 +125,7 @@ class Dashboard:
 
     async def _job(self, request: web.Request) -> web.Response:
         job = self._readable_job(request)
-        return json_response(wire.job_doc(wire.job_status(job)))
+        return json_response(wire.job_doc(wire.job_status(job, job_usage(job, self.c.clock()))))
 
     async def _nodes(self, request: web.Request) -> web.Response:
         c = self.c.cluster

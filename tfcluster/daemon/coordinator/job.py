@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from tfcluster import strategies
+from tfcluster.daemon.coordinator.accounting import Usage
 from tfcluster.model import Attempt, Evaluation, Gpu, TaskExit
 from tfcluster.spec import JobSpec
 from tfcluster.states import JobState, TaskState, check_transition
@@ -52,6 +53,7 @@ class TaskSeen:
     checkpoint: str = ""      # newest checkpoint in its dir, from heartbeats
     sent_at: float = 0.0      # when its last launch or stop went to the agent (reconcile resends)
     missing_since: float = 0.0  # when a heartbeat of its node first lacked it while RUNNING
+    live: Usage = Usage()     # the running attempt's CPU-seconds and peak RSS so far, when heartbeats carry them
 
 
 @dataclass(eq=False)
@@ -72,6 +74,7 @@ class Task(StateRecord):
     exit: TaskExit | None = None
     stop_grace: float | None = None  # a stop was sent with this grace period; None: not asked to stop
     ready: bool = False  # running, and listening on its port when the next launch wave needs that
+    running_since: float = 0.0  # when the current attempt was reported running; 0: it is not (accounting.py)
     seen: TaskSeen = field(default_factory=TaskSeen, repr=False)
 
     def __str__(self) -> str:
@@ -152,6 +155,7 @@ class Job(StateRecord):
     restarts: int = 0
     preemptions: int = 0
     evaluator_restarts: int = 0
+    usage: Usage = Usage()    # what its ended attempts used (accounting.py); running ones are added when asked
     message: str = ""
     created: float = 0.0
     finished: float = 0.0

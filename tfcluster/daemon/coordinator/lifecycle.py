@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable
 
 from tfcluster import layout
-from tfcluster.daemon.coordinator import checkpoints, completion, restart
+from tfcluster.daemon.coordinator import accounting, checkpoints, completion, restart
 from tfcluster.daemon.coordinator.job import Failure, Job, Task
 from tfcluster.daemon.coordinator.launch import launch
 from tfcluster.daemon.coordinator.scheduler import TaskPlacement
@@ -109,7 +109,7 @@ def running(job: Job, task: Task, pid: int, listening: bool, now: float) -> list
     if task.state != TaskState.LAUNCHING:
         return []
     task.move(TaskState.RUNNING)
-    task.pid = pid
+    task.pid, task.running_since = pid, now
     task.ready = listening or not job.profile.must_listen(task.type)
     return advance(job, now)
 
@@ -119,6 +119,7 @@ def ended(job: Job, task: Task, exit: TaskExit, now: float) -> list[Command]:
     if not task.live:
         return []
     task.exit = exit
+    _account(job, task, exit, now)
     if exit.succeeded:
         task.move(TaskState.SUCCEEDED)
     else:
@@ -133,7 +134,18 @@ def lost(job: Job, task: Task, why: str, now: float) -> list[Command]:
         return []
     task.move(TaskState.LOST)
     task.exit = TaskExit(message=why)
+    _account(job, task, task.exit, now)
     return _after_task_end(job, task, now)
+
+
+def _account(job: Job, task: Task, exit: TaskExit, now: float) -> None:
+    """The attempt is over: what it used joins the job's usage (a lost attempt's GPUs count until it was found
+    lost; its CPU figures are the last its heartbeats carried, the agent never having measured its end)."""
+    live = task.seen.live
+    cpu = exit.cpu_seconds or live.cpu_seconds
+    peak = max(exit.peak_rss_bytes, live.peak_rss_bytes)
+    job.usage = job.usage + accounting.attempt_usage(len(task.gpus), task.running_since, cpu, peak, now)
+    task.running_since, task.seen.live = 0.0, accounting.Usage()
 
 
 def progress(job: Job, task: Task, output_bytes: int, checkpoint: str, now: float) -> None:

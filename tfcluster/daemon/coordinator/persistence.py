@@ -22,6 +22,7 @@ from tfcluster.daemon.coordinator.records import Writer, from_documents
 from tfcluster.daemon.coordinator.store import Conflict, Store
 from tfcluster.daemon.coordinator.trust import Trust
 from tfcluster.model import Command
+from tfcluster.states import TaskState
 
 log = logging.getLogger("tfcluster.coordinator")
 
@@ -48,12 +49,16 @@ class Persistence:
         state = from_documents(documents)
         for job in state.jobs:
             job.seen.last_progress = now  # the hang watchdog counts from now: progress was not seen meanwhile
+            for task in job.tasks:  # saved by a release that kept no usage: its GPUs count from now on
+                if task.state == TaskState.RUNNING and not task.running_since:
+                    task.running_since = now
             self.cluster.add_job(job)
         for node in state.nodes:
             # Agents retry with backoff while the coordinator is away: they get the reconnect grace on top of the
             # usual timeout before their nodes (and the tasks on them) count as lost.
             node.seen.last_seen = now + reconnect_grace
             self.cluster.add_node(node)
+        self.cluster.usage.load(state.usage)
         self.cluster.jobs.continue_numbering(state.next_job_number)
         self.cluster.jobs.cluster_tag = migrate.base36(state.cluster_tag)
         self.trust = state.trust

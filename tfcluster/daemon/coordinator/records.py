@@ -13,8 +13,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from tfcluster.daemon.coordinator.accounting import Entry, Usage
 from tfcluster.daemon.coordinator.changelog import (Change, ChangeLog, JobAdded, JobEnded, JobRemoved, JobsNumbered,
-                                                    NodeAdded, NodeRemoved, TokenDropped, TrustAdded)
+                                                    NodeAdded, NodeRemoved, TokenDropped, TrustAdded, UsageDropped,
+                                                    UsageRecorded)
 from tfcluster.daemon.coordinator.job import Failure, Job, Record, Task
 from tfcluster.daemon.coordinator.node import Node
 from tfcluster.daemon.coordinator.store import Delete, Document, Put, Revisions, Write
@@ -42,6 +44,7 @@ class State:
     trust: Trust
     next_job_number: int = 1
     cluster_tag: int = 0  # chosen once for a state dir (migrate.py)
+    usage: list[Entry] = field(default_factory=list)  # the usage ledger (accounting.py)
 
 
 def from_documents(documents: list[Document]) -> State:
@@ -58,7 +61,8 @@ def from_documents(documents: list[Document]) -> State:
                  nodes=sorted((node_from_doc(d.body) for d in by_kind.get("node", [])), key=lambda n: n.name),
                  trust=trust_from_docs([(d.kind, d.body) for k in ("token", "removal", "holder")
                                         for d in by_kind.get(k, [])]),
-                 next_job_number=counters.get(NEXT_JOB_NUMBER, 1), cluster_tag=counters.get(CLUSTER_TAG, 0))
+                 next_job_number=counters.get(NEXT_JOB_NUMBER, 1), cluster_tag=counters.get(CLUSTER_TAG, 0),
+                 usage=[usage_from_doc(d.body) for d in by_kind.get("usage", [])])
 
 
 @dataclass
@@ -149,6 +153,11 @@ class Writer:
             batch.delete("token", change.token_id, self._revision("token", change.token_id))
         elif isinstance(change, JobsNumbered):
             batch.next_job_number = max(batch.next_job_number, change.next_number)
+        elif isinstance(change, UsageRecorded):
+            batch.put("usage", change.entry.job_id, dataclasses.asdict(change.entry),
+                      self._revision("usage", change.entry.job_id))
+        elif isinstance(change, UsageDropped):
+            batch.delete("usage", change.job_id, self._revision("usage", change.job_id))
         return None
 
     def _remove(self, job: Job, batch: Batch) -> None:
@@ -225,6 +234,7 @@ def job_doc(job: Job) -> dict[str, Any]:
     doc["spec"] = dataclasses.asdict(job.spec)
     doc["last_failure"] = dataclasses.asdict(job.last_failure) if job.last_failure else None
     doc["tasks"] = [t.key for t in job.tasks]
+    doc["usage"] = dataclasses.asdict(job.usage)
     return doc
 
 
@@ -246,7 +256,7 @@ def job_from_docs(job_text: str, task_texts: list[str], evaluation_texts: list[s
     failure = doc.pop("last_failure")
     evaluations = sorted((Evaluation(**json.loads(text)) for text in evaluation_texts), key=lambda e: e.time)
     return Job(**{**doc, "spec": spec_from_doc(doc["spec"]), "restarting": tuple(doc["restarting"]),
-                  "groups": tuple(doc.get("groups", ())),
+                  "groups": tuple(doc.get("groups", ())), "usage": Usage(**doc.get("usage", {})),
                   "tasks": [tasks[key] for key in order], "evaluations": evaluations,
                   "last_failure": Failure(**{**failure, "exit": _exit(failure["exit"])}) if failure else None})
 
@@ -262,6 +272,11 @@ def trust_from_docs(docs: list[tuple[str, str]]) -> Trust:
         else:
             trust.removals[doc["node"]] = Removal(**doc)
     return trust
+
+
+def usage_from_doc(text: str) -> Entry:
+    doc = json.loads(text)
+    return Entry(**{**doc, "groups": tuple(doc["groups"])})
 
 
 def node_from_doc(text: str) -> Node:

@@ -21,7 +21,7 @@ from grpc_health.v1._async import HealthServicer
 from tfcluster import __version__, pki, security, wire
 from tfcluster.api.v1 import agent_pb2_grpc, control_pb2, control_pb2_grpc
 from tfcluster.auth import async_server_interceptors
-from tfcluster.daemon.coordinator import access, status
+from tfcluster.daemon.coordinator import access, accounting, status
 from tfcluster.daemon.coordinator.agentservice import AgentServicer, JoinServicer
 from tfcluster.daemon.coordinator.cluster import Unplaceable
 from tfcluster.daemon.coordinator.taskusers import UidRange
@@ -104,7 +104,7 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
         running, memory, now = self.c.running_tasks(), self.c.memory_allocated(), self.c.clock()
         response = control_pb2.GetStatusResponse(summary=control_pb2.ClusterSummary(**status.summary(c)))
         response.nodes.extend(wire.node_status(n, running[n.name], now, memory.get(n.name, 0)) for n in nodes)
-        encode = access.job_status_for(security.caller(), wire.job_status)
+        encode = access.job_status_for(security.caller(), lambda j: _job_status(j, now))
         job_messages, _ = status.fill(jobs, len(jobs), encode, lambda j: str(j.number), _size)
         response.jobs.extend(job_messages)
         response.summary.nodes_shown, response.summary.jobs_shown = len(response.nodes), len(response.jobs)
@@ -122,6 +122,15 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
         page = f"/jobs/{urllib.parse.quote(request.job_id)}" if request.job_id else "/"
         path = f"/login?{urllib.parse.urlencode({'token': token, 'next': page})}"
         return control_pb2.CreateDashboardLoginResponse(port=self.c.dashboard_port, path=path, expires=expires)
+
+    async def GetUsage(self, request, context):
+        window = request.window_seconds
+        if not 0 <= window < float("inf"):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"window_seconds: expected 0 or more, got {window}")
+        c, now = self.c.cluster, self.c.clock()
+        since = max(now - window if window else 0.0, now - c.usage.keep_seconds)
+        users, groups = accounting.by_user_and_group(c.usage_totals(since, now))
+        return wire.usage_response(users, groups, since, now, c.usage.keep_seconds)
 
     async def CreateJoinToken(self, request, context):
         if request.node and not NODE_NAME_RE.fullmatch(request.node):
@@ -156,7 +165,8 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
         except ValueError:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"page_token: not a token: {request.page_token!r}")
         entries = status.jobs(self.c.cluster, after, request.states, request.name, request.node)
-        encode = access.job_status_for(security.caller(), wire.job_status)
+        now = self.c.clock()
+        encode = access.job_status_for(security.caller(), lambda j: _job_status(j, now))
         jobs, token = status.fill(entries, status.page_size(request.page_size), encode, lambda j: str(j.number),
                                   _size)
         return control_pb2.ListJobsResponse(jobs=jobs, next_page_token=token)
@@ -195,7 +205,8 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
         jobs = self.c.cluster.jobs
         await self._readable_job(request.job_id, context)
         try:
-            views = self.c.watchers.follow(lambda: jobs.get(request.job_id), wire.job_status,
+            views = self.c.watchers.follow(lambda: jobs.get(request.job_id),
+                                           lambda job: _job_status(job, self.c.clock()),
                                            lambda job: job.state.ended)
             async with contextlib.aclosing(views):  # a client gone mid-send ends the watch at once
                 async for job in views:
@@ -213,6 +224,11 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
         return job
 
 
+def _job_status(job: Job, now: float) -> control_pb2.JobStatus:
+    """A job's status with what it used up to now."""
+    return wire.job_status(job, accounting.job_usage(job, now))
+
+
 def _size(message) -> int:
     return message.ByteSize()
 
@@ -227,7 +243,8 @@ class CoordinatorServer:
                  heartbeat_interval_seconds: float = 1.0, tls_dir: Path | None = None, insecure: bool = False,
                  join_listen: str = "", token: str | None = None, keep_finished_jobs: int = 1000,
                  keep_finished_seconds: float = 7 * 86400.0, node_cert_seconds: float = pki.NODE_HOURS * 3600.0,
-                 http_listen: str = "", task_uids: UidRange = UidRange(), store_url: str = ""):
+                 http_listen: str = "", task_uids: UidRange = UidRange(), store_url: str = "",
+                 keep_usage_seconds: float = accounting.DEFAULT_KEEP_USAGE_SECONDS):
         if (tls_dir is None) == (not insecure):
             raise ValueError("give --tls-dir (see `tfcluster ca init`) or --insecure")
         self.listen, self.join_listen, self.token = listen, join_listen or _next_port(listen), token
@@ -239,6 +256,7 @@ class CoordinatorServer:
         authority = pki.Authority.load(tls_dir, with_key=True) if tls_dir else None
         self.coordinator = build(state_dir, lost_after_seconds, heartbeat_interval_seconds, keep_finished_jobs,
                                  keep_finished_seconds, authority, task_uids=task_uids, store_url=store_url)
+        self.coordinator.cluster.usage.keep_seconds = keep_usage_seconds
         if tls_dir:  # no node may be named as the coordinator is reached
             self.coordinator.trust.reserved = frozenset(pki.server_names(pki.load_cert(tls_dir / pki.SERVER_CERT)))
         self.coordinator.node_cert_lifetime = datetime.timedelta(seconds=node_cert_seconds)

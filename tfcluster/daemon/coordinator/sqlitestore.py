@@ -1,9 +1,9 @@
 """The embedded store: the documents in one SQLite file (`--store sqlite:///PATH`, the default under the state dir).
 
 The tables are this module's own affair: one per kind of record (the trust kinds share one, the counters hold
-integers), each row with its revision, and one row holding the last revision given. The file of a 0.2 or 0.3
-coordinator is the same but for the revisions, added on open (its rows start at revision 1, and that release
-can still open the file); a 0.1 file's jobs table is reshaped to hold the same documents it held, which
+integers), each row with its revision, and one row holding the last revision given. A file of a release without
+the usage ledger gets its table on open. The file of a 0.2 or 0.3 coordinator is the same but for the revisions,
+added on open (its rows start at revision 1, and that release can still open the file); a 0.1 file's jobs table is reshaped to hold the same documents it held, which
 migrate.py then brings to this release's shape. WAL mode with synchronous=FULL: once `write` returns, the
 batch survives a kill -9 and a power cut.
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 
 from tfcluster.daemon.coordinator.store import Conflict, Delete, Document, Put, Revisions, Write, validate
 
-LAYOUT_VERSION = 4  # 3: 0.2 and 0.3 (no revisions); below 3 with a jobs table: 0.1
+LAYOUT_VERSION = 5  # 4: no usage table; 3: 0.2 and 0.3 (no revisions); below 3 with a jobs table: 0.1
 TABLES = """
 CREATE TABLE IF NOT EXISTS jobs (
     id TEXT PRIMARY KEY,
@@ -55,16 +55,21 @@ CREATE TABLE IF NOT EXISTS trust (
     doc TEXT NOT NULL,
     PRIMARY KEY (kind, key)
 );
+CREATE TABLE IF NOT EXISTS usage (
+    job_id TEXT PRIMARY KEY,
+    doc TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS store_revision (
     value INTEGER NOT NULL
 );
 """
 # table -> its key columns, and the column that holds the document
 KEY_COLUMNS = {"jobs": ("id",), "tasks": ("job_id", "key"), "evaluations": ("job_id", "checkpoint"),
-               "nodes": ("name",), "counters": ("name",), "trust": ("kind", "key")}
+               "nodes": ("name",), "counters": ("name",), "trust": ("kind", "key"), "usage": ("job_id",)}
 TABLE_OF = {"job": "jobs", "task": "tasks", "evaluation": "evaluations", "node": "nodes", "counter": "counters",
-            "token": "trust", "removal": "trust", "holder": "trust"}
-KIND_OF = {"jobs": "job", "tasks": "task", "evaluations": "evaluation", "nodes": "node", "counters": "counter"}
+            "token": "trust", "removal": "trust", "holder": "trust", "usage": "usage"}
+KIND_OF = {"jobs": "job", "tasks": "task", "evaluations": "evaluation", "nodes": "node", "counters": "counter",
+           "usage": "usage"}
 
 
 def _row(w: Write) -> tuple[str, tuple]:

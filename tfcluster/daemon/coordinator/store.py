@@ -1,7 +1,7 @@
 """The store as a contract in documents, an in-memory store, and where a coordinator's store is chosen.
 
 A document is one of the coordinator's records (a job, a task, an evaluation, a node, a join token, a
-certificate holder, a removal, a counter) as JSON text, named by its kind and key; what the text says is
+certificate holder, a removal, a counter, an entry of the usage ledger) as JSON text, named by its kind and key; what the text says is
 records.py's business, not the store's. The store gives each document a revision whenever it writes it,
 and never gives the same revision twice. The coordinator writes with the revision it expects each document
 to have (0: it must not exist yet): when any expectation fails the store refuses the whole write with
@@ -24,7 +24,7 @@ from typing import Protocol, Union
 
 log = logging.getLogger("tfcluster.coordinator")
 
-KINDS = ("job", "task", "evaluation", "node", "token", "removal", "holder", "counter")
+KINDS = ("job", "task", "evaluation", "node", "token", "removal", "holder", "counter", "usage")
 
 
 @dataclass(frozen=True)
