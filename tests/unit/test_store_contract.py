@@ -17,7 +17,7 @@ from typing import Callable
 
 import pytest
 
-from tfcluster.daemon.coordinator.sqlitestore import SqliteStore
+from tfcluster.daemon.coordinator.sqlitestore import LAYOUT_VERSION, SqliteStore
 from tfcluster.daemon.coordinator.store import (KINDS, Conflict, Delete, MemoryStore, Put, Store, StoreUrlError,
                                                 open_store)
 
@@ -242,3 +242,16 @@ def test_a_file_without_the_usage_ledger_gets_its_table(tmp_path):
     store.write([Put("usage", "a-1-xyz1", '{"gpu_seconds":1.0}')])
     store.close()
     assert bodies(SqliteStore(path)) == {("usage", "a-1-xyz1"): '{"gpu_seconds":1.0}'}
+
+
+def test_a_file_of_a_newer_release_is_refused_not_misread(tmp_path):
+    path = tmp_path / "coordinator.sqlite3"
+    SqliteStore(path).close()
+    db = sqlite3.connect(path)
+    db.execute(f"PRAGMA user_version = {LAYOUT_VERSION + 1}")
+    db.commit()
+    db.close()
+    with pytest.raises(RuntimeError, match=f"newer tfcluster \\(store layout {LAYOUT_VERSION + 1}; this release "
+                                           f"reads up to {LAYOUT_VERSION}\\)"):
+        SqliteStore(path)
+    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == LAYOUT_VERSION + 1

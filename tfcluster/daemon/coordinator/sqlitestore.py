@@ -138,6 +138,11 @@ class SqliteStore:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
             version = self._db.execute("PRAGMA user_version").fetchone()[0]
+            if version > LAYOUT_VERSION:  # its documents may hold what this release cannot read: never guess
+                self._db.close()
+                raise RuntimeError(f"{self.path}: written by a newer tfcluster (store layout {version}; this release "
+                                   f"reads up to {LAYOUT_VERSION}): run that release, or restore a backup made "
+                                   f"before the upgrade")
             if version < LAYOUT_VERSION:
                 with self._transaction():
                     self._upgrade_layout(version)
