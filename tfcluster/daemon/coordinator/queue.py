@@ -103,8 +103,9 @@ def usage_of_jobs(jobs: Iterable[Job], policy: Policy, now: float) -> Usage:
     submission until it ended (or now); shares decay with the policy's half-life, quota windows are clipped."""
     shares: Counter[str] = Counter()
     used: Counter[str] = Counter()
-    windows = {s.key: s.limits.window_seconds for kind, table in (("user", policy.users), ("group", policy.groups))
-               for s in (Subject(kind, name, limits) for name, limits in table.items()) if limits.gpu_hours is not None}
+    windows = {Subject(kind, name, limits).key: limits.window_seconds
+               for kind, table in (("user", policy.users), ("group", policy.groups))
+               for name, limits in table.items() if limits.gpu_hours is not None}
     for job in jobs:
         if not job.owner or not any(t.attempt for t in job.tasks):
             continue  # never ran: nothing used
