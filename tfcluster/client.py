@@ -138,6 +138,12 @@ class Client:
     def status(self, job_id: str = "") -> control_pb2.GetStatusResponse:
         return self._call(self.stub.GetStatus, control_pb2.GetStatusRequest(job_id=job_id))
 
+    def queue(self, limit: int = 0) -> control_pb2.GetQueueResponse:
+        return self._call(self.stub.GetQueue, control_pb2.GetQueueRequest(limit=limit))
+
+    def policy(self) -> control_pb2.GetPolicyResponse:
+        return self._call(self.stub.GetPolicy, control_pb2.GetPolicyRequest())
+
     def job(self, job_id: str) -> control_pb2.JobStatus:
         return self.status(job_id).jobs[0]
 

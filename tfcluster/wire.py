@@ -324,7 +324,8 @@ def _exit_fields(target, exit: TaskExit | None) -> None:
         target.signal = exit.signal
 
 
-def job_status(job) -> control_pb2.JobStatus:
+def job_status(job, queue_position: int = 0) -> control_pb2.JobStatus:
+    """A job's status; queue_position: its place in the queue while PENDING (0: not known here)."""
     message = job.message
     f = job.last_failure
     if f is not None and f.describe() not in message:
@@ -333,7 +334,8 @@ def job_status(job) -> control_pb2.JobStatus:
                                    restarts=job.restarts, message=message, created=job.created,
                                    finished=job.finished, evaluator_restarts=job.evaluator_restarts,
                                    preemptions=job.preemptions, uid=job.uid, owner=job.owner,
-                                   priority=job.priority)
+                                   priority=job.priority, queue_position=queue_position, rank=job.rank,
+                                   waiting_since=max(job.created, job.not_before) if job.state == "PENDING" else 0)
     for t in job.tasks:
         task = status.tasks.add(type=t.type, index=t.index, node=t.node, address=t.address,
                                 gpus=[gpu_to_proto(g) for g in t.gpus], state=t.state.value, pid=t.pid,
@@ -401,7 +403,8 @@ def job_doc(j: control_pb2.JobStatus) -> dict[str, Any]:
                            "history": [evaluation_doc(e) for e in j.evaluations]},
             "last_failure": failure if j.HasField("last_failure") else None,
             "evaluator_restarts": j.evaluator_restarts, "preemptions": j.preemptions, "uid": j.uid or None,
-            "owner": j.owner, "priority": j.priority}
+            "owner": j.owner, "priority": j.priority, "queue_position": j.queue_position or None,
+            "waiting_since": j.waiting_since or None}
 
 
 def plan_doc(p: control_pb2.PlanJobResponse) -> dict[str, Any]:
