@@ -197,3 +197,26 @@ def test_a_reloaded_policy_applies_to_waiting_jobs_at_once():
     sim.c.set_policy(parse(CLASSES + "[users.alice]\ngpus = 4\n", "policy.toml", sim.now))
     sim.c.schedule(sim.now)
     assert waiting.state == JobState.STARTING
+
+
+def test_metrics_count_the_queue_by_class_and_the_wait_until_a_job_first_runs():
+    from prometheus_client.exposition import generate_latest
+
+    from tfcluster.daemon.coordinator.metrics import CoordinatorMetrics
+
+    sim = sim_with("", info("n1", 1))
+    metrics = CoordinatorMetrics(sim.c, clock=lambda: sim.now)
+    sim.c.observer = metrics
+    first = submit(sim, "alice")
+    submit(sim, "bob", priority="low")
+    submit(sim, "bob", priority="low")
+    sim.now += 90
+    finish(sim, first)
+    waiting = [j for j in sim.c.jobs.live.values() if j.state == JobState.STARTING][0]
+    for t in waiting.tasks:  # launched when the first job ended: now it runs, 90 s after it was submitted
+        sim.report(waiting, t.type, t.index, "RUNNING")
+    text = generate_latest(metrics.registry).decode()
+    assert 'tfcluster_queue_jobs{priority="low"} 1.0' in text and 'tfcluster_queue_jobs{priority="high"} 0.0' in text
+    assert 'tfcluster_job_queue_wait_seconds_count{priority="normal"} 1.0' in text
+    assert 'tfcluster_job_queue_wait_seconds_bucket{le="60.0",priority="low"} 0.0' in text
+    assert 'tfcluster_job_queue_wait_seconds_bucket{le="300.0",priority="low"} 1.0' in text

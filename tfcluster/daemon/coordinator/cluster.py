@@ -283,7 +283,11 @@ class Cluster:
                 return [_stop_unwanted(node_name, a, job)]
             return []
         if report.phase == Phase.RUNNING:
-            return self._settle(job, lifecycle.running(job, task, report.pid, report.listening, now))
+            was = job.state
+            commands = self._settle(job, lifecycle.running(job, task, report.pid, report.listening, now))
+            if was != JobState.RUNNING and job.state == JobState.RUNNING and not job.restarts and not job.preemptions:
+                self.observer.started(job, max(0.0, now - job.created))
+            return commands
         exit = report.exit or TaskExit(message="ended without a report of how")
         if exit.busy_port:
             self.nodes.port_busy(node_name, exit.busy_port, now + BUSY_PORT_AVOID_SECONDS)
