@@ -266,7 +266,11 @@ class Cluster:
     def queue_order(self, now: float) -> list[Job]:
         """The PENDING jobs in the order they are placed (those in a restart's backoff included)."""
         pending = [j for j in self.jobs.live.values() if j.state == JobState.PENDING]
-        return queue.order(pending, self.usage(now).shares if self.policy.source else {})
+        return queue.order(pending, self.usage(now).shares if self.policy.source and pending else {})
+
+    def queue_positions(self, now: float) -> dict[str, int]:
+        """PENDING job -> its place in the queue (1: placed next)."""
+        return {job.id: n for n, job in enumerate(self.queue_order(now), 1)}
 
     def report(self, node_name: str, report: TaskReport, now: float) -> list[Command]:
         """Applies an agent's task report; a running attempt nobody wants is told to stop."""

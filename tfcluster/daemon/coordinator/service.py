@@ -220,7 +220,7 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
         live = self.c.cluster.jobs.live.values()
         if not any(j.state == JobState.PENDING for j in (live if pending is None else pending)):
             return wire.job_status
-        positions = {job.id: n for n, job in enumerate(self.c.cluster.queue_order(self.c.clock()), 1)}
+        positions = self.c.cluster.queue_positions(self.c.clock())
         return lambda job: wire.job_status(job, positions.get(job.id, 0))
 
 
