@@ -52,6 +52,8 @@ class Holdings:
         self.policy = policy
         self.gpus: Counter[str] = Counter()
         self.running: Counter[str] = Counter()
+        if not any(limits.has_quota for limits in (*policy.users.values(), *policy.groups.values())):
+            return  # nothing to count against: the jobs need not be read
         for job in jobs:
             held = sum(len(t.gpus) for t in job.tasks if job.holds(t))
             if held or any(job.holds(t) for t in job.tasks):
@@ -157,6 +159,7 @@ class QueuePass:
         self.held_ranks: set[int] = set()
         self.held_gpus: dict[str, frozenset[int]] = {}  # node -> its GPUs held for jobs ahead
         self.holders: list[str] = []  # the jobs those are held for
+        self.held_free = 0  # held GPUs free now
 
     def skip(self, job: Job) -> None:
         """A job not tried again this pass (nothing changed since it did not fit): what it holds stays held."""
@@ -176,7 +179,8 @@ class QueuePass:
         if not isinstance(result, Unfit):
             return result
         reason = f"waiting for resources: {result.reason}"
-        if self.holders and not isinstance(place(job.spec, list(self.free.values()), previous=previous), Unfit):
+        # Held GPUs that are free now are all that sets the two apart: without any, it would not fit anyway.
+        if self.held_free and not isinstance(place(job.spec, list(self.free.values()), previous=previous), Unfit):
             reason = f"waiting: what is free is held for {', '.join(self.holders[:3])}, ahead of it in the queue"
         if job.rank not in self.held_ranks:
             hold = self._hold_for(job)
@@ -203,6 +207,7 @@ class QueuePass:
                 gpus = hold.gpus.get(name, frozenset())
                 self.view[name] = replace(n, used_gpus=n.used_gpus | gpus,
                                           used_ports=n.used_ports | hold.ports.get(name, frozenset()))
+                self.held_free += len(gpus - self.held_gpus.get(name, frozenset()) - self.free[name].used_gpus)
                 self.held_gpus[name] = self.held_gpus.get(name, frozenset()) | gpus
 
     def _hold_for(self, job: Job) -> Hold | None:
