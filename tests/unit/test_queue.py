@@ -16,14 +16,14 @@ from tfcluster.daemon.coordinator.policy import ClassRefused, parse
 from tfcluster.states import JobState
 
 CLASSES = """
-[classes]
-low = 10
-normal = 50
-high = { value = 100, preemptible = false }
-[defaults]
-class = "normal"
-max_class = "high"
-fair_share_half_life = "1d"
+defaults = { class = "normal", max_class = "high", fair_share_half_life = "1d" }
+[classes.high]
+value = 100
+preemptible = false
+[classes.normal]
+value = 50
+[classes.low]
+value = 10
 """
 
 
