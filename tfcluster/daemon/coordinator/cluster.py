@@ -237,7 +237,8 @@ class Cluster:
             if self.unfit_at.get(job.id) == version:
                 turn.skip(job)
                 continue
-            held = job.id in self.holds
+            # A job is tried again only once the capacity version moved, and then every job behind it is too: what
+            # it held and did not take needs no announcement.
             result = turn.consider(job)
             if isinstance(result, queue.Waiting):
                 self.unfit_at[job.id] = version
@@ -245,8 +246,6 @@ class Cluster:
                     job.message = result.reason
                 continue
             self.unfit_at.pop(job.id, None)
-            if held:  # what it held beyond what it took is free again for the jobs that waited behind it
-                self.nodes.resources_changed()
             turn.took(job, result)
             commands += self._settle(job, lifecycle.place(job, result, self.nodes.info_of, now))
             self.observer.placed(job, max(0.0, now - max(job.created, job.not_before)))
