@@ -12,9 +12,11 @@ WAITING_TO_BE_TRIED = "waiting to be placed"
 
 def queued_job(job, position: int, now: float) -> control_pb2.QueuedJob:
     """One PENDING job of the coordinator's queue, as GetQueue lists it."""
-    reason = job.message or WAITING_TO_BE_TRIED
+    # Only the scheduler's own words: every reader sees the queue, and a job's other messages (how its last
+    # attempt ended) are for those who may read the job.
+    reason = job.message if job.message.startswith("waiting") else WAITING_TO_BE_TRIED
     if job.not_before > now:
-        reason = f"restarting: not placed again for {job.not_before - now:.0f} s (backoff); {reason}"
+        reason = f"restarting: not placed again for {job.not_before - now:.0f} s (backoff)"
     return control_pb2.QueuedJob(position=position, id=job.id, name=job.spec.name, owner=job.owner,
                                  priority=job.priority, rank=job.rank, tasks=len(job.tasks),
                                  gpus=sum(job.spec.gpus_for(t.type) for t in job.tasks), reason=reason,

@@ -220,3 +220,21 @@ def test_metrics_count_the_queue_by_class_and_the_wait_until_a_job_first_runs():
     assert 'tfcluster_job_queue_wait_seconds_count{priority="normal"} 1.0' in text
     assert 'tfcluster_job_queue_wait_seconds_bucket{le="60.0",priority="low"} 0.0' in text
     assert 'tfcluster_job_queue_wait_seconds_bucket{le="300.0",priority="low"} 1.0' in text
+
+
+def test_the_queue_shows_the_schedulers_reasons_and_nothing_a_job_printed():
+    from tfcluster.queuewire import queued_job
+
+    sim = sim_with("[users.alice]\ngpus = 1\n", info("n1", 2))
+    submit(sim, "alice")
+    held = submit(sim, "alice", gpus=1, name="held")
+    entry = queued_job(held, 1, sim.now + 5)
+    assert (entry.position, entry.id, entry.owner, entry.priority, entry.rank, entry.tasks, entry.gpus) == \
+        (1, held.id, "alice", "normal", 50, 1, 1)
+    assert entry.reason == "waiting: alice's quota of 1 GPU is in use (1 running + 1 asked)"
+    assert entry.waiting_since == held.created
+    held.message = "worker:0 exited with code 1: Traceback ... secret"  # as a restarted job's message may say
+    held.not_before = sim.now + 30
+    assert queued_job(held, 1, sim.now).reason == "restarting: not placed again for 30 s (backoff)"
+    held.not_before = 0.0
+    assert queued_job(held, 1, sim.now).reason == "waiting to be placed"
