@@ -242,8 +242,7 @@ class Cluster:
             result = turn.consider(job)
             if isinstance(result, queue.Waiting):
                 self.unfit_at[job.id] = version
-                if job.message != result.reason:  # the same reason again need not be written again
-                    job.message = result.reason
+                lifecycle.waits(job, result.reason)
                 continue
             self.unfit_at.pop(job.id, None)
             turn.took(job, result)
