@@ -251,7 +251,8 @@ class Cluster:
         return commands
 
     def usage(self, now: float) -> queue.Usage:
-        """Owners' GPU-hours, for fair share and GPU-hour quotas: estimated from the jobs kept here."""
+        """Owners' GPU-hours, for fair share and GPU-hour quotas: the queue's one source of them. Estimated from
+        the jobs kept here (queue.usage_of_jobs); a ledger of what tasks used can answer instead."""
         return queue.usage_of_jobs(self.jobs.values(), self.policy, now)
 
     def set_policy(self, policy: Policy) -> None:
