@@ -7,7 +7,9 @@ from __future__ import annotations
 import json
 import os
 import signal
+import ssl
 import subprocess
+import urllib.request
 
 import pytest
 
@@ -35,7 +37,8 @@ def cluster(tmp_path_factory):
     (root / "policy.toml").write_text(POLICY)
     cluster = LocalCluster(root=root)
     try:
-        cluster.start_coordinator("--policy", str(root / "policy.toml"))
+        cluster.http = f"127.0.0.1:{free_port()}"
+        cluster.start_coordinator("--policy", str(root / "policy.toml"), "--http-listen", cluster.http)
         cluster.start_agents({"a": {"gpus": 4}})
         for name, groups in (("alice", ["--group", "vision"]), ("bob", [])):
             cluster.cli("ca", "issue", "--dir", str(cluster.ca_dir), "--name", name, "--role", "user", *groups,
@@ -43,6 +46,14 @@ def cluster(tmp_path_factory):
         yield cluster
     finally:
         cluster.teardown()
+
+
+def dashboard(cluster, path):
+    """A dashboard answer as the admin's certificate gets it."""
+    context = ssl.create_default_context(cafile=str(cluster.admin_dir / "ca.crt"))
+    context.load_cert_chain(str(cluster.admin_dir / "client.crt"), str(cluster.admin_dir / "client.key"))
+    with urllib.request.urlopen(f"https://{cluster.http}{path}", context=context, timeout=10) as response:
+        return response.read().decode()
 
 
 def as_user(cluster, name):
@@ -90,6 +101,9 @@ def test_a_job_over_its_owners_quota_waits_with_the_reason_until_a_reload_raises
             entry["reason"]) == (1, second, "alice", "normal", 1, 1, reason)
     table = cluster.cli("queue", check=True).stdout
     assert second in table and "alice" in table and "quota" in table
+    assert json.loads(dashboard(cluster, "/api/queue"))["jobs"][0]["reason"] == reason  # the dashboard's view
+    assert "app.js" in dashboard(cluster, "/queue")
+    assert 'tfcluster_queue_jobs{priority="normal"} 1.0' in dashboard(cluster, "/metrics")
 
     # A policy with a mistake is refused; the one in force stays.
     policy_file = cluster.root / "policy.toml"
