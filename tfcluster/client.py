@@ -142,6 +142,12 @@ class Client:
         """Usage per user and per group over the last window_seconds (0: all the coordinator keeps)."""
         return self._call(self.stub.GetUsage, control_pb2.GetUsageRequest(window_seconds=window_seconds))
 
+    def queue(self, limit: int = 0) -> control_pb2.GetQueueResponse:
+        return self._call(self.stub.GetQueue, control_pb2.GetQueueRequest(limit=limit))
+
+    def policy(self) -> control_pb2.GetPolicyResponse:
+        return self._call(self.stub.GetPolicy, control_pb2.GetPolicyRequest())
+
     def job(self, job_id: str) -> control_pb2.JobStatus:
         return self.status(job_id).jobs[0]
 

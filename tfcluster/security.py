@@ -74,6 +74,8 @@ POLICY: dict[str, Rule] = {
     CONTROL + "RemoveNode": Rule(frozenset({ADMIN}), NAMES),
     CONTROL + "CreateDashboardLogin": Rule(READERS, NAMES),
     CONTROL + "GetUsage": Rule(READERS, NAMES),  # every user's totals, to anyone who may read (fair share is open)
+    CONTROL + "GetQueue": Rule(READERS, NAMES),
+    CONTROL + "GetPolicy": Rule(READERS, NAMES),
 }
 HEALTH_MAX_BYTES = 4 * KIB  # a health check names a service
 # What a server that serves these methods must let gRPC take in at all; the bound per method is checked after.

@@ -21,7 +21,7 @@ from tfcluster.model import (MAX_GPUS_PER_NODE, NODE_NAME_RE, Attempt, CancelLog
                              printable)
 from tfcluster.roles.tfconfig import build_tf_configs
 from tfcluster.spec import JobSpec, RestartPolicy, RoleSpec, validate
-from tfcluster.states import Phase
+from tfcluster.states import JobState, Phase
 
 MAX_TEXT = 4096        # a message, a path, a name of a GPU
 MAX_LOG_TAIL_LINES = 50
@@ -333,9 +333,9 @@ def _exit_fields(target, exit: TaskExit | None) -> None:
         target.signal = exit.signal
 
 
-def job_status(job, usage=None) -> control_pb2.JobStatus:
+def job_status(job, usage=None, queue_position: int = 0) -> control_pb2.JobStatus:
     """A coordinator's job as its status; usage: what it used up to now (accounting.job_usage), else what its
-    ended attempts used."""
+    ended attempts used; queue_position: its place in the queue while PENDING (0: not known here)."""
     message = job.message
     f = job.last_failure
     if f is not None and f.describe() not in message:
@@ -344,7 +344,9 @@ def job_status(job, usage=None) -> control_pb2.JobStatus:
                                    restarts=job.restarts, message=message, created=job.created,
                                    finished=job.finished, evaluator_restarts=job.evaluator_restarts,
                                    preemptions=job.preemptions, uid=job.uid, owner=job.owner,
-                                   priority=job.priority)
+                                   priority=job.priority, queue_position=queue_position, rank=job.rank,
+                                   waiting_since=max(job.created, job.not_before) if job.state == JobState.PENDING
+                                   else 0)
     usage = usage or job.usage
     status.gpu_seconds, status.cpu_seconds = usage.gpu_seconds, usage.cpu_seconds
     status.peak_rss_bytes = usage.peak_rss_bytes
@@ -416,7 +418,8 @@ def job_doc(j: control_pb2.JobStatus) -> dict[str, Any]:
                            "history": [evaluation_doc(e) for e in j.evaluations]},
             "last_failure": failure if j.HasField("last_failure") else None,
             "evaluator_restarts": j.evaluator_restarts, "preemptions": j.preemptions, "uid": j.uid or None,
-            "owner": j.owner, "priority": j.priority,
+            "owner": j.owner, "priority": j.priority, "queue_position": j.queue_position or None,
+            "waiting_since": j.waiting_since or None,
             "usage": {"gpu_seconds": j.gpu_seconds, "cpu_seconds": j.cpu_seconds, "peak_rss_bytes": j.peak_rss_bytes}}
 
 

@@ -20,9 +20,9 @@ COMMAND_MODULES = {
     "dashboard": "cluster", "ca": "cluster", "token": "cluster", "node": "cluster",
     "gc": "node", "coordinator": "daemons", "agent": "daemons",
     "start": "jobs", "plan": "jobs", "status": "jobs", "stop": "jobs", "logs": "jobs",
-    "usage": "usage", "demo": "misc", "version": "misc",
+    "usage": "usage", "queue": "queue", "policy": "queue", "demo": "misc", "version": "misc",
 }
-MODULE_ORDER = ("cluster", "node", "daemons", "jobs", "usage", "misc")
+MODULE_ORDER = ("cluster", "node", "daemons", "jobs", "usage", "queue", "misc")
 
 
 def load_commands(argv: list[str]):

@@ -100,12 +100,17 @@ def coordinator(
                                        help="UIDs the jobs' tasks run as, one per job and the same on every node "
                                             "(no passwd entry needed); keep it clear of the UIDs and GIDs your "
                                             "hosts and shared storage give to people and services."),
+    policy: Optional[Path] = typer.Option(None, metavar="FILE",
+                                          help="A policy file (TOML): priority classes, who may use them, and "
+                                               "quotas per user and group; reloaded on SIGHUP "
+                                               "[default: none: one class, no quotas, first come first placed]."),
     log_level: str = LogLevelOpt,
     log_format: str = LogFormatOpt,
 ) -> None:
     """Run the coordinator: registrations, scheduling, job state."""
     import sqlite3
 
+    from tfcluster.daemon.coordinator.policy import PolicyError
     from tfcluster.daemon.coordinator.process import serve
     from tfcluster.daemon.coordinator.service import CoordinatorServer
     from tfcluster.daemon.coordinator.store import Conflict, StoreUrlError
@@ -135,8 +140,10 @@ def coordinator(
                                    keep_finished_jobs=keep_finished_jobs, keep_finished_seconds=keep_for,
                                    node_cert_seconds=node_cert_seconds, http_listen=http_listen or "",
                                    task_uids=task_uids, store_url=store or "",
-                                   keep_usage_seconds=keep_usage_seconds)
+                                   keep_usage_seconds=keep_usage_seconds, policy_path=policy)
         serve(server)
+    except PolicyError as e:
+        fail(f"--policy: {e}", 2)
     except StoreUrlError as e:
         fail(str(e), 2)
     except Conflict as e:

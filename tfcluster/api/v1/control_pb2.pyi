@@ -214,7 +214,7 @@ class Failure(_message.Message):
     def __init__(self, task: _Optional[str] = ..., node: _Optional[str] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., message: _Optional[str] = ..., log_tail: _Optional[_Iterable[str]] = ..., time: _Optional[float] = ..., description: _Optional[str] = ...) -> None: ...
 
 class JobStatus(_message.Message):
-    __slots__ = ("id", "name", "state", "strategy", "restarts", "tasks", "message", "created", "finished", "last_evaluation", "evaluations", "last_failure", "evaluator_restarts", "preemptions", "uid", "owner", "priority", "gpu_seconds", "cpu_seconds", "peak_rss_bytes")
+    __slots__ = ("id", "name", "state", "strategy", "restarts", "tasks", "message", "created", "finished", "last_evaluation", "evaluations", "last_failure", "evaluator_restarts", "preemptions", "uid", "owner", "priority", "gpu_seconds", "cpu_seconds", "peak_rss_bytes", "queue_position", "waiting_since", "rank")
     ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -235,6 +235,9 @@ class JobStatus(_message.Message):
     GPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
     CPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
     PEAK_RSS_BYTES_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_POSITION_FIELD_NUMBER: _ClassVar[int]
+    WAITING_SINCE_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
     id: str
     name: str
     state: str
@@ -255,7 +258,10 @@ class JobStatus(_message.Message):
     gpu_seconds: float
     cpu_seconds: float
     peak_rss_bytes: int
-    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[str] = ..., strategy: _Optional[str] = ..., restarts: _Optional[int] = ..., tasks: _Optional[_Iterable[_Union[TaskStatus, _Mapping]]] = ..., message: _Optional[str] = ..., created: _Optional[float] = ..., finished: _Optional[float] = ..., last_evaluation: _Optional[_Union[EvaluationResult, _Mapping]] = ..., evaluations: _Optional[_Iterable[_Union[EvaluationResult, _Mapping]]] = ..., last_failure: _Optional[_Union[Failure, _Mapping]] = ..., evaluator_restarts: _Optional[int] = ..., preemptions: _Optional[int] = ..., uid: _Optional[int] = ..., owner: _Optional[str] = ..., priority: _Optional[str] = ..., gpu_seconds: _Optional[float] = ..., cpu_seconds: _Optional[float] = ..., peak_rss_bytes: _Optional[int] = ...) -> None: ...
+    queue_position: int
+    waiting_since: float
+    rank: int
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[str] = ..., strategy: _Optional[str] = ..., restarts: _Optional[int] = ..., tasks: _Optional[_Iterable[_Union[TaskStatus, _Mapping]]] = ..., message: _Optional[str] = ..., created: _Optional[float] = ..., finished: _Optional[float] = ..., last_evaluation: _Optional[_Union[EvaluationResult, _Mapping]] = ..., evaluations: _Optional[_Iterable[_Union[EvaluationResult, _Mapping]]] = ..., last_failure: _Optional[_Union[Failure, _Mapping]] = ..., evaluator_restarts: _Optional[int] = ..., preemptions: _Optional[int] = ..., uid: _Optional[int] = ..., owner: _Optional[str] = ..., priority: _Optional[str] = ..., gpu_seconds: _Optional[float] = ..., cpu_seconds: _Optional[float] = ..., peak_rss_bytes: _Optional[int] = ..., queue_position: _Optional[int] = ..., waiting_since: _Optional[float] = ..., rank: _Optional[int] = ...) -> None: ...
 
 class GetStatusResponse(_message.Message):
     __slots__ = ("nodes", "jobs", "summary")
@@ -426,3 +432,57 @@ class GetUsageResponse(_message.Message):
     until: float
     horizon_seconds: float
     def __init__(self, users: _Optional[_Iterable[_Union[UsageTotals, _Mapping]]] = ..., groups: _Optional[_Iterable[_Union[UsageTotals, _Mapping]]] = ..., since: _Optional[float] = ..., until: _Optional[float] = ..., horizon_seconds: _Optional[float] = ...) -> None: ...
+
+class GetQueueRequest(_message.Message):
+    __slots__ = ("limit",)
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    limit: int
+    def __init__(self, limit: _Optional[int] = ...) -> None: ...
+
+class QueuedJob(_message.Message):
+    __slots__ = ("position", "id", "name", "owner", "priority", "rank", "tasks", "gpus", "reason", "waiting_since", "not_before")
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    TASKS_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    WAITING_SINCE_FIELD_NUMBER: _ClassVar[int]
+    NOT_BEFORE_FIELD_NUMBER: _ClassVar[int]
+    position: int
+    id: str
+    name: str
+    owner: str
+    priority: str
+    rank: int
+    tasks: int
+    gpus: int
+    reason: str
+    waiting_since: float
+    not_before: float
+    def __init__(self, position: _Optional[int] = ..., id: _Optional[str] = ..., name: _Optional[str] = ..., owner: _Optional[str] = ..., priority: _Optional[str] = ..., rank: _Optional[int] = ..., tasks: _Optional[int] = ..., gpus: _Optional[int] = ..., reason: _Optional[str] = ..., waiting_since: _Optional[float] = ..., not_before: _Optional[float] = ...) -> None: ...
+
+class GetQueueResponse(_message.Message):
+    __slots__ = ("jobs", "total")
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    jobs: _containers.RepeatedCompositeFieldContainer[QueuedJob]
+    total: int
+    def __init__(self, jobs: _Optional[_Iterable[_Union[QueuedJob, _Mapping]]] = ..., total: _Optional[int] = ...) -> None: ...
+
+class GetPolicyRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetPolicyResponse(_message.Message):
+    __slots__ = ("text", "source", "loaded_at")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    LOADED_AT_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    source: str
+    loaded_at: float
+    def __init__(self, text: _Optional[str] = ..., source: _Optional[str] = ..., loaded_at: _Optional[float] = ...) -> None: ...

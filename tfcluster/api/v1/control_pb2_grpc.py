@@ -95,6 +95,16 @@ class ControlServiceStub:
                 request_serializer=tfcluster_dot_v1_dot_control__pb2.GetUsageRequest.SerializeToString,
                 response_deserializer=tfcluster_dot_v1_dot_control__pb2.GetUsageResponse.FromString,
                 _registered_method=True)
+        self.GetQueue = channel.unary_unary(
+                '/tfcluster.v1.ControlService/GetQueue',
+                request_serializer=tfcluster_dot_v1_dot_control__pb2.GetQueueRequest.SerializeToString,
+                response_deserializer=tfcluster_dot_v1_dot_control__pb2.GetQueueResponse.FromString,
+                _registered_method=True)
+        self.GetPolicy = channel.unary_unary(
+                '/tfcluster.v1.ControlService/GetPolicy',
+                request_serializer=tfcluster_dot_v1_dot_control__pb2.GetPolicyRequest.SerializeToString,
+                response_deserializer=tfcluster_dot_v1_dot_control__pb2.GetPolicyResponse.FromString,
+                _registered_method=True)
 
 
 class ControlServiceServicer:
@@ -184,6 +194,20 @@ class ControlServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetQueue(self, request, context):
+        """The PENDING jobs in the order they will be placed, each with why it waits.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetPolicy(self, request, context):
+        """The policy in force (`tfcluster coordinator --policy`): its text, where and when it was loaded.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControlServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -246,6 +270,16 @@ def add_ControlServiceServicer_to_server(servicer, server):
                     servicer.GetUsage,
                     request_deserializer=tfcluster_dot_v1_dot_control__pb2.GetUsageRequest.FromString,
                     response_serializer=tfcluster_dot_v1_dot_control__pb2.GetUsageResponse.SerializeToString,
+            ),
+            'GetQueue': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetQueue,
+                    request_deserializer=tfcluster_dot_v1_dot_control__pb2.GetQueueRequest.FromString,
+                    response_serializer=tfcluster_dot_v1_dot_control__pb2.GetQueueResponse.SerializeToString,
+            ),
+            'GetPolicy': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetPolicy,
+                    request_deserializer=tfcluster_dot_v1_dot_control__pb2.GetPolicyRequest.FromString,
+                    response_serializer=tfcluster_dot_v1_dot_control__pb2.GetPolicyResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -572,6 +606,60 @@ class ControlService:
             '/tfcluster.v1.ControlService/GetUsage',
             tfcluster_dot_v1_dot_control__pb2.GetUsageRequest.SerializeToString,
             tfcluster_dot_v1_dot_control__pb2.GetUsageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetQueue(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tfcluster.v1.ControlService/GetQueue',
+            tfcluster_dot_v1_dot_control__pb2.GetQueueRequest.SerializeToString,
+            tfcluster_dot_v1_dot_control__pb2.GetQueueResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetPolicy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tfcluster.v1.ControlService/GetPolicy',
+            tfcluster_dot_v1_dot_control__pb2.GetPolicyRequest.SerializeToString,
+            tfcluster_dot_v1_dot_control__pb2.GetPolicyResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -13,10 +13,10 @@ hands every job it changed to _settle, which tells each of them.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from tfcluster import strategies
-from tfcluster.daemon.coordinator import accounting, checkpoints, lifecycle, taskusers
+from tfcluster.daemon.coordinator import accounting, checkpoints, lifecycle, queue, taskusers
 from tfcluster.daemon.coordinator.changelog import ChangeLog, UsageDropped, UsageRecorded
 from tfcluster.daemon.coordinator.job import Job
 from tfcluster.daemon.coordinator.jobs import KEEP_FINISHED_JOBS, KEEP_FINISHED_SECONDS, Jobs
@@ -24,6 +24,7 @@ from tfcluster.daemon.coordinator.launch import launch
 from tfcluster.daemon.coordinator.node import Node
 from tfcluster.daemon.coordinator.nodes import Nodes
 from tfcluster.daemon.coordinator.observer import Observer
+from tfcluster.daemon.coordinator.policy import NO_POLICY, Policy
 from tfcluster.daemon.coordinator.reconcile import reconcile_node
 from tfcluster.daemon.coordinator.scheduler import NodeCapacity, TaskPlacement, Unfit, place
 from tfcluster.daemon.logformat import fields
@@ -69,6 +70,8 @@ class Cluster:
             UsageRecorded(entry) if recorded else UsageDropped(entry.job_id)))
         self.resend_after = resend_after_seconds
         self.unfit_at: dict[str, int] = {}  # PENDING job -> capacity version at which it last did not fit
+        self.policy: Policy = NO_POLICY  # classes and quotas (policy.py); none: first come, first placed
+        self.holds: dict[str, queue.Hold] = {}  # waiting job at the head of its class -> what it holds
         self.full_schedule_at = 0.0
         self.observer = Observer()  # the metrics, when the daemon serves them
 
@@ -171,56 +174,110 @@ class Cluster:
 
     def submit(self, spec: JobSpec, now: float, request_id: str = "", owner: str = "",
                groups: tuple[str, ...] = ()) -> tuple[Job, list[Command]]:
-        """Accepts a job (PENDING, then placed at once if it fits) or raises Unplaceable. A submission
-        retried with the same request id gets the job of the first. owner and groups: the submitter's."""
+        """Accepts a job (PENDING, then placed at once if it fits) or raises Unplaceable, or ClassRefused
+        (policy.py) for a priority class the owner may not have. A submission retried with the same request id
+        gets the job of the first. owner and groups: the submitter's."""
         earlier = self.jobs.by_request(request_id)
         if earlier is not None:
             return earlier, []
         capacity = self.capacity(now)
         spec = strategies.resolve(spec, {n.name: n.free_gpus for n in capacity} if spec.strategy == "auto" else None)
+        chosen = self.policy.resolve(spec.priority, owner, groups)
         never = place(spec, [self.nodes.idle(n.name) for n in capacity])
         if isinstance(never, Unfit):
             raise Unplaceable(never.reason)
+        over = queue.never_within_quota(spec, self.policy.subjects(owner, groups))
+        if over:
+            raise Unplaceable(over)
         try:
             job = self.jobs.new(spec, request_id, now, owner, groups)
         except taskusers.RangeExhausted as e:
             raise Unplaceable(str(e)) from None
+        job.priority, job.rank, job.preemptible = chosen.name, chosen.value, chosen.preemptible
         return job, self.schedule(now)
 
     def schedule(self, now: float) -> list[Command]:
-        """Places every PENDING job that fits now, oldest first, and tasks that lost their node. A job that
-        did not fit is tried again only once resources may have changed."""
+        """Places tasks that lost their node, then the PENDING jobs that fit now in queue order (queue.py). A
+        job that did not fit is tried again only once resources may have changed (or the policy did)."""
         version = self.nodes.capacity_version
-        waiting = [j for j in self.jobs.live.values()
-                   if (j.state == JobState.PENDING and j.not_before <= now) or lifecycle.unplaced_tasks(j, now)]
-        waiting = [j for j in waiting if self.unfit_at.get(j.id) != version]
-        if not waiting:
+        pending, repairs = [], []
+        for job in self.jobs.live.values():
+            if job.state == JobState.PENDING and job.not_before <= now:
+                pending.append(job)
+            elif lifecycle.unplaced_tasks(job, now) and self.unfit_at.get(job.id) != version:
+                repairs.append(job)
+        if not repairs and all(self.unfit_at.get(j.id) == version for j in pending):
             return []
         capacity = {n.name: n for n in self.capacity(now)}
         commands: list[Command] = []
-        for job in waiting:
-            unplaced = lifecycle.unplaced_tasks(job, now)
-            if unplaced:
-                result = place(job.spec, list(capacity.values()), only={(t.type, t.index) for t in unplaced})
-            else:
-                result = place(job.spec, list(capacity.values()),
-                               previous={(t.type, t.index): (t.node, t.port) for t in job.tasks if t.node})
-            if isinstance(result, Unfit):
+        for job in repairs:
+            commands += self._place_lost_tasks(job, capacity, version, now)
+        if pending:
+            commands += self._place_queue(pending, capacity, version, now)
+        return commands
+
+    def _place_lost_tasks(self, job: Job, capacity: dict[str, NodeCapacity], version: int,
+                          now: float) -> list[Command]:
+        """A running job's tasks whose node was lost go elsewhere first: the job already holds its place."""
+        unplaced = lifecycle.unplaced_tasks(job, now)
+        result = place(job.spec, list(capacity.values()), only={(t.type, t.index) for t in unplaced})
+        if isinstance(result, Unfit):
+            self.unfit_at[job.id] = version
+            return []
+        self.unfit_at.pop(job.id, None)
+        for p in result:  # what this job now holds is not free for the next one
+            capacity[p.node] = capacity[p.node].taking(p)
+        return self._settle(job, lifecycle.place_again(job, result, self.nodes.info_of, now))
+
+    def _place_queue(self, pending: list[Job], capacity: dict[str, NodeCapacity], version: int,
+                     now: float) -> list[Command]:
+        usage = self.queue_usage(now) if self.policy.source else queue.NO_USAGE
+        turn = queue.QueuePass(capacity, self.holds, queue.Holdings(self.policy, self.jobs.live.values()), usage,
+                               self.nodes.idle)
+        commands: list[Command] = []
+        for job in queue.order(pending, usage.shares):
+            if self.unfit_at.get(job.id) == version:
+                turn.skip(job)
+                continue
+            # A job is tried again only once the capacity version moved, and then every job behind it is too: what
+            # it held and did not take needs no announcement.
+            result = turn.consider(job)
+            if isinstance(result, queue.Waiting):
                 self.unfit_at[job.id] = version
-                if not unplaced:
-                    lifecycle.unplaceable(job, result.reason, never=False, now=now)
+                lifecycle.waits(job, result.reason)
                 continue
             self.unfit_at.pop(job.id, None)
-            if unplaced:
-                commands += self._settle(job, lifecycle.place_again(job, result, self.nodes.info_of, now))
-            else:
-                commands += self._settle(job, lifecycle.place(job, result, self.nodes.info_of, now))
-                self.observer.placed(job, max(0.0, now - max(job.created, job.not_before)))
-            for p in result:  # what this job now holds is not free for the next one
-                n = capacity[p.node]
-                capacity[p.node] = replace(n, used_gpus=n.used_gpus | {g.index for g in p.gpus},
-                                           used_ports=n.used_ports | {p.port}, used_memory=n.used_memory + p.memory)
+            turn.took(job, result)
+            commands += self._settle(job, lifecycle.place(job, result, self.nodes.info_of, now))
+            self.observer.placed(job, max(0.0, now - max(job.created, job.not_before)))
         return commands
+
+    def queue_usage(self, now: float) -> queue.Usage:
+        """Owners' GPU-hours as the queue needs them, from the usage ledger (accounting.py): fair share decayed
+        with the policy's half-life, and the GPU-hours of each quota's window."""
+        used: dict[str, float] = {}
+        windows = self.policy.gpu_hour_windows()
+        for seconds in set(windows.values()):
+            totals = self.gpu_hours_since(now - seconds, now)
+            used.update({key: totals.get(key, 0.0) for key, window in windows.items() if window == seconds})
+        return queue.Usage(shares=self.fair_share(now, self.policy.fair_share_half_life), used_gpu_hours=used)
+
+    def set_policy(self, policy: Policy) -> None:
+        """A policy (re)loaded: new submissions are resolved against it, and every waiting job is tried again
+        under its quotas (jobs keep the class they were given)."""
+        self.policy = policy
+        self.holds.clear()
+        self.nodes.resources_changed()
+
+    def queue_order(self, now: float) -> list[Job]:
+        """The PENDING jobs in the order they are placed (those in a restart's backoff included)."""
+        pending = [j for j in self.jobs.live.values() if j.state == JobState.PENDING]
+        shares = self.fair_share(now, self.policy.fair_share_half_life) if self.policy.source and pending else {}
+        return queue.order(pending, shares)
+
+    def queue_positions(self, now: float) -> dict[str, int]:
+        """PENDING job -> its place in the queue (1: placed next)."""
+        return {job.id: n for n, job in enumerate(self.queue_order(now), 1)}
 
     def report(self, node_name: str, report: TaskReport, now: float) -> list[Command]:
         """Applies an agent's task report; a running attempt nobody wants is told to stop."""
@@ -237,7 +294,11 @@ class Cluster:
                 return [_stop_unwanted(node_name, a, job)]
             return []
         if report.phase == Phase.RUNNING:
-            return self._settle(job, lifecycle.running(job, task, report.pid, report.listening, now))
+            was = job.state
+            commands = self._settle(job, lifecycle.running(job, task, report.pid, report.listening, now))
+            if was != JobState.RUNNING and job.state == JobState.RUNNING and not job.restarts and not job.preemptions:
+                self.observer.started(job, max(0.0, now - job.created))
+            return commands
         exit = report.exit or TaskExit(message="ended without a report of how")
         if exit.busy_port:
             self.nodes.port_busy(node_name, exit.busy_port, now + BUSY_PORT_AVOID_SECONDS)
@@ -309,6 +370,7 @@ class Cluster:
         the usage ledger's entries older than --keep-usage-for."""
         for job in self.jobs.prune(now):
             self.unfit_at.pop(job.id, None)
+            self.holds.pop(job.id, None)
         self.usage.prune(now)
 
     # ---- accounting ----------------------------------------------------------------------------
@@ -352,6 +414,7 @@ class Cluster:
                 self.usage.record(entry)
             self.observer.ended(job)
             self.unfit_at.pop(job.id, None)
+            self.holds.pop(job.id, None)
             self.nodes.resources_changed()
         self.nodes.track(job)
         return commands

@@ -1,7 +1,7 @@
 """The coordinator's read-only web dashboard, on the listener that serves /metrics (`--http-listen`).
 
-Pages (every view has its own address): the job list at `/`, a job at `/jobs/<id>`, the nodes at `/nodes`, a
-task's log at `/jobs/<id>/tasks/<type>:<index>/log`. Each is the same small page shell; its script fetches the
+Pages (every view has its own address): the job list at `/`, a job at `/jobs/<id>`, the nodes at `/nodes`, the
+queue at `/queue`, a task's log at `/jobs/<id>/tasks/<type>:<index>/log`. Each is the same small page shell; its script fetches the
 JSON API below and refreshes it every few seconds. Every API answer is one bounded page (filtered, with a token
 for the next), built from the model on the event loop that owns it, in the representation `status --json`
 uses (wire.py), so the dashboard stays fast with thousands of nodes and jobs.
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from tfcluster import __version__, wire
+from tfcluster import __version__, queuewire, wire
 from tfcluster.api.v1 import control_pb2
 from tfcluster.daemon.coordinator import access, status
 from tfcluster.daemon.coordinator.accounting import job_usage
@@ -33,12 +33,13 @@ from tfcluster.pki import Identity
 from tfcluster.states import JobState, NodeState
 
 STATIC = Path(__file__).resolve().parent / "static"
-PAGES = ("/", "/nodes", "/jobs/{job_id}", "/jobs/{job_id}/tasks/{task}/log")
+PAGES = ("/", "/nodes", "/queue", "/jobs/{job_id}", "/jobs/{job_id}/tasks/{task}/log")
+QUEUE_SHOWN = 500  # the queue page lists the first jobs of the queue (and says how many wait in all)
 API_PAGE = 50
 API_MAX_PAGE = 500
 LOG_TAIL_LINES = 500  # the log view starts with this many lines, then follows
 MAX_TAIL_LINES = 100_000
-NEXT_PAGE = re.compile(r"/(nodes|jobs/[A-Za-z0-9._~%-]+)?")  # where a login link may lead
+NEXT_PAGE = re.compile(r"/(nodes|queue|jobs/[A-Za-z0-9._~%-]+)?")  # where a login link may lead
 
 
 def _finite(value):
@@ -71,6 +72,7 @@ class Dashboard:
         router.add_get("/api/jobs", self._jobs)
         router.add_get("/api/jobs/{job_id}", self._job)
         router.add_get("/api/nodes", self._nodes)
+        router.add_get("/api/queue", self._queue)
         router.add_get("/api/jobs/{job_id}/tasks/{task}/log", self._log)
 
     # ---- getting in --------------------------------------------------------------------------------
@@ -124,8 +126,16 @@ class Dashboard:
                               "next": str(page[-1].number) if more else ""})
 
     async def _job(self, request: web.Request) -> web.Response:
-        job = self._readable_job(request)
-        return json_response(wire.job_doc(wire.job_status(job, job_usage(job, self.c.clock()))))
+        job, now = self._readable_job(request), self.c.clock()
+        position = self.c.cluster.queue_positions(now).get(job.id, 0) if job.state == JobState.PENDING else 0
+        return json_response(wire.job_doc(wire.job_status(job, job_usage(job, now), position)))
+
+    async def _queue(self, request: web.Request) -> web.Response:
+        """The pending jobs in queue order, as `tfcluster queue --json` prints them."""
+        now = self.c.clock()
+        order = self.c.cluster.queue_order(now)
+        shown = [queuewire.queued_job(job, n, now) for n, job in enumerate(order[:QUEUE_SHOWN], 1)]
+        return json_response(queuewire.queue_doc(control_pb2.GetQueueResponse(jobs=shown, total=len(order)), now))
 
     async def _nodes(self, request: web.Request) -> web.Response:
         c = self.c.cluster

@@ -338,5 +338,12 @@ def unplaceable(job: Job, reason: str, never: bool, now: float) -> None:
         job.move(JobState.FAILED)
         job.message, job.finished = f"cannot ever be placed: {reason}", now
     else:
-        job.message = f"waiting for resources: {reason}"
+        waits(job, f"waiting for resources: {reason}")
+
+
+def waits(job: Job, reason: str) -> None:
+    """A PENDING job stays in the queue for this reason (queue.py words it); the same reason again is not
+    written again."""
+    if job.message != reason:
+        job.message = reason
 

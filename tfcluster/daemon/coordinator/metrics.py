@@ -52,6 +52,9 @@ class CoordinatorMetrics(Observer):
         self.placement = Histogram("tfcluster_job_placement_wait_seconds", "How long a job waited to be placed, "
                                    "from submission (or from when a restart may place it).",
                                    buckets=PLACEMENT_BUCKETS, registry=r)
+        self.queue_wait = Histogram("tfcluster_job_queue_wait_seconds", "How long jobs waited from submission until "
+                                    "they first ran (every task up), by priority class (\"\" without a policy).",
+                                    ["priority"], buckets=PLACEMENT_BUCKETS, registry=r)
         self.store_seconds = Histogram("tfcluster_store_write_seconds", "Time to write one batch of changes to "
                                        "the state database.", buckets=STORE_BUCKETS, registry=r)
         self.store_errors = CounterMetric("tfcluster_store_write_errors", "Batches of changes that could not be "
@@ -68,6 +71,9 @@ class CoordinatorMetrics(Observer):
 
     def placed(self, job: Job, waited_seconds: float) -> None:
         self.placement.observe(waited_seconds)
+
+    def started(self, job: Job, waited_seconds: float) -> None:
+        self.queue_wait.labels(job.priority).observe(waited_seconds)
 
     def restarted(self, job: Job, cause: str) -> None:
         self.restarts.labels(cause).inc()
@@ -122,6 +128,12 @@ class ModelCollector(Collector):
         for strategy in sorted(set(STRATEGIES) | {s for _, s in jobs}):
             for state in JobState:
                 family.add_metric([state.value, strategy], jobs[(state, strategy)])
+        yield family
+        pending = Counter(j.priority for j in self.cluster.jobs.live.values() if j.state == JobState.PENDING)
+        family = GaugeMetricFamily("tfcluster_queue_jobs", "PENDING jobs (the queue), by priority class (\"\" "
+                                   "without a policy).", labels=["priority"])
+        for priority in sorted((set(self.cluster.policy.classes) or {""}) | set(pending)):
+            family.add_metric([priority], pending[priority])
         yield family
         tasks = Counter(t.state for j in self.cluster.jobs.live.values() for t in j.tasks)
         family = GaugeMetricFamily("tfcluster_tasks", "Tasks of jobs that have not ended, by state.",

@@ -14,6 +14,9 @@ class Observer:
     def placed(self, job: Job, waited_seconds: float) -> None:
         """A job was placed, having waited this long since it was submitted or may restart."""
 
+    def started(self, job: Job, waited_seconds: float) -> None:
+        """A job ran for the first time (every task up), this long after it was submitted."""
+
     def restarted(self, job: Job, cause: str) -> None:
         """A job restarted (all of it, some tasks, or its evaluator) for one of restart.CAUSES."""
 

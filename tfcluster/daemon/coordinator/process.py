@@ -63,7 +63,8 @@ def tell_systemd_ready(server: CoordinatorServer, notifier: Notifier) -> asyncio
 
 
 def serve(server: CoordinatorServer, notifier: Notifier | None = None) -> None:
-    """Serves until SIGTERM or SIGINT, then shuts down (the last changes are written). Tells systemd when it
+    """Serves until SIGTERM or SIGINT, then shuts down (the last changes are written); SIGHUP reloads the policy
+    file. Tells systemd when it
     is ready, how it is doing and when it stops (see notify.py). Raises the store's Conflict when another
     coordinator wrote to the store: this one stopped acting at once, and must not run on."""
     notifier = notifier or Notifier.from_environment()
@@ -76,6 +77,7 @@ def serve(server: CoordinatorServer, notifier: Notifier | None = None) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(signal.SIGHUP, server.reload_policy)  # on the loop: the model is never shared
         server.coordinator.persistence.on_fenced = stop.set
         await stop.wait()
         notifier.stopping("stopping: writing the last changes")

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, replace
 
 from tfcluster.model import ROLE_TYPES, Gpu, size_text
 from tfcluster.spec import JobSpec
@@ -41,6 +41,11 @@ class NodeCapacity:
 
     def idle(self) -> "NodeCapacity":
         return NodeCapacity(self.name, self.address, self.gpus, self.port_range, memory_bytes=self.memory_bytes)
+
+    def taking(self, p: "TaskPlacement") -> "NodeCapacity":
+        """This node once the task placed here holds its GPUs, port and memory."""
+        return replace(self, used_gpus=self.used_gpus | {g.index for g in p.gpus}, used_ports=self.used_ports | {p.port},
+                       used_memory=self.used_memory + p.memory)
 
     @property
     def free_gpus(self) -> int:
@@ -104,11 +109,13 @@ def task_list(spec: JobSpec) -> list[tuple[str, int]]:
 
 def place(spec: JobSpec, nodes: list[NodeCapacity],
           previous: dict[tuple[str, int], tuple[str, int]] | None = None,
-          only: set[tuple[str, int]] | None = None) -> list[TaskPlacement] | Unfit:
+          only: set[tuple[str, int]] | None = None,
+          prefer: Mapping[str, int] | None = None) -> list[TaskPlacement] | Unfit:
     """Places every task of spec (or only those named) on nodes, or says why it cannot.
 
     previous (task -> (node, port)) is tried first, so a restarted group lands where it was, on the same
-    addresses when they are free."""
+    addresses when they are free. prefer (node -> score, higher first) replaces the nodes' free GPUs as the
+    order nodes are tried in (the queue holds capacity where GPUs are free now, not on idle nodes)."""
     by_name = {n.name: n for n in nodes}
     for role_type in ROLE_TYPES if only is None else ():  # re-placing a task uses the pinned nodes left
         for pinned in spec.role(role_type).nodes:
@@ -117,7 +124,7 @@ def place(spec: JobSpec, nodes: list[NodeCapacity],
                              f"(ready: {_names(sorted(by_name)) or 'none'})")
     if not nodes:
         return Unfit("no ready nodes")
-    return _Search(spec, nodes, by_name, previous or {}, only).run()
+    return _Search(spec, nodes, by_name, previous or {}, only, prefer).run()
 
 
 class _Search:
@@ -126,7 +133,8 @@ class _Search:
     SEARCH_BUDGET, and iterative, so a job of thousands of tasks needs no deep recursion."""
 
     def __init__(self, spec: JobSpec, nodes: list[NodeCapacity], by_name: dict[str, NodeCapacity],
-                 previous: dict[tuple[str, int], tuple[str, int]], only: set[tuple[str, int]] | None):
+                 previous: dict[tuple[str, int], tuple[str, int]], only: set[tuple[str, int]] | None,
+                 prefer: Mapping[str, int] | None = None):
         self.spec, self.by_name, self.previous = spec, by_name, previous
         self.slots: dict[str, _Slot] = {}
         all_names = sorted(by_name)
@@ -139,7 +147,7 @@ class _Search:
         self.tasks.sort(key=lambda t: (len(self.candidates[t[0]]), -spec.gpus_for(t[0]), -spec.memory_for(t[0])))
         # Nodes in preference order for a task no other task of the job is on yet: most GPUs free, then by
         # name (a stable sort of names already in order).
-        free = {n.name: n.free_gpus for n in nodes}
+        free = prefer if prefer is not None else {n.name: n.free_gpus for n in nodes}
         self.base = {r: sorted(self.candidates[r], key=lambda n: -free[n]) for r in {t[0] for t in self.tasks}}
         self.assignment: dict[tuple[str, int], TaskPlacement] = {}
 

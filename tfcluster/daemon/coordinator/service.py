@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import datetime
 import logging
+import time
 import urllib.parse
 from pathlib import Path
 
@@ -18,7 +19,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
-from tfcluster import __version__, pki, security, wire
+from tfcluster import __version__, pki, queuewire, security, wire
 from tfcluster.api.v1 import agent_pb2_grpc, control_pb2, control_pb2_grpc
 from tfcluster.auth import async_server_interceptors
 from tfcluster.daemon.coordinator import access, accounting, status
@@ -30,12 +31,14 @@ from tfcluster.daemon.coordinator.job import Job, Task
 from tfcluster.daemon.coordinator.joinport import JoinLimiter, join_server
 from tfcluster.daemon.coordinator.launch import command_for
 from tfcluster.daemon.coordinator.metrics import CoordinatorMetrics
+from tfcluster.daemon.coordinator.policy import ClassRefused, Policy, PolicyError, parse
 from tfcluster.daemon.coordinator.server import Coordinator, build
 from tfcluster.daemon.coordinator.watch import TooManyWatchers
 from tfcluster.daemon.logformat import fields
 from tfcluster.daemon.web import WebListener, parse_listen
 from tfcluster.model import NODE_NAME_RE
 from tfcluster.spec import SpecError
+from tfcluster.states import JobState
 
 log = logging.getLogger("tfcluster.coordinator")
 
@@ -55,7 +58,7 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
             who = security.caller()
             job, commands = self.c.cluster.submit(spec, self.c.clock(), request.client_request_id[:128],
                                                   owner=who.name if who else "", groups=who.groups if who else ())
-        except SpecError as e:
+        except (SpecError, ClassRefused) as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         except Unplaceable as e:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"job cannot ever be placed: {e}")
@@ -104,8 +107,7 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
         running, memory, now = self.c.running_tasks(), self.c.memory_allocated(), self.c.clock()
         response = control_pb2.GetStatusResponse(summary=control_pb2.ClusterSummary(**status.summary(c)))
         response.nodes.extend(wire.node_status(n, running[n.name], now, memory.get(n.name, 0)) for n in nodes)
-        encode = access.job_status_for(security.caller(), lambda j: _job_status(j, now))
-        job_messages, _ = status.fill(jobs, len(jobs), encode, lambda j: str(j.number), _size)
+        job_messages, _ = status.fill(jobs, len(jobs), self._encoder(), lambda j: str(j.number), _size)
         response.jobs.extend(job_messages)
         response.summary.nodes_shown, response.summary.jobs_shown = len(response.nodes), len(response.jobs)
         response.summary.insecure = self.c.authority is None
@@ -165,10 +167,8 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
         except ValueError:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"page_token: not a token: {request.page_token!r}")
         entries = status.jobs(self.c.cluster, after, request.states, request.name, request.node)
-        now = self.c.clock()
-        encode = access.job_status_for(security.caller(), lambda j: _job_status(j, now))
-        jobs, token = status.fill(entries, status.page_size(request.page_size), encode, lambda j: str(j.number),
-                                  _size)
+        jobs, token = status.fill(entries, status.page_size(request.page_size), self._encoder(),
+                                  lambda j: str(j.number), _size)
         return control_pb2.ListJobsResponse(jobs=jobs, next_page_token=token)
 
     async def StreamLogs(self, request, context):
@@ -206,7 +206,7 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
         await self._readable_job(request.job_id, context)
         try:
             views = self.c.watchers.follow(lambda: jobs.get(request.job_id),
-                                           lambda job: _job_status(job, self.c.clock()),
+                                           lambda job: self._encoder([job])(job),
                                            lambda job: job.state.ended)
             async with contextlib.aclosing(views):  # a client gone mid-send ends the watch at once
                 async for job in views:
@@ -223,10 +223,26 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, access.refusal(job))
         return job
 
+    async def GetQueue(self, request, context):
+        now = self.c.clock()
+        order = self.c.cluster.queue_order(now)
+        shown = order[:request.limit] if request.limit else order
+        return control_pb2.GetQueueResponse(jobs=[queuewire.queued_job(job, position, now)
+                                                  for position, job in enumerate(shown, 1)], total=len(order))
 
-def _job_status(job: Job, now: float) -> control_pb2.JobStatus:
-    """A job's status with what it used up to now."""
-    return wire.job_status(job, accounting.job_usage(job, now))
+    async def GetPolicy(self, request, context):
+        return queuewire.policy_response(self.c.cluster.policy)
+
+    def _encoder(self, pending: list[Job] | None = None):
+        """job -> its status as the caller may read it (access.py), with what it used up to now and, while it is
+        PENDING, its place in the queue (worked out only when a job is pending)."""
+        c, now = self.c.cluster, self.c.clock()
+        if any(j.state == JobState.PENDING for j in (c.jobs.live.values() if pending is None else pending)):
+            positions = c.queue_positions(now)
+        else:
+            positions = {}
+        return access.job_status_for(security.caller(), lambda job: wire.job_status(
+            job, accounting.job_usage(job, now), positions.get(job.id, 0)))
 
 
 def _size(message) -> int:
@@ -244,7 +260,8 @@ class CoordinatorServer:
                  join_listen: str = "", token: str | None = None, keep_finished_jobs: int = 1000,
                  keep_finished_seconds: float = 7 * 86400.0, node_cert_seconds: float = pki.NODE_HOURS * 3600.0,
                  http_listen: str = "", task_uids: UidRange = UidRange(), store_url: str = "",
-                 keep_usage_seconds: float = accounting.DEFAULT_KEEP_USAGE_SECONDS):
+                 keep_usage_seconds: float = accounting.DEFAULT_KEEP_USAGE_SECONDS,
+                 policy_path: Path | None = None):
         if (tls_dir is None) == (not insecure):
             raise ValueError("give --tls-dir (see `tfcluster ca init`) or --insecure")
         self.listen, self.join_listen, self.token = listen, join_listen or _next_port(listen), token
@@ -254,12 +271,17 @@ class CoordinatorServer:
         self.credentials = security.Credentials.from_dir(tls_dir, pki.SERVER_CERT, pki.SERVER_KEY) if tls_dir \
             else security.Credentials()
         authority = pki.Authority.load(tls_dir, with_key=True) if tls_dir else None
+        # A policy with a mistake stops the start here (PolicyError), before the store is opened.
+        policy = read_policy(policy_path, time.time()) if policy_path is not None else None
         self.coordinator = build(state_dir, lost_after_seconds, heartbeat_interval_seconds, keep_finished_jobs,
                                  keep_finished_seconds, authority, task_uids=task_uids, store_url=store_url)
         self.coordinator.cluster.usage.keep_seconds = keep_usage_seconds
         if tls_dir:  # no node may be named as the coordinator is reached
             self.coordinator.trust.reserved = frozenset(pki.server_names(pki.load_cert(tls_dir / pki.SERVER_CERT)))
         self.coordinator.node_cert_lifetime = datetime.timedelta(seconds=node_cert_seconds)
+        self.policy_path = policy_path
+        if policy is not None:
+            self.coordinator.cluster.set_policy(policy)
         self.server: grpc.aio.Server | None = None
         self.join_server: grpc.aio.Server | None = None
         self.join_limiter = JoinLimiter()
@@ -274,6 +296,25 @@ class CoordinatorServer:
             web_credentials = self.credentials if tls_dir else security.Credentials(token=token)
             self.web = WebListener(http_listen, web_credentials, self.metrics.registry, self._refusal)
             Dashboard(self.coordinator, self.web)
+
+    def reload_policy(self) -> bool:
+        """Reads the policy file again (SIGHUP). One with a mistake is logged and the policy in force stays."""
+        if self.policy_path is None:
+            log.warning("SIGHUP: no policy to reload (the coordinator runs without --policy)")
+            return False
+        try:
+            policy = read_policy(self.policy_path, self.coordinator.clock())
+        except PolicyError as e:
+            log.error("policy not reloaded, the one loaded at %s stays in force: %s",
+                      datetime.datetime.fromtimestamp(self.coordinator.cluster.policy.loaded_at).isoformat(" ",
+                                                                                                      "seconds"), e)
+            return False
+        cluster = self.coordinator.cluster
+        cluster.set_policy(policy)
+        log.info("policy reloaded from %s: %d classes, quotas for %d users and %d groups", policy.source,
+                 len(policy.classes), len(policy.users), len(policy.groups))
+        self.coordinator.apply(cluster.schedule(self.coordinator.clock()))
+        return True
 
     def _refusal(self, who: pki.Identity) -> str:
         return self.coordinator.trust.refusal(who)
@@ -342,6 +383,15 @@ class CoordinatorServer:
     async def _stop_servers(self, grace: float) -> None:
         servers = [s for s in (self.server, self.join_server) if s is not None]
         await asyncio.gather(*(s.stop(grace) for s in servers))
+
+
+def read_policy(path: Path, now: float) -> Policy:
+    """The policy in the file; raises PolicyError naming the file, the key and the reason."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise PolicyError(f"{path}: cannot read it: {e}") from None
+    return parse(text, str(path), now)
 
 
 def _next_port(listen: str) -> str:

@@ -172,6 +172,8 @@ function jobView(id) {
         el("span", {}, "restarts ", el("b", {}, job.restarts)),
         el("span", {}, "preemptions ", el("b", {}, job.preemptions)),
         el("span", {}, "evaluator restarts ", el("b", {}, job.evaluator_restarts)),
+        job.queue_position ? el("span", {id: "queue-position"}, "queue position ",
+          el("a", {href: "/queue"}, el("b", {}, job.queue_position)), ` · waiting ${ago(now() - job.waiting_since)}`) : null,
         el("span", {}, "started ", el("b", {}, when(job.created, now()))),
         el("span", {}, "took ", el("b", {}, duration(job, now())))),
       job.message ? el("p", {class: "muted", id: "job-message"}, job.message) : "");
@@ -274,6 +276,27 @@ function nodesView(params) {
   });
 }
 
+// ---- the queue (/queue) -----------------------------------------------------------------------------
+
+function queueView() {
+  document.getElementById("nav-queue").classList.add("active");
+  const body = el("tbody");
+  const total = el("p", {class: "muted"});
+  replace(el("h1", {}, "Queue"), total,
+          el("table", {id: "queue"}, el("thead", {}, el("tr", {}, ["#", "job", "owner", "class", "tasks", "GPUs",
+            "waiting", "reason"].map(h => el("th", {}, h)))), body));
+  every(async () => {
+    await refreshSummary();
+    const page = await api("/api/queue");
+    total.textContent = `${page.total} pending, in the order they will be placed` +
+      (page.jobs.length < page.total ? ` (the first ${page.jobs.length} shown)` : "");
+    body.replaceChildren(...page.jobs.map(q => el("tr", {"data-job": q.id}, el("td", {}, q.position),
+      el("td", {}, jobLink(q.id)), el("td", {}, q.owner || "-"), el("td", {}, q.priority || "-"), el("td", {}, q.tasks),
+      el("td", {}, q.gpus), el("td", {}, ago(q.waiting_seconds)), el("td", {}, q.reason))));
+    if (!page.jobs.length) body.append(el("tr", {}, el("td", {colspan: 8, class: "muted"}, "Nothing waits.")));
+  });
+}
+
 // ---- a task's log (/jobs/<id>/tasks/<task>/log) ------------------------------------------------------
 
 // Progress bars redraw a line with carriage returns: show each line as it ended up, as a terminal would.
@@ -320,6 +343,7 @@ function route() {
   if ((match = path.match(/^\/jobs\/([^/]+)\/tasks\/([^/]+)\/log$/))) return logView(match[1], match[2]);
   if ((match = path.match(/^\/jobs\/([^/]+)$/))) return jobView(match[1]);
   if (path === "/nodes") return nodesView(params);
+  if (path === "/queue") return queueView();
   return jobsView(params);
 }
 

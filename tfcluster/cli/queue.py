@@ -1,0 +1,86 @@
+"""`tfcluster queue` (the pending jobs in the order they will be placed, and why each waits) and `tfcluster
+policy` (the policy in force: its file as loaded, where from and when)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from tfcluster.cli.common import CoordinatorOpt, TlsDirOpt, app, connect, fail, out
+from tfcluster.client import ClientError
+
+
+@app.command()
+def queue(
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object: {\"total\": N, \"jobs\": [...]}."),
+    limit: int = typer.Option(0, "--limit", min=0, help="Show the first N jobs only [default: all]."),
+    coordinator: Optional[str] = CoordinatorOpt,
+    tls_dir: Optional[Path] = TlsDirOpt,
+) -> None:
+    """Show the pending jobs in the order they will be placed: owner, class, size, why each waits, for how long."""
+    from tfcluster import queuewire
+
+    with connect(coordinator, tls_dir) as client:
+        try:
+            response = client.queue(limit)
+        except ClientError as e:
+            fail(str(e), e.exit_code)
+    now = time.time()
+    doc = queuewire.queue_doc(response, now)
+    if as_json:
+        print(json.dumps(doc, indent=2))
+        return
+    from rich.table import Table
+
+    table = Table(title=f"queue: {doc['total']} pending", title_justify="left")
+    for column in ("#", "job", "owner", "class", "tasks", "GPUs", "waiting", "reason"):
+        table.add_column(column, overflow="fold")
+    for q in doc["jobs"]:
+        table.add_row(str(q["position"]), q["id"], q["owner"] or "-", q["priority"] or "-", str(q["tasks"]),
+                      str(q["gpus"]), _duration(q["waiting_seconds"]), q["reason"])
+    out.print(table)
+    if len(doc["jobs"]) < doc["total"]:
+        out.print(f"showing the first {len(doc['jobs'])} of {doc['total']}", markup=False)
+
+
+@app.command()
+def policy(
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object: {\"source\", \"loaded_at\", "
+                                                       "\"text\"}."),
+    coordinator: Optional[str] = CoordinatorOpt,
+    tls_dir: Optional[Path] = TlsDirOpt,
+) -> None:
+    """Show the policy in force: the file the coordinator loaded (`--policy`, reloaded on SIGHUP), and when."""
+    from tfcluster import queuewire
+
+    with connect(coordinator, tls_dir) as client:
+        try:
+            response = client.policy()
+        except ClientError as e:
+            fail(str(e), e.exit_code)
+    if as_json:
+        print(json.dumps(queuewire.policy_doc(response), indent=2))
+        return
+    if not response.source:
+        print("no policy: one priority class, no quotas; jobs are placed first come, first placed "
+              "(start the coordinator with --policy FILE to set one)")
+        return
+    loaded = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(response.loaded_at))
+    print(f"# policy loaded from {response.source} at {loaded}")
+    print(response.text, end="" if response.text.endswith("\n") else "\n")
+
+
+def _duration(seconds: float) -> str:
+    """A wait as people read it: 45s, 12m, 3h 5m, 2d 4h."""
+    seconds = int(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m"
+    if seconds < 86400:
+        return f"{seconds // 3600}h {seconds % 3600 // 60}m"
+    return f"{seconds // 86400}d {seconds % 86400 // 3600}h"
