@@ -80,10 +80,10 @@ class Runner:
                 isolation.check_workdir(self.launch.workdir)
                 for problem in isolation.make_task_dirs(list(self.launch.task_dirs)):
                     log.write(f"tfcluster: {problem}\n".encode())
-            self.child = subprocess.Popen(self.launch.command, cwd=self.launch.workdir or None,
-                                          env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                          stderr=subprocess.STDOUT, start_new_session=True,
-                                          user=uid, group=gid, extra_groups=None if uid is None else [])
+            with isolation.starting_as(uid, gid):
+                self.child = subprocess.Popen(self.launch.command, cwd=self.launch.workdir or None,
+                                              env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                              stderr=subprocess.STDOUT, start_new_session=True)
         except (OSError, ValueError) as e:
             message = self._start_failure(e)
             log.write(f"tfcluster: {message}\n".encode())
