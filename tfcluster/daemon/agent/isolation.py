@@ -5,7 +5,7 @@ CPython's child setup (_posixsubprocess) changes the working directory before it
 dirs the spec names, as the task user first (`acting_as`), with root's rights put aside meanwhile.
 The task itself is started with the shim's real and effective IDs those of the task user (`starting_as`),
 not by asking CPython to switch them in the child: asked to, CPython forks (copying the shim's memory map,
-which the exec then throws away), where otherwise it uses vfork, which copies nothing; that was a third of
+which the exec then throws away), where otherwise it uses vfork, which copies nothing; that was a fifth of
 a short task's CPU time in its shim. "No new privileges" is set in the shim itself: the child inherits it across exec, so no setuid program can
 give the task back what it gave up, and no preexec_fn is needed. The private /tmp is a mount namespace of
 the shim's own, with the job's tmp dir bind-mounted on /tmp, as systemd's PrivateTmp does.
