@@ -10,14 +10,17 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 import psutil
+import pytest
 
+from tfcluster import layout
 from tfcluster.daemon.agent import launcher as launcher_module
 from tfcluster.daemon.agent.supervisor import Supervisor
 from tfcluster.daemon.agent.taskfiles import LaunchFile, ShimStatus
 from tfcluster.daemon.agent.taskrecord import is_shim
-from tfcluster.daemon.agent.taskrunner import process_start
+from tfcluster.daemon.agent.taskrunner import DRAIN_SECONDS, process_start
 from tfcluster.model import Attempt, Launch, Phase
 
 TASK_UID = 2_100_999_000  # the job's user, as the coordinator gives it (an agent that is not root ignores it)
@@ -149,3 +152,22 @@ def test_a_shim_whose_answer_never_reached_the_agent_never_runs(tmp_path):
     result = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert result.stdout.strip() == "1", result.stderr
     assert not marker.exists() and ShimStatus.read(tmp_path) is None
+
+
+# Prints more than a pipe holds, then ends, leaving a process of its group that holds its output open.
+LOUD_TASK = "head -c 300000 /dev/zero | tr '\\0' x; echo; echo last line; sleep 60 & exit 5"
+
+
+@pytest.mark.parametrize("pidfd", [True, False], ids=["watching-a-pidfd", "before-linux-5.3"])
+def test_a_shim_keeps_all_the_output_and_ends_with_its_task_though_the_task_left_a_process_behind(tmp_path, pidfd):
+    LaunchFile(Attempt("loud-1", "worker", 0, 1), ("sh", "-c", LOUD_TASK), {"PATH": os.environ["PATH"]}).write(tmp_path)
+    script = ("import os, sys\n"
+              f"{'' if pidfd else 'del os.pidfd_open'}\n"
+              "from tfcluster.daemon.agent.taskrunner import main\n"
+              "sys.exit(main())\n")
+    began = time.monotonic()
+    subprocess.run([sys.executable, "-c", script, str(tmp_path)], check=True, timeout=60, capture_output=True)
+    assert time.monotonic() - began < DRAIN_SECONDS, "the process left behind was killed with the task's group"
+    status = ShimStatus.read(tmp_path)
+    assert status.exit.exit_code == 5 and status.exit.log_tail[-1] == "last line"
+    assert (tmp_path / layout.OUTPUT_FILE).read_bytes() == b"x" * 300000 + b"\nlast line\n"

@@ -12,7 +12,7 @@ from coresim import Sim, info, make_spec
 from tfcluster.daemon.coordinator import job as J
 from tfcluster.daemon.coordinator import migrate
 from tfcluster.daemon.coordinator.cluster import Cluster
-from tfcluster.daemon.coordinator.records import Batch, Writer, from_documents
+from tfcluster.daemon.coordinator.records import Batch, Writer, dumps, from_documents, plain
 from tfcluster.daemon.coordinator.store import open_store
 from tfcluster.daemon.coordinator.trust import Trust
 from tfcluster.model import Evaluation
@@ -218,3 +218,18 @@ def test_removed_nodes_and_expired_tokens_leave_the_store(store):
     assert {(type(w).__name__, w.kind) for w in batch.writes.values()} == {("Delete", "node"), ("Delete", "token")}
     write(store, writer, batch)
     assert [d.key for d in store.load() if d.kind in ("node", "token")] == ["n1"]
+
+
+def test_records_become_the_documents_asdict_would_make_with_nothing_mutable_shared():
+    import dataclasses
+
+    from tfcluster.model import TaskExit
+    spec = make_spec("parameter_server", env={"A": "1"}, restart={"max_restarts": 2, "permanent_exit_codes": [7]},
+                     chief=1, worker=2, ps=1)
+    exit = TaskExit(exit_code=1, message="failed", log_tail=("a", "b"))
+    for record in (spec, exit):
+        assert dumps(plain(record)) == dumps(dataclasses.asdict(record))
+    doc = plain(spec)
+    assert doc["env"] == spec.env and doc["env"] is not spec.env
+    assert doc["roles"]["worker"]["command"] == spec.roles["worker"].command
+

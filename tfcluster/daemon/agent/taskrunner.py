@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -38,6 +39,7 @@ from tfcluster.states import Phase
 TAIL_LINES = 20
 PUMP_CHUNK_BYTES = 64 << 10
 ESCALATION_POLL_SECONDS = 0.1
+DRAIN_SECONDS = 5.0  # how long the output is read on after the task exited and its group was killed
 
 
 def kill_group(pgid: int, sig: int) -> bool:
@@ -65,6 +67,7 @@ class Runner:
         self.child: subprocess.Popen | None = None
         self.private_tmp = False  # /tmp is the job's own dir here
         self.cgroup = ""  # the task's cgroup it was started in, which keeps its memory limit; "": none does
+        self.output_writable = True  # until writing the output failed (a full disk)
         self.started = process_start(os.getpid())
 
     def status(self, phase: str, **fields) -> None:
@@ -85,10 +88,10 @@ class Runner:
                 isolation.check_workdir(self.launch.workdir)
                 for problem in isolation.make_task_dirs(list(self.launch.task_dirs)):
                     log.write(f"tfcluster: {problem}\n".encode())
-            self.child = subprocess.Popen(self.launch.command, cwd=self.launch.workdir or None,
-                                          env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                          stderr=subprocess.STDOUT, start_new_session=True,
-                                          user=uid, group=gid, extra_groups=None if uid is None else groups)
+            with isolation.starting_as(uid, gid, groups):
+                self.child = subprocess.Popen(self.launch.command, cwd=self.launch.workdir or None,
+                                              env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                              stderr=subprocess.STDOUT, start_new_session=True)
         except (OSError, ValueError) as e:
             message = self._start_failure(e)
             log.write(f"tfcluster: {message}\n".encode())
@@ -104,17 +107,10 @@ class Runner:
         print(json.dumps({"phase": Phase.RUNNING, "pid": pid}), flush=True)
         if self.stopping.is_set():  # a stop that raced the start
             self._terminate()
-        pump = threading.Thread(target=self._pump, args=(self.child.stdout, log), daemon=True)
-        pump.start()
         # With a cgroup the kernel keeps the limit; the watch measures all the same.
         watch = TreeWatch(pid, 0 if self.cgroup else self.launch.memory_bytes, self._publish)
         watch.start()
-        returncode = self.child.wait()
-        usage = watch.finish()
-        (self.dir / layout.USAGE_FILE).unlink(missing_ok=True)  # the running figures: the exit has the final ones
-        # Whatever the task left in its group (workers of a data loader, a daemonised helper) goes too.
-        kill_group(pid, signal.SIGKILL)
-        pump.join(timeout=5)
+        returncode, usage = self._follow(log, watch)
         log.close()
         exit = self._exit(returncode, usage, watch.exceeded)
         self.status(Phase.EXITED, pid=pid, pgid=pid, started=started, finished=time.time(),
@@ -181,18 +177,66 @@ class Runner:
             message += " (this job's /tmp is its own: keep programs and data outside /tmp)"
         return message
 
-    def _pump(self, pipe, log: OutputWriter) -> None:
-        writable = True
-        while data := os.read(pipe.fileno(), PUMP_CHUNK_BYTES):
-            if writable:
-                try:
-                    log.write(data)
-                except OSError as e:
-                    # A full disk: the task must not block on a pipe nobody drains, so reading goes on.
-                    print(f"writing the task's output failed, the rest is not kept: {e}", file=sys.stderr, flush=True)
-                    writable = False
-            self.last_lines.feed(data)
-        pipe.close()
+    def _follow(self, log: OutputWriter, watch: TreeWatch) -> tuple[int, Usage]:
+        """Copies the task's output until it exits, measures what it used, kills whatever it left in its group
+        (workers of a data loader, a daemonised helper), copies what is left of its output, and returns its
+        returncode and usage. In this thread, watching its pidfd: a thread of its own for the output was a tenth
+        of a short task's CPU."""
+        try:
+            exited = os.pidfd_open(self.child.pid)
+        except (AttributeError, OSError):  # before Linux 5.3
+            return self._follow_with_thread(log, watch)
+        try:
+            self._copy_output(log, until=exited)
+            returncode = self.child.wait()
+            usage = self._ended(watch)
+            # Bounded: a process outside the group may hold the pipe open.
+            self._copy_output(log, deadline=time.monotonic() + DRAIN_SECONDS)
+        finally:
+            os.close(exited)
+        return returncode, usage
+
+    def _follow_with_thread(self, log: OutputWriter, watch: TreeWatch) -> tuple[int, Usage]:
+        pump = threading.Thread(target=self._copy_output, args=(log,), daemon=True)
+        pump.start()
+        returncode = self.child.wait()
+        usage = self._ended(watch)
+        pump.join(timeout=DRAIN_SECONDS)
+        return returncode, usage
+
+    def _ended(self, watch: TreeWatch) -> Usage:
+        """The task exited: what its tree used, read before what it left in its group is killed."""
+        usage = watch.finish()
+        (self.dir / layout.USAGE_FILE).unlink(missing_ok=True)  # the running figures: the exit has the final ones
+        kill_group(self.child.pid, signal.SIGKILL)
+        return usage
+
+    def _copy_output(self, log: OutputWriter, until: int = -1, deadline: float = float("inf")) -> None:
+        """Copies the output to the end, or until the `until` descriptor (a pidfd) is readable, or the deadline."""
+        pipe = self.child.stdout
+        while not pipe.closed:
+            ready, _, _ = select.select([pipe, *([until] if until != -1 else [])], [], [],
+                                        None if deadline == float("inf") else max(0.0, deadline - time.monotonic()))
+            if pipe in ready:
+                data = os.read(pipe.fileno(), PUMP_CHUNK_BYTES)
+                if data:
+                    self._keep(data, log)
+                else:
+                    pipe.close()
+            elif until in ready or not ready:  # the task exited, or time is up
+                return
+        if until != -1:  # the output ended first (the task closed it): the task's exit is next
+            select.select([until], [], [])
+
+    def _keep(self, data: bytes, log: OutputWriter) -> None:
+        if self.output_writable:
+            try:
+                log.write(data)
+            except OSError as e:
+                # A full disk: the task must not block on a pipe nobody drains, so reading goes on.
+                print(f"writing the task's output failed, the rest is not kept: {e}", file=sys.stderr, flush=True)
+                self.output_writable = False
+        self.last_lines.feed(data)
 
     def _on_term(self, signum, frame) -> None:
         first = not self.stopping.is_set()
@@ -221,7 +265,8 @@ class Runner:
 
         def escalate() -> None:
             while time.monotonic() < self.kill_at:
-                if self.child.poll() is not None and not group_alive(pgid):
+                # Set by the main thread's wait: only it reaps the task, whose pid its pidfd must still name.
+                if self.child.returncode is not None and not group_alive(pgid):
                     return
                 time.sleep(ESCALATION_POLL_SECONDS)
             kill_group(pgid, signal.SIGKILL)
