@@ -16,7 +16,7 @@ import logging
 from dataclasses import dataclass, field, replace
 
 from tfcluster import strategies
-from tfcluster.daemon.coordinator import checkpoints, lifecycle, taskusers
+from tfcluster.daemon.coordinator import checkpoints, lifecycle, preemption, taskusers
 from tfcluster.daemon.coordinator.changelog import ChangeLog
 from tfcluster.daemon.coordinator.job import Job
 from tfcluster.daemon.coordinator.jobs import KEEP_FINISHED_JOBS, KEEP_FINISHED_SECONDS, Jobs
@@ -184,8 +184,8 @@ class Cluster:
         return job, self.schedule(now)
 
     def schedule(self, now: float) -> list[Command]:
-        """Places every PENDING job that fits now, oldest first, and tasks that lost their node. A job that
-        did not fit is tried again only once resources may have changed."""
+        """Places every PENDING job that fits now, oldest first, and tasks that lost their node; a job that does
+        not fit may preempt others. A job that did not fit is tried again only once resources may have changed."""
         version = self.nodes.capacity_version
         waiting = [j for j in self.jobs.live.values()
                    if (j.state == JobState.PENDING and j.not_before <= now) or lifecycle.unplaced_tasks(j, now)]
@@ -193,18 +193,21 @@ class Cluster:
         if not waiting:
             return []
         capacity = {n.name: n for n in self.capacity(now)}
+        held = preemption.holdings(self.jobs.live.values())  # what preempted jobs gave up, kept for their preemptor
         commands: list[Command] = []
+        unfit: list[Job] = []
         for job in waiting:
+            nodes = preemption.free_for(job, capacity, held)
             unplaced = lifecycle.unplaced_tasks(job, now)
             if unplaced:
-                result = place(job.spec, list(capacity.values()), only={(t.type, t.index) for t in unplaced})
+                result = place(job.spec, nodes, only={(t.type, t.index) for t in unplaced})
             else:
-                result = place(job.spec, list(capacity.values()),
-                               previous={(t.type, t.index): (t.node, t.port) for t in job.tasks if t.node})
+                result = place(job.spec, nodes, previous={(t.type, t.index): (t.node, t.port) for t in job.tasks if t.node})
             if isinstance(result, Unfit):
                 self.unfit_at[job.id] = version
                 if not unplaced:
                     lifecycle.unplaceable(job, result.reason, never=False, now=now)
+                    unfit.append(job)
                 continue
             self.unfit_at.pop(job.id, None)
             if unplaced:
@@ -212,10 +215,39 @@ class Cluster:
             else:
                 commands += self._settle(job, lifecycle.place(job, result, self.nodes.info_of, now))
                 self.observer.placed(job, max(0.0, now - max(job.created, job.not_before)))
+                if job.id in held:
+                    preemption.release(job.id, self.jobs.live.values())
             for p in result:  # what this job now holds is not free for the next one
                 n = capacity[p.node]
                 capacity[p.node] = replace(n, used_gpus=n.used_gpus | {g.index for g in p.gpus},
                                            used_ports=n.used_ports | {p.port})
+        return commands + self._preempt(unfit, capacity, held, now)
+
+    def _preempt(self, unfit: list[Job], capacity: dict[str, NodeCapacity],
+                 held: dict[str, preemption.Holdings], now: float) -> list[Command]:
+        """Jobs that did not fit, the highest class first, take resources from placed jobs of lower, preemptible
+        classes where that makes them fit (preemption.py)."""
+        live = self.jobs.live.values()
+        takeable: list[Job] | None = None  # worked out once, when some job may preempt
+        commands: list[Command] = []
+        for job in sorted(unfit, key=lambda j: -j.rank):
+            if job.id in held:  # its victims are stopping; once they are gone and it still does not fit (a node of
+                # theirs was lost), what they held is free for anyone again and it may preempt anew
+                if not preemption.still_stopping(job.id, live) and preemption.release(job.id, live):
+                    self.nodes.resources_changed()
+                continue
+            if takeable is None:
+                takeable = [j for j in live if preemption.may_take_from(j)]
+            if not takeable or job.rank <= min(j.rank for j in takeable):
+                continue
+            victims = preemption.choose_victims(job, preemption.candidates(job, takeable),
+                                                preemption.free_for(job, capacity, held))
+            for victim in victims:
+                commands += self._settle(victim, lifecycle.preempt(victim, job, now))
+                takeable.remove(victim)
+            if victims:
+                held[job.id] = preemption.held_by(victims)
+                log.info("%s preempts %s", job.id, ", ".join(v.id for v in victims), extra=fields(job=job.id))
         return commands
 
     def report(self, node_name: str, report: TaskReport, now: float) -> list[Command]:
@@ -321,6 +353,7 @@ class Cluster:
         if self.jobs.settle(job):
             self.observer.ended(job)
             self.unfit_at.pop(job.id, None)
+            preemption.release(job.id, self.jobs.live.values())  # what was kept for it, if it preempted
             self.nodes.resources_changed()
         self.nodes.track(job)
         return commands

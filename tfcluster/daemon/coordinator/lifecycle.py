@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable
 
 from tfcluster import layout
-from tfcluster.daemon.coordinator import checkpoints, completion, restart
+from tfcluster.daemon.coordinator import checkpoints, completion, preemption, restart
 from tfcluster.daemon.coordinator.job import Failure, Job, Task
 from tfcluster.daemon.coordinator.launch import launch
 from tfcluster.daemon.coordinator.scheduler import TaskPlacement
@@ -38,7 +38,7 @@ def place(job: Job, placement: list[TaskPlacement], info_of: NodeLookup, now: fl
         _put(job, job.task(p.type, p.index), p, info_of(p.node))
     job.final_evaluation_until = 0.0
     job.move(JobState.STARTING)
-    job.message = ""
+    job.message, job.placed, job.held_for = "", now, ""
     return checkpoints.restore(job, info_of, now) + advance(job, now)
 
 
@@ -273,6 +273,19 @@ def stop(job: Job, now: float, graceful: bool = True) -> list[Command]:
     return wind_down(job, JobState.STOPPED, "stopped by user", now, grace=None if graceful else 0.0)
 
 
+def preempt(job: Job, by: Job, now: float) -> list[Command]:
+    """A job of a higher class takes this one's resources (preemption.py): what restart.preempted decides,
+    a graceful stop of the whole group (SIGTERM, so the program saves, then SIGKILL after the grace), and
+    back to PENDING once every task is gone, its resources kept for `by` until `by` is placed."""
+    decision = restart.preempted(job, preemption.describe(by.id, by.owner, now))
+    if decision.scope == restart.NOTHING:
+        return []
+    job.preempted_by, job.preempted_by_owner, job.preempted_at, job.held_for = by.id, by.owner, now, by.id
+    log.warning("%s: %s", job.id, decision.reason, extra=fields(job=job.id))
+    restart.book(job, decision, None, now)
+    return wind_down(job, restart.RESTART, decision.reason, now)
+
+
 def wind_down(job: Job, outcome: str, message: str, now: float, grace: float | None = None,
               only: tuple[str, ...] = ()) -> list[Command]:
     """Stops every live task (or only those named, for a partial restart); outcome once they are gone."""
@@ -325,6 +338,8 @@ def unplaceable(job: Job, reason: str, never: bool, now: float) -> None:
     if never:
         job.move(JobState.FAILED)
         job.message, job.finished = f"cannot ever be placed: {reason}", now
-    else:
-        job.message = f"waiting for resources: {reason}"
+        return
+    waiting = f"waiting for resources: {reason}"
+    preempted = preemption.note(job)  # said until the job is placed again (placing clears the message)
+    job.message = f"{preempted}; {waiting}" if preempted and job.message.startswith(preempted) else waiting
 
