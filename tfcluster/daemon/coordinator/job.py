@@ -88,7 +88,11 @@ class Task(StateRecord):
             self.attempt += 1
             self.exit = None
         if unplace:
-            self.node, self.host, self.port, self.gpus, self.peer = "", "", 0, (), ""
+            self.unplace()
+
+    def unplace(self) -> None:
+        """It gives up its node, port and GPUs."""
+        self.node, self.host, self.port, self.gpus, self.peer = "", "", 0, (), ""
 
     @property
     def key(self) -> str:

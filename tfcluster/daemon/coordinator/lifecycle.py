@@ -281,6 +281,9 @@ def preempt(job: Job, by: Job, now: float) -> list[Command]:
     if decision.scope == restart.NOTHING:
         return []
     job.preempted_by, job.preempted_by_owner, job.preempted_at, job.held_for = by.id, by.owner, now, by.id
+    for task in job.tasks:  # what it holds now is kept for `by`; a task ended earlier (an evaluator given up)
+        if not job.holds(task):  # holds nothing, and what it held may be another job's by now
+            task.unplace()
     log.warning("%s: %s", job.id, decision.reason, extra=fields(job=job.id))
     restart.book(job, decision, None, now)
     return wind_down(job, restart.RESTART, decision.reason, now)

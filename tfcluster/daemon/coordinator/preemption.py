@@ -86,7 +86,8 @@ def _fits(waiting: Job, capacity: list[NodeCapacity], victims: Iterable[Job]) ->
 
 
 def held_by(jobs: Iterable[Job]) -> Holdings:
-    """What the jobs' tasks hold (or held, for a preempted job waiting in the queue again): node -> GPUs, ports."""
+    """What the jobs' tasks hold, or held when preempted (lifecycle.preempt unplaces the others): node -> GPUs,
+    ports."""
     held: Holdings = {}
     for job in jobs:
         for task in job.tasks:
