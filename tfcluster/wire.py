@@ -333,7 +333,8 @@ def job_status(job) -> control_pb2.JobStatus:
                                    restarts=job.restarts, message=message, created=job.created,
                                    finished=job.finished, evaluator_restarts=job.evaluator_restarts,
                                    preemptions=job.preemptions, uid=job.uid, owner=job.owner,
-                                   priority=job.priority)
+                                   priority=job.priority, preempted_by=job.preempted_by,
+                                   preempted_by_owner=job.preempted_by_owner, preempted_at=job.preempted_at)
     for t in job.tasks:
         task = status.tasks.add(type=t.type, index=t.index, node=t.node, address=t.address,
                                 gpus=[gpu_to_proto(g) for g in t.gpus], state=t.state.value, pid=t.pid,
@@ -401,7 +402,8 @@ def job_doc(j: control_pb2.JobStatus) -> dict[str, Any]:
                            "history": [evaluation_doc(e) for e in j.evaluations]},
             "last_failure": failure if j.HasField("last_failure") else None,
             "evaluator_restarts": j.evaluator_restarts, "preemptions": j.preemptions, "uid": j.uid or None,
-            "owner": j.owner, "priority": j.priority}
+            "owner": j.owner, "priority": j.priority, "preempted_by": j.preempted_by or None,
+            "preempted_by_owner": j.preempted_by_owner or None, "preempted_at": j.preempted_at or None}
 
 
 def plan_doc(p: control_pb2.PlanJobResponse) -> dict[str, Any]:

@@ -10,9 +10,12 @@ from dataclasses import replace
 
 import pytest
 from coresim import Sim, info, keys, launches, make_spec, stops
+from rich.console import Console
 
-from tfcluster.daemon.coordinator import preemption
+from tfcluster import wire
+from tfcluster.daemon.coordinator import preemption, records
 from tfcluster.model import SyncCheckpoints
+from tfcluster.render import render_status
 from tfcluster.states import JobState, TaskState
 
 LOW, HIGH = 10, 100
@@ -200,3 +203,21 @@ def test_the_status_line_names_the_preemptor_its_owner_and_the_time(monkeypatch)
     finally:
         monkeypatch.undo()
         time.tzset()
+
+
+def test_status_json_the_table_and_the_store_keep_who_preempted_the_job_and_when():
+    sim = Sim(info("n1", 2))
+    low = started(sim, "low", LOW, gpus=2)
+    high, commands = submit(sim, "high", HIGH, gpus=2, owner="alice")
+    saved = records.job_from_docs(records.dumps(records.job_doc(low)),
+                                  [records.dumps(records.task_doc(t)) for t in low.tasks], [])
+    assert (saved.preempted_by, saved.held_for, saved.preempted_at) == (high.id, high.id, sim.now)
+    sim.exit_stopped(low, commands)
+    doc = wire.job_doc(wire.job_status(low))
+    assert (doc["preempted_by"], doc["preempted_by_owner"], doc["preempted_at"]) == (high.id, "alice", sim.now)
+    assert doc["preemptions"] == 1 and doc["restarts"] == 0 and doc["message"].startswith("preempted by alice's job")
+    untouched = wire.job_doc(wire.job_status(high))
+    assert untouched["preempted_by"] is None and untouched["preempted_at"] is None
+    console = Console(width=200, record=True)
+    console.print(render_status([], [wire.job_status(low)]))
+    assert "0 (+1 preempted)" in console.export_text()

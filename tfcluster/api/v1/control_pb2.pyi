@@ -212,7 +212,7 @@ class Failure(_message.Message):
     def __init__(self, task: _Optional[str] = ..., node: _Optional[str] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., message: _Optional[str] = ..., log_tail: _Optional[_Iterable[str]] = ..., time: _Optional[float] = ..., description: _Optional[str] = ...) -> None: ...
 
 class JobStatus(_message.Message):
-    __slots__ = ("id", "name", "state", "strategy", "restarts", "tasks", "message", "created", "finished", "last_evaluation", "evaluations", "last_failure", "evaluator_restarts", "preemptions", "uid", "owner", "priority")
+    __slots__ = ("id", "name", "state", "strategy", "restarts", "tasks", "message", "created", "finished", "last_evaluation", "evaluations", "last_failure", "evaluator_restarts", "preemptions", "uid", "owner", "priority", "preempted_by", "preempted_by_owner", "preempted_at")
     ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -230,6 +230,9 @@ class JobStatus(_message.Message):
     UID_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    PREEMPTED_BY_FIELD_NUMBER: _ClassVar[int]
+    PREEMPTED_BY_OWNER_FIELD_NUMBER: _ClassVar[int]
+    PREEMPTED_AT_FIELD_NUMBER: _ClassVar[int]
     id: str
     name: str
     state: str
@@ -247,7 +250,10 @@ class JobStatus(_message.Message):
     uid: int
     owner: str
     priority: str
-    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[str] = ..., strategy: _Optional[str] = ..., restarts: _Optional[int] = ..., tasks: _Optional[_Iterable[_Union[TaskStatus, _Mapping]]] = ..., message: _Optional[str] = ..., created: _Optional[float] = ..., finished: _Optional[float] = ..., last_evaluation: _Optional[_Union[EvaluationResult, _Mapping]] = ..., evaluations: _Optional[_Iterable[_Union[EvaluationResult, _Mapping]]] = ..., last_failure: _Optional[_Union[Failure, _Mapping]] = ..., evaluator_restarts: _Optional[int] = ..., preemptions: _Optional[int] = ..., uid: _Optional[int] = ..., owner: _Optional[str] = ..., priority: _Optional[str] = ...) -> None: ...
+    preempted_by: str
+    preempted_by_owner: str
+    preempted_at: float
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[str] = ..., strategy: _Optional[str] = ..., restarts: _Optional[int] = ..., tasks: _Optional[_Iterable[_Union[TaskStatus, _Mapping]]] = ..., message: _Optional[str] = ..., created: _Optional[float] = ..., finished: _Optional[float] = ..., last_evaluation: _Optional[_Union[EvaluationResult, _Mapping]] = ..., evaluations: _Optional[_Iterable[_Union[EvaluationResult, _Mapping]]] = ..., last_failure: _Optional[_Union[Failure, _Mapping]] = ..., evaluator_restarts: _Optional[int] = ..., preemptions: _Optional[int] = ..., uid: _Optional[int] = ..., owner: _Optional[str] = ..., priority: _Optional[str] = ..., preempted_by: _Optional[str] = ..., preempted_by_owner: _Optional[str] = ..., preempted_at: _Optional[float] = ...) -> None: ...
 
 class GetStatusResponse(_message.Message):
     __slots__ = ("nodes", "jobs", "summary")
