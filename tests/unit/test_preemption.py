@@ -191,6 +191,20 @@ def test_a_job_that_cannot_be_preempted_while_stopping_is_left_alone():
     assert low.state == JobState.STOPPED and keys(launches(placed)) == ["worker:0"]
 
 
+def test_a_job_whose_training_is_over_is_not_preempted_its_final_evaluation_ends_it():
+    sim = Sim(info("n1", 2, ports=(20000, 20001)))  # the evaluator's port is one the waiting job needs
+    sim.now += 10
+    spec = replace(make_spec(strategy="multi_worker_mirrored", gpus=1, chief=1, evaluator={"count": 1, "gpus": 0}),
+                   name="evaluating")
+    job, commands = sim.c.submit(spec, sim.now)
+    job.rank = LOW
+    sim.running(job, sim.running(job, commands))
+    sim.exit(job, "chief:0", 0)
+    assert job.final_evaluation_until and job.state == JobState.RUNNING
+    high, commands = submit(sim, "high", HIGH, workers=2)
+    assert stops(commands) == [] and job.preemptions == 0 and high.state == JobState.PENDING
+
+
 # ---- what it says -----------------------------------------------------------------------------------------
 
 def test_the_status_line_names_the_preemptor_its_owner_and_the_time(monkeypatch):

@@ -245,6 +245,7 @@ class Cluster:
             for victim in victims:
                 commands += self._settle(victim, lifecycle.preempt(victim, job, now))
                 takeable.remove(victim)
+            victims = [v for v in victims if v.held_for == job.id]  # those restart.preempted did not refuse
             if victims:
                 held[job.id] = preemption.held_by(victims)
                 log.info("%s preempts %s", job.id, ", ".join(v.id for v in victims), extra=fields(job=job.id))

@@ -40,8 +40,9 @@ def describe(by: str, owner: str, at: float) -> str:
 
 
 def may_take_from(job: Job) -> bool:
-    """The job's resources may be taken by a job of a higher class now."""
-    return job.preemptible and job.state in (JobState.STARTING, JobState.RUNNING) and not job.held_for
+    """The job's resources may be taken by a job of a higher class now (not once its training is over: only its
+    final evaluation is left, and it ends soon by itself)."""
+    return job.preemptible and job.state in (JobState.STARTING, JobState.RUNNING) and not job.final_evaluation_until
 
 
 def candidates(waiting: Job, placed: Iterable[Job]) -> list[Job]:

@@ -103,6 +103,8 @@ def preempted(job: Job, note: str) -> Decision:
     """A job of a higher class takes this job's resources (rule 7); note says which, and when."""
     if job.state not in (JobState.STARTING, JobState.RUNNING):
         return Decision(NOTHING, NO_CHARGE, 0.0, f"not preempted while {job.state}")
+    if job.final_evaluation_until:
+        return Decision(NOTHING, NO_CHARGE, 0.0, "training is over; not preempted")
     return Decision(GROUP, PREEMPTION, 0.0, note)
 
 
