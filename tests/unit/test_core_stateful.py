@@ -241,7 +241,8 @@ class CoreMachine(RuleBasedStateMachine):
                    "permanent_exit_codes": [PERMANENT_EXIT_CODE]}
         self.submit_ranked(SHAPES[shape], restart, rank, preemptible)
 
-    @precondition(lambda self: any(j.state == JobState.RUNNING and j.preemptible for j in self.cluster.jobs.live.values()))
+    @precondition(lambda self: any(j.state == JobState.RUNNING and j.preemptible
+                                   for j in self.cluster.jobs.live.values()))
     @rule(shape=st.sampled_from(list(SHAPES)))
     def submit_urgent(self, shape: str) -> None:
         """A job of a class above every other while some job runs: it preempts what it needs."""

@@ -202,7 +202,8 @@ class Cluster:
             if unplaced:
                 result = place(job.spec, nodes, only={(t.type, t.index) for t in unplaced})
             else:
-                result = place(job.spec, nodes, previous={(t.type, t.index): (t.node, t.port) for t in job.tasks if t.node})
+                result = place(job.spec, nodes,
+                               previous={(t.type, t.index): (t.node, t.port) for t in job.tasks if t.node})
             if isinstance(result, Unfit):
                 self.unfit_at[job.id] = version
                 if not unplaced:
