@@ -140,4 +140,5 @@ def test_a_high_job_preempts_a_low_mwms_job_which_resumes_and_ends_as_if_undistu
     low = finish(cluster, low_id)
     assert low["restarts"] == 0 and low["preemptions"] == 1 and low["preempted_by"] == high_id
     assert all(t["attempt"] == 2 for t in low["tasks"] if t["type"] == "worker"), low["tasks"]
-    assert final_checkpoint(low) == expected
+    history = [(e["checkpoint"].rsplit("/", 1)[-1], e["step"]) for e in low["evaluation"]["history"]]
+    assert final_checkpoint(low) == expected, (low["message"], history, low["tasks"])
