@@ -322,6 +322,21 @@ class LocalCluster:
             kill_group(group)
 
 
+def finish(cluster: LocalCluster, job_id: str, timeout: float = 360) -> dict:
+    """The job once it has ended, which must be SUCCEEDED, with none of its processes left."""
+    job = cluster.wait_job(job_id, timeout=timeout)
+    assert job["state"] == "SUCCEEDED", f"{job['state']}: {job['message']}\n{job.get('last_failure')}"
+    wait_until(lambda: job_processes(job_id) == [], 10, what="no process of the job left")
+    return job
+
+
+def final_checkpoint(job: dict) -> tuple[str, int]:
+    """The (checkpoint name, step) of the job's latest evaluation: how far its training went."""
+    latest = job["evaluation"]["latest"]
+    assert latest is not None, "the evaluator reported nothing"
+    return Path(latest["checkpoint"]).name, latest["step"]
+
+
 @contextlib.contextmanager
 def running_cluster(root: Path, agents: dict[str, dict], **options):
     """A started coordinator and agents (see LocalCluster.start_agents), torn down afterwards."""

@@ -69,8 +69,8 @@ def render_status(nodes_shown, jobs_shown, summary=None, job_id: Optional[str] =
         for t in j.tasks:
             counts[t.state] = counts.get(t.state, 0) + 1
         summary = ", ".join(f"{v} {k.lower()}" for k, v in sorted(counts.items()))
-        jobs.add_row(j.id, j.owner or "-", j.strategy, _colour_state(j.state), str(j.restarts), summary,
-                     j.message or "")
+        restarts = f"{j.restarts} (+{j.preemptions} preempted)" if j.preemptions else str(j.restarts)
+        jobs.add_row(j.id, j.owner or "-", j.strategy, _colour_state(j.state), restarts, summary, j.message or "")
     parts.append(jobs)
     if job_id and jobs_shown:
         job = jobs_shown[0]

@@ -346,7 +346,8 @@ def job_status(job, usage=None, queue_position: int = 0) -> control_pb2.JobStatu
                                    preemptions=job.preemptions, uid=job.uid, owner=job.owner,
                                    priority=job.priority, queue_position=queue_position, rank=job.rank,
                                    waiting_since=max(job.created, job.not_before) if job.state == JobState.PENDING
-                                   else 0)
+                                   else 0, preempted_by=job.preempted_by,
+                                   preempted_by_owner=job.preempted_by_owner, preempted_at=job.preempted_at)
     usage = usage or job.usage
     status.gpu_seconds, status.cpu_seconds = usage.gpu_seconds, usage.cpu_seconds
     status.peak_rss_bytes = usage.peak_rss_bytes
@@ -420,7 +421,9 @@ def job_doc(j: control_pb2.JobStatus) -> dict[str, Any]:
             "evaluator_restarts": j.evaluator_restarts, "preemptions": j.preemptions, "uid": j.uid or None,
             "owner": j.owner, "priority": j.priority, "queue_position": j.queue_position or None,
             "waiting_since": j.waiting_since or None,
-            "usage": {"gpu_seconds": j.gpu_seconds, "cpu_seconds": j.cpu_seconds, "peak_rss_bytes": j.peak_rss_bytes}}
+            "usage": {"gpu_seconds": j.gpu_seconds, "cpu_seconds": j.cpu_seconds, "peak_rss_bytes": j.peak_rss_bytes},
+            "preempted_by": j.preempted_by or None, "preempted_by_owner": j.preempted_by_owner or None,
+            "preempted_at": j.preempted_at or None}
 
 
 def plan_doc(p: control_pb2.PlanJobResponse) -> dict[str, Any]:

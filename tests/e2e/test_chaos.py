@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import LocalCluster, ROOT, hand_on, job_processes, running_cluster, wait_until
+from harness import LocalCluster, ROOT, final_checkpoint, finish, hand_on, job_processes, running_cluster, wait_until
 
 pytestmark = [pytest.mark.e2e,
               pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="needs the tf extra")]
@@ -20,7 +20,6 @@ pytestmark = [pytest.mark.e2e,
 EXAMPLES = ROOT / "examples"
 EPOCHS = {"mwms_fit": 6, "parameter_server_fit": 5, "mwms_preemption": 4}
 EPOCH_PAUSE_SECONDS = 1.5  # long enough to kill something between two epochs
-JOB_TIMEOUT = 360
 
 
 @pytest.fixture(scope="module")
@@ -52,19 +51,6 @@ def submit(cluster: LocalCluster, spec: Path) -> str:
 def wait_for_checkpoint(checkpoints: Path, number: int) -> None:
     wait_until(lambda: (checkpoints / f"ckpt-{number}.index").exists(), 240, interval=0.2,
                what=f"checkpoint {number}")
-
-
-def finish(cluster: LocalCluster, job_id: str) -> dict:
-    job = cluster.wait_job(job_id, timeout=JOB_TIMEOUT)
-    assert job["state"] == "SUCCEEDED", f"{job['state']}: {job['message']}\n{job.get('last_failure')}"
-    wait_until(lambda: job_processes(job_id) == [], 10, what="no process of the job left")
-    return job
-
-
-def final_checkpoint(job: dict) -> tuple[str, int]:
-    latest = job["evaluation"]["latest"]
-    assert latest is not None, "the evaluator reported nothing"
-    return Path(latest["checkpoint"]).name, latest["step"]
 
 
 _undisturbed: dict[str, tuple[str, int]] = {}

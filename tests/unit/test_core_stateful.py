@@ -5,6 +5,8 @@ invariants that must hold after every step, whatever the order:
 - a task's attempt number never goes down;
 - the restarts a job is charged never exceed its budget (nor do its evaluator's);
 - no GPU is held by two live tasks;
+- a job is preempted only by one of a higher class, and only when its own class is preemptible; what it gave
+  up is taken by no job but the one it was preempted for;
 - every job and task state change went through Job.move / Task.move and is in the transition table
   (tfcluster/states.py), also inside Cluster.tick, which logs and swallows one job's error to keep the others.
 
@@ -230,16 +232,31 @@ class CoreMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: len(self.cluster.jobs.live) < MAX_LIVE_JOBS)
     @rule(shape=st.sampled_from(list(SHAPES)), max_restarts=st.integers(0, 2),
-          backoff=st.sampled_from([0.0, 2.0]), hang=st.sampled_from([0.0, 20.0]))
-    def submit(self, shape: str, max_restarts: int, backoff: float, hang: float) -> None:
+          backoff=st.sampled_from([0.0, 2.0]), hang=st.sampled_from([0.0, 20.0]),
+          rank=st.sampled_from([0, 10, 100]), preemptible=st.booleans())
+    def submit(self, shape: str, max_restarts: int, backoff: float, hang: float, rank: int,
+               preemptible: bool) -> None:
+        """A job of a priority class (rank: its value, as a policy resolves it), which may preempt others."""
         restart = {"max_restarts": max_restarts, "backoff_seconds": backoff, "hang_seconds": hang,
                    "permanent_exit_codes": [PERMANENT_EXIT_CODE]}
+        self.submit_ranked(SHAPES[shape], restart, rank, preemptible)
+
+    @precondition(lambda self: any(j.state == JobState.RUNNING and j.preemptible
+                                   for j in self.cluster.jobs.live.values()))
+    @rule(shape=st.sampled_from(list(SHAPES)))
+    def submit_urgent(self, shape: str) -> None:
+        """A job of a class above every other while some job runs: it preempts what it needs."""
+        self.submit_ranked(SHAPES[shape], {"permanent_exit_codes": [PERMANENT_EXIT_CODE]}, 1000, False)
+
+    def submit_ranked(self, shape: dict, restart: dict, rank: int, preemptible: bool) -> None:
         try:
-            _, commands = self.cluster.submit(make_spec(restart=restart, name=shape.replace(" ", "-"),
-                                                        **SHAPES[shape]), self.now)
+            job, commands = self.cluster.submit(make_spec(restart=restart, name="job", **shape), self.now)
         except Unplaceable:  # its nodes are all lost now
             return
         self.carry_out(commands)
+        job.rank, job.preemptible = rank, preemptible
+        self.cluster.nodes.resources_changed()  # tried again with its class
+        self.carry_out(self.cluster.schedule(self.now))
 
     @precondition(lambda self: self.cluster.jobs)
     @rule(data=st.data(), graceful=st.booleans())
@@ -295,6 +312,25 @@ class CoreMachine(RuleBasedStateMachine):
     def no_gpu_is_held_twice(self) -> None:
         held = [(t.node, g.index) for j in self.cluster.jobs.values() for t in j.tasks if t.live for g in t.gpus]
         assert len(held) == len(set(held)), sorted(held)
+
+
+    @invariant()
+    def only_lower_preemptible_classes_are_preempted(self) -> None:
+        jobs = self.cluster.jobs
+        for job in jobs.values():
+            if job.preempted_by:
+                assert job.preemptible and jobs[job.preempted_by].rank > job.rank, (job, jobs[job.preempted_by])
+
+    @invariant()
+    def what_is_kept_for_a_preemptor_goes_to_no_other_job(self) -> None:
+        for job in self.cluster.jobs.live.values():
+            if not job.held_for:
+                continue
+            kept = {(t.node, g.index) for t in job.tasks if t.node for g in t.gpus}
+            for other in self.cluster.jobs.live.values():
+                if other.id != job.held_for and other.held_for != job.held_for:
+                    taken = {(t.node, g.index) for t in other.tasks if other.holds(t) for g in t.gpus}
+                    assert not kept & taken, (job, other, kept & taken)
 
 
 CoreMachine.TestCase.settings = settings(max_examples=50, stateful_step_count=60, derandomize=True, database=None,

@@ -215,3 +215,20 @@ def test_book_charges_the_counter_and_sets_when_the_restart_may_launch():
     job.restarts = MAX_RESTARTS
     R.book(job, R.decide(job, failure, "worker"), failure, now=90.0)
     assert (job.restarts, job.not_before) == (MAX_RESTARTS, 80.0), "failing charges nothing and waits for nothing"
+
+
+@pytest.mark.parametrize("phase", [JobState.STARTING, JobState.RUNNING, JobState.STOPPING, FINAL])
+def test_a_preemption_by_a_higher_class_restarts_the_group_at_once_charging_only_preemptions(phase):
+    job = job_in("multi_worker_mirrored", "worker", phase)
+    if phase == JobState.STOPPING:
+        job.state = JobState.STOPPING
+    job.restarts = MAX_RESTARTS  # a spent budget changes nothing: the job did not fail
+    decision = R.preempted(job, "preempted by job y-7 at 14:03")
+    if phase in (JobState.STOPPING, FINAL):  # stopping already, or only the final evaluation is left
+        assert decision.scope == R.NOTHING
+        return
+    assert (decision.scope, decision.charge, decision.delay) == (R.GROUP, R.PREEMPTION, 0.0)
+    assert decision.reason == "preempted by job y-7 at 14:03"
+    R.book(job, decision, None, now=50.0)
+    assert (job.restarts, job.preemptions, job.not_before) == (MAX_RESTARTS, 1, 50.0)
+    assert job.seen.restart_causes == [R.PREEMPTED] and R.PREEMPTED in R.CAUSES

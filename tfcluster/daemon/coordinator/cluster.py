@@ -16,7 +16,7 @@ import logging
 from dataclasses import dataclass, field
 
 from tfcluster import strategies
-from tfcluster.daemon.coordinator import accounting, checkpoints, lifecycle, queue, taskusers
+from tfcluster.daemon.coordinator import accounting, checkpoints, lifecycle, preemption, queue, taskusers
 from tfcluster.daemon.coordinator.changelog import ChangeLog, UsageDropped, UsageRecorded
 from tfcluster.daemon.coordinator.job import Job
 from tfcluster.daemon.coordinator.jobs import KEEP_FINISHED_JOBS, KEEP_FINISHED_SECONDS, Jobs
@@ -197,8 +197,10 @@ class Cluster:
         return job, self.schedule(now)
 
     def schedule(self, now: float) -> list[Command]:
-        """Places tasks that lost their node, then the PENDING jobs that fit now in queue order (queue.py). A
-        job that did not fit is tried again only once resources may have changed (or the policy did)."""
+        """Places tasks that lost their node, then jobs that preempted others once what they freed is there, then
+        the PENDING jobs that fit now in queue order (queue.py); those that wait for resources may preempt jobs of
+        lower classes (preemption.py). A job that did not fit is tried again only once resources may have changed
+        (or the policy did)."""
         version = self.nodes.capacity_version
         pending, repairs = [], []
         for job in self.jobs.live.values():
@@ -209,18 +211,19 @@ class Cluster:
         if not repairs and all(self.unfit_at.get(j.id) == version for j in pending):
             return []
         capacity = {n.name: n for n in self.capacity(now)}
+        held = preemption.holdings(self.jobs.live.values())  # what preempted jobs gave up, kept for their preemptor
         commands: list[Command] = []
         for job in repairs:
-            commands += self._place_lost_tasks(job, capacity, version, now)
+            commands += self._place_lost_tasks(job, preemption.free_for(job, capacity, held), capacity, version, now)
         if pending:
-            commands += self._place_queue(pending, capacity, version, now)
+            commands += self._place_queue(pending, capacity, held, version, now)
         return commands
 
-    def _place_lost_tasks(self, job: Job, capacity: dict[str, NodeCapacity], version: int,
-                          now: float) -> list[Command]:
+    def _place_lost_tasks(self, job: Job, nodes: list[NodeCapacity], capacity: dict[str, NodeCapacity],
+                          version: int, now: float) -> list[Command]:
         """A running job's tasks whose node was lost go elsewhere first: the job already holds its place."""
         unplaced = lifecycle.unplaced_tasks(job, now)
-        result = place(job.spec, list(capacity.values()), only={(t.type, t.index) for t in unplaced})
+        result = place(job.spec, nodes, only={(t.type, t.index) for t in unplaced})
         if isinstance(result, Unfit):
             self.unfit_at[job.id] = version
             return []
@@ -229,13 +232,19 @@ class Cluster:
             capacity[p.node] = capacity[p.node].taking(p)
         return self._settle(job, lifecycle.place_again(job, result, self.nodes.info_of, now))
 
-    def _place_queue(self, pending: list[Job], capacity: dict[str, NodeCapacity], version: int,
-                     now: float) -> list[Command]:
-        usage = self.queue_usage(now) if self.policy.source else queue.NO_USAGE
-        turn = queue.QueuePass(capacity, self.holds, queue.Holdings(self.policy, self.jobs.live.values()), usage,
-                               self.nodes.idle)
+    def _place_queue(self, pending: list[Job], capacity: dict[str, NodeCapacity],
+                     held: dict[str, preemption.Holdings], version: int, now: float) -> list[Command]:
+        """Jobs that preempted others go first, on what was kept for them; then the queue, in order, on what is
+        kept for none; then the jobs that wait for resources may preempt."""
         commands: list[Command] = []
-        for job in queue.order(pending, usage.shares):
+        unfit = [job for job in pending if job.id in held]
+        for job in unfit[:]:
+            commands += self._place_preemptor(job, capacity, held, version, now, unfit)
+        kept = {n.name: n for n in preemption.free_for(None, capacity, held)}
+        usage = self.queue_usage(now) if self.policy.source else queue.NO_USAGE
+        turn = queue.QueuePass(kept, self.holds, queue.Holdings(self.policy, self.jobs.live.values()), usage,
+                               self.nodes.idle)
+        for job in queue.order([j for j in pending if j.id not in held], usage.shares):
             if self.unfit_at.get(job.id) == version:
                 turn.skip(job)
                 continue
@@ -245,11 +254,59 @@ class Cluster:
             if isinstance(result, queue.Waiting):
                 self.unfit_at[job.id] = version
                 lifecycle.waits(job, result.reason)
+                if result.for_resources:
+                    unfit.append(job)
                 continue
             self.unfit_at.pop(job.id, None)
             turn.took(job, result)
             commands += self._settle(job, lifecycle.place(job, result, self.nodes.info_of, now))
             self.observer.placed(job, max(0.0, now - max(job.created, job.not_before)))
+        return commands + self._preempt(unfit, kept, held, now)
+
+    def _place_preemptor(self, job: Job, capacity: dict[str, NodeCapacity], held: dict[str, preemption.Holdings],
+                         version: int, now: float, unfit: list[Job]) -> list[Command]:
+        """A job for which others were preempted, placed once what they held is free."""
+        previous = {(t.type, t.index): (t.node, t.port) for t in job.tasks if t.node}
+        result = place(job.spec, preemption.free_for(job, capacity, held), previous=previous)
+        if isinstance(result, Unfit):
+            self.unfit_at[job.id] = version
+            lifecycle.waits(job, f"waiting for resources: {result.reason}")
+            return []
+        unfit.remove(job)
+        self.unfit_at.pop(job.id, None)
+        preemption.release(job.id, self.jobs.live.values())
+        del held[job.id]
+        for p in result:
+            capacity[p.node] = capacity[p.node].taking(p)
+        commands = self._settle(job, lifecycle.place(job, result, self.nodes.info_of, now))
+        self.observer.placed(job, max(0.0, now - max(job.created, job.not_before)))
+        return commands
+    def _preempt(self, unfit: list[Job], capacity: dict[str, NodeCapacity],
+                 held: dict[str, preemption.Holdings], now: float) -> list[Command]:
+        """Jobs that did not fit, the highest class first, take resources from placed jobs of lower, preemptible
+        classes where that makes them fit (preemption.py)."""
+        live = self.jobs.live.values()
+        takeable: list[Job] | None = None  # worked out once, when some job may preempt
+        commands: list[Command] = []
+        for job in sorted(unfit, key=lambda j: -j.rank):
+            if job.id in held:  # its victims are stopping; once they are gone and it still does not fit (a node of
+                # theirs was lost), what they held is free for anyone again and it may preempt anew
+                if not preemption.still_stopping(job.id, live) and preemption.release(job.id, live):
+                    self.nodes.resources_changed()
+                continue
+            if takeable is None:
+                takeable = [j for j in live if preemption.may_take_from(j)]
+            if not takeable or job.rank <= min(j.rank for j in takeable):
+                continue
+            victims = preemption.choose_victims(job, preemption.candidates(job, takeable),
+                                                preemption.free_for(job, capacity, held))
+            for victim in victims:
+                commands += self._settle(victim, lifecycle.preempt(victim, job, now))
+                takeable.remove(victim)
+            victims = [v for v in victims if v.held_for == job.id]  # those restart.preempted did not refuse
+            if victims:
+                held[job.id] = preemption.held_by(victims)
+                log.info("%s preempts %s", job.id, ", ".join(v.id for v in victims), extra=fields(job=job.id))
         return commands
 
     def queue_usage(self, now: float) -> queue.Usage:
@@ -415,6 +472,7 @@ class Cluster:
             self.observer.ended(job)
             self.unfit_at.pop(job.id, None)
             self.holds.pop(job.id, None)
+            preemption.release(job.id, self.jobs.live.values())  # what was kept for it, if it preempted
             self.nodes.resources_changed()
         self.nodes.track(job)
         return commands

@@ -91,7 +91,11 @@ class Task(StateRecord):
             self.attempt += 1
             self.exit = None
         if unplace:
-            self.node, self.host, self.port, self.gpus, self.peer = "", "", 0, (), ""
+            self.unplace()
+
+    def unplace(self) -> None:
+        """It gives up its node, port and GPUs."""
+        self.node, self.host, self.port, self.gpus, self.peer = "", "", 0, (), ""
 
     @property
     def key(self) -> str:
@@ -153,7 +157,13 @@ class Job(StateRecord):
     state: JobState = JobState.PENDING
     tasks: list[Task] = field(default_factory=list)
     restarts: int = 0
-    preemptions: int = 0
+    preemptions: int = 0      # preemption saves (exit 42) and stops for a job of a higher class
+    placed: float = 0.0       # when it was last placed: the most recently started jobs are preempted first
+    # Its last preemption by a job of a higher class (preemption.py): which job, whose, and when.
+    preempted_by: str = ""
+    preempted_by_owner: str = ""
+    preempted_at: float = 0.0
+    held_for: str = ""        # preempted: the resources it gave up are kept for this job until it is placed
     evaluator_restarts: int = 0
     usage: Usage = Usage()    # what its ended attempts used (accounting.py); running ones are added when asked
     message: str = ""

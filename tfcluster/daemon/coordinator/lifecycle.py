@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable
 
 from tfcluster import layout
-from tfcluster.daemon.coordinator import accounting, checkpoints, completion, restart
+from tfcluster.daemon.coordinator import accounting, checkpoints, completion, preemption, restart
 from tfcluster.daemon.coordinator.job import Failure, Job, Task
 from tfcluster.daemon.coordinator.launch import launch
 from tfcluster.daemon.coordinator.scheduler import TaskPlacement
@@ -38,7 +38,7 @@ def place(job: Job, placement: list[TaskPlacement], info_of: NodeLookup, now: fl
         _put(job, job.task(p.type, p.index), p, info_of(p.node))
     job.final_evaluation_until = 0.0
     job.move(JobState.STARTING)
-    job.message = ""
+    job.message, job.placed, job.held_for = "", now, ""
     return checkpoints.restore(job, info_of, now) + advance(job, now)
 
 
@@ -285,6 +285,22 @@ def stop(job: Job, now: float, graceful: bool = True) -> list[Command]:
     return wind_down(job, JobState.STOPPED, "stopped by user", now, grace=None if graceful else 0.0)
 
 
+def preempt(job: Job, by: Job, now: float) -> list[Command]:
+    """A job of a higher class takes this one's resources (preemption.py): what restart.preempted decides,
+    a graceful stop of the whole group (SIGTERM, so the program saves, then SIGKILL after the grace), and
+    back to PENDING once every task is gone, its resources kept for `by` until `by` is placed."""
+    decision = restart.preempted(job, preemption.describe(by.id, by.owner, now))
+    if decision.scope == restart.NOTHING:
+        return []
+    job.preempted_by, job.preempted_by_owner, job.preempted_at, job.held_for = by.id, by.owner, now, by.id
+    for task in job.tasks:  # what it holds now is kept for `by`; a task ended earlier (an evaluator given up)
+        if not job.holds(task):  # holds nothing, and what it held may be another job's by now
+            task.unplace()
+    log.warning("%s: %s", job.id, decision.reason, extra=fields(job=job.id))
+    restart.book(job, decision, None, now)
+    return wind_down(job, restart.RESTART, decision.reason, now)
+
+
 def wind_down(job: Job, outcome: str, message: str, now: float, grace: float | None = None,
               only: tuple[str, ...] = ()) -> list[Command]:
     """Stops every live task (or only those named, for a partial restart); outcome once they are gone."""
@@ -342,8 +358,10 @@ def unplaceable(job: Job, reason: str, never: bool, now: float) -> None:
 
 
 def waits(job: Job, reason: str) -> None:
-    """A PENDING job stays in the queue for this reason (queue.py words it); the same reason again is not
-    written again."""
-    if job.message != reason:
-        job.message = reason
+    """A PENDING job stays in the queue for this reason (queue.py words it), after when it was preempted until
+    it is placed again (placing clears the message); the same reason again is not written again."""
+    preempted = preemption.note(job)
+    message = f"{preempted}; {reason}" if preempted and job.message.startswith(preempted) else reason
+    if job.message != message:
+        job.message = message
 

@@ -118,6 +118,7 @@ class Hold:
 @dataclass
 class Waiting:
     reason: str
+    for_resources: bool = True  # False: held back by a quota, which no preemption may get around
 
 
 class QueuePass:
@@ -145,7 +146,7 @@ class QueuePass:
         self.holds.pop(job.id, None)
         reason = quota_reason(job, self.holdings, self.usage.used_gpu_hours)
         if reason:
-            return Waiting(reason)
+            return Waiting(reason, for_resources=False)
         previous = {(t.type, t.index): (t.node, t.port) for t in job.tasks if t.node}
         result = place(job.spec, list(self.view.values()), previous=previous)
         if not isinstance(result, Unfit):

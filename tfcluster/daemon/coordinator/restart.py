@@ -22,6 +22,9 @@ The rules, in order:
 6. Every restart waits `restart.backoff_seconds` from the failure, except one for free: a preemption save
    or a port taken is not the program's fault, and waiting makes neither less likely to happen again (the
    program saved before it went; the taken port is avoided from now on).
+7. A job of a higher class taking the job's resources (preemption.py) is no failure either: the whole group
+   stops gracefully (its programs save on SIGTERM) and waits in the queue again, at once, its restart
+   budget untouched; it counts as a preemption, like a preemption save.
 """
 
 from __future__ import annotations
@@ -45,7 +48,9 @@ RESTARTS = (GROUP, TASKS, EVALUATOR)
 BUDGET, PREEMPTION, EVALUATOR_BUDGET, NO_CHARGE = "budget", "preemption", "evaluator budget", "nothing"
 
 # Why something restarted, as operators count it (the metrics' `cause` label).
-CAUSES = ("failure", "preemption", "port_conflict", "node_lost", "hang")
+# "preempted": stopped for a job of a higher class; "preemption": the program's own preemption save (exit 42).
+CAUSES = ("failure", "preemption", "port_conflict", "node_lost", "hang", "preempted")
+PREEMPTED = "preempted"
 
 WATCHDOG = "job"  # the task type the hang watchdog's failures are decided under
 
@@ -94,9 +99,19 @@ def decide(job: Job, failure: Failure, task_type: str) -> Decision:
     return _restart(job, failure, GROUP, charge, reason)
 
 
-def book(job: Job, decision: Decision, failure: Failure, now: float) -> None:
+def preempted(job: Job, note: str) -> Decision:
+    """A job of a higher class takes this job's resources (rule 7); note says which, and when."""
+    if job.state not in (JobState.STARTING, JobState.RUNNING):
+        return Decision(NOTHING, NO_CHARGE, 0.0, f"not preempted while {job.state}")
+    if job.final_evaluation_until:
+        return Decision(NOTHING, NO_CHARGE, 0.0, "training is over; not preempted")
+    return Decision(GROUP, PREEMPTION, 0.0, note)
+
+
+def book(job: Job, decision: Decision, failure: Failure | None, now: float) -> None:
     """Enters a decision on the job: the counter it charges, the time before which the restart launches
-    nothing (a later free restart never shortens an earlier one's wait), and its cause for the metrics."""
+    nothing (a later free restart never shortens an earlier one's wait), and its cause for the metrics (no
+    failure: a preemption by a job of a higher class)."""
     if decision.charge == BUDGET:
         job.restarts += 1
     elif decision.charge == PREEMPTION:
@@ -105,7 +120,7 @@ def book(job: Job, decision: Decision, failure: Failure, now: float) -> None:
         job.evaluator_restarts += 1
     if decision.scope in RESTARTS:
         job.not_before = max(job.not_before, now + decision.delay)
-        job.seen.restart_causes.append(cause(failure))
+        job.seen.restart_causes.append(cause(failure) if failure else PREEMPTED)
 
 
 def cause(failure: Failure) -> str:

@@ -1,0 +1,144 @@
+"""End to end with real TensorFlow: a job of a high priority class preempts a running MultiWorkerMirroredStrategy
+tf-keras job of a low, preemptible class (examples/mwms_fit.py, BackupAndRestore). The preemptor runs within the
+victim's grace + 2 s; the victim waits in the queue, uncharged, says who preempted it, resumes from its backup
+once the preemptor is done, and ends with the same final checkpoint (epoch and step) as an undisturbed run.
+
+The classes come from the coordinator's policy file (`--policy`). A coordinator without that flag gets the same
+two classes from a stand-in that resolves a spec's `priority` the way the policy below does (test code only)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from harness import PYTHON, ROOT, LocalCluster, final_checkpoint, finish, wait_until
+
+pytestmark = [pytest.mark.e2e,
+              pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="needs the tf extra")]
+
+EXAMPLES = ROOT / "examples"
+GRACE_SECONDS = 10
+POLICY = """
+[classes]
+low = { value = 10, preemptible = true }
+high = { value = 100, preemptible = false }
+
+[defaults]
+class = "low"
+max_class = "high"
+"""
+# Loaded by the coordinator's interpreter (sitecustomize) when it has no --policy: each new job gets the class
+# its spec names, with the value and preemptibility POLICY gives it.
+STAND_IN = """
+from tfcluster.daemon.coordinator import jobs
+
+CLASSES = {"low": (10, True), "high": (100, False)}
+_new = jobs.Jobs.new
+
+
+def _with_class(self, spec, *args, **kwargs):
+    job = _new(self, spec, *args, **kwargs)
+    job.priority = spec.priority or "low"
+    job.rank, job.preemptible = CLASSES[job.priority]
+    return job
+
+
+jobs.Jobs.new = _with_class
+"""
+
+
+def has_policy_flag() -> bool:
+    help_text = subprocess.run([PYTHON, "-m", "tfcluster.cli", "coordinator", "--help"], capture_output=True,
+                               text=True, env={**os.environ, "COLUMNS": "200"}).stdout
+    return "--policy" in help_text
+
+
+@pytest.fixture
+def cluster(tmp_path_factory):
+    root = tmp_path_factory.mktemp("preemption")
+    cluster = LocalCluster(root=root)
+    try:
+        if has_policy_flag():
+            (root / "policy.toml").write_text(POLICY)
+            cluster.start_coordinator("--policy", str(root / "policy.toml"))
+        else:
+            stand_in = root / "stand-in"
+            stand_in.mkdir()
+            (stand_in / "sitecustomize.py").write_text(STAND_IN)
+            before = os.environ.get("PYTHONPATH")
+            os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(stand_in), before]))
+            try:
+                cluster.start_coordinator()
+            finally:
+                os.environ.pop("PYTHONPATH") if before is None else os.environ.__setitem__("PYTHONPATH", before)
+        cluster.start_agents({"a": {"gpus": 1}, "b": {"gpus": 1}})
+        yield cluster
+    finally:
+        cluster.teardown()
+
+
+def low_spec(tmp_path: Path) -> tuple[Path, Path]:
+    """examples/mwms_fit.toml, one GPU per worker (both nodes' GPUs), its checkpoints under tmp_path."""
+    checkpoints = tmp_path / "ckpt"
+    text = (EXAMPLES / "mwms_fit.toml").read_text()
+    text = text.replace('checkpoint_dir = "runs/mwms-fit"', f'checkpoint_dir = "{checkpoints}"')
+    text = text.replace('env = { EPOCHS = "4" }', 'env = { EPOCHS = "6", EPOCH_PAUSE_SECONDS = "1.5" }')
+    text = text.replace("count = 2\ngpus = 0", "count = 2\ngpus = 1")
+    assert str(checkpoints) in text and "EPOCH_PAUSE_SECONDS" in text and "gpus = 1" in text
+    tmp_path.mkdir(exist_ok=True)
+    tmp_path.chmod(0o777)  # the job's tasks run as a UID of its own, and make their checkpoint dir here
+    spec = tmp_path / "low.toml"
+    spec.write_text(f'workdir = "{EXAMPLES}"\npriority = "low"\nstop_grace_seconds = {GRACE_SECONDS}\n{text}')
+    return spec, checkpoints
+
+
+def high_spec(tmp_path: Path) -> Path:
+    spec = tmp_path / "high.toml"
+    spec.write_text(textwrap.dedent(f"""
+        name = "urgent"
+        strategy = "mirrored"
+        priority = "high"
+        command = ["{sys.executable}", "-c", "import time; time.sleep(3)"]
+        [roles.worker]
+        gpus = 1
+    """))
+    return spec
+
+
+def submit(cluster: LocalCluster, spec: Path) -> str:
+    return cluster.cli("start", str(spec), check=True).stdout.strip()
+
+
+def test_a_high_job_preempts_a_low_mwms_job_which_resumes_and_ends_as_if_undisturbed(cluster, tmp_path):
+    spec, _ = low_spec(tmp_path / "undisturbed")
+    expected = final_checkpoint(finish(cluster, submit(cluster, spec)))
+
+    spec, checkpoints = low_spec(tmp_path / "preempted")
+    low_id = submit(cluster, spec)
+    wait_until(lambda: (checkpoints / "ckpt-2.index").exists(), 240, interval=0.2, what="checkpoint 2")
+    submitted = time.monotonic()
+    high_id = submit(cluster, high_spec(tmp_path))
+    wait_until(lambda: cluster.job(high_id)["state"] in ("RUNNING", "SUCCEEDED"), GRACE_SECONDS + 30, interval=0.2,
+               what=f"{high_id} to run")
+    took = time.monotonic() - submitted
+    low = cluster.job(low_id)
+    print(f"preemptor RUNNING {took:.1f} s after its submission (grace {GRACE_SECONDS} s); the preempted tasks "
+          f"ended: {[(t['type'], t['index'], t['state'], t['exit_code'], t['signal']) for t in low['tasks']]}")
+    assert took <= GRACE_SECONDS + 2, took
+    assert low["state"] in ("STOPPING", "PENDING") and low["preempted_by"] == high_id, low
+    assert low["message"].startswith(f"preempted by admin's job {high_id} at "), low["message"]
+    assert low["restarts"] == 0 and low["preemptions"] == 1
+    assert finish(cluster, high_id)["preemptions"] == 0
+
+    low = finish(cluster, low_id)
+    assert low["restarts"] == 0 and low["preemptions"] == 1 and low["preempted_by"] == high_id
+    assert all(t["attempt"] == 2 for t in low["tasks"] if t["type"] == "worker"), low["tasks"]
+    history = [(e["checkpoint"].rsplit("/", 1)[-1], e["step"]) for e in low["evaluation"]["history"]]
+    assert final_checkpoint(low) == expected, (low["message"], history, low["tasks"])
