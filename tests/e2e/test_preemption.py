@@ -2,15 +2,11 @@
 tf-keras job of a low, preemptible class (examples/mwms_fit.py, BackupAndRestore). The preemptor runs within the
 victim's grace + 2 s; the victim waits in the queue, uncharged, says who preempted it, resumes from its backup
 once the preemptor is done, and ends with the same final checkpoint (epoch and step) as an undisturbed run.
-
-The classes come from the coordinator's policy file (`--policy`). A coordinator without that flag gets the same
-two classes from a stand-in that resolves a spec's `priority` the way the policy below does (test code only)."""
+The classes come from the coordinator's policy file (`--policy`)."""
 
 from __future__ import annotations
 
 import importlib.util
-import os
-import subprocess
 import sys
 import textwrap
 import time
@@ -18,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import PYTHON, ROOT, LocalCluster, final_checkpoint, finish, wait_until
+from harness import ROOT, LocalCluster, final_checkpoint, finish, wait_until
 
 pytestmark = [pytest.mark.e2e,
               pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="needs the tf extra")]
@@ -34,50 +30,13 @@ high = { value = 100, preemptible = false }
 class = "low"
 max_class = "high"
 """
-# Loaded by the coordinator's interpreter (sitecustomize) when it has no --policy: each new job gets the class
-# its spec names, with the value and preemptibility POLICY gives it.
-STAND_IN = """
-from tfcluster.daemon.coordinator import jobs
-
-CLASSES = {"low": (10, True), "high": (100, False)}
-_new = jobs.Jobs.new
-
-
-def _with_class(self, spec, *args, **kwargs):
-    job = _new(self, spec, *args, **kwargs)
-    job.priority = spec.priority or "low"
-    job.rank, job.preemptible = CLASSES[job.priority]
-    return job
-
-
-jobs.Jobs.new = _with_class
-"""
-
-
-def has_policy_flag() -> bool:
-    help_text = subprocess.run([PYTHON, "-m", "tfcluster.cli", "coordinator", "--help"], capture_output=True,
-                               text=True, env={**os.environ, "COLUMNS": "200"}).stdout
-    return "--policy" in help_text
-
-
 @pytest.fixture
 def cluster(tmp_path_factory):
     root = tmp_path_factory.mktemp("preemption")
     cluster = LocalCluster(root=root)
     try:
-        if has_policy_flag():
-            (root / "policy.toml").write_text(POLICY)
-            cluster.start_coordinator("--policy", str(root / "policy.toml"))
-        else:
-            stand_in = root / "stand-in"
-            stand_in.mkdir()
-            (stand_in / "sitecustomize.py").write_text(STAND_IN)
-            before = os.environ.get("PYTHONPATH")
-            os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(stand_in), before]))
-            try:
-                cluster.start_coordinator()
-            finally:
-                os.environ.pop("PYTHONPATH") if before is None else os.environ.__setitem__("PYTHONPATH", before)
+        (root / "policy.toml").write_text(POLICY)
+        cluster.start_coordinator("--policy", str(root / "policy.toml"))
         cluster.start_agents({"a": {"gpus": 1}, "b": {"gpus": 1}})
         yield cluster
     finally:

@@ -55,7 +55,7 @@ def test_order_is_class_then_fair_share_then_age():
 
 def test_a_higher_class_is_placed_first_when_capacity_frees():
     sim = sim_with("", info("n1", 1))
-    running = submit(sim, "alice")
+    running = submit(sim, "alice", priority="high")  # of the highest class: nobody may preempt it
     low = submit(sim, "bob", priority="low")
     high = submit(sim, "carol", priority="high")
     assert (high.priority, high.rank, high.preemptible) == ("high", 100, False)
