@@ -33,6 +33,7 @@ SAMPLE_SECONDS = 1.0        # at least this often
 FASTEST_SAMPLE_SECONDS = 0.1
 PUBLISH_SECONDS = 1.0       # the live figures are handed to the agent at most this often
 RESCAN_SECONDS = 5.0        # the tree's members are looked for anew at least this often
+FIRST_RESCAN_SECONDS = 0.5  # ... and first this long after the start: most short tasks end before it
 TICKS = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -69,7 +70,12 @@ class TreeWatch:
         self._thread.start()
 
     def _loop(self) -> None:
+        # At the start the tree is the task alone: reading every process on the node (the rescan) and handing
+        # figures on would be most of what watching a short task costs, so both wait a little.
+        started = self._stat_of_task()
         last_rss, last_at = 0, time.monotonic()
+        self._rescan_at = last_at + FIRST_RESCAN_SECONDS if started else 0.0
+        self._published_at = last_at
         while not self._done.is_set():
             self.sample()
             now = time.monotonic()
@@ -82,6 +88,12 @@ class TreeWatch:
             wait = self._next_wait((self.rss - last_rss) / max(now - last_at, 1e-3))
             last_rss, last_at = self.rss, now
             self._done.wait(wait)
+
+    def _stat_of_task(self) -> bool:
+        stat = _stat(self.pid)
+        if stat is not None:
+            self._members = {self.pid: stat}
+        return stat is not None
 
     def _next_wait(self, growth_per_second: float) -> float:
         """Sooner while the tree grows towards its limit: half the time it would take to reach it."""
