@@ -14,6 +14,7 @@ import json
 import random
 import time
 from collections import Counter, defaultdict
+from pathlib import Path
 
 import pytest
 
@@ -89,17 +90,19 @@ def spec(cluster: LocalCluster, name: str, command: list[str], priority: str):
     return parse_spec({**doc, "priority": priority} if priority else doc)
 
 
-def submit_all(cluster: LocalCluster) -> list[dict]:
-    """The 200 jobs, in a shuffled order of submission; what each submission acknowledged."""
+def submit_all(cluster: LocalCluster, hold: Path) -> list[dict]:
+    """The 200 jobs, in a shuffled order of submission; what each submission acknowledged. Each runs 0.1 s,
+    and longer while the file hold exists."""
     rng = random.Random(17)
     order = [person for person in PEOPLE for _ in range(JOBS_EACH)]
     rng.shuffle(order)
     clients = {person: client_of(cluster, person) for person in PEOPLE}
+    command = ["/bin/sh", "-c", f"sleep 0.1; while [ -e {hold} ]; do sleep 0.05; done"]
     submitted = []
     try:
         for number, person in enumerate(order):
             asked = class_asked(person, rng)
-            job_id = clients[person].submit(spec(cluster, f"q{number}", ["sleep", "0.1"], asked))
+            job_id = clients[person].submit(spec(cluster, f"q{number}", command, asked))
             submitted.append({"id": job_id, "owner": person, "number": number,
                               "priority": asked or ("low" if person in INTERNS else "normal")})
     finally:
@@ -170,7 +173,8 @@ def test_two_hundred_jobs_drain_in_order_across_a_coordinator_kill(cluster):
     blocker = ops.submit(spec(cluster, "blocker", ["sleep", "600"], "high"))
     wait_until(lambda: cluster.job(blocker)["state"] == "RUNNING", 30, what="the blocker to run")
     began = time.monotonic()
-    submitted = submit_all(cluster)
+    hold = cluster.root / "work" / "hold"
+    submitted = submit_all(cluster, hold)
     submit_seconds = time.monotonic() - began
     ids = [s["id"] for s in submitted]
     assert len(set(ids)) == len(ids) == len(PEOPLE) * JOBS_EACH
@@ -182,7 +186,13 @@ def test_two_hundred_jobs_drain_in_order_across_a_coordinator_kill(cluster):
     wait_until(lambda: ended() >= KILL_AFTER - 10, 120, interval=0.5, what=f"{KILL_AFTER - 10} jobs to end")
     listed = check_queue_order(cluster, submitted)
     wait_until(lambda: ended() >= KILL_AFTER, 60, interval=0.2, what=f"{KILL_AFTER} jobs to end")
+    hold.touch()  # from now on a job keeps running (once its 0.1 s are up) until the file is gone
+    time.sleep(0.5)  # the job that may have been past its check has ended: the one running now is held
+    held = wait_until(lambda: [i for i, j in every_job(cluster).items() if j["state"] == "RUNNING"], 30,
+                      what="a job running when the coordinator is killed")
+    killed_at = time.time()
     kill_and_restart_coordinator(cluster)
+    hold.unlink()
     wait_until(lambda: ended() == len(ids), 240, interval=1.0, what="every job to end")
     drain_seconds = time.monotonic() - drained
 
@@ -198,6 +208,8 @@ def test_two_hundred_jobs_drain_in_order_across_a_coordinator_kill(cluster):
         runs.append({**s, "started": attempts[0]["started"], "finished": attempts[0]["finished"],
                      "gpu_seconds": job["usage"]["gpu_seconds"]})
     runs.sort(key=lambda r: r["started"])
+    # The job running at the kill ran on undisturbed: the restarted coordinator took it over, not relaunched it.
+    assert [r["id"] for r in runs if r["started"] < killed_at < r["finished"]] == held
     for earlier, later in zip(runs, runs[1:]):  # one GPU: a job started only once the one before it ended
         assert earlier["finished"] <= later["started"] + 0.01, (earlier, later)
 
@@ -210,5 +222,7 @@ def test_two_hundred_jobs_drain_in_order_across_a_coordinator_kill(cluster):
         by_owner_and_class[r["owner"], r["priority"]].append(r["number"])
     assert all(numbers == sorted(numbers) for numbers in by_owner_and_class.values()), by_owner_and_class
     check_fair_share(runs)
+    normal = [r["owner"] for r in runs if r["priority"] == "normal"]
     print(f"submitted {len(ids)} jobs in {submit_seconds:.1f} s; drained in {drain_seconds:.1f} s; "
-          f"{listed} listed by `tfcluster queue` before the kill; classes {dict(Counter(classes))}")
+          f"{listed} listed by `tfcluster queue` before the kill; running at the kill: {held}; "
+          f"classes {dict(Counter(classes))}; owners of the normal jobs in the order they started: {normal}")
