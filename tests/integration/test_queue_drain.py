@@ -25,14 +25,10 @@ from tfcluster.credentials import Credentials
 from tfcluster.spec import parse_spec
 
 POLICY = """\
-[classes]
-low = 10
-normal = 50
+[classes]  # nobody preempts the job holding the GPU while all are submitted: it is of the highest class
+low = { value = 10, preemptible = true }
+normal = { value = 50, preemptible = true }
 high = { value = 100, preemptible = false }
-
-[defaults]
-class = "normal"
-max_class = "normal"
 
 [groups.vision]
 max_class = "high"
@@ -40,6 +36,9 @@ max_class = "high"
 [groups.interns]
 class = "low"
 max_class = "low"
+
+[defaults]
+class = "normal"
 """
 
 VISION, INTERNS = ("ada", "bo", "cy"), ("hal", "ivy")
