@@ -1,0 +1,124 @@
+"""The code archive: the same tree gives the same bytes, ignore files are obeyed, links may not leave the tree,
+and an archive over the cap is refused with its largest files named."""
+
+from __future__ import annotations
+
+import os
+import tarfile
+
+import pytest
+
+from tfcluster import codepack
+from tfcluster.codepack import PackError
+
+
+def tree(root, files: dict[str, str | bytes]):
+    for rel, content in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content.encode() if isinstance(content, str) else content)
+    return root
+
+
+def members(archive) -> dict[str, tarfile.TarInfo]:
+    with tarfile.open(archive.path) as tar:
+        return {m.name: m for m in tar.getmembers()}
+
+
+@pytest.fixture
+def packed():
+    made = []
+
+    def pack(root, **kwargs):
+        archive = codepack.pack(root, **kwargs)
+        made.append(archive)
+        return archive
+    yield pack
+    for archive in made:
+        archive.remove()
+
+
+def test_same_tree_same_hash_whatever_the_mtimes_and_the_walk_order(tmp_path, packed):
+    a = tree(tmp_path / "a", {"train.py": "print(1)\n", "lib/util.py": "X = 1\n", "lib/z/deep.txt": "d"})
+    (a / "run.sh").write_text("#!/bin/sh\n")
+    (a / "run.sh").chmod(0o700)
+    first = packed(a)
+    for path in a.rglob("*"):
+        os.utime(path, (1_000_000, 1_000_000))
+    (a / "train.py").chmod(0o600)  # permissions beyond executable-or-not do not count
+    again = packed(a)
+    b = tree(tmp_path / "b", {"lib/z/deep.txt": "d", "lib/util.py": "X = 1\n", "train.py": "print(1)\n"})
+    (b / "run.sh").write_text("#!/bin/sh\n")
+    (b / "run.sh").chmod(0o755)
+    elsewhere = packed(b)
+    assert first.sha256 == again.sha256 == elsewhere.sha256
+    assert first.path.read_bytes() == elsewhere.path.read_bytes()
+    assert (first.files, first.tree_bytes) == (4, len("print(1)\n") + len("X = 1\n") + 1 + len("#!/bin/sh\n"))
+    names = members(first)
+    assert list(names) == sorted(names)
+    assert names["run.sh"].mode == 0o755 and names["train.py"].mode == 0o644
+    assert {(m.mtime, m.uid, m.gid, m.uname, m.gname) for m in names.values()} == {(0, 0, 0, "", "")}
+    (a / "train.py").write_text("print(2)\n")
+    assert packed(a).sha256 != first.sha256
+
+
+def test_git_and_ignored_files_are_left_out_with_nested_rules(tmp_path, packed):
+    root = tree(tmp_path / "w", {
+        ".git/HEAD": "ref", ".gitignore": "*.bin\n!keep.bin\nbuild/\n", ".tfclusterignore": "data/\n",
+        "train.py": "", "big.bin": "x" * 1000, "keep.bin": "k", "build/out.o": "", "data/set.csv": "1",
+        "sub/.gitignore": "local.txt\n!big.bin\n", "sub/local.txt": "", "sub/big.bin": "b", "sub/x.py": "",
+        "other/local.txt": "kept: the rule is sub's alone"})
+    names = set(members(packed(root)))
+    assert names == {".gitignore", ".tfclusterignore", "train.py", "keep.bin", "sub", "sub/.gitignore",
+                     "sub/big.bin", "sub/x.py", "other", "other/local.txt"}
+
+
+def test_links_inside_the_tree_are_kept_and_those_leaving_it_refused_by_name(tmp_path, packed):
+    outside = tree(tmp_path / "outside", {"secret": "s"})
+    root = tree(tmp_path / "w", {"data/a.txt": "a", "train.py": ""})
+    (root / "current").symlink_to("data/a.txt")
+    (root / "data" / "again").symlink_to(root / "train.py")  # absolute, but inside: kept, made relative
+    names = members(packed(root))
+    assert names["current"].issym() and names["current"].linkname == "data/a.txt"
+    assert names["data/again"].linkname == "../train.py"
+    (root / "data" / "escape").symlink_to(outside / "secret")
+    with pytest.raises(PackError, match=r"data/escape is a symbolic link to .*outside.*outside the workdir"):
+        codepack.pack(root)
+    (root / "data" / "escape").unlink()
+    (root / "up").symlink_to("..")
+    with pytest.raises(PackError, match="up is a symbolic link to .., outside the workdir"):
+        codepack.pack(root)
+
+
+def test_over_the_cap_names_the_largest_files(tmp_path):
+    root = tree(tmp_path / "w", {"data/big.bin": os.urandom(300_000), "data/mid.bin": os.urandom(120_000),
+                                 "train.py": "print()\n", **{f"f{i}.txt": os.urandom(10) for i in range(6)}})
+    with pytest.raises(PackError) as refused:
+        codepack.pack(root, max_bytes=256 << 10)
+    message = str(refused.value)
+    assert message.startswith("code: 420 kB is over the coordinator's cap of 256 KiB; "
+                              "largest: data/big.bin 300 kB, data/mid.bin 120 kB, ")
+    assert ", ..." in message and ".tfclusterignore" in message
+    assert not list(tmp_path.glob("tfcluster-code-*"))
+
+
+def test_the_temporary_file_goes_when_packing_fails(tmp_path, monkeypatch):
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    import tempfile
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    root = tree(tmp_path / "w", {"a.bin": os.urandom(5000)})
+    with pytest.raises(PackError):
+        codepack.pack(root, max_bytes=1000)
+    assert list((tmp_path / "tmp").iterdir()) == []
+
+
+def test_sizes_read_as_people_write_them():
+    assert [codepack.human_bytes(n) for n in (900, 12_345, 1_200_000, 412_000_000, 3_000_000_000)] == \
+        ["900 B", "12.3 kB", "1.2 MB", "412 MB", "3.0 GB"]
+    assert [codepack.binary_bytes(n) for n in (256 << 20, 1 << 30, 1000)] == ["256 MiB", "1 GiB", "1.0 kB"]
+
+
+def test_a_workdir_that_is_not_a_folder_is_refused(tmp_path):
+    with pytest.raises(PackError, match="not a folder"):
+        codepack.collect(tmp_path / "missing")
