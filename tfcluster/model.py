@@ -199,6 +199,14 @@ class SyncResult:
     seconds: float = 0.0
 
 
+@dataclass(frozen=True)
+class EnvironmentSpec:
+    """A spec's [environment]: the Python packages its tasks need beyond the agent's, in a virtualenv per node."""
+    requirements: str = ""  # a requirements file, relative to the workdir; "": none
+    isolated: bool = False  # True: the environment does not see the agent's site-packages
+    project: str = ""       # a folder with pyproject.toml / uv.lock, relative to the workdir; "": none
+
+
 # ---- commands, coordinator to agent -------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -215,6 +223,9 @@ class Launch:
     gid: int = 0
     owner: str = ""        # the job's owner: with `--task-user owner` the agent runs the task as their account
     memory_bytes: int = 0  # the most memory the task's process tree may use; 0: not limited
+    code_sha256: str = ""  # the job's code archive, fetched and unpacked under the task's cwd; "": shared workdir
+    code_sources: tuple[str, ...] = ()  # peers (host:peer_port) that hold the archive; the coordinator after them
+    environment: EnvironmentSpec = field(default_factory=EnvironmentSpec)
 
     def __str__(self) -> str:
         return f"launch {self.attempt} on {self.node}"

@@ -53,7 +53,7 @@ class Rule:
 #  NODE: a registration names at most 256 GPUs and reports its tasks, each under 100 KB with its last 20
 #        lines; a stream message is a heartbeat (a few hundred bytes per running task), a task report, or a
 #        64 KiB log chunk. 16 MiB holds thousands of running tasks' reports or a hundred full exit reports.
-#  CHUNK: a checkpoint file goes to a peer in 1 MiB chunks.
+#  CHUNK: a checkpoint file goes to a peer, and a job's code archive to the coordinator, in 1 MiB chunks.
 NAMES, ENDED, SPEC, NODE_MESSAGE, CHUNK = 16 * KIB, 256 * KIB, 16 * MIB, 16 * MIB, 2 * MIB
 POLICY: dict[str, Rule] = {
     AGENT + "Register": Rule(frozenset({NODE}), NODE_MESSAGE),
@@ -76,6 +76,8 @@ POLICY: dict[str, Rule] = {
     CONTROL + "GetUsage": Rule(READERS, NAMES),  # every user's totals, to anyone who may read (fair share is open)
     CONTROL + "GetQueue": Rule(READERS, NAMES),
     CONTROL + "GetPolicy": Rule(READERS, NAMES),
+    CONTROL + "CodeStatus": Rule(SUBMITTERS, NAMES),
+    CONTROL + "UploadCode": Rule(SUBMITTERS, CHUNK),  # what one stream may store is bounded by --max-code-bytes
 }
 HEALTH_MAX_BYTES = 4 * KIB  # a health check names a service
 # What a server that serves these methods must let gRPC take in at all; the bound per method is checked after.

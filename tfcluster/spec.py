@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from tfcluster import layout, strategies
-from tfcluster.model import NODE_NAME_RE, ROLE_TYPES, control_character
+from tfcluster.model import NODE_NAME_RE, ROLE_TYPES, EnvironmentSpec, control_character
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -42,6 +42,7 @@ MAX_TASKS_PER_ROLE = 10_000
 MAX_GPUS_PER_TASK = 64
 MAX_MEMORY_BYTES = 1 << 50        # a petabyte: far above any node, far below a number that overflows
 SIZE_RE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGTkmgt](?:i?[Bb])?|[Bb])?")
+CODE_SHA256_RE = re.compile(r"sha256:[0-9a-f]{64}")
 
 
 class SpecError(ValueError):
@@ -91,6 +92,9 @@ class JobSpec:
     evaluator_deadline_seconds: float = DEFAULT_EVALUATOR_DEADLINE_SECONDS
     priority: str = ""  # a priority class of the coordinator's policy; "": the owner's default class
     memory: int = 0     # bytes each task may use, unless the role says otherwise; 0: not limited
+    code_sha256: str = ""  # the packed workdir the client uploaded ("sha256:<hex>"); "": workdir on shared storage
+    shared_workdir: bool = False  # the spec says its workdir is on storage every node shares: not packed
+    environment: EnvironmentSpec = field(default_factory=EnvironmentSpec)
 
     def role(self, role_type: str) -> RoleSpec:
         return self.roles.get(role_type, RoleSpec())
@@ -152,8 +156,21 @@ def validate(spec: JobSpec, source: str = "<spec>", absolute_paths: bool = False
     _check_number(r.hang_seconds, "restart.hang_seconds", 0, fail)
     _check_number(spec.stop_grace_seconds, "stop_grace_seconds", 0, fail)
     _check_number(spec.evaluator_deadline_seconds, "evaluator_deadline_seconds", 1, fail)
+    _check_code(spec, fail)
     _check_roles(spec, fail)
     return spec
+
+
+def _check_code(spec: JobSpec, fail) -> None:
+    if spec.code_sha256 and not CODE_SHA256_RE.fullmatch(spec.code_sha256):
+        raise fail("code_sha256", f"expected \"sha256:\" and 64 lowercase hex digits, got {spec.code_sha256[:80]!r}")
+    if spec.code_sha256 and spec.shared_workdir:
+        raise fail("shared_workdir", "a job whose workdir is on shared storage ships no code archive")
+    for key in ("requirements", "project"):
+        path = getattr(spec.environment, key)
+        _check_text(path, f"environment.{key}", fail, MAX_PATH)
+        if path.startswith("/") or ".." in path.split("/"):
+            raise fail(f"environment.{key}", f"expected a path inside the workdir (relative, without ..), got {path!r}")
 
 
 def _check_role(role_type: str, role: RoleSpec, fail, absolute_paths: bool) -> None:
@@ -252,9 +269,11 @@ def _check_env(env: dict[str, str], key: str, fail) -> None:
 # ---- types: reading a TOML document (or the same plain data from flags) ------------------------
 
 JOB_KEYS = ("name", "strategy", "command", "workdir", "checkpoint_dir", "model_dir", "env", "gpus",
-            "roles", "restart", "stop_grace_seconds", "evaluator_deadline_seconds", "priority", "memory")
+            "roles", "restart", "stop_grace_seconds", "evaluator_deadline_seconds", "priority", "memory",
+            "shared_workdir", "environment")
 ROLE_KEYS = ("count", "gpus", "command", "env", "nodes", "entrypoint", "summary_dir", "memory")
 RESTART_KEYS = ("max_restarts", "backoff_seconds", "permanent_exit_codes", "hang_seconds")
+ENVIRONMENT_KEYS = ("requirements", "isolated", "project")
 
 
 class _Reader:
@@ -283,6 +302,11 @@ class _Reader:
     def integer(self, value: Any, key: str) -> int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise self.fail(key, f"expected an integer, got {_describe(value)}")
+        return value
+
+    def boolean(self, value: Any, key: str) -> bool:
+        if not isinstance(value, bool):
+            raise self.fail(key, f"expected true or false, got {_describe(value)}")
         return value
 
     def number(self, value: Any, key: str) -> float:
@@ -374,8 +398,17 @@ def parse_spec(data: Any, source: str = "<spec>") -> JobSpec:
                                             "evaluator_deadline_seconds"),
         priority=r.string(data.get("priority", ""), "priority"),
         memory=r.size(data.get("memory", 0), "memory"),
+        shared_workdir=r.boolean(data.get("shared_workdir", False), "shared_workdir"),
+        environment=_read_environment(r, data.get("environment", {})),
     )
     return validate(spec, source)
+
+
+def _read_environment(r: _Reader, table: Any) -> EnvironmentSpec:
+    table = r.table(table, "environment", ENVIRONMENT_KEYS)
+    return EnvironmentSpec(requirements=r.string(table.get("requirements", ""), "environment.requirements"),
+                           isolated=r.boolean(table.get("isolated", False), "environment.isolated"),
+                           project=r.string(table.get("project", ""), "environment.project"))
 
 
 def _read_role(r: _Reader, role_type: str, table: Any) -> RoleSpec:
@@ -412,12 +445,14 @@ def load_spec_file(path: str | Path) -> JobSpec:
 
 def resolve_paths(spec: JobSpec, base: Path) -> JobSpec:
     """Makes workdir, checkpoint_dir, model_dir and the evaluator's summary_dir absolute (every node sees the
-    same absolute path)."""
+    same absolute path). A workdir of / is a whole filesystem, never one to pack: it is taken as shared."""
     def absolute(p: str) -> str:
         return str((base / p).resolve()) if p and not Path(p).is_absolute() else p
     roles = {t: replace(r, summary_dir=absolute(r.summary_dir)) for t, r in spec.roles.items()}
-    return replace(spec, workdir=absolute(spec.workdir or "."), checkpoint_dir=absolute(spec.checkpoint_dir),
-                   model_dir=absolute(spec.model_dir), roles=roles)
+    workdir = absolute(spec.workdir or ".")
+    return replace(spec, workdir=workdir, checkpoint_dir=absolute(spec.checkpoint_dir),
+                   model_dir=absolute(spec.model_dir), roles=roles,
+                   shared_workdir=spec.shared_workdir or workdir == "/")
 
 
 def spec_from_flags(*, name: str, strategy: str, workers: int, chief: bool, ps: int, evaluator: bool,
@@ -434,7 +469,10 @@ def spec_from_flags(*, name: str, strategy: str, workers: int, chief: bool, ps: 
         roles["ps"] = {"count": ps, "gpus": 0}
     if evaluator:
         roles["evaluator"] = {"count": 1, "gpus": 0}
-    data: dict[str, Any] = {"name": name, "strategy": strategy, "roles": roles, "gpus": gpus_per_task}
+    # No file says what the job's code is: the command runs in the current folder's path on every node, as
+    # it always has (that folder must be on shared storage); a spec file ships its workdir instead.
+    data: dict[str, Any] = {"name": name, "strategy": strategy, "roles": roles, "gpus": gpus_per_task,
+                            "shared_workdir": True}
     if command:
         data["command"] = list(command)
     if checkpoint_dir:

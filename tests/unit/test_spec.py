@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from tfcluster.strategies import by_roles as resolve_strategy
 from tfcluster.spec import (
+    EnvironmentSpec,
     JobSpec,
     RestartPolicy,
     RoleSpec,
@@ -16,6 +18,7 @@ from tfcluster.spec import (
     load_spec_file,
     parse_spec,
     spec_from_flags,
+    validate,
 )
 
 # A spec as a user writes one: every table, the evaluator included.
@@ -511,3 +514,56 @@ def test_auto_is_validated_as_the_strategy_it_resolves_to():
         parse_spec({"name": "a", "strategy": "auto", "command": ["p"], "gpus": 1,
                     "roles": {"worker": {"count": 2}, "chief": {"gpus": 2}}})
     assert info.value.key == "roles.chief.gpus"
+
+
+# ---- where the code comes from, and its environment ----------------------------------------------
+
+def test_a_spec_files_workdir_is_packed_unless_it_says_it_is_shared(tmp_path):
+    spec = load_spec_file(write(tmp_path, BASE))
+    assert (spec.shared_workdir, spec.code_sha256, spec.environment) == (False, "", EnvironmentSpec())
+    shared = load_spec_file(write(tmp_path, "shared_workdir = true\n" + BASE))
+    assert shared.shared_workdir
+    root = load_spec_file(write(tmp_path, 'workdir = "/"\n' + BASE))
+    assert root.shared_workdir, "a whole filesystem is never packed"
+
+
+def test_a_spec_from_flags_runs_in_the_current_folder_on_shared_storage():
+    data = spec_from_flags(name="x", strategy="mirrored", workers=1, chief=False, ps=0, evaluator=False,
+                           gpus_per_task=0, checkpoint_dir=None, command=["python3", "train.py"])
+    assert parse_spec(data, "flags").shared_workdir
+
+
+def test_the_environment_table_is_read_and_checked(tmp_path):
+    spec = load_spec_file(write(tmp_path, BASE + '\n[environment]\nrequirements = "requirements.txt"\n'
+                                               'isolated = true\nproject = "."\n'))
+    assert spec.environment == EnvironmentSpec("requirements.txt", True, ".")
+    assert_names(spec_error(tmp_path, BASE + '\n[environment]\nisolated = "yes"\n'), "environment.isolated",
+                 "true or false")
+    assert_names(spec_error(tmp_path, BASE + '\n[environment]\nrequirements = "../req.txt"\n'),
+                 "environment.requirements", "inside the workdir")
+    assert_names(spec_error(tmp_path, BASE + '\n[environment]\nproject = "/srv/p"\n'), "environment.project",
+                 "inside the workdir")
+    assert_names(spec_error(tmp_path, BASE + '\n[environment]\npip = ["x"]\n'), "environment.pip", "unknown key")
+    assert_names(spec_error(tmp_path, "shared_workdir = 1\n" + BASE), "shared_workdir", "true or false")
+
+
+def test_a_code_archive_is_named_by_its_sha256_and_never_with_a_shared_workdir(tmp_path):
+    spec = load_spec_file(write(tmp_path, BASE))
+    good = "sha256:" + "ab" * 32
+    assert validate(replace(spec, code_sha256=good)).code_sha256 == good
+    for bad in ("ab" * 32, "sha256:" + "AB" * 32, "sha256:12"):
+        with pytest.raises(SpecError, match="code_sha256: expected"):
+            validate(replace(spec, code_sha256=bad))
+    with pytest.raises(SpecError, match="shared_workdir: a job whose workdir is on shared storage ships no code"):
+        validate(replace(spec, code_sha256=good, shared_workdir=True))
+
+
+def test_code_and_environment_go_over_the_wire_and_back(tmp_path):
+    from tfcluster import wire
+
+    spec = replace(load_spec_file(write(tmp_path, BASE + '\n[environment]\nrequirements = "r.txt"\n')),
+                   code_sha256="sha256:" + "0f" * 32)
+    assert wire.spec_from_proto(wire.spec_to_proto(spec)) == spec
+    old_client = wire.spec_to_proto(load_spec_file(write(tmp_path, BASE)))
+    old_client.ClearField("shared_workdir")
+    assert wire.spec_from_proto(old_client).code_sha256 == "", "no archive: the workdir is on shared storage"

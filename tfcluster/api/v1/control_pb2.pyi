@@ -492,3 +492,29 @@ class GetPolicyResponse(_message.Message):
     source: str
     loaded_at: float
     def __init__(self, text: _Optional[str] = ..., source: _Optional[str] = ..., loaded_at: _Optional[float] = ...) -> None: ...
+
+class CodeStatusRequest(_message.Message):
+    __slots__ = ("sha256", "size")
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    sha256: str
+    size: int
+    def __init__(self, sha256: _Optional[str] = ..., size: _Optional[int] = ...) -> None: ...
+
+class CodeStatusResponse(_message.Message):
+    __slots__ = ("complete", "received", "max_bytes")
+    COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    complete: bool
+    received: int
+    max_bytes: int
+    def __init__(self, complete: _Optional[bool] = ..., received: _Optional[int] = ..., max_bytes: _Optional[int] = ...) -> None: ...
+
+class UploadCodeResponse(_message.Message):
+    __slots__ = ("complete", "received")
+    COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    complete: bool
+    received: int
+    def __init__(self, complete: _Optional[bool] = ..., received: _Optional[int] = ...) -> None: ...

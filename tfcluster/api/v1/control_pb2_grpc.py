@@ -5,6 +5,7 @@ import grpc
 import warnings
 
 from tfcluster.api.v1 import control_pb2 as tfcluster_dot_v1_dot_control__pb2
+from tfcluster.api.v1 import types_pb2 as tfcluster_dot_v1_dot_types__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -104,6 +105,16 @@ class ControlServiceStub:
                 '/tfcluster.v1.ControlService/GetPolicy',
                 request_serializer=tfcluster_dot_v1_dot_control__pb2.GetPolicyRequest.SerializeToString,
                 response_deserializer=tfcluster_dot_v1_dot_control__pb2.GetPolicyResponse.FromString,
+                _registered_method=True)
+        self.CodeStatus = channel.unary_unary(
+                '/tfcluster.v1.ControlService/CodeStatus',
+                request_serializer=tfcluster_dot_v1_dot_control__pb2.CodeStatusRequest.SerializeToString,
+                response_deserializer=tfcluster_dot_v1_dot_control__pb2.CodeStatusResponse.FromString,
+                _registered_method=True)
+        self.UploadCode = channel.stream_unary(
+                '/tfcluster.v1.ControlService/UploadCode',
+                request_serializer=tfcluster_dot_v1_dot_types__pb2.CodeChunk.SerializeToString,
+                response_deserializer=tfcluster_dot_v1_dot_control__pb2.UploadCodeResponse.FromString,
                 _registered_method=True)
 
 
@@ -208,6 +219,20 @@ class ControlServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CodeStatus(self, request, context):
+        """How much of a job's code archive the coordinator holds, and the largest it takes.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UploadCode(self, request_iterator, context):
+        """Sends a code archive, or its rest: chunks in order from CodeStatusResponse.received.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControlServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -280,6 +305,16 @@ def add_ControlServiceServicer_to_server(servicer, server):
                     servicer.GetPolicy,
                     request_deserializer=tfcluster_dot_v1_dot_control__pb2.GetPolicyRequest.FromString,
                     response_serializer=tfcluster_dot_v1_dot_control__pb2.GetPolicyResponse.SerializeToString,
+            ),
+            'CodeStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.CodeStatus,
+                    request_deserializer=tfcluster_dot_v1_dot_control__pb2.CodeStatusRequest.FromString,
+                    response_serializer=tfcluster_dot_v1_dot_control__pb2.CodeStatusResponse.SerializeToString,
+            ),
+            'UploadCode': grpc.stream_unary_rpc_method_handler(
+                    servicer.UploadCode,
+                    request_deserializer=tfcluster_dot_v1_dot_types__pb2.CodeChunk.FromString,
+                    response_serializer=tfcluster_dot_v1_dot_control__pb2.UploadCodeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -660,6 +695,60 @@ class ControlService:
             '/tfcluster.v1.ControlService/GetPolicy',
             tfcluster_dot_v1_dot_control__pb2.GetPolicyRequest.SerializeToString,
             tfcluster_dot_v1_dot_control__pb2.GetPolicyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CodeStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tfcluster.v1.ControlService/CodeStatus',
+            tfcluster_dot_v1_dot_control__pb2.CodeStatusRequest.SerializeToString,
+            tfcluster_dot_v1_dot_control__pb2.CodeStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UploadCode(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/tfcluster.v1.ControlService/UploadCode',
+            tfcluster_dot_v1_dot_types__pb2.CodeChunk.SerializeToString,
+            tfcluster_dot_v1_dot_control__pb2.UploadCodeResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -22,7 +22,7 @@ from tfcluster.daemon.coordinator.node import Node
 from tfcluster.daemon.coordinator.store import Delete, Document, Put, Revisions, Write
 from tfcluster.daemon.coordinator.trust import Holder, JoinToken, Removal, Trust
 from tfcluster.model import Evaluation, Gpu, NodeInfo, TaskExit
-from tfcluster.spec import JobSpec, RestartPolicy, RoleSpec
+from tfcluster.spec import EnvironmentSpec, JobSpec, RestartPolicy, RoleSpec
 
 NEXT_JOB_NUMBER = "next_job_number"  # counters
 CLUSTER_TAG = "cluster_tag"
@@ -335,4 +335,6 @@ def spec_from_doc(doc: dict[str, Any]) -> JobSpec:
     roles = {k: RoleSpec(**{**v, "command": tuple(v["command"]), "nodes": tuple(v["nodes"])})
              for k, v in doc["roles"].items()}
     restart = RestartPolicy(**{**doc["restart"], "permanent_exit_codes": tuple(doc["restart"]["permanent_exit_codes"])})
-    return JobSpec(**{**doc, "command": tuple(doc["command"]), "roles": roles, "restart": restart})
+    environment = EnvironmentSpec(**doc.get("environment", {}))  # none in a job stored before code travelled
+    return JobSpec(**{**doc, "command": tuple(doc["command"]), "roles": roles, "restart": restart,
+                      "environment": environment})
