@@ -104,6 +104,9 @@ def coordinator(
                                           help="A policy file (TOML): priority classes, who may use them, and "
                                                "quotas per user and group; reloaded on SIGHUP "
                                                "[default: none: one class, no quotas, first come first placed]."),
+    max_code_bytes: str = typer.Option("256M", metavar="SIZE",
+                                       help="The largest code archive a job may bring (`tfcluster start` packs "
+                                            "the spec's workdir), such as 256M or 1G."),
     log_level: str = LogLevelOpt,
     log_format: str = LogFormatOpt,
 ) -> None:
@@ -125,6 +128,7 @@ def coordinator(
         fail(f"--task-uid-range: {e}", 2)
     token = read_token(token_file)
     _check_trust_flags(tls_dir, insecure, token)
+    code_cap = parse_size(max_code_bytes, "--max-code-bytes")
     keep_for = parse_duration(keep_finished_for, "--keep-finished-for")
     keep_usage_seconds = parse_duration(keep_usage_for, "--keep-usage-for")
     node_cert_seconds = parse_duration(node_cert_lifetime, "--node-cert-lifetime")
@@ -140,7 +144,8 @@ def coordinator(
                                    keep_finished_jobs=keep_finished_jobs, keep_finished_seconds=keep_for,
                                    node_cert_seconds=node_cert_seconds, http_listen=http_listen or "",
                                    task_uids=task_uids, store_url=store or "",
-                                   keep_usage_seconds=keep_usage_seconds, policy_path=policy)
+                                   keep_usage_seconds=keep_usage_seconds, policy_path=policy,
+                                   max_code_bytes=code_cap)
         serve(server)
     except PolicyError as e:
         fail(f"--policy: {e}", 2)

@@ -21,6 +21,9 @@ import grpc
 from tfcluster import pki, wire
 from tfcluster.api.v1 import agent_pb2
 from tfcluster.daemon.coordinator.cluster import Cluster
+from tfcluster.daemon.coordinator.codeservice import sweep_code
+from tfcluster.daemon.coordinator.codestore import DEFAULT_MAX_BYTES as DEFAULT_MAX_CODE_BYTES
+from tfcluster.daemon.coordinator.codestore import CodeStore
 from tfcluster.daemon.coordinator.logins import Logins
 from tfcluster.daemon.coordinator.outbox import LogWaiter, Outbox, StreamEnded
 from tfcluster.daemon.coordinator.persistence import Persistence
@@ -45,8 +48,10 @@ class Coordinator:
     """The model and everything around it that runs on the event loop."""
 
     def __init__(self, store: Store, cluster: Cluster, heartbeat_interval: float,
-                 clock: Callable[[], float] = time.time, authority: pki.Authority | None = None):
+                 clock: Callable[[], float] = time.time, authority: pki.Authority | None = None,
+                 code: CodeStore | None = None):
         self.cluster, self.clock = cluster, clock
+        self.code = code  # the jobs' code archives; None: none kept (a job that names one is refused)
         self.authority = authority  # the CA that signs node certificates; None: no TLS (--insecure)
         self.node_cert_lifetime = datetime.timedelta(hours=pki.NODE_HOURS)
         self.heartbeat_interval = heartbeat_interval
@@ -75,6 +80,8 @@ class Coordinator:
     def start(self) -> None:
         self.tasks = [asyncio.create_task(self.persistence.run(), name="writer"),
                       asyncio.create_task(self._tick_loop(), name="ticker")]
+        if self.code is not None:
+            self.tasks.append(asyncio.create_task(sweep_code(self), name="code sweeper"))
 
     async def close(self) -> None:
         for task in self.tasks[1:]:
@@ -308,13 +315,15 @@ def _acts_for_itself(caller: Identity | None, node: str) -> None:
 def build(state_dir: Path, lost_after_seconds: float, heartbeat_interval_seconds: float,
           keep_finished_jobs: int, keep_finished_seconds: float, authority: pki.Authority | None = None,
           reconnect_grace_seconds: float = RECONNECT_GRACE_SECONDS,
-          task_uids: UidRange = UidRange(), store_url: str = "") -> Coordinator:
-    """A coordinator with its state loaded from the store --store names (store.py; "": under the state dir)."""
+          task_uids: UidRange = UidRange(), store_url: str = "",
+          max_code_bytes: int = DEFAULT_MAX_CODE_BYTES) -> Coordinator:
+    """A coordinator with its state loaded from the store --store names (store.py; "": under the state dir),
+    and its jobs' code archives under the state dir."""
     cluster = Cluster(lost_after_seconds, resend_after_seconds=max(3 * heartbeat_interval_seconds, 1.0),
                       keep_finished_jobs=keep_finished_jobs, keep_finished_seconds=keep_finished_seconds,
                       task_uids=task_uids)
     coordinator = Coordinator(open_store(store_url, Path(state_dir)), cluster, heartbeat_interval_seconds,
-                              authority=authority)
+                              authority=authority, code=CodeStore(Path(state_dir) / "code", max_code_bytes))
     coordinator.load(reconnect_grace_seconds)
     return coordinator
 

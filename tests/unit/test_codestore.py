@@ -1,0 +1,78 @@
+"""The coordinator's code archives: an upload is taken in order, goes on where it stopped, is kept only once
+its size and sha256 check out, and is removed once no kept job names it and its grace is over."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import pytest
+
+from tfcluster.daemon.coordinator.codestore import CodeRefused, CodeStore
+
+DATA = os.urandom(3000)
+SHA = "sha256:" + hashlib.sha256(DATA).hexdigest()
+
+
+@pytest.fixture
+def store(tmp_path):
+    now = [1000.0]
+    s = CodeStore(tmp_path / "code", max_bytes=4096, clock=lambda: now[0], grace_seconds=60)
+    s.now = now
+    return s
+
+
+def test_an_upload_cut_off_goes_on_where_it_stopped(store):
+    assert store.status(SHA, len(DATA)) == (False, 0)
+    assert store.write(SHA, len(DATA), 0, DATA[:1000]) == 1000
+    assert store.status(SHA, len(DATA)) == (False, 1000)
+    with pytest.raises(CodeRefused, match="send the rest") as cut:
+        store.finish(SHA, len(DATA))
+    assert cut.value.received == 1000
+    with pytest.raises(CodeRefused, match="a chunk at byte 0, but 1000 bytes of this archive are held") as again:
+        store.write(SHA, len(DATA), 0, DATA[:1000])
+    assert again.value.received == 1000
+    assert store.write(SHA, len(DATA), 1000, DATA[1000:]) == len(DATA)
+    assert not store.has(SHA)
+    store.finish(SHA, len(DATA))
+    assert store.has(SHA) and store.path(SHA).read_bytes() == DATA
+    assert store.status(SHA, len(DATA)) == (True, len(DATA))
+    assert [p.name for p in store.directory.iterdir()] == [f"{SHA[7:]}.tar.gz"]
+
+
+def test_bytes_that_do_not_hash_to_the_name_are_thrown_away(store):
+    wrong = "sha256:" + "0" * 64
+    store.write(wrong, len(DATA), 0, DATA)
+    with pytest.raises(CodeRefused, match=f"hash to {SHA}, not {wrong}: send the archive again"):
+        store.finish(wrong, len(DATA))
+    assert not store.has(wrong) and list(store.directory.iterdir()) == []
+
+
+def test_what_is_refused(store):
+    with pytest.raises(CodeRefused, match="over this coordinator's cap of 4096 bytes"):
+        store.write(SHA, 5000, 0, b"x")
+    with pytest.raises(CodeRefused, match="run past the archive's size"):
+        store.write(SHA, 10, 0, b"x" * 11)
+    for bad in ("sha256:../../etc/passwd", "md5:abc", "sha256:" + "A" * 64):
+        with pytest.raises(CodeRefused, match="expected \"sha256:\" and 64 lowercase hex digits"):
+            store.status(bad, 1)
+        assert not store.has(bad)
+
+
+def test_an_archive_stays_while_a_job_names_it_and_for_its_grace(store):
+    store.write(SHA, len(DATA), 0, DATA)
+    store.finish(SHA, len(DATA))
+    os.utime(store.path(SHA), (store.now[0], store.now[0]))
+    other = "sha256:" + "1" * 64
+    store.write(other, 100, 0, b"p" * 10)  # an upload left unfinished
+    os.utime(store._part(other, 100), (store.now[0], store.now[0]))
+    store.now[0] += 30
+    assert store.sweep(set()) == []  # within the grace: the job that needs it may not be submitted yet
+    store.now[0] += 60
+    assert store.sweep({SHA}) == [f"{'1' * 64}-100.part"]
+    assert store.has(SHA)
+    store.status(SHA, len(DATA))  # a client found it here: its job comes next, the grace starts again
+    store.now[0] = os.stat(store.path(SHA)).st_mtime + 30
+    assert store.sweep(set()) == []
+    store.now[0] += 60
+    assert store.sweep(set()) == [f"{SHA[7:]}.tar.gz"] and not store.has(SHA)

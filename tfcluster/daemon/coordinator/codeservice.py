@@ -1,0 +1,80 @@
+"""The ControlService calls that bring a job's code to the coordinator: CodeStatus and UploadCode.
+
+A client asks how much of its archive is here and sends only the rest, in order, in chunks; the archive
+is kept once its size and sha256 check out (codestore.py). A job that names an archive is accepted only
+once the archive is here, so that every node it runs on can fetch it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import grpc
+
+from tfcluster.api.v1 import control_pb2
+from tfcluster.daemon.coordinator.codestore import CodeRefused, CodeStore
+from tfcluster.spec import JobSpec
+
+log = logging.getLogger("tfcluster.coordinator")
+
+SWEEP_SECONDS = 60.0
+
+
+class CodeServicer:
+    """Mixed into the ControlService's servicer; `self.c` is the Coordinator, whose `code` is the store."""
+
+    async def _store(self, context) -> CodeStore:
+        if self.c.code is None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this coordinator keeps no code archives")
+        return self.c.code
+
+    async def CodeStatus(self, request, context):
+        store = await self._store(context)
+        try:
+            complete, received = store.status(request.sha256, request.size)
+        except CodeRefused as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        return control_pb2.CodeStatusResponse(complete=complete, received=received, max_bytes=store.max_bytes)
+
+    async def UploadCode(self, request_iterator, context):
+        store = await self._store(context)
+        sha256, size, received = "", 0, 0
+        try:
+            async for chunk in request_iterator:
+                if not sha256:
+                    sha256, size = chunk.sha256, chunk.size
+                    if store.has(sha256):  # another client's upload of the same tree finished first
+                        return control_pb2.UploadCodeResponse(complete=True, received=size)
+                elif (chunk.sha256, chunk.size) != (sha256, size):
+                    raise CodeRefused("one upload is of one archive: every chunk names the first's sha256 and size",
+                                      received)
+                received = store.write(sha256, size, chunk.offset, chunk.data)
+            if not sha256:
+                raise CodeRefused("an upload with no chunk")
+            await asyncio.to_thread(store.finish, sha256, size)
+        except CodeRefused as e:
+            code = grpc.StatusCode.FAILED_PRECONDITION if e.received else grpc.StatusCode.INVALID_ARGUMENT
+            await context.abort(code, str(e))
+        except OSError as e:
+            log.error("code %s: cannot store it: %s", sha256, e)
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"the coordinator cannot store the code: {e.strerror}")
+        return control_pb2.UploadCodeResponse(complete=True, received=size)
+
+    async def _check_code(self, spec: JobSpec, context) -> None:
+        """A job may name only an archive the coordinator holds."""
+        if spec.code_sha256 and (self.c.code is None or not self.c.code.has(spec.code_sha256)):
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                 f"code {spec.code_sha256} is not on the coordinator: upload it first "
+                                 f"(`tfcluster start` does)")
+
+
+async def sweep_code(coordinator) -> None:
+    """Every SWEEP_SECONDS, removes the archives no kept job names (the jobs' own retention decides)."""
+    while True:
+        await asyncio.sleep(SWEEP_SECONDS)
+        in_use = {job.spec.code_sha256 for job in coordinator.cluster.jobs.values() if job.spec.code_sha256}
+        try:
+            await asyncio.to_thread(coordinator.code.sweep, in_use)
+        except OSError as e:
+            log.warning("code archives not swept: %s", e)
