@@ -6,14 +6,14 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import grpc
 
 from tfcluster import layout
-from tfcluster.api.v1 import control_pb2, control_pb2_grpc
+from tfcluster.api.v1 import control_pb2, control_pb2_grpc, types_pb2
 from tfcluster.auth import TokenError, client_token
 from tfcluster.credentials import Credentials, PkiError
 
@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # the spec and its conversion are imported by the calls that 
 RPC_TIMEOUT_SECONDS = 10.0
 SUBMIT_TRIES = 5  # over about 4 s: a coordinator that restarts is back; one that is not running is reported
 MAX_MESSAGE_BYTES = 64 << 20
+CODE_CHUNK_BYTES = 1 << 20  # the coordinator takes up to 2 MiB a message (security.CHUNK)
 POLL_SECONDS = 0.5  # following a job on a coordinator without WatchJob
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
@@ -33,6 +34,7 @@ class ClientError(Exception):
     def __init__(self, message: str, exit_code: int = 1):
         super().__init__(message)
         self.exit_code = exit_code
+        self.status: grpc.StatusCode | None = None  # the coordinator's answer, when it came from one
 
 
 def default_coordinator() -> str:
@@ -74,6 +76,11 @@ class Client:
             raise self._error(e) from None
 
     def _error(self, e: grpc.RpcError) -> ClientError:
+        error = self._describe(e)
+        error.status = e.code()
+        return error
+
+    def _describe(self, e: grpc.RpcError) -> ClientError:
         code, details = e.code(), e.details() or ""
         if code in RETRYABLE and "disconnected" not in details and "is not connected" not in details:
             first = details.splitlines()[0] if details else code.name
@@ -105,6 +112,26 @@ class Client:
                     raise self._error(e) from None
                 time.sleep(0.25 * 2 ** attempt)
         raise AssertionError("unreachable")
+
+    def code_status(self, sha256: str, size: int) -> control_pb2.CodeStatusResponse:
+        """How much of the archive the coordinator holds, and its cap (sha256 "": the cap alone)."""
+        return self._call(self.stub.CodeStatus, control_pb2.CodeStatusRequest(sha256=sha256, size=size))
+
+    def upload_code(self, path: Path, sha256: str, size: int, offset: int,
+                    sent: Callable[[int], None] = lambda received: None) -> control_pb2.UploadCodeResponse:
+        """Sends the archive's bytes from offset on, in CODE_CHUNK_BYTES chunks; sent(bytes held) after each."""
+        def chunks() -> Iterator[types_pb2.CodeChunk]:
+            with open(path, "rb") as f:
+                f.seek(offset)
+                position = offset
+                while data := f.read(CODE_CHUNK_BYTES):
+                    yield types_pb2.CodeChunk(sha256=sha256, size=size, offset=position, data=data)
+                    position += len(data)
+                    sent(position)
+        try:
+            return self.stub.UploadCode(chunks(), timeout=None, wait_for_ready=False)
+        except grpc.RpcError as e:
+            raise self._error(e) from None
 
     def create_join_token(self, ttl_seconds: float, node: str = "", reusable: bool = False,
                           replace: bool = False) -> tuple[str, float]:

@@ -82,6 +82,10 @@ def start(
         except SpecError as e:
             fail(str(SpecError("flags", FLAG_FOR_KEY.get(e.key, e.key), e.message)), 2)
     with connect(coordinator, tls_dir) as client:
+        if not spec.shared_workdir:
+            from tfcluster.cli.code import ship_code
+
+            spec = ship_code(client, spec)
         try:
             job_id = client.submit(spec)
         except ClientError as e:

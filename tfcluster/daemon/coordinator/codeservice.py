@@ -31,6 +31,8 @@ class CodeServicer:
 
     async def CodeStatus(self, request, context):
         store = await self._store(context)
+        if not request.sha256:  # a client with a large tree asks the cap before it packs
+            return control_pb2.CodeStatusResponse(max_bytes=store.max_bytes)
         try:
             complete, received = store.status(request.sha256, request.size)
         except CodeRefused as e:
