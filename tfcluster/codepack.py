@@ -14,6 +14,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import os
+import re
 import stat
 import tarfile
 import tempfile
@@ -26,6 +27,7 @@ IGNORE_FILES = (".gitignore", ".tfclusterignore")
 ALWAYS_LEFT_OUT = frozenset({".git"})
 DEFAULT_MAX_BYTES = 256 << 20
 LARGEST_SHOWN = 5
+SHA256_RE = re.compile(r"sha256:[0-9a-f]{64}")
 _COPY_CHUNK = 1 << 20
 
 
@@ -40,6 +42,7 @@ class Entry:
     size: int = 0
     executable: bool = False
     target: str = ""  # a link's target, relative to the link's folder
+    mtime_ns: int = 0  # not in the archive: it tells a tree already packed from one that changed (fingerprint)
 
 
 @dataclass(frozen=True)
@@ -54,9 +57,12 @@ class Archive:
         self.path.unlink(missing_ok=True)
 
     def summary(self) -> str:
-        """`41 files, 1.2 MB, sha256:ab12...`: the size said is the tree's, as the user knows their files."""
-        return f"{self.files} file{'s' if self.files != 1 else ''}, {human_bytes(self.tree_bytes)}, " \
-               f"{self.sha256[:19]}..."
+        return summary(self.files, self.tree_bytes, self.sha256)
+
+
+def summary(files: int, tree_bytes: int, sha256: str) -> str:
+    """`41 files, 1.2 MB, sha256:ab12...`: the size said is the tree's, as the user knows their files."""
+    return f"{files} file{'s' if files != 1 else ''}, {human_bytes(tree_bytes)}, {sha256[:19]}..."
 
 
 # ---- what goes in -------------------------------------------------------------------------------
@@ -123,7 +129,7 @@ def _walk(folder: Path, rel: str, ignores: _Ignores, real_root: Path, entries: l
             entries.append(Entry(path, "dir"))
             _walk(Path(item.path), path, ignores.below(Path(item.path), path), real_root, entries)
         elif stat.S_ISREG(info.st_mode):
-            entries.append(Entry(path, "file", info.st_size, bool(info.st_mode & 0o111)))
+            entries.append(Entry(path, "file", info.st_size, bool(info.st_mode & 0o111), mtime_ns=info.st_mtime_ns))
         # sockets, fifos and devices are not code: left out
 
 
@@ -167,7 +173,7 @@ def pack(root: str | Path, max_bytes: int = DEFAULT_MAX_BYTES, entries: list[Ent
     try:
         with os.fdopen(fd, "wb") as raw:
             capped = _Capped(raw, max_bytes)
-            with gzip.GzipFile(filename="", mode="wb", fileobj=capped, mtime=0) as zipped, \
+            with gzip.GzipFile(filename="", mode="wb", fileobj=capped, mtime=0, compresslevel=6) as zipped, \
                     tarfile.open(fileobj=zipped, mode="w", format=tarfile.PAX_FORMAT) as tar:
                 for entry in entries:
                     _add(tar, root, entry)
@@ -210,6 +216,15 @@ def over_cap_message(entries: list[Entry], max_bytes: int) -> str:
             f"{binary_bytes(max_bytes)}; largest: {shown}{', ...' if len(files) > LARGEST_SHOWN else ''} "
             f"(leave what the job does not need out in .tfclusterignore, or set shared_workdir = true "
             f"if the workdir is on storage every node shares)")
+
+
+def fingerprint(root: str | Path, entries: list[Entry]) -> str:
+    """What the tree looks like from its listing (paths, sizes, modes, modification times, links): a tree
+    whose fingerprint is unchanged since it was packed packs to the same archive, as git's index assumes."""
+    digest = hashlib.sha256(f"{Path(root).resolve()}\n".encode())
+    for e in entries:
+        digest.update(f"{e.path}\0{e.kind}\0{e.size}\0{e.executable:d}\0{e.target}\0{e.mtime_ns}\n".encode())
+    return digest.hexdigest()
 
 
 def tree_bytes(entries: list[Entry]) -> int:

@@ -55,7 +55,10 @@ def test_sent_once_without_what_git_ignores(cluster, tmp_path):
     with tarfile.open(cluster.root / "coordinator" / "code" / next(iter(new))) as tar:
         assert sorted(tar.getnames()) == [".gitignore", "job.toml", "train.py"]
     assert next(iter(new)).startswith(line.group(2)[7:])
-    again = cluster.cli("start", str(spec), check=True)
+    again = cluster.cli("start", str(spec), check=True)  # remembered: not even packed again
+    assert f"{line.group(2)}..., already on the cluster" in again.stderr
+    (tmp_path / "w" / "train.py").touch()  # packed again: the same bytes, the same archive
+    again = cluster.cli("start", str(spec), check=True, env={"XDG_CACHE_HOME": str(tmp_path / "cache")})
     assert f"{line.group(2)}..., already on the cluster" in again.stderr
     job = cluster.job(again.stdout.strip())
     assert job["state"] in ("PENDING", "RUNNING", "SUCCEEDED")

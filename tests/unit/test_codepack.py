@@ -122,3 +122,16 @@ def test_sizes_read_as_people_write_them():
 def test_a_workdir_that_is_not_a_folder_is_refused(tmp_path):
     with pytest.raises(PackError, match="not a folder"):
         codepack.collect(tmp_path / "missing")
+
+
+def test_the_fingerprint_changes_with_the_listing_and_not_otherwise(tmp_path):
+    root = tree(tmp_path / "w", {"train.py": "print(1)\n", "lib/util.py": ""})
+    first = codepack.fingerprint(root, codepack.collect(root))
+    assert codepack.fingerprint(root, codepack.collect(root)) == first
+    os.utime(root / "train.py", ns=(1, 1))
+    touched = codepack.fingerprint(root, codepack.collect(root))
+    assert touched != first, "a file touched may have changed: packed again"
+    twin = tree(tmp_path / "twin", {"train.py": "print(2)\n", "lib/util.py": ""})
+    os.utime(twin / "train.py", ns=(1, 1))
+    os.utime(twin / "lib" / "util.py", ns=(os.stat(root / "lib" / "util.py").st_mtime_ns,) * 2)
+    assert codepack.fingerprint(twin, codepack.collect(twin)) != touched, "another folder is another tree"

@@ -1,15 +1,20 @@
 """`tfcluster start`'s first step for a spec whose workdir is not on shared storage: pack the workdir, send the
 coordinator what it lacks of the archive, and name the archive in the spec.
 
-When the coordinator already holds the tree this costs one small call (CodeStatus). An upload that is cut
-off goes on from what the coordinator says it holds; one that takes more than a moment shows a progress bar.
+When the coordinator already holds the tree this costs a walk of its listing and one small call
+(CodeStatus): the archive made of a tree whose listing (sizes, modification times) has not changed since is
+remembered in the user's cache, and not made again. An upload that is cut off goes on from what the
+coordinator says it holds; one that takes more than a moment shows a progress bar.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import grpc
 
@@ -19,6 +24,7 @@ from tfcluster.client import Client, ClientError, RETRYABLE
 from tfcluster.spec import JobSpec
 
 UPLOAD_TRIES = 5
+CACHE_ENTRIES = 64  # trees remembered
 PROGRESS_AFTER_SECONDS = 0.5  # an upload done sooner shows no bar
 
 
@@ -29,6 +35,11 @@ def ship_code(client: Client, spec: JobSpec) -> JobSpec:
         entries = codepack.collect(spec.workdir)
     except codepack.PackError as e:
         fail(f"code: {e}", 2)
+    fingerprint = codepack.fingerprint(spec.workdir, entries)
+    known = _remembered(fingerprint)
+    if known and _code_status(client, known["sha256"], known["size"]).complete:
+        _said(codepack.summary(known["files"], known["tree_bytes"], known["sha256"]), "already on the cluster")
+        return replace(spec, code_sha256=known["sha256"])
     cap = codepack.DEFAULT_MAX_BYTES
     if codepack.tree_bytes(entries) > cap:  # perhaps over a cap set higher: ask it, rather than pack for nothing
         cap = _code_status(client, "", 0).max_bytes
@@ -47,8 +58,50 @@ def ship_code(client: Client, spec: JobSpec) -> JobSpec:
             done = "uploaded"
     finally:
         archive.remove()
-    print(f"code: {archive.summary()}, {done}", file=sys.stderr, flush=True)
+    _remember(fingerprint, {"sha256": archive.sha256, "size": archive.size, "files": archive.files,
+                            "tree_bytes": archive.tree_bytes})
+    _said(archive.summary(), done)
     return replace(spec, code_sha256=archive.sha256)
+
+
+def _said(summary: str, done: str) -> None:
+    print(f"code: {summary}, {done}", file=sys.stderr, flush=True)
+
+
+def _cache_file() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tfcluster" / "code.json"
+
+
+def _remembered(fingerprint: str = "") -> dict:
+    """Every tree remembered (fingerprint -> its archive), or the one archive of fingerprint ({}: none)."""
+    try:
+        known = json.loads(_cache_file().read_text())
+    except (OSError, ValueError):
+        return {}  # no cache, or a damaged one: the tree is packed, as the first time
+    if not isinstance(known, dict):
+        return {}
+    if not fingerprint:
+        return known
+    archive = known.get(fingerprint)
+    fields = {"sha256": str, "size": int, "files": int, "tree_bytes": int}
+    whole = isinstance(archive, dict) and all(isinstance(archive.get(k), t) for k, t in fields.items())
+    return archive if whole and codepack.SHA256_RE.fullmatch(archive["sha256"]) else {}
+
+
+def _remember(fingerprint: str, archive: dict) -> None:
+    """Keeps the newest CACHE_ENTRIES trees; a cache that cannot be written costs a pack next time, no more."""
+    known = _remembered()
+    known.pop(fingerprint, None)
+    known[fingerprint] = archive
+    kept = dict(list(known.items())[-CACHE_ENTRIES:])
+    path = _cache_file()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        scratch = path.with_suffix(f".{os.getpid()}.tmp")
+        scratch.write_text(json.dumps(kept))
+        os.replace(scratch, path)
+    except OSError:
+        pass
 
 
 def _code_status(client: Client, sha256: str, size: int):
