@@ -18,6 +18,7 @@ ROLE_TYPES = ("chief", "worker", "ps", "evaluator")
 # A node name is a host name or something like it: it appears in logs, tables and `nodes = [...]` lists.
 NODE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
 MAX_GPUS_PER_NODE = 256
+MAX_CODE_SOURCES = 16  # peers a launch names that hold the job's code
 # Control characters have no business in a name or a path (a newline forges log lines and table rows, a NUL
 # cannot reach the kernel). Commands and environment values may hold tabs and line breaks: `python -c`
 # scripts, PEM blocks.

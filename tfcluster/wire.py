@@ -15,10 +15,10 @@ from typing import Any
 
 from tfcluster.api.v1 import agent_pb2, control_pb2
 from tfcluster.api.v1 import types_pb2 as pb
-from tfcluster.model import (MAX_GPUS_PER_NODE, NODE_NAME_RE, Attempt, CancelLog, Command, EnvironmentSpec,
-                             Evaluation, ExpectFiles, FinishTraining, Gpu, Launch, LogData, NodeInfo, ReadLog,
-                             Revocations, ShipCheckpoints, Stop, SyncCheckpoints, SyncResult, TaskExit, TaskProgress,
-                             TaskReport, control_character, printable)
+from tfcluster.model import (MAX_CODE_SOURCES, MAX_GPUS_PER_NODE, NODE_NAME_RE, Attempt, CancelLog, Command,
+                             EnvironmentSpec, Evaluation, ExpectFiles, FinishTraining, Gpu, Launch, LogData, NodeInfo,
+                             ReadLog, Revocations, ShipCheckpoints, Stop, SyncCheckpoints, SyncResult, TaskExit,
+                             TaskProgress, TaskReport, control_character, printable)
 from tfcluster.roles.tfconfig import build_tf_configs
 from tfcluster.spec import JobSpec, RestartPolicy, RoleSpec, validate
 from tfcluster.states import JobState, Phase
@@ -27,7 +27,6 @@ MAX_TEXT = 4096        # a message, a path, a name of a GPU
 MAX_LOG_TAIL_LINES = 50
 MAX_TASKS_PER_NODE = 10_000  # task reports with a registration, progress entries with a heartbeat
 MAX_JOB_IDS = 1000           # asked about in one EndedJobs call
-MAX_CODE_SOURCES = 16        # peers a launch names that hold the job's code
 PHASES = {Phase.RUNNING: pb.TASK_PHASE_RUNNING, Phase.EXITED: pb.TASK_PHASE_EXITED,
           Phase.FAILED_TO_START: pb.TASK_PHASE_FAILED_TO_START}
 PHASE_NAMES = {v: k for k, v in PHASES.items()}

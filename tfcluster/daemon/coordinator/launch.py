@@ -10,8 +10,9 @@ import posixpath
 
 from tfcluster import layout
 from tfcluster.daemon.coordinator.job import Job, Task
-from tfcluster.model import Launch
+from tfcluster.model import MAX_CODE_SOURCES, Launch
 from tfcluster.roles.tfconfig import tf_config
+from tfcluster.states import TaskState
 
 
 def launch(job: Job, task: Task) -> Launch:
@@ -20,7 +21,17 @@ def launch(job: Job, task: Task) -> Launch:
                   stop_grace_seconds=job.spec.stop_grace_seconds,
                   report_listening=job.profile.must_listen(task.type), uid=job.uid, gid=job.uid, owner=job.owner,
                   memory_bytes=job.spec.memory_for(task.type), code_sha256=job.spec.code_sha256,
-                  environment=job.spec.environment)
+                  code_sources=code_sources(job, task), environment=job.spec.environment)
+
+
+def code_sources(job: Job, task: Task) -> tuple[str, ...]:
+    """Peers that hold the job's code: the other nodes where its tasks run or ran to the end (each fetched
+    it before it started). The agent asks them first, the coordinator after them."""
+    if not job.spec.code_sha256:
+        return ()
+    peers = dict.fromkeys(t.peer for t in job.tasks if t.node != task.node and t.peer and
+                          t.state in (TaskState.RUNNING, TaskState.SUCCEEDED))
+    return tuple(peers)[:MAX_CODE_SOURCES]
 
 
 def command_for(job: Job, task: Task) -> tuple[str, ...]:
