@@ -76,3 +76,28 @@ def test_an_archive_stays_while_a_job_names_it_and_for_its_grace(store):
     assert store.sweep(set()) == []
     store.now[0] += 60
     assert store.sweep(set()) == [f"{SHA[7:]}.tar.gz"] and not store.has(SHA)
+
+
+def test_the_coordinator_sweeps_what_its_kept_jobs_no_longer_name(store, monkeypatch):
+    import asyncio
+    from types import SimpleNamespace
+
+    from tfcluster.daemon.coordinator import codeservice
+
+    unused = os.urandom(100)
+    unused_sha = "sha256:" + hashlib.sha256(unused).hexdigest()
+    for sha, data in ((SHA, DATA), (unused_sha, unused)):
+        store.write(sha, len(data), 0, data)
+        store.finish(sha, len(data))
+    store.now[0] = os.stat(store.path(SHA)).st_mtime + 120  # both past their grace
+    job = SimpleNamespace(spec=SimpleNamespace(code_sha256=SHA))  # an ended job that is still kept counts too
+    shared = SimpleNamespace(spec=SimpleNamespace(code_sha256=""))
+    coordinator = SimpleNamespace(code=store, cluster=SimpleNamespace(jobs={"a-1": job, "b-2": shared}))
+    monkeypatch.setattr(codeservice, "SWEEP_SECONDS", 0.01)
+
+    async def sweep_once():
+        sweeper = asyncio.create_task(codeservice.sweep_code(coordinator))
+        await asyncio.sleep(0.2)
+        sweeper.cancel()
+    asyncio.run(sweep_once())
+    assert store.has(SHA) and not store.has(unused_sha)
