@@ -35,6 +35,10 @@ class PackError(Exception):
     """The tree cannot be packed: what is wrong, in one line a person can act on."""
 
 
+class OverCap(PackError):
+    """The archive would be larger than the cap it was packed under."""
+
+
 @dataclass(frozen=True)
 class Entry:
     path: str        # relative, '/'-separated
@@ -152,7 +156,7 @@ class _Capped:
     def write(self, data) -> int:
         self.written += len(data)
         if self.written > self.cap:
-            raise _OverCap()
+            raise _Full()
         self.hash.update(data)
         return self.out.write(data)
 
@@ -160,7 +164,7 @@ class _Capped:
         self.out.flush()
 
 
-class _OverCap(Exception):
+class _Full(Exception):
     pass
 
 
@@ -177,9 +181,9 @@ def pack(root: str | Path, max_bytes: int = DEFAULT_MAX_BYTES, entries: list[Ent
                     tarfile.open(fileobj=zipped, mode="w", format=tarfile.PAX_FORMAT) as tar:
                 for entry in entries:
                     _add(tar, root, entry)
-    except _OverCap:
+    except _Full:
         os.unlink(name)
-        raise PackError(over_cap_message(entries, max_bytes)) from None
+        raise OverCap(over_cap_message(entries, max_bytes)) from None
     except BaseException:
         os.unlink(name)
         raise

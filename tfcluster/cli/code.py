@@ -40,13 +40,7 @@ def ship_code(client: Client, spec: JobSpec) -> JobSpec:
     if known and _code_status(client, known["sha256"], known["size"]).complete:
         _said(codepack.summary(known["files"], known["tree_bytes"], known["sha256"]), "already on the cluster")
         return replace(spec, code_sha256=known["sha256"])
-    cap = codepack.DEFAULT_MAX_BYTES
-    if codepack.tree_bytes(entries) > cap:  # perhaps over a cap set higher: ask it, rather than pack for nothing
-        cap = _code_status(client, "", 0).max_bytes
-    try:
-        archive = codepack.pack(spec.workdir, cap, entries)
-    except codepack.PackError as e:
-        fail(str(e) if str(e).startswith("code: ") else f"code: {e}", 2)
+    archive = _pack(client, spec.workdir, entries)
     try:
         held = _code_status(client, archive.sha256, archive.size)
         if archive.size > held.max_bytes:
@@ -62,6 +56,23 @@ def ship_code(client: Client, spec: JobSpec) -> JobSpec:
                             "tree_bytes": archive.tree_bytes})
     _said(archive.summary(), done)
     return replace(spec, code_sha256=archive.sha256)
+
+
+def _pack(client: Client, workdir: str, entries: list[codepack.Entry]) -> codepack.Archive:
+    """The archive, packed under the default cap; a tree over it asks the coordinator's own cap (set higher,
+    perhaps) rather than pack for nothing. The cap is checked against the coordinator's answer after."""
+    cap, asked = codepack.DEFAULT_MAX_BYTES, False
+    while True:
+        if codepack.tree_bytes(entries) > cap and not asked:
+            cap, asked = _code_status(client, "", 0).max_bytes, True
+        try:
+            return codepack.pack(workdir, cap, entries)
+        except codepack.OverCap as e:
+            if asked:
+                fail(str(e), 2)
+            cap, asked = _code_status(client, "", 0).max_bytes, True
+        except codepack.PackError as e:
+            fail(f"code: {e}", 2)
 
 
 def _said(summary: str, done: str) -> None:
