@@ -215,6 +215,8 @@ class Launch:
     gid: int = 0
     owner: str = ""        # the job's owner: with `--task-user owner` the agent runs the task as their account
     memory_bytes: int = 0  # the most memory the task's process tree may use; 0: not limited
+    code_sha256: str = ""  # the job's code archive, fetched and unpacked under the task's cwd; "": shared workdir
+    code_sources: tuple[str, ...] = ()  # peers (host:peer_port) that hold the archive; the coordinator after them
 
     def __str__(self) -> str:
         return f"launch {self.attempt} on {self.node}"

@@ -91,6 +91,7 @@ class JobSpec:
     evaluator_deadline_seconds: float = DEFAULT_EVALUATOR_DEADLINE_SECONDS
     priority: str = ""  # a priority class of the coordinator's policy; "": the owner's default class
     memory: int = 0     # bytes each task may use, unless the role says otherwise; 0: not limited
+    code_sha256: str = ""  # the packed workdir the client uploaded ("sha256:<hex>"); "": workdir on shared storage
 
     def role(self, role_type: str) -> RoleSpec:
         return self.roles.get(role_type, RoleSpec())

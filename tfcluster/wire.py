@@ -27,6 +27,7 @@ MAX_TEXT = 4096        # a message, a path, a name of a GPU
 MAX_LOG_TAIL_LINES = 50
 MAX_TASKS_PER_NODE = 10_000  # task reports with a registration, progress entries with a heartbeat
 MAX_JOB_IDS = 1000           # asked about in one EndedJobs call
+MAX_CODE_SOURCES = 16        # peers a launch names that hold the job's code
 PHASES = {Phase.RUNNING: pb.TASK_PHASE_RUNNING, Phase.EXITED: pb.TASK_PHASE_EXITED,
           Phase.FAILED_TO_START: pb.TASK_PHASE_FAILED_TO_START}
 PHASE_NAMES = {v: k for k, v in PHASES.items()}
@@ -212,7 +213,8 @@ def command_to_proto(c: Command) -> agent_pb2.CoordinatorMessage:
         return M(launch=pb.TaskLaunch(**_attempt_fields(c.attempt), command=c.command, env=c.env, workdir=c.workdir,
                                       port=c.port, stop_grace_seconds=c.stop_grace_seconds,
                                       report_listening=c.report_listening, uid=c.uid, gid=c.gid, owner=c.owner,
-                                      memory_bytes=c.memory_bytes))
+                                      memory_bytes=c.memory_bytes, code_sha256=c.code_sha256,
+                                      code_sources=c.code_sources))
     if isinstance(c, Stop):
         return M(stop=agent_pb2.StopTask(**_attempt_fields(c.attempt), grace_seconds=c.grace_seconds))
     if isinstance(c, FinishTraining):
@@ -242,7 +244,8 @@ def command_from_proto(msg: agent_pb2.CoordinatorMessage, node: str) -> Command 
     if kind == "launch":
         return Launch(node, _attempt(m, "launch"), tuple(m.command), dict(m.env), m.workdir, m.port,
                       m.stop_grace_seconds, m.report_listening, m.uid, m.gid, _text(m.owner, "launch.owner", 256),
-                      m.memory_bytes)
+                      m.memory_bytes, _text(m.code_sha256, "launch.code_sha256", 80),
+                      tuple(_text(s, "launch.code_sources", 300) for s in m.code_sources[:MAX_CODE_SOURCES]))
     if kind == "stop":
         return Stop(node, _attempt(m, "stop"), m.grace_seconds)
     if kind == "finish_training":
@@ -276,7 +279,7 @@ def spec_to_proto(spec: JobSpec) -> pb.JobSpec:
                      checkpoint_dir=spec.checkpoint_dir, model_dir=spec.model_dir, env=spec.env, gpus=spec.gpus,
                      stop_grace_seconds=spec.stop_grace_seconds,
                      evaluator_deadline_seconds=spec.evaluator_deadline_seconds, priority=spec.priority,
-                     memory_bytes=spec.memory)
+                     memory_bytes=spec.memory, code_sha256=spec.code_sha256)
     for role_type, role in spec.roles.items():
         msg.roles[role_type].CopyFrom(pb.RoleSpec(count=role.count, gpus=role.gpus, command=role.command,
                                                   env=role.env, nodes=role.nodes, entrypoint=role.entrypoint,
@@ -303,7 +306,8 @@ def spec_from_proto(msg: pb.JobSpec) -> JobSpec:
     optional = {k: getattr(msg, k) for k in ("stop_grace_seconds", "evaluator_deadline_seconds") if msg.HasField(k)}
     spec = JobSpec(name=msg.name, strategy=msg.strategy, command=tuple(msg.command), workdir=msg.workdir,
                    checkpoint_dir=msg.checkpoint_dir, model_dir=msg.model_dir, env=dict(msg.env), gpus=msg.gpus,
-                   roles=roles, restart=restart, priority=msg.priority, memory=msg.memory_bytes, **optional)
+                   roles=roles, restart=restart, priority=msg.priority, memory=msg.memory_bytes,
+                   code_sha256=msg.code_sha256, **optional)
     return validate(spec, "spec", absolute_paths=True)
 
 

@@ -97,7 +97,7 @@ class RestartPolicy(_message.Message):
     def __init__(self, max_restarts: _Optional[int] = ..., backoff_seconds: _Optional[float] = ..., permanent_exit_codes: _Optional[_Iterable[int]] = ..., hang_seconds: _Optional[float] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("name", "strategy", "command", "workdir", "checkpoint_dir", "model_dir", "env", "gpus", "roles", "restart", "stop_grace_seconds", "evaluator_deadline_seconds", "priority", "memory_bytes")
+    __slots__ = ("name", "strategy", "command", "workdir", "checkpoint_dir", "model_dir", "env", "gpus", "roles", "restart", "stop_grace_seconds", "evaluator_deadline_seconds", "priority", "memory_bytes", "code_sha256")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -126,6 +126,7 @@ class JobSpec(_message.Message):
     EVALUATOR_DEADLINE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CODE_SHA256_FIELD_NUMBER: _ClassVar[int]
     name: str
     strategy: str
     command: _containers.RepeatedScalarFieldContainer[str]
@@ -140,10 +141,11 @@ class JobSpec(_message.Message):
     evaluator_deadline_seconds: float
     priority: str
     memory_bytes: int
-    def __init__(self, name: _Optional[str] = ..., strategy: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., workdir: _Optional[str] = ..., checkpoint_dir: _Optional[str] = ..., model_dir: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., gpus: _Optional[int] = ..., roles: _Optional[_Mapping[str, RoleSpec]] = ..., restart: _Optional[_Union[RestartPolicy, _Mapping]] = ..., stop_grace_seconds: _Optional[float] = ..., evaluator_deadline_seconds: _Optional[float] = ..., priority: _Optional[str] = ..., memory_bytes: _Optional[int] = ...) -> None: ...
+    code_sha256: str
+    def __init__(self, name: _Optional[str] = ..., strategy: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., workdir: _Optional[str] = ..., checkpoint_dir: _Optional[str] = ..., model_dir: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., gpus: _Optional[int] = ..., roles: _Optional[_Mapping[str, RoleSpec]] = ..., restart: _Optional[_Union[RestartPolicy, _Mapping]] = ..., stop_grace_seconds: _Optional[float] = ..., evaluator_deadline_seconds: _Optional[float] = ..., priority: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., code_sha256: _Optional[str] = ...) -> None: ...
 
 class TaskLaunch(_message.Message):
-    __slots__ = ("job_id", "task_type", "task_index", "attempt", "command", "env", "workdir", "port", "stop_grace_seconds", "report_listening", "uid", "gid", "owner", "memory_bytes")
+    __slots__ = ("job_id", "task_type", "task_index", "attempt", "command", "env", "workdir", "port", "stop_grace_seconds", "report_listening", "uid", "gid", "owner", "memory_bytes", "code_sha256", "code_sources")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -165,6 +167,8 @@ class TaskLaunch(_message.Message):
     GID_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
     MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CODE_SHA256_FIELD_NUMBER: _ClassVar[int]
+    CODE_SOURCES_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     task_type: str
     task_index: int
@@ -179,7 +183,21 @@ class TaskLaunch(_message.Message):
     gid: int
     owner: str
     memory_bytes: int
-    def __init__(self, job_id: _Optional[str] = ..., task_type: _Optional[str] = ..., task_index: _Optional[int] = ..., attempt: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., workdir: _Optional[str] = ..., port: _Optional[int] = ..., stop_grace_seconds: _Optional[float] = ..., report_listening: _Optional[bool] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., owner: _Optional[str] = ..., memory_bytes: _Optional[int] = ...) -> None: ...
+    code_sha256: str
+    code_sources: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, job_id: _Optional[str] = ..., task_type: _Optional[str] = ..., task_index: _Optional[int] = ..., attempt: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., workdir: _Optional[str] = ..., port: _Optional[int] = ..., stop_grace_seconds: _Optional[float] = ..., report_listening: _Optional[bool] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., owner: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., code_sha256: _Optional[str] = ..., code_sources: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class CodeChunk(_message.Message):
+    __slots__ = ("sha256", "size", "offset", "data")
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    sha256: str
+    size: int
+    offset: int
+    data: bytes
+    def __init__(self, sha256: _Optional[str] = ..., size: _Optional[int] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class TaskReport(_message.Message):
     __slots__ = ("job_id", "task_type", "task_index", "attempt", "phase", "pid", "exit_code", "signal", "message", "log_tail", "log_path", "busy_port", "final_checkpoint", "listening", "cpu_seconds", "peak_rss_bytes")

@@ -19,7 +19,7 @@ def launch(job: Job, task: Task) -> Launch:
                   env=task_env(job, task), workdir=job.spec.workdir, port=task.port,
                   stop_grace_seconds=job.spec.stop_grace_seconds,
                   report_listening=job.profile.must_listen(task.type), uid=job.uid, gid=job.uid, owner=job.owner,
-                  memory_bytes=job.spec.memory_for(task.type))
+                  memory_bytes=job.spec.memory_for(task.type), code_sha256=job.spec.code_sha256)
 
 
 def command_for(job: Job, task: Task) -> tuple[str, ...]:
