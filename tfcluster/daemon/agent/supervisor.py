@@ -102,7 +102,7 @@ class Supervisor:
         try:
             shim = self._start(record, order)
         except Exception as e:  # whatever it is, the coordinator hears of it: a task never stays launching
-            message = str(e) if isinstance(e, (_StartError, OSError)) else f"{type(e).__name__}: {e}"
+            message = str(e) if isinstance(e, (_StartError, OSError, CodeError)) else f"{type(e).__name__}: {e}"
             self._finish(record, Phase.FAILED_TO_START, TaskExit(message=message, busy_port=getattr(e, "busy_port", 0)))
             return
         record.shim_pid = shim.pid
@@ -127,7 +127,10 @@ class Supervisor:
         if order.port and port_in_use(order.port):
             raise _StartError(f"port {order.port} is already in use on this node", busy_port=order.port)
         env = self._environment(record, order, user, paths)
-        workdir = self._code(record, order, user, env) if order.code_sha256 else order.workdir
+        if order.code_sha256 and self.code is None:
+            raise _StartError("the job ships its code and this agent cannot fetch it")
+        workdir = order.workdir if not order.code_sha256 else self.code.working_dir(  # the fetch, if one is needed
+            record.attempt, record.dir, order, user.uid, user.gid, env, stopped=record.exited.is_set)
         record.checkpoint_dir = env.get(layout.CHECKPOINT_DIR, "")
         record.group = user.owner(private=False)[1]  # the job's group, whoever the task runs as
         # Dirs the spec names are made by the task's user (in the shim), never by root here.
@@ -144,21 +147,6 @@ class Supervisor:
                    private_tmp_unavailable=private_tmp_problem(self.state_dir) if private_tmp else "",
                    memory_bytes=order.memory_bytes, cgroup=self._cgroup(record, order.memory_bytes)).write(record.dir)
         return self._start_shim(record)
-
-    def _code(self, record: TaskRecord, order: Launch, user: TaskUser, env: dict[str, str]) -> str:
-        """The task's working directory over its job's code (fetched first where this node lacks it)."""
-        if self.code is None:
-            raise _StartError("the job ships its code and this agent cannot fetch it")
-        try:
-            cwd, tree = self.code.prepare(record.attempt, record.dir, order.code_sha256, order.code_sources,
-                                          user.uid, user.gid)
-        except CodeError as e:
-            raise _StartError(str(e)) from None
-        if record.exited.is_set():  # stopped while its code was fetched: its end came before its pin
-            self.code.release(record.dir)
-            raise _StartError("stopped before it started")
-        env[layout.CODE_DIR] = str(tree)
-        return str(cwd)
 
     def _cgroup(self, record: TaskRecord, limit: int) -> str:
         """The task's own cgroup with its memory limit; "": its shim keeps the limit by watching (or none)."""

@@ -9,6 +9,7 @@ that ended meanwhile.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 from tfcluster import layout
@@ -16,7 +17,7 @@ from tfcluster.codechunks import CodeError, hex_of
 from tfcluster.daemon.agent.codecache import CodeCache, Fetch
 from tfcluster.daemon.agent.codefetch import CodeServing
 from tfcluster.daemon.agent.workspace import Workspaces
-from tfcluster.model import Attempt
+from tfcluster.model import Attempt, Launch
 
 log = logging.getLogger("tfcluster.agent")
 
@@ -41,6 +42,17 @@ class TaskCode:
         except OSError as e:
             self.release(attempt_dir)
             raise CodeError(f"cannot make the task's working directory over its code: {e}") from None
+
+    def working_dir(self, attempt: Attempt, attempt_dir: Path, order: Launch, uid: int, gid: int,
+                    env: dict[str, str], stopped: Callable[[], bool]) -> str:
+        """prepare() for a launch: sets TFCLUSTER_CODE_DIR in the task's env and returns its working directory.
+        An attempt stopped while its code was fetched ended before it pinned its entry: let go of it here."""
+        cwd, tree = self.prepare(attempt, attempt_dir, order.code_sha256, order.code_sources, uid, gid)
+        if stopped():
+            self.release(attempt_dir)
+            raise CodeError("stopped before it started")
+        env[layout.CODE_DIR] = str(tree)
+        return str(cwd)
 
     def release(self, attempt_dir: Path) -> None:
         """The attempt ended: its working directory is unmounted, its cache entry may go when room is needed."""

@@ -63,7 +63,7 @@ class Coordinator:
         self.logins = Logins()     # the dashboard's one-time links and browser sessions
         self.watchers = Watchers()  # clients following a job (WatchJob): woken after each store write
         self.dashboard_port = 0    # where the dashboard is served; 0: nowhere
-        self.code_dir: Path | None = None  # the stored code archives, <hex>.tar.gz (codestore.py); None: none
+        self.code_dir: Path | None = None  # the stored code archives, <hex>.tar.gz; None: none
 
     @property
     def trust(self) -> Trust:
