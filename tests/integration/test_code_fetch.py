@@ -19,6 +19,8 @@ import pytest
 from harness import running_cluster, wait_until
 from tfcluster import layout
 from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc
+from tfcluster.codechunks import CodeError
+from tfcluster.daemon.agent.codefetch import Fetcher
 from tfcluster.spec import JobSpec, RoleSpec
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="tasks switch to their job's UID only under a root agent")
@@ -152,6 +154,20 @@ def test_a_node_may_fetch_only_the_code_of_a_job_placed_on_it(cluster):
     assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
     cluster.cli("stop", job, check=True)
     cluster.wait_job(job, timeout=60)
+
+
+def test_an_agent_serves_its_cached_code_to_other_nodes_for_the_jobs_that_used_it(cluster, tmp_path):
+    code = store(cluster, archive(code_tree(os.urandom(250_000))))
+    job = submit(cluster, "shared", code)
+    assert cluster.wait_job(job, timeout=90)["state"] == "SUCCEEDED"
+    peer = f"127.0.0.1:{cluster.port_ranges['a'][0]}"
+    (cluster.root / "coordinator" / "code" / f"{code.split(':')[1]}.tar.gz").unlink()  # only node a has it now
+    fetch = Fetcher(cluster.address, lambda: cluster.credentials("node", "c"))
+    fetch(code.split(":")[1], job, (peer,), tmp_path / "from-a")
+    assert hashlib.sha256((tmp_path / "from-a").read_bytes()).hexdigest() == code.split(":")[1]
+    with pytest.raises(CodeError) as info:  # a job whose code node a never ran: not served, nor by the coordinator
+        fetch(code.split(":")[1], "another-1-ab12", (peer,), tmp_path / "refused")
+    assert "this node holds no code" in str(info.value) and "the coordinator" in str(info.value)
 
 
 def _last_lines(cluster, job_id: str) -> list[str]:
