@@ -63,7 +63,7 @@ POLICY: dict[str, Rule] = {
     AGENT + "FetchCode": Rule(frozenset({NODE}), NAMES),  # the handler checks the job has a task on the caller
     JOIN + "Join": Rule(frozenset({ANONYMOUS}), NAMES),
     PEER + "PutFiles": Rule(frozenset({NODE}), CHUNK),
-    PEER + "GetCode": Rule(frozenset({NODE}), NAMES),  # the serving agent asks the coordinator, as above
+    PEER + "GetCode": Rule(frozenset({NODE}), NAMES),  # only the code of a job whose task used it there
     CONTROL + "GetStatus": Rule(READERS, NAMES),
     CONTROL + "ListNodes": Rule(READERS, NAMES),
     CONTROL + "ListJobs": Rule(READERS, NAMES),

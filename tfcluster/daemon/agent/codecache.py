@@ -192,10 +192,9 @@ def _settle(root: Path) -> int:
         for name in files:
             path = os.path.join(top, name)
             found = os.lstat(path)
-            if stat.S_ISLNK(found.st_mode):
-                continue
-            os.chmod(path, EXEC_MODE if found.st_mode & 0o111 else FILE_MODE)
-            total += found.st_size
+            total += found.st_size  # (as _tree_bytes counts it after a restart)
+            if not stat.S_ISLNK(found.st_mode):
+                os.chmod(path, EXEC_MODE if found.st_mode & 0o111 else FILE_MODE)
     if os.geteuid() == 0:
         for top, dirs, files in os.walk(root):
             for name in (top, *(os.path.join(top, n) for n in dirs + files)):
