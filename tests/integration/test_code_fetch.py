@@ -9,6 +9,7 @@ import hashlib
 import io
 import json
 import os
+import signal
 import tarfile
 import textwrap
 from pathlib import Path
@@ -168,6 +169,34 @@ def test_an_agent_serves_its_cached_code_to_other_nodes_for_the_jobs_that_used_i
     with pytest.raises(CodeError) as info:  # a job whose code node a never ran: not served, nor by the coordinator
         fetch(code.split(":")[1], "another-1-ab12", (peer,), tmp_path / "refused")
     assert "this node holds no code" in str(info.value) and "the coordinator" in str(info.value)
+
+
+def test_a_restarted_agent_unmounts_what_ended_meanwhile_and_keeps_what_runs(cluster):
+    code = store(cluster, archive(code_tree(b"small")))
+    job = submit(cluster, "restart", code, "300")
+    wait_until(lambda: all("listing" in line for line in _last_lines(cluster, job)), 60, what="both tasks run")
+    found = {t["node"]: (t, json.loads(line)) for t, line in zip(sorted(cluster.job(job)["tasks"],
+                                                                        key=lambda t: t["index"]),
+                                                                 _last_lines(cluster, job))}
+    assert all(os.path.ismount(f["cwd"]) for _, f in found.values())
+    cluster.agents["a"].kill()  # kill -9: its task runs on, and ends while no agent watches
+    os.kill(found["a"][0]["pid"], signal.SIGKILL)
+    wait_until(lambda: not _alive(found["a"][0]["pid"]), 10, what="the task on a to end")
+    assert os.path.ismount(found["a"][1]["cwd"]), "nobody unmounted it yet"
+    cluster.start_agent("a", extra=["--cache-bytes", str(CACHE_BYTES)])
+    wait_until(lambda: not os.path.ismount(found["a"][1]["cwd"]), 10, what="the restarted agent to unmount it")
+    assert os.path.ismount(found["b"][1]["cwd"]), "node b's task still runs in its own"
+    cluster.cli("stop", job, check=True)
+    cluster.wait_job(job, timeout=60)
+    wait_until(lambda: not os.path.ismount(found["b"][1]["cwd"]), 10, what="node b to unmount it")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def _last_lines(cluster, job_id: str) -> list[str]:
