@@ -23,6 +23,7 @@ NUM_WORKERS = "TFCLUSTER_NUM_WORKERS"
 PORT = "TFCLUSTER_PORT"
 CHECKPOINT_DIR = "TFCLUSTER_CHECKPOINT_DIR"
 MODEL_DIR = "TFCLUSTER_MODEL_DIR"
+CODE_DIR = "TFCLUSTER_CODE_DIR"  # the job's code as fetched, read-only: the task's cwd is a writable dir over it
 EVENTS_FILE = "TFCLUSTER_EVENTS_FILE"    # the task appends its events (evaluations) here
 CONTROL_FILE = "TFCLUSTER_CONTROL_FILE"  # the agent tells the task that training has finished here
 SUMMARY_DIR = "TFCLUSTER_SUMMARY_DIR"    # evaluator: where it writes TensorBoard summaries (its agent reads them)

@@ -60,8 +60,10 @@ POLICY: dict[str, Rule] = {
     AGENT + "Connect": Rule(frozenset({NODE}), NODE_MESSAGE),
     AGENT + "RenewCertificate": Rule(frozenset({NODE}), NAMES),
     AGENT + "EndedJobs": Rule(frozenset({NODE}), ENDED),
+    AGENT + "FetchCode": Rule(frozenset({NODE}), NAMES),  # the handler checks the job has a task on the caller
     JOIN + "Join": Rule(frozenset({ANONYMOUS}), NAMES),
     PEER + "PutFiles": Rule(frozenset({NODE}), CHUNK),
+    PEER + "GetCode": Rule(frozenset({NODE}), NAMES),  # only the code of a job whose task used it there
     CONTROL + "GetStatus": Rule(READERS, NAMES),
     CONTROL + "ListNodes": Rule(READERS, NAMES),
     CONTROL + "ListJobs": Rule(READERS, NAMES),

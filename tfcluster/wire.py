@@ -27,6 +27,7 @@ MAX_TEXT = 4096        # a message, a path, a name of a GPU
 MAX_LOG_TAIL_LINES = 50
 MAX_TASKS_PER_NODE = 10_000  # task reports with a registration, progress entries with a heartbeat
 MAX_JOB_IDS = 1000           # asked about in one EndedJobs call
+MAX_CODE_SOURCES = 16        # peers a launch names that hold the job's code
 PHASES = {Phase.RUNNING: pb.TASK_PHASE_RUNNING, Phase.EXITED: pb.TASK_PHASE_EXITED,
           Phase.FAILED_TO_START: pb.TASK_PHASE_FAILED_TO_START}
 PHASE_NAMES = {v: k for k, v in PHASES.items()}

@@ -196,6 +196,10 @@ def agent(
     peer_quota: str = typer.Option("64G", metavar="SIZE",
                                    help="Checkpoint bytes other agents may send this node for one job, e.g. 500M, "
                                         "64G, 2T."),
+    cache_bytes: str = typer.Option("10G", metavar="SIZE",
+                                    help="The most the node keeps of jobs' code (archives and their unpacked "
+                                         "trees): past it the least recently used go, never one a running task "
+                                         "uses."),
     retain_for: str = RetainForOpt,
     retain_bytes: str = RetainBytesOpt,
     min_free_disk: str = MinFreeDiskOpt,
@@ -247,7 +251,8 @@ def agent(
                            peer_quota=parse_size(peer_quota, "--peer-quota"), http_listen=http_listen or "",
                            retention=retention_policy(retain_for, retain_bytes, min_free_disk),
                            task_log_bytes=_task_log_bytes(max_task_log), allow_root_tasks=allow_root_tasks,
-                           private_tmp=private_tmp, task_user=task_user)
+                           private_tmp=private_tmp, task_user=task_user,
+                           cache_bytes=parse_size(cache_bytes, "--cache-bytes"))
     except SettingsError as e:
         fail(str(e), 2)
     try:

@@ -8,6 +8,16 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class FetchCodeRequest(_message.Message):
+    __slots__ = ("sha256", "offset", "job_id")
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    sha256: str
+    offset: int
+    job_id: str
+    def __init__(self, sha256: _Optional[str] = ..., offset: _Optional[int] = ..., job_id: _Optional[str] = ...) -> None: ...
+
 class FileChunk(_message.Message):
     __slots__ = ("job_id", "path", "data", "end_of_file", "sha256", "commit")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]

@@ -5,6 +5,7 @@ import grpc
 import warnings
 
 from tfcluster.api.v1 import agent_pb2 as tfcluster_dot_v1_dot_agent__pb2
+from tfcluster.api.v1 import types_pb2 as tfcluster_dot_v1_dot_types__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -43,6 +44,11 @@ class AgentPeerServiceStub:
                 request_serializer=tfcluster_dot_v1_dot_agent__pb2.FileChunk.SerializeToString,
                 response_deserializer=tfcluster_dot_v1_dot_agent__pb2.PutFilesReply.FromString,
                 _registered_method=True)
+        self.GetCode = channel.unary_stream(
+                '/tfcluster.v1.AgentPeerService/GetCode',
+                request_serializer=tfcluster_dot_v1_dot_agent__pb2.FetchCodeRequest.SerializeToString,
+                response_deserializer=tfcluster_dot_v1_dot_types__pb2.CodeChunk.FromString,
+                _registered_method=True)
 
 
 class AgentPeerServiceServicer:
@@ -59,6 +65,13 @@ class AgentPeerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetCode(self, request, context):
+        """A code archive this agent holds in its cache, for a job that has a task on the calling node.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentPeerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -66,6 +79,11 @@ def add_AgentPeerServiceServicer_to_server(servicer, server):
                     servicer.PutFiles,
                     request_deserializer=tfcluster_dot_v1_dot_agent__pb2.FileChunk.FromString,
                     response_serializer=tfcluster_dot_v1_dot_agent__pb2.PutFilesReply.SerializeToString,
+            ),
+            'GetCode': grpc.unary_stream_rpc_method_handler(
+                    servicer.GetCode,
+                    request_deserializer=tfcluster_dot_v1_dot_agent__pb2.FetchCodeRequest.FromString,
+                    response_serializer=tfcluster_dot_v1_dot_types__pb2.CodeChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -108,6 +126,33 @@ class AgentPeerService:
             metadata,
             _registered_method=True)
 
+    @staticmethod
+    def GetCode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/tfcluster.v1.AgentPeerService/GetCode',
+            tfcluster_dot_v1_dot_agent__pb2.FetchCodeRequest.SerializeToString,
+            tfcluster_dot_v1_dot_types__pb2.CodeChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
 
 class AgentServiceStub:
     """Missing associated documentation comment in .proto file."""
@@ -137,6 +182,11 @@ class AgentServiceStub:
                 '/tfcluster.v1.AgentService/EndedJobs',
                 request_serializer=tfcluster_dot_v1_dot_agent__pb2.EndedJobsRequest.SerializeToString,
                 response_deserializer=tfcluster_dot_v1_dot_agent__pb2.EndedJobsResponse.FromString,
+                _registered_method=True)
+        self.FetchCode = channel.unary_stream(
+                '/tfcluster.v1.AgentService/FetchCode',
+                request_serializer=tfcluster_dot_v1_dot_agent__pb2.FetchCodeRequest.SerializeToString,
+                response_deserializer=tfcluster_dot_v1_dot_types__pb2.CodeChunk.FromString,
                 _registered_method=True)
 
 
@@ -173,6 +223,13 @@ class AgentServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def FetchCode(self, request, context):
+        """A code archive from the coordinator's store, for a job that has a task placed on the calling node.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -195,6 +252,11 @@ def add_AgentServiceServicer_to_server(servicer, server):
                     servicer.EndedJobs,
                     request_deserializer=tfcluster_dot_v1_dot_agent__pb2.EndedJobsRequest.FromString,
                     response_serializer=tfcluster_dot_v1_dot_agent__pb2.EndedJobsResponse.SerializeToString,
+            ),
+            'FetchCode': grpc.unary_stream_rpc_method_handler(
+                    servicer.FetchCode,
+                    request_deserializer=tfcluster_dot_v1_dot_agent__pb2.FetchCodeRequest.FromString,
+                    response_serializer=tfcluster_dot_v1_dot_types__pb2.CodeChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -305,6 +367,33 @@ class AgentService:
             '/tfcluster.v1.AgentService/EndedJobs',
             tfcluster_dot_v1_dot_agent__pb2.EndedJobsRequest.SerializeToString,
             tfcluster_dot_v1_dot_agent__pb2.EndedJobsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FetchCode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/tfcluster.v1.AgentService/FetchCode',
+            tfcluster_dot_v1_dot_agent__pb2.FetchCodeRequest.SerializeToString,
+            tfcluster_dot_v1_dot_types__pb2.CodeChunk.FromString,
             options,
             channel_credentials,
             insecure,

@@ -18,6 +18,8 @@ import grpc
 from tfcluster import __version__, wire
 from tfcluster.api.v1 import agent_pb2
 from tfcluster.daemon.agent.cgroups import TaskCgroups
+from tfcluster.daemon.agent.codecache import DEFAULT_CACHE_BYTES
+from tfcluster.daemon.agent.codefetch import Fetcher
 from tfcluster.daemon.agent.copies import CopiesHook
 from tfcluster.daemon.agent.discovery import HostInfo
 from tfcluster.daemon.agent.events import EventsHook
@@ -32,6 +34,7 @@ from tfcluster.daemon.agent.session import Session
 from tfcluster.daemon.agent.shipping import ShippingHook
 from tfcluster.daemon.agent.summaries import SummariesHook
 from tfcluster.daemon.agent.supervisor import Supervisor
+from tfcluster.daemon.agent.taskcode import TaskCode
 from tfcluster.daemon.agent.taskrecord import TaskRecord
 from tfcluster.daemon.agent.tasklog import DEFAULT_LIMIT_BYTES
 from tfcluster.daemon.agent.taskuser import PER_JOB, TaskUsers, make_state_dir
@@ -67,6 +70,7 @@ class AgentConfig:
     allow_root_tasks: bool = False  # the operator lets tasks run as root here (taskuser.py)
     private_tmp: bool = False  # each job's tasks get a /tmp of their own (isolation.py)
     task_user: str = PER_JOB  # who tasks run as: the job's own UID, or the owner's account (taskuser.py)
+    cache_bytes: int = DEFAULT_CACHE_BYTES  # the most the node keeps of jobs' code (codecache.py)
 
     def node_info(self) -> NodeInfo:
         return NodeInfo(name=self.name, address=self.address, port_range=self.port_range, gpus=self.gpus,
@@ -91,6 +95,11 @@ class Agent:
             log.info("memory limits: %s", f"kept by the kernel in task cgroups under {self.supervisor.cgroups.delegated}"
                      if self.supervisor.cgroups.delegated else
                      f"kept by watching each task's processes ({self.supervisor.cgroups.why_not})")
+        self.supervisor.code = TaskCode(config.state_dir, config.cache_bytes,
+                                        Fetcher(config.coordinator, lambda: self.credentials),
+                                        self.task_users.agent_is_root)
+        log.info("jobs' code: cached in %s (at most %d bytes); tasks work in %s", self.supervisor.code.cache.directory,
+                 config.cache_bytes, self.supervisor.code.workspaces.how)
         self.logs = LogServer(self.supervisor, self._send_log)
         self.metrics = AgentMetrics(self.supervisor, config.gpus, str(config.state_dir))
         send, credentials = self.session.send, lambda: self.credentials
@@ -121,6 +130,8 @@ class Agent:
         adopted = self.supervisor.adopt_running()
         if adopted:
             log.info("reattached to %d running tasks", adopted)
+        self.supervisor.code.recover({r.dir: r.attempt.job_id for r in self.supervisor.snapshot()
+                                      if not r.exited.is_set()})
         retention = RetentionPass(self.config.state_dir, self.config.retention, self._jobs_in_use,
                                   functools.partial(ask_coordinator, self.config.coordinator, lambda: self.credentials))
         threading.Thread(target=retention.run, args=(self._stop,), name="retention", daemon=True).start()
@@ -135,7 +146,7 @@ class Agent:
     def serve_peers(self) -> None:
         """Starts receiving checkpoints from other agents (raises OSError when the port is taken)."""
         servicer = PeerServicer(self.config.state_dir, self.expected.get, self.config.peer_quota_bytes,
-                                is_revoked=self.revoked.refusal)
+                                is_revoked=self.revoked.refusal, code=self.supervisor.code.serving)
         self.peer_server = PeerServer(f"{self.config.address}:{self.config.peer_port}", servicer,
                                       lambda: self.credentials)
         self.peer_server.start()

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from tfcluster import __version__
 from tfcluster.daemon.agent.agent import Agent, AgentConfig
+from tfcluster.daemon.agent.codecache import DEFAULT_CACHE_BYTES
 from tfcluster.daemon.agent.discovery import InventoryError, advertise_address, discover_gpus, host_info
 from tfcluster.daemon.agent.identity import JoinError, NodeIdentity
 from tfcluster.daemon.agent.liveness import SystemdReporter
@@ -39,7 +40,8 @@ def configure(coordinator: str, name: str | None, address: str | None, port_rang
               join: str = "", ca_cert: Path | None = None, ca_hash: str = "", join_address: str = "",
               peer_quota: int = DEFAULT_QUOTA_BYTES, http_listen: str = "", retention: Policy = Policy(),
               task_log_bytes: int = DEFAULT_LIMIT_BYTES, allow_root_tasks: bool = False,
-              private_tmp: bool = False, task_user: str = PER_JOB) -> AgentConfig:
+              private_tmp: bool = False, task_user: str = PER_JOB,
+              cache_bytes: int = DEFAULT_CACHE_BYTES) -> AgentConfig:
     """The agent's settings from its flags, with the node's GPUs, host and address discovered, and its
     certificate: the one it has, or one it gets by joining with a token."""
     try:
@@ -93,7 +95,8 @@ def configure(coordinator: str, name: str | None, address: str | None, port_rang
                        gpus=tuple(gpus), host=host_info(), state_dir=state_dir, peer_port=peer_port,
                        credentials=credentials, identity=identity, peer_quota_bytes=peer_quota,
                        http_listen=http_listen, retention=retention, task_log_bytes=task_log_bytes,
-                       allow_root_tasks=allow_root_tasks, private_tmp=private_tmp, task_user=task_user)
+                       allow_root_tasks=allow_root_tasks, private_tmp=private_tmp, task_user=task_user,
+                       cache_bytes=cache_bytes)
 
 
 def _check_task_user(task_user: str, insecure: bool, allow_root_tasks: bool) -> None:

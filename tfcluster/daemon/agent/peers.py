@@ -1,4 +1,5 @@
-"""The agent's peer port: checkpoint files from other agents into this node's host-local checkpoint dirs.
+"""The agent's peer port: checkpoint files from other agents into this node's host-local checkpoint dirs, and
+the node's cache of jobs' code out to other agents (codefetch.py).
 
 Files arrive in chunks under an incoming dir, each checked against its SHA-256, and on commit move into
 <state-dir>/jobs/<job>/checkpoints with the state files last, so the evaluator (or TensorFlow) never sees a
@@ -28,6 +29,8 @@ import grpc
 
 from tfcluster import auth
 from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc
+from tfcluster.codechunks import stream_archive
+from tfcluster.daemon.agent.codefetch import CodeServing
 from tfcluster.daemon.agent.peerfiles import JOB_ID_RE, Refused, as_refusal, open_incoming, owner
 from tfcluster.pki import NODE, Identity
 from tfcluster.security import AsyncGuard, Credentials, Gate, caller
@@ -83,9 +86,10 @@ class PeerServicer(agent_pb2_grpc.AgentPeerServiceServicer):
 
     def __init__(self, state_dir: Path, expects: Callable[[str], Expectation | None] = lambda job: ANYONE,
                  quota_bytes: int = DEFAULT_QUOTA_BYTES, limits: Limits = Limits(),
-                 is_revoked: Callable[[Identity], str] = lambda who: ""):
+                 is_revoked: Callable[[Identity], str] = lambda who: "", code: CodeServing | None = None):
         self.state_dir, self.expects, self.quota, self.limits = state_dir, expects, quota_bytes, limits
         self.is_revoked = is_revoked
+        self.code = code or CodeServing(lambda hex_digest: None)  # the node's cache of jobs' code, to serve
         state_dir.mkdir(parents=True, exist_ok=True)
         self.files = futures.ThreadPoolExecutor(max_workers=FILE_THREADS, thread_name_prefix="peer-files")
         self.streams: Counter[str] = Counter()  # transfers under way per sender; touched on the loop only
@@ -108,6 +112,11 @@ class PeerServicer(agent_pb2_grpc.AgentPeerServiceServicer):
             if not self.streams[sender]:
                 del self.streams[sender]
         return agent_pb2.PutFilesReply(bytes=size, files=files)
+
+    async def GetCode(self, request, context):
+        async for chunk in stream_archive(context, lambda: self.code.path_for(request.sha256, request.job_id),
+                                          request.offset, self.files):
+            yield chunk
 
     def _admit(self, sender: str) -> None:
         if self.streams[sender] >= self.limits.per_sender:

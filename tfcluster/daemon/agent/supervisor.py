@@ -24,7 +24,9 @@ from pathlib import Path
 
 from tfcluster import layout
 from tfcluster.daemon.agent.cgroups import TaskCgroups
+from tfcluster.codechunks import CodeError
 from tfcluster.daemon.agent.launcher import ForkedShim, Launcher
+from tfcluster.daemon.agent.taskcode import TaskCode
 from tfcluster.daemon.agent.tasklog import DEFAULT_LIMIT_BYTES, total_bytes
 from tfcluster.daemon.agent.taskfiles import (LaunchFile, ShimStatus, TaskFileError, UsageFile, write_json_atomic,
                                               write_stop)
@@ -68,6 +70,7 @@ class Supervisor:
         self.tasks: dict[TaskKey, TaskRecord] = {}
         self.launcher = Launcher()  # forks the shims (launcher.py)
         self.cgroups: TaskCgroups | None = None  # keeps tasks' memory limits where the kernel can (cgroups.py)
+        self.code: TaskCode | None = None  # fetches jobs' code and makes tasks' working dirs over it (taskcode.py)
 
     # ---- launching -------------------------------------------------------------------------------
 
@@ -89,10 +92,17 @@ class Supervisor:
                                 port=order.port, gpus=order.env.get(layout.CUDA_VISIBLE_DEVICES, ""),
                                 summary_dir=order.env.get(layout.SUMMARY_DIR, ""))
             self.tasks[key] = record
+        if order.code_sha256:  # fetching may take a while: other launches and commands go on meanwhile
+            threading.Thread(target=self._begin, args=(record, order), name=f"code-{record.name}",
+                             daemon=True).start()
+        else:
+            self._begin(record, order)
+
+    def _begin(self, record: TaskRecord, order: Launch) -> None:
         try:
             shim = self._start(record, order)
         except Exception as e:  # whatever it is, the coordinator hears of it: a task never stays launching
-            message = str(e) if isinstance(e, (_StartError, OSError)) else f"{type(e).__name__}: {e}"
+            message = str(e) if isinstance(e, (_StartError, OSError, CodeError)) else f"{type(e).__name__}: {e}"
             self._finish(record, Phase.FAILED_TO_START, TaskExit(message=message, busy_port=getattr(e, "busy_port", 0)))
             return
         record.shim_pid = shim.pid
@@ -117,6 +127,10 @@ class Supervisor:
         if order.port and port_in_use(order.port):
             raise _StartError(f"port {order.port} is already in use on this node", busy_port=order.port)
         env = self._environment(record, order, user, paths)
+        if order.code_sha256 and self.code is None:
+            raise _StartError("the job ships its code and this agent cannot fetch it")
+        workdir = order.workdir if not order.code_sha256 else self.code.working_dir(  # the fetch, if one is needed
+            record.attempt, record.dir, order, user.uid, user.gid, env, stopped=record.exited.is_set)
         record.checkpoint_dir = env.get(layout.CHECKPOINT_DIR, "")
         record.group = user.owner(private=False)[1]  # the job's group, whoever the task runs as
         # Dirs the spec names are made by the task's user (in the shim), never by root here.
@@ -125,7 +139,7 @@ class Supervisor:
         create_file(record.events_path, PRIVATE_FILE_MODE, *user.owner(private=True))
         write_json_atomic(record.control_path, {}, mode=JOB_READABLE_FILE_MODE, group=record.group, durable=False)
         private_tmp = self.task_users.agent_is_root and self.task_users.private_tmp
-        LaunchFile(record.attempt, order.command, env, order.workdir, order.port, order.stop_grace_seconds,
+        LaunchFile(record.attempt, order.command, env, workdir, order.port, order.stop_grace_seconds,
                    self.log_limit_bytes, uid=user.uid if user.switches else None,
                    gid=user.gid if user.switches else None, groups=user.groups,
                    job_gid=user.job_gid, task_dirs=tuple(task_dirs),
@@ -245,6 +259,8 @@ class Supervisor:
                 return
             record.phase, record.exit, record.finished_at = phase, exit, time.time()
             record.exited.set()
+        if self.code is not None:
+            self.code.release(record.dir)
         log.info("%s ended: %s", record.name, exit.describe(), extra=fields(record.attempt))
         self.on_report(record)
 
@@ -262,7 +278,9 @@ class Supervisor:
             pass
         if grace_seconds <= 0 and record.pid:
             kill_group(record.pid, signal.SIGKILL)
-        if not record.shim_pid or not _signal(record.shim_pid, signal.SIGTERM):
+        if not record.shim_pid and record.phase == Phase.STARTING:  # its code is being fetched: it never starts
+            self._finish(record, Phase.EXITED, TaskExit(signal=signal.SIGTERM, message="stopped before it started"))
+        elif not record.shim_pid or not _signal(record.shim_pid, signal.SIGTERM):
             self._kill_now(record)
 
     def _kill_now(self, record: TaskRecord) -> None:

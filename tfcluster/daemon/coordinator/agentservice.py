@@ -11,6 +11,7 @@ import grpc
 
 from tfcluster import security, wire
 from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc
+from tfcluster.codechunks import stream_archive
 from tfcluster.daemon.coordinator.nodes import NameTaken
 from tfcluster.daemon.coordinator.server import Coordinator, StreamEnded
 from tfcluster.daemon.coordinator.trust import TokenRefused
@@ -85,6 +86,12 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         except ValueError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         return wire.ended_jobs_response(self.c.ended_jobs(job_ids))
+
+    async def FetchCode(self, request, context):
+        who = security.caller()
+        async for chunk in stream_archive(context, lambda: self.c.code_archive(request.sha256, request.job_id, who),
+                                          request.offset):
+            yield chunk
 
 
 class JoinServicer(agent_pb2_grpc.JoinServiceServicer):

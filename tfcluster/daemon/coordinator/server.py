@@ -20,6 +20,7 @@ import grpc
 
 from tfcluster import pki, wire
 from tfcluster.api.v1 import agent_pb2
+from tfcluster.codechunks import CodeError, hex_of
 from tfcluster.daemon.coordinator.cluster import Cluster
 from tfcluster.daemon.coordinator.codeservice import sweep_code
 from tfcluster.daemon.coordinator.codestore import DEFAULT_MAX_BYTES as DEFAULT_MAX_CODE_BYTES
@@ -292,6 +293,20 @@ class Coordinator:
             return bool(tag) and tag == self.cluster.jobs.cluster_tag and number.isdigit() and \
                 int(number) < self.cluster.jobs.next_number
         return [job_id for job_id in job_ids if over(job_id)]
+
+    def code_archive(self, sha256: str, job_id: str, caller: Identity | None) -> Path:
+        """The stored archive a node asks for: the code of a job that has a task placed on that node (no
+        certificate: no TLS, any caller). Raises CodeError (not here) or PermissionError."""
+        hex_digest = hex_of(sha256)
+        job = self.cluster.jobs[job_id] if job_id in self.cluster.jobs else None
+        if job is None or job.spec.code_sha256 != f"sha256:{hex_digest}":
+            raise PermissionError(f"job {job_id[:100]!r} has no code sha256:{hex_digest[:12]}...")
+        if caller is not None and not any(task.node == caller.name and task.live for task in job.tasks):
+            raise PermissionError(f"{caller} has no task of job {job_id}: it may not fetch its code")
+        path = self.code.path(f"sha256:{hex_digest}") if self.code is not None else None
+        if path is None or not path.is_file():
+            raise CodeError(f"the coordinator holds no code sha256:{hex_digest[:12]}... (`tfcluster start` uploads it)")
+        return path
 
     def memory_allocated(self) -> dict[str, int]:
         """Node -> what the memory limits of the tasks placed there add up to."""

@@ -1,0 +1,207 @@
+"""A job's code travels to the nodes that run it: a real coordinator with the archive in its store (placed
+there as an upload leaves it), two real agents with state dirs of their own that fetch it once each, unpack it
+into their caches and give each task a fresh working directory over it; a small cache drops only what no
+running task uses."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import signal
+import tarfile
+import textwrap
+from pathlib import Path
+
+import grpc
+import pytest
+
+from harness import running_cluster, wait_until
+from tfcluster import layout
+from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc
+from tfcluster.codechunks import CodeError
+from tfcluster.daemon.agent.codefetch import Fetcher
+from tfcluster.spec import JobSpec, RoleSpec
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="tasks switch to their job's UID only under a root agent")
+
+# Run from the archive itself, as `python3 main.py` in the task's working directory.
+MAIN = textwrap.dedent("""
+    import json, os, sys, time
+    code = os.environ["TFCLUSTER_CODE_DIR"]
+    found = {"cwd": os.getcwd(), "listing": sorted(os.listdir(".")), "code_dir": code,
+             "data": open("data/input.txt").read(), "code_listing": sorted(os.listdir(code))}
+    with open("written-by-the-task.txt", "w") as f:
+        f.write("mine")
+    try:
+        open(os.path.join(code, "intruder.txt"), "w")
+        found["code_writable"] = True
+    except OSError:
+        found["code_writable"] = False
+    print(json.dumps(found), flush=True)
+    time.sleep(float(sys.argv[1]) if len(sys.argv) > 1 else 0)
+""")
+CACHE_BYTES = 700_000  # one archive of ~200 KB and its tree fit, two do not
+
+
+def archive(files: dict[str, bytes]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for name, data in sorted(files.items()):
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), 0o644
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def store(cluster, data: bytes) -> str:
+    """Puts an archive in the coordinator's store, as a finished upload leaves it; returns its name."""
+    digest = hashlib.sha256(data).hexdigest()
+    directory = cluster.root / "coordinator" / "code"
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / f"{digest}.tar.gz").write_bytes(data)
+    return f"sha256:{digest}"
+
+
+def code_tree(padding: bytes) -> dict[str, bytes]:
+    return {"main.py": MAIN.encode(), "data/input.txt": b"from the archive\n", "padding.bin": padding}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    extra = {"extra": ["--cache-bytes", str(CACHE_BYTES)]}
+    with running_cluster(tmp_path_factory.mktemp("code"), {"a": extra, "b": extra}) as cluster:
+        yield cluster
+
+
+def submit(cluster, name: str, code: str, *args: str) -> str:
+    spec = JobSpec(name=name, strategy="multi_worker_mirrored", command=("python3", "main.py", *args),
+                   workdir="/", roles={"worker": RoleSpec(count=2, nodes=("a", "b"))}, code_sha256=code)
+    with cluster.client() as client:
+        return client.submit(spec)
+
+
+def fetches(cluster, node: str) -> int:
+    return cluster.agents[node].log().count("code: fetched sha256:")
+
+
+def cache_entries(cluster, node: str) -> set[str]:
+    return {p.name for p in (cluster.agent_state_dir(node) / "code").iterdir() if p.is_dir()}
+
+
+def test_tasks_run_in_a_fresh_dir_over_the_code_each_node_fetched_once(cluster):
+    code_a = store(cluster, archive(code_tree(os.urandom(200_000))))
+    first = submit(cluster, "first", code_a)
+    job = cluster.wait_job(first, timeout=90)
+    assert job["state"] == "SUCCEEDED", job
+    assert {t["node"] for t in job["tasks"]} == {"a", "b"}
+    for task in job["tasks"]:
+        found = json.loads(cluster.cli("logs", first, f"worker:{task['index']}", check=True).stdout.splitlines()[-1])
+        state = cluster.agent_state_dir(task["node"])
+        attempt = layout.attempt_dir(state, first, "worker", task["index"], task["attempt"])
+        assert found["cwd"] == str(attempt / "code" / "cwd")
+        assert found["code_dir"] == str(state / "code" / code_a.split(":")[1])
+        assert found["listing"] == ["data", "main.py", "padding.bin"] and found["data"] == "from the archive\n"
+        assert found["code_listing"] == found["listing"] and found["code_writable"] is False
+        assert "written-by-the-task.txt" not in os.listdir(found["code_dir"])
+        assert not os.path.ismount(found["cwd"]), "unmounted once the attempt ended"
+    assert fetches(cluster, "a") == fetches(cluster, "b") == 1
+    assert "tasks work in overlay mounts over the cached code" in cluster.agents["a"].log(), \
+        "a root agent on this kernel mounts an overlay"
+
+    again = submit(cluster, "again", code_a)
+    assert cluster.wait_job(again, timeout=90)["state"] == "SUCCEEDED"
+    assert fetches(cluster, "a") == fetches(cluster, "b") == 1, "the same code is not fetched again"
+
+
+def test_a_small_cache_drops_only_what_no_running_task_uses(cluster):
+    code_a = store(cluster, archive(code_tree(os.urandom(200_000))))
+    code_b = store(cluster, archive(code_tree(os.urandom(200_000))))
+    before = {node: fetches(cluster, node) for node in ("a", "b")}
+    holder = submit(cluster, "holder", code_a, "300")
+    wait_until(lambda: all("listing" in line for line in _last_lines(cluster, holder)), 60, what="holder runs")
+    other = submit(cluster, "other", code_b)  # over the cap with code_a: code_a's tasks still run
+    assert cluster.wait_job(other, timeout=90)["state"] == "SUCCEEDED"
+    hex_a, hex_b = code_a.split(":")[1], code_b.split(":")[1]
+    for node in ("a", "b"):  # over the cap: what no task uses went, the running task's code stayed
+        wait_until(lambda: cache_entries(cluster, node) == {hex_a}, 10,
+                   what=f"node {node} to keep code_a alone ({cache_entries(cluster, node)})")
+    cluster.cli("stop", holder, check=True)
+    cluster.wait_job(holder, timeout=60)
+    assert all(cache_entries(cluster, node) == {hex_a} for node in ("a", "b")), "within the cap nothing goes"
+    later = submit(cluster, "later", code_b)
+    assert cluster.wait_job(later, timeout=90)["state"] == "SUCCEEDED"
+    for node in ("a", "b"):  # code_a, no longer used and the older, made room
+        assert cache_entries(cluster, node) == {hex_b}
+        assert fetches(cluster, node) == before[node] + 3
+
+
+def test_a_node_may_fetch_only_the_code_of_a_job_placed_on_it(cluster):
+    code = store(cluster, archive(code_tree(b"x")))
+    job = submit(cluster, "placed", code, "300")
+    wait_until(lambda: cluster.job(job)["state"] == "RUNNING", 60, what="the job to run")
+    request = agent_pb2.FetchCodeRequest(sha256=code, job_id=job)
+    with cluster.channel("node", "c") as channel:  # a node of the cluster with no task of the job
+        with pytest.raises(grpc.RpcError) as info:
+            list(agent_pb2_grpc.AgentServiceStub(channel).FetchCode(request, timeout=10))
+    assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    with cluster.channel("node", "a") as channel:
+        chunks = list(agent_pb2_grpc.AgentServiceStub(channel).FetchCode(request, timeout=10))
+    assert hashlib.sha256(b"".join(c.data for c in chunks)).hexdigest() == code.split(":")[1]
+    with cluster.channel("user", "someone") as channel:
+        with pytest.raises(grpc.RpcError) as info:
+            list(agent_pb2_grpc.AgentServiceStub(channel).FetchCode(request, timeout=10))
+    assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    cluster.cli("stop", job, check=True)
+    cluster.wait_job(job, timeout=60)
+
+
+def test_an_agent_serves_its_cached_code_to_other_nodes_for_the_jobs_that_used_it(cluster, tmp_path):
+    code = store(cluster, archive(code_tree(os.urandom(250_000))))
+    job = submit(cluster, "shared", code)
+    assert cluster.wait_job(job, timeout=90)["state"] == "SUCCEEDED"
+    peer = f"127.0.0.1:{cluster.port_ranges['a'][0]}"
+    (cluster.root / "coordinator" / "code" / f"{code.split(':')[1]}.tar.gz").unlink()  # only node a has it now
+    fetch = Fetcher(cluster.address, lambda: cluster.credentials("node", "c"))
+    fetch(code.split(":")[1], job, (peer,), tmp_path / "from-a")
+    assert hashlib.sha256((tmp_path / "from-a").read_bytes()).hexdigest() == code.split(":")[1]
+    with pytest.raises(CodeError) as info:  # a job whose code node a never ran: not served, nor by the coordinator
+        fetch(code.split(":")[1], "another-1-ab12", (peer,), tmp_path / "refused")
+    assert "this node holds no code" in str(info.value) and "the coordinator" in str(info.value)
+
+
+def test_a_restarted_agent_unmounts_what_ended_meanwhile_and_keeps_what_runs(cluster):
+    code = store(cluster, archive(code_tree(b"small")))
+    job = submit(cluster, "restart", code, "300")
+    wait_until(lambda: all("listing" in line for line in _last_lines(cluster, job)), 60, what="both tasks run")
+    found = {t["node"]: (t, json.loads(line)) for t, line in zip(sorted(cluster.job(job)["tasks"],
+                                                                        key=lambda t: t["index"]),
+                                                                 _last_lines(cluster, job))}
+    assert all(os.path.ismount(f["cwd"]) for _, f in found.values())
+    cluster.agents["a"].kill()  # kill -9: its task runs on, and ends while no agent watches
+    os.kill(found["a"][0]["pid"], signal.SIGKILL)
+    wait_until(lambda: not _alive(found["a"][0]["pid"]), 10, what="the task on a to end")
+    assert os.path.ismount(found["a"][1]["cwd"]), "nobody unmounted it yet"
+    cluster.start_agent("a", extra=["--cache-bytes", str(CACHE_BYTES)])
+    wait_until(lambda: not os.path.ismount(found["a"][1]["cwd"]), 10, what="the restarted agent to unmount it")
+    assert os.path.ismount(found["b"][1]["cwd"]), "node b's task still runs in its own"
+    cluster.cli("stop", job, check=True)
+    cluster.wait_job(job, timeout=60)
+    wait_until(lambda: not os.path.ismount(found["b"][1]["cwd"]), 10, what="node b to unmount it")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _last_lines(cluster, job_id: str) -> list[str]:
+    lines = []
+    for index in (0, 1):
+        result = cluster.cli("logs", job_id, f"worker:{index}")
+        lines.append(result.stdout.strip().splitlines()[-1] if result.stdout.strip() else "")
+    return lines
