@@ -143,7 +143,7 @@ class JobSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., strategy: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., workdir: _Optional[str] = ..., checkpoint_dir: _Optional[str] = ..., model_dir: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., gpus: _Optional[int] = ..., roles: _Optional[_Mapping[str, RoleSpec]] = ..., restart: _Optional[_Union[RestartPolicy, _Mapping]] = ..., stop_grace_seconds: _Optional[float] = ..., evaluator_deadline_seconds: _Optional[float] = ..., priority: _Optional[str] = ..., memory_bytes: _Optional[int] = ...) -> None: ...
 
 class TaskLaunch(_message.Message):
-    __slots__ = ("job_id", "task_type", "task_index", "attempt", "command", "env", "workdir", "port", "stop_grace_seconds", "report_listening", "uid", "gid", "owner", "memory_bytes")
+    __slots__ = ("job_id", "task_type", "task_index", "attempt", "command", "env", "workdir", "port", "stop_grace_seconds", "report_listening", "uid", "gid", "owner", "memory_bytes", "environment")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -165,6 +165,7 @@ class TaskLaunch(_message.Message):
     GID_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
     MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ENVIRONMENT_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     task_type: str
     task_index: int
@@ -179,7 +180,18 @@ class TaskLaunch(_message.Message):
     gid: int
     owner: str
     memory_bytes: int
-    def __init__(self, job_id: _Optional[str] = ..., task_type: _Optional[str] = ..., task_index: _Optional[int] = ..., attempt: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., workdir: _Optional[str] = ..., port: _Optional[int] = ..., stop_grace_seconds: _Optional[float] = ..., report_listening: _Optional[bool] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., owner: _Optional[str] = ..., memory_bytes: _Optional[int] = ...) -> None: ...
+    environment: EnvironmentSpec
+    def __init__(self, job_id: _Optional[str] = ..., task_type: _Optional[str] = ..., task_index: _Optional[int] = ..., attempt: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., workdir: _Optional[str] = ..., port: _Optional[int] = ..., stop_grace_seconds: _Optional[float] = ..., report_listening: _Optional[bool] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., owner: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., environment: _Optional[_Union[EnvironmentSpec, _Mapping]] = ...) -> None: ...
+
+class EnvironmentSpec(_message.Message):
+    __slots__ = ("requirements", "isolated", "project")
+    REQUIREMENTS_FIELD_NUMBER: _ClassVar[int]
+    ISOLATED_FIELD_NUMBER: _ClassVar[int]
+    PROJECT_FIELD_NUMBER: _ClassVar[int]
+    requirements: str
+    isolated: bool
+    project: str
+    def __init__(self, requirements: _Optional[str] = ..., isolated: _Optional[bool] = ..., project: _Optional[str] = ...) -> None: ...
 
 class TaskReport(_message.Message):
     __slots__ = ("job_id", "task_type", "task_index", "attempt", "phase", "pid", "exit_code", "signal", "message", "log_tail", "log_path", "busy_port", "final_checkpoint", "listening", "cpu_seconds", "peak_rss_bytes")
