@@ -160,6 +160,7 @@ class TaskProgress:
     cpu_seconds: float = 0.0  # its process tree's CPU time so far, as its shim measures it
     rss_bytes: int = 0        # its process tree's resident memory now
     peak_rss_bytes: int = 0   # ... and the most it has held
+    phase_detail: str = ""    # what a starting task waits for ("building environment (12 s)")
 
 
 @dataclass(frozen=True)
@@ -202,6 +203,17 @@ class SyncResult:
 # ---- commands, coordinator to agent -------------------------------------------------------------
 
 @dataclass(frozen=True)
+class EnvironmentSpec:
+    """[environment] of a spec: what the job's virtualenv holds. Paths are relative to the workdir."""
+    requirements: str = ""  # a requirements file; "": none
+    isolated: bool = False  # True: the environment does not see the agent's site-packages
+    project: str = ""       # a dir with pyproject.toml (and uv.lock); "": none
+
+    def __bool__(self) -> bool:
+        return bool(self.requirements or self.project)
+
+
+@dataclass(frozen=True)
 class Launch:
     node: str
     attempt: Attempt
@@ -215,6 +227,7 @@ class Launch:
     gid: int = 0
     owner: str = ""        # the job's owner: with `--task-user owner` the agent runs the task as their account
     memory_bytes: int = 0  # the most memory the task's process tree may use; 0: not limited
+    environment: EnvironmentSpec = EnvironmentSpec()  # the job's virtualenv; empty: the agent's own Python
 
     def __str__(self) -> str:
         return f"launch {self.attempt} on {self.node}"
@@ -302,6 +315,7 @@ class ReadLog:
     attempt: Attempt
     follow: bool = False
     tail_lines: int = 0  # 0: from the start
+    environment: bool = False  # the log of the job's environment build on this node (attempt.job_id alone counts)
 
 
 @dataclass(frozen=True)

@@ -11,11 +11,13 @@ import ipaddress
 import json
 import math
 import os
+import posixpath
 from typing import Any
 
 from tfcluster.api.v1 import agent_pb2, control_pb2
 from tfcluster.api.v1 import types_pb2 as pb
-from tfcluster.model import (MAX_GPUS_PER_NODE, NODE_NAME_RE, Attempt, CancelLog, Command, Evaluation, ExpectFiles,
+from tfcluster.model import (MAX_GPUS_PER_NODE, NODE_NAME_RE, Attempt, CancelLog, Command, EnvironmentSpec, Evaluation,
+                             ExpectFiles,
                              FinishTraining, Gpu, Launch, LogData, NodeInfo, ReadLog, Revocations, ShipCheckpoints,
                              Stop, SyncCheckpoints, SyncResult, TaskExit, TaskProgress, TaskReport, control_character,
                              printable)
@@ -135,8 +137,22 @@ def heartbeat_to_proto(session_id: str, progress: list[TaskProgress],
                        condition: str = "") -> agent_pb2.AgentMessage:
     return agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat(session_id=session_id, condition=condition, progress=[
         agent_pb2.TaskProgress(**_attempt_fields(p.attempt), output_bytes=p.output_bytes, checkpoint=p.checkpoint,
-                               cpu_seconds=p.cpu_seconds, rss_bytes=p.rss_bytes, peak_rss_bytes=p.peak_rss_bytes)
+                               cpu_seconds=p.cpu_seconds, rss_bytes=p.rss_bytes, peak_rss_bytes=p.peak_rss_bytes,
+                               phase_detail=p.phase_detail)
         for p in progress]))
+
+
+def environment_to_proto(e: EnvironmentSpec) -> pb.EnvironmentSpec:
+    return pb.EnvironmentSpec(requirements=e.requirements, isolated=e.isolated, project=e.project)
+
+
+def environment_from_proto(msg: pb.EnvironmentSpec) -> EnvironmentSpec:
+    """Paths inside the workdir only: the agent reads these files as root."""
+    for name in ("requirements", "project"):
+        value = _text(getattr(msg, name), f"environment.{name}", 1024)
+        if value and (posixpath.isabs(value) or ".." in value.split("/")):
+            raise ValueError(f"environment.{name}: must be a path inside the workdir, got {value!r}")
+    return EnvironmentSpec(msg.requirements, msg.isolated, msg.project)
 
 
 def condition_from_proto(msg: agent_pb2.Heartbeat) -> str:
@@ -148,7 +164,8 @@ def progress_from_proto(msg: agent_pb2.Heartbeat) -> list[TaskProgress]:
     if len(msg.progress) > MAX_TASKS_PER_NODE:
         raise ValueError(f"heartbeat.progress: at most {MAX_TASKS_PER_NODE} tasks, got {len(msg.progress)}")
     return [TaskProgress(_attempt(p, "progress"), p.output_bytes, p.checkpoint[:MAX_TEXT],
-                         cpu_seconds=_seconds(p.cpu_seconds), rss_bytes=p.rss_bytes, peak_rss_bytes=p.peak_rss_bytes)
+                         cpu_seconds=_seconds(p.cpu_seconds), rss_bytes=p.rss_bytes, peak_rss_bytes=p.peak_rss_bytes,
+                         phase_detail=printable(p.phase_detail[:MAX_TEXT]))
             for p in msg.progress]
 
 
@@ -212,7 +229,7 @@ def command_to_proto(c: Command) -> agent_pb2.CoordinatorMessage:
         return M(launch=pb.TaskLaunch(**_attempt_fields(c.attempt), command=c.command, env=c.env, workdir=c.workdir,
                                       port=c.port, stop_grace_seconds=c.stop_grace_seconds,
                                       report_listening=c.report_listening, uid=c.uid, gid=c.gid, owner=c.owner,
-                                      memory_bytes=c.memory_bytes))
+                                      memory_bytes=c.memory_bytes, environment=environment_to_proto(c.environment)))
     if isinstance(c, Stop):
         return M(stop=agent_pb2.StopTask(**_attempt_fields(c.attempt), grace_seconds=c.grace_seconds))
     if isinstance(c, FinishTraining):
@@ -231,7 +248,7 @@ def command_to_proto(c: Command) -> agent_pb2.CoordinatorMessage:
                                                           for node, before in c.revoked]))
     if isinstance(c, ReadLog):
         return M(read_log=agent_pb2.ReadLog(request_id=c.request_id, **_attempt_fields(c.attempt), follow=c.follow,
-                                            tail_lines=c.tail_lines))
+                                            tail_lines=c.tail_lines, environment=c.environment))
     return M(cancel_log=agent_pb2.CancelLog(request_id=c.request_id))
 
 
@@ -242,7 +259,7 @@ def command_from_proto(msg: agent_pb2.CoordinatorMessage, node: str) -> Command 
     if kind == "launch":
         return Launch(node, _attempt(m, "launch"), tuple(m.command), dict(m.env), m.workdir, m.port,
                       m.stop_grace_seconds, m.report_listening, m.uid, m.gid, _text(m.owner, "launch.owner", 256),
-                      m.memory_bytes)
+                      m.memory_bytes, environment_from_proto(m.environment))
     if kind == "stop":
         return Stop(node, _attempt(m, "stop"), m.grace_seconds)
     if kind == "finish_training":
@@ -256,7 +273,7 @@ def command_from_proto(msg: agent_pb2.CoordinatorMessage, node: str) -> Command 
     if kind == "revocations":
         return Revocations(node, tuple((r.node, r.issued_before) for r in m.nodes))
     if kind == "read_log":
-        return ReadLog(node, m.request_id, _attempt(m, "read_log"), m.follow, m.tail_lines)
+        return ReadLog(node, m.request_id, _attempt(m, "read_log"), m.follow, m.tail_lines, m.environment)
     if kind == "cancel_log":
         return CancelLog(node, m.request_id)
     return None
