@@ -24,6 +24,7 @@ from pathlib import Path
 
 from tfcluster import layout
 from tfcluster.daemon.agent.cgroups import TaskCgroups
+from tfcluster.daemon.agent.environments import Environments, EnvironmentProblem, task_environment
 from tfcluster.daemon.agent.launcher import ForkedShim, Launcher
 from tfcluster.daemon.agent.tasklog import DEFAULT_LIMIT_BYTES, total_bytes
 from tfcluster.daemon.agent.taskfiles import (LaunchFile, ShimStatus, TaskFileError, UsageFile, write_json_atomic,
@@ -58,7 +59,7 @@ def port_in_use(port: int) -> bool:
 class Supervisor:
     def __init__(self, state_dir: Path, on_report: Callable[[TaskRecord], None],
                  launch_refusal: Callable[[], str] = lambda: "", log_limit_bytes: int = DEFAULT_LIMIT_BYTES,
-                 task_users: TaskUsers | None = None):
+                 task_users: TaskUsers | None = None, environments: Environments | None = None):
         self.state_dir = state_dir
         self.task_users = task_users or TaskUsers()  # who each task runs as (taskuser.py)
         self.on_report = on_report
@@ -68,6 +69,7 @@ class Supervisor:
         self.tasks: dict[TaskKey, TaskRecord] = {}
         self.launcher = Launcher()  # forks the shims (launcher.py)
         self.cgroups: TaskCgroups | None = None  # keeps tasks' memory limits where the kernel can (cgroups.py)
+        self.environments = environments or Environments(state_dir)  # jobs' virtualenvs (environments.py)
 
     # ---- launching -------------------------------------------------------------------------------
 
@@ -85,17 +87,31 @@ class Supervisor:
                 log.warning("%s still runs while attempt %d is launched: killing it", current.name, a.number,
                             extra=fields(current.attempt))
                 self._kill_now(current)
+                if current.detail and not current.shim_pid:  # waiting for its environment: it must not start
+                    current.exited.set()
             record = TaskRecord(a, layout.attempt_dir(self.state_dir, a.job_id, a.type, a.index, a.number),
                                 port=order.port, gpus=order.env.get(layout.CUDA_VISIBLE_DEVICES, ""),
                                 summary_dir=order.env.get(layout.SUMMARY_DIR, ""))
             self.tasks[key] = record
+        if order.environment:  # its build may take minutes: the agent's loop does not wait for it
+            record.detail, record.detail_since = "building environment", time.monotonic()
+            threading.Thread(target=self._start_and_watch, args=(record, order), name=f"env-{record.name}",
+                             daemon=True).start()
+        else:
+            self._start_and_watch(record, order)
+
+    def _start_and_watch(self, record: TaskRecord, order: Launch) -> None:
         try:
             shim = self._start(record, order)
         except Exception as e:  # whatever it is, the coordinator hears of it: a task never stays launching
-            message = str(e) if isinstance(e, (_StartError, OSError)) else f"{type(e).__name__}: {e}"
-            self._finish(record, Phase.FAILED_TO_START, TaskExit(message=message, busy_port=getattr(e, "busy_port", 0)))
+            known = isinstance(e, (_StartError, OSError, EnvironmentProblem))
+            message = str(e) if known else f"{type(e).__name__}: {e}"
+            self._finish(record, Phase.FAILED_TO_START, TaskExit(message=message, busy_port=getattr(e, "busy_port", 0),
+                                                                 log_tail=getattr(e, "log_tail", ())))
             return
-        record.shim_pid = shim.pid
+        record.shim_pid, record.detail = shim.pid, ""
+        if record.exited.is_set():  # stopped while its environment was built: the shim stops it at once
+            self._stop_shim(record)
         threading.Thread(target=self._watch_child, args=(record, shim), name=f"watch-{record.name}",
                          daemon=True).start()
         if order.report_listening and order.port:
@@ -114,9 +130,14 @@ class Supervisor:
             prepare_attempt(record.dir, user)
         except TaskUserError as e:
             raise _StartError(str(e)) from None
+        env = self._environment(record, order, user, paths)
+        if order.environment:
+            env = task_environment(self.environments.prepare(record.attempt.job_id, order.environment, order.workdir),
+                                   env)
+            if record.exited.is_set():
+                raise _StartError("stopped before it started")
         if order.port and port_in_use(order.port):
             raise _StartError(f"port {order.port} is already in use on this node", busy_port=order.port)
-        env = self._environment(record, order, user, paths)
         record.checkpoint_dir = env.get(layout.CHECKPOINT_DIR, "")
         record.group = user.owner(private=False)[1]  # the job's group, whoever the task runs as
         # Dirs the spec names are made by the task's user (in the shim), never by root here.
@@ -221,7 +242,12 @@ class Supervisor:
         """Every running task, with the bytes of output so far (dropped ones included), its newest checkpoint, and
         what its process tree uses as its shim last measured it."""
         found = []
+        now = time.monotonic()
         for record in self.snapshot():
+            if record.detail and record.phase == Phase.STARTING and not record.exited.is_set():
+                # Listed while it waits, or the coordinator would take it for lost and launch it again.
+                detail = f"{record.detail} ({now - record.detail_since:.0f} s)"
+                found.append(TaskProgress(record.attempt, phase_detail=detail))
             if record.phase != Phase.RUNNING or record.exited.is_set():
                 continue
             try:
@@ -262,8 +288,19 @@ class Supervisor:
             pass
         if grace_seconds <= 0 and record.pid:
             kill_group(record.pid, signal.SIGKILL)
+        if record.phase == Phase.STARTING and not record.shim_pid and record.detail:
+            # Still waiting for its environment: it never starts (the thread that waits sees it ended).
+            self._finish(record, Phase.EXITED, TaskExit(message="stopped before it started"))
+            return
         if not record.shim_pid or not _signal(record.shim_pid, signal.SIGTERM):
             self._kill_now(record)
+
+    def _stop_shim(self, record: TaskRecord) -> None:
+        try:
+            write_stop(record.dir, 0.0)
+        except OSError:
+            pass
+        _signal(record.shim_pid, signal.SIGTERM)
 
     def _kill_now(self, record: TaskRecord) -> None:
         if record.pid:
