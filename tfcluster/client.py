@@ -246,9 +246,11 @@ class Client:
             time.sleep(POLL_SECONDS)
 
     def logs(self, job_id: str, task_type: str, task_index: int, follow: bool = False, tail_lines: int = 0,
-             attempt: int = 0) -> Iterator[bytes]:
+             attempt: int = 0, environment_node: str = "") -> Iterator[bytes]:
+        """A task's log, or with environment_node, the build log of the job's environment on that node."""
         request = control_pb2.StreamLogsRequest(job_id=job_id, task_type=task_type, task_index=task_index,
-                                                follow=follow, tail_lines=tail_lines, attempt=attempt)
+                                                follow=follow, tail_lines=tail_lines, attempt=attempt,
+                                                environment=bool(environment_node), node=environment_node)
         call = self.stub.StreamLogs(request, timeout=None if follow else 60.0)
         try:
             for chunk in call:

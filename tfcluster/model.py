@@ -161,6 +161,7 @@ class TaskProgress:
     cpu_seconds: float = 0.0  # its process tree's CPU time so far, as its shim measures it
     rss_bytes: int = 0        # its process tree's resident memory now
     peak_rss_bytes: int = 0   # ... and the most it has held
+    phase_detail: str = ""    # what a starting task waits for ("building environment (12 s)")
 
 
 @dataclass(frozen=True)
@@ -200,15 +201,19 @@ class SyncResult:
     seconds: float = 0.0
 
 
+# ---- commands, coordinator to agent -------------------------------------------------------------
+
 @dataclass(frozen=True)
 class EnvironmentSpec:
-    """A spec's [environment]: the Python packages its tasks need beyond the agent's, in a virtualenv per node."""
-    requirements: str = ""  # a requirements file, relative to the workdir; "": none
+    """A spec's [environment]: the Python packages its tasks need beyond the agent's, in a virtualenv per node.
+    Paths are relative to the workdir."""
+    requirements: str = ""  # a requirements file; "": none
     isolated: bool = False  # True: the environment does not see the agent's site-packages
-    project: str = ""       # a folder with pyproject.toml / uv.lock, relative to the workdir; "": none
+    project: str = ""       # a dir with pyproject.toml (and uv.lock); "": none
 
+    def __bool__(self) -> bool:
+        return bool(self.requirements or self.project)
 
-# ---- commands, coordinator to agent -------------------------------------------------------------
 
 @dataclass(frozen=True)
 class Launch:
@@ -314,6 +319,7 @@ class ReadLog:
     attempt: Attempt
     follow: bool = False
     tail_lines: int = 0  # 0: from the start
+    environment: bool = False  # the log of the job's environment build on this node (attempt.job_id alone counts)
 
 
 @dataclass(frozen=True)

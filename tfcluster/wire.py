@@ -11,6 +11,7 @@ import ipaddress
 import json
 import math
 import os
+import posixpath
 from typing import Any
 
 from tfcluster.api.v1 import agent_pb2, control_pb2
@@ -27,7 +28,6 @@ MAX_TEXT = 4096        # a message, a path, a name of a GPU
 MAX_LOG_TAIL_LINES = 50
 MAX_TASKS_PER_NODE = 10_000  # task reports with a registration, progress entries with a heartbeat
 MAX_JOB_IDS = 1000           # asked about in one EndedJobs call
-MAX_CODE_SOURCES = 16        # peers a launch names that hold the job's code
 PHASES = {Phase.RUNNING: pb.TASK_PHASE_RUNNING, Phase.EXITED: pb.TASK_PHASE_EXITED,
           Phase.FAILED_TO_START: pb.TASK_PHASE_FAILED_TO_START}
 PHASE_NAMES = {v: k for k, v in PHASES.items()}
@@ -136,8 +136,22 @@ def heartbeat_to_proto(session_id: str, progress: list[TaskProgress],
                        condition: str = "") -> agent_pb2.AgentMessage:
     return agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat(session_id=session_id, condition=condition, progress=[
         agent_pb2.TaskProgress(**_attempt_fields(p.attempt), output_bytes=p.output_bytes, checkpoint=p.checkpoint,
-                               cpu_seconds=p.cpu_seconds, rss_bytes=p.rss_bytes, peak_rss_bytes=p.peak_rss_bytes)
+                               cpu_seconds=p.cpu_seconds, rss_bytes=p.rss_bytes, peak_rss_bytes=p.peak_rss_bytes,
+                               phase_detail=p.phase_detail)
         for p in progress]))
+
+
+def environment_to_proto(e: EnvironmentSpec) -> pb.EnvironmentSpec:
+    return pb.EnvironmentSpec(requirements=e.requirements, isolated=e.isolated, project=e.project)
+
+
+def environment_from_proto(msg: pb.EnvironmentSpec) -> EnvironmentSpec:
+    """Paths inside the workdir only: the agent reads these files as root."""
+    for name in ("requirements", "project"):
+        value = _text(getattr(msg, name), f"environment.{name}", 1024)
+        if value and (posixpath.isabs(value) or ".." in value.split("/")):
+            raise ValueError(f"environment.{name}: must be a path inside the workdir, got {value!r}")
+    return EnvironmentSpec(msg.requirements, msg.isolated, msg.project)
 
 
 def condition_from_proto(msg: agent_pb2.Heartbeat) -> str:
@@ -149,7 +163,8 @@ def progress_from_proto(msg: agent_pb2.Heartbeat) -> list[TaskProgress]:
     if len(msg.progress) > MAX_TASKS_PER_NODE:
         raise ValueError(f"heartbeat.progress: at most {MAX_TASKS_PER_NODE} tasks, got {len(msg.progress)}")
     return [TaskProgress(_attempt(p, "progress"), p.output_bytes, p.checkpoint[:MAX_TEXT],
-                         cpu_seconds=_seconds(p.cpu_seconds), rss_bytes=p.rss_bytes, peak_rss_bytes=p.peak_rss_bytes)
+                         cpu_seconds=_seconds(p.cpu_seconds), rss_bytes=p.rss_bytes, peak_rss_bytes=p.peak_rss_bytes,
+                         phase_detail=printable(p.phase_detail[:MAX_TEXT]))
             for p in msg.progress]
 
 
@@ -233,7 +248,7 @@ def command_to_proto(c: Command) -> agent_pb2.CoordinatorMessage:
                                                           for node, before in c.revoked]))
     if isinstance(c, ReadLog):
         return M(read_log=agent_pb2.ReadLog(request_id=c.request_id, **_attempt_fields(c.attempt), follow=c.follow,
-                                            tail_lines=c.tail_lines))
+                                            tail_lines=c.tail_lines, environment=c.environment))
     return M(cancel_log=agent_pb2.CancelLog(request_id=c.request_id))
 
 
@@ -260,7 +275,7 @@ def command_from_proto(msg: agent_pb2.CoordinatorMessage, node: str) -> Command 
     if kind == "revocations":
         return Revocations(node, tuple((r.node, r.issued_before) for r in m.nodes))
     if kind == "read_log":
-        return ReadLog(node, m.request_id, _attempt(m, "read_log"), m.follow, m.tail_lines)
+        return ReadLog(node, m.request_id, _attempt(m, "read_log"), m.follow, m.tail_lines, m.environment)
     if kind == "cancel_log":
         return CancelLog(node, m.request_id)
     return None
@@ -292,14 +307,6 @@ def spec_to_proto(spec: JobSpec) -> pb.JobSpec:
     return msg
 
 
-def environment_to_proto(e: EnvironmentSpec) -> pb.EnvironmentSpec:
-    return pb.EnvironmentSpec(requirements=e.requirements, isolated=e.isolated, project=e.project)
-
-
-def environment_from_proto(msg: pb.EnvironmentSpec) -> EnvironmentSpec:
-    return EnvironmentSpec(requirements=msg.requirements, isolated=msg.isolated, project=msg.project)
-
-
 def spec_from_proto(msg: pb.JobSpec) -> JobSpec:
     """A spec from the wire, validated by the same rules as a file (SpecError names the field). Its paths
     must be absolute: the client resolved them where the spec was written."""
@@ -318,7 +325,8 @@ def spec_from_proto(msg: pb.JobSpec) -> JobSpec:
                    checkpoint_dir=msg.checkpoint_dir, model_dir=msg.model_dir, env=dict(msg.env), gpus=msg.gpus,
                    roles=roles, restart=restart, priority=msg.priority, memory=msg.memory_bytes,
                    code_sha256=msg.code_sha256, shared_workdir=msg.shared_workdir,
-                   environment=environment_from_proto(msg.environment), **optional)
+                   environment=EnvironmentSpec(msg.environment.requirements, msg.environment.isolated,
+                                               msg.environment.project), **optional)
     return validate(spec, "spec", absolute_paths=True)
 
 

@@ -230,6 +230,12 @@ def agent(
                                           "PrivateTmp), so programs that write fixed /tmp paths never meet another "
                                           "job's files; what tasks run and read must then lie outside /tmp "
                                           "[default: off: TMPDIR is the job's own dir]."),
+    uv_index_url: Optional[str] = typer.Option(None, "--uv-index-url", metavar="URL",
+                                               help="The package index jobs' environments are built from (sets "
+                                                    "UV_INDEX_URL) [default: UV_INDEX_URL, else PyPI]."),
+    uv_find_links: Optional[str] = typer.Option(None, "--uv-find-links", metavar="DIR|URL",
+                                                help="Where else jobs' environments find wheels: a directory or a page "
+                                                     "of links (sets UV_FIND_LINKS) [default: UV_FIND_LINKS]."),
     log_level: str = LogLevelOpt,
     log_format: str = LogFormatOpt,
 ) -> None:
@@ -244,6 +250,10 @@ def agent(
         fail("--join: a token on the command line is visible to every user of this host; put it in a file "
              "(--join-token-file FILE, mode 0600) or in TFCLUSTER_JOIN_TOKEN (the systemd unit's env file)", 2)
     join = _join_token(join_token_file)
+    # uv reads these when the agent builds an environment (environments.py); tasks that run uv see them too.
+    for variable, value in (("UV_INDEX_URL", uv_index_url), ("UV_FIND_LINKS", uv_find_links)):
+        if value:
+            os.environ[variable] = value
     try:
         config = configure(coordinator, name, advertise_address, port_range, peer_port, gpu_inventory,
                            state_dir or default_state_dir("agent"), token, insecure=insecure, join=join or "",

@@ -252,21 +252,33 @@ def stop(
 @app.command()
 def logs(
     job_id: str = typer.Argument(..., metavar="JOB"),
-    task: str = typer.Argument(..., metavar="TYPE:INDEX", help="For example worker:1 or chief:0."),
+    task: str = typer.Argument(..., metavar="TYPE:INDEX|env",
+                               help="For example worker:1 or chief:0; `env`: the build of the job's environment."),
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing until the task ends."),
     tail: int = typer.Option(0, "--tail", "-n", min=0, max=MAX_INT32, help="Only the last N lines."),
     attempt: int = typer.Option(0, min=0, max=MAX_INT32, help="An earlier attempt's log [default: the current one]."),
+    node: Optional[str] = typer.Option(None, "--node", metavar="NAME",
+                                       help="With `env`: the node whose build of the job's environment to show."),
     coordinator: Optional[str] = CoordinatorOpt,
     tls_dir: Optional[Path] = TlsDirOpt,
 ) -> None:
     """Print a task's log, exactly as the task wrote it, from whichever node it runs on. Past the agent's
-    --max-task-log, the log's start and its newest part are kept, with one line saying how much was dropped."""
+    --max-task-log, the log's start and its newest part are kept, with one line saying how much was dropped.
+    `tfcluster logs JOB env --node NAME` prints how that node built the job's environment."""
     task_type, sep, index = task.partition(":")
-    if not sep or not index.isdigit() or int(index) > MAX_INT32 or task_type not in ("chief", "worker", "ps", "evaluator"):
-        fail(f"expected TYPE:INDEX with TYPE one of chief, worker, ps, evaluator (e.g. worker:1), got {task!r}", 2)
+    if task == "env":
+        if not node:
+            fail("logs JOB env: --node NAME says which node's environment build to show", 2)
+        task_type, index = "", "0"
+    elif not sep or not index.isdigit() or int(index) > MAX_INT32 or task_type not in ("chief", "worker", "ps", "evaluator"):
+        fail(f"expected TYPE:INDEX with TYPE one of chief, worker, ps, evaluator (e.g. worker:1), or env, got {task!r}",
+             2)
+    elif node:
+        fail("--node goes with `env`: a task's log comes from the node it runs on", 2)
     with connect(coordinator, tls_dir) as client:
         try:
-            for data in client.logs(job_id, task_type, int(index), follow=follow, tail_lines=tail, attempt=attempt):
+            for data in client.logs(job_id, task_type, int(index), follow=follow, tail_lines=tail, attempt=attempt,
+                                    environment_node=node or ""):
                 sys.stdout.buffer.write(data)
                 sys.stdout.buffer.flush()
         except ClientError as e:

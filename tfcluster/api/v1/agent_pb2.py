@@ -26,7 +26,7 @@ _sym_db = _symbol_database.Default()
 from tfcluster.api.v1 import types_pb2 as tfcluster_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18tfcluster/v1/agent.proto\x12\x0ctfcluster.v1\x1a\x18tfcluster/v1/types.proto\"B\n\x10\x46\x65tchCodeRequest\x12\x0e\n\x06sha256\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0e\n\x06job_id\x18\x03 \x01(\t\"l\n\tFileChunk\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x13\n\x0b\x65nd_of_file\x18\x04 \x01(\x08\x12\x0e\n\x06sha256\x18\x05 \x01(\t\x12\x0e\n\x06\x63ommit\x18\x06 \x01(\x08\"-\n\rPutFilesReply\x12\r\n\x05\x62ytes\x18\x01 \x01(\x04\x12\r\n\x05\x66iles\x18\x02 \x01(\r\"<\n\x0bJoinRequest\x12\r\n\x05token\x18\x01 \x01(\t\x12\x11\n\tnode_name\x18\x02 \x01(\t\x12\x0b\n\x03\x63sr\x18\x03 \x01(\x0c\";\n\x0cJoinResponse\x12\x13\n\x0b\x63\x65rtificate\x18\x01 \x01(\x0c\x12\x16\n\x0e\x63\x61_certificate\x18\x02 \x01(\x0c\"&\n\x17RenewCertificateRequest\x12\x0b\n\x03\x63sr\x18\x01 \x01(\x0c\"/\n\x18RenewCertificateResponse\x12\x13\n\x0b\x63\x65rtificate\x18\x01 \x01(\x0c\"#\n\x10\x45ndedJobsRequest\x12\x0f\n\x07job_ids\x18\x01 \x03(\t\"*\n\x11\x45ndedJobsResponse\x12\x15\n\rended_job_ids\x18\x01 \x03(\t\"`\n\x0fRegisterRequest\x12$\n\x04node\x18\x01 \x01(\x0b\x32\x16.tfcluster.v1.NodeInfo\x12\'\n\x05tasks\x18\x02 \x03(\x0b\x32\x18.tfcluster.v1.TaskReport\"J\n\x10RegisterResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\"\n\x1aheartbeat_interval_seconds\x18\x02 \x01(\x01\"`\n\tHeartbeat\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12,\n\x08progress\x18\x02 \x03(\x0b\x32\x1a.tfcluster.v1.TaskProgress\x12\x11\n\tcondition\x18\x03 \x01(\t\"\xc0\x01\n\x0cTaskProgress\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\ttask_type\x18\x02 \x01(\t\x12\x12\n\ntask_index\x18\x03 \x01(\r\x12\x0f\n\x07\x61ttempt\x18\x04 \x01(\r\x12\x14\n\x0coutput_bytes\x18\x05 \x01(\x04\x12\x12\n\ncheckpoint\x18\x06 \x01(\t\x12\x13\n\x0b\x63pu_seconds\x18\x07 \x01(\x01\x12\x11\n\trss_bytes\x18\x08 \x01(\x04\x12\x16\n\x0epeak_rss_bytes\x18\t \x01(\x04\"3\n\nStreamOpen\x12\x11\n\tnode_name\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\"G\n\x07LogData\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x0b\n\x03\x65of\x18\x03 \x01(\x08\x12\r\n\x05\x65rror\x18\x04 \x01(\t\"\x9b\x02\n\x0c\x41gentMessage\x12(\n\x04open\x18\x01 \x01(\x0b\x32\x18.tfcluster.v1.StreamOpenH\x00\x12,\n\theartbeat\x18\x02 \x01(\x0b\x32\x17.tfcluster.v1.HeartbeatH\x00\x12(\n\x04task\x18\x03 \x01(\x0b\x32\x18.tfcluster.v1.TaskReportH\x00\x12$\n\x03log\x18\x04 \x01(\x0b\x32\x15.tfcluster.v1.LogDataH\x00\x12.\n\nevaluation\x18\x05 \x01(\x0b\x32\x18.tfcluster.v1.EvaluationH\x00\x12+\n\tsync_done\x18\x06 \x01(\x0b\x32\x16.tfcluster.v1.SyncDoneH\x00\x42\x06\n\x04kind\"i\n\x08StopTask\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\ttask_type\x18\x02 \x01(\t\x12\x12\n\ntask_index\x18\x03 \x01(\r\x12\x0f\n\x07\x61ttempt\x18\x04 \x01(\r\x12\x15\n\rgrace_seconds\x18\x05 \x01(\x01\"\x89\x01\n\x07ReadLog\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x11\n\ttask_type\x18\x03 \x01(\t\x12\x12\n\ntask_index\x18\x04 \x01(\r\x12\x0f\n\x07\x61ttempt\x18\x05 \x01(\r\x12\x0e\n\x06\x66ollow\x18\x06 \x01(\x08\x12\x12\n\ntail_lines\x18\x07 \x01(\r\"r\n\x0e\x46inishTraining\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\ttask_type\x18\x02 \x01(\t\x12\x12\n\ntask_index\x18\x03 \x01(\r\x12\x0f\n\x07\x61ttempt\x18\x04 \x01(\r\x12\x18\n\x10\x66inal_checkpoint\x18\x05 \x01(\t\"\x80\x01\n\x0fShipCheckpoints\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\ttask_type\x18\x02 \x01(\t\x12\x12\n\ntask_index\x18\x03 \x01(\r\x12\x0f\n\x07\x61ttempt\x18\x04 \x01(\r\x12\x0f\n\x07targets\x18\x05 \x03(\t\x12\x14\n\x0ctarget_nodes\x18\x06 \x03(\t\"Y\n\x0fSyncCheckpoints\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07sync_id\x18\x02 \x01(\x04\x12\x0f\n\x07targets\x18\x03 \x03(\t\x12\x14\n\x0ctarget_nodes\x18\x04 \x03(\t\"h\n\x08SyncDone\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07sync_id\x18\x02 \x01(\x04\x12\n\n\x02ok\x18\x03 \x01(\x08\x12\x0f\n\x07message\x18\x04 \x01(\t\x12\r\n\x05\x62ytes\x18\x05 \x01(\x04\x12\x0f\n\x07seconds\x18\x06 \x01(\x01\"\x1f\n\tCancelLog\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\"G\n\x0b\x45xpectFiles\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06sender\x18\x02 \x01(\t\x12\x0b\n\x03uid\x18\x03 \x01(\r\x12\x0b\n\x03gid\x18\x04 \x01(\r\"7\n\x0bRevocations\x12(\n\x05nodes\x18\x01 \x03(\x0b\x32\x19.tfcluster.v1.RevokedNode\"2\n\x0bRevokedNode\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x15\n\rissued_before\x18\x02 \x01(\x01\"\xc6\x03\n\x12\x43oordinatorMessage\x12*\n\x06launch\x18\x01 \x01(\x0b\x32\x18.tfcluster.v1.TaskLaunchH\x00\x12&\n\x04stop\x18\x02 \x01(\x0b\x32\x16.tfcluster.v1.StopTaskH\x00\x12)\n\x08read_log\x18\x03 \x01(\x0b\x32\x15.tfcluster.v1.ReadLogH\x00\x12-\n\ncancel_log\x18\x04 \x01(\x0b\x32\x17.tfcluster.v1.CancelLogH\x00\x12\x37\n\x0f\x66inish_training\x18\x05 \x01(\x0b\x32\x1c.tfcluster.v1.FinishTrainingH\x00\x12-\n\x04ship\x18\x06 \x01(\x0b\x32\x1d.tfcluster.v1.ShipCheckpointsH\x00\x12-\n\x04sync\x18\x07 \x01(\x0b\x32\x1d.tfcluster.v1.SyncCheckpointsH\x00\x12\x31\n\x0c\x65xpect_files\x18\x08 \x01(\x0b\x32\x19.tfcluster.v1.ExpectFilesH\x00\x12\x30\n\x0brevocations\x18\t \x01(\x0b\x32\x19.tfcluster.v1.RevocationsH\x00\x42\x06\n\x04kind2\x9c\x01\n\x10\x41gentPeerService\x12\x42\n\x08PutFiles\x12\x17.tfcluster.v1.FileChunk\x1a\x1b.tfcluster.v1.PutFilesReply(\x01\x12\x44\n\x07GetCode\x12\x1e.tfcluster.v1.FetchCodeRequest\x1a\x17.tfcluster.v1.CodeChunk0\x01\x32\x9f\x03\n\x0c\x41gentService\x12I\n\x08Register\x12\x1d.tfcluster.v1.RegisterRequest\x1a\x1e.tfcluster.v1.RegisterResponse\x12K\n\x07\x43onnect\x12\x1a.tfcluster.v1.AgentMessage\x1a .tfcluster.v1.CoordinatorMessage(\x01\x30\x01\x12\x61\n\x10RenewCertificate\x12%.tfcluster.v1.RenewCertificateRequest\x1a&.tfcluster.v1.RenewCertificateResponse\x12L\n\tEndedJobs\x12\x1e.tfcluster.v1.EndedJobsRequest\x1a\x1f.tfcluster.v1.EndedJobsResponse\x12\x46\n\tFetchCode\x12\x1e.tfcluster.v1.FetchCodeRequest\x1a\x17.tfcluster.v1.CodeChunk0\x01\x32L\n\x0bJoinService\x12=\n\x04Join\x12\x19.tfcluster.v1.JoinRequest\x1a\x1a.tfcluster.v1.JoinResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18tfcluster/v1/agent.proto\x12\x0ctfcluster.v1\x1a\x18tfcluster/v1/types.proto\"B\n\x10\x46\x65tchCodeRequest\x12\x0e\n\x06sha256\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0e\n\x06job_id\x18\x03 \x01(\t\"l\n\tFileChunk\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x13\n\x0b\x65nd_of_file\x18\x04 \x01(\x08\x12\x0e\n\x06sha256\x18\x05 \x01(\t\x12\x0e\n\x06\x63ommit\x18\x06 \x01(\x08\"-\n\rPutFilesReply\x12\r\n\x05\x62ytes\x18\x01 \x01(\x04\x12\r\n\x05\x66iles\x18\x02 \x01(\r\"<\n\x0bJoinRequest\x12\r\n\x05token\x18\x01 \x01(\t\x12\x11\n\tnode_name\x18\x02 \x01(\t\x12\x0b\n\x03\x63sr\x18\x03 \x01(\x0c\";\n\x0cJoinResponse\x12\x13\n\x0b\x63\x65rtificate\x18\x01 \x01(\x0c\x12\x16\n\x0e\x63\x61_certificate\x18\x02 \x01(\x0c\"&\n\x17RenewCertificateRequest\x12\x0b\n\x03\x63sr\x18\x01 \x01(\x0c\"/\n\x18RenewCertificateResponse\x12\x13\n\x0b\x63\x65rtificate\x18\x01 \x01(\x0c\"#\n\x10\x45ndedJobsRequest\x12\x0f\n\x07job_ids\x18\x01 \x03(\t\"*\n\x11\x45ndedJobsResponse\x12\x15\n\rended_job_ids\x18\x01 \x03(\t\"`\n\x0fRegisterRequest\x12$\n\x04node\x18\x01 \x01(\x0b\x32\x16.tfcluster.v1.NodeInfo\x12\'\n\x05tasks\x18\x02 \x03(\x0b\x32\x18.tfcluster.v1.TaskReport\"J\n\x10RegisterResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\"\n\x1aheartbeat_interval_seconds\x18\x02 \x01(\x01\"`\n\tHeartbeat\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12,\n\x08progress\x18\x02 \x03(\x0b\x32\x1a.tfcluster.v1.TaskProgress\x12\x11\n\tcondition\x18\x03 \x01(\t\"\xd6\x01\n\x0cTaskProgress\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\ttask_type\x18\x02 \x01(\t\x12\x12\n\ntask_index\x18\x03 \x01(\r\x12\x0f\n\x07\x61ttempt\x18\x04 \x01(\r\x12\x14\n\x0coutput_bytes\x18\x05 \x01(\x04\x12\x12\n\ncheckpoint\x18\x06 \x01(\t\x12\x13\n\x0b\x63pu_seconds\x18\x07 \x01(\x01\x12\x11\n\trss_bytes\x18\x08 \x01(\x04\x12\x16\n\x0epeak_rss_bytes\x18\t \x01(\x04\x12\x14\n\x0cphase_detail\x18\n \x01(\t\"3\n\nStreamOpen\x12\x11\n\tnode_name\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\"G\n\x07LogData\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x0b\n\x03\x65of\x18\x03 \x01(\x08\x12\r\n\x05\x65rror\x18\x04 \x01(\t\"\x9b\x02\n\x0c\x41gentMessage\x12(\n\x04open\x18\x01 \x01(\x0b\x32\x18.tfcluster.v1.StreamOpenH\x00\x12,\n\theartbeat\x18\x02 \x01(\x0b\x32\x17.tfcluster.v1.HeartbeatH\x00\x12(\n\x04task\x18\x03 \x01(\x0b\x32\x18.tfcluster.v1.TaskReportH\x00\x12$\n\x03log\x18\x04 \x01(\x0b\x32\x15.tfcluster.v1.LogDataH\x00\x12.\n\nevaluation\x18\x05 \x01(\x0b\x32\x18.tfcluster.v1.EvaluationH\x00\x12+\n\tsync_done\x18\x06 \x01(\x0b\x32\x16.tfcluster.v1.SyncDoneH\x00\x42\x06\n\x04kind\"i\n\x08StopTask\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\ttask_type\x18\x02 \x01(\t\x12\x12\n\ntask_index\x18\x03 \x01(\r\x12\x0f\n\x07\x61ttempt\x18\x04 \x01(\r\x12\x15\n\rgrace_seconds\x18\x05 \x01(\x01\"\x9e\x01\n\x07ReadLog\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x11\n\ttask_type\x18\x03 \x01(\t\x12\x12\n\ntask_index\x18\x04 \x01(\r\x12\x0f\n\x07\x61ttempt\x18\x05 \x01(\r\x12\x0e\n\x06\x66ollow\x18\x06 \x01(\x08\x12\x12\n\ntail_lines\x18\x07 \x01(\r\x12\x13\n\x0b\x65nvironment\x18\x08 \x01(\x08\"r\n\x0e\x46inishTraining\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\ttask_type\x18\x02 \x01(\t\x12\x12\n\ntask_index\x18\x03 \x01(\r\x12\x0f\n\x07\x61ttempt\x18\x04 \x01(\r\x12\x18\n\x10\x66inal_checkpoint\x18\x05 \x01(\t\"\x80\x01\n\x0fShipCheckpoints\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\ttask_type\x18\x02 \x01(\t\x12\x12\n\ntask_index\x18\x03 \x01(\r\x12\x0f\n\x07\x61ttempt\x18\x04 \x01(\r\x12\x0f\n\x07targets\x18\x05 \x03(\t\x12\x14\n\x0ctarget_nodes\x18\x06 \x03(\t\"Y\n\x0fSyncCheckpoints\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07sync_id\x18\x02 \x01(\x04\x12\x0f\n\x07targets\x18\x03 \x03(\t\x12\x14\n\x0ctarget_nodes\x18\x04 \x03(\t\"h\n\x08SyncDone\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07sync_id\x18\x02 \x01(\x04\x12\n\n\x02ok\x18\x03 \x01(\x08\x12\x0f\n\x07message\x18\x04 \x01(\t\x12\r\n\x05\x62ytes\x18\x05 \x01(\x04\x12\x0f\n\x07seconds\x18\x06 \x01(\x01\"\x1f\n\tCancelLog\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\"G\n\x0b\x45xpectFiles\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06sender\x18\x02 \x01(\t\x12\x0b\n\x03uid\x18\x03 \x01(\r\x12\x0b\n\x03gid\x18\x04 \x01(\r\"7\n\x0bRevocations\x12(\n\x05nodes\x18\x01 \x03(\x0b\x32\x19.tfcluster.v1.RevokedNode\"2\n\x0bRevokedNode\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x15\n\rissued_before\x18\x02 \x01(\x01\"\xc6\x03\n\x12\x43oordinatorMessage\x12*\n\x06launch\x18\x01 \x01(\x0b\x32\x18.tfcluster.v1.TaskLaunchH\x00\x12&\n\x04stop\x18\x02 \x01(\x0b\x32\x16.tfcluster.v1.StopTaskH\x00\x12)\n\x08read_log\x18\x03 \x01(\x0b\x32\x15.tfcluster.v1.ReadLogH\x00\x12-\n\ncancel_log\x18\x04 \x01(\x0b\x32\x17.tfcluster.v1.CancelLogH\x00\x12\x37\n\x0f\x66inish_training\x18\x05 \x01(\x0b\x32\x1c.tfcluster.v1.FinishTrainingH\x00\x12-\n\x04ship\x18\x06 \x01(\x0b\x32\x1d.tfcluster.v1.ShipCheckpointsH\x00\x12-\n\x04sync\x18\x07 \x01(\x0b\x32\x1d.tfcluster.v1.SyncCheckpointsH\x00\x12\x31\n\x0c\x65xpect_files\x18\x08 \x01(\x0b\x32\x19.tfcluster.v1.ExpectFilesH\x00\x12\x30\n\x0brevocations\x18\t \x01(\x0b\x32\x19.tfcluster.v1.RevocationsH\x00\x42\x06\n\x04kind2\x9c\x01\n\x10\x41gentPeerService\x12\x42\n\x08PutFiles\x12\x17.tfcluster.v1.FileChunk\x1a\x1b.tfcluster.v1.PutFilesReply(\x01\x12\x44\n\x07GetCode\x12\x1e.tfcluster.v1.FetchCodeRequest\x1a\x17.tfcluster.v1.CodeChunk0\x01\x32\x9f\x03\n\x0c\x41gentService\x12I\n\x08Register\x12\x1d.tfcluster.v1.RegisterRequest\x1a\x1e.tfcluster.v1.RegisterResponse\x12K\n\x07\x43onnect\x12\x1a.tfcluster.v1.AgentMessage\x1a .tfcluster.v1.CoordinatorMessage(\x01\x30\x01\x12\x61\n\x10RenewCertificate\x12%.tfcluster.v1.RenewCertificateRequest\x1a&.tfcluster.v1.RenewCertificateResponse\x12L\n\tEndedJobs\x12\x1e.tfcluster.v1.EndedJobsRequest\x1a\x1f.tfcluster.v1.EndedJobsResponse\x12\x46\n\tFetchCode\x12\x1e.tfcluster.v1.FetchCodeRequest\x1a\x17.tfcluster.v1.CodeChunk0\x01\x32L\n\x0bJoinService\x12=\n\x04Join\x12\x19.tfcluster.v1.JoinRequest\x1a\x1a.tfcluster.v1.JoinResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -58,39 +58,39 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_HEARTBEAT']._serialized_start=760
   _globals['_HEARTBEAT']._serialized_end=856
   _globals['_TASKPROGRESS']._serialized_start=859
-  _globals['_TASKPROGRESS']._serialized_end=1051
-  _globals['_STREAMOPEN']._serialized_start=1053
-  _globals['_STREAMOPEN']._serialized_end=1104
-  _globals['_LOGDATA']._serialized_start=1106
-  _globals['_LOGDATA']._serialized_end=1177
-  _globals['_AGENTMESSAGE']._serialized_start=1180
-  _globals['_AGENTMESSAGE']._serialized_end=1463
-  _globals['_STOPTASK']._serialized_start=1465
-  _globals['_STOPTASK']._serialized_end=1570
-  _globals['_READLOG']._serialized_start=1573
-  _globals['_READLOG']._serialized_end=1710
-  _globals['_FINISHTRAINING']._serialized_start=1712
-  _globals['_FINISHTRAINING']._serialized_end=1826
-  _globals['_SHIPCHECKPOINTS']._serialized_start=1829
-  _globals['_SHIPCHECKPOINTS']._serialized_end=1957
-  _globals['_SYNCCHECKPOINTS']._serialized_start=1959
-  _globals['_SYNCCHECKPOINTS']._serialized_end=2048
-  _globals['_SYNCDONE']._serialized_start=2050
-  _globals['_SYNCDONE']._serialized_end=2154
-  _globals['_CANCELLOG']._serialized_start=2156
-  _globals['_CANCELLOG']._serialized_end=2187
-  _globals['_EXPECTFILES']._serialized_start=2189
-  _globals['_EXPECTFILES']._serialized_end=2260
-  _globals['_REVOCATIONS']._serialized_start=2262
-  _globals['_REVOCATIONS']._serialized_end=2317
-  _globals['_REVOKEDNODE']._serialized_start=2319
-  _globals['_REVOKEDNODE']._serialized_end=2369
-  _globals['_COORDINATORMESSAGE']._serialized_start=2372
-  _globals['_COORDINATORMESSAGE']._serialized_end=2826
-  _globals['_AGENTPEERSERVICE']._serialized_start=2829
-  _globals['_AGENTPEERSERVICE']._serialized_end=2985
-  _globals['_AGENTSERVICE']._serialized_start=2988
-  _globals['_AGENTSERVICE']._serialized_end=3403
-  _globals['_JOINSERVICE']._serialized_start=3405
-  _globals['_JOINSERVICE']._serialized_end=3481
+  _globals['_TASKPROGRESS']._serialized_end=1073
+  _globals['_STREAMOPEN']._serialized_start=1075
+  _globals['_STREAMOPEN']._serialized_end=1126
+  _globals['_LOGDATA']._serialized_start=1128
+  _globals['_LOGDATA']._serialized_end=1199
+  _globals['_AGENTMESSAGE']._serialized_start=1202
+  _globals['_AGENTMESSAGE']._serialized_end=1485
+  _globals['_STOPTASK']._serialized_start=1487
+  _globals['_STOPTASK']._serialized_end=1592
+  _globals['_READLOG']._serialized_start=1595
+  _globals['_READLOG']._serialized_end=1753
+  _globals['_FINISHTRAINING']._serialized_start=1755
+  _globals['_FINISHTRAINING']._serialized_end=1869
+  _globals['_SHIPCHECKPOINTS']._serialized_start=1872
+  _globals['_SHIPCHECKPOINTS']._serialized_end=2000
+  _globals['_SYNCCHECKPOINTS']._serialized_start=2002
+  _globals['_SYNCCHECKPOINTS']._serialized_end=2091
+  _globals['_SYNCDONE']._serialized_start=2093
+  _globals['_SYNCDONE']._serialized_end=2197
+  _globals['_CANCELLOG']._serialized_start=2199
+  _globals['_CANCELLOG']._serialized_end=2230
+  _globals['_EXPECTFILES']._serialized_start=2232
+  _globals['_EXPECTFILES']._serialized_end=2303
+  _globals['_REVOCATIONS']._serialized_start=2305
+  _globals['_REVOCATIONS']._serialized_end=2360
+  _globals['_REVOKEDNODE']._serialized_start=2362
+  _globals['_REVOKEDNODE']._serialized_end=2412
+  _globals['_COORDINATORMESSAGE']._serialized_start=2415
+  _globals['_COORDINATORMESSAGE']._serialized_end=2869
+  _globals['_AGENTPEERSERVICE']._serialized_start=2872
+  _globals['_AGENTPEERSERVICE']._serialized_end=3028
+  _globals['_AGENTSERVICE']._serialized_start=3031
+  _globals['_AGENTSERVICE']._serialized_end=3446
+  _globals['_JOINSERVICE']._serialized_start=3448
+  _globals['_JOINSERVICE']._serialized_end=3524
 # @@protoc_insertion_point(module_scope)

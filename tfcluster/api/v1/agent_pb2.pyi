@@ -111,7 +111,7 @@ class Heartbeat(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., progress: _Optional[_Iterable[_Union[TaskProgress, _Mapping]]] = ..., condition: _Optional[str] = ...) -> None: ...
 
 class TaskProgress(_message.Message):
-    __slots__ = ("job_id", "task_type", "task_index", "attempt", "output_bytes", "checkpoint", "cpu_seconds", "rss_bytes", "peak_rss_bytes")
+    __slots__ = ("job_id", "task_type", "task_index", "attempt", "output_bytes", "checkpoint", "cpu_seconds", "rss_bytes", "peak_rss_bytes", "phase_detail")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     TASK_TYPE_FIELD_NUMBER: _ClassVar[int]
     TASK_INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -121,6 +121,7 @@ class TaskProgress(_message.Message):
     CPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
     RSS_BYTES_FIELD_NUMBER: _ClassVar[int]
     PEAK_RSS_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PHASE_DETAIL_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     task_type: str
     task_index: int
@@ -130,7 +131,8 @@ class TaskProgress(_message.Message):
     cpu_seconds: float
     rss_bytes: int
     peak_rss_bytes: int
-    def __init__(self, job_id: _Optional[str] = ..., task_type: _Optional[str] = ..., task_index: _Optional[int] = ..., attempt: _Optional[int] = ..., output_bytes: _Optional[int] = ..., checkpoint: _Optional[str] = ..., cpu_seconds: _Optional[float] = ..., rss_bytes: _Optional[int] = ..., peak_rss_bytes: _Optional[int] = ...) -> None: ...
+    phase_detail: str
+    def __init__(self, job_id: _Optional[str] = ..., task_type: _Optional[str] = ..., task_index: _Optional[int] = ..., attempt: _Optional[int] = ..., output_bytes: _Optional[int] = ..., checkpoint: _Optional[str] = ..., cpu_seconds: _Optional[float] = ..., rss_bytes: _Optional[int] = ..., peak_rss_bytes: _Optional[int] = ..., phase_detail: _Optional[str] = ...) -> None: ...
 
 class StreamOpen(_message.Message):
     __slots__ = ("node_name", "session_id")
@@ -183,7 +185,7 @@ class StopTask(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., task_type: _Optional[str] = ..., task_index: _Optional[int] = ..., attempt: _Optional[int] = ..., grace_seconds: _Optional[float] = ...) -> None: ...
 
 class ReadLog(_message.Message):
-    __slots__ = ("request_id", "job_id", "task_type", "task_index", "attempt", "follow", "tail_lines")
+    __slots__ = ("request_id", "job_id", "task_type", "task_index", "attempt", "follow", "tail_lines", "environment")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     TASK_TYPE_FIELD_NUMBER: _ClassVar[int]
@@ -191,6 +193,7 @@ class ReadLog(_message.Message):
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     FOLLOW_FIELD_NUMBER: _ClassVar[int]
     TAIL_LINES_FIELD_NUMBER: _ClassVar[int]
+    ENVIRONMENT_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     job_id: str
     task_type: str
@@ -198,7 +201,8 @@ class ReadLog(_message.Message):
     attempt: int
     follow: bool
     tail_lines: int
-    def __init__(self, request_id: _Optional[int] = ..., job_id: _Optional[str] = ..., task_type: _Optional[str] = ..., task_index: _Optional[int] = ..., attempt: _Optional[int] = ..., follow: _Optional[bool] = ..., tail_lines: _Optional[int] = ...) -> None: ...
+    environment: bool
+    def __init__(self, request_id: _Optional[int] = ..., job_id: _Optional[str] = ..., task_type: _Optional[str] = ..., task_index: _Optional[int] = ..., attempt: _Optional[int] = ..., follow: _Optional[bool] = ..., tail_lines: _Optional[int] = ..., environment: _Optional[bool] = ...) -> None: ...
 
 class FinishTraining(_message.Message):
     __slots__ = ("job_id", "task_type", "task_index", "attempt", "final_checkpoint")

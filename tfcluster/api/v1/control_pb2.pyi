@@ -356,20 +356,24 @@ class ListJobsResponse(_message.Message):
     def __init__(self, jobs: _Optional[_Iterable[_Union[JobStatus, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class StreamLogsRequest(_message.Message):
-    __slots__ = ("job_id", "task_type", "task_index", "follow", "tail_lines", "attempt")
+    __slots__ = ("job_id", "task_type", "task_index", "follow", "tail_lines", "attempt", "environment", "node")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     TASK_TYPE_FIELD_NUMBER: _ClassVar[int]
     TASK_INDEX_FIELD_NUMBER: _ClassVar[int]
     FOLLOW_FIELD_NUMBER: _ClassVar[int]
     TAIL_LINES_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    ENVIRONMENT_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     task_type: str
     task_index: int
     follow: bool
     tail_lines: int
     attempt: int
-    def __init__(self, job_id: _Optional[str] = ..., task_type: _Optional[str] = ..., task_index: _Optional[int] = ..., follow: _Optional[bool] = ..., tail_lines: _Optional[int] = ..., attempt: _Optional[int] = ...) -> None: ...
+    environment: bool
+    node: str
+    def __init__(self, job_id: _Optional[str] = ..., task_type: _Optional[str] = ..., task_index: _Optional[int] = ..., follow: _Optional[bool] = ..., tail_lines: _Optional[int] = ..., attempt: _Optional[int] = ..., environment: _Optional[bool] = ..., node: _Optional[str] = ...) -> None: ...
 
 class LogChunk(_message.Message):
     __slots__ = ("data",)

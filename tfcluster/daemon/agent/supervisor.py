@@ -25,6 +25,7 @@ from pathlib import Path
 from tfcluster import layout
 from tfcluster.daemon.agent.cgroups import TaskCgroups
 from tfcluster.codechunks import CodeError
+from tfcluster.daemon.agent.environments import Environments, EnvironmentProblem, task_environment
 from tfcluster.daemon.agent.launcher import ForkedShim, Launcher
 from tfcluster.daemon.agent.taskcode import TaskCode
 from tfcluster.daemon.agent.tasklog import DEFAULT_LIMIT_BYTES, total_bytes
@@ -60,7 +61,7 @@ def port_in_use(port: int) -> bool:
 class Supervisor:
     def __init__(self, state_dir: Path, on_report: Callable[[TaskRecord], None],
                  launch_refusal: Callable[[], str] = lambda: "", log_limit_bytes: int = DEFAULT_LIMIT_BYTES,
-                 task_users: TaskUsers | None = None):
+                 task_users: TaskUsers | None = None, environments: Environments | None = None):
         self.state_dir = state_dir
         self.task_users = task_users or TaskUsers()  # who each task runs as (taskuser.py)
         self.on_report = on_report
@@ -71,6 +72,7 @@ class Supervisor:
         self.launcher = Launcher()  # forks the shims (launcher.py)
         self.cgroups: TaskCgroups | None = None  # keeps tasks' memory limits where the kernel can (cgroups.py)
         self.code: TaskCode | None = None  # fetches jobs' code and makes tasks' working dirs over it (taskcode.py)
+        self.environments = environments or Environments(state_dir)  # jobs' virtualenvs (environments.py)
 
     # ---- launching -------------------------------------------------------------------------------
 
@@ -88,12 +90,16 @@ class Supervisor:
                 log.warning("%s still runs while attempt %d is launched: killing it", current.name, a.number,
                             extra=fields(current.attempt))
                 self._kill_now(current)
+                if current.detail and not current.shim_pid:  # waiting for its environment: it must not start
+                    current.exited.set()
             record = TaskRecord(a, layout.attempt_dir(self.state_dir, a.job_id, a.type, a.index, a.number),
                                 port=order.port, gpus=order.env.get(layout.CUDA_VISIBLE_DEVICES, ""),
                                 summary_dir=order.env.get(layout.SUMMARY_DIR, ""))
             self.tasks[key] = record
-        if order.code_sha256:  # fetching may take a while: other launches and commands go on meanwhile
-            threading.Thread(target=self._begin, args=(record, order), name=f"code-{record.name}",
+        if order.code_sha256 or order.environment:  # a fetch or a build may take a while: the loop goes on
+            if order.environment:
+                record.detail, record.detail_since = "building environment", time.monotonic()
+            threading.Thread(target=self._begin, args=(record, order), name=f"start-{record.name}",
                              daemon=True).start()
         else:
             self._begin(record, order)
@@ -102,10 +108,14 @@ class Supervisor:
         try:
             shim = self._start(record, order)
         except Exception as e:  # whatever it is, the coordinator hears of it: a task never stays launching
-            message = str(e) if isinstance(e, (_StartError, OSError, CodeError)) else f"{type(e).__name__}: {e}"
-            self._finish(record, Phase.FAILED_TO_START, TaskExit(message=message, busy_port=getattr(e, "busy_port", 0)))
+            known = isinstance(e, (_StartError, OSError, CodeError, EnvironmentProblem))
+            message = str(e) if known else f"{type(e).__name__}: {e}"
+            self._finish(record, Phase.FAILED_TO_START, TaskExit(message=message, busy_port=getattr(e, "busy_port", 0),
+                                                                 log_tail=getattr(e, "log_tail", ())))
             return
-        record.shim_pid = shim.pid
+        record.shim_pid, record.detail = shim.pid, ""
+        if record.exited.is_set():  # stopped while its environment was built: the shim stops it at once
+            self._stop_shim(record)
         threading.Thread(target=self._watch_child, args=(record, shim), name=f"watch-{record.name}",
                          daemon=True).start()
         if order.report_listening and order.port:
@@ -124,13 +134,17 @@ class Supervisor:
             prepare_attempt(record.dir, user)
         except TaskUserError as e:
             raise _StartError(str(e)) from None
-        if order.port and port_in_use(order.port):
-            raise _StartError(f"port {order.port} is already in use on this node", busy_port=order.port)
         env = self._environment(record, order, user, paths)
         if order.code_sha256 and self.code is None:
             raise _StartError("the job ships its code and this agent cannot fetch it")
         workdir = order.workdir if not order.code_sha256 else self.code.working_dir(  # the fetch, if one is needed
             record.attempt, record.dir, order, user.uid, user.gid, env, stopped=record.exited.is_set)
+        if order.environment:  # built from what the job's code asks for: after the code is here
+            env = task_environment(self.environments.prepare(record.attempt.job_id, order.environment, workdir), env)
+        if record.exited.is_set():
+            raise _StartError("stopped before it started")
+        if order.port and port_in_use(order.port):
+            raise _StartError(f"port {order.port} is already in use on this node", busy_port=order.port)
         record.checkpoint_dir = env.get(layout.CHECKPOINT_DIR, "")
         record.group = user.owner(private=False)[1]  # the job's group, whoever the task runs as
         # Dirs the spec names are made by the task's user (in the shim), never by root here.
@@ -235,7 +249,12 @@ class Supervisor:
         """Every running task, with the bytes of output so far (dropped ones included), its newest checkpoint, and
         what its process tree uses as its shim last measured it."""
         found = []
+        now = time.monotonic()
         for record in self.snapshot():
+            if record.detail and record.phase == Phase.STARTING and not record.exited.is_set():
+                # Listed while it waits, or the coordinator would take it for lost and launch it again.
+                detail = f"{record.detail} ({now - record.detail_since:.0f} s)"
+                found.append(TaskProgress(record.attempt, phase_detail=detail))
             if record.phase != Phase.RUNNING or record.exited.is_set():
                 continue
             try:
@@ -278,10 +297,18 @@ class Supervisor:
             pass
         if grace_seconds <= 0 and record.pid:
             kill_group(record.pid, signal.SIGKILL)
-        if not record.shim_pid and record.phase == Phase.STARTING:  # its code is being fetched: it never starts
+        if not record.shim_pid and record.phase == Phase.STARTING:
+            # Its code is being fetched or its environment built: it never starts (the thread sees it ended).
             self._finish(record, Phase.EXITED, TaskExit(signal=signal.SIGTERM, message="stopped before it started"))
         elif not record.shim_pid or not _signal(record.shim_pid, signal.SIGTERM):
             self._kill_now(record)
+
+    def _stop_shim(self, record: TaskRecord) -> None:
+        try:
+            write_stop(record.dir, 0.0)
+        except OSError:
+            pass
+        _signal(record.shim_pid, signal.SIGTERM)
 
     def _kill_now(self, record: TaskRecord) -> None:
         if record.pid:

@@ -39,6 +39,8 @@ class TaskRecord:
     group: int = -1  # the job's group on this node, which may read the control file; -1: the agent's own
     started_at: float = field(default_factory=time.time)  # summaries older than this are not its own
     listening: bool = False
+    detail: str = ""  # what it waits for before it starts ("building environment"), since detail_since (monotonic)
+    detail_since: float = 0.0
     exit: TaskExit | None = None
     finished_at: float = 0.0
     exited: threading.Event = field(default_factory=threading.Event)

@@ -125,6 +125,7 @@ class Cluster:
             if task is not None and task.node == name and task.attempt == p.attempt.number and task.live:
                 lifecycle.progress(job, task, p.output_bytes, p.checkpoint, now)
                 task.seen.live = accounting.Usage(cpu_seconds=p.cpu_seconds, peak_rss_bytes=p.peak_rss_bytes)
+                task.seen.detail = p.phase_detail
         placed = self.nodes.placed_on(name)
         before = [(task.state, task.attempt) for _, task in placed]
         commands = reconcile_node(name, placed, (p.attempt for p in progress), self.jobs,

@@ -54,6 +54,7 @@ class TaskSeen:
     sent_at: float = 0.0      # when its last launch or stop went to the agent (reconcile resends)
     missing_since: float = 0.0  # when a heartbeat of its node first lacked it while RUNNING
     live: Usage = Usage()     # the running attempt's CPU-seconds and peak RSS so far, when heartbeats carry them
+    detail: str = ""          # what it waits for while it starts, as its agent says ("building environment (12 s)")
 
 
 @dataclass(eq=False)
@@ -115,6 +116,8 @@ class Task(StateRecord):
 
     @property
     def message(self) -> str:
+        if self.state == TaskState.LAUNCHING and self.seen.detail:
+            return self.seen.detail
         return self.exit.message if self.exit else ""
 
 

@@ -6,6 +6,8 @@ changes is stored before the commands it decided are sent (persistence.py).
 
 from __future__ import annotations
 
+import dataclasses
+
 import asyncio
 import collections
 import datetime
@@ -213,13 +215,30 @@ class Coordinator:
             raise LookupError(f"{task.key} of {job_id} has not been launched yet")
         if attempt > task.attempt:
             raise LookupError(f"{task.key} of {job_id} has had {task.attempt} attempts, not {attempt}")
-        node = self.cluster.nodes.get(task.node)
-        if node is None or node.state == NodeState.LOST or task.node not in self.streams:
-            raise ConnectionError(f"node {task.node} (where {task.key} ran) is not connected")
+        self._connected(task.node, f"(where {task.key} ran)")
+        return self._read_log(ReadLog(task.node, 0, Attempt(job_id, task_type, task_index, attempt or task.attempt),
+                                      follow, tail_lines))
+
+    def open_environment_log(self, job_id: str, node: str, follow: bool, tail_lines: int) -> tuple[int, LogWaiter]:
+        """The build log of the job's environment on one of its nodes."""
+        job = self.cluster.jobs.get(job_id)
+        if job is None:
+            raise KeyError(f"unknown job {job_id!r}")
+        if not any(t.node == node for t in job.tasks):
+            used = sorted({t.node for t in job.tasks if t.node})
+            raise KeyError(f"job {job_id} has no task on node {node!r} (its nodes: {', '.join(used) or 'none yet'})")
+        self._connected(node, "")
+        return self._read_log(ReadLog(node, 0, Attempt(job_id, "", 0, 0), follow, tail_lines, environment=True))
+
+    def _connected(self, name: str, where: str) -> None:
+        node = self.cluster.nodes.get(name)
+        if node is None or node.state == NodeState.LOST or name not in self.streams:
+            raise ConnectionError(" ".join(filter(None, (f"node {name}", where, "is not connected"))))
+
+    def _read_log(self, request: ReadLog) -> tuple[int, LogWaiter]:
         request_id = next(self.log_ids)
-        waiter = self.log_waiters[request_id] = LogWaiter(task.node)
-        self.send([ReadLog(task.node, request_id, Attempt(job_id, task_type, task_index, attempt or task.attempt),
-                           follow, tail_lines)])
+        waiter = self.log_waiters[request_id] = LogWaiter(request.node)
+        self.send([dataclasses.replace(request, request_id=request_id)])
         return request_id, waiter
 
     def close_log(self, request_id: int, cancel: bool) -> None:

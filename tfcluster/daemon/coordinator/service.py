@@ -175,12 +175,18 @@ class ControlServicer(CodeServicer, control_pb2_grpc.ControlServiceServicer):
         return control_pb2.ListJobsResponse(jobs=jobs, next_page_token=token)
 
     async def StreamLogs(self, request, context):
-        if not request.task_type:
+        if not request.task_type and not request.environment:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "task_type: required")
+        if request.environment and not request.node:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "node: required with environment")
         await self._readable_job(request.job_id, context)
         try:
-            request_id, waiter = self.c.open_log(request.job_id, request.task_type, request.task_index,
-                                                 request.attempt, request.follow, request.tail_lines)
+            if request.environment:
+                request_id, waiter = self.c.open_environment_log(request.job_id, request.node[:256], request.follow,
+                                                                 request.tail_lines)
+            else:
+                request_id, waiter = self.c.open_log(request.job_id, request.task_type, request.task_index,
+                                                     request.attempt, request.follow, request.tail_lines)
         except KeyError as e:
             await context.abort(grpc.StatusCode.NOT_FOUND, e.args[0] if e.args else str(e))
         except LookupError as e:
