@@ -320,6 +320,17 @@ class LocalCluster:
                 daemon.kill()
         for group in self.task_groups():
             kill_group(group)
+        unmount_under(self.root)
+
+
+def unmount_under(root: Path) -> None:
+    """Detaches what agents killed here left mounted under root (tasks' working dirs over cached code): an agent
+    unmounts them when a task ends or when it starts again, neither of which happens after a kill -9."""
+    prefix = str(Path(root).resolve()) + "/"
+    with open("/proc/self/mounts") as mounts:
+        targets = [line.split()[1] for line in mounts if line.split()[1].startswith(prefix)]
+    for target in reversed(targets):
+        subprocess.run(["umount", "-l", target], capture_output=True)
 
 
 def finish(cluster: LocalCluster, job_id: str, timeout: float = 360) -> dict:

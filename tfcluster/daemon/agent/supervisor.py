@@ -94,7 +94,9 @@ class Supervisor:
                     current.exited.set()
             record = TaskRecord(a, layout.attempt_dir(self.state_dir, a.job_id, a.type, a.index, a.number),
                                 port=order.port, gpus=order.env.get(layout.CUDA_VISIBLE_DEVICES, ""),
-                                summary_dir=order.env.get(layout.SUMMARY_DIR, ""))
+                                summary_dir=order.env.get(layout.SUMMARY_DIR, ""),
+                                # Known before the task starts: a shipping order may come while its code is fetched.
+                                checkpoint_dir=order.env.get(layout.CHECKPOINT_DIR, ""))
             self.tasks[key] = record
         if order.code_sha256 or order.environment:  # a fetch or a build may take a while: the loop goes on
             if order.environment:
@@ -145,7 +147,6 @@ class Supervisor:
             raise _StartError("stopped before it started")
         if order.port and port_in_use(order.port):
             raise _StartError(f"port {order.port} is already in use on this node", busy_port=order.port)
-        record.checkpoint_dir = env.get(layout.CHECKPOINT_DIR, "")
         record.group = user.owner(private=False)[1]  # the job's group, whoever the task runs as
         # Dirs the spec names are made by the task's user (in the shim), never by root here.
         task_dirs = [env[name] for name in (layout.CHECKPOINT_DIR, layout.MODEL_DIR)
