@@ -67,6 +67,12 @@ def test_an_archive_is_fetched_once_and_unpacked_for_every_uid_to_read(tmp_path,
     assert stat.S_IMODE(os.stat(tmp_path / "cache").st_mode) == 0o755
 
 
+def test_an_empty_tree_unpacks_to_an_empty_directory(tmp_path, origin):
+    digest, _ = make_archive(origin.directory, {})
+    tree = CodeCache(tmp_path / "cache", 1 << 30, origin).acquire(digest, "job-1", (), "attempt-a")
+    assert tree.is_dir() and list(tree.iterdir()) == []
+
+
 def test_launches_of_one_archive_at_once_wait_for_one_fetch(tmp_path, origin):
     digest, _ = make_archive(origin.directory, {"a": b"x" * 1000})
     origin.delay = 0.3

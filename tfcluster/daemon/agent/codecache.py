@@ -159,6 +159,7 @@ class CodeCache:
             os.replace(part, archive)
         unpacking = self.directory / f"{hex_digest}{UNPACKING}"
         shutil.rmtree(unpacking, ignore_errors=True)
+        unpacking.mkdir(mode=DIR_MODE)  # there even when the tree is empty (a job whose workdir has no files)
         with tarfile.open(archive, "r:*") as tar:
             tar.extractall(unpacking, filter="data")  # no absolute paths, no links leaving the tree, no devices
         size = _settle(unpacking) + archive.stat().st_size
