@@ -76,6 +76,12 @@ class NodeInfo:
         return self._version_at_least((0, 2))
 
     @property
+    def fetches_code(self) -> bool:
+        """Agents from 0.6 on fetch a job's packed code and build its environment; an older one would run the
+        task in a workdir that does not exist on its node."""
+        return self._version_at_least((0, 6))
+
+    @property
     def root_tasks_condition(self) -> str:
         """Why this node gets no new tasks: an agent before 0.3 ignores the job's UID and runs every task as
         root. "": it runs them as the UID given."""

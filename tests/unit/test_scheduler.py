@@ -319,3 +319,18 @@ def test_a_pinned_task_placed_again_stays_on_its_nodes():
     again = place(s, nodes, only={("evaluator", 0)})
     assert isinstance(again, Unfit) and "roles.evaluator.nodes: none of evalbox is a ready node" in again.reason
     assert by_task(place(s, nodes + [node("evalbox")], only={("evaluator", 0)}))[("evaluator", 0)].node == "evalbox"
+
+
+# ---- code that travels with the job ----------------------------------------------------------
+
+def test_a_job_whose_code_travels_goes_only_to_agents_that_fetch_code():
+    from dataclasses import replace
+    shipped = replace(spec(worker=2), code_sha256="sha256:" + "ab" * 32)
+    nodes = [replace(node("a"), fetches_code=False), node("b")]
+    assert {p.node for p in placed(place(shipped, nodes))} == {"b"}
+    assert {p.node for p in placed(place(spec(worker=2), [nodes[0]]))} == {"a"}, "a job on shared storage runs there"
+    assert place(shipped, [nodes[0]]) == Unfit("no ready node's agent can fetch the job's code (upgrade the agents "
+                                               "on a)")
+    pinned = replace(spec(worker={"count": 1, "nodes": ["a"]}), code_sha256="sha256:" + "ab" * 32)
+    assert place(pinned, nodes) == Unfit("roles.worker.nodes names 'a', whose agent is too old to fetch the "
+                                         "job's code: upgrade it")

@@ -38,9 +38,11 @@ class NodeCapacity:
     unavailable: str = ""  # why the node takes no new tasks now (its agent's low disk); "": it takes them
     memory_bytes: int = 0  # the node's memory, which tasks with a memory limit are placed against
     used_memory: int = 0   # what the limits of tasks placed here add up to
+    fetches_code: bool = True  # its agent fetches jobs' packed code (NodeInfo.fetches_code)
 
     def idle(self) -> "NodeCapacity":
-        return NodeCapacity(self.name, self.address, self.gpus, self.port_range, memory_bytes=self.memory_bytes)
+        return NodeCapacity(self.name, self.address, self.gpus, self.port_range, memory_bytes=self.memory_bytes,
+                            fetches_code=self.fetches_code)
 
     def taking(self, p: "TaskPlacement") -> "NodeCapacity":
         """This node once the task placed here holds its GPUs, port and memory."""
@@ -116,14 +118,22 @@ def place(spec: JobSpec, nodes: list[NodeCapacity],
     previous (task -> (node, port)) is tried first, so a restarted group lands where it was, on the same
     addresses when they are free. prefer (node -> score, higher first) replaces the nodes' free GPUs as the
     order nodes are tried in (the queue holds capacity where GPUs are free now, not on idle nodes)."""
+    too_old = {}
+    if spec.code_sha256 or spec.environment:  # only agents that can fetch the code and build the environment
+        too_old = {n.name for n in nodes if not n.fetches_code}
+        nodes = [n for n in nodes if n.fetches_code]
     by_name = {n.name: n for n in nodes}
     for role_type in ROLE_TYPES if only is None else ():  # re-placing a task uses the pinned nodes left
         for pinned in spec.role(role_type).nodes:
+            if pinned in too_old:
+                return Unfit(f"roles.{role_type}.nodes names {pinned!r}, whose agent is too old to fetch the "
+                             f"job's code: upgrade it")
             if pinned not in by_name:
                 return Unfit(f"roles.{role_type}.nodes names {pinned!r}, which is not a ready node "
                              f"(ready: {_names(sorted(by_name)) or 'none'})")
     if not nodes:
-        return Unfit("no ready nodes")
+        return Unfit(f"no ready node's agent can fetch the job's code (upgrade the agents on "
+                     f"{_names(sorted(too_old))})" if too_old else "no ready nodes")
     return _Search(spec, nodes, by_name, previous or {}, only, prefer).run()
 
 
