@@ -59,6 +59,20 @@ def test_what_is_refused(store):
         assert not store.has(bad)
 
 
+def test_uploads_past_the_whole_stores_cap_are_refused_until_archives_go(store):
+    store.store_bytes = 5000
+    store.write(SHA, len(DATA), 0, DATA)
+    store.finish(SHA, len(DATA))
+    other = os.urandom(2500)
+    other_sha = "sha256:" + hashlib.sha256(other).hexdigest()
+    with pytest.raises(CodeRefused, match=r"holds 3000 of its 5000 bytes \(--code-store-bytes\), too few for 2500"):
+        store.write(other_sha, len(other), 0, other[:100])
+    assert store.status(other_sha, len(other)) == (False, 0), "nothing of it kept"
+    os.utime(store.path(SHA), (store.now[0] - 61, store.now[0] - 61))  # its grace is over
+    assert store.sweep(in_use=set()) == [f"{SHA[7:]}.tar.gz"]
+    assert store.write(other_sha, len(other), 0, other) == len(other)
+
+
 def test_an_archive_stays_while_a_job_names_it_and_for_its_grace(store):
     store.write(SHA, len(DATA), 0, DATA)
     store.finish(SHA, len(DATA))

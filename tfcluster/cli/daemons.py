@@ -107,6 +107,9 @@ def coordinator(
     max_code_bytes: str = typer.Option("256M", metavar="SIZE",
                                        help="The largest code archive a job may bring (`tfcluster start` packs "
                                             "the spec's workdir), such as 256M or 1G."),
+    code_store_bytes: str = typer.Option("20G", metavar="SIZE",
+                                         help="The most all kept code archives may take on the coordinator's "
+                                              "disk together; an upload past it is refused."),
     log_level: str = LogLevelOpt,
     log_format: str = LogFormatOpt,
 ) -> None:
@@ -129,6 +132,7 @@ def coordinator(
     token = read_token(token_file)
     _check_trust_flags(tls_dir, insecure, token)
     code_cap = parse_size(max_code_bytes, "--max-code-bytes")
+    code_store_cap = parse_size(code_store_bytes, "--code-store-bytes")
     keep_for = parse_duration(keep_finished_for, "--keep-finished-for")
     keep_usage_seconds = parse_duration(keep_usage_for, "--keep-usage-for")
     node_cert_seconds = parse_duration(node_cert_lifetime, "--node-cert-lifetime")
@@ -145,7 +149,7 @@ def coordinator(
                                    node_cert_seconds=node_cert_seconds, http_listen=http_listen or "",
                                    task_uids=task_uids, store_url=store or "",
                                    keep_usage_seconds=keep_usage_seconds, policy_path=policy,
-                                   max_code_bytes=code_cap)
+                                   max_code_bytes=code_cap, code_store_bytes=code_store_cap)
         serve(server)
     except PolicyError as e:
         fail(f"--policy: {e}", 2)

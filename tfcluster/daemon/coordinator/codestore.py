@@ -20,6 +20,7 @@ from pathlib import Path
 log = logging.getLogger("tfcluster.coordinator")
 
 DEFAULT_MAX_BYTES = 256 << 20
+DEFAULT_STORE_BYTES = 20 << 30  # all archives and uploads together (`--code-store-bytes`)
 GRACE_SECONDS = 3600.0   # an archive no job names yet is kept this long after it was last asked about
 MAX_UPLOADS = 32         # parts of archives being uploaded at once (a stale one goes after its grace)
 SHA256_RE = re.compile(r"sha256:([0-9a-f]{64})")
@@ -36,8 +37,9 @@ class CodeRefused(Exception):
 
 class CodeStore:
     def __init__(self, directory: Path, max_bytes: int = DEFAULT_MAX_BYTES, clock=time.time,
-                 grace_seconds: float = GRACE_SECONDS):
+                 grace_seconds: float = GRACE_SECONDS, store_bytes: int = DEFAULT_STORE_BYTES):
         self.directory, self.max_bytes, self.clock, self.grace_seconds = directory, max_bytes, clock, grace_seconds
+        self.store_bytes = store_bytes  # a cap on the whole store, so that uploads cannot fill the disk
         directory.mkdir(parents=True, exist_ok=True, mode=0o700)
 
     # ---- where things are --------------------------------------------------------------------------
@@ -74,7 +76,7 @@ class CodeStore:
         part = self._part(sha256, size)
         held = part.stat().st_size if part.exists() else 0
         if not part.exists():
-            self._room_for_one_more()
+            self._room_for_one_more(size)
         if offset != held:
             raise CodeRefused(f"a chunk at byte {offset}, but {held} bytes of this archive are held: send from "
                               f"there", held)
@@ -104,9 +106,16 @@ class CodeStore:
         _fsync_dir(self.directory)
         log.info("code %s stored (%d bytes)", sha256, size)
 
-    def _room_for_one_more(self) -> None:
-        if sum(1 for _ in self.directory.glob("*.part")) >= MAX_UPLOADS:
+    def _room_for_one_more(self, size: int) -> None:
+        files = [p for p in self.directory.iterdir() if p.name.endswith((".part", ".tar.gz"))]
+        if sum(1 for p in files if p.name.endswith(".part")) >= MAX_UPLOADS:
             raise CodeRefused(f"{MAX_UPLOADS} uploads of code are already under way here; try again later")
+        held = sum(_size(p) for p in files)
+        if held + size > self.store_bytes:
+            raise CodeRefused(f"the coordinator's code store holds {held} of its {self.store_bytes} bytes "
+                              f"(--code-store-bytes), too few for {size} more; an archive goes "
+                              f"{self.grace_seconds / 60:.0f} min after it was last asked about, once no kept "
+                              f"job names it")
 
     # ---- retention ---------------------------------------------------------------------------------
 
@@ -140,6 +149,13 @@ def _hex(sha256: str) -> str:
     if match is None:
         raise CodeRefused(f"sha256: expected \"sha256:\" and 64 lowercase hex digits, got {sha256[:80]!r}")
     return match.group(1)
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:  # removed by a sweep meanwhile
+        return 0
 
 
 def _fsync_dir(directory: Path) -> None:

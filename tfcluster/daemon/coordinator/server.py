@@ -26,6 +26,7 @@ from tfcluster.codechunks import CodeError, hex_of
 from tfcluster.daemon.coordinator.cluster import Cluster
 from tfcluster.daemon.coordinator.codeservice import sweep_code
 from tfcluster.daemon.coordinator.codestore import DEFAULT_MAX_BYTES as DEFAULT_MAX_CODE_BYTES
+from tfcluster.daemon.coordinator.codestore import DEFAULT_STORE_BYTES as DEFAULT_CODE_STORE_BYTES
 from tfcluster.daemon.coordinator.codestore import CodeStore
 from tfcluster.daemon.coordinator.logins import Logins
 from tfcluster.daemon.coordinator.outbox import LogWaiter, Outbox, StreamEnded
@@ -350,14 +351,16 @@ def build(state_dir: Path, lost_after_seconds: float, heartbeat_interval_seconds
           keep_finished_jobs: int, keep_finished_seconds: float, authority: pki.Authority | None = None,
           reconnect_grace_seconds: float = RECONNECT_GRACE_SECONDS,
           task_uids: UidRange = UidRange(), store_url: str = "",
-          max_code_bytes: int = DEFAULT_MAX_CODE_BYTES) -> Coordinator:
+          max_code_bytes: int = DEFAULT_MAX_CODE_BYTES,
+          code_store_bytes: int = DEFAULT_CODE_STORE_BYTES) -> Coordinator:
     """A coordinator with its state loaded from the store --store names (store.py; "": under the state dir),
     and its jobs' code archives under the state dir."""
     cluster = Cluster(lost_after_seconds, resend_after_seconds=max(3 * heartbeat_interval_seconds, 1.0),
                       keep_finished_jobs=keep_finished_jobs, keep_finished_seconds=keep_finished_seconds,
                       task_uids=task_uids)
     coordinator = Coordinator(open_store(store_url, Path(state_dir)), cluster, heartbeat_interval_seconds,
-                              authority=authority, code=CodeStore(Path(state_dir) / "code", max_code_bytes))
+                              authority=authority, code=CodeStore(Path(state_dir) / "code", max_code_bytes,
+                                                                     store_bytes=code_store_bytes))
     coordinator.load(reconnect_grace_seconds)
     return coordinator
 

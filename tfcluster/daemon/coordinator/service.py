@@ -27,6 +27,7 @@ from tfcluster.daemon.coordinator.agentservice import AgentServicer, JoinService
 from tfcluster.daemon.coordinator.cluster import Unplaceable
 from tfcluster.daemon.coordinator.codeservice import CodeServicer
 from tfcluster.daemon.coordinator.codestore import DEFAULT_MAX_BYTES as DEFAULT_MAX_CODE_BYTES
+from tfcluster.daemon.coordinator.codestore import DEFAULT_STORE_BYTES as DEFAULT_CODE_STORE_BYTES
 from tfcluster.daemon.coordinator.taskusers import UidRange
 from tfcluster.daemon.coordinator.dashboard import Dashboard
 from tfcluster.daemon.coordinator.job import Job, Task
@@ -270,7 +271,8 @@ class CoordinatorServer:
                  keep_finished_seconds: float = 7 * 86400.0, node_cert_seconds: float = pki.NODE_HOURS * 3600.0,
                  http_listen: str = "", task_uids: UidRange = UidRange(), store_url: str = "",
                  keep_usage_seconds: float = accounting.DEFAULT_KEEP_USAGE_SECONDS,
-                 policy_path: Path | None = None, max_code_bytes: int = DEFAULT_MAX_CODE_BYTES):
+                 policy_path: Path | None = None, max_code_bytes: int = DEFAULT_MAX_CODE_BYTES,
+                 code_store_bytes: int = DEFAULT_CODE_STORE_BYTES):
         if (tls_dir is None) == (not insecure):
             raise ValueError("give --tls-dir (see `tfcluster ca init`) or --insecure")
         self.listen, self.join_listen, self.token = listen, join_listen or _next_port(listen), token
@@ -284,7 +286,7 @@ class CoordinatorServer:
         policy = read_policy(policy_path, time.time()) if policy_path is not None else None
         self.coordinator = build(state_dir, lost_after_seconds, heartbeat_interval_seconds, keep_finished_jobs,
                                  keep_finished_seconds, authority, task_uids=task_uids, store_url=store_url,
-                                 max_code_bytes=max_code_bytes)
+                                 max_code_bytes=max_code_bytes, code_store_bytes=code_store_bytes)
         self.coordinator.cluster.usage.keep_seconds = keep_usage_seconds
         if tls_dir:  # no node may be named as the coordinator is reached
             self.coordinator.trust.reserved = frozenset(pki.server_names(pki.load_cert(tls_dir / pki.SERVER_CERT)))
