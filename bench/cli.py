@@ -58,7 +58,7 @@ def status_figures(cluster: LocalCluster, rounds: int) -> dict[str, str]:
 
 
 def start_figures(cluster: LocalCluster, rounds: int) -> dict[str, str]:
-    from tfcluster.spec import parse_spec
+    from tfcluster.specfile import parse_spec
 
     to_running, by_library, floor = [], [], []
     argv = [PYTHON, "-m", "tfcluster.cli", "start", "--name", "quick", "--strategy", "multi_worker_mirrored",
@@ -88,7 +88,7 @@ def start_figures(cluster: LocalCluster, rounds: int) -> dict[str, str]:
 
 def throughput_figures(cluster: LocalCluster, jobs: int) -> dict[str, str]:
     from tfcluster.states import ENDED_JOB_STATES, JobState
-    from tfcluster.spec import parse_spec
+    from tfcluster.specfile import parse_spec
 
     spec = parse_spec({"name": "tiny", "strategy": "multi_worker_mirrored", "workdir": "/", "command": ["true"],
                        "roles": {"worker": {"count": 2}}}, source="bench")

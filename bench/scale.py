@@ -226,7 +226,7 @@ def _ready(client) -> int:
 
 
 def _submissions(client, fleet: Fleet) -> dict:
-    from tfcluster.spec import parse_spec
+    from tfcluster.specfile import parse_spec
 
     spec = parse_spec({"name": "scale", "strategy": "multi_worker_mirrored", "command": ["train"], "gpus": 1,
                        "workdir": "/srv", "roles": {"worker": {"count": 2}}})

@@ -12,7 +12,6 @@ import os
 import signal
 import tarfile
 import textwrap
-from pathlib import Path
 
 import grpc
 import pytest

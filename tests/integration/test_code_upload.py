@@ -110,7 +110,7 @@ def test_an_interrupted_upload_goes_on_where_it_stopped(cluster, tmp_path):
 def test_a_job_naming_code_the_coordinator_lacks_is_refused(cluster, tmp_path):
     from dataclasses import replace
 
-    from tfcluster.spec import load_spec_file
+    from tfcluster.specfile import load_spec_file
     spec = load_spec_file(workdir(tmp_path / "w", {"train.py": b""}, name="lacking"))
     with cluster.client() as client, pytest.raises(ClientError) as refused:
         client.submit(replace(spec, code_sha256="sha256:" + "e" * 64))

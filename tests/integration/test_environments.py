@@ -5,7 +5,6 @@ the agent's own packages unless isolated, and a failed build fails the task with
 from __future__ import annotations
 
 import os
-import sys
 import threading
 from pathlib import Path
 

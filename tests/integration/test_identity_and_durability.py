@@ -13,7 +13,7 @@ import time
 
 from harness import Daemon, job_processes, port_block, wait_until
 from tfcluster.api.v1 import control_pb2, control_pb2_grpc
-from tfcluster.spec import parse_spec
+from tfcluster.specfile import parse_spec
 from tfcluster.wire import spec_to_proto
 
 PY = sys.executable

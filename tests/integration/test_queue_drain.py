@@ -22,7 +22,7 @@ from harness import LocalCluster, wait_until
 from tfcluster import pki
 from tfcluster.client import Client
 from tfcluster.credentials import Credentials
-from tfcluster.spec import parse_spec
+from tfcluster.specfile import parse_spec
 
 POLICY = """\
 [classes]  # nobody preempts the job holding the GPU while all are submitted: it is of the highest class

@@ -13,7 +13,7 @@ from harness import LocalCluster, free_port, scrape, value
 from tfcluster.api.v1 import control_pb2
 from tfcluster.client import Client, ClientError
 from tfcluster.credentials import Credentials
-from tfcluster.spec import parse_spec
+from tfcluster.specfile import parse_spec
 from tfcluster.states import ENDED_JOB_STATES
 
 

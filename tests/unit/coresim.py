@@ -8,7 +8,7 @@ from dataclasses import replace
 from tfcluster import __version__
 from tfcluster.daemon.coordinator.cluster import Cluster
 from tfcluster.model import Attempt, Gpu, Launch, NodeInfo, Stop, TaskExit, TaskReport
-from tfcluster.spec import parse_spec
+from tfcluster.specfile import parse_spec
 
 PORTS = (20000, 20099)
 

@@ -11,7 +11,7 @@ from tfcluster.daemon.coordinator.launch import launch
 from tfcluster.daemon.coordinator.restart import RESTART
 from tfcluster.daemon.coordinator.scheduler import NodeCapacity, place, task_list
 from tfcluster.model import Gpu, NodeInfo, TaskExit
-from tfcluster.spec import parse_spec
+from tfcluster.specfile import parse_spec
 from tfcluster.states import JobState, TaskState
 
 

@@ -9,7 +9,7 @@ from tfcluster.daemon.coordinator import restart as R
 from tfcluster.daemon.coordinator.job import Failure, Job, Task
 from tfcluster.daemon.coordinator.restart import RESTART
 from tfcluster.model import TaskExit
-from tfcluster.spec import parse_spec
+from tfcluster.specfile import parse_spec
 from tfcluster.states import JobState, TaskState
 
 MAX_RESTARTS, BACKOFF, PERMANENT = 3, 10.0, 7

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from tfcluster.daemon.coordinator.scheduler import Gpu, NodeCapacity, TaskPlacement, Unfit, place, task_list
-from tfcluster.spec import parse_spec
+from tfcluster.specfile import parse_spec
 
 
 def spec(strategy="multi_worker_mirrored", gpus=0, command=("python", "t.py"), **roles):

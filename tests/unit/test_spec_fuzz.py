@@ -8,7 +8,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tfcluster import spec as specs
-from tfcluster.spec import SpecError, load_spec_file, parse_spec, resolve_paths
+from tfcluster.spec import SpecError
+from tfcluster.specfile import load_spec_file, parse_spec, resolve_paths
 from tfcluster.wire import spec_from_proto, spec_to_proto
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

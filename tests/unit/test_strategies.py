@@ -7,7 +7,8 @@ from dataclasses import replace
 import pytest
 
 from tfcluster import strategies as S
-from tfcluster.spec import RoleSpec, parse_spec
+from tfcluster.spec import RoleSpec
+from tfcluster.specfile import parse_spec
 
 
 def spec(strategy, **roles):

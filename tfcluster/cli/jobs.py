@@ -20,7 +20,8 @@ from tfcluster.states import ENDED_JOB_STATES, JobState, TaskState
 # (start, plan): `tfcluster status` starts without them.
 
 def _load_spec(spec_file: Path):
-    from tfcluster.spec import SpecError, load_spec_file
+    from tfcluster.spec import SpecError
+    from tfcluster.specfile import load_spec_file
 
     try:
         return load_spec_file(spec_file)
@@ -50,7 +51,8 @@ def start(
     tls_dir: Optional[Path] = TlsDirOpt,
 ) -> None:
     """Submit a job. Prints the job id alone on stdout."""
-    from tfcluster.spec import SpecError, parse_spec, resolve_paths, spec_from_flags
+    from tfcluster.spec import SpecError
+    from tfcluster.specfile import parse_spec, resolve_paths, spec_from_flags
 
     args = args or []
     if name is None and strategy is None:

@@ -35,7 +35,7 @@ from tfcluster.daemon.coordinator.service import CoordinatorServer
 from tfcluster.model import Gpu
 from tfcluster.render import render_status
 from tfcluster.security import Credentials
-from tfcluster.spec import parse_spec
+from tfcluster.specfile import parse_spec
 from tfcluster.states import ENDED_JOB_STATES, JobState, NodeState
 
 NODES = (("node-a", 2), ("node-b", 2), ("node-c", 1))  # name, declared GPUs

@@ -29,7 +29,7 @@ from tfcluster.demo import scratch_root
 from tfcluster.demo.hosts import TestHosts, unavailable
 from tfcluster.render import render_status
 from tfcluster.security import Credentials
-from tfcluster.spec import parse_spec
+from tfcluster.specfile import parse_spec
 from tfcluster.states import ENDED_JOB_STATES, JobState, NodeState
 
 HOSTS = 3
