@@ -133,7 +133,8 @@ class Agent:
         self.supervisor.code.recover({r.dir: r.attempt.job_id for r in self.supervisor.snapshot()
                                       if not r.exited.is_set()})
         retention = RetentionPass(self.config.state_dir, self.config.retention, self._jobs_in_use,
-                                  functools.partial(ask_coordinator, self.config.coordinator, lambda: self.credentials))
+                                  functools.partial(ask_coordinator, self.config.coordinator, lambda: self.credentials),
+                                  self.supervisor.environments)
         threading.Thread(target=retention.run, args=(self._stop,), name="retention", daemon=True).start()
         threading.Thread(target=self.supervisor.launcher.warm, name="launcher", daemon=True).start()
         threading.Thread(target=self._poll_hooks, name="events", daemon=True).start()

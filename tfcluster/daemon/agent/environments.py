@@ -9,7 +9,8 @@ the node makes a new one. Files under the agent's state dir:
     <state>/envs/<key>/venv/       the virtualenv (the task's PATH starts with its bin)
     <state>/envs/<key>/request/    the copies of the requirements or project files it was built from
     <state>/envs/<key>/build.log   uv's output (`tfcluster logs JOB env --node NAME`)
-    <state>/envs/<key>/ready       written last: the build finished; without it the build is redone
+    <state>/envs/<key>/ready       written last: the build finished; without it the build is redone. Its
+                                   mtime is when a task last used it: one unused for --retain-for goes
     <state>/envs/<key>.lock        held while the environment is built: one build per key, whoever asks
     <state>/uv-cache/              the node's one uv cache: a package downloaded for one job serves the next
     <state>/jobs/<job>/environment the key of the job's environment here (its log is found by it)
@@ -158,19 +159,40 @@ class Environments:
         key = environment_key(request)
         self._remember(job_id, key)
         directory = self.root / key
-        if (directory / READY_FILE).exists():
-            return directory / "venv"
-        with self._locked(key):
+        with self._locked(key):  # held a moment when it is built: a sweep never removes it under this task
             if not (directory / READY_FILE).exists():  # built meanwhile by whoever held the lock
                 self._build(directory, request)
+            os.utime(directory / READY_FILE)
         return directory / "venv"
+
+    def sweep(self, jobs_in_use: set[str], now: float, unused_for: float) -> list[str]:
+        """Removes the environments no job in use here names and no task has used for unused_for seconds (and
+        what crashed builds left as long ago); one being built or used at this moment is skipped. Returns the
+        keys removed."""
+        in_use = {self._key_of(job_id) for job_id in jobs_in_use}
+        removed = []
+        for directory in self.root.iterdir() if self.root.is_dir() else ():
+            key = directory.name
+            if not KEY_RE.fullmatch(key) or key in in_use or _last_used(directory) > now - unused_for:
+                continue
+            lock = _FileLock(self.root / f"{key}.lock", wait=False)
+            with lock:
+                if not lock.held or _last_used(directory) > now - unused_for:  # building, or used meanwhile
+                    continue
+                shutil.rmtree(directory, ignore_errors=True)
+                lock.path.unlink(missing_ok=True)  # whoever waits on it takes the lock again (_FileLock)
+            removed.append(key)
+        return removed
+
+    def _key_of(self, job_id: str) -> str:
+        try:
+            return (layout.job_dir(self.state_dir, job_id) / JOB_ENVIRONMENT_FILE).read_text().strip()
+        except OSError:
+            return ""
 
     def log_path(self, job_id: str) -> Path | None:
         """The build log of the job's environment on this node; None when the job asked for none here."""
-        try:
-            key = (layout.job_dir(self.state_dir, job_id) / JOB_ENVIRONMENT_FILE).read_text().strip()
-        except OSError:
-            return None
+        key = self._key_of(job_id)
         return self.root / key / LOG_FILE if KEY_RE.fullmatch(key) else None
 
     def building(self, log: Path) -> bool:
@@ -270,17 +292,39 @@ class Environments:
                                     f"{shown}", tuple(last))
 
 
-class _FileLock:
-    """An exclusive flock on a file, across threads (each opens its own description) and processes."""
+def _last_used(directory: Path) -> float:
+    """When a task last used the environment (its ready file), or when its unfinished build was begun."""
+    for path in (directory / READY_FILE, directory):
+        try:
+            return path.stat().st_mtime
+        except FileNotFoundError:
+            continue
+    return float("inf")  # removed meanwhile: nothing to do
 
-    def __init__(self, path: Path):
-        self.path = path
-        self.fd = -1
+
+class _FileLock:
+    """An exclusive flock on a file, across threads (each opens its own description) and processes. A lock file
+    removed by a sweep while someone waited on it is opened again, so two builders never hold different files.
+    With wait=False it is taken only when free (`held` says whether)."""
+
+    def __init__(self, path: Path, wait: bool = True):
+        self.path, self.wait = path, wait
+        self.fd, self.held = -1, False
 
     def __enter__(self) -> _FileLock:
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        fcntl.flock(self.fd, fcntl.LOCK_EX)
-        return self
+        while True:
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_EX | (0 if self.wait else fcntl.LOCK_NB))
+            except BlockingIOError:
+                return self
+            try:
+                if os.stat(self.path).st_ino == os.fstat(self.fd).st_ino:
+                    self.held = True
+                    return self
+            except FileNotFoundError:
+                pass
+            os.close(self.fd)
 
     def __exit__(self, *exc) -> None:
         os.close(self.fd)

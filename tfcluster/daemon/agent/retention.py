@@ -302,9 +302,10 @@ class RetentionPass:
     asked, so nothing new counts as over until a later pass), marks them, and removes what plan() says."""
 
     def __init__(self, state_dir: Path, policy: Policy, running_jobs: Callable[[], set[str]],
-                 ask: Callable[[list[str]], set[str]]):
+                 ask: Callable[[list[str]], set[str]], environments=None):
         self.state_dir, self.policy = state_dir, policy
         self.running_jobs, self.ask = running_jobs, ask
+        self.environments = environments  # the jobs' environments (environments.py), unused ones go too
 
     def run(self, stop: threading.Event) -> None:
         while True:
@@ -316,7 +317,12 @@ class RetentionPass:
                 return
 
     def once(self, now: float) -> list[Removal]:
-        jobs = scan(self.state_dir, self.running_jobs(), now)
+        running = self.running_jobs()
+        if self.environments is not None:
+            for key in self.environments.sweep(running, now, self.policy.retain_for):
+                log.info("retention: removed the environment %s, unused for %s", key[:12],
+                         duration(self.policy.retain_for))
+        jobs = scan(self.state_dir, running, now)
         unsure = [j.id for j in jobs if not j.ended and not j.running]
         over = self.ask(unsure) if unsure else set()
         for job_id in over:
