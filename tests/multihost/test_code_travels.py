@@ -212,6 +212,8 @@ def test_a_wheel_from_find_links_builds_one_environment_per_host_and_the_next_jo
     built = {node: environment_files(cluster, node) for node in HOSTS}
     assert all(len(keys) == 1 for keys in built.values()), built  # one build on each host
     assert len({key for keys in built.values() for key in keys}) == 1  # the same Python and platform everywhere
+    for node, keys in built.items():
+        assert "+ tinypkg==1.0" in (cluster.agent_state_dir(node) / "envs" / next(iter(keys)) / "build.log").read_text()
     log = cluster.cli("logs", first, "env", "--node", "h2", check=True).stdout
     assert "+ tinypkg==1.0" in log and "environment ready" in log
     # Other code, the same requirements: the environment is found built on every host.
