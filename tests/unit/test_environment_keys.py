@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tfcluster.daemon.agent.environments import (EnvironmentProblem, Request, environment_key, read_request,
-                                                 task_environment)
+from tfcluster.daemon.agent.environments import (EnvironmentProblem, Environments, Request, environment_key,
+                                                 read_request, task_environment)
 from tfcluster.model import EnvironmentSpec
 
 BASE = Request((("requirements.txt", b"tinypkg==1.0\n"),), False)
@@ -64,3 +64,19 @@ def test_requirements_that_read_other_files_are_refused(tmp_path: Path):
 def test_the_environment_comes_first_on_path():
     env = task_environment(Path("/s/envs/k/venv"), {"PATH": "/usr/bin", "PYTHONHOME": "/x", "A": "1"})
     assert env == {"PATH": "/s/envs/k/venv/bin:/usr/bin", "VIRTUAL_ENV": "/s/envs/k/venv", "A": "1"}
+
+
+@pytest.mark.parametrize("setting, asked", [("1", True), ("true", True), ("", False), ("0", False)])
+def test_uv_no_index_keeps_the_install_to_the_find_links(tmp_path: Path, monkeypatch, setting, asked):
+    """uv itself reads no UV_NO_INDEX for `pip install`: the agent says --no-index when its environment sets it."""
+    monkeypatch.setenv("UV_NO_INDEX", setting)
+    calls = tmp_path / "calls"
+    uv = tmp_path / "uv"
+    uv.write_text(f"#!/bin/sh\necho \"$@\" >> {calls}\n")
+    uv.chmod(0o755)
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "requirements.txt").write_text("tinypkg\n")
+    Environments(tmp_path / "state", uv=str(uv)).prepare("j-1", EnvironmentSpec("requirements.txt", True),
+                                                         str(tmp_path / "work"))
+    install = calls.read_text().splitlines()[-1].split()
+    assert install[:2] == ["pip", "install"] and ("--no-index" in install) == asked

@@ -16,7 +16,8 @@ the node makes a new one. Files under the agent's state dir:
     <state>/jobs/<job>/environment the key of the job's environment here (its log is found by it)
 
 Unless isolated, the environment sees the agent's site-packages (TensorFlow is installed once per node, not per
-job). The agent's UV_INDEX_URL and UV_FIND_LINKS apply to every build (air-gapped sites serve their own index).
+job). The agent's UV_INDEX_URL and UV_FIND_LINKS apply to every build (air-gapped sites serve their own index),
+and UV_NO_INDEX=1 keeps builds to the find-links alone.
 As root the agent installs wheels only: building a source distribution runs its code, as root.
 """
 
@@ -149,6 +150,9 @@ class Environments:
         # The agent's flags win over its environment; both reach uv as its own variables.
         self.index_url = index_url or os.environ.get("UV_INDEX_URL", "")
         self.find_links = find_links or os.environ.get("UV_FIND_LINKS", "")
+        # uv reads no UV_NO_INDEX of its own for `pip install` and `sync`: without --no-index an air-gapped node
+        # with only find-links asks PyPI first, and waits out uv's timeouts and retries before it fails.
+        self.no_index = os.environ.get("UV_NO_INDEX", "").strip().lower() in ("1", "true", "yes", "on")
 
     def venv(self, key: str) -> Path:
         return self.root / key / "venv"
@@ -244,12 +248,13 @@ class Environments:
 
     def _install_command(self, venv: Path, sources: Path, request: Request) -> list[str]:
         # As root, wheels only: a source distribution's build runs its own code.
-        no_build = ["--no-build"] if os.geteuid() == 0 else []
+        limits = ["--no-build"] if os.geteuid() == 0 else []
+        limits += ["--no-index"] if self.no_index else []
         if request.project:
             frozen = ["--frozen"] if (sources / "uv.lock").exists() else []
-            return [self.uv, "sync", "--project", str(sources), "--no-install-project", *frozen, *no_build]
+            return [self.uv, "sync", "--project", str(sources), "--no-install-project", *frozen, *limits]
         return [self.uv, "pip", "install", "--python", str(venv / "bin" / "python"), "-r",
-                str(sources / "requirements.txt"), *no_build]
+                str(sources / "requirements.txt"), *limits]
 
     def _see_agent_packages(self, venv: Path) -> None:
         """--system-site-packages shows the base interpreter's packages; an agent run from a virtualenv has its own
