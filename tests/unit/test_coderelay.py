@@ -40,8 +40,22 @@ def origin(tmp_path):
     return digest, path
 
 
-def serving_for(transfers: Transfers, wait: float = 2.0) -> CodeServing:
-    return CodeServing(lambda hex_digest: None, transfers.get, wait_seconds=wait)
+def fetching(tmp_path, digest: str, stop_after: int | None = None) -> tuple[CodeServing, threading.Thread]:
+    """A node serving the job's code while a thread (not started) fetches it from a slow source."""
+    transfers = Transfers()
+    part = tmp_path / f"{digest}.part"
+    transfer = transfers.start(digest, part)
+    serving = CodeServing(lambda hex_digest: None, transfers.get, wait_seconds=2.0)
+    serving.used_by("job", digest)
+
+    def fetch():
+        try:
+            write_chunks(slow_fetch(read_chunks(tmp_path / f"{digest}.tar.gz", digest), stop_after), part, digest,
+                         transfer.advanced)
+        except ConnectionError:
+            transfer.fail()
+
+    return serving, threading.Thread(target=fetch)
 
 
 async def collect(serving: CodeServing, digest: str, job: str, offset: int = 0) -> list:
@@ -60,14 +74,7 @@ def slow_fetch(chunks, stop_after: int | None = None):
 
 def test_a_peer_gets_the_bytes_while_they_arrive_and_they_check_out(tmp_path, origin):
     digest, path = origin
-    transfers = Transfers()
-    part = tmp_path / "node" / f"{digest}.part"
-    part.parent.mkdir()
-    transfer = transfers.start(digest, part)
-    serving = serving_for(transfers)
-    serving.used_by("job", digest)
-    writer = threading.Thread(target=write_chunks, args=(slow_fetch(read_chunks(path, digest)), part, digest,
-                                                         transfer.advanced))
+    serving, writer = fetching(tmp_path, digest)
     writer.start()
     chunks = asyncio.run(collect(serving, digest, "job"))
     writer.join()
@@ -77,45 +84,28 @@ def test_a_peer_gets_the_bytes_while_they_arrive_and_they_check_out(tmp_path, or
 
 def test_the_relay_starts_before_the_fetch_ends_and_from_any_offset(tmp_path, origin):
     digest, path = origin
-    transfers = Transfers()
-    part = tmp_path / f"{digest}.part"
-    transfer = transfers.start(digest, part)
-    serving = serving_for(transfers)
-    serving.used_by("job", digest)
-    writer = threading.Thread(target=write_chunks, args=(slow_fetch(read_chunks(path, digest)), part, digest,
-                                                         transfer.advanced))
+    serving, writer = fetching(tmp_path, digest)
 
     async def first_chunk_then_rest():
         request = agent_pb2.FetchCodeRequest(sha256=f"sha256:{digest}", job_id="job", offset=CHUNK_BYTES + 7)
         stream = serving.stream(Context(), request)
         first = await stream.__anext__()
-        fetching = writer.is_alive()
+        still_fetching = writer.is_alive()
         rest = [chunk async for chunk in stream]
-        return first, fetching, rest
+        return first, still_fetching, rest
 
     writer.start()
-    first, fetching, rest = asyncio.run(first_chunk_then_rest())
+    first, still_fetching, rest = asyncio.run(first_chunk_then_rest())
     writer.join()
-    assert fetching, "the first chunk came while this node still fetched the archive"
+    assert still_fetching, "the first chunk came while this node still fetched the archive"
     assert first.offset == CHUNK_BYTES + 7 and first.size == path.stat().st_size
     assert b"".join(c.data for c in (first, *rest)) == path.read_bytes()[CHUNK_BYTES + 7:]
 
 
 def test_a_failed_fetch_ends_the_relay_so_the_peer_goes_to_its_next_source(tmp_path, origin):
-    digest, path = origin
-    transfers = Transfers()
-    part = tmp_path / f"{digest}.part"
-    transfer = transfers.start(digest, part)
-    serving = serving_for(transfers)
-    serving.used_by("job", digest)
-
-    def fetch():
-        try:
-            write_chunks(slow_fetch(read_chunks(path, digest), stop_after=2), part, digest, transfer.advanced)
-        except ConnectionError:
-            transfer.fail()
-
-    threading.Thread(target=fetch).start()
+    digest, _ = origin
+    serving, writer = fetching(tmp_path, digest, stop_after=2)
+    writer.start()
     with pytest.raises(Aborted) as aborted:
         asyncio.run(collect(serving, digest, "job"))
     assert aborted.value.code == grpc.StatusCode.UNAVAILABLE
