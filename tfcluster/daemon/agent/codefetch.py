@@ -59,7 +59,7 @@ class Fetcher:
                     fetched = True
                     return
                 failures.append(f"{source or f'the coordinator ({self.coordinator})'}: {error}")
-                if not dest.exists():  # its bytes were wrong: what relays read of it is gone
+                if not dest.exists() and transfer.progress()[1]:  # its bytes were wrong: what relays read is gone
                     transfer.fail()
                     transfer = self.transfers.start(hex_digest, dest)
                     if not source and offset:  # the coordinator's own copy, whole, once more
