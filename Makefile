@@ -43,6 +43,7 @@ bench: $(STAMP)
 	$(PY) bench/scale.py
 	$(PY) bench/multihost.py
 	$(PY) bench/environments.py
+	$(PY) bench/code_shipping.py
 
 # Regenerate tfcluster/api/v1 from protos/ (commit the result; a test checks they match).
 protos: $(STAMP)

@@ -47,9 +47,11 @@ def read_chunks(path: Path, hex_digest: str, offset: int = 0) -> Iterator[types_
                 return
 
 
-def write_chunks(chunks: Iterable[types_pb2.CodeChunk], path: Path, hex_digest: str) -> int:
+def write_chunks(chunks: Iterable[types_pb2.CodeChunk], path: Path, hex_digest: str,
+                 progress: Callable[[int, int], None] | None = None) -> int:
     """Appends the chunks to the partial file at path (a source cut off earlier left its first bytes), and
-    checks the whole once the last byte is in. Returns its size; raises CodeError when the bytes are wrong."""
+    checks the whole once the last byte is in. Returns its size; raises CodeError when the bytes are wrong.
+    progress(size, bytes written), if given, follows each chunk once its bytes can be read from the file."""
     digest = hashlib.sha256()
     with open(path, "ab+") as f:
         f.seek(0)
@@ -65,6 +67,9 @@ def write_chunks(chunks: Iterable[types_pb2.CodeChunk], path: Path, hex_digest: 
             f.write(chunk.data)
             digest.update(chunk.data)
             have += len(chunk.data)
+            if progress is not None:
+                f.flush()
+                progress(size, have)
             if have == size:
                 break
         if size is None or have != size:

@@ -1,13 +1,15 @@
 """A job that brought its code: every launch names the archive and the job's environment, and the peers
-where the job's tasks already run, which hold the archive, so that a relaunch fetches it from them."""
+where the job's tasks already run, which hold the archive, so that a relaunch fetches it from them. A first
+launch spreads the code as a tree: two nodes fetch from the coordinator, each other node from one before it."""
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import replace
 
 from coresim import Sim, info, launches, make_spec
 
-from tfcluster.daemon.coordinator.launch import code_sources, launch
+from tfcluster.daemon.coordinator.launch import CODE_FANOUT, code_sources, launch, relay_parent
 from tfcluster.model import EnvironmentSpec
 
 CODE = "sha256:" + "c0" * 32
@@ -22,14 +24,42 @@ def test_launches_carry_the_archive_the_environment_and_the_peers_that_hold_it()
     spec = replace(make_spec(worker=3), code_sha256=CODE, environment=EnvironmentSpec("requirements.txt"))
     job, actions = sim.submit(spec)
     first = launches(actions)
-    assert {(a.code_sha256, a.environment.requirements, a.code_sources) for a in first} == \
-        {(CODE, "requirements.txt", ())}, "nothing runs yet: every node fetches from the coordinator"
+    assert {(a.code_sha256, a.environment.requirements) for a in first} == {(CODE, "requirements.txt")}
+    w0, w1, w2 = (job.task("worker", i) for i in range(3))
+    assert [a.code_sources for a in first] == [(), (), (w0.peer,)], \
+        "nothing runs yet: two nodes fetch from the coordinator, the third from the first as its bytes arrive"
     sim.report(job, "worker", 0, "RUNNING")
     sim.report(job, "worker", 1, "RUNNING")
-    w0, w1, w2 = (job.task("worker", i) for i in range(3))
     assert code_sources(job, w2) == (w0.peer, w1.peer) and w0.peer.startswith("10.0.0.")
     assert code_sources(job, w0) == (w1.peer,), "not its own node"
     assert launch(job, w2).code_sources == (w0.peer, w1.peer)
+
+
+def test_a_first_launch_on_sixteen_nodes_has_the_coordinator_send_the_code_twice_and_no_node_more_often():
+    sim = Sim(*(replace(info(f"n{i}"), address=f"10.0.1.{i}", peer_port=7000) for i in range(16)))
+    job, actions = sim.submit(replace(make_spec(worker=16), code_sha256=CODE))
+    first = launches(actions)
+    by_peer = {job.task("worker", i).peer: job.task("worker", i) for i in range(16)}
+    senders = Counter(source for a in first for source in a.code_sources or ("coordinator",))
+    assert senders["coordinator"] == CODE_FANOUT == 2
+    assert max(senders.values()) == CODE_FANOUT and sum(senders.values()) == 16
+    for a in first:  # every relay was launched before the node it relays to
+        order = [t.node for t in job.tasks]
+        assert all(order.index(by_peer[s].node) < order.index(a.node) for s in a.code_sources)
+    depth = max(_depth(i) for i in range(16))
+    assert depth == 4, "16 nodes are 4 hops from the coordinator at most"
+
+
+def _depth(position: int) -> int:
+    parent = relay_parent(position)
+    return 1 if parent is None else 1 + _depth(parent)
+
+
+def test_a_node_with_two_of_the_tasks_is_one_place_in_the_tree():
+    sim = with_peers("n1", "n2")
+    job, actions = sim.submit(replace(make_spec(worker=3), code_sha256=CODE))
+    assert len({t.node for t in job.tasks}) == 2
+    assert [a.code_sources for a in launches(actions)] == [(), (), ()], "two nodes: both from the coordinator"
 
 
 def test_a_job_on_shared_storage_names_no_archive():

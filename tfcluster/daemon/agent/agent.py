@@ -95,9 +95,9 @@ class Agent:
             log.info("memory limits: %s", f"kept by the kernel in task cgroups under {self.supervisor.cgroups.delegated}"
                      if self.supervisor.cgroups.delegated else
                      f"kept by watching each task's processes ({self.supervisor.cgroups.why_not})")
-        self.supervisor.code = TaskCode(config.state_dir, config.cache_bytes,
-                                        Fetcher(config.coordinator, lambda: self.credentials),
-                                        self.task_users.agent_is_root)
+        fetcher = Fetcher(config.coordinator, lambda: self.credentials)
+        self.supervisor.code = TaskCode(config.state_dir, config.cache_bytes, fetcher, self.task_users.agent_is_root,
+                                        fetcher.transfers.get)
         log.info("jobs' code: cached in %s (at most %d bytes); tasks work in %s", self.supervisor.code.cache.directory,
                  config.cache_bytes, self.supervisor.code.workspaces.how)
         self.logs = LogServer(self.supervisor, self._send_log)

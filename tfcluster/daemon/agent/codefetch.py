@@ -11,49 +11,82 @@ knows where each task is placed, serves only a node that has a task of the job.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import grpc
 
 from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc
-from tfcluster.codechunks import CodeError, hex_of, write_chunks
+from tfcluster.codechunks import CodeError, hex_of, stream_archive, write_chunks
+from tfcluster.daemon.agent.coderelay import Transfer, Transfers, relay
 from tfcluster.security import Credentials
 
 log = logging.getLogger("tfcluster.agent")
 
 FETCH_TIMEOUT_SECONDS = 600.0  # a 256 MiB archive at a slow 1 MB/s still arrives
+# A peer that sends nothing for this long is left for the next source: a relay whose own source stalled.
+PEER_IDLE_SECONDS = 10.0
+# How long a peer asked for an archive waits to learn of it: its own launch of the job may come after the
+# asking node's (both are sent at once).
+PEER_WAIT_SECONDS = 5.0
 
 
 class Fetcher:
     """Fetches archives for the cache: `coordinator` is its address, `credentials` the node's (read at each
-    fetch, so a renewed certificate is used)."""
+    fetch, so a renewed certificate is used). `transfers` says how far each fetch under way has got, for the
+    peers this node relays it to (coderelay.py)."""
 
     def __init__(self, coordinator: str, credentials: Callable[[], Credentials],
-                 timeout_seconds: float = FETCH_TIMEOUT_SECONDS):
+                 timeout_seconds: float = FETCH_TIMEOUT_SECONDS, peer_idle_seconds: float = PEER_IDLE_SECONDS):
         self.coordinator, self.credentials, self.timeout = coordinator, credentials, timeout_seconds
+        self.peer_idle = peer_idle_seconds
+        self.transfers = Transfers()
 
     def __call__(self, hex_digest: str, job_id: str, sources: tuple[str, ...], dest: Path) -> None:
-        failures = []
-        for source in (*sources, ""):
-            name = source or f"the coordinator ({self.coordinator})"
-            try:
+        failures: list[str] = []
+        transfer = self.transfers.start(hex_digest, dest)
+        tries, fetched = [*sources, ""], False
+        try:
+            while tries:
+                source = tries.pop(0)
                 offset = dest.stat().st_size if dest.exists() else 0
-                request = agent_pb2.FetchCodeRequest(sha256=f"sha256:{hex_digest}", offset=offset, job_id=job_id)
-                with self._channel(source) as channel:
-                    chunks = self._call(channel, source, request)
-                    size = write_chunks(chunks, dest, hex_digest)
-                log.info("code: fetched sha256:%s (%d bytes) from %s for %s", hex_digest[:12], size, name, job_id)
-                return
-            except grpc.RpcError as e:
-                failures.append(f"{name}: {e.details() or e.code().name}")
-            except CodeError as e:
-                failures.append(f"{name}: {e}")
-            except OSError as e:  # the cache's disk: no other source helps
-                raise CodeError(f"cannot write the code archive sha256:{hex_digest[:12]}...: {e}") from None
+                error = self._try(source, hex_digest, job_id, offset, dest, transfer)
+                if not error:
+                    fetched = True
+                    return
+                failures.append(f"{source or f'the coordinator ({self.coordinator})'}: {error}")
+                if not dest.exists() and transfer.progress()[1]:  # its bytes were wrong: what relays read is gone
+                    transfer.fail()
+                    transfer = self.transfers.start(hex_digest, dest)
+                    if not source and offset:  # the coordinator's own copy, whole, once more
+                        tries.append("")
+        except OSError as e:  # the cache's disk: no other source helps
+            raise CodeError(f"cannot write the code archive sha256:{hex_digest[:12]}...: {e}") from None
+        finally:
+            self.transfers.end(hex_digest, transfer)
+            if not fetched:  # relays reading it give up too, and their peers go to their next source
+                transfer.fail()
         raise CodeError(f"cannot fetch the job's code sha256:{hex_digest[:12]}...: " + "; ".join(failures))
+
+    def _try(self, source: str, hex_digest: str, job_id: str, offset: int, dest: Path, transfer: Transfer) -> str:
+        """One source's try from `offset`: "" once the archive is whole and checked, else why not."""
+        name = source or f"the coordinator ({self.coordinator})"
+        request = agent_pb2.FetchCodeRequest(sha256=f"sha256:{hex_digest}", offset=offset, job_id=job_id)
+        try:
+            with self._channel(source) as channel:
+                call = self._call(channel, source, request)
+                with _Watchdog(call, self.peer_idle if source else None) as chunks:
+                    size = write_chunks(chunks, dest, hex_digest, transfer.advanced)
+        except grpc.RpcError as e:
+            return e.details() or e.code().name
+        except CodeError as e:
+            return str(e)
+        log.info("code: fetched sha256:%s (%d bytes) from %s for %s", hex_digest[:12], size, name, job_id)
+        return ""
 
     def _channel(self, source: str) -> grpc.Channel:
         credentials = self.credentials()
@@ -69,11 +102,46 @@ class Fetcher:
         return agent_pb2_grpc.AgentServiceStub(channel).FetchCode(request, timeout=self.timeout)
 
 
-class CodeServing:
-    """What the peer port serves: the cache's archives, each for the jobs whose tasks used it here."""
+class _Watchdog:
+    """The chunks of a streaming call, which it cancels when no chunk has come for `idle` seconds: a relay whose
+    own source stalled is left for the next source, with the bytes it gave kept."""
 
-    def __init__(self, archive_of: Callable[[str], Path | None]):
-        self.archive_of = archive_of  # the archive's file if the cache holds it
+    def __init__(self, call, idle: float | None):
+        self.call, self.idle = call, idle
+        self.last = time.monotonic()
+        self.done = threading.Event()
+
+    def __enter__(self):
+        if self.idle is None:  # the coordinator: the call's own deadline is enough
+            return self.call
+        threading.Thread(target=self._watch, name="code-watchdog", daemon=True).start()
+        return self._chunks()
+
+    def __exit__(self, *exc) -> None:
+        self.done.set()
+
+    def _chunks(self):
+        for chunk in self.call:
+            self.last = time.monotonic()
+            yield chunk
+
+    def _watch(self) -> None:
+        while not self.done.wait(min(1.0, self.idle)):
+            if time.monotonic() - self.last > self.idle:
+                log.warning("code: a source sent nothing for %.0f s; trying the next", self.idle)
+                self.call.cancel()
+                return
+
+
+class CodeServing:
+    """What the peer port serves: the archives of the jobs whose launches here named them, whole from the cache,
+    or as far as this node's own fetch has got (coderelay.py)."""
+
+    def __init__(self, archive_of: Callable[[str], Path | None],
+                 in_flight: Callable[[str], Transfer | None] = lambda hex_digest: None,
+                 wait_seconds: float = PEER_WAIT_SECONDS):
+        self.archive_of = archive_of  # the archive's file once whole and checked
+        self.in_flight, self.wait = in_flight, wait_seconds
         self.lock = threading.Lock()
         self.jobs: dict[str, str] = {}  # job id -> the hex digest of its code, as its launches named it
 
@@ -81,12 +149,39 @@ class CodeServing:
         with self.lock:
             self.jobs[job_id] = hex_digest
 
-    def path_for(self, sha256: str, job_id: str) -> Path:
-        """The archive to serve, or CodeError saying why not."""
+    def source_for(self, sha256: str, job_id: str) -> Path | Transfer | None:
+        """The archive's file, or its fetch under way here, for a job whose launch named it; None: neither (yet).
+        Raises CodeError for a name that is no archive's."""
         hex_digest = hex_of(sha256)
         with self.lock:
-            known = self.jobs.get(job_id)
-        path = self.archive_of(hex_digest) if known == hex_digest else None
-        if path is None:
-            raise CodeError(f"this node holds no code sha256:{hex_digest[:12]}... of job {job_id[:100]!r}")
-        return path
+            if self.jobs.get(job_id) != hex_digest:
+                return None
+        return self.archive_of(hex_digest) or self.in_flight(hex_digest)
+
+    async def stream(self, context, request, executor=None):
+        """A GetCode answer. A node asked before its own launch of the job came (or between its fetch and the
+        archive's place in the cache) waits a moment for it, then says NOT_FOUND."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.wait
+        while True:
+            try:
+                source = self.source_for(request.sha256, request.job_id)
+            except CodeError as e:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            if isinstance(source, Path):
+                async for chunk in stream_archive(context, lambda: source, request.offset, executor):
+                    yield chunk
+                return
+            if source is not None:
+                try:
+                    file = open(source.path, "rb")  # the fetch may have just ended: its file is renamed
+                except FileNotFoundError:
+                    source = None
+                else:
+                    async for chunk in relay(context, file, source, hex_of(request.sha256), request.offset, executor):
+                        yield chunk
+                    return
+            if loop.time() >= deadline:
+                await context.abort(grpc.StatusCode.NOT_FOUND, f"this node holds no code {request.sha256[:19]}... "
+                                                               f"of job {request.job_id[:100]!r}")
+            await asyncio.sleep(0.05)

@@ -29,7 +29,6 @@ import grpc
 
 from tfcluster import auth
 from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc
-from tfcluster.codechunks import stream_archive
 from tfcluster.daemon.agent.codefetch import CodeServing
 from tfcluster.daemon.agent.peerfiles import JOB_ID_RE, Refused, as_refusal, open_incoming, owner
 from tfcluster.pki import NODE, Identity
@@ -114,8 +113,7 @@ class PeerServicer(agent_pb2_grpc.AgentPeerServiceServicer):
         return agent_pb2.PutFilesReply(bytes=size, files=files)
 
     async def GetCode(self, request, context):
-        async for chunk in stream_archive(context, lambda: self.code.path_for(request.sha256, request.job_id),
-                                          request.offset, self.files):
+        async for chunk in self.code.stream(context, request, self.files):
             yield chunk
 
     def _admit(self, sender: str) -> None:

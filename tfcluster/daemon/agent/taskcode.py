@@ -16,6 +16,7 @@ from tfcluster import layout
 from tfcluster.codechunks import CodeError, hex_of
 from tfcluster.daemon.agent.codecache import CodeCache, Fetch
 from tfcluster.daemon.agent.codefetch import CodeServing
+from tfcluster.daemon.agent.coderelay import Transfer
 from tfcluster.daemon.agent.workspace import Workspaces
 from tfcluster.model import Attempt, Launch
 
@@ -23,11 +24,12 @@ log = logging.getLogger("tfcluster.agent")
 
 
 class TaskCode:
-    def __init__(self, state_dir: Path, max_bytes: int, fetch: Fetch, agent_is_root: bool):
+    def __init__(self, state_dir: Path, max_bytes: int, fetch: Fetch, agent_is_root: bool,
+                 in_flight: Callable[[str], Transfer | None] = lambda hex_digest: None):
+        """`in_flight` tells how far a fetch under way has got (the Fetcher's transfers), for peers to relay."""
         self.workspaces = Workspaces(state_dir / ".overlay-probe", agent_is_root)
         self.cache = CodeCache(state_dir / "code", max_bytes, fetch)
-        self.serving = CodeServing(lambda hex_digest: self.cache.archive(hex_digest)
-                                   if self.cache.holds(hex_digest) else None)
+        self.serving = CodeServing(self._archive, in_flight)
         self.jobs_dir = layout.jobs_dir(state_dir)
 
     def prepare(self, attempt: Attempt, attempt_dir: Path, sha256: str, sources: tuple[str, ...], uid: int,
@@ -35,13 +37,19 @@ class TaskCode:
         """(the task's working directory, the cached tree under it), fetching the archive if this node lacks
         it. Raises CodeError with why the task cannot start."""
         hex_digest = hex_of(sha256)
+        self.serving.used_by(attempt.job_id, hex_digest)  # from now: the job's other nodes may ask while it comes
         tree = self.cache.acquire(hex_digest, attempt.job_id, sources, pin=str(attempt_dir))
-        self.serving.used_by(attempt.job_id, hex_digest)
         try:
             return self.workspaces.make(attempt_dir, tree, hex_digest, uid, gid), tree
         except OSError as e:
             self.release(attempt_dir)
             raise CodeError(f"cannot make the task's working directory over its code: {e}") from None
+
+    def _archive(self, hex_digest: str) -> Path | None:
+        """The archive's file, whole and checked: the cache's entry, or one just fetched and not yet unpacked
+        (only a checked archive gets that name)."""
+        path = self.cache.archive(hex_digest)
+        return path if self.cache.holds(hex_digest) or path.is_file() else None
 
     def working_dir(self, attempt: Attempt, attempt_dir: Path, order: Launch, uid: int, gid: int,
                     env: dict[str, str], stopped: Callable[[], bool]) -> str:

@@ -14,6 +14,10 @@ from tfcluster.model import MAX_CODE_SOURCES, Launch
 from tfcluster.roles.tfconfig import tf_config
 from tfcluster.states import TaskState
 
+# Nodes a node (or the coordinator) relays a job's code to on its first launch: more makes the tree shallower
+# but has each sender's link carry more copies at once.
+CODE_FANOUT = 2
+
 
 def launch(job: Job, task: Task) -> Launch:
     return Launch(node=task.node, attempt=job.attempt_of(task), command=command_for(job, task),
@@ -25,13 +29,32 @@ def launch(job: Job, task: Task) -> Launch:
 
 
 def code_sources(job: Job, task: Task) -> tuple[str, ...]:
-    """Peers that hold the job's code: the other nodes where its tasks run or ran to the end (each fetched
-    it before it started). The agent asks them first, the coordinator after them."""
+    """Where the task's node fetches the job's code from, before the coordinator (which it asks last).
+
+    Once some of the job's tasks run (or ran to the end) elsewhere, their nodes hold the archive: all of them.
+    Before that (a job's first launch), the nodes being launched fetch in a tree rooted at the coordinator:
+    the first CODE_FANOUT from it, each other node from one node earlier in the tree, which passes on the
+    bytes it has received so far. The coordinator then sends the archive CODE_FANOUT times, not once per
+    node, and no node sends it more than CODE_FANOUT times."""
     if not job.spec.code_sha256:
         return ()
     peers = dict.fromkeys(t.peer for t in job.tasks if t.node != task.node and t.peer and
                           t.state in (TaskState.RUNNING, TaskState.SUCCEEDED))
-    return tuple(peers)[:MAX_CODE_SOURCES]
+    if peers:
+        return tuple(peers)[:MAX_CODE_SOURCES]
+    # The launches go out in job.tasks order and each is LAUNCHING once sent: a node's parent comes before it.
+    launching = list(dict.fromkeys((t.node, t.peer) for t in job.tasks if t.peer and t.state == TaskState.LAUNCHING))
+    nodes = [node for node, _ in launching]
+    if task.node not in nodes:
+        return ()
+    parent = relay_parent(nodes.index(task.node))
+    return () if parent is None else (launching[parent][1],)
+
+
+def relay_parent(position: int, fanout: int = CODE_FANOUT) -> int | None:
+    """The position of the node that relays the code to the node at `position` of a first launch (None: the
+    coordinator): a tree with `fanout` children per node, the coordinator at its root."""
+    return None if position < fanout else position // fanout - 1
 
 
 def command_for(job: Job, task: Task) -> tuple[str, ...]:
