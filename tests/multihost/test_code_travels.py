@@ -196,9 +196,10 @@ def test_a_tree_over_the_coordinators_cap_is_refused_with_its_largest_paths(clus
 
 
 def environment_files(cluster: LocalCluster, node: str) -> dict[str, float]:
-    """The node's built environments: each key's ready mark, with the time it was written."""
+    """The node's built environments: each key with the time its build log was written (a build writes it
+    anew; the ready mark's time is when a task last used the environment)."""
     root = cluster.agent_state_dir(node) / "envs"
-    return {p.parent.name: p.stat().st_mtime for p in root.glob("*/ready")}
+    return {p.parent.name: (p.parent / "build.log").stat().st_mtime for p in root.glob("*/ready")}
 
 
 def test_a_wheel_from_find_links_builds_one_environment_per_host_and_the_next_job_reuses_it(cluster):
