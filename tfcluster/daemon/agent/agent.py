@@ -252,7 +252,7 @@ class Agent:
         try:
             command = wire.command_from_proto(message, self.config.name)
             if isinstance(command, Launch):
-                # In line, not in a thread: a stop that follows must find the task it stops.
+                # Recorded in line (a stop that follows must find the task it stops); started on a thread.
                 self.supervisor.launch(command)
             elif isinstance(command, Stop):
                 self.supervisor.stop(command.attempt, command.grace_seconds)
