@@ -148,9 +148,14 @@ class Supervisor:
             started = json.loads(line) if line else {}
         except ValueError:
             started = {}
-        if started.get("phase") == Phase.RUNNING:
+        running = started.get("phase") == Phase.RUNNING
+        if running:
             with self.lock:
-                record.phase, record.pid = Phase.RUNNING, started["pid"]
+                record.pid = started["pid"]
+                running = not record.exited.is_set()  # stopped before its shim existed: it ended then, and stays
+                if running:
+                    record.phase = Phase.RUNNING
+        if running:
             log.info("%s running as pid %d", record.name, record.pid, extra=fields(record.attempt))
             self.on_report(record)
         shim.stdout.close()
