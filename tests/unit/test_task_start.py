@@ -9,37 +9,28 @@ import threading
 import time
 
 import psutil
+import pytest
 
 from tfcluster.daemon.agent.supervisor import Supervisor
 from tfcluster.daemon.agent.taskfiles import ShimStatus
 from tfcluster.model import Attempt, Launch
 from tfcluster.states import Phase
+from tests.unit.taskreports import Reports
 
 TASK_UID = 2_100_999_000
-
-
-class Reports:
-    def __init__(self) -> None:
-        self.seen: list[tuple[Attempt, str]] = []
-        self.changed = threading.Condition()
-
-    def __call__(self, record) -> None:
-        with self.changed:
-            self.seen.append((record.attempt, record.phase))
-            self.changed.notify_all()
-
-    def wait_for(self, attempt: Attempt, phase: str, timeout: float = 30) -> None:
-        with self.changed:
-            assert self.changed.wait_for(lambda: (attempt, phase) in self.seen, timeout), self.seen
-
-    def of(self, attempt: Attempt) -> list[str]:
-        with self.changed:
-            return [phase for a, phase in self.seen if a == attempt]
 
 
 def order(job: str, number: int, *command: str) -> Launch:
     return Launch("n", Attempt(job, "worker", 0, number), command, {"PATH": os.environ["PATH"]}, "/", 0, 1.0,
                   uid=TASK_UID, gid=TASK_UID)
+
+
+def shim_of(record, timeout: float = 30) -> int:
+    """The record's shim pid, once its start thread has set it."""
+    deadline = time.monotonic() + timeout
+    while not record.shim_pid and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return record.shim_pid
 
 
 def gone(pid: int, timeout: float = 30) -> bool:
@@ -79,23 +70,44 @@ def test_a_launch_returns_at_once_and_a_stop_before_the_start_ends_it_without_ru
         supervisor.launcher.close()
 
 
-def stall_after_shim(supervisor: Supervisor, attempt: Attempt) -> tuple[threading.Event, threading.Event]:
-    """Holds the attempt's start thread once its shim runs the task, before the supervisor learns of the shim:
-    (set once it is held, set to let it go on)."""
-    held, release = threading.Event(), threading.Event()
+@pytest.fixture
+def reports() -> Reports:
+    return Reports()
+
+
+@pytest.fixture
+def supervisor(tmp_path, reports):
+    supervisor = Supervisor(tmp_path, reports)
+    yield supervisor
+    supervisor.stop_all(0)
+    supervisor.launcher.close()
+
+
+@pytest.fixture
+def stall(supervisor):
+    """stall(attempt) holds that attempt's start thread once its shim runs the task, before the supervisor
+    learns of the shim: it returns (set once it is held, set to let it go on)."""
+    releases = []
     start = supervisor.starter.start
 
-    def stalled(record, launch):
-        shim = start(record, launch)
-        if record.attempt == attempt:
-            deadline = time.monotonic() + 30
-            while not _running(record.dir) and time.monotonic() < deadline:
-                time.sleep(0.01)
-            held.set()
-            release.wait(30)
-        return shim
-    supervisor.starter.start = stalled
-    return held, release
+    def stall_after_shim(attempt: Attempt) -> tuple[threading.Event, threading.Event]:
+        held, release = threading.Event(), threading.Event()
+        releases.append(release)
+
+        def stalled(record, launch):
+            shim = start(record, launch)
+            if record.attempt == attempt:
+                deadline = time.monotonic() + 30
+                while not _running(record.dir) and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                held.set()
+                release.wait(30)
+            return shim
+        supervisor.starter.start = stalled
+        return held, release
+    yield stall_after_shim
+    for release in releases:
+        release.set()
 
 
 def _running(attempt_dir) -> bool:
@@ -103,71 +115,45 @@ def _running(attempt_dir) -> bool:
     return status is not None and status.phase == Phase.RUNNING
 
 
-def test_a_stop_that_comes_as_the_shim_starts_stops_the_shim(tmp_path):
-    reports = Reports()
-    supervisor = Supervisor(tmp_path, reports)
+def test_a_stop_that_comes_as_the_shim_starts_stops_the_shim(supervisor, reports, stall):
     launch = order("shim-stop", 1, "sleep", "60")
-    held, release = stall_after_shim(supervisor, launch.attempt)
-    try:
-        supervisor.launch(launch)
-        assert held.wait(30)
-        record = supervisor.current(launch.attempt)
-        supervisor.stop(launch.attempt, 30.0)
-        reports.wait_for(launch.attempt, Phase.EXITED)
-        release.set()
-        deadline = time.monotonic() + 30
-        while not record.shim_pid and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert gone(record.shim_pid), "the shim was stopped at once"
-        status = ShimStatus.read(record.dir)
-        assert status is None or status.ended
-        if status is not None and status.pid:
-            assert gone(status.pid), "and its task with it"
-        time.sleep(0.3)
-        assert reports.of(launch.attempt) == [Phase.EXITED], "one end, never RUNNING after it"
-        assert supervisor.current(launch.attempt).phase == Phase.EXITED
-    finally:
-        release.set()
-        supervisor.stop_all(0)
-        supervisor.launcher.close()
+    held, release = stall(launch.attempt)
+    supervisor.launch(launch)
+    assert held.wait(30)
+    record = supervisor.current(launch.attempt)
+    supervisor.stop(launch.attempt, 30.0)
+    reports.wait_for(launch.attempt, Phase.EXITED)
+    release.set()
+    assert gone(shim_of(record)), "the shim was stopped at once"
+    status = ShimStatus.read(record.dir)
+    assert status is None or status.ended
+    if status is not None and status.pid:
+        assert gone(status.pid), "and its task with it"
+    time.sleep(0.3)
+    assert reports.of(launch.attempt) == [Phase.EXITED], "one end, never RUNNING after it"
+    assert supervisor.current(launch.attempt).phase == Phase.EXITED
 
 
-def test_a_newer_attempt_launched_while_the_older_starts_wins(tmp_path):
-    reports = Reports()
-    supervisor = Supervisor(tmp_path, reports)
+def test_a_newer_attempt_launched_while_the_older_starts_wins(supervisor, reports, stall):
     older, newer = order("newer", 1, "sleep", "60"), order("newer", 2, "sleep", "60")
-    held, release = stall_after_shim(supervisor, older.attempt)
-    try:
-        supervisor.launch(older)
-        assert held.wait(30)
-        old_record = supervisor.current(older.attempt)
-        supervisor.launch(newer)
-        release.set()
-        reports.wait_for(newer.attempt, Phase.RUNNING)
-        deadline = time.monotonic() + 30
-        while not old_record.shim_pid and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert gone(old_record.shim_pid), "the older attempt's shim was stopped at once"
-        assert Phase.RUNNING not in reports.of(older.attempt)
-        assert supervisor.current(older.attempt) is None and supervisor.current(newer.attempt).phase == Phase.RUNNING
-        assert psutil.pid_exists(supervisor.current(newer.attempt).pid)
-    finally:
-        release.set()
-        supervisor.stop_all(0)
-        supervisor.launcher.close()
+    held, release = stall(older.attempt)
+    supervisor.launch(older)
+    assert held.wait(30)
+    old_record = supervisor.current(older.attempt)
+    supervisor.launch(newer)
+    release.set()
+    reports.wait_for(newer.attempt, Phase.RUNNING)
+    assert gone(shim_of(old_record)), "the older attempt's shim was stopped at once"
+    assert Phase.RUNNING not in reports.of(older.attempt)
+    assert supervisor.current(older.attempt) is None and supervisor.current(newer.attempt).phase == Phase.RUNNING
+    assert psutil.pid_exists(supervisor.current(newer.attempt).pid)
 
 
-def test_many_launches_start_side_by_side_and_each_reports_its_exit(tmp_path):
-    reports = Reports()
-    supervisor = Supervisor(tmp_path, reports)
-    try:
-        launches = [order(f"many-{i}", 1, "sh", "-c", f"exit {i % 3}") for i in range(12)]
-        for launch in launches:
-            supervisor.launch(launch)
-        for i, launch in enumerate(launches):
-            reports.wait_for(launch.attempt, Phase.EXITED)
-            assert supervisor.current(launch.attempt).exit.exit_code == i % 3
-            assert reports.of(launch.attempt) == [Phase.RUNNING, Phase.EXITED]
-    finally:
-        supervisor.stop_all(0)
-        supervisor.launcher.close()
+def test_many_launches_start_side_by_side_and_each_reports_its_exit(supervisor, reports):
+    launches = [order(f"many-{i}", 1, "sh", "-c", f"exit {i % 3}") for i in range(12)]
+    for launch in launches:
+        supervisor.launch(launch)
+    for i, launch in enumerate(launches):
+        reports.wait_for(launch.attempt, Phase.EXITED)
+        assert supervisor.current(launch.attempt).exit.exit_code == i % 3
+        assert reports.of(launch.attempt) == [Phase.RUNNING, Phase.EXITED]

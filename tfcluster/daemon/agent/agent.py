@@ -91,10 +91,9 @@ class Agent:
         self.supervisor = Supervisor(config.state_dir, self._on_task_change, self.condition, config.task_log_bytes,
                                      self.task_users)
         if self.task_users.agent_is_root:
-            self.supervisor.cgroups = TaskCgroups()
-            log.info("memory limits: %s", f"kept by the kernel in task cgroups under {self.supervisor.cgroups.delegated}"
-                     if self.supervisor.cgroups.delegated else
-                     f"kept by watching each task's processes ({self.supervisor.cgroups.why_not})")
+            cgroups = self.supervisor.starter.cgroups = TaskCgroups()
+            log.info("memory limits: %s", f"kept by the kernel in task cgroups under {cgroups.delegated}"
+                     if cgroups.delegated else f"kept by watching each task's processes ({cgroups.why_not})")
         self.supervisor.code = TaskCode(config.state_dir, config.cache_bytes,
                                         Fetcher(config.coordinator, lambda: self.credentials),
                                         self.task_users.agent_is_root)

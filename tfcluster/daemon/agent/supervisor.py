@@ -22,7 +22,6 @@ from pathlib import Path
 
 from tfcluster import layout
 from tfcluster.codechunks import CodeError
-from tfcluster.daemon.agent.cgroups import TaskCgroups
 from tfcluster.daemon.agent.environments import Environments, EnvironmentProblem
 from tfcluster.daemon.agent.launcher import ForkedShim
 from tfcluster.daemon.agent.taskcode import TaskCode
@@ -60,19 +59,12 @@ class Supervisor:
 
     @property
     def code(self) -> TaskCode | None:
+        """Jobs' code on this node (taskcode.py): what an attempt pinned is let go when it ends."""
         return self.starter.code
 
     @code.setter
     def code(self, code: TaskCode | None) -> None:
         self.starter.code = code
-
-    @property
-    def cgroups(self) -> TaskCgroups | None:
-        return self.starter.cgroups
-
-    @cgroups.setter
-    def cgroups(self, cgroups: TaskCgroups | None) -> None:
-        self.starter.cgroups = cgroups
 
     # ---- launching -------------------------------------------------------------------------------
 
