@@ -107,8 +107,8 @@ class Supervisor:
             ended = self._finish(record, Phase.FAILED_TO_START,
                                  TaskExit(message=message, busy_port=getattr(e, "busy_port", 0),
                                           log_tail=getattr(e, "log_tail", ())))
-            if not ended and self.code is not None:  # stopped while it started: what it pinned meanwhile goes too
-                self.code.release(record.dir)
+            if not ended:  # stopped while it started: what it pinned meanwhile goes too
+                self._release_code(record)
             return
         with self.lock:  # with stop's check of shim_pid, under the same lock: one of the two stops the shim
             record.shim_pid, record.detail = shim.pid, ""
@@ -158,14 +158,16 @@ class Supervisor:
         """The shim is gone: read how the task ended from its status file."""
         status = _read_status(record)
         if status is not None and status.ended:
-            self._finish(record, status.phase, exit_of(status, record.checkpoint_dir))
+            ended = self._finish(record, status.phase, exit_of(status, record.checkpoint_dir))
         else:
             # The shim died without recording an exit (killed with -9): make sure the task is gone too.
             pgid = (status.pgid if status is not None else 0) or record.pid
             if pgid:
                 kill_group(pgid, signal.SIGKILL)
             died = "the task's supervisor process died; the task was killed"
-            self._finish(record, Phase.EXITED, TaskExit(signal=signal.SIGKILL, message=died))
+            ended = self._finish(record, Phase.EXITED, TaskExit(signal=signal.SIGKILL, message=died))
+        if not ended:  # ended before its shim existed (stopped, or a newer attempt came): its code goes now
+            self._release_code(record)
 
     def progress(self) -> list[TaskProgress]:
         """Every running task, with the bytes of output so far (dropped ones included), its newest checkpoint, and
@@ -202,11 +204,15 @@ class Supervisor:
                 return False
             record.phase, record.exit, record.finished_at = phase, exit, time.time()
             record.exited.set()
-        if self.code is not None:
-            self.code.release(record.dir)
+        self._release_code(record)
         log.info("%s ended: %s", record.name, exit.describe(), extra=fields(record.attempt))
         self.on_report(record)
         return True
+
+    def _release_code(self, record: TaskRecord) -> None:
+        """The attempt's working dir over its job's code is unmounted, its cache entry unpinned (again: harmless)."""
+        if self.code is not None:
+            self.code.release(record.dir)
 
     # ---- stopping --------------------------------------------------------------------------------
 
