@@ -94,10 +94,10 @@ class Supervisor:
             if order.environment:
                 record.detail, record.detail_since = "building environment", time.monotonic()
             self.tasks[key] = record
-        threading.Thread(target=self._begin, args=(record, order), name=f"start-{record.name}", daemon=True).start()
+        threading.Thread(target=self._begin, args=(record, order), name=f"task-{record.name}", daemon=True).start()
 
     def _begin(self, record: TaskRecord, order: Launch) -> None:
-        """The attempt's start, off the message loop. A stop that came before its shim existed has ended the
+        """The attempt's start, off the message loop, then the watch of its shim until it ends. A stop that came before its shim existed has ended the
         record already (stop): the shim, if one was started all the same, is stopped at once."""
         try:
             shim = self.starter.start(record, order)
@@ -115,11 +115,10 @@ class Supervisor:
             stopped = record.exited.is_set()
         if stopped:
             self._stop_shim(record)
-        threading.Thread(target=self._watch_child, args=(record, shim), name=f"watch-{record.name}",
-                         daemon=True).start()
         if order.report_listening and order.port:
             threading.Thread(target=self._watch_listening, args=(record,), name=f"listen-{record.name}",
                              daemon=True).start()
+        self._watch_child(record, shim)  # this thread watches the shim it started: one thread less per task
 
     def _watch_listening(self, record: TaskRecord) -> None:
         """Reports the task again once it accepts connections on its port."""
