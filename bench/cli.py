@@ -6,8 +6,9 @@ measured in the same run, on a local cluster (a real coordinator and two agents 
   beside the floor (a Python that imports grpc and typer, and the store write and launch that no CLI can skip
   are in the figure); and the same job submitted through the client library, which is the store write and
   the launch alone
-- throughput: jobs of 2 tasks running `true`, submitted back to back by one client, from the first submission
-  to the last job SUCCEEDED
+- throughput: jobs of 2 tasks running `true`, submitted by one client on several threads at once (one thread
+  alone waits a round trip per job, and would measure itself), from the first submission to the last job
+  SUCCEEDED
 - tf: a 2-worker MultiWorkerMirroredStrategy Keras program (TensorFlow's multi-worker tutorial, on synthetic
   data) under `tfcluster start --wait`, against the same program launched by hand with TF_CONFIG, rounds
   alternated (needs the tf extra)
@@ -26,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,6 +38,7 @@ from harness import PYTHON, LocalCluster, free_port, wait_until  # noqa: E402
 FLOOR = [PYTHON, "-c", "import grpc, typer"]
 FIGURES = ("status", "start", "throughput", "tf")
 TF_PROGRAM = Path(__file__).resolve().parent / "tf_main.py"
+SUBMITTING_THREADS = 4
 
 
 def wall(argv: list[str], env: dict[str, str] | None = None) -> float:
@@ -92,9 +95,9 @@ def throughput_figures(cluster: LocalCluster, jobs: int) -> dict[str, str]:
 
     spec = parse_spec({"name": "tiny", "strategy": "multi_worker_mirrored", "workdir": "/", "command": ["true"],
                        "roles": {"worker": {"count": 2}}}, source="bench")
-    with cluster.client() as client:
+    with cluster.client() as client, ThreadPoolExecutor(SUBMITTING_THREADS) as pool:
         first = time.time()
-        ids = [client.submit(spec) for _ in range(jobs)]
+        ids = list(pool.map(lambda _: client.submit(spec), range(jobs)))
         submitted = time.time() - first
         ended = [next(j for j in client.watch(job_id, ENDED_JOB_STATES) if j.state in ENDED_JOB_STATES) for job_id in ids]
     failed = [j.id for j in ended if j.state != JobState.SUCCEEDED]

@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 import psutil
@@ -22,23 +21,9 @@ from tfcluster.daemon.agent.taskfiles import LaunchFile, ShimStatus
 from tfcluster.daemon.agent.taskrecord import is_shim
 from tfcluster.daemon.agent.taskrunner import DRAIN_SECONDS, process_start
 from tfcluster.model import Attempt, Launch, Phase
+from tests.unit.taskreports import Reports
 
 TASK_UID = 2_100_999_000  # the job's user, as the coordinator gives it (an agent that is not root ignores it)
-
-
-class Reports:
-    def __init__(self) -> None:
-        self.seen: list[tuple[Attempt, str]] = []
-        self.changed = threading.Condition()
-
-    def __call__(self, record) -> None:
-        with self.changed:
-            self.seen.append((record.attempt, record.phase))
-            self.changed.notify_all()
-
-    def wait_for(self, attempt: Attempt, phase: str, timeout: float = 30) -> None:
-        with self.changed:
-            assert self.changed.wait_for(lambda: (attempt, phase) in self.seen, timeout), self.seen
 
 
 def launch(supervisor: Supervisor, job: str, *command: str) -> Attempt:

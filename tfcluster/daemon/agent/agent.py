@@ -91,10 +91,9 @@ class Agent:
         self.supervisor = Supervisor(config.state_dir, self._on_task_change, self.condition, config.task_log_bytes,
                                      self.task_users)
         if self.task_users.agent_is_root:
-            self.supervisor.cgroups = TaskCgroups()
-            log.info("memory limits: %s", f"kept by the kernel in task cgroups under {self.supervisor.cgroups.delegated}"
-                     if self.supervisor.cgroups.delegated else
-                     f"kept by watching each task's processes ({self.supervisor.cgroups.why_not})")
+            cgroups = self.supervisor.starter.cgroups = TaskCgroups()
+            log.info("memory limits: %s", f"kept by the kernel in task cgroups under {cgroups.delegated}"
+                     if cgroups.delegated else f"kept by watching each task's processes ({cgroups.why_not})")
         fetcher = Fetcher(config.coordinator, lambda: self.credentials)
         self.supervisor.code = TaskCode(config.state_dir, config.cache_bytes, fetcher, self.task_users.agent_is_root,
                                         fetcher.transfers.get)
@@ -253,7 +252,7 @@ class Agent:
         try:
             command = wire.command_from_proto(message, self.config.name)
             if isinstance(command, Launch):
-                # In line, not in a thread: a stop that follows must find the task it stops.
+                # Recorded in line (a stop that follows must find the task it stops); started on a thread.
                 self.supervisor.launch(command)
             elif isinstance(command, Stop):
                 self.supervisor.stop(command.attempt, command.grace_seconds)
