@@ -15,6 +15,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 
@@ -33,6 +34,9 @@ from tfcluster.model import Attempt, CancelLog, Command, ReadLog, Revocations
 from tfcluster.pki import Identity, PkiError
 from tfcluster.security import REMOVED, REPLACED
 from tfcluster.states import NodeState
+
+if TYPE_CHECKING:
+    from tfcluster.daemon.coordinator.etcdgateway import EtcdTls
 
 log = logging.getLogger("tfcluster.coordinator")
 
@@ -308,12 +312,12 @@ def _acts_for_itself(caller: Identity | None, node: str) -> None:
 def build(state_dir: Path, lost_after_seconds: float, heartbeat_interval_seconds: float,
           keep_finished_jobs: int, keep_finished_seconds: float, authority: pki.Authority | None = None,
           reconnect_grace_seconds: float = RECONNECT_GRACE_SECONDS,
-          task_uids: UidRange = UidRange(), store_url: str = "") -> Coordinator:
+          task_uids: UidRange = UidRange(), store_url: str = "", etcd_tls: EtcdTls | None = None) -> Coordinator:
     """A coordinator with its state loaded from the store --store names (store.py; "": under the state dir)."""
     cluster = Cluster(lost_after_seconds, resend_after_seconds=max(3 * heartbeat_interval_seconds, 1.0),
                       keep_finished_jobs=keep_finished_jobs, keep_finished_seconds=keep_finished_seconds,
                       task_uids=task_uids)
-    coordinator = Coordinator(open_store(store_url, Path(state_dir)), cluster, heartbeat_interval_seconds,
+    coordinator = Coordinator(open_store(store_url, Path(state_dir), etcd_tls), cluster, heartbeat_interval_seconds,
                               authority=authority)
     coordinator.load(reconnect_grace_seconds)
     return coordinator
