@@ -42,6 +42,7 @@ bench: $(STAMP)
 	$(PY) bench/memwatch.py
 	$(PY) bench/scale.py
 	$(PY) bench/multihost.py
+	$(PY) bench/etcdstore.py
 
 # Regenerate tfcluster/api/v1 from protos/ (commit the result; a test checks they match).
 protos: $(STAMP)

@@ -39,6 +39,7 @@ class EtcdCluster:
 
     def __init__(self, root: Path, size: int = 3):
         self.root = root
+        root.mkdir(parents=True, exist_ok=True)
         self.members = [Member(f"m{i}", root / f"m{i}") for i in range(size)]
         self.initial = ",".join(f"{m.name}={m.peer_url}" for m in self.members)
 

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from etcdcluster import EtcdCluster, needs_etcd
-from harness import wait_until
+from harness import job_processes, wait_until
 from tfcluster.daemon.coordinator.etcdstore import EtcdStore, Guard
 from tfcluster.daemon.coordinator.etcdgateway import NO_QUORUM
 from tfcluster.daemon.coordinator.store import Conflict, Delete, Put, StoreUnavailable
@@ -46,6 +46,38 @@ def test_a_coordinator_on_etcd_keeps_every_job_token_and_removal(make_cluster, e
     cluster.start_agent("b", wait=False)  # the removal holds: b is refused
     wait_until(lambda: "was removed from the cluster" in cluster.agents["b"].log(), 30, what="b refused")
     assert not (cluster.root / "coordinator" / "coordinator.sqlite3").exists()
+
+
+def test_without_quorum_changes_are_refused_saying_so_and_running_tasks_keep_running(make_cluster, tmp_path):
+    etcd = EtcdCluster(tmp_path / "etcd").start_all()
+    try:
+        cluster = make_cluster(3.0, "--store", etcd.url())
+        cluster.start_agent("a")
+        job = cluster.cli("start", "--name", "long", "--strategy", "mirrored", "--", "sleep", "600",
+                          check=True).stdout.strip()
+        wait_until(lambda: job_processes(job), 30, what="the job's task running")
+        task = job_processes(job)[0].pid
+        for member in etcd.members[:2]:
+            etcd.stop(member)
+        refused = cluster.cli("start", "--name", "later", "--strategy", "mirrored", "--", "true", timeout=60)
+        assert refused.returncode != 0 and NO_QUORUM in refused.stderr, refused.stderr
+        assert cluster.coordinator.alive and task in [p.pid for p in job_processes(job)]
+        for member in etcd.members[:2]:
+            etcd.start(member)
+        etcd.wait_healthy()
+        later = wait_until(lambda: _submitted(cluster), 60, what="a submission once quorum is back")
+        assert cluster.wait_job(later)["state"] == "SUCCEEDED"
+        # The refused submission stayed in the coordinator's memory and was stored with quorum back, as said.
+        names = [j["name"] for j in json.loads(cluster.cli("status", "--all", "--json", check=True).stdout)["jobs"]]
+        assert sorted(names) == ["later", "later", "long"]
+        assert task in [p.pid for p in job_processes(job)], "the running task was never touched"
+    finally:
+        etcd.stop_all()
+
+
+def _submitted(cluster) -> str:
+    result = cluster.cli("start", "--name", "later", "--strategy", "mirrored", "--", "true", timeout=60)
+    return result.stdout.strip() if result.returncode == 0 else ""
 
 
 def test_migrate_store_moves_a_sqlite_cluster_to_etcd(make_cluster, etcd_cluster, etcd_prefix):
@@ -103,6 +135,25 @@ def test_a_batch_cut_short_by_the_store_is_retried_without_a_conflict(etcd_clust
     assert calls == [10, 10], "the first transaction was stored, the second was not"
     store.write(batch)  # the writer retries what it still believes: the store knows what it wrote already
     assert {d.key: d.body for d in store.load()} == {f"n{i}": '{"v":2}' for i in range(20)}
+
+
+def test_a_transaction_whose_answer_was_lost_counts_as_written_once_read_back(etcd_cluster, etcd_prefix,
+                                                                             monkeypatch):
+    store = EtcdStore(etcd_cluster.endpoints.split(","), etcd_prefix)
+    first = store.write([Put("node", "n1", "{}"), Put("node", "n2", "{}")])
+    transaction = store._transaction
+
+    def committed_but_unanswered(writes):
+        transaction(writes)
+        raise StoreUnavailable(f"{NO_QUORUM} (etcd: request timed out)")
+    monkeypatch.setattr(store, "_transaction", committed_but_unanswered)
+    batch = [Put("node", "n1", '{"v":2}', first[("node", "n1")]), Delete("node", "n2", first[("node", "n2")]),
+             Put("node", "n3", "{}")]
+    with pytest.raises(StoreUnavailable):
+        store.write(batch)
+    monkeypatch.setattr(store, "_transaction", transaction)
+    store.write(batch)  # retried as the writer still sees it: no Conflict with its own committed write
+    assert {d.key: d.body for d in store.load()} == {"n1": '{"v":2}', "n3": "{}"}
 
 
 def test_a_writer_whose_guard_key_moved_is_refused(etcd_cluster, etcd_prefix):

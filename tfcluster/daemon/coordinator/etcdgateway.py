@@ -26,8 +26,11 @@ from tfcluster.daemon.coordinator.store import StoreUnavailable
 
 log = logging.getLogger("tfcluster.coordinator")
 
-# The grpc status codes the gateway reports: the cluster is there but cannot commit (no leader, a timeout)
+# What etcd answers when the member is there but the cluster cannot commit (no leader, a proposal timed out):
+# the gateway's grpc status codes, and the messages etcd gives with other codes
 UNAVAILABLE_CODES = {4, 14}  # DEADLINE_EXCEEDED, UNAVAILABLE
+UNAVAILABLE_MESSAGES = ("deadline exceeded", "timed out", "no leader", "leader changed", "too many requests",
+                        "not capable", "stopped")
 NO_QUORUM = "the store has no quorum"
 CONNECT_SECONDS = 2.0
 REQUEST_SECONDS = 8.0  # etcd itself gives up on a proposal after about 7 s without a leader
@@ -97,7 +100,8 @@ class EtcdGateway:
                 self.preferred = index
                 return answer
             code, message = answer.get("code", 0), answer.get("message") or answer.get("error") or response.status
-            if code in UNAVAILABLE_CODES:  # this member cannot commit: another may (it may be cut off alone)
+            if code in UNAVAILABLE_CODES or response.status in (503, 504) or \
+                    any(m in str(message).lower() for m in UNAVAILABLE_MESSAGES):  # another member may commit
                 failures.append(f"{endpoint}: {message}")
                 continue
             raise RuntimeError(f"etcd at {endpoint} refused {path}: {message}")
@@ -142,4 +146,5 @@ def _reason(error: Exception) -> str:
 
 def _answered(failure: str) -> bool:
     """The member answered, but could not commit (rather than not being reachable at all)."""
-    return "etcdserver" in failure or "deadline" in failure.lower() or "Read timed out" in failure
+    return "refused" not in failure and "connect timeout" not in failure and ("etcdserver" in failure or
+                                         any(m in failure.lower() for m in UNAVAILABLE_MESSAGES))

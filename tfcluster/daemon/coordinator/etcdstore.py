@@ -12,6 +12,8 @@ several transactions, in an order a crash between them leaves readable (a job's 
 deleted before its tasks; the loader ignores tasks without their job). When one of them cannot commit (no
 quorum), the store remembers what the earlier ones wrote: the next write of those documents, with the revisions
 the writer still expects, is brought to the revisions they have now, so retrying the batch is not a Conflict.
+A transaction whose answer was lost (etcd timed out on it, and may still commit it) is settled the same way
+before the next write: its documents are read, and if it was committed, it counts as written.
 
 `revision` is the etcd revision the store saw last and `watch` streams what changes after one: a process that
 keeps a copy of the state (a standby) loads once, then follows the changes.
@@ -26,8 +28,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from tfcluster.daemon.coordinator.etcdgateway import EtcdGateway, EtcdTls, b64, range_end, unb64
-from tfcluster.daemon.coordinator.store import (Conflict, Delete, Document, Put, Revisions, StoreUrlError, Write,
-                                                validate)
+from tfcluster.daemon.coordinator.store import (Conflict, Delete, Document, Put, Revisions, StoreUnavailable,
+                                                StoreUrlError, Write, validate)
 
 log = logging.getLogger("tfcluster.coordinator")
 
@@ -77,6 +79,7 @@ class EtcdStore:
         self.guard: Guard | None = None
         self.revision = 0
         self._carried: dict[tuple[str, str], tuple[int, int]] = {}  # written by an unfinished batch: (was, now)
+        self._uncertain: tuple[list[Write], dict[tuple[str, str], int]] | None = None  # its answer was lost
         self._lock = threading.Lock()
         self.gateway.call("/v3/maintenance/status", {})  # unreachable: the error names the endpoints
 
@@ -113,15 +116,38 @@ class EtcdStore:
     def write(self, writes: Sequence[Write]) -> Revisions:
         validate(writes)
         with self._lock:
+            if self._uncertain:
+                self._settle(*self._uncertain)
             expected = {(w.kind, w.key): w.expect for w in writes}  # what a retry of this batch will expect
             writes = [w for w in map(self._carry, writes) if w is not None]
             revisions: Revisions = {}
             for chunk in self._chunks(writes):
-                revisions.update(self._transaction(chunk))
-                for w in chunk:
-                    self._carried[(w.kind, w.key)] = (expected[(w.kind, w.key)], revisions.get((w.kind, w.key), 0))
+                try:
+                    revisions.update(self._transaction(chunk))
+                except StoreUnavailable:  # etcd may commit a proposal it timed out on: read which it was next time
+                    self._uncertain = (chunk, expected)
+                    raise
+                self._stored(chunk, expected, revisions)
             self._carried.clear()
             return revisions
+
+    def _stored(self, chunk: list[Write], expected: dict[tuple[str, str], int], revisions: Revisions) -> None:
+        for w in chunk:
+            self._carried[(w.kind, w.key)] = (expected[(w.kind, w.key)], revisions.get((w.kind, w.key), 0))
+
+    def _settle(self, chunk: list[Write], expected: dict[tuple[str, str], int]) -> None:
+        """Whether the transaction whose answer was lost was committed: its documents are all at one new revision
+        (or gone), or all still at the revisions it expected. StoreUnavailable while etcd cannot say."""
+        answer = self.gateway.call("/v3/kv/txn", {"success": [
+            {"request_range": {"key": b64(self._key(w.kind, w.key)), "keys_only": True}} for w in chunk]})
+        found = [int((r.get("response_range", {}).get("kvs") or [{}])[0].get("mod_revision", 0))
+                 for r in answer.get("responses", [])]
+        puts = {revision for w, revision in zip(chunk, found) if isinstance(w, Put)}
+        deleted = all(not revision for w, revision in zip(chunk, found) if isinstance(w, Delete))
+        if deleted and len(puts) <= 1 and all(revision > w.expect for w, revision in zip(chunk, found)
+                                              if isinstance(w, Put)):
+            self._stored(chunk, expected, {(w.kind, w.key): revision for w, revision in zip(chunk, found)})
+        self._uncertain = None  # not committed: the retry writes it; anything else is a Conflict then
 
     def _carry(self, w: Write) -> Write | None:
         """The write as it applies after an unfinished batch stored its document already (None: nothing left)."""
