@@ -33,7 +33,10 @@ UNAVAILABLE_MESSAGES = ("deadline exceeded", "timed out", "no leader", "leader c
                         "not capable", "stopped")
 NO_QUORUM = "the store has no quorum"
 CONNECT_SECONDS = 2.0
-REQUEST_SECONDS = 8.0  # etcd itself gives up on a proposal after about 7 s without a leader
+# A member without a leader holds a proposal for as long as the client waits: a healthy cluster commits in
+# milliseconds, and a write given up on is settled by reading it back (etcdstore.py)
+REQUEST_SECONDS = 5.0
+PROBE_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -108,6 +111,20 @@ class EtcdGateway:
         if any(_answered(f) for f in failures):
             raise StoreUnavailable(f"{NO_QUORUM} (etcd {self.describe()}: {'; '.join(failures)})")
         raise StoreUnavailable(f"cannot reach etcd at {self.describe()}: {'; '.join(failures)}")
+
+    def leader_known(self) -> bool:
+        """Whether a member that answers knows a leader (its status, which it gives without one): asked after a
+        write failed, so that the writes that follow are refused at once while there is no quorum."""
+        for endpoint in self.endpoints:
+            try:
+                response = self.pool.request("POST", f"{self.scheme}://{endpoint}/v3/maintenance/status", body="{}",
+                                             timeout=urllib3.Timeout(connect=PROBE_SECONDS, read=PROBE_SECONDS))
+            except urllib3.exceptions.HTTPError:
+                continue
+            status = _json(response.data)
+            if response.status == 200 and status.get("leader") not in (None, "0") and not status.get("errors"):
+                return True
+        return False
 
     def watch(self, create_request: dict[str, Any]) -> Iterator[dict[str, Any]]:
         """The watch responses of one watch, as etcd streams them, until the caller stops iterating."""
