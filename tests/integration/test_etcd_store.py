@@ -122,6 +122,17 @@ def test_a_batch_larger_than_one_etcd_transaction_is_written_whole(etcd_cluster,
     assert store.load() == [] and store.count() == 0
 
 
+def test_a_split_batch_puts_a_job_after_its_tasks_and_deletes_it_before_them(etcd_cluster, etcd_prefix):
+    store = EtcdStore(etcd_cluster.endpoints.split(","), etcd_prefix, max_txn_ops=4)
+    batch = [Put("job", "a-2-xyz1", "{}"), *(Put("task", f"a-2-xyz1/worker:{i}", "{}") for i in range(5)),
+             *(Delete("task", f"a-1-xyz1/worker:{i}", 1) for i in range(5)), Delete("job", "a-1-xyz1", 1)]
+    chunks = [[(w.kind, type(w).__name__) for w in chunk] for chunk in store._chunks(batch)]
+    flat = [item for chunk in chunks for item in chunk]
+    assert max(len(c) for c in chunks) == 3, "one compare of each transaction is kept for the guard"
+    assert flat.index(("job", "Put")) > max(i for i, w in enumerate(flat) if w == ("task", "Put"))
+    assert flat.index(("job", "Delete")) < min(i for i, w in enumerate(flat) if w == ("task", "Delete"))
+
+
 def test_a_batch_cut_short_by_the_store_is_retried_without_a_conflict(etcd_cluster, etcd_prefix, monkeypatch):
     store = EtcdStore(etcd_cluster.endpoints.split(","), etcd_prefix, max_txn_ops=11)
     first = store.write([Put("node", f"n{i}", "{}") for i in range(25)])

@@ -37,9 +37,14 @@ DEFAULT_PREFIX = "/tfcluster"
 MAX_TXN_OPS = 128        # etcd's default --max-txn-ops
 MAX_TXN_BYTES = 1 << 20  # under etcd's default --max-request-bytes (1.5 MiB), with room for keys and encoding
 PAGE = 1000              # documents per range request at load
-# In a batch split over transactions: documents a job's document refers to go before it, and go after it.
-PUT_ORDER = {"task": 0, "evaluation": 0, "usage": 0, "job": 1}
-DELETE_ORDER = {"job": 0}
+
+
+def _order(w: Write) -> tuple[int, int]:
+    """Where a write goes in a batch split over transactions: puts first, a job put after its tasks and
+    evaluations, a job deleted before them (a prefix of the batch leaves no job without its tasks)."""
+    if isinstance(w, Delete):
+        return 1, 0 if w.kind == "job" else 1
+    return 0, 1 if w.kind == "job" else 0
 
 
 @dataclass(frozen=True)
@@ -161,8 +166,7 @@ class EtcdStore:
         return replace(w, expect=now)
 
     def _chunks(self, writes: list[Write]) -> Iterator[list[Write]]:
-        order = sorted(writes, key=lambda w: (isinstance(w, Delete), (DELETE_ORDER if isinstance(w, Delete)
-                                                                      else PUT_ORDER).get(w.kind, 0)))
+        order = sorted(writes, key=_order)
         chunk: list[Write] = []
         size = 0
         for w in order:
