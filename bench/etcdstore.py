@@ -37,16 +37,17 @@ SPEC = parse_spec({"name": "bench", "strategy": "multi_worker_mirrored", "comman
 def submissions(jobs: int) -> list[list[Put]]:
     """The batches a coordinator writes when `jobs` jobs of four tasks are submitted one after another."""
     cluster = Cluster()
-    for n in range(8):
+    for n in range(40):  # room for every job: none waits in the queue
         cluster.register(NodeInfo(name=f"n{n}", address=f"10.0.0.{n}", port_range=(20000, 20999), gpus=(),
                                   state_dir="/state", agent_version=__version__), [], f"s{n}", 1.0)
-    writer, batches = Writer(), []
     for i in range(jobs):
         cluster.submit(replace(SPEC, name=f"bench{i}"), 1.0 + i)
-        batch = writer.collect(cluster.changes)
-        batches.append(list(batch.writes.values()))
-        writer.written(batch, {key: 1 for key in batch.writes})
-    return batches
+    # Collected once and cut by job (collecting after each submission looks at every live job each time)
+    by_job: dict[str, list[Put]] = {}
+    for (kind, key), write in Writer().collect(cluster.changes).writes.items():
+        if kind in ("job", "task"):
+            by_job.setdefault(key.partition("/")[0], []).append(write)
+    return list(by_job.values())
 
 
 def write_all(store: Store, batches: list[list[Put]], changed_tasks: bool = False) -> list[float]:
