@@ -44,6 +44,7 @@ bench: $(STAMP)
 	$(PY) bench/multihost.py
 	$(PY) bench/environments.py
 	$(PY) bench/code_shipping.py
+	$(PY) bench/etcdstore.py
 
 # Regenerate tfcluster/api/v1 from protos/ (commit the result; a test checks they match).
 protos: $(STAMP)

@@ -53,6 +53,12 @@ def credentials_for(tls_dir: str | os.PathLike | None = None) -> Credentials:
         raise ClientError(f"{layout.TOKEN_FILE_ENV}: {e}", exit_code=2) from None
 
 
+def _store_refused(e: grpc.RpcError) -> bool:
+    """The coordinator could not store the change (its store has no quorum, a full disk): it says so at once,
+    and keeps the change to store once it can."""
+    return e.code() == grpc.StatusCode.UNAVAILABLE and (e.details() or "").startswith("cannot store the change")
+
+
 class Client:
     def __init__(self, coordinator: str | None = None, credentials: Credentials | None = None):
         self.address = coordinator or default_coordinator()
@@ -82,6 +88,8 @@ class Client:
 
     def _describe(self, e: grpc.RpcError) -> ClientError:
         code, details = e.code(), e.details() or ""
+        if _store_refused(e):  # the coordinator answered: it is its store that cannot take the change now
+            return ClientError(f"the coordinator at {self.address} {details}")
         if code in RETRYABLE and "disconnected" not in details and "is not connected" not in details:
             first = details.splitlines()[0] if details else code.name
             hint = (f"if it serves TLS, give --tls-dir or {layout.TLS_DIR_ENV}" if self.credentials.insecure else
@@ -108,7 +116,7 @@ class Client:
             try:
                 return self.stub.SubmitJob(request, timeout=RPC_TIMEOUT_SECONDS).job_id
             except grpc.RpcError as e:
-                if e.code() not in RETRYABLE or attempt == SUBMIT_TRIES - 1:
+                if e.code() not in RETRYABLE or _store_refused(e) or attempt == SUBMIT_TRIES - 1:
                     raise self._error(e) from None
                 time.sleep(0.25 * 2 ** attempt)
         raise AssertionError("unreachable")

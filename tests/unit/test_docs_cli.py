@@ -17,11 +17,14 @@ REFERENCE = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
 # typer builds on a click of its own (vendored in recent releases): commands and options are told apart by what
 # they have, not by click's classes.
 def commands(group, prefix: str = "tfcluster") -> dict:
-    """Every runnable command by its full name, e.g. 'tfcluster ca issue'."""
+    """Every runnable command by its full name, e.g. 'tfcluster ca issue'; a group that runs by itself too
+    ('tfcluster coordinator', besides 'tfcluster coordinator migrate-store') counts as a command."""
     found = {}
     for name, command in group.commands.items():
         if hasattr(command, "commands"):
             found.update(commands(command, f"{prefix} {name}"))
+            if getattr(command, "invoke_without_command", False):
+                found[f"{prefix} {name}"] = command
         else:
             found[f"{prefix} {name}"] = command
     return found

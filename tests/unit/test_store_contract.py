@@ -24,22 +24,26 @@ from tfcluster.daemon.coordinator.store import (KINDS, Conflict, Delete, MemoryS
 
 @dataclass
 class Kind:
-    """One kind of store: how to open it at a location, again and again."""
+    """One kind of store: the URL that opens it at a location (a test's tmp dir, or its etcd prefix)."""
     name: str
-    opener: Callable[[Path], Callable[[], Store]]
+    url: Callable[[pytest.FixtureRequest, Path], str]
     outlives_process: bool
 
 
-def _sqlite(tmp_path: Path) -> Callable[[], Store]:
-    return lambda: SqliteStore(tmp_path / "state" / "documents.sqlite3")
+def _sqlite(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    return f"sqlite://{tmp_path}/state/documents.sqlite3"
 
 
-def _memory(tmp_path: Path) -> Callable[[], Store]:
-    name = uuid.uuid4().hex
-    return lambda: MemoryStore(name)
+def _memory(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    return f"memory://{uuid.uuid4().hex}"
 
 
-STORES = [Kind("sqlite", _sqlite, True), Kind("memory", _memory, False)]
+def _etcd(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A prefix of its own on the session's three-member etcd cluster (skipped without etcd)."""
+    return request.getfixturevalue("etcd_cluster").url(request.getfixturevalue("etcd_prefix"))
+
+
+STORES = [Kind("sqlite", _sqlite, True), Kind("memory", _memory, False), Kind("etcd", _etcd, True)]
 
 
 @pytest.fixture(params=STORES, ids=[k.name for k in STORES])
@@ -48,8 +52,9 @@ def kind(request) -> Kind:
 
 
 @pytest.fixture
-def reopen(kind, tmp_path) -> Callable[[], Store]:
-    return kind.opener(tmp_path)
+def reopen(kind, request, tmp_path) -> Callable[[], Store]:
+    url = kind.url(request, tmp_path)
+    return lambda: open_store(url, tmp_path / "unused")
 
 
 @pytest.fixture
@@ -144,14 +149,13 @@ def test_two_writers_on_one_store_the_stale_one_is_refused(store, reopen):
 
 
 @pytest.mark.parametrize("kind", [k for k in STORES if k.outlives_process], ids=lambda k: k.name)
-def test_what_a_write_acknowledged_survives_a_kill_9(kind, tmp_path):
-    path = tmp_path / "state" / "documents.sqlite3"
+def test_what_a_write_acknowledged_survives_a_kill_9(kind, request, tmp_path):
+    url = kind.url(request, tmp_path)
     child = f"""
 import os, signal
 from pathlib import Path
-from tfcluster.daemon.coordinator.sqlitestore import SqliteStore
-from tfcluster.daemon.coordinator.store import Put
-store = SqliteStore(Path({str(path)!r}))
+from tfcluster.daemon.coordinator.store import Put, open_store
+store = open_store({url!r}, Path({str(tmp_path)!r}))
 for i in range(20):
     store.write([Put("task", f"a-1-xyz1/worker:{{i}}", "{{}}")])
 print("acknowledged", flush=True)
@@ -160,7 +164,7 @@ os.kill(os.getpid(), signal.SIGKILL)
     done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=60,
                           env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert done.returncode == -9 and done.stdout == "acknowledged\n", done.stderr
-    store = kind.opener(tmp_path)()
+    store = open_store(url, tmp_path)
     try:
         assert set(bodies(store)) == {("task", f"a-1-xyz1/worker:{i}") for i in range(20)}
     finally:
@@ -182,7 +186,7 @@ def test_the_store_url_picks_the_store(tmp_path):
 
 @pytest.mark.parametrize("url, says", [
     ("sqlite://relative/path.db", "ABSOLUTE"), ("sqlite:///var/lib/", "ABSOLUTE"), ("/var/lib/x.db", "a URL"),
-    ("etcd://h1:2379,h2:2379", "not available"), ("postgres://db/x", "unknown scheme 'postgres'")])
+    ("etcd://", "HOST:PORT"), ("etcd://h1,h2:2379/p", "HOST:PORT"), ("postgres://db/x", "unknown scheme 'postgres'")])
 def test_a_store_url_that_names_no_store_is_an_error_naming_the_flag(tmp_path, url, says):
     with pytest.raises(StoreUrlError, match=f"^--store '{url}': .*{says}"):
         open_store(url, tmp_path)
@@ -255,3 +259,19 @@ def test_a_file_of_a_newer_release_is_refused_not_misread(tmp_path):
                                            f"reads up to {LAYOUT_VERSION}\\)"):
         SqliteStore(path)
     assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == LAYOUT_VERSION + 1
+
+
+def test_an_etcd_nobody_answers_at_is_an_error_naming_its_endpoints(tmp_path):
+    from harness import free_port
+    from tfcluster.daemon.coordinator.store import StoreUnavailable
+    endpoints = f"127.0.0.1:{free_port()},127.0.0.1:{free_port()}"
+    with pytest.raises(StoreUnavailable, match=f"cannot reach etcd at {endpoints}: .*connection refused"):
+        open_store(f"etcd://{endpoints}/tfcluster", tmp_path)
+
+
+def test_etcd_tls_files_go_with_an_etcd_store_only(tmp_path):
+    from tfcluster.daemon.coordinator.etcdgateway import EtcdTls
+    with pytest.raises(StoreUrlError, match="--etcd-ca/--etcd-cert/--etcd-key go with --store etcd://"):
+        open_store("", tmp_path, EtcdTls(ca="/etc/etcd/ca.pem"))
+    with pytest.raises(StoreUrlError, match="--etcd-cert and --etcd-key go together"):
+        open_store("etcd://127.0.0.1:2379", tmp_path, EtcdTls(ca="/ca.pem", cert="/c.pem"))

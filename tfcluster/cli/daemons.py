@@ -61,15 +61,40 @@ def _check_trust_flags(tls_dir: Optional[Path], insecure: bool, token: Optional[
         fail("--token-file goes with --insecure; with TLS certificates take its place", 2)
 
 
-@app.command()
+EtcdCaOpt = typer.Option(None, "--etcd-ca", metavar="FILE",
+                         help="With --store etcd://...: the CA that signed the etcd members' certificates "
+                              "(etcd is then reached over HTTPS).")
+EtcdCertOpt = typer.Option(None, "--etcd-cert", metavar="FILE",
+                           help="With --etcd-ca: the client certificate presented to etcd (etcd's --client-cert-auth).")
+EtcdKeyOpt = typer.Option(None, "--etcd-key", metavar="FILE", help="The private key of --etcd-cert.")
+
+coordinator_app = typer.Typer(rich_markup_mode=None)
+app.add_typer(coordinator_app, name="coordinator")
+
+
+def _etcd_tls(ca: Optional[Path], cert: Optional[Path], key: Optional[Path]):
+    from tfcluster.daemon.coordinator.etcdgateway import EtcdTls
+
+    for flag, path in (("--etcd-ca", ca), ("--etcd-cert", cert), ("--etcd-key", key)):
+        if path is not None and not path.is_file():
+            fail(f"{flag}: {path} is not a file", 2)
+    return EtcdTls(str(ca or ""), str(cert or ""), str(key or ""))
+
+
+@coordinator_app.callback(invoke_without_command=True)
 def coordinator(
+    ctx: typer.Context,
     listen: str = typer.Option("0.0.0.0:7070", metavar="HOST:PORT", help="Address to serve gRPC on."),
     state_dir: Optional[Path] = typer.Option(None, help="Where the SQLite state lives "
                                                         "[default: /var/lib/tfcluster/coordinator as root, else ~/.local/state/tfcluster/coordinator]."),
     store: Optional[str] = typer.Option(None, metavar="URL",
                                         help="Where the cluster's state is kept: sqlite:///PATH (a SQLite file), "
-                                             "or memory:// (forgotten when the coordinator exits) "
-                                             "[default: coordinator.sqlite3 in the state dir]."),
+                                             "etcd://HOST:PORT,HOST:PORT,...[/PREFIX] (etcd v3, the state "
+                                             "under PREFIX, default /tfcluster), or memory:// (forgotten when the "
+                                             "coordinator exits) [default: coordinator.sqlite3 in the state dir]."),
+    etcd_ca: Optional[Path] = EtcdCaOpt,
+    etcd_cert: Optional[Path] = EtcdCertOpt,
+    etcd_key: Optional[Path] = EtcdKeyOpt,
     lost_after: float = typer.Option(3.0, min=0.5, help="Seconds without a heartbeat before a node is LOST."),
     heartbeat_interval: float = typer.Option(1.0, min=0.1, help="Seconds between agent heartbeats."),
     keep_finished_jobs: int = typer.Option(1000, min=0, help="Ended jobs kept (the oldest are removed first)."),
@@ -114,6 +139,8 @@ def coordinator(
     log_format: str = LogFormatOpt,
 ) -> None:
     """Run the coordinator: registrations, scheduling, job state."""
+    if ctx.invoked_subcommand:  # `tfcluster coordinator migrate-store`: the daemon does not run
+        return
     import sqlite3
 
     from tfcluster.daemon.coordinator.policy import PolicyError
@@ -148,6 +175,7 @@ def coordinator(
                                    keep_finished_jobs=keep_finished_jobs, keep_finished_seconds=keep_for,
                                    node_cert_seconds=node_cert_seconds, http_listen=http_listen or "",
                                    task_uids=task_uids, store_url=store or "",
+                                   etcd_tls=_etcd_tls(etcd_ca, etcd_cert, etcd_key),
                                    keep_usage_seconds=keep_usage_seconds, policy_path=policy,
                                    max_code_bytes=code_cap, code_store_bytes=code_store_cap)
         serve(server)
@@ -163,6 +191,50 @@ def coordinator(
         fail(str(e), 2)
     except (OSError, RuntimeError, sqlite3.Error) as e:
         fail(f"cannot run the coordinator on {listen}: {e}")
+
+
+@coordinator_app.command("migrate-store")
+def migrate_store(
+    source: str = typer.Option(..., "--from", metavar="URL",
+                               help="The store to copy from, e.g. sqlite:///var/lib/tfcluster/coordinator/"
+                                    "coordinator.sqlite3 (its coordinator stopped)."),
+    target: str = typer.Option(..., "--to", metavar="URL", help="The store to copy to, e.g. etcd://h1:2379,h2:2379,"
+                                                                "h3:2379/tfcluster; it must hold no documents."),
+    force: bool = typer.Option(False, "--force", help="Replace the documents the target holds already."),
+    etcd_ca: Optional[Path] = EtcdCaOpt,
+    etcd_cert: Optional[Path] = EtcdCertOpt,
+    etcd_key: Optional[Path] = EtcdKeyOpt,
+) -> None:
+    """Copy a stopped coordinator's whole state (jobs, nodes, tokens, removals, usage) into another store."""
+    from tfcluster.daemon.coordinator.store import StoreUrlError, open_store
+    from tfcluster.daemon.coordinator.storecopy import TargetNotEmpty, copy_store
+
+    tls = _etcd_tls(etcd_ca, etcd_cert, etcd_key)
+    if source == target:
+        fail("--from and --to name the same store", 2)
+    for flag, url in (("--from", source), ("--to", target)):
+        if not url.partition("://")[0] in ("sqlite", "etcd"):
+            fail(f"{flag} {url!r}: expected sqlite:///PATH or etcd://HOST:PORT,...[/PREFIX]", 2)
+    if source.startswith("sqlite://") and not Path(source.partition("://")[2]).is_file():
+        fail(f"--from {source!r}: no such file", 2)
+    try:
+        stores = [open_store(url, Path("/nonexistent"), tls if url.startswith("etcd://") else None)
+                  for url in (source, target)]
+    except StoreUrlError as e:
+        fail(str(e).replace("--store", "--from" if source in str(e) else "--to"), 2)
+    except (OSError, RuntimeError) as e:
+        fail(str(e))
+    try:
+        copied = copy_store(*stores, replace=force)
+    except TargetNotEmpty as e:
+        fail(str(e))
+    except (OSError, RuntimeError) as e:
+        fail(f"the copy failed: {e}")
+    finally:
+        for store in stores:
+            store.close()
+    kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(copied.by_kind.items()))
+    print(f"copied {copied.documents} documents ({kinds}) from {stores[0].location} to {stores[1].location}")
 
 
 @app.command()

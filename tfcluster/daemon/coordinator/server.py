@@ -17,6 +17,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 
@@ -40,6 +41,9 @@ from tfcluster.model import Attempt, CancelLog, Command, ReadLog, Revocations
 from tfcluster.pki import Identity, PkiError
 from tfcluster.security import REMOVED, REPLACED
 from tfcluster.states import NodeState
+
+if TYPE_CHECKING:
+    from tfcluster.daemon.coordinator.etcdgateway import EtcdTls
 
 log = logging.getLogger("tfcluster.coordinator")
 
@@ -350,7 +354,7 @@ def _acts_for_itself(caller: Identity | None, node: str) -> None:
 def build(state_dir: Path, lost_after_seconds: float, heartbeat_interval_seconds: float,
           keep_finished_jobs: int, keep_finished_seconds: float, authority: pki.Authority | None = None,
           reconnect_grace_seconds: float = RECONNECT_GRACE_SECONDS,
-          task_uids: UidRange = UidRange(), store_url: str = "",
+          task_uids: UidRange = UidRange(), store_url: str = "", etcd_tls: EtcdTls | None = None,
           max_code_bytes: int = DEFAULT_MAX_CODE_BYTES,
           code_store_bytes: int = DEFAULT_CODE_STORE_BYTES) -> Coordinator:
     """A coordinator with its state loaded from the store --store names (store.py; "": under the state dir),
@@ -358,7 +362,7 @@ def build(state_dir: Path, lost_after_seconds: float, heartbeat_interval_seconds
     cluster = Cluster(lost_after_seconds, resend_after_seconds=max(3 * heartbeat_interval_seconds, 1.0),
                       keep_finished_jobs=keep_finished_jobs, keep_finished_seconds=keep_finished_seconds,
                       task_uids=task_uids)
-    coordinator = Coordinator(open_store(store_url, Path(state_dir)), cluster, heartbeat_interval_seconds,
+    coordinator = Coordinator(open_store(store_url, Path(state_dir), etcd_tls), cluster, heartbeat_interval_seconds,
                               authority=authority, code=CodeStore(Path(state_dir) / "code", max_code_bytes,
                                                                      store_bytes=code_store_bytes))
     coordinator.load(reconnect_grace_seconds)

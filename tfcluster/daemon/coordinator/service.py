@@ -14,6 +14,7 @@ import logging
 import time
 import urllib.parse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -42,6 +43,9 @@ from tfcluster.daemon.web import WebListener, parse_listen
 from tfcluster.model import NODE_NAME_RE
 from tfcluster.spec import SpecError
 from tfcluster.states import JobState
+
+if TYPE_CHECKING:
+    from tfcluster.daemon.coordinator.etcdgateway import EtcdTls
 
 log = logging.getLogger("tfcluster.coordinator")
 
@@ -271,8 +275,8 @@ class CoordinatorServer:
                  keep_finished_seconds: float = 7 * 86400.0, node_cert_seconds: float = pki.NODE_HOURS * 3600.0,
                  http_listen: str = "", task_uids: UidRange = UidRange(), store_url: str = "",
                  keep_usage_seconds: float = accounting.DEFAULT_KEEP_USAGE_SECONDS,
-                 policy_path: Path | None = None, max_code_bytes: int = DEFAULT_MAX_CODE_BYTES,
-                 code_store_bytes: int = DEFAULT_CODE_STORE_BYTES):
+                 policy_path: Path | None = None, etcd_tls: EtcdTls | None = None,
+                 max_code_bytes: int = DEFAULT_MAX_CODE_BYTES, code_store_bytes: int = DEFAULT_CODE_STORE_BYTES):
         if (tls_dir is None) == (not insecure):
             raise ValueError("give --tls-dir (see `tfcluster ca init`) or --insecure")
         self.listen, self.join_listen, self.token = listen, join_listen or _next_port(listen), token
@@ -286,7 +290,7 @@ class CoordinatorServer:
         policy = read_policy(policy_path, time.time()) if policy_path is not None else None
         self.coordinator = build(state_dir, lost_after_seconds, heartbeat_interval_seconds, keep_finished_jobs,
                                  keep_finished_seconds, authority, task_uids=task_uids, store_url=store_url,
-                                 max_code_bytes=max_code_bytes, code_store_bytes=code_store_bytes)
+                                 etcd_tls=etcd_tls, max_code_bytes=max_code_bytes, code_store_bytes=code_store_bytes)
         self.coordinator.cluster.usage.keep_seconds = keep_usage_seconds
         if tls_dir:  # no node may be named as the coordinator is reached
             self.coordinator.trust.reserved = frozenset(pki.server_names(pki.load_cert(tls_dir / pki.SERVER_CERT)))

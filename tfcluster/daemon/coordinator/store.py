@@ -20,7 +20,10 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, Union
+from typing import TYPE_CHECKING, Protocol, Union
+
+if TYPE_CHECKING:
+    from tfcluster.daemon.coordinator.etcdgateway import EtcdTls
 
 log = logging.getLogger("tfcluster.coordinator")
 
@@ -57,6 +60,12 @@ Revisions = dict[tuple[str, str], int]  # (kind, key) -> revision
 class Conflict(Exception):
     """A document's revision is not the one the writer expected: another writer wrote since this one read, and
     this one must stop acting on what it believes."""
+
+
+class StoreUnavailable(OSError):
+    """The store cannot take a write now (a replicated store without quorum, or none of its members reachable):
+    the batch is not acknowledged, and a later write of the same documents, with the same expectations, may
+    succeed. Callers get it as UNAVAILABLE."""
 
 
 class StoreUrlError(ValueError):
@@ -145,11 +154,16 @@ class MemoryStore:
         pass
 
 
-def open_store(url: str, state_dir: Path) -> Store:
-    """The store --store names: sqlite:///PATH (the default: the SQLite file under the state dir), or memory://
-    (its documents go when the coordinator exits). Raises StoreUrlError naming the flag."""
+def open_store(url: str, state_dir: Path, etcd_tls: EtcdTls | None = None) -> Store:
+    """The store --store names: sqlite:///PATH (the default: the SQLite file under the state dir), memory://
+    (its documents go when the coordinator exits), or etcd://HOST:PORT,...[/PREFIX] (etcd_tls: etcd's own
+    mutual TLS). Raises StoreUrlError naming the flag, StoreUnavailable when etcd cannot be reached."""
     from tfcluster import layout
+    from tfcluster.daemon.coordinator.etcdgateway import EtcdTls
     from tfcluster.daemon.coordinator.sqlitestore import SqliteStore
+    tls = etcd_tls or EtcdTls()
+    if tls != EtcdTls() and not url.startswith("etcd://"):
+        raise StoreUrlError(f"--etcd-ca/--etcd-cert/--etcd-key go with --store etcd://..., not {url or 'the default'!r}")
     if not url:
         return SqliteStore(Path(state_dir) / layout.COORDINATOR_DB, private_dir=True)
     scheme, sep, rest = url.partition("://")
@@ -165,5 +179,7 @@ def open_store(url: str, state_dir: Path) -> Store:
                     "coordinator exits", url)
         return MemoryStore(rest)
     if scheme == "etcd":
-        raise StoreUrlError(f"--store {url!r}: etcd is not available in this release; use sqlite:///PATH")
-    raise StoreUrlError(f"--store {url!r}: unknown scheme {scheme!r} (expected sqlite:///PATH or memory://)")
+        from tfcluster.daemon.coordinator.etcdstore import open_etcd
+        return open_etcd(url, tls)
+    raise StoreUrlError(f"--store {url!r}: unknown scheme {scheme!r} (expected sqlite:///PATH, etcd://HOST:PORT,... "
+                        f"or memory://)")
