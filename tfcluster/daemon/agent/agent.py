@@ -6,7 +6,6 @@ and /metrics, renews the node's certificate, and keeps the node's disk (retentio
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
 import time
@@ -122,7 +121,7 @@ class Agent:
         if adopted:
             log.info("reattached to %d running tasks", adopted)
         retention = RetentionPass(self.config.state_dir, self.config.retention, self._jobs_in_use,
-                                  functools.partial(ask_coordinator, self.config.coordinator, lambda: self.credentials))
+                                  lambda job_ids: ask_coordinator(self.session.coordinator, lambda: self.credentials, job_ids))
         threading.Thread(target=retention.run, args=(self._stop,), name="retention", daemon=True).start()
         threading.Thread(target=self.supervisor.launcher.warm, name="launcher", daemon=True).start()
         threading.Thread(target=self._poll_hooks, name="events", daemon=True).start()
@@ -151,7 +150,7 @@ class Agent:
         identity = self.config.identity
         while not self._stop.wait(max(0.0, identity.renew_at() - time.time())):
             try:
-                with self.credentials.channel(self.config.coordinator) as channel:
+                with self.credentials.channel(self.session.coordinator) as channel:
                     self.credentials = identity.renew(channel)
                 if self.web is not None:
                     self.web.renew(self.credentials)

@@ -23,6 +23,7 @@ import grpc
 from tfcluster import wire
 from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc
 from tfcluster.daemon.agent.liveness import STAMP_EVERY_SECONDS, Liveness
+from tfcluster.leaders import Coordinators, is_standby, leader_hint
 from tfcluster.model import NodeInfo, TaskProgress
 from tfcluster.security import Credentials
 
@@ -38,7 +39,9 @@ NAME_CONFLICT_PATIENCE_SECONDS = 20.0
 REFUSALS = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
 # The transport's own reconnect backoff would otherwise grow to two minutes during a long coordinator
 # outage, and the agent would come back after its node had been declared lost.
-CHANNEL_OPTIONS = [("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000),
+# Pings find a coordinator that is paused or cut off (its connection stays open) within seconds: the agent then
+# goes to the one that leads now, well inside its reconnect grace (the coordinator allows pings this often).
+CHANNEL_OPTIONS = [("grpc.keepalive_time_ms", 4_000), ("grpc.keepalive_timeout_ms", 3_000),
                    ("grpc.initial_reconnect_backoff_ms", int(BACKOFF_START_SECONDS * 1000)),
                    ("grpc.max_reconnect_backoff_ms", int(BACKOFF_MAX_SECONDS * 1000))]
 
@@ -58,7 +61,7 @@ class Owner(Protocol):
 class Session:
     def __init__(self, coordinator: str, owner: Owner, stopped: threading.Event, liveness: Liveness,
                  on_refused: Callable[[str], None]):
-        self.coordinator = coordinator
+        self.coordinators = Coordinators(coordinator)  # one or several: the leader among them is followed
         self.owner = owner
         self.stopped = stopped  # set when the agent stops
         self.liveness = liveness
@@ -71,18 +74,23 @@ class Session:
         self._call = None
         self._renewed = threading.Event()  # the stream was ended to reconnect with a renewed certificate
 
+    @property
+    def coordinator(self) -> str:
+        """The address of the coordinator this session talks to (the leader, as far as it knows)."""
+        return self.coordinators.current
+
     def send(self, message: agent_pb2.AgentMessage) -> None:
         self.outbound.put(message)
 
     def run(self) -> None:
         """Registers and serves the stream until the agent stops or is refused; reconnects with backoff."""
-        backoff, conflict_since = BACKOFF_START_SECONDS, 0.0
+        backoff, conflict_since, followed = BACKOFF_START_SECONDS, 0.0, 0  # followed: failures in a row
         while not self.stopped.is_set():
             self.liveness.stamp("connection")
             with self.owner.credentials.channel(self.coordinator, CHANNEL_OPTIONS) as channel:  # the current ones
                 try:
                     self._serve(agent_pb2_grpc.AgentServiceStub(channel))
-                    backoff, conflict_since = BACKOFF_START_SECONDS, 0.0
+                    backoff, conflict_since, followed = BACKOFF_START_SECONDS, 0.0, 0
                 except grpc.RpcError as e:
                     if self.stopped.is_set():
                         break
@@ -99,10 +107,19 @@ class Session:
                         log.error("the coordinator refused this agent: %s", self.refused)
                         self.on_refused(self.refused)
                         break
-                    why = e.details() if code == grpc.StatusCode.ALREADY_EXISTS else \
+                    why = e.details() if code == grpc.StatusCode.ALREADY_EXISTS or is_standby(e) else \
                         f"unreachable ({code.name if code else e})"
-                    log.warning("coordinator %s: %s; retrying in %.1f s", self.coordinator, why, backoff)
                     self.trouble = f"coordinator {self.coordinator}: {why}"
+                    hinted = bool(leader_hint(e))
+                    followed = 1 if self.connected.is_set() else followed + 1  # a stream that served: anew
+                    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) and \
+                            self.coordinators.failed(e):  # another coordinator may lead
+                        log.warning("%s; trying the coordinator at %s", self.trouble, self.coordinator)
+                        backoff = BACKOFF_START_SECONDS
+                        if hinted and followed == 1:  # the leader a standby named: asked at once
+                            continue
+                    else:
+                        log.warning("coordinator %s: %s; retrying in %.1f s", self.coordinator, why, backoff)
                 finally:
                     self.connected.clear()
                 if self.stopped.wait(backoff * random.uniform(0.5, 1.5)):
