@@ -62,7 +62,7 @@ def configure(coordinator: str, name: str | None, address: str | None, port_rang
         except HttpError as e:
             raise SettingsError(str(e)) from None
     try:
-        first = leaders.parse(coordinator)[0]
+        first_coordinator = leaders.parse(coordinator)[0]
     except (ValueError, IndexError):
         raise SettingsError(f"--coordinator: expected HOST:PORT[,HOST:PORT...], got {coordinator!r}") from None
     _check_task_user(task_user, insecure, allow_root_tasks)
@@ -76,7 +76,7 @@ def configure(coordinator: str, name: str | None, address: str | None, port_rang
             raise SettingsError(f"--advertise-address: expected an IP address, got {address!r}") from None
     try:
         gpus = discover_gpus(gpu_inventory)
-        address = address or advertise_address(first)
+        address = address or advertise_address(first_coordinator)
     except (InventoryError, OSError) as e:
         raise SettingsError(str(e)) from None
     state_dir = state_dir.resolve()

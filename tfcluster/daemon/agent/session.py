@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tfcluster import wire
 from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc
@@ -36,12 +37,12 @@ REGISTER_TIMEOUT_SECONDS = 10.0
 # Another agent holds this node's name: wait this long for it to turn out to be this node's own old
 # registration (it expires), then give up.
 NAME_CONFLICT_PATIENCE_SECONDS = 20.0
+PULSE_SECONDS = 2.0          # with several coordinators: how often the one serving the stream is asked
+PULSE_TIMEOUT_SECONDS = 3.0  # how long it has to answer before the agent tries another
 REFUSALS = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
 # The transport's own reconnect backoff would otherwise grow to two minutes during a long coordinator
 # outage, and the agent would come back after its node had been declared lost.
-# Pings find a coordinator that is paused or cut off (its connection stays open) within seconds: the agent then
-# goes to the one that leads now, well inside its reconnect grace (the coordinator allows pings this often).
-CHANNEL_OPTIONS = [("grpc.keepalive_time_ms", 4_000), ("grpc.keepalive_timeout_ms", 3_000),
+CHANNEL_OPTIONS = [("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000),
                    ("grpc.initial_reconnect_backoff_ms", int(BACKOFF_START_SECONDS * 1000)),
                    ("grpc.max_reconnect_backoff_ms", int(BACKOFF_MAX_SECONDS * 1000))]
 
@@ -73,6 +74,7 @@ class Session:
         self.refused = ""  # why the coordinator refused this agent, once it has
         self._call = None
         self._renewed = threading.Event()  # the stream was ended to reconnect with a renewed certificate
+        self._stalled = threading.Event()  # the stream was ended: its coordinator stopped answering
 
     @property
     def coordinator(self) -> str:
@@ -89,12 +91,15 @@ class Session:
             self.liveness.stamp("connection")
             with self.owner.credentials.channel(self.coordinator, CHANNEL_OPTIONS) as channel:  # the current ones
                 try:
-                    self._serve(agent_pb2_grpc.AgentServiceStub(channel))
+                    self._serve(channel)
                     backoff, conflict_since, followed = BACKOFF_START_SECONDS, 0.0, 0
                 except grpc.RpcError as e:
                     if self.stopped.is_set():
                         break
                     code = e.code() if hasattr(e, "code") else None
+                    if code == grpc.StatusCode.CANCELLED and self._stalled.is_set():
+                        self._stalled.clear()
+                        code = grpc.StatusCode.UNAVAILABLE  # as if its connection had dropped: the next one
                     if code == grpc.StatusCode.CANCELLED and self._renewed.is_set():
                         self._renewed.clear()  # not a failure: the stream ended to start again with the new
                         backoff = BACKOFF_START_SECONDS  # certificate, at once (the node must not go LOST)
@@ -138,7 +143,8 @@ class Session:
         if call is not None:
             call.cancel()
 
-    def _serve(self, stub: agent_pb2_grpc.AgentServiceStub) -> None:
+    def _serve(self, channel: grpc.Channel) -> None:
+        stub = agent_pb2_grpc.AgentServiceStub(channel)
         # What was queued for the old stream is covered by the registration and what follows it.
         while not self.outbound.empty():
             self.outbound.get_nowait()
@@ -152,12 +158,37 @@ class Session:
         self.registered.set()
         self._call = stub.Connect(self._messages(info.name, reply.session_id, reply.heartbeat_interval_seconds or 1.0))
         self.connected.set()
+        pulse = self._start_pulse(channel) if self.coordinators.several else None
         try:
             for message in self._call:
                 self.owner.handle(message)
         finally:
             self.outbound.put(_END)
             self._call = None
+            if pulse is not None:
+                pulse.set()
+
+    def _start_pulse(self, channel: grpc.Channel) -> threading.Event:
+        """With several coordinators: asks the one serving the stream, every PULSE_SECONDS, whether it answers.
+        One that is paused or cut off keeps the connection open, and the stream would wait on it for as long
+        (gRPC's keepalive pings do not fire while the agent keeps sending): its stream is ended, and the
+        session goes to the coordinator that leads now, well inside the reconnect grace."""
+        ended, call = threading.Event(), self._call
+        check = health_pb2_grpc.HealthStub(channel).Check
+
+        def pulse() -> None:
+            while not ended.wait(PULSE_SECONDS):
+                try:
+                    check(health_pb2.HealthCheckRequest(), timeout=PULSE_TIMEOUT_SECONDS)
+                except grpc.RpcError as e:
+                    if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED and not ended.is_set():
+                        log.warning("the coordinator at %s does not answer (paused or cut off?); trying another",
+                                    self.coordinator)
+                        self._stalled.set()
+                        call.cancel()
+                        return
+        threading.Thread(target=pulse, name="coordinator-pulse", daemon=True).start()
+        return ended
 
     def _messages(self, node_name: str, session_id: str, interval: float):
         """The stream up: its opening, then heartbeats every interval and queued messages as they come."""

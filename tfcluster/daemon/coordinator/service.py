@@ -337,7 +337,7 @@ class CoordinatorServer:
         # No BDP probing: it grows a connection's receive window to megabytes, and a message refused for its
         # size from its length prefix would still come in up to that window (a 60 MB one cost 80 MB at a
         # time). gRPC's 64 KiB window is ample for a LAN; what the coordinator sends is not affected.
-        options = [("grpc.keepalive_permit_without_calls", 1), ("grpc.http2.min_ping_interval_without_data_ms", 3000),
+        options = [("grpc.keepalive_permit_without_calls", 1), ("grpc.http2.min_ping_interval_without_data_ms", 5000),
                    ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES), ("grpc.http2.bdp_probe", 0),
                    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
         self.server = grpc.aio.server(interceptors=self._interceptors(), options=options)
