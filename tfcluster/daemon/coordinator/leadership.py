@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tfcluster.daemon.coordinator.etcdgateway import EtcdGateway, b64, unb64
+from tfcluster.daemon.coordinator.etcdgateway import NO_QUORUM, EtcdGateway, b64, unb64
 from tfcluster.daemon.coordinator.store import Conflict, StoreUnavailable
 
 log = logging.getLogger("tfcluster.coordinator")
@@ -61,9 +61,16 @@ class Leadership:
         self.lease = 0
         self.revision = 0                 # of the put that made this coordinator the leader
         self.valid_until = 0.0            # on self.clock: the lease may be gone after this
+        self.no_quorum = False            # the last renewal failed because etcd had no quorum
+        self.suspended = False            # the lease ran out on this clock while etcd had no quorum
         self.on_lost: Callable[[str], None] = lambda why: None
         self._lost = threading.Event()
         self._renewer: threading.Thread | None = None
+
+    @property
+    def lost(self) -> bool:
+        """The leadership is over for sure (etcd dropped the lease, or it ran out while etcd had a quorum)."""
+        return self._lost.is_set()
 
     def holds(self) -> bool:
         """Whether this coordinator may still act as the leader: it won, and its lease cannot have run out."""
@@ -90,11 +97,14 @@ class Leadership:
             "failure": [{"request_range": {"key": key}}]})
         if not answer.get("succeeded"):
             self._revoke(lease)
-            kvs = answer["responses"][0].get("response_range", {}).get("kvs") or [{}]
-            self.leader = LeaderInfo.from_json(unb64(kvs[0].get("value", ""))) if kvs[0] else LeaderInfo("", "")
+            kv = (answer["responses"][0].get("response_range", {}).get("kvs") or [{}])[0]
+            self.leader = LeaderInfo.from_json(unb64(kv.get("value", ""))) if kv else LeaderInfo("", "")
+            if self.leader == self.me and kv:
+                self._take_back(int(kv["mod_revision"]))
             return False
         self.lease, self.revision = lease, int(answer["header"]["revision"])
         self.valid_until, self.leader = sent + self.ttl, self.me
+        self.no_quorum = self.suspended = False
         self._lost.clear()
         self._renewer = threading.Thread(target=self._renew, name="leader-lease", daemon=True)
         self._renewer.start()
@@ -102,22 +112,52 @@ class Leadership:
                  lease, self.ttl)
         return True
 
+    def _take_back(self, mod_revision: int) -> None:
+        """The key names this coordinator's own addresses: it was put by an earlier run of this coordinator (killed
+        and restarted: the new run could listen where it listened). The key goes at once, if it is still that
+        put, rather than when its lease runs out, so a restarted coordinator serves at once. Safe whatever else
+        runs: the earlier run's writes are fenced on that put, gone now."""
+        key = b64(self.key)
+        answer = self.gateway.call("/v3/kv/txn", {
+            "compare": [{"key": key, "target": "MOD", "result": "EQUAL", "mod_revision": mod_revision}],
+            "success": [{"request_delete_range": {"key": key}}]})
+        if answer.get("succeeded"):
+            log.info("the leader key named this coordinator's own address (an earlier run of it): taken back")
+
     def _renew(self) -> None:
-        lease = self.lease
-        while not self._lost.wait(RENEW_EVERY_SECONDS):
-            sent = self.clock()
-            if sent >= self.valid_until:
+        lease, wait = self.lease, RENEW_EVERY_SECONDS
+        while not self._lost.wait(wait):
+            sent, wait = self.clock(), RENEW_EVERY_SECONDS
+            if sent >= self.valid_until and not self._suspend():
                 return self._lose(f"its lease ran out {sent - self.valid_until + self.ttl:.1f} s after the last "
                                   f"renewal etcd granted (was this process paused, or cut off from etcd?)")
             try:
                 granted = int(self.gateway.call("/v3/lease/keepalive", {"ID": str(lease)})
                               .get("result", {}).get("TTL", 0))
             except (StoreUnavailable, RuntimeError) as e:
+                self.no_quorum = NO_QUORUM in str(e)
                 log.warning("renewing the leader lease failed: %s", e)
                 continue
             if not granted:
                 return self._lose("etcd no longer knows its lease")
             self.valid_until = max(self.valid_until, sent + granted)
+            if self.clock() >= self.valid_until:  # granted, but answered late (etcd got its quorum back meanwhile)
+                wait = 0.0  # renewed again at once: that answer is prompt
+                continue
+            self.no_quorum = False
+            if self.suspended:
+                self.suspended = False
+                log.warning("etcd has a quorum again and this coordinator still holds its lease: it acts again")
+
+    def _suspend(self) -> bool:
+        """Whether the lease that ran out on this coordinator's clock may still be its own: etcd answers, without a
+        quorum, so no other coordinator can take the key either. It then neither writes nor sends (holds() is
+        False) but keeps serving, and acts again once a renewal is granted (etcd extends its leases when it
+        has a leader again)."""
+        if self.no_quorum and not self.suspended:
+            self.suspended = True
+            log.warning("etcd has no quorum: this coordinator changes nothing until it has one again")
+        return self.no_quorum
 
     def _lose(self, why: str) -> None:
         if self._lost.is_set():
@@ -162,9 +202,15 @@ class LeaderStore:
         return warm if warm is not None else self.store.load()
 
     def write(self, writes):
-        if not self.leadership.holds():
-            raise Conflict(f"the key {self.leadership.key} is no longer this coordinator's (its lease may have "
-                           f"run out): this writer no longer holds it")
+        leadership = self.leadership
+        if leadership.lost:
+            raise Conflict(f"the key {leadership.key} is no longer this coordinator's: this writer no longer holds it")
+        if not leadership.holds():  # its lease ran out on this clock: not a write until a renewal says more
+            if leadership.suspended or not leadership.gateway.leader_known():
+                raise StoreUnavailable(f"{NO_QUORUM}: this coordinator changes nothing until etcd has a quorum "
+                                       f"again")
+            raise StoreUnavailable("etcd did not renew this coordinator's leader lease in time: it changes nothing "
+                                   "until it is renewed or it stands down")
         return self.store.write(writes)
 
     def close(self) -> None:
