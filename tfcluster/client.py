@@ -3,6 +3,7 @@ can act on."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 import uuid
@@ -16,6 +17,7 @@ from tfcluster import layout
 from tfcluster.api.v1 import control_pb2, control_pb2_grpc, types_pb2
 from tfcluster.auth import TokenError, client_token
 from tfcluster.credentials import Credentials, PkiError
+from tfcluster.leaders import Coordinators, is_standby
 
 if TYPE_CHECKING:  # the spec and its conversion are imported by the calls that send one: status starts without
     from tfcluster.spec import JobSpec
@@ -60,11 +62,30 @@ def _store_refused(e: grpc.RpcError) -> bool:
 
 
 class Client:
+    """A client of the coordinator that leads among those given (HOST:PORT[,HOST:PORT...], see leaders.py)."""
+
     def __init__(self, coordinator: str | None = None, credentials: Credentials | None = None):
-        self.address = coordinator or default_coordinator()
+        try:
+            self.coordinators = Coordinators(coordinator or default_coordinator())
+        except ValueError as e:
+            raise ClientError(f"--coordinator: {e}", exit_code=2) from None
         self.credentials = credentials if credentials is not None else credentials_for()
+        self._connect()
+
+    def _connect(self) -> None:
+        self.address = self.coordinators.current
         self.channel = self.credentials.channel(self.address, [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)])
         self.stub = control_pb2_grpc.ControlServiceStub(self.channel)
+
+    def _follow(self, error: grpc.RpcError, tried: int) -> bool:
+        """After a call failed: moves to the leader a standby named, or to the next coordinator given, while
+        some are left to try (True); False: the error stands."""
+        if error.code() not in RETRYABLE or _store_refused(error) or tried > len(self.coordinators.addresses) or \
+                not self.coordinators.failed(error):
+            return False
+        self.channel.close()
+        self._connect()
+        return True
 
     def close(self) -> None:
         self.channel.close()
@@ -75,11 +96,15 @@ class Client:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _call(self, method, request, timeout: float = RPC_TIMEOUT_SECONDS):
-        try:
-            return method(request, timeout=timeout, wait_for_ready=False)
-        except grpc.RpcError as e:
-            raise self._error(e) from None
+    def _call(self, method: str, request, timeout: float = RPC_TIMEOUT_SECONDS):
+        tried = 0
+        while True:
+            try:
+                return getattr(self.stub, method)(request, timeout=timeout, wait_for_ready=False)
+            except grpc.RpcError as e:
+                tried += 1
+                if not self._follow(e, tried):
+                    raise self._error(e) from None
 
     def _error(self, e: grpc.RpcError) -> ClientError:
         error = self._describe(e)
@@ -90,6 +115,8 @@ class Client:
         code, details = e.code(), e.details() or ""
         if _store_refused(e):  # the coordinator answered: it is its store that cannot take the change now
             return ClientError(f"the coordinator at {self.address} {details}")
+        if is_standby(e):
+            return ClientError(f"the coordinator at {self.address}: {details}")
         if code in RETRYABLE and "disconnected" not in details and "is not connected" not in details:
             first = details.splitlines()[0] if details else code.name
             hint = (f"if it serves TLS, give --tls-dir or {layout.TLS_DIR_ENV}" if self.credentials.insecure else
@@ -112,13 +139,14 @@ class Client:
         from tfcluster.wire import spec_to_proto
 
         request = control_pb2.SubmitJobRequest(spec=spec_to_proto(spec), client_request_id=uuid.uuid4().hex)
-        for attempt in range(SUBMIT_TRIES):
+        for attempt in range(SUBMIT_TRIES + len(self.coordinators.addresses)):
             try:
                 return self.stub.SubmitJob(request, timeout=RPC_TIMEOUT_SECONDS).job_id
             except grpc.RpcError as e:
-                if e.code() not in RETRYABLE or _store_refused(e) or attempt == SUBMIT_TRIES - 1:
+                if e.code() not in RETRYABLE or _store_refused(e) or attempt >= SUBMIT_TRIES - 1:
                     raise self._error(e) from None
-                time.sleep(0.25 * 2 ** attempt)
+                if not (self.coordinators.several and self._follow(e, 0)):  # another coordinator: at once
+                    time.sleep(0.25 * 2 ** attempt)
         raise AssertionError("unreachable")
 
     def code_status(self, sha256: str, size: int) -> control_pb2.CodeStatusResponse:
@@ -143,7 +171,7 @@ class Client:
 
     def create_join_token(self, ttl_seconds: float, node: str = "", reusable: bool = False,
                           replace: bool = False) -> tuple[str, float]:
-        reply = self._call(self.stub.CreateJoinToken, control_pb2.CreateJoinTokenRequest(
+        reply = self._call("CreateJoinToken", control_pb2.CreateJoinTokenRequest(
             ttl_seconds=ttl_seconds, node=node, reusable=reusable, replace=replace))
         return reply.token, reply.expires
 
@@ -154,34 +182,34 @@ class Client:
 
     def dashboard_login(self, job_id: str = "") -> tuple[str, float]:
         """A one-time link that logs a browser in to the dashboard (at the job's page), and when it expires."""
-        reply = self._call(self.stub.CreateDashboardLogin, control_pb2.CreateDashboardLoginRequest(job_id=job_id))
+        reply = self._call("CreateDashboardLogin", control_pb2.CreateDashboardLoginRequest(job_id=job_id))
         insecure = self.credentials.insecure
         return self.dashboard_url(reply.port, insecure) + reply.path, reply.expires
 
     def remove_node(self, name: str) -> int:
         """Removes the node from the cluster; returns how many of its tasks were running."""
-        return self._call(self.stub.RemoveNode, control_pb2.RemoveNodeRequest(name=name)).tasks_lost
+        return self._call("RemoveNode", control_pb2.RemoveNodeRequest(name=name)).tasks_lost
 
     def plan(self, spec: JobSpec) -> control_pb2.PlanJobResponse:
         from tfcluster.wire import spec_to_proto
 
-        return self._call(self.stub.PlanJob, control_pb2.PlanJobRequest(spec=spec_to_proto(spec)))
+        return self._call("PlanJob", control_pb2.PlanJobRequest(spec=spec_to_proto(spec)))
 
     def stop(self, job_id: str, graceful: bool = True) -> str:
-        return self._call(self.stub.StopJob, control_pb2.StopJobRequest(job_id=job_id, graceful=graceful)).state
+        return self._call("StopJob", control_pb2.StopJobRequest(job_id=job_id, graceful=graceful)).state
 
     def status(self, job_id: str = "") -> control_pb2.GetStatusResponse:
-        return self._call(self.stub.GetStatus, control_pb2.GetStatusRequest(job_id=job_id))
+        return self._call("GetStatus", control_pb2.GetStatusRequest(job_id=job_id))
 
     def usage(self, window_seconds: float = 0.0) -> control_pb2.GetUsageResponse:
         """Usage per user and per group over the last window_seconds (0: all the coordinator keeps)."""
-        return self._call(self.stub.GetUsage, control_pb2.GetUsageRequest(window_seconds=window_seconds))
+        return self._call("GetUsage", control_pb2.GetUsageRequest(window_seconds=window_seconds))
 
     def queue(self, limit: int = 0) -> control_pb2.GetQueueResponse:
-        return self._call(self.stub.GetQueue, control_pb2.GetQueueRequest(limit=limit))
+        return self._call("GetQueue", control_pb2.GetQueueRequest(limit=limit))
 
     def policy(self) -> control_pb2.GetPolicyResponse:
-        return self._call(self.stub.GetPolicy, control_pb2.GetPolicyRequest())
+        return self._call("GetPolicy", control_pb2.GetPolicyRequest())
 
     def job(self, job_id: str) -> control_pb2.JobStatus:
         return self.status(job_id).jobs[0]
@@ -190,7 +218,7 @@ class Client:
         """Every node, page after page."""
         token = ""
         while True:
-            page = self._call(self.stub.ListNodes, control_pb2.ListNodesRequest(page_token=token, state=state,
+            page = self._call("ListNodes", control_pb2.ListNodesRequest(page_token=token, state=state,
                                                                                  name_prefix=name_prefix))
             yield from page.nodes
             token = page.next_page_token
@@ -201,7 +229,7 @@ class Client:
         """Every job (oldest first), page after page."""
         token = ""
         while True:
-            page = self._call(self.stub.ListJobs, control_pb2.ListJobsRequest(page_token=token, states=states,
+            page = self._call("ListJobs", control_pb2.ListJobsRequest(page_token=token, states=states,
                                                                                name=name, node=node))
             yield from page.jobs
             token = page.next_page_token
@@ -230,16 +258,20 @@ class Client:
     def watch(self, job_id: str, ended: Iterable[str]) -> Iterator[control_pb2.JobStatus]:
         """The job's status now and at each change, until its state is one of ended. From a coordinator that
         streams them (WatchJob); from one that predates it, by asking for the status every POLL_SECONDS."""
-        call = self.stub.WatchJob(control_pb2.WatchJobRequest(job_id=job_id), timeout=None)
-        try:
-            for reply in call:
-                yield reply.job
-            return
-        except grpc.RpcError as e:
-            if e.code() != grpc.StatusCode.UNIMPLEMENTED:
-                raise self._error(e) from None
-        finally:
-            call.cancel()
+        for tried in itertools.count(1):
+            call, seen = self.stub.WatchJob(control_pb2.WatchJobRequest(job_id=job_id), timeout=None), False
+            try:
+                for reply in call:
+                    seen = True
+                    yield reply.job
+                return
+            except grpc.RpcError as e:
+                if e.code() == grpc.StatusCode.UNIMPLEMENTED:
+                    break
+                if seen or not self._follow(e, tried):
+                    raise self._error(e) from None
+            finally:
+                call.cancel()
         yield from self._poll(job_id, frozenset(ended))
 
     def _poll(self, job_id: str, ended: frozenset[str]) -> Iterator[control_pb2.JobStatus]:

@@ -36,6 +36,8 @@ def render_summary(summary) -> Text:
     if hidden:
         line += (f"\nshowing {' and '.join(hidden)}: `--all` lists everything, `--node NAME` and `--state STATE` "
                  f"narrow it")
+    if summary.leader:
+        line += f"\nleader: the coordinator at {summary.leader}"
     text = Text(line)
     if summary.insecure:
         text.append("\nWARNING: the coordinator runs without TLS (--insecure): anyone who reaches it controls the "

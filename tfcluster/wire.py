@@ -459,7 +459,8 @@ def plan_doc(p: control_pb2.PlanJobResponse) -> dict[str, Any]:
 
 def summary_doc(s: control_pb2.ClusterSummary) -> dict[str, Any]:
     return {"nodes_by_state": dict(s.nodes_by_state), "gpus_total": s.gpus_total,
-            "gpus_allocated": s.gpus_allocated, "jobs_by_state": dict(s.jobs_by_state), "insecure": s.insecure}
+            "gpus_allocated": s.gpus_allocated, "jobs_by_state": dict(s.jobs_by_state), "insecure": s.insecure,
+            "leader": s.leader}
 
 
 def usage_doc(u: control_pb2.GetUsageResponse) -> dict[str, Any]:

@@ -135,6 +135,10 @@ def coordinator(
     code_store_bytes: str = typer.Option("20G", metavar="SIZE",
                                          help="The most all kept code archives may take on the coordinator's "
                                               "disk together; an upload past it is refused."),
+    advertise_address: Optional[str] = typer.Option(
+        None, metavar="HOST", help="With --store etcd://...: the host name or IP address agents and clients reach "
+                                   "this coordinator at when it leads (standbys name it) [default: the --listen "
+                                   "host, or this host's address when it listens on every interface]."),
     log_level: str = LogLevelOpt,
     log_format: str = LogFormatOpt,
 ) -> None:
@@ -168,17 +172,22 @@ def coordinator(
              f"got {node_cert_lifetime!r}", 2)
     if heartbeat_interval >= lost_after:
         fail(f"--heartbeat-interval ({heartbeat_interval}) must be shorter than --lost-after ({lost_after})", 2)
+    options = dict(state_dir=state_dir or default_state_dir("coordinator"), lost_after_seconds=lost_after,
+                   heartbeat_interval_seconds=heartbeat_interval, insecure=insecure, token=token,
+                   keep_finished_jobs=keep_finished_jobs, keep_finished_seconds=keep_for,
+                   node_cert_seconds=node_cert_seconds, http_listen=http_listen or "", task_uids=task_uids,
+                   keep_usage_seconds=keep_usage_seconds, policy_path=policy,
+                   max_code_bytes=code_cap, code_store_bytes=code_store_cap)
+    if advertise_address and not (store or "").startswith("etcd://"):
+        fail("--advertise-address goes with --store etcd://... (where several coordinators run)", 2)
     try:
-        server = CoordinatorServer(listen, state_dir or default_state_dir("coordinator"), lost_after,
-                                   heartbeat_interval, tls_dir=tls_dir, insecure=insecure,
-                                   join_listen=join_listen or "", token=token,
-                                   keep_finished_jobs=keep_finished_jobs, keep_finished_seconds=keep_for,
-                                   node_cert_seconds=node_cert_seconds, http_listen=http_listen or "",
-                                   task_uids=task_uids, store_url=store or "",
-                                   etcd_tls=_etcd_tls(etcd_ca, etcd_cert, etcd_key),
-                                   keep_usage_seconds=keep_usage_seconds, policy_path=policy,
-                                   max_code_bytes=code_cap, code_store_bytes=code_store_cap)
-        serve(server)
+        if (store or "").startswith("etcd://"):  # several coordinators may share it: one leads at a time
+            from tfcluster.daemon.coordinator import ha
+            ha.run(options, listen, join_listen or "", tls_dir, store, _etcd_tls(etcd_ca, etcd_cert, etcd_key),
+                   advertise_address or "")
+            return
+        serve(CoordinatorServer(listen, tls_dir=tls_dir, join_listen=join_listen or "", store_url=store or "",
+                                etcd_tls=_etcd_tls(etcd_ca, etcd_cert, etcd_key), **options))
     except PolicyError as e:
         fail(f"--policy: {e}", 2)
     except StoreUrlError as e:

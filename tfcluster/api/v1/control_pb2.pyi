@@ -280,7 +280,7 @@ class GetStatusResponse(_message.Message):
     def __init__(self, nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., jobs: _Optional[_Iterable[_Union[JobStatus, _Mapping]]] = ..., summary: _Optional[_Union[ClusterSummary, _Mapping]] = ...) -> None: ...
 
 class ClusterSummary(_message.Message):
-    __slots__ = ("nodes_by_state", "gpus_total", "gpus_allocated", "jobs_by_state", "nodes_shown", "jobs_shown", "insecure", "dashboard_port")
+    __slots__ = ("nodes_by_state", "gpus_total", "gpus_allocated", "jobs_by_state", "nodes_shown", "jobs_shown", "insecure", "dashboard_port", "leader")
     class NodesByStateEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -303,6 +303,7 @@ class ClusterSummary(_message.Message):
     JOBS_SHOWN_FIELD_NUMBER: _ClassVar[int]
     INSECURE_FIELD_NUMBER: _ClassVar[int]
     DASHBOARD_PORT_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
     nodes_by_state: _containers.ScalarMap[str, int]
     gpus_total: int
     gpus_allocated: int
@@ -311,7 +312,8 @@ class ClusterSummary(_message.Message):
     jobs_shown: int
     insecure: bool
     dashboard_port: int
-    def __init__(self, nodes_by_state: _Optional[_Mapping[str, int]] = ..., gpus_total: _Optional[int] = ..., gpus_allocated: _Optional[int] = ..., jobs_by_state: _Optional[_Mapping[str, int]] = ..., nodes_shown: _Optional[int] = ..., jobs_shown: _Optional[int] = ..., insecure: _Optional[bool] = ..., dashboard_port: _Optional[int] = ...) -> None: ...
+    leader: str
+    def __init__(self, nodes_by_state: _Optional[_Mapping[str, int]] = ..., gpus_total: _Optional[int] = ..., gpus_allocated: _Optional[int] = ..., jobs_by_state: _Optional[_Mapping[str, int]] = ..., nodes_shown: _Optional[int] = ..., jobs_shown: _Optional[int] = ..., insecure: _Optional[bool] = ..., dashboard_port: _Optional[int] = ..., leader: _Optional[str] = ...) -> None: ...
 
 class ListNodesRequest(_message.Message):
     __slots__ = ("page_size", "page_token", "state", "name_prefix")

@@ -6,7 +6,6 @@ and /metrics, renews the node's certificate, and keeps the node's disk (retentio
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
 import time
@@ -94,7 +93,7 @@ class Agent:
             cgroups = self.supervisor.starter.cgroups = TaskCgroups()
             log.info("memory limits: %s", f"kept by the kernel in task cgroups under {cgroups.delegated}"
                      if cgroups.delegated else f"kept by watching each task's processes ({cgroups.why_not})")
-        fetcher = Fetcher(config.coordinator, lambda: self.credentials)
+        fetcher = Fetcher(lambda: self.session.coordinator, lambda: self.credentials)
         self.supervisor.code = TaskCode(config.state_dir, config.cache_bytes, fetcher, self.task_users.agent_is_root,
                                         fetcher.transfers.get)
         log.info("jobs' code: cached in %s (at most %d bytes); tasks work in %s", self.supervisor.code.cache.directory,
@@ -132,7 +131,7 @@ class Agent:
         self.supervisor.code.recover({r.dir: r.attempt.job_id for r in self.supervisor.snapshot()
                                       if not r.exited.is_set()})
         retention = RetentionPass(self.config.state_dir, self.config.retention, self._jobs_in_use,
-                                  functools.partial(ask_coordinator, self.config.coordinator, lambda: self.credentials),
+                                  lambda job_ids: ask_coordinator(self.session.coordinator, lambda: self.credentials, job_ids),
                                   self.supervisor.environments)
         threading.Thread(target=retention.run, args=(self._stop,), name="retention", daemon=True).start()
         threading.Thread(target=self.supervisor.launcher.warm, name="launcher", daemon=True).start()
@@ -162,7 +161,7 @@ class Agent:
         identity = self.config.identity
         while not self._stop.wait(max(0.0, identity.renew_at() - time.time())):
             try:
-                with self.credentials.channel(self.config.coordinator) as channel:
+                with self.credentials.channel(self.session.coordinator) as channel:
                     self.credentials = identity.renew(channel)
                 if self.web is not None:
                     self.web.renew(self.credentials)

@@ -40,11 +40,17 @@ class Fetcher:
     fetch, so a renewed certificate is used). `transfers` says how far each fetch under way has got, for the
     peers this node relays it to (coderelay.py)."""
 
-    def __init__(self, coordinator: str, credentials: Callable[[], Credentials],
+    def __init__(self, coordinator: str | Callable[[], str], credentials: Callable[[], Credentials],
                  timeout_seconds: float = FETCH_TIMEOUT_SECONDS, peer_idle_seconds: float = PEER_IDLE_SECONDS):
-        self.coordinator, self.credentials, self.timeout = coordinator, credentials, timeout_seconds
+        # An address, or where the agent's session finds the leading coordinator now (several may stand by).
+        self._coordinator = coordinator if callable(coordinator) else (lambda: coordinator)
+        self.credentials, self.timeout = credentials, timeout_seconds
         self.peer_idle = peer_idle_seconds
         self.transfers = Transfers()
+
+    @property
+    def coordinator(self) -> str:
+        return self._coordinator()
 
     def __call__(self, hex_digest: str, job_id: str, sources: tuple[str, ...], dest: Path) -> None:
         failures: list[str] = []

@@ -11,6 +11,7 @@ import grpc
 
 from tfcluster import pki
 from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc
+from tfcluster.leaders import Coordinators, leader_hint
 from tfcluster.security import Credentials, fetch_ca
 
 log = logging.getLogger("tfcluster.agent")
@@ -25,6 +26,14 @@ RETRIED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc
 
 class JoinError(Exception):
     """The node could not get its certificate; the message says why and what to do."""
+
+
+class LeaderElsewhere(ConnectionError):
+    """A standby coordinator's join port refused the join and named the leader's."""
+
+    def __init__(self, why: str, error: grpc.RpcError):
+        super().__init__(why)
+        self.error = error
 
 
 class NodeIdentity:
@@ -59,15 +68,23 @@ class NodeIdentity:
              patience: float = JOIN_PATIENCE_SECONDS) -> Credentials:
         """Trades the join token for a certificate. The coordinator is verified with the CA given (a file),
         or the one its join port presents whose public key has the pinned hash. A coordinator that is not up
-        yet, or asks to slow down, is tried again for `patience` seconds."""
+        yet, or asks to slow down, is tried again for `patience` seconds. join_address may name several
+        coordinators' join ports (HOST:PORT,HOST:PORT): a standby names the leader's, which is tried at once."""
         give_up, wait = time.monotonic() + patience, 1.0
+        coordinators = Coordinators(join_address)
         while True:
             try:
-                return self._join_once(join_address, token, ca_cert, ca_hash)
+                return self._join_once(coordinators.current, token, ca_cert, ca_hash)
+            except LeaderElsewhere as e:
+                coordinators.failed(e.error)
+                log.info("%s; joining through %s", e, coordinators.current)
+                time.sleep(0.1)  # at once, yet never a busy loop between coordinators that disagree
+                continue
             except ConnectionError as e:
                 if time.monotonic() + wait > give_up:
                     raise JoinError(f"{e}; gave up after {patience:.0f} s") from None
                 log.warning("%s; retrying in %.0f s", e, wait)
+                coordinators.failed()
             time.sleep(wait)
             wait = min(wait * 2, JOIN_RETRY_MAX_SECONDS)
 
@@ -86,6 +103,8 @@ class NodeIdentity:
                 agent_pb2.JoinRequest(token=token, node_name=self.name, csr=csr), timeout=JOIN_TIMEOUT_SECONDS)
         except grpc.RpcError as e:
             why = f"joining through {join_address} failed: {e.details() or e.code().name}"
+            if leader_hint(e) and leader_hint(e) != join_address:
+                raise LeaderElsewhere(why, e) from None
             raise (ConnectionError if e.code() in RETRIED else JoinError)(why) from None
         finally:
             channel.close()

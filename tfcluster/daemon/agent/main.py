@@ -10,7 +10,7 @@ import socket
 import threading
 from pathlib import Path
 
-from tfcluster import __version__
+from tfcluster import __version__, leaders
 from tfcluster.daemon.agent.agent import Agent, AgentConfig
 from tfcluster.daemon.agent.codecache import DEFAULT_CACHE_BYTES
 from tfcluster.daemon.agent.discovery import InventoryError, advertise_address, discover_gpus, host_info
@@ -63,8 +63,10 @@ def configure(coordinator: str, name: str | None, address: str | None, port_rang
             parse_listen(http_listen)
         except HttpError as e:
             raise SettingsError(str(e)) from None
-    if ":" not in coordinator:
-        raise SettingsError(f"--coordinator: expected HOST:PORT, got {coordinator!r}")
+    try:
+        first_coordinator = leaders.parse(coordinator)[0]
+    except (ValueError, IndexError):
+        raise SettingsError(f"--coordinator: expected HOST:PORT[,HOST:PORT...], got {coordinator!r}") from None
     _check_task_user(task_user, insecure, allow_root_tasks)
     name = name or socket.gethostname()
     if not NODE_NAME_RE.fullmatch(name):
@@ -76,7 +78,7 @@ def configure(coordinator: str, name: str | None, address: str | None, port_rang
             raise SettingsError(f"--advertise-address: expected an IP address, got {address!r}") from None
     try:
         gpus = discover_gpus(gpu_inventory)
-        address = address or advertise_address(coordinator)
+        address = address or advertise_address(first_coordinator)
     except (InventoryError, OSError) as e:
         raise SettingsError(str(e)) from None
     state_dir = state_dir.resolve()
@@ -134,7 +136,7 @@ def _node_credentials(identity: NodeIdentity, coordinator: str, join: str, ca_ce
     except OSError as e:
         raise SettingsError(f"--ca-cert {ca_cert}: cannot read: {e.strerror or e}") from None
     try:
-        return identity.join(join_address or _join_port(coordinator), join, ca, ca_hash)
+        return identity.join(join_address or ",".join(map(_join_port, leaders.parse(coordinator))), join, ca, ca_hash)
     except JoinError as e:
         raise SettingsError(str(e)) from None
 

@@ -19,10 +19,12 @@ from collections.abc import Callable
 from typing import Protocol
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tfcluster import wire
 from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc
 from tfcluster.daemon.agent.liveness import STAMP_EVERY_SECONDS, Liveness
+from tfcluster.leaders import Coordinators, is_standby, leader_hint
 from tfcluster.model import NodeInfo, TaskProgress
 from tfcluster.security import Credentials
 
@@ -35,6 +37,8 @@ REGISTER_TIMEOUT_SECONDS = 10.0
 # Another agent holds this node's name: wait this long for it to turn out to be this node's own old
 # registration (it expires), then give up.
 NAME_CONFLICT_PATIENCE_SECONDS = 20.0
+PULSE_SECONDS = 2.0          # with several coordinators: how often the one serving the stream is asked
+PULSE_TIMEOUT_SECONDS = 3.0  # how long it has to answer before the agent tries another
 REFUSALS = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
 # The transport's own reconnect backoff would otherwise grow to two minutes during a long coordinator
 # outage, and the agent would come back after its node had been declared lost.
@@ -58,7 +62,7 @@ class Owner(Protocol):
 class Session:
     def __init__(self, coordinator: str, owner: Owner, stopped: threading.Event, liveness: Liveness,
                  on_refused: Callable[[str], None]):
-        self.coordinator = coordinator
+        self.coordinators = Coordinators(coordinator)  # one or several: the leader among them is followed
         self.owner = owner
         self.stopped = stopped  # set when the agent stops
         self.liveness = liveness
@@ -70,23 +74,32 @@ class Session:
         self.refused = ""  # why the coordinator refused this agent, once it has
         self._call = None
         self._renewed = threading.Event()  # the stream was ended to reconnect with a renewed certificate
+        self._stalled = threading.Event()  # the stream was ended: its coordinator stopped answering
+
+    @property
+    def coordinator(self) -> str:
+        """The address of the coordinator this session talks to (the leader, as far as it knows)."""
+        return self.coordinators.current
 
     def send(self, message: agent_pb2.AgentMessage) -> None:
         self.outbound.put(message)
 
     def run(self) -> None:
         """Registers and serves the stream until the agent stops or is refused; reconnects with backoff."""
-        backoff, conflict_since = BACKOFF_START_SECONDS, 0.0
+        backoff, conflict_since, followed = BACKOFF_START_SECONDS, 0.0, 0  # followed: failures in a row
         while not self.stopped.is_set():
             self.liveness.stamp("connection")
             with self.owner.credentials.channel(self.coordinator, CHANNEL_OPTIONS) as channel:  # the current ones
                 try:
-                    self._serve(agent_pb2_grpc.AgentServiceStub(channel))
-                    backoff, conflict_since = BACKOFF_START_SECONDS, 0.0
+                    self._serve(channel)
+                    backoff, conflict_since, followed = BACKOFF_START_SECONDS, 0.0, 0
                 except grpc.RpcError as e:
                     if self.stopped.is_set():
                         break
                     code = e.code() if hasattr(e, "code") else None
+                    if code == grpc.StatusCode.CANCELLED and self._stalled.is_set():
+                        self._stalled.clear()
+                        code = grpc.StatusCode.UNAVAILABLE  # as if its connection had dropped: the next one
                     if code == grpc.StatusCode.CANCELLED and self._renewed.is_set():
                         self._renewed.clear()  # not a failure: the stream ended to start again with the new
                         backoff = BACKOFF_START_SECONDS  # certificate, at once (the node must not go LOST)
@@ -99,10 +112,19 @@ class Session:
                         log.error("the coordinator refused this agent: %s", self.refused)
                         self.on_refused(self.refused)
                         break
-                    why = e.details() if code == grpc.StatusCode.ALREADY_EXISTS else \
+                    why = e.details() if code == grpc.StatusCode.ALREADY_EXISTS or is_standby(e) else \
                         f"unreachable ({code.name if code else e})"
-                    log.warning("coordinator %s: %s; retrying in %.1f s", self.coordinator, why, backoff)
                     self.trouble = f"coordinator {self.coordinator}: {why}"
+                    hinted = bool(leader_hint(e))
+                    followed = 1 if self.connected.is_set() else followed + 1  # a stream that served: anew
+                    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) and \
+                            self.coordinators.failed(e):  # another coordinator may lead
+                        log.warning("%s; trying the coordinator at %s", self.trouble, self.coordinator)
+                        backoff = BACKOFF_START_SECONDS
+                        if hinted and followed == 1:  # the leader a standby named: asked at once
+                            continue
+                    else:
+                        log.warning("coordinator %s: %s; retrying in %.1f s", self.coordinator, why, backoff)
                 finally:
                     self.connected.clear()
                 if self.stopped.wait(backoff * random.uniform(0.5, 1.5)):
@@ -121,7 +143,8 @@ class Session:
         if call is not None:
             call.cancel()
 
-    def _serve(self, stub: agent_pb2_grpc.AgentServiceStub) -> None:
+    def _serve(self, channel: grpc.Channel) -> None:
+        stub = agent_pb2_grpc.AgentServiceStub(channel)
         # What was queued for the old stream is covered by the registration and what follows it.
         while not self.outbound.empty():
             self.outbound.get_nowait()
@@ -135,12 +158,37 @@ class Session:
         self.registered.set()
         self._call = stub.Connect(self._messages(info.name, reply.session_id, reply.heartbeat_interval_seconds or 1.0))
         self.connected.set()
+        pulse = self._start_pulse(channel) if self.coordinators.several else None
         try:
             for message in self._call:
                 self.owner.handle(message)
         finally:
             self.outbound.put(_END)
             self._call = None
+            if pulse is not None:
+                pulse.set()
+
+    def _start_pulse(self, channel: grpc.Channel) -> threading.Event:
+        """With several coordinators: asks the one serving the stream, every PULSE_SECONDS, whether it answers.
+        One that is paused or cut off keeps the connection open, and the stream would wait on it for as long
+        (gRPC's keepalive pings do not fire while the agent keeps sending): its stream is ended, and the
+        session goes to the coordinator that leads now, well inside the reconnect grace."""
+        ended, call = threading.Event(), self._call
+        check = health_pb2_grpc.HealthStub(channel).Check
+
+        def pulse() -> None:
+            while not ended.wait(PULSE_SECONDS):
+                try:
+                    check(health_pb2.HealthCheckRequest(), timeout=PULSE_TIMEOUT_SECONDS)
+                except grpc.RpcError as e:
+                    if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED and not ended.is_set():
+                        log.warning("the coordinator at %s does not answer (paused or cut off?); trying another",
+                                    self.coordinator)
+                        self._stalled.set()
+                        call.cancel()
+                        return
+        threading.Thread(target=pulse, name="coordinator-pulse", daemon=True).start()
+        return ended
 
     def _messages(self, node_name: str, session_id: str, interval: float):
         """The stream up: its opening, then heartbeats every interval and queued messages as they come."""

@@ -75,6 +75,10 @@ class Coordinator:
         self.logins = Logins()     # the dashboard's one-time links and browser sessions
         self.watchers = Watchers()  # clients following a job (WatchJob): woken after each store write
         self.dashboard_port = 0    # where the dashboard is served; 0: nowhere
+        self.leader_address = ""   # where clients reach this coordinator while it leads (status says it)
+        # Whether this coordinator may still act: with several coordinators, only while it holds the leadership
+        # (leadership.py); a command decided before it lost it is dropped, never sent.
+        self.acting: Callable[[], bool] = lambda: True
 
     @property
     def trust(self) -> Trust:
@@ -105,6 +109,9 @@ class Coordinator:
         self.watchers.changed()
 
     def send(self, commands: list[Command]) -> None:
+        if commands and not self.acting():
+            log.warning("%d commands not sent: this coordinator no longer leads", len(commands))
+            return
         for command in commands:
             if isinstance(command, (ReadLog, CancelLog)):
                 log.debug("%s to %s", type(command).__name__, command.node)
@@ -355,16 +362,16 @@ def build(state_dir: Path, lost_after_seconds: float, heartbeat_interval_seconds
           keep_finished_jobs: int, keep_finished_seconds: float, authority: pki.Authority | None = None,
           reconnect_grace_seconds: float = RECONNECT_GRACE_SECONDS,
           task_uids: UidRange = UidRange(), store_url: str = "", etcd_tls: EtcdTls | None = None,
-          max_code_bytes: int = DEFAULT_MAX_CODE_BYTES,
-          code_store_bytes: int = DEFAULT_CODE_STORE_BYTES) -> Coordinator:
-    """A coordinator with its state loaded from the store --store names (store.py; "": under the state dir),
-    and its jobs' code archives under the state dir."""
+          max_code_bytes: int = DEFAULT_MAX_CODE_BYTES, code_store_bytes: int = DEFAULT_CODE_STORE_BYTES,
+          store: Store | None = None) -> Coordinator:
+    """A coordinator with its state loaded from the store given, else from the one --store names (store.py; "":
+    under the state dir), and its jobs' code archives under the state dir."""
     cluster = Cluster(lost_after_seconds, resend_after_seconds=max(3 * heartbeat_interval_seconds, 1.0),
                       keep_finished_jobs=keep_finished_jobs, keep_finished_seconds=keep_finished_seconds,
                       task_uids=task_uids)
-    coordinator = Coordinator(open_store(store_url, Path(state_dir), etcd_tls), cluster, heartbeat_interval_seconds,
-                              authority=authority, code=CodeStore(Path(state_dir) / "code", max_code_bytes,
-                                                                     store_bytes=code_store_bytes))
+    store = store if store is not None else open_store(store_url, Path(state_dir), etcd_tls)
+    coordinator = Coordinator(store, cluster, heartbeat_interval_seconds, authority=authority,
+                              code=CodeStore(Path(state_dir) / "code", max_code_bytes, store_bytes=code_store_bytes))
     coordinator.load(reconnect_grace_seconds)
     return coordinator
 

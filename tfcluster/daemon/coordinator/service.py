@@ -37,6 +37,7 @@ from tfcluster.daemon.coordinator.launch import command_for
 from tfcluster.daemon.coordinator.metrics import CoordinatorMetrics
 from tfcluster.daemon.coordinator.policy import ClassRefused, Policy, PolicyError, parse
 from tfcluster.daemon.coordinator.server import Coordinator, build
+from tfcluster.daemon.coordinator.store import Store
 from tfcluster.daemon.coordinator.watch import TooManyWatchers
 from tfcluster.daemon.logformat import fields
 from tfcluster.daemon.web import WebListener, parse_listen
@@ -120,6 +121,7 @@ class ControlServicer(CodeServicer, control_pb2_grpc.ControlServiceServicer):
         response.summary.nodes_shown, response.summary.jobs_shown = len(response.nodes), len(response.jobs)
         response.summary.insecure = self.c.authority is None
         response.summary.dashboard_port = self.c.dashboard_port
+        response.summary.leader = self.c.leader_address
         return response
 
     async def CreateDashboardLogin(self, request, context):
@@ -276,10 +278,11 @@ class CoordinatorServer:
                  http_listen: str = "", task_uids: UidRange = UidRange(), store_url: str = "",
                  keep_usage_seconds: float = accounting.DEFAULT_KEEP_USAGE_SECONDS,
                  policy_path: Path | None = None, etcd_tls: EtcdTls | None = None,
-                 max_code_bytes: int = DEFAULT_MAX_CODE_BYTES, code_store_bytes: int = DEFAULT_CODE_STORE_BYTES):
+                 max_code_bytes: int = DEFAULT_MAX_CODE_BYTES, code_store_bytes: int = DEFAULT_CODE_STORE_BYTES,
+                 store: Store | None = None):
         if (tls_dir is None) == (not insecure):
             raise ValueError("give --tls-dir (see `tfcluster ca init`) or --insecure")
-        self.listen, self.join_listen, self.token = listen, join_listen or _next_port(listen), token
+        self.listen, self.join_listen, self.token = listen, join_listen or next_port(listen), token
         if tls_dir and pki.upgrade_coordinator_certificate(tls_dir):
             log.warning("%s: made again with the name clients now check (%s)", tls_dir / pki.SERVER_CERT,
                         pki.COORDINATOR_NAME)
@@ -290,7 +293,8 @@ class CoordinatorServer:
         policy = read_policy(policy_path, time.time()) if policy_path is not None else None
         self.coordinator = build(state_dir, lost_after_seconds, heartbeat_interval_seconds, keep_finished_jobs,
                                  keep_finished_seconds, authority, task_uids=task_uids, store_url=store_url,
-                                 etcd_tls=etcd_tls, max_code_bytes=max_code_bytes, code_store_bytes=code_store_bytes)
+                                 etcd_tls=etcd_tls, max_code_bytes=max_code_bytes, code_store_bytes=code_store_bytes,
+                                 store=store)
         self.coordinator.cluster.usage.keep_seconds = keep_usage_seconds
         if tls_dir:  # no node may be named as the coordinator is reached
             self.coordinator.trust.reserved = frozenset(pki.server_names(pki.load_cert(tls_dir / pki.SERVER_CERT)))
@@ -361,6 +365,7 @@ class CoordinatorServer:
         if port == 0:
             raise OSError(f"cannot listen on {self.listen}")
         self.address = _reachable(self.listen, port)
+        self.coordinator.leader_address = self.coordinator.leader_address or self.address
         await self.server.start()
         if self.join_server is not None:
             await self.join_server.start()
@@ -410,7 +415,7 @@ def read_policy(path: Path, now: float) -> Policy:
     return parse(text, str(path), now)
 
 
-def _next_port(listen: str) -> str:
+def next_port(listen: str) -> str:
     """The join port's default: the port after the listen port, on the same host."""
     host, _, port = listen.rpartition(":")
     return f"{host}:{int(port) + 1}" if port not in ("", "0") else f"{host}:0"

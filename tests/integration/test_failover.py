@@ -1,0 +1,150 @@
+"""Several coordinators on one real three-member etcd: one leads, the others stand by and name it. kill -9 of the
+leader while a job runs: a standby serves within 5 s, the agents register with it within 10 s, the job succeeds
+with no restart and no task launched twice, and every acknowledged submission, stop, token and removal is there.
+SIGSTOP of the leader for 10 s: a standby takes over; the old leader, let run again, finds it lost its lease,
+steps down without a write, and the new leader's view stands."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+from etcdcluster import needs_etcd
+from harness import Daemon, LocalCluster, free_port, wait_until
+from tfcluster.api.v1.control_pb2 import GetStatusRequest
+from tfcluster.api.v1.control_pb2_grpc import ControlServiceStub
+
+pytestmark = needs_etcd
+PY = sys.executable
+
+
+class HaCluster(LocalCluster):
+    """Coordinators on one etcd prefix; agents and the CLI are given every one of them."""
+
+    def start_coordinators(self, store_url: str, count: int) -> list[Daemon]:
+        from tfcluster import pki
+        pki.init_ca(self.ca_dir, ["127.0.0.1"])
+        listens = [f"127.0.0.1:{free_port()}" for _ in range(count)]
+        joins = [f"127.0.0.1:{free_port()}" for _ in range(count)]
+        self.address, self.join_address = ",".join(listens), ",".join(joins)
+        self.coordinators = [Daemon(f"coordinator{i}", [
+            "coordinator", "--listen", listen, "--join-listen", join, "--state-dir", str(self.root / f"c{i}"),
+            "--lost-after", str(self.lost_after), "--tls-dir", str(self.ca_dir), "--store", store_url],
+            self.root / f"coordinator{i}.log").start() for i, (listen, join) in enumerate(zip(listens, joins))]
+        self.listens = listens
+        wait_until(lambda: self.leader(), 30, what="a coordinator to lead")
+        self.join_token = self.cli("token", "create", "--reusable", "--ttl", "1d", check=True).stdout.strip()
+        return self.coordinators
+
+    def leader(self) -> str:
+        """The leader's address, as the coordinators answer; "" while none answers."""
+        try:
+            return self.status()["summary"]["leader"]
+        except Exception:
+            return ""
+
+    def leading(self) -> Daemon:
+        return self.coordinators[self.listens.index(self.leader())]
+
+    def teardown(self) -> None:
+        for daemon in self.coordinators:
+            if daemon.alive:
+                daemon.kill()
+        super().teardown()
+
+
+@pytest.fixture
+def ha(tmp_path, etcd_cluster, etcd_prefix):
+    cluster = HaCluster(root=tmp_path)
+    cluster.coordinators = []
+    try:
+        cluster.start_coordinators(etcd_cluster.url(etcd_prefix), 3)
+        yield cluster
+    finally:
+        cluster.teardown()
+
+
+def sleeper(cluster: HaCluster, launches: Path, name: str, seconds: int, workers: int = 2) -> str:
+    """A job whose every task launch adds a line to the file launches, then runs for seconds."""
+    command = f"import time; open({str(launches)!r}, 'a').write('launched\\n'); time.sleep({seconds})"
+    return cluster.cli("start", "--name", name, "--strategy", "multi_worker_mirrored", "--workers", str(workers),
+                       "--", PY, "-c", command, check=True).stdout.strip()
+
+
+def running(cluster: HaCluster, job_id: str) -> bool:
+    return cluster.job(job_id)["state"] == "RUNNING"
+
+
+def registrations(cluster: HaCluster, name: str, address: str) -> int:
+    return cluster.agents[name].log().count(f"registered with {address} ")
+
+
+def test_kill_9_of_the_leader_loses_nothing_and_launches_nothing_twice(ha, tmp_path):
+    ha.start_agents({"a": {}, "b": {}})
+    launches = tmp_path / "launches"
+    job_id = sleeper(ha, launches, "steady", 25)
+    wait_until(lambda: running(ha, job_id), 30, what="the job RUNNING")
+    ha.start_agent("c")  # after the job was placed: removing it takes no task of the job
+    # Acknowledged just before the kill: a submission, a stop, a join token, a removal.
+    doomed = ha.cli("start", "--name", "doomed", "--strategy", "mirrored", "--", "sleep", "600",
+                    check=True).stdout.strip()
+    wait_until(lambda: running(ha, doomed), 30, what="the second job RUNNING")
+    ha.cli("stop", doomed, "--no-wait", check=True)
+    token = ha.cli("token", "create", "--node", "d", check=True).stdout.strip()
+    assert "node c removed" in ha.cli("node", "remove", "c", check=True).stdout
+    quick = ha.cli("start", "--name", "quick", "--strategy", "mirrored", "--", "true", check=True).stdout.strip()
+    old = ha.leader()
+    ha.leading().kill()
+    killed = time.monotonic()
+    new = wait_until(lambda: (lambda a: a if a and a != old else "")(ha.leader()), 5, interval=0.05,
+                     what="a standby to serve")
+    served = time.monotonic() - killed
+    wait_until(lambda: all(registrations(ha, n, new) for n in ("a", "b")), 10 - (time.monotonic() - killed),
+               interval=0.1, what="both agents registered with the new leader")
+    back = time.monotonic() - killed
+    print(f"standby served after {served:.2f} s; both agents registered again after {back:.2f} s")
+    job = ha.wait_job(job_id, timeout=60)
+    assert job["state"] == "SUCCEEDED" and job["restarts"] == 0, job
+    assert all(t["attempt"] == 1 for t in job["tasks"]), "no task was launched again"
+    assert launches.read_text().count("launched") == 2, "each task process started once"
+    assert ha.job(doomed)["state"] == "STOPPED"
+    assert ha.wait_job(quick, timeout=30)["state"] == "SUCCEEDED"
+    assert ha.node_state("c") is None, "the removal stands"
+    ha.start_agent("d", extra=["--join-token-file", str(ha.join_token_file(token))])  # the token made before
+
+
+def test_a_paused_leader_steps_down_without_writing_and_the_new_view_stands(ha, tmp_path):
+    ha.start_agents({"a": {}, "b": {}})
+    launches = tmp_path / "launches"
+    job_id = sleeper(ha, launches, "steady", 30)
+    wait_until(lambda: running(ha, job_id), 30, what="the job RUNNING")
+    old, paused = ha.leader(), ha.leading()
+    os.kill(paused.proc.pid, signal.SIGSTOP)
+    try:
+        new = wait_until(lambda: (lambda a: a if a and a != old else "")(ha.leader()), 5, interval=0.05,
+                         what="a standby to serve")
+        later = ha.cli("start", "--name", "later", "--strategy", "mirrored", "--", "true", check=True).stdout.strip()
+        time.sleep(10)
+    finally:
+        os.kill(paused.proc.pid, signal.SIGCONT)
+    wait_until(lambda: "no longer leads" in paused.log() and paused.log().count("standing by") >= 2, 10,
+               what="the old leader to step down")
+    after_resume = paused.log().split("no longer leads", 1)[1]
+    assert "registered" not in after_resume and "submitted" not in after_resume
+    assert ha.leader() == new, "the new leader's view stands"
+    with ha.channel(address=old) as channel:  # the old leader answers as a standby, naming the new one
+        with pytest.raises(grpc.RpcError) as refused:
+            ControlServiceStub(channel).GetStatus(GetStatusRequest(), timeout=10)
+    assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert dict(refused.value.trailing_metadata())["tfcluster-leader"] == new
+    assert refused.value.details() == f"this coordinator is a standby; the leader is at {new}"
+    job = ha.wait_job(job_id, timeout=60)
+    assert job["state"] == "SUCCEEDED" and job["restarts"] == 0, job
+    assert all(t["attempt"] == 1 for t in job["tasks"]) and launches.read_text().count("launched") == 2
+    assert ha.wait_job(later, timeout=30)["state"] == "SUCCEEDED"

@@ -1,0 +1,217 @@
+"""Which of the coordinators that share one etcd store leads: the one holding a leader key under a lease.
+
+Every coordinator started on the same etcd prefix campaigns for the key `PREFIX.leader` (beside the documents'
+prefix, so loading or watching the state never sees it): one transaction puts the key, bound to a lease of
+TTL_SECONDS, only if it does not exist. The winner's writes are fenced on the revision of that put (the store's
+Guard): once the lease has run out and the key is gone, or another coordinator holds it, etcd refuses every
+transaction this one sends. No consensus of our own: etcd decides who holds the key.
+
+The lease is renewed from a thread of its own. The leader also counts its lease on its own clock, from the moment
+it sent the last renewal etcd granted: a process that was paused (SIGSTOP, a stalled VM) or cut off from etcd
+knows, before it writes or sends anything, that its lease may be gone, and steps down. etcd counts the same lease
+from when it received that renewal, later, so the leader always gives up first.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from tfcluster.daemon.coordinator.etcdgateway import NO_QUORUM, EtcdGateway, b64, unb64
+from tfcluster.daemon.coordinator.store import Conflict, StoreUnavailable
+
+log = logging.getLogger("tfcluster.coordinator")
+
+TTL_SECONDS = 2            # how long a leader that stopped renewing still holds the key
+RENEW_EVERY_SECONDS = 0.4  # several renewals per TTL: one lost answer does not cost the lease
+POLL_SECONDS = 0.2         # how often a standby looks whether the key is free
+
+
+@dataclass(frozen=True)
+class LeaderInfo:
+    """Where the leader serves, as its key says (addresses clients and agents can reach)."""
+    address: str        # gRPC: agents and clients
+    join_address: str   # where nodes join with a token ("" without TLS)
+
+    def to_json(self) -> str:
+        return json.dumps({"address": self.address, "join_address": self.join_address})
+
+    @staticmethod
+    def from_json(text: str) -> "LeaderInfo":
+        try:
+            data = json.loads(text)
+            return LeaderInfo(str(data.get("address", "")), str(data.get("join_address", "")))
+        except (ValueError, AttributeError):
+            return LeaderInfo("", "")
+
+
+class Leadership:
+    """One coordinator's candidacy: campaign() until it leads, then the lease, renewed until it is lost."""
+
+    def __init__(self, gateway: EtcdGateway, prefix: str, me: LeaderInfo, ttl: int = TTL_SECONDS,
+                 clock: Callable[[], float] = time.monotonic):
+        self.gateway, self.me, self.ttl, self.clock = gateway, me, ttl, clock
+        self.key = prefix.rstrip("/") + ".leader"
+        self.leader = LeaderInfo("", "")  # who leads, as last seen (this coordinator, once it won)
+        self.lease = 0
+        self.revision = 0                 # of the put that made this coordinator the leader
+        self.valid_until = 0.0            # on self.clock: the lease may be gone after this
+        self.no_quorum = False            # the last renewal failed because etcd had no quorum
+        self.suspended = False            # the lease ran out on this clock while etcd had no quorum
+        self.on_lost: Callable[[str], None] = lambda why: None
+        self._lost = threading.Event()
+        self._renewer: threading.Thread | None = None
+
+    @property
+    def lost(self) -> bool:
+        """The leadership is over for sure (etcd dropped the lease, or it ran out while etcd had a quorum)."""
+        return self._lost.is_set()
+
+    def holds(self) -> bool:
+        """Whether this coordinator may still act as the leader: it won, and its lease cannot have run out."""
+        return bool(self.lease) and not self._lost.is_set() and self.clock() < self.valid_until
+
+    def campaign(self, stop: threading.Event) -> bool:
+        """Blocks until this coordinator leads (True) or stop is set (False). etcd unreachable: tries again."""
+        while not stop.is_set():
+            try:
+                if self._try_to_win():
+                    return True
+            except StoreUnavailable as e:
+                log.warning("cannot campaign for leadership: %s", e)
+            stop.wait(POLL_SECONDS)
+        return False
+
+    def _try_to_win(self) -> bool:
+        sent = self.clock()
+        lease = int(self.gateway.call("/v3/lease/grant", {"TTL": self.ttl})["ID"])
+        key = b64(self.key)
+        answer = self.gateway.call("/v3/kv/txn", {
+            "compare": [{"key": key, "target": "CREATE", "result": "EQUAL", "create_revision": 0}],
+            "success": [{"request_put": {"key": key, "value": b64(self.me.to_json()), "lease": str(lease)}}],
+            "failure": [{"request_range": {"key": key}}]})
+        if not answer.get("succeeded"):
+            self._revoke(lease)
+            kv = (answer["responses"][0].get("response_range", {}).get("kvs") or [{}])[0]
+            self.leader = LeaderInfo.from_json(unb64(kv.get("value", ""))) if kv else LeaderInfo("", "")
+            if self.leader == self.me and kv:
+                self._take_back(int(kv["mod_revision"]))
+            return False
+        self.lease, self.revision = lease, int(answer["header"]["revision"])
+        self.valid_until, self.leader = sent + self.ttl, self.me
+        self.no_quorum = self.suspended = False
+        self._lost.clear()
+        self._renewer = threading.Thread(target=self._renew, name="leader-lease", daemon=True)
+        self._renewer.start()
+        log.info("this coordinator leads (the key %s at revision %d, lease %x of %d s)", self.key, self.revision,
+                 lease, self.ttl)
+        return True
+
+    def _take_back(self, mod_revision: int) -> None:
+        """The key names this coordinator's own addresses: it was put by an earlier run of this coordinator (killed
+        and restarted: the new run could listen where it listened). The key goes at once, if it is still that
+        put, rather than when its lease runs out, so a restarted coordinator serves at once. Safe whatever else
+        runs: the earlier run's writes are fenced on that put, gone now."""
+        key = b64(self.key)
+        answer = self.gateway.call("/v3/kv/txn", {
+            "compare": [{"key": key, "target": "MOD", "result": "EQUAL", "mod_revision": mod_revision}],
+            "success": [{"request_delete_range": {"key": key}}]})
+        if answer.get("succeeded"):
+            log.info("the leader key named this coordinator's own address (an earlier run of it): taken back")
+
+    def _renew(self) -> None:
+        lease, wait = self.lease, RENEW_EVERY_SECONDS
+        while not self._lost.wait(wait):
+            sent, wait = self.clock(), RENEW_EVERY_SECONDS
+            if sent >= self.valid_until and not self._suspend():
+                return self._lose(f"its lease ran out {sent - self.valid_until + self.ttl:.1f} s after the last "
+                                  f"renewal etcd granted (was this process paused, or cut off from etcd?)")
+            try:
+                granted = int(self.gateway.call("/v3/lease/keepalive", {"ID": str(lease)})
+                              .get("result", {}).get("TTL", 0))
+            except (StoreUnavailable, RuntimeError) as e:
+                self.no_quorum = NO_QUORUM in str(e)
+                log.warning("renewing the leader lease failed: %s", e)
+                continue
+            if not granted:
+                return self._lose("etcd no longer knows its lease")
+            self.valid_until = max(self.valid_until, sent + granted)
+            if self.clock() >= self.valid_until:  # granted, but answered late (etcd got its quorum back meanwhile)
+                wait = 0.0  # renewed again at once: that answer is prompt
+                continue
+            self.no_quorum = False
+            if self.suspended:
+                self.suspended = False
+                log.warning("etcd has a quorum again and this coordinator still holds its lease: it acts again")
+
+    def _suspend(self) -> bool:
+        """Whether the lease that ran out on this coordinator's clock may still be its own: etcd answers, without a
+        quorum, so no other coordinator can take the key either. It then neither writes nor sends (holds() is
+        False) but keeps serving, and acts again once a renewal is granted (etcd extends its leases when it
+        has a leader again)."""
+        if self.no_quorum and not self.suspended:
+            self.suspended = True
+            log.warning("etcd has no quorum: this coordinator changes nothing until it has one again")
+        return self.no_quorum
+
+    def _lose(self, why: str) -> None:
+        if self._lost.is_set():
+            return
+        self._lost.set()
+        log.critical("this coordinator no longer leads: %s; it writes and sends nothing more", why)
+        self.on_lost(why)
+
+    def step_down(self) -> None:
+        """Stops renewing (the lease is given back by resign() or runs out); campaign() may be called again."""
+        self._lost.set()
+        if self._renewer is not None and self._renewer is not threading.current_thread():
+            self._renewer.join(timeout=RENEW_EVERY_SECONDS * 3)
+        self._renewer, self.lease, self.revision, self.valid_until = None, 0, 0, 0.0
+
+    def resign(self) -> None:
+        """Gives the key up at once (a clean stop): a standby takes over without waiting for the lease to end."""
+        lease = self.lease
+        self.step_down()
+        if lease:
+            self._revoke(lease)
+            log.info("gave up the leadership (lease %x revoked)", lease)
+
+    def _revoke(self, lease: int) -> None:
+        try:
+            self.gateway.call("/v3/lease/revoke", {"ID": str(lease)})
+        except (StoreUnavailable, RuntimeError) as e:  # it runs out on its own
+            log.debug("revoking lease %x: %s", lease, e)
+
+
+class LeaderStore:
+    """The leader's store: each write goes through only while the lease holds (the etcd store's guard refuses it
+    in etcd too). A refusal is the store's Conflict: the coordinator stops acting at once (persistence.py)."""
+
+    def __init__(self, store: Any, leadership: Leadership, documents: Callable[[], list] | None = None):
+        self.store, self.leadership = store, leadership
+        self.location = store.location
+        self._documents = documents  # a standby's warm copy, when it is current; None: load from etcd
+
+    def load(self) -> list:
+        warm = self._documents() if self._documents is not None else None
+        return warm if warm is not None else self.store.load()
+
+    def write(self, writes):
+        leadership = self.leadership
+        if leadership.lost:
+            raise Conflict(f"the key {leadership.key} is no longer this coordinator's: this writer no longer holds it")
+        if not leadership.holds():  # its lease ran out on this clock: not a write until a renewal says more
+            if leadership.suspended or not leadership.gateway.leader_known():
+                raise StoreUnavailable(f"{NO_QUORUM}: this coordinator changes nothing until etcd has a quorum "
+                                       f"again")
+            raise StoreUnavailable("etcd did not renew this coordinator's leader lease in time: it changes nothing "
+                                   "until it is renewed or it stands down")
+        return self.store.write(writes)
+
+    def close(self) -> None:
+        self.store.close()

@@ -1,0 +1,99 @@
+"""Finding the coordinator that leads among several: what agents and the CLI share.
+
+`--coordinator a:7070,b:7070` (or TFCLUSTER_COORDINATOR) names several coordinators; one name whose DNS
+records give several addresses names each of them. A standby answers every call with UNAVAILABLE and the
+leader's address in the trailing metadata key LEADER_METADATA: the caller goes there next. An address that
+does not answer at all is passed over for the next one.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+
+import grpc
+
+LEADER_METADATA = "tfcluster-leader"
+STANDBY = "this coordinator is a standby"
+
+
+def standby_message(leader: str) -> str:
+    return f"{STANDBY}; the leader is at {leader}" if leader else \
+        f"{STANDBY}; no coordinator leads at the moment (an election is under way)"
+
+
+def parse(text: str) -> list[str]:
+    """HOST:PORT[,HOST:PORT...] -> the addresses, each HOST:PORT; a lone host name with several DNS records
+    becomes one address per record. Raises ValueError naming what is not HOST:PORT."""
+    entries = [e.strip() for e in text.split(",") if e.strip()]
+    for entry in entries:
+        host, _, port = entry.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"expected HOST:PORT[,HOST:PORT...], got {text!r}")
+    if len(entries) == 1:
+        return _each_record(entries[0])
+    return entries
+
+
+def _each_record(entry: str) -> list[str]:
+    host, _, port = entry.rpartition(":")
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+        return [entry]
+    except ValueError:
+        pass
+    try:
+        records = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
+    except OSError:
+        return [entry]  # unresolvable now: gRPC resolves it again at each try
+    addresses = list(dict.fromkeys(r[4][0] for r in records if r[0] == socket.AF_INET))
+    return [f"{a}:{port}" for a in addresses] if len(addresses) > 1 else [entry]
+
+
+def leader_hint(error: grpc.RpcError) -> str:
+    """The leader's address a standby named in its refusal; "" when the error is not a standby's."""
+    if not hasattr(error, "trailing_metadata") or error.code() != grpc.StatusCode.UNAVAILABLE:
+        return ""
+    for key, value in error.trailing_metadata() or ():
+        if key == LEADER_METADATA:
+            return value if isinstance(value, str) else value.decode()
+    return ""
+
+
+def is_standby(error: grpc.RpcError) -> bool:
+    return hasattr(error, "details") and (error.details() or "").startswith(STANDBY)
+
+
+class Coordinators:
+    """The addresses to try, the one in use first. Not thread-safe: one user (a session, a client) each."""
+
+    def __init__(self, text: str):
+        self.addresses = parse(text)
+        self.index = 0
+        self.hinted = ""  # an address a standby named that the list does not hold
+
+    @property
+    def current(self) -> str:
+        return self.hinted or self.addresses[self.index]
+
+    @property
+    def several(self) -> bool:
+        return len(self.addresses) > 1 or bool(self.hinted)
+
+    def failed(self, error: grpc.RpcError | None = None) -> bool:
+        """The current address did not serve: the next one to try is the leader it named, else the next in
+        the list. True when the caller moved to another address."""
+        hint = leader_hint(error) if error is not None else ""
+        if hint and hint != self.current:
+            if hint in self.addresses:
+                self.index, self.hinted = self.addresses.index(hint), ""
+            else:
+                self.hinted = hint
+            return True
+        if self.hinted:
+            self.hinted = ""
+            return True
+        if len(self.addresses) > 1:
+            self.index = (self.index + 1) % len(self.addresses)
+            return True
+        return False
