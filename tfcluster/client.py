@@ -151,7 +151,7 @@ class Client:
 
     def code_status(self, sha256: str, size: int) -> control_pb2.CodeStatusResponse:
         """How much of the archive the coordinator holds, and its cap (sha256 "": the cap alone)."""
-        return self._call(self.stub.CodeStatus, control_pb2.CodeStatusRequest(sha256=sha256, size=size))
+        return self._call("CodeStatus", control_pb2.CodeStatusRequest(sha256=sha256, size=size))
 
     def upload_code(self, path: Path, sha256: str, size: int, offset: int,
                     sent: Callable[[int], None] = lambda received: None) -> control_pb2.UploadCodeResponse:
