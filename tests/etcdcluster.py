@@ -1,105 +1,25 @@
-"""A real etcd cluster on loopback for tests: three members of Debian's `etcd` (package etcd-server), each with its
-data dir under the test's tmp dir, stopped by PID. Tests that need it skip, saying why, when there is no etcd."""
+"""The etcd cluster of tfcluster.demo.etcd as pytest fixtures: one for the session, its data dirs under the tests'
+tmp dir. Tests that need it skip, saying why, when there is no etcd."""
 
 from __future__ import annotations
 
-import json
-import shutil
-import signal
-import subprocess
 import time
-import urllib.request
-from pathlib import Path
 
 import pytest
 
-from harness import free_port
+from tfcluster.demo.etcd import INSTALL_HINT, EtcdCluster, Member, etcd_binary
 
-ETCD = shutil.which("etcd")
-needs_etcd = pytest.mark.skipif(ETCD is None, reason="no etcd binary: apt-get install etcd-server (.ci/run does)")
+__all__ = ["ETCD", "EtcdCluster", "Member", "needs_etcd", "etcd_cluster", "etcd_prefix"]
 
-
-class Member:
-    def __init__(self, name: str, data_dir: Path):
-        self.name, self.data_dir = name, data_dir
-        self.client_port, self.peer_port = free_port(), free_port()
-        self.process: subprocess.Popen | None = None
-
-    @property
-    def endpoint(self) -> str:
-        return f"127.0.0.1:{self.client_port}"
-
-    @property
-    def peer_url(self) -> str:
-        return f"http://127.0.0.1:{self.peer_port}"
-
-
-class EtcdCluster:
-    """Members started together; `endpoints` is what a store URL names."""
-
-    def __init__(self, root: Path, size: int = 3):
-        self.root = root
-        root.mkdir(parents=True, exist_ok=True)
-        self.members = [Member(f"m{i}", root / f"m{i}") for i in range(size)]
-        self.initial = ",".join(f"{m.name}={m.peer_url}" for m in self.members)
-
-    @property
-    def endpoints(self) -> str:
-        return ",".join(m.endpoint for m in self.members)
-
-    def url(self, prefix: str = "/tfcluster") -> str:
-        return f"etcd://{self.endpoints}{prefix}"
-
-    def start(self, member: Member) -> None:
-        log = open(self.root / f"{member.name}.log", "ab")
-        member.process = subprocess.Popen(
-            [ETCD, "--name", member.name, "--data-dir", str(member.data_dir),
-             "--listen-client-urls", f"http://{member.endpoint}", "--advertise-client-urls", f"http://{member.endpoint}",
-             "--listen-peer-urls", member.peer_url, "--initial-advertise-peer-urls", member.peer_url,
-             "--initial-cluster", self.initial, "--initial-cluster-state", "new",
-             "--initial-cluster-token", self.root.name, "--heartbeat-interval", "50", "--election-timeout", "500"],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        log.close()
-
-    def start_all(self) -> "EtcdCluster":
-        for member in self.members:
-            self.start(member)
-        self.wait_healthy()
-        return self
-
-    def wait_healthy(self, timeout: float = 30) -> None:
-        """Until a member says the cluster has a leader and commits."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for member in self.members:
-                if member.process and member.process.poll() is None and _healthy(member):
-                    return
-            time.sleep(0.1)
-        raise TimeoutError(f"etcd did not come up: see {self.root}/*.log")
-
-    def stop(self, member: Member, sig: int = signal.SIGKILL) -> None:
-        if member.process and member.process.poll() is None:
-            member.process.send_signal(sig)
-            member.process.wait(timeout=30)
-
-    def stop_all(self) -> None:
-        for member in self.members:
-            self.stop(member)
-
-
-def _healthy(member: Member) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://{member.endpoint}/health", timeout=1) as response:
-            return json.loads(response.read()).get("health") == "true"
-    except (OSError, ValueError):
-        return False
+ETCD = etcd_binary()
+needs_etcd = pytest.mark.skipif(ETCD is None, reason=f"{INSTALL_HINT} (.ci/run does)")
 
 
 @pytest.fixture(scope="session")
 def etcd_cluster(tmp_path_factory):
     """One three-member cluster for the session; each test uses a prefix of its own."""
     if ETCD is None:
-        pytest.skip("no etcd binary: apt-get install etcd-server (.ci/run does)")
+        pytest.skip(f"{INSTALL_HINT} (.ci/run does)")
     cluster = EtcdCluster(tmp_path_factory.mktemp("etcd")).start_all()
     yield cluster
     cluster.stop_all()
