@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-multihost test test-unit docs docs-check bench protos clean
+.PHONY: demo demo-multihost demo-ha test test-unit docs docs-check bench protos clean
 
 # mkdocs 1.6 prints a banner about its successor on every build; it says nothing about this manual.
 export NO_MKDOCS_2_WARNING := 1
@@ -21,6 +21,10 @@ demo: $(STAMP)
 # The demo across three network-namespace hosts with their own IPs (needs root and iproute2).
 demo-multihost: $(STAMP)
 	$(PY) -m tfcluster.demo.multihost
+
+# A failover: a 3-member etcd on loopback, two coordinators, two agents, kill -9 of the leader mid-job (needs etcd).
+demo-ha: $(STAMP)
+	$(PY) -m tfcluster.demo.ha
 
 test: docs-check
 	$(PY) -m pytest -q -p no:cacheprovider

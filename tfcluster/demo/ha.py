@@ -74,7 +74,7 @@ class HaDemo:
 
     def start_cluster(self) -> None:
         self.etcd.start_all()
-        self.console.print(f"etcd: 3 members on {self.etcd.endpoints}")
+        self.console.print(f"etcd: 3 members on {self.etcd.endpoints}; state and logs in {self.root}", markup=False)
         made = subprocess.run([sys.executable, "-m", "tfcluster.cli", "ca", "init", "--dir", str(self.root / "ca"),
                                "--san", "127.0.0.1"], capture_output=True, text=True)
         if made.returncode != 0:
