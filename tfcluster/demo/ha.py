@@ -10,6 +10,7 @@ started is stopped by its process group, and its temporary dir removed, also on 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -167,7 +168,6 @@ def _kill_group(pgid: int, sig: int = signal.SIGKILL) -> None:
 
 def task_groups(root: Path) -> list[int]:
     """The process groups of the tasks the agents under root started (each attempt's status.json names them)."""
-    import json
     groups = []
     for status in root.glob("*/jobs/*/tasks/*/attempt-*/status.json"):
         try:
