@@ -28,6 +28,10 @@ MAX_MESSAGE_BYTES = 64 << 20
 CODE_CHUNK_BYTES = 1 << 20  # the coordinator takes up to 2 MiB a message (security.CHUNK)
 POLL_SECONDS = 0.5  # following a job on a coordinator without WatchJob
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+# A standby that names no other leader is in an election, or is itself taking over: both take about a leader
+# lease's life (2 s) and the build of the coordinator, so a call waits that long for a leader before failing.
+ELECTION_WAIT_SECONDS = 10.0
+ELECTION_POLL_SECONDS = 0.25
 
 
 class ClientError(Exception):
@@ -70,6 +74,7 @@ class Client:
         except ValueError as e:
             raise ClientError(f"--coordinator: {e}", exit_code=2) from None
         self.credentials = credentials if credentials is not None else credentials_for()
+        self.election_ends: float | None = None  # set by the first standby's answer: see _await_leader
         self._connect()
 
     def _connect(self) -> None:
@@ -79,13 +84,30 @@ class Client:
 
     def _follow(self, error: grpc.RpcError, tried: int) -> bool:
         """After a call failed: moves to the leader a standby named, or to the next coordinator given, while
-        some are left to try (True); False: the error stands."""
-        if error.code() not in RETRYABLE or _store_refused(error) or tried > len(self.coordinators.addresses) or \
-                not self.coordinators.failed(error):
+        some are left to try, or waits for an election to end (True); False: the error stands."""
+        if error.code() not in RETRYABLE or _store_refused(error):
             return False
+        if tried <= len(self.coordinators.addresses) and self.coordinators.failed(error):
+            self._reconnect()
+            return True
+        return self._await_leader(error)
+
+    def _await_leader(self, error: grpc.RpcError) -> bool:
+        """Once a standby has answered, no leader yet is an election under way: the call is tried again, on
+        each coordinator given in turn, until ELECTION_WAIT_SECONDS after that first answer."""
+        now = time.monotonic()
+        if self.election_ends is None and is_standby(error):
+            self.election_ends = now + ELECTION_WAIT_SECONDS
+        if self.election_ends is None or now >= self.election_ends:
+            return False
+        time.sleep(ELECTION_POLL_SECONDS)
+        self.coordinators.failed(error)
+        self._reconnect()
+        return True
+
+    def _reconnect(self) -> None:
         self.channel.close()
         self._connect()
-        return True
 
     def close(self) -> None:
         self.channel.close()
@@ -100,7 +122,9 @@ class Client:
         tried = 0
         while True:
             try:
-                return getattr(self.stub, method)(request, timeout=timeout, wait_for_ready=False)
+                reply = getattr(self.stub, method)(request, timeout=timeout, wait_for_ready=False)
+                self.election_ends = None  # a leader answered: a later failover gets a wait of its own
+                return reply
             except grpc.RpcError as e:
                 tried += 1
                 if not self._follow(e, tried):
@@ -139,15 +163,20 @@ class Client:
         from tfcluster.wire import spec_to_proto
 
         request = control_pb2.SubmitJobRequest(spec=spec_to_proto(spec), client_request_id=uuid.uuid4().hex)
-        for attempt in range(SUBMIT_TRIES + len(self.coordinators.addresses)):
+        tried = backed_off = 0
+        while True:
             try:
-                return self.stub.SubmitJob(request, timeout=RPC_TIMEOUT_SECONDS).job_id
+                job_id = self.stub.SubmitJob(request, timeout=RPC_TIMEOUT_SECONDS).job_id
+                self.election_ends = None
+                return job_id
             except grpc.RpcError as e:
-                if e.code() not in RETRYABLE or _store_refused(e) or attempt >= SUBMIT_TRIES - 1:
+                tried += 1
+                if self._follow(e, tried):  # another coordinator, at once; or a leader being elected
+                    continue
+                if e.code() not in RETRYABLE or _store_refused(e) or backed_off >= SUBMIT_TRIES - 1:
                     raise self._error(e) from None
-                if not (self.coordinators.several and self._follow(e, 0)):  # another coordinator: at once
-                    time.sleep(0.25 * 2 ** attempt)
-        raise AssertionError("unreachable")
+                time.sleep(0.25 * 2 ** backed_off)
+                backed_off, tried = backed_off + 1, 0
 
     def code_status(self, sha256: str, size: int) -> control_pb2.CodeStatusResponse:
         """How much of the archive the coordinator holds, and its cap (sha256 "": the cap alone)."""

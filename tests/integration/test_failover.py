@@ -6,10 +6,12 @@ steps down without a write, and the new leader's view stands."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
@@ -102,6 +104,8 @@ def test_kill_9_of_the_leader_loses_nothing_and_launches_nothing_twice(ha, tmp_p
     old = ha.leader()
     ha.leading().kill()
     killed = time.monotonic()
+    # A status asked during the election waits for the new leader's answer rather than failing.
+    asked = ThreadPoolExecutor(1).submit(ha.cli, "status", "--json", check=True)
     new = wait_until(lambda: (lambda a: a if a and a != old else "")(ha.leader()), 5, interval=0.05,
                      what="a standby to serve")
     served = time.monotonic() - killed
@@ -109,6 +113,7 @@ def test_kill_9_of_the_leader_loses_nothing_and_launches_nothing_twice(ha, tmp_p
                interval=0.1, what="both agents registered with the new leader")
     back = time.monotonic() - killed
     print(f"standby served after {served:.2f} s; both agents registered again after {back:.2f} s")
+    assert json.loads(asked.result(timeout=30).stdout)["summary"]["leader"] == new
     job = ha.wait_job(job_id, timeout=60)
     assert job["state"] == "SUCCEEDED" and job["restarts"] == 0, job
     assert all(t["attempt"] == 1 for t in job["tasks"]), "no task was launched again"

@@ -18,6 +18,8 @@ import threading
 import time
 from collections.abc import Callable
 
+import grpc
+
 from tfcluster.daemon.coordinator import status
 from tfcluster.daemon.coordinator.etcdstore import EtcdStore, Guard
 from tfcluster.daemon.coordinator.leadership import Leadership, LeaderInfo, LeaderStore
@@ -74,9 +76,10 @@ class HighlyAvailable:
                       asyncio.create_task(self._report_to_systemd())]
         try:
             while not self.stop.is_set():
-                if not await self._stand_by():
+                refusing = await self._stand_by()
+                if refusing is None:
                     break
-                await self._lead()
+                await self._lead(refusing)
         finally:
             for task in background:
                 task.cancel()
@@ -97,8 +100,9 @@ class HighlyAvailable:
             self.notifier.watchdog(line) if self.notifier.watchdog_seconds else self.notifier.status(line)
             await asyncio.sleep(every)
 
-    async def _stand_by(self) -> bool:
-        """Serves refusals and keeps the warm copy until this coordinator wins (True) or is stopped (False)."""
+    async def _stand_by(self) -> list[grpc.aio.Server] | None:
+        """Serves refusals and keeps the warm copy until this coordinator wins (the refusal servers, still
+        serving) or is stopped (None)."""
         self.state = "standby"
         leader = self.leadership
         servers = [refusal_server(self.listen, lambda: leader.leader.address, self.credentials)]
@@ -116,29 +120,42 @@ class HighlyAvailable:
         stopped.set()
         stop_waiter.cancel()
         won = await campaign
-        await asyncio.gather(*(server.stop(0) for server in servers))
         if not won or self.stop.is_set():
+            await asyncio.gather(*(server.stop(0) for server in servers))
             warm.stop()
-            return False
+            return None
         self.warm = warm
-        return True
+        return servers
 
-    async def _lead(self) -> None:
-        """Serves as the leader until the process is stopped (the last changes are written, the key given
-        up) or the leadership is lost (nothing more is written or sent)."""
-        self.state = "leader"
+    async def _take_over(self, ended: asyncio.Event) -> CoordinatorServer:
+        """The leader's coordinator, built from the warm copy, fenced on this term and serving; ended is set
+        when the term ends (the lease is lost, or a write is fenced)."""
         leadership, loop = self.leadership, asyncio.get_running_loop()
         store = self.open_store()
         store.guard = Guard(leadership.key, leadership.revision)
         documents = await loop.run_in_executor(None, self.warm.current)
         self.warm.stop()
-        ended = asyncio.Event()
         leadership.on_lost = lambda why: loop.call_soon_threadsafe(ended.set)
         server = self.make_server(LeaderStore(store, leadership, lambda: documents))
         server.coordinator.acting = leadership.holds
         server.coordinator.leader_address = self.me.address
         server.coordinator.persistence.on_fenced = ended.set
         self.server = await server.start()
+        return server
+
+    async def _lead(self, refusing: list[grpc.aio.Server]) -> None:
+        """Serves as the leader until the process is stopped (the last changes are written, the key given
+        up) or the leadership is lost (nothing more is written or sent).
+
+        The refusals stop only once the leader's server listens beside them (gRPC binds with SO_REUSEPORT):
+        a client never finds the port closed during the takeover, only a standby's answer it retries."""
+        self.state = "leader"
+        ended = asyncio.Event()
+        try:
+            server = await self._take_over(ended)
+        finally:
+            await asyncio.gather(*(refusal.stop(0) for refusal in refusing))
+        leadership = self.leadership
         waiters = [asyncio.create_task(self.stop.wait()), asyncio.create_task(ended.wait())]
         await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
         for waiter in waiters:
