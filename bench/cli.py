@@ -20,6 +20,7 @@ Prints a table and writes bench/cli.json.
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import os
 import statistics
@@ -29,6 +30,8 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
@@ -89,6 +92,23 @@ def start_figures(cluster: LocalCluster, rounds: int) -> dict[str, str]:
             "start_by_client_library_to_running": ms(by_library)}
 
 
+def cpu_seconds(cluster: LocalCluster) -> dict[str, float]:
+    """CPU used so far by the coordinator, the agents, and what the agents started (task launchers, shims and
+    the tasks, reaped by the launcher or still alive), and this process (the client)."""
+    def used(process: psutil.Process) -> float:
+        try:
+            times = process.cpu_times()
+            return times.user + times.system + times.children_user + times.children_system
+        except psutil.NoSuchProcess:
+            return 0.0
+
+    agents = [psutil.Process(agent.proc.pid) for agent in cluster.agents.values()]
+    return {"coordinator": used(psutil.Process(cluster.coordinator.proc.pid)),
+            "agents": sum(used(agent) for agent in agents),
+            "launchers_shims_tasks": sum(used(child) for agent in agents for child in agent.children()),
+            "client": used(psutil.Process())}
+
+
 def throughput_figures(cluster: LocalCluster, jobs: int) -> dict[str, str]:
     from tfcluster.states import ENDED_JOB_STATES, JobState
     from tfcluster.specfile import parse_spec
@@ -96,16 +116,20 @@ def throughput_figures(cluster: LocalCluster, jobs: int) -> dict[str, str]:
     spec = parse_spec({"name": "tiny", "strategy": "multi_worker_mirrored", "workdir": "/", "command": ["true"],
                        "roles": {"worker": {"count": 2}}}, source="bench")
     with cluster.client() as client, ThreadPoolExecutor(SUBMITTING_THREADS) as pool:
+        cpu_before = cpu_seconds(cluster)
         first = time.time()
         ids = list(pool.map(lambda _: client.submit(spec), range(jobs)))
         submitted = time.time() - first
         ended = [next(j for j in client.watch(job_id, ENDED_JOB_STATES) if j.state in ENDED_JOB_STATES) for job_id in ids]
+        cpu = {k: (v - cpu_before[k]) / jobs * 1000 for k, v in cpu_seconds(cluster).items()}
     failed = [j.id for j in ended if j.state != JobState.SUCCEEDED]
     elapsed = max(j.finished for j in ended) - first
     return {"throughput_jobs": f"{jobs} of 2 tasks running `true` ({len(failed)} not SUCCEEDED)",
             "throughput_submit_only": f"{jobs / submitted:.0f} jobs/s",
             "throughput_jobs_per_second": f"{jobs / elapsed:.1f} jobs/s (first submission to last SUCCEEDED: "
-                                          f"{elapsed:.2f} s)"}
+                                          f"{elapsed:.2f} s)",
+            "throughput_cpu_per_job": f"{sum(cpu.values()):.1f} ms (" + ", ".join(f"{k} {v:.1f}" for k, v in cpu.items())
+                                      + f"; {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f})"}
 
 
 def by_hand(workdir: Path, epochs: int) -> float:
@@ -155,6 +179,9 @@ def main() -> None:
     options = parser.parse_args()
     figures = options.figures or FIGURES
     rounds = 5 if options.quick else 21
+    # An installed tfcluster has its bytecode compiled (pip does it); a checkout run with
+    # PYTHONDONTWRITEBYTECODE would compile every module at each command and measure the compiler.
+    compileall.compile_dir(ROOT / "tfcluster", quiet=1)
     results: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="tfcluster-bench-", dir="/var/tmp") as tmp:
         os.chmod(tmp, 0o711)  # tasks run as their jobs' users: they must reach what is under it
