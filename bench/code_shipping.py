@@ -44,7 +44,7 @@ from harness import PYTHON, kill_group, running_cluster  # noqa: E402
 from tfcluster.cli.code import ship_code  # noqa: E402
 from tfcluster.demo.hosts import TestHosts, unavailable  # noqa: E402
 from tfcluster.spec import JobSpec, RoleSpec  # noqa: E402
-from tfcluster.wire import job_doc  # noqa: E402
+from tfcluster.views import job_doc  # noqa: E402
 
 FILE_BYTES = 1 << 20
 # Room for one 100 MB entry (archive and tree) per agent: the previous round's goes when the next arrives.

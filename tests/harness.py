@@ -243,7 +243,7 @@ class LocalCluster:
         return result
 
     def status(self, job_id: str | None = None) -> dict:
-        from tfcluster.wire import status_doc
+        from tfcluster.views import status_doc
         with self.client() as client:
             response = client.status(job_id or "")
             return status_doc(response.nodes, response.jobs, response.summary)

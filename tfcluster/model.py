@@ -112,7 +112,7 @@ class TaskExit:
 
     The same value all the way: the shim records it in the attempt's status file (taskfiles.ShimStatus), its
     agent sends it in a TaskReport (wire.py), the coordinator keeps it as the task's exit and in the job's last
-    failure, and the status views show it (wire.job_status, wire.job_doc)."""
+    failure, and the status views show it (wire.job_status, views.job_doc)."""
     exit_code: int | None = None
     signal: int | None = None
     message: str = ""

@@ -1,14 +1,13 @@
 """Every conversion between tfcluster's values and the wire messages (tfcluster.api.v1), in one place.
 
 What arrives from the network is checked here, at the edge: a bad or oversized field raises ValueError
-naming it (the servers answer INVALID_ARGUMENT), so nothing malformed reaches the core. Status documents
-(`tfcluster status --json`) are built here from the status messages too.
+naming it (the servers answer INVALID_ARGUMENT), so nothing malformed reaches the core. What the CLI prints
+with --json, built from these messages, is in views.py.
 """
 
 from __future__ import annotations
 
 import ipaddress
-import json
 import math
 import os
 import posixpath
@@ -20,7 +19,6 @@ from tfcluster.model import (MAX_CODE_SOURCES, MAX_GPUS_PER_NODE, NODE_NAME_RE, 
                              EnvironmentSpec, Evaluation, ExpectFiles, FinishTraining, Gpu, Launch, LogData, NodeInfo,
                              ReadLog, Revocations, ShipCheckpoints, Stop, SyncCheckpoints, SyncResult, TaskExit,
                              TaskProgress, TaskReport, control_character, printable)
-from tfcluster.roles.tfconfig import build_tf_configs
 from tfcluster.spec import JobSpec, RestartPolicy, RoleSpec, validate
 from tfcluster.states import JobState, Phase
 
@@ -401,78 +399,6 @@ def plan_response(plan, commands: dict[tuple[str, int], tuple[str, ...]]) -> con
     return response
 
 
-# ---- status documents (`tfcluster status --json`: its fields are a contract) -----------------------
-
-def gpu_doc(g) -> dict[str, Any]:
-    return {"index": g.index, "uuid": g.uuid, "name": g.name, "memory_mib": g.memory_mib}
-
-
-def node_doc(n: control_pb2.NodeStatus) -> dict[str, Any]:
-    return {"name": n.name, "address": n.address, "state": n.state, "gpus": [gpu_doc(g) for g in n.gpus],
-            "hostname": n.hostname, "cpu_count": n.cpu_count, "memory_bytes": n.memory_bytes,
-            "memory_allocated_bytes": n.memory_allocated_bytes,
-            "agent_version": n.agent_version, "last_seen_seconds_ago": round(n.last_seen_seconds_ago, 3),
-            "port_range": [n.port_range_start, n.port_range_end], "running_tasks": n.running_tasks,
-            "condition": n.condition}
-
-
-def evaluation_doc(e) -> dict[str, Any]:
-    return {"checkpoint": e.checkpoint, "step": e.step, "metrics": dict(e.metrics), "time": e.time}
-
-
-def _optional(msg, field: str):
-    return getattr(msg, field) if msg.HasField(field) else None
-
-
-def job_doc(j: control_pb2.JobStatus) -> dict[str, Any]:
-    # Every task's TF_CONFIG is the training tasks' cluster plus the task itself: rebuilt here, not sent.
-    placed = [(t.type, t.index, t.address) for t in j.tasks if t.address]
-    tf_configs = build_tf_configs(placed) if any(t[0] != "evaluator" for t in placed) else {}
-    tasks = [{"type": t.type, "index": t.index, "node": t.node, "address": t.address,
-              "gpus": [gpu_doc(g) for g in t.gpus], "state": t.state, "pid": t.pid or None,
-              "exit_code": _optional(t, "exit_code"), "signal": _optional(t, "signal"), "attempt": t.attempt,
-              "message": t.message, "tf_config": t.tf_config or tf_configs.get((t.type, t.index), "")}
-             for t in j.tasks]
-    f = j.last_failure
-    failure = {"task": f.task, "node": f.node, "exit_code": _optional(f, "exit_code"), "signal": _optional(f, "signal"),
-               "message": f.message, "log_tail": list(f.log_tail), "time": f.time, "description": f.description}
-    return {"id": j.id, "name": j.name, "state": j.state, "strategy": j.strategy, "restarts": j.restarts,
-            "message": j.message, "created": j.created, "finished": j.finished or None, "tasks": tasks,
-            "evaluation": {"latest": evaluation_doc(j.last_evaluation) if j.HasField("last_evaluation") else None,
-                           "history": [evaluation_doc(e) for e in j.evaluations]},
-            "last_failure": failure if j.HasField("last_failure") else None,
-            "evaluator_restarts": j.evaluator_restarts, "preemptions": j.preemptions, "uid": j.uid or None,
-            "owner": j.owner, "priority": j.priority, "queue_position": j.queue_position or None,
-            "waiting_since": j.waiting_since or None,
-            "usage": {"gpu_seconds": j.gpu_seconds, "cpu_seconds": j.cpu_seconds, "peak_rss_bytes": j.peak_rss_bytes},
-            "preempted_by": j.preempted_by or None, "preempted_by_owner": j.preempted_by_owner or None,
-            "preempted_at": j.preempted_at or None}
-
-
-def plan_doc(p: control_pb2.PlanJobResponse) -> dict[str, Any]:
-    return {"fits": p.fits, "reason": p.reason, "strategy": p.strategy, "tasks": [
-        {"type": t.task_type, "index": t.task_index, "node": t.node, "address": t.address,
-         "gpus": [g.index for g in t.gpus], "command": list(t.command), "env_names": list(t.env_names),
-         "tf_config": json.loads(t.tf_config)}
-        for t in p.tasks]}
-
-
-def summary_doc(s: control_pb2.ClusterSummary) -> dict[str, Any]:
-    return {"nodes_by_state": dict(s.nodes_by_state), "gpus_total": s.gpus_total,
-            "gpus_allocated": s.gpus_allocated, "jobs_by_state": dict(s.jobs_by_state), "insecure": s.insecure,
-            "leader": s.leader}
-
-
-def usage_doc(u: control_pb2.GetUsageResponse) -> dict[str, Any]:
-    """`tfcluster usage --json`: one object."""
-    def totals(t: control_pb2.UsageTotals) -> dict[str, Any]:
-        return {"name": t.name, "gpu_seconds": t.gpu_seconds, "cpu_seconds": t.cpu_seconds,
-                "peak_rss_bytes": t.peak_rss_bytes, "jobs": t.jobs}
-
-    return {"since": u.since, "until": u.until, "horizon_seconds": u.horizon_seconds,
-            "users": [totals(t) for t in u.users], "groups": [totals(t) for t in u.groups]}
-
-
 def usage_response(users: dict[str, Any], groups: dict[str, Any], since: float, until: float,
                    horizon_seconds: float) -> control_pb2.GetUsageResponse:
     """accounting.Totals per user and per group as the reply of GetUsage, most GPU-seconds first."""
@@ -484,9 +410,23 @@ def usage_response(users: dict[str, Any], groups: dict[str, Any], since: float, 
     return response
 
 
-def status_doc(nodes, jobs, summary: control_pb2.ClusterSummary | None = None) -> dict[str, Any]:
-    doc = {"nodes": [node_doc(n) for n in nodes], "jobs": [job_doc(j) for j in jobs]}
-    if summary is not None:
-        doc["summary"] = summary_doc(summary)
-    return doc
+# ---- the queue and the policy ------------------------------------------------------------------
 
+WAITING_TO_BE_TRIED = "waiting to be placed"
+
+
+def queued_job(job, position: int, now: float) -> control_pb2.QueuedJob:
+    """One PENDING job of the coordinator's queue, as GetQueue lists it."""
+    # Only the scheduler's own words: every reader sees the queue, and a job's other messages (how its last
+    # attempt ended) are for those who may read the job.
+    reason = job.message if job.message.startswith("waiting") else WAITING_TO_BE_TRIED
+    if job.not_before > now:
+        reason = f"restarting: not placed again for {job.not_before - now:.0f} s (backoff)"
+    return control_pb2.QueuedJob(position=position, id=job.id, name=job.spec.name, owner=job.owner,
+                                 priority=job.priority, rank=job.rank, tasks=len(job.tasks),
+                                 gpus=sum(job.spec.gpus_for(t.type) for t in job.tasks), reason=reason,
+                                 waiting_since=max(job.created, job.not_before), not_before=job.not_before)
+
+
+def policy_response(policy) -> control_pb2.GetPolicyResponse:
+    return control_pb2.GetPolicyResponse(text=policy.text, source=policy.source, loaded_at=policy.loaded_at)

@@ -111,7 +111,7 @@ def submit_all(cluster: LocalCluster, hold: Path) -> list[dict]:
 
 
 def every_job(cluster: LocalCluster) -> dict[str, dict]:
-    from tfcluster.wire import job_doc
+    from tfcluster.views import job_doc
     with cluster.client() as client:
         return {j.id: job_doc(j) for j in client.all_jobs()}
 

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from coresim import Sim, info, make_spec
 
-from tfcluster import wire
+from tfcluster import views, wire
 from tfcluster.daemon.coordinator import access
 from tfcluster.daemon.coordinator.metrics import ModelCollector
 from tfcluster.model import Evaluation
@@ -44,9 +44,9 @@ def test_another_users_view_keeps_state_owner_and_size_and_leaks_nothing_the_job
     full = wire.job_status(job)
     assert SECRET in str(full), "the owner sees the failure as it was"
     seen = access.job_status_for(BOB, wire.job_status)(job)
-    assert SECRET not in str(seen) and SECRET not in str(wire.job_doc(seen))
+    assert SECRET not in str(seen) and SECRET not in str(views.job_doc(seen))
     assert all(not t.address and not t.pid and not t.message for t in seen.tasks)
-    doc = wire.job_doc(seen)
+    doc = views.job_doc(seen)
     assert all(t["tf_config"] == "" for t in doc["tasks"]), "TF_CONFIG is not rebuilt from hidden addresses"
     assert (seen.id, seen.state, seen.owner, seen.restarts) == (full.id, full.state, "alice", full.restarts)
     assert [(t.type, t.index, t.node, len(t.gpus), t.state) for t in seen.tasks] == \

@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 from coresim import Sim, info, launches, make_spec
 
-from tfcluster import wire
+from tfcluster import views, wire
 from tfcluster.api.v1 import types_pb2
 from tfcluster.daemon.agent.taskrecord import TaskRecord, exit_of
 from tfcluster.daemon.agent.taskfiles import ShimStatus
@@ -77,7 +77,7 @@ def test_a_shims_record_reaches_the_job_status_and_status_json_whole(tmp_path):
     task = job.task("worker", 1)
     assert task.exit == TaskExit(signal=9, log_tail=TAIL)
     assert (job.last_failure.exit, job.last_failure.time) == (task.exit, sim.now)
-    doc = wire.job_doc(wire.job_status(job))
+    doc = views.job_doc(wire.job_status(job))
     shown = next(t for t in doc["tasks"] if (t["type"], t["index"]) == ("worker", 1))
     assert (shown["exit_code"], shown["signal"]) == (None, 9)
     failure = doc["last_failure"]
@@ -97,5 +97,5 @@ def test_a_start_failure_keeps_its_message_and_busy_port_to_the_views(tmp_path):
     sim.c.report(worker.node, wire.task_report_from_proto(types_pb2.TaskReport.FromString(sent)), sim.now)
     assert job.task("worker", 0).exit == exit
     assert 20001 in sim.c.nodes[worker.node].seen.busy_ports, "the node's busy port is avoided when placing again"
-    shown = next(t for t in wire.job_doc(wire.job_status(job))["tasks"] if (t["type"], t["index"]) == ("worker", 0))
+    shown = next(t for t in views.job_doc(wire.job_status(job))["tasks"] if (t["type"], t["index"]) == ("worker", 0))
     assert shown["message"] == exit.message and (shown["exit_code"], shown["signal"]) == (None, None)

@@ -12,7 +12,7 @@ import pytest
 from coresim import Sim, info, keys, launches, make_spec, stops
 from rich.console import Console
 
-from tfcluster import wire
+from tfcluster import views, wire
 from tfcluster.daemon.coordinator import preemption, records
 from tfcluster.model import SyncCheckpoints
 from tfcluster.render import render_status
@@ -227,10 +227,10 @@ def test_status_json_the_table_and_the_store_keep_who_preempted_the_job_and_when
                                   [records.dumps(records.task_doc(t)) for t in low.tasks], [])
     assert (saved.preempted_by, saved.held_for, saved.preempted_at) == (high.id, high.id, sim.now)
     sim.exit_stopped(low, commands)
-    doc = wire.job_doc(wire.job_status(low))
+    doc = views.job_doc(wire.job_status(low))
     assert (doc["preempted_by"], doc["preempted_by_owner"], doc["preempted_at"]) == (high.id, "alice", sim.now)
     assert doc["preemptions"] == 1 and doc["restarts"] == 0 and doc["message"].startswith("preempted by alice's job")
-    untouched = wire.job_doc(wire.job_status(high))
+    untouched = views.job_doc(wire.job_status(high))
     assert untouched["preempted_by"] is None and untouched["preempted_at"] is None
     console = Console(width=200, record=True)
     console.print(render_status([], [wire.job_status(low)]))

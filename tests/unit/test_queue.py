@@ -209,7 +209,7 @@ def test_metrics_count_the_queue_by_class_and_the_wait_until_a_job_first_runs():
 
 
 def test_the_queue_shows_the_schedulers_reasons_and_nothing_a_job_printed():
-    from tfcluster.queuewire import queued_job
+    from tfcluster.wire import queued_job
 
     sim = sim_with("[users.alice]\ngpus = 1\n", info("n1", 2))
     submit(sim, "alice")

@@ -150,7 +150,7 @@ def plan(
     tls_dir: Optional[Path] = TlsDirOpt,
 ) -> None:
     """Show where a job's tasks would go and every TF_CONFIG; launches nothing."""
-    from tfcluster import wire
+    from tfcluster import views
     from tfcluster.render import render_plan
 
     spec = _load_spec(spec_file)
@@ -160,7 +160,7 @@ def plan(
         except ClientError as e:
             fail(str(e), e.exit_code)
     if as_json:
-        print(json.dumps(wire.plan_doc(result), indent=2))
+        print(json.dumps(views.plan_doc(result), indent=2))
     elif not result.fits:
         err.print(f"{spec.name} does not fit now: {result.reason}", markup=False)
     else:
@@ -197,10 +197,10 @@ def status(
             except ClientError as e:
                 fail(str(e), e.exit_code)
         if as_json:
-            from tfcluster import wire
+            from tfcluster import views
 
             nodes, jobs, summary = fetch()
-            doc = wire.status_doc(nodes, jobs, summary)
+            doc = views.status_doc(nodes, jobs, summary)
             if summary is not None:
                 doc["summary"]["dashboard"] = _dashboard(client, summary)
             print(json.dumps(doc, indent=2))

@@ -22,7 +22,7 @@ def queue(
     tls_dir: Optional[Path] = TlsDirOpt,
 ) -> None:
     """Show the pending jobs in the order they will be placed: owner, class, size, why each waits, for how long."""
-    from tfcluster import queuewire
+    from tfcluster import views
 
     with connect(coordinator, tls_dir) as client:
         try:
@@ -30,7 +30,7 @@ def queue(
         except ClientError as e:
             fail(str(e), e.exit_code)
     now = time.time()
-    doc = queuewire.queue_doc(response, now)
+    doc = views.queue_doc(response, now)
     if as_json:
         print(json.dumps(doc, indent=2))
         return
@@ -55,7 +55,7 @@ def policy(
     tls_dir: Optional[Path] = TlsDirOpt,
 ) -> None:
     """Show the policy in force: the file the coordinator loaded (`--policy`, reloaded on SIGHUP), and when."""
-    from tfcluster import queuewire
+    from tfcluster import views
 
     with connect(coordinator, tls_dir) as client:
         try:
@@ -63,7 +63,7 @@ def policy(
         except ClientError as e:
             fail(str(e), e.exit_code)
     if as_json:
-        print(json.dumps(queuewire.policy_doc(response), indent=2))
+        print(json.dumps(views.policy_doc(response), indent=2))
         return
     if not response.source:
         print("no policy: one priority class, no quotas; jobs are placed first come, first placed "

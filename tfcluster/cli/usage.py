@@ -26,9 +26,9 @@ def usage(
     window = parse_duration(since, "--since")
     report = ask(coordinator, tls_dir, lambda client: client.usage(window))
     if as_json:
-        from tfcluster import wire
+        from tfcluster import views
 
-        print(json.dumps(wire.usage_doc(report), indent=2))
+        print(json.dumps(views.usage_doc(report), indent=2))
     else:
         from tfcluster.render import render_usage
 

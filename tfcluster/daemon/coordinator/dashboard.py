@@ -21,7 +21,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from tfcluster import __version__, queuewire, wire
+from tfcluster import __version__, views, wire
 from tfcluster.api.v1 import control_pb2
 from tfcluster.daemon.coordinator import access, status
 from tfcluster.daemon.coordinator.accounting import job_usage
@@ -105,7 +105,7 @@ class Dashboard:
     # ---- the API -----------------------------------------------------------------------------------
 
     async def _summary(self, request: web.Request) -> web.Response:
-        summary = wire.summary_doc(control_pb2.ClusterSummary(**status.summary(self.c.cluster),
+        summary = views.summary_doc(control_pb2.ClusterSummary(**status.summary(self.c.cluster),
                                                               insecure=self.c.authority is None))
         who = request.get(CALLER)
         return json_response({**summary, "version": __version__, "time": self.c.clock(),
@@ -128,14 +128,14 @@ class Dashboard:
     async def _job(self, request: web.Request) -> web.Response:
         job, now = self._readable_job(request), self.c.clock()
         position = self.c.cluster.queue_positions(now).get(job.id, 0) if job.state == JobState.PENDING else 0
-        return json_response(wire.job_doc(wire.job_status(job, job_usage(job, now), position)))
+        return json_response(views.job_doc(wire.job_status(job, job_usage(job, now), position)))
 
     async def _queue(self, request: web.Request) -> web.Response:
         """The pending jobs in queue order, as `tfcluster queue --json` prints them."""
         now = self.c.clock()
         order = self.c.cluster.queue_order(now)
-        shown = [queuewire.queued_job(job, n, now) for n, job in enumerate(order[:QUEUE_SHOWN], 1)]
-        return json_response(queuewire.queue_doc(control_pb2.GetQueueResponse(jobs=shown, total=len(order)), now))
+        shown = [wire.queued_job(job, n, now) for n, job in enumerate(order[:QUEUE_SHOWN], 1)]
+        return json_response(views.queue_doc(control_pb2.GetQueueResponse(jobs=shown, total=len(order)), now))
 
     async def _nodes(self, request: web.Request) -> web.Response:
         c = self.c.cluster
@@ -145,7 +145,7 @@ class Dashboard:
         page, more = _page(entries, _limit(request))
         nodes = []
         for node in page:
-            doc = wire.node_doc(wire.node_status(node, running[node.name], now, memory.get(node.name, 0)))
+            doc = views.node_doc(wire.node_status(node, running[node.name], now, memory.get(node.name, 0)))
             doc["tasks"] = [{"job": job.id, "task": task.key, "state": task.state.value,
                              "gpus": [g.index for g in task.gpus]}
                             for job, task in c.nodes.placed_on(node.name) if task.live]

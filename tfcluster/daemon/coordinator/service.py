@@ -20,7 +20,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
-from tfcluster import __version__, pki, queuewire, security, wire
+from tfcluster import __version__, pki, security, wire
 from tfcluster.api.v1 import agent_pb2_grpc, control_pb2, control_pb2_grpc
 from tfcluster.auth import async_server_interceptors
 from tfcluster.daemon.coordinator import access, accounting, status
@@ -243,11 +243,11 @@ class ControlServicer(CodeServicer, control_pb2_grpc.ControlServiceServicer):
         now = self.c.clock()
         order = self.c.cluster.queue_order(now)
         shown = order[:request.limit] if request.limit else order
-        return control_pb2.GetQueueResponse(jobs=[queuewire.queued_job(job, position, now)
+        return control_pb2.GetQueueResponse(jobs=[wire.queued_job(job, position, now)
                                                   for position, job in enumerate(shown, 1)], total=len(order))
 
     async def GetPolicy(self, request, context):
-        return queuewire.policy_response(self.c.cluster.policy)
+        return wire.policy_response(self.c.cluster.policy)
 
     def _encoder(self, pending: list[Job] | None = None):
         """job -> its status as the caller may read it (access.py), with what it used up to now and, while it is
