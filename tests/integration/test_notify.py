@@ -20,7 +20,7 @@ from tfcluster.daemon.agent.agent import Agent, AgentConfig
 from tfcluster.daemon.agent.discovery import host_info
 from tfcluster.daemon.agent.liveness import READY_WITHOUT_COORDINATOR_SECONDS, SystemdReporter
 from tfcluster.daemon.coordinator.process import BackgroundCoordinator
-from tfcluster.daemon.coordinator.service import CoordinatorServer
+from tfcluster.daemon.coordinator.coordinatorserver import CoordinatorServer
 from tfcluster.daemon.notify import Notifier
 
 WATCHDOG_SECONDS = 1.0  # beats every 0.5 s

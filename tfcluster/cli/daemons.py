@@ -149,7 +149,7 @@ def coordinator(
 
     from tfcluster.daemon.coordinator.policy import PolicyError
     from tfcluster.daemon.coordinator.process import serve
-    from tfcluster.daemon.coordinator.service import CoordinatorServer
+    from tfcluster.daemon.coordinator.coordinatorserver import CoordinatorServer
     from tfcluster.daemon.coordinator.store import Conflict, StoreUrlError
     from tfcluster.daemon.web import HttpError
     from tfcluster.pki import PkiError

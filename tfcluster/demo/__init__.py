@@ -31,7 +31,7 @@ from tfcluster.daemon.agent.agent import Agent, AgentConfig
 from tfcluster.daemon.agent.discovery import host_info
 from tfcluster.daemon.agent.identity import NodeIdentity
 from tfcluster.daemon.coordinator.process import BackgroundCoordinator
-from tfcluster.daemon.coordinator.service import CoordinatorServer
+from tfcluster.daemon.coordinator.coordinatorserver import CoordinatorServer
 from tfcluster.model import Gpu
 from tfcluster.render import render_status
 from tfcluster.security import Credentials

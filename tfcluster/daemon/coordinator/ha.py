@@ -24,7 +24,7 @@ from tfcluster.daemon.coordinator import status
 from tfcluster.daemon.coordinator.etcdstore import EtcdStore, Guard
 from tfcluster.daemon.coordinator.leadership import Leadership, LeaderInfo, LeaderStore
 from tfcluster.daemon.coordinator.process import keep_long_lived_objects_out_of_the_collector, raise_open_file_limit
-from tfcluster.daemon.coordinator.service import CoordinatorServer
+from tfcluster.daemon.coordinator.coordinatorserver import CoordinatorServer
 from tfcluster.daemon.coordinator.standby import WarmCopy, refusal_server
 from tfcluster.daemon.coordinator.store import Conflict
 from tfcluster.daemon.notify import Notifier
@@ -176,7 +176,7 @@ def run(options: dict, listen: str, join_listen: str, tls_dir, store_url: str, e
     """`tfcluster coordinator --store etcd://...`: options are CoordinatorServer's (the same for every term)."""
     from tfcluster import pki, security
     from tfcluster.daemon.coordinator.etcdstore import open_etcd
-    from tfcluster.daemon.coordinator.service import next_port, read_policy
+    from tfcluster.daemon.coordinator.coordinatorserver import next_port, read_policy
 
     if options.get("policy_path") is not None:  # a mistake in it stops the start, not a later takeover
         read_policy(options["policy_path"], time.time())

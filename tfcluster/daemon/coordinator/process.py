@@ -10,7 +10,7 @@ import threading
 import time
 
 from tfcluster.daemon.coordinator import status
-from tfcluster.daemon.coordinator.service import CoordinatorServer
+from tfcluster.daemon.coordinator.coordinatorserver import CoordinatorServer
 from tfcluster.daemon.notify import Notifier
 
 FREEZE_EVERY_SECONDS = 10.0
