@@ -7,7 +7,7 @@ node (reconcile.py), so a lost message heals within a few seconds instead of wai
 
 The nodes (nodes.py: registry, liveness, what is placed where) and the jobs (jobs.py: live and ended ones,
 request ids, task UIDs, numbering, retention) each keep their own indexes; an event here changes both, and
-hands every job it changed to _settle, which tells each of them.
+hands every job it changed to settle, which tells each of them. A scheduling pass is schedulepass.py.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from tfcluster.daemon.coordinator.nodes import Nodes
 from tfcluster.daemon.coordinator.observer import Observer
 from tfcluster.daemon.coordinator.policy import NO_POLICY, Policy
 from tfcluster.daemon.coordinator.reconcile import reconcile_node
+from tfcluster.daemon.coordinator.schedulepass import SchedulePass
 from tfcluster.daemon.coordinator.scheduler import NodeCapacity, TaskPlacement, Unfit, place
 from tfcluster.daemon.logformat import fields
 from tfcluster.model import Attempt, Command, Evaluation, NodeInfo, Stop, TaskExit, TaskProgress, TaskReport
@@ -102,7 +103,7 @@ class Cluster:
                     task.seen.sent_at = now
                     commands.append(launch(job, task))
                 else:
-                    commands += self._settle(job, lifecycle.lost(job, task, f"{info.name}'s agent no longer has "
+                    commands += self.settle(job, lifecycle.lost(job, task, f"{info.name}'s agent no longer has "
                                                                            f"this task", now))
             # A restarted agent has lost its shipping orders, or which node alone may send it the chief's
             # checkpoints: both are told again.
@@ -135,7 +136,7 @@ class Cluster:
         # one of its nodes heartbeats each second.
         changed = {id(job): job for (job, task), was in zip(placed, before) if (task.state, task.attempt) != was}
         for job in changed.values():
-            commands = self._settle(job, commands)
+            commands = self.settle(job, commands)
         return commands
 
     def expire(self, now: float) -> list[Command]:
@@ -147,9 +148,9 @@ class Cluster:
             log.warning("%s", why, extra=fields(node=node.name))
             for job in list(self.jobs.live.values()):
                 if job.syncing and job.sync_source == node.name:
-                    commands += self._settle(job, lifecycle.sync_done(job, job.syncing, False, why, now))
+                    commands += self.settle(job, lifecycle.sync_done(job, job.syncing, False, why, now))
             for job, task in self.nodes.placed_on(node.name):
-                commands += self._settle(job, lifecycle.lost(job, task, why, now))
+                commands += self.settle(job, lifecycle.lost(job, task, why, now))
         return commands
 
     def remove_node(self, name: str, now: float) -> list[Command]:
@@ -158,7 +159,7 @@ class Cluster:
             raise KeyError(name)
         commands: list[Command] = []
         for job, task in self.nodes.placed_on(name):
-            commands += self._settle(job, lifecycle.lost(job, task, f"node {name} was removed from the cluster", now))
+            commands += self.settle(job, lifecycle.lost(job, task, f"node {name} was removed from the cluster", now))
         self.nodes.remove(name)
         return commands + self.schedule(now)
 
@@ -211,104 +212,7 @@ class Cluster:
                 repairs.append(job)
         if not repairs and all(self.unfit_at.get(j.id) == version for j in pending):
             return []
-        capacity = {n.name: n for n in self.capacity(now)}
-        held = preemption.holdings(self.jobs.live.values())  # what preempted jobs gave up, kept for their preemptor
-        commands: list[Command] = []
-        for job in repairs:
-            commands += self._place_lost_tasks(job, preemption.free_for(job, capacity, held), capacity, version, now)
-        if pending:
-            commands += self._place_queue(pending, capacity, held, version, now)
-        return commands
-
-    def _place_lost_tasks(self, job: Job, nodes: list[NodeCapacity], capacity: dict[str, NodeCapacity],
-                          version: int, now: float) -> list[Command]:
-        """A running job's tasks whose node was lost go elsewhere first: the job already holds its place."""
-        unplaced = lifecycle.unplaced_tasks(job, now)
-        result = place(job.spec, nodes, only={(t.type, t.index) for t in unplaced})
-        if isinstance(result, Unfit):
-            self.unfit_at[job.id] = version
-            return []
-        self.unfit_at.pop(job.id, None)
-        for p in result:  # what this job now holds is not free for the next one
-            capacity[p.node] = capacity[p.node].taking(p)
-        return self._settle(job, lifecycle.place_again(job, result, self.nodes.info_of, now))
-
-    def _place_queue(self, pending: list[Job], capacity: dict[str, NodeCapacity],
-                     held: dict[str, preemption.Holdings], version: int, now: float) -> list[Command]:
-        """Jobs that preempted others go first, on what was kept for them; then the queue, in order, on what is
-        kept for none; then the jobs that wait for resources may preempt."""
-        commands: list[Command] = []
-        unfit = [job for job in pending if job.id in held]
-        for job in unfit[:]:
-            commands += self._place_preemptor(job, capacity, held, version, now, unfit)
-        kept = {n.name: n for n in preemption.free_for(None, capacity, held)}
-        usage = self.queue_usage(now) if self.policy.source else queue.NO_USAGE
-        turn = queue.QueuePass(kept, self.holds, queue.Holdings(self.policy, self.jobs.live.values()), usage,
-                               self.nodes.idle)
-        for job in queue.order([j for j in pending if j.id not in held], usage.shares):
-            if self.unfit_at.get(job.id) == version:
-                turn.skip(job)
-                continue
-            # A job is tried again only once the capacity version moved, and then every job behind it is too: what
-            # it held and did not take needs no announcement.
-            result = turn.consider(job)
-            if isinstance(result, queue.Waiting):
-                self.unfit_at[job.id] = version
-                lifecycle.waits(job, result.reason)
-                if result.for_resources:
-                    unfit.append(job)
-                continue
-            self.unfit_at.pop(job.id, None)
-            turn.took(job, result)
-            commands += self._settle(job, lifecycle.place(job, result, self.nodes.info_of, now))
-            self.observer.placed(job, max(0.0, now - max(job.created, job.not_before)))
-        return commands + self._preempt(unfit, kept, held, now)
-
-    def _place_preemptor(self, job: Job, capacity: dict[str, NodeCapacity], held: dict[str, preemption.Holdings],
-                         version: int, now: float, unfit: list[Job]) -> list[Command]:
-        """A job for which others were preempted, placed once what they held is free."""
-        previous = {(t.type, t.index): (t.node, t.port) for t in job.tasks if t.node}
-        result = place(job.spec, preemption.free_for(job, capacity, held), previous=previous)
-        if isinstance(result, Unfit):
-            self.unfit_at[job.id] = version
-            lifecycle.waits(job, f"waiting for resources: {result.reason}")
-            return []
-        unfit.remove(job)
-        self.unfit_at.pop(job.id, None)
-        preemption.release(job.id, self.jobs.live.values())
-        del held[job.id]
-        for p in result:
-            capacity[p.node] = capacity[p.node].taking(p)
-        commands = self._settle(job, lifecycle.place(job, result, self.nodes.info_of, now))
-        self.observer.placed(job, max(0.0, now - max(job.created, job.not_before)))
-        return commands
-    def _preempt(self, unfit: list[Job], capacity: dict[str, NodeCapacity],
-                 held: dict[str, preemption.Holdings], now: float) -> list[Command]:
-        """Jobs that did not fit, the highest class first, take resources from placed jobs of lower, preemptible
-        classes where that makes them fit (preemption.py)."""
-        live = self.jobs.live.values()
-        takeable: list[Job] | None = None  # worked out once, when some job may preempt
-        commands: list[Command] = []
-        for job in sorted(unfit, key=lambda j: -j.rank):
-            if job.id in held:  # its victims are stopping; once they are gone and it still does not fit (a node of
-                # theirs was lost), what they held is free for anyone again and it may preempt anew
-                if not preemption.still_stopping(job.id, live) and preemption.release(job.id, live):
-                    self.nodes.resources_changed()
-                continue
-            if takeable is None:
-                takeable = [j for j in live if preemption.may_take_from(j)]
-            if not takeable or job.rank <= min(j.rank for j in takeable):
-                continue
-            victims = preemption.choose_victims(job, preemption.candidates(job, takeable),
-                                                preemption.free_for(job, capacity, held))
-            for victim in victims:
-                commands += self._settle(victim, lifecycle.preempt(victim, job, now))
-                takeable.remove(victim)
-            victims = [v for v in victims if v.held_for == job.id]  # those restart.preempted did not refuse
-            if victims:
-                held[job.id] = preemption.held_by(victims)
-                log.info("%s preempts %s", job.id, ", ".join(v.id for v in victims), extra=fields(job=job.id))
-        return commands
+        return SchedulePass(self, now).run(repairs, pending)
 
     def queue_usage(self, now: float) -> queue.Usage:
         """Owners' GPU-hours as the queue needs them, from the usage ledger (accounting.py): fair share decayed
@@ -353,7 +257,7 @@ class Cluster:
             return []
         if report.phase == Phase.RUNNING:
             was = job.state
-            commands = self._settle(job, lifecycle.running(job, task, report.pid, report.listening, now))
+            commands = self.settle(job, lifecycle.running(job, task, report.pid, report.listening, now))
             if was != JobState.RUNNING and job.state == JobState.RUNNING and not job.restarts and not job.preemptions:
                 self.observer.started(job, max(0.0, now - job.created))
             return commands
@@ -361,18 +265,18 @@ class Cluster:
         if exit.busy_port:
             self.nodes.port_busy(node_name, exit.busy_port, now + BUSY_PORT_AVOID_SECONDS)
         self.nodes.resources_changed()
-        return self._settle(job, lifecycle.ended(job, task, exit, now))
+        return self.settle(job, lifecycle.ended(job, task, exit, now))
 
     def stop(self, job_id: str, now: float, graceful: bool = True) -> list[Command]:
         job = self.jobs[job_id]
-        return self._settle(job, lifecycle.stop(job, now, graceful))
+        return self.settle(job, lifecycle.stop(job, now, graceful))
 
     def sync_done(self, node: str, job_id: str, sync_id: int, ok: bool, message: str, now: float) -> list[Command]:
         """The answer of a copy, from the node that was told to copy (another node's answer changes nothing)."""
         job = self.jobs.live.get(job_id)
         if job is None or job.sync_source != node:
             return []
-        return self._settle(job, lifecycle.sync_done(job, sync_id, ok, message, now))
+        return self.settle(job, lifecycle.sync_done(job, sync_id, ok, message, now))
 
     def evaluation(self, node_name: str, attempt: Attempt, result: Evaluation, now: float) -> list[Command]:
         """An evaluator's result, kept when it comes from the job's current evaluator (the job has not ended: its
@@ -382,7 +286,7 @@ class Cluster:
         if task is None or task.node != node_name or task.attempt != attempt.number:
             return []
         job.add_evaluation(result)
-        return self._settle(job, lifecycle.evaluated(job, now))
+        return self.settle(job, lifecycle.evaluated(job, now))
 
     def tick(self, now: float) -> list[Command]:
         """Periodic work: node liveness, deadlines, answers that never came, jobs whose backoff has passed,
@@ -390,7 +294,7 @@ class Cluster:
         commands = self.expire(now)
         for job in list(self.jobs.live.values()):
             try:
-                commands += self._settle(job, lifecycle.tick(job, now) + self._orphans(job, now))
+                commands += self.settle(job, lifecycle.tick(job, now) + self._orphans(job, now))
                 commands += self._resend(job, now)
             except Exception:  # a bug in one job must not stop every other job's deadlines
                 log.exception("tick of %s failed", job.id, extra=fields(job=job.id))
@@ -460,7 +364,7 @@ class Cluster:
         if it does not."""
         return self.nodes.capacity(now, *self.jobs.in_use())
 
-    def _settle(self, job: Job, commands: list[Command]) -> list[Command]:
+    def settle(self, job: Job, commands: list[Command]) -> list[Command]:
         """After any change to a job: its restarts are counted; an ended job leaves the live ones and frees its
         resources; the nodes index where its tasks are now."""
         for cause in job.seen.restart_causes:
