@@ -320,13 +320,17 @@ class Client:
         request = control_pb2.StreamLogsRequest(job_id=job_id, task_type=task_type, task_index=task_index,
                                                 follow=follow, tail_lines=tail_lines, attempt=attempt,
                                                 environment=bool(environment_node), node=environment_node)
-        call = self.stub.StreamLogs(request, timeout=None if follow else 60.0)
-        try:
-            for chunk in call:
-                yield chunk.data
-        except grpc.RpcError as e:
-            if e.code() == grpc.StatusCode.CANCELLED:
+        for tried in itertools.count(1):
+            call, seen = self.stub.StreamLogs(request, timeout=None if follow else 60.0), False
+            try:
+                for chunk in call:
+                    seen = True
+                    yield chunk.data
                 return
-            raise self._error(e) from None
-        finally:
-            call.cancel()
+            except grpc.RpcError as e:
+                if e.code() == grpc.StatusCode.CANCELLED:
+                    return
+                if seen or not self._follow(e, tried):  # a standby answered before any chunk: ask the leader
+                    raise self._error(e) from None
+            finally:
+                call.cancel()
