@@ -158,7 +158,19 @@ def _json(data: bytes) -> dict[str, Any]:
 
 def _reason(error: Exception) -> str:
     reason = getattr(error, "reason", None) or error
-    return str(reason).split(": ", 1)[-1] if "Connection refused" not in str(reason) else "connection refused"
+    if "Connection refused" in str(reason):
+        return "connection refused"
+    detail = str(reason).split(": ", 1)[-1]
+    # A TLS failure, said as what to check: OpenSSL's words alone ("EOF occurred in violation of protocol") do
+    # not tell that etcd dropped the handshake because it takes only client certificates its CA signed.
+    if "CERTIFICATE_VERIFY_FAILED" in str(reason):
+        return f"TLS: etcd's certificate is not signed by the CA given as --etcd-ca ({detail})"
+    if isinstance(error, urllib3.exceptions.SSLError):
+        return (f"TLS: etcd ended the handshake: it takes only a client certificate signed by its CA "
+                f"(--etcd-cert, --etcd-key) ({detail})")
+    if "Remote end closed connection without response" in str(reason):
+        return f"etcd closed the connection without an answer: does it serve HTTPS only (give --etcd-ca)? ({detail})"
+    return detail
 
 
 def _answered(failure: str) -> bool:
