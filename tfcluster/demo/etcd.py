@@ -129,6 +129,18 @@ class EtcdCluster:
             time.sleep(0.1)
         raise TimeoutError(f"etcd did not come up: see {self.root}/*.log")
 
+    def healthy(self, member: Member) -> bool:
+        """Whether the member answers that the cluster has a leader and commits."""
+        return _healthy(member, self.tls.client_context() if self.tls else None)
+
+    def leads(self, member: Member) -> bool:
+        """Whether the member is etcd's own (raft) leader now."""
+        request = urllib.request.Request(f"{member.client_url}/v3/maintenance/status", data=b"{}", method="POST")
+        context = self.tls.client_context() if self.tls else None
+        with urllib.request.urlopen(request, timeout=5, context=context) as response:
+            status = json.loads(response.read())
+        return status.get("leader") == status["header"]["member_id"]
+
     def stop(self, member: Member, sig: int = signal.SIGKILL) -> None:
         if member.process and member.process.poll() is None:
             member.process.send_signal(sig)
