@@ -7,13 +7,12 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
-import textwrap
 import time
 
 import pytest
 
 from etcdcluster import needs_etcd
-from hacluster import ha, registrations  # noqa: F401  (ha: a fixture)
+from hacluster import registrations
 from harness import job_processes, wait_until
 
 pytestmark = [pytest.mark.e2e, needs_etcd,
@@ -28,21 +27,12 @@ EPOCH_PAUSE_SECONDS = 2
 def test_kill_9_of_the_leader_while_a_keras_job_trains(ha, tmp_path):
     ha.start_agents({"a": {"gpus": 1}, "b": {"gpus": 1}})
     checkpoints = tmp_path / "ckpt"
-    spec = tmp_path / "digits.toml"
-    spec.write_text(textwrap.dedent(f"""
-        name = "digits"
-        strategy = "multi_worker_mirrored"
-        command = ["{sys.executable}", "-m", "tfcluster.demo.train_digits"]
-        checkpoint_dir = "{checkpoints}"
-        env = {{ EPOCHS = "{EPOCHS}", EPOCH_PAUSE_SECONDS = "{EPOCH_PAUSE_SECONDS}" }}
-        [roles.worker]
-        count = 2
-        gpus = 1
-        [restart]
-        max_restarts = 0
-    """))
-    job_id = ha.cli("start", str(spec), check=True).stdout.strip()
-    wait_until(lambda: list(checkpoints.rglob("ckpt-1.index")), 120, interval=0.2, what="the first epoch's checkpoint")
+    job_id = ha.cli("start", "--name", "digits", "--strategy", "multi_worker_mirrored", "--workers", "2",
+                    "--gpus-per-task", "1", "--checkpoint-dir", str(checkpoints), "--max-restarts", "0",
+                    "--env", f"EPOCHS={EPOCHS}", "--env", f"EPOCH_PAUSE_SECONDS={EPOCH_PAUSE_SECONDS}",
+                    "--", sys.executable, "-m", "tfcluster.demo.train_digits", check=True).stdout.strip()
+    wait_until(lambda: list(checkpoints.rglob("ckpt-1.index")), 120, interval=0.2,
+               what="the first epoch's checkpoint")
     old = ha.leader()
     ha.leading().kill()
     killed = time.monotonic()
@@ -57,7 +47,8 @@ def test_kill_9_of_the_leader_while_a_keras_job_trains(ha, tmp_path):
     logs = {t["index"]: ha.cli("logs", job_id, f"worker:{t['index']}", check=True).stdout for t in job["tasks"]}
     assert job["state"] == "SUCCEEDED" and job["restarts"] == 0, f"{job}\n{logs}"
     assert sorted(t["attempt"] for t in job["tasks"]) == [1, 1], "no task was launched again"
-    launched = [line for name in ("a", "b") for line in ha.agents[name].log().splitlines() if " running as pid " in line]
+    launched = [line for name in ("a", "b") for line in ha.agents[name].log().splitlines()
+                if " running as pid " in line]
     assert len(launched) == 2, f"each worker process started once: {launched}"
     assert {t["node"] for t in job["tasks"]} == {"a", "b"}
     metrics = json.loads((checkpoints / "metrics.json").read_text())

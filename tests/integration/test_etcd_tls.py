@@ -52,7 +52,8 @@ def secure_etcd(tmp_path_factory):
 
 
 def job_states(cluster) -> dict[str, str]:
-    return {j["id"]: j["state"] for j in json.loads(cluster.cli("status", "--all", "--json", check=True).stdout)["jobs"]}
+    jobs = json.loads(cluster.cli("status", "--all", "--json", check=True).stdout)["jobs"]
+    return {j["id"]: j["state"] for j in jobs}
 
 
 def test_a_coordinator_on_etcd_over_mutual_tls_serves_and_keeps_a_job_across_a_restart(make_cluster, secure_etcd,

@@ -16,7 +16,7 @@ import grpc
 import pytest
 
 from etcdcluster import needs_etcd
-from hacluster import ha, registrations, running, sleeper  # noqa: F401  (ha: a fixture)
+from hacluster import registrations, running, sleeper
 from harness import wait_until
 from tfcluster.api.v1.control_pb2 import GetStatusRequest
 from tfcluster.api.v1.control_pb2_grpc import ControlServiceStub
