@@ -87,6 +87,8 @@ class Client:
         some are left to try, or waits for an election to end (True); False: the error stands."""
         if error.code() not in RETRYABLE or _store_refused(error):
             return False
+        if self.election_ends is None and is_standby(error):  # the wait counts from the first standby's answer,
+            self.election_ends = time.monotonic() + ELECTION_WAIT_SECONDS  # however the tries went since
         if tried <= len(self.coordinators.addresses) and self.coordinators.failed(error):
             self._reconnect()
             return True
@@ -95,10 +97,7 @@ class Client:
     def _await_leader(self, error: grpc.RpcError) -> bool:
         """Once a standby has answered, no leader yet is an election under way: the call is tried again, on
         each coordinator given in turn, until ELECTION_WAIT_SECONDS after that first answer."""
-        now = time.monotonic()
-        if self.election_ends is None and is_standby(error):
-            self.election_ends = now + ELECTION_WAIT_SECONDS
-        if self.election_ends is None or now >= self.election_ends:
+        if self.election_ends is None or time.monotonic() >= self.election_ends:
             return False
         time.sleep(ELECTION_POLL_SECONDS)
         self.coordinators.failed(error)
