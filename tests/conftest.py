@@ -14,6 +14,7 @@ from _pytest.tmpdir import TempPathFactory
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from etcdcluster import etcd_cluster, etcd_prefix  # noqa: E402,F401  (a real etcd cluster, for the etcd store)
+from hacluster import ha  # noqa: E402,F401  (several coordinators on that etcd)
 
 # Tasks run as their job's own user (with --private-tmp, the job's own dir mounted on /tmp). What the tests give
 # them (programs, specs, checkpoint dirs) lives in a scratch dir outside /tmp, as a shared scratch dir would:

@@ -87,6 +87,8 @@ class Client:
         some are left to try, or waits for an election to end (True); False: the error stands."""
         if error.code() not in RETRYABLE or _store_refused(error):
             return False
+        if self.election_ends is None and is_standby(error):  # the wait counts from the first standby's answer,
+            self.election_ends = time.monotonic() + ELECTION_WAIT_SECONDS  # however the tries went since
         if tried <= len(self.coordinators.addresses) and self.coordinators.failed(error):
             self._reconnect()
             return True
@@ -95,10 +97,7 @@ class Client:
     def _await_leader(self, error: grpc.RpcError) -> bool:
         """Once a standby has answered, no leader yet is an election under way: the call is tried again, on
         each coordinator given in turn, until ELECTION_WAIT_SECONDS after that first answer."""
-        now = time.monotonic()
-        if self.election_ends is None and is_standby(error):
-            self.election_ends = now + ELECTION_WAIT_SECONDS
-        if self.election_ends is None or now >= self.election_ends:
+        if self.election_ends is None or time.monotonic() >= self.election_ends:
             return False
         time.sleep(ELECTION_POLL_SECONDS)
         self.coordinators.failed(error)
@@ -320,13 +319,17 @@ class Client:
         request = control_pb2.StreamLogsRequest(job_id=job_id, task_type=task_type, task_index=task_index,
                                                 follow=follow, tail_lines=tail_lines, attempt=attempt,
                                                 environment=bool(environment_node), node=environment_node)
-        call = self.stub.StreamLogs(request, timeout=None if follow else 60.0)
-        try:
-            for chunk in call:
-                yield chunk.data
-        except grpc.RpcError as e:
-            if e.code() == grpc.StatusCode.CANCELLED:
+        for tried in itertools.count(1):
+            call, seen = self.stub.StreamLogs(request, timeout=None if follow else 60.0), False
+            try:
+                for chunk in call:
+                    seen = True
+                    yield chunk.data
                 return
-            raise self._error(e) from None
-        finally:
-            call.cancel()
+            except grpc.RpcError as e:
+                if e.code() == grpc.StatusCode.CANCELLED:
+                    return
+                if seen or not self._follow(e, tried):  # a standby answered before any chunk: ask the leader
+                    raise self._error(e) from None
+            finally:
+                call.cancel()

@@ -9,82 +9,19 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import grpc
 import pytest
 
 from etcdcluster import needs_etcd
-from harness import Daemon, LocalCluster, free_port, wait_until
+from hacluster import registrations, running, sleeper
+from harness import wait_until
 from tfcluster.api.v1.control_pb2 import GetStatusRequest
 from tfcluster.api.v1.control_pb2_grpc import ControlServiceStub
 
 pytestmark = needs_etcd
-PY = sys.executable
-
-
-class HaCluster(LocalCluster):
-    """Coordinators on one etcd prefix; agents and the CLI are given every one of them."""
-
-    def start_coordinators(self, store_url: str, count: int) -> list[Daemon]:
-        from tfcluster import pki
-        pki.init_ca(self.ca_dir, ["127.0.0.1"])
-        listens = [f"127.0.0.1:{free_port()}" for _ in range(count)]
-        joins = [f"127.0.0.1:{free_port()}" for _ in range(count)]
-        self.address, self.join_address = ",".join(listens), ",".join(joins)
-        self.coordinators = [Daemon(f"coordinator{i}", [
-            "coordinator", "--listen", listen, "--join-listen", join, "--state-dir", str(self.root / f"c{i}"),
-            "--lost-after", str(self.lost_after), "--tls-dir", str(self.ca_dir), "--store", store_url],
-            self.root / f"coordinator{i}.log").start() for i, (listen, join) in enumerate(zip(listens, joins))]
-        self.listens = listens
-        wait_until(lambda: self.leader(), 30, what="a coordinator to lead")
-        self.join_token = self.cli("token", "create", "--reusable", "--ttl", "1d", check=True).stdout.strip()
-        return self.coordinators
-
-    def leader(self) -> str:
-        """The leader's address, as the coordinators answer; "" while none answers."""
-        try:
-            return self.status()["summary"]["leader"]
-        except Exception:
-            return ""
-
-    def leading(self) -> Daemon:
-        return self.coordinators[self.listens.index(self.leader())]
-
-    def teardown(self) -> None:
-        for daemon in self.coordinators:
-            if daemon.alive:
-                daemon.kill()
-        super().teardown()
-
-
-@pytest.fixture
-def ha(tmp_path, etcd_cluster, etcd_prefix):
-    cluster = HaCluster(root=tmp_path)
-    cluster.coordinators = []
-    try:
-        cluster.start_coordinators(etcd_cluster.url(etcd_prefix), 3)
-        yield cluster
-    finally:
-        cluster.teardown()
-
-
-def sleeper(cluster: HaCluster, launches: Path, name: str, seconds: int, workers: int = 2) -> str:
-    """A job whose every task launch adds a line to the file launches, then runs for seconds."""
-    command = f"import time; open({str(launches)!r}, 'a').write('launched\\n'); time.sleep({seconds})"
-    return cluster.cli("start", "--name", name, "--strategy", "multi_worker_mirrored", "--workers", str(workers),
-                       "--", PY, "-c", command, check=True).stdout.strip()
-
-
-def running(cluster: HaCluster, job_id: str) -> bool:
-    return cluster.job(job_id)["state"] == "RUNNING"
-
-
-def registrations(cluster: HaCluster, name: str, address: str) -> int:
-    return cluster.agents[name].log().count(f"registered with {address} ")
 
 
 def test_kill_9_of_the_leader_loses_nothing_and_launches_nothing_twice(ha, tmp_path):
@@ -106,8 +43,7 @@ def test_kill_9_of_the_leader_loses_nothing_and_launches_nothing_twice(ha, tmp_p
     killed = time.monotonic()
     # A status asked during the election waits for the new leader's answer rather than failing.
     asked = ThreadPoolExecutor(1).submit(ha.cli, "status", "--json", check=True)
-    new = wait_until(lambda: (lambda a: a if a and a != old else "")(ha.leader()), 5, interval=0.05,
-                     what="a standby to serve")
+    new = ha.new_leader(old, 5)
     served = time.monotonic() - killed
     wait_until(lambda: all(registrations(ha, n, new) for n in ("a", "b")), 10 - (time.monotonic() - killed),
                interval=0.1, what="both agents registered with the new leader")
@@ -132,8 +68,7 @@ def test_a_paused_leader_steps_down_without_writing_and_the_new_view_stands(ha, 
     old, paused = ha.leader(), ha.leading()
     os.kill(paused.proc.pid, signal.SIGSTOP)
     try:
-        new = wait_until(lambda: (lambda a: a if a and a != old else "")(ha.leader()), 5, interval=0.05,
-                         what="a standby to serve")
+        new = ha.new_leader(old, 5)
         later = ha.cli("start", "--name", "later", "--strategy", "mirrored", "--", "true", check=True).stdout.strip()
         time.sleep(10)
     finally:

@@ -1,5 +1,9 @@
 """A real etcd cluster on loopback: three members of the `etcd` binary (Debian's package etcd-server), each on
-free ports with its data dir under a given dir, stopped by PID. `make demo-ha` and the tests both run on one."""
+free ports with its data dir under a given dir, stopped by PID. `make demo-ha` and the tests both run on one.
+
+With TlsFiles the members serve their client and peer URLs over HTTPS and take only clients (and peers) whose
+certificate their CA signed (etcd's --client-cert-auth and --peer-client-cert-auth), as a production etcd runs.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +11,11 @@ import json
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 INSTALL_HINT = "no etcd binary: apt-get install etcd-server"
@@ -25,9 +31,35 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+@dataclass(frozen=True)
+class TlsFiles:
+    """etcd's own TLS as PEM files: the CA that signed every certificate; the members' certificate and key (one
+    for all, naming 127.0.0.1, for both server and client auth: members are each other's clients); and a client
+    certificate and key the members accept, which the health checks present."""
+    ca: Path
+    cert: Path
+    key: Path
+    client_cert: Path
+    client_key: Path
+
+    def member_flags(self) -> list[str]:
+        return ["--cert-file", str(self.cert), "--key-file", str(self.key), "--trusted-ca-file", str(self.ca),
+                "--client-cert-auth", "--peer-cert-file", str(self.cert), "--peer-key-file", str(self.key),
+                "--peer-trusted-ca-file", str(self.ca), "--peer-client-cert-auth"]
+
+    def coordinator_flags(self) -> list[str]:
+        """How a coordinator (`--store etcd://...`) reaches these members."""
+        return ["--etcd-ca", str(self.ca), "--etcd-cert", str(self.client_cert), "--etcd-key", str(self.client_key)]
+
+    def client_context(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(cafile=str(self.ca))
+        context.load_cert_chain(str(self.client_cert), str(self.client_key))
+        return context
+
+
 class Member:
-    def __init__(self, name: str, data_dir: Path):
-        self.name, self.data_dir = name, data_dir
+    def __init__(self, name: str, data_dir: Path, scheme: str = "http"):
+        self.name, self.data_dir, self.scheme = name, data_dir, scheme
         self.client_port, self.peer_port = free_port(), free_port()
         self.process: subprocess.Popen | None = None
 
@@ -37,19 +69,23 @@ class Member:
 
     @property
     def peer_url(self) -> str:
-        return f"http://127.0.0.1:{self.peer_port}"
+        return f"{self.scheme}://127.0.0.1:{self.peer_port}"
+
+    @property
+    def client_url(self) -> str:
+        return f"{self.scheme}://{self.endpoint}"
 
 
 class EtcdCluster:
     """Members started together; `endpoints` is what a store URL names."""
 
-    def __init__(self, root: Path, size: int = 3):
+    def __init__(self, root: Path, size: int = 3, tls: TlsFiles | None = None):
         self.binary = etcd_binary()
         if self.binary is None:
             raise FileNotFoundError(INSTALL_HINT)
-        self.root = root
+        self.root, self.tls = root, tls
         root.mkdir(parents=True, exist_ok=True)
-        self.members = [Member(f"m{i}", root / f"m{i}") for i in range(size)]
+        self.members = [Member(f"m{i}", root / f"m{i}", "https" if tls else "http") for i in range(size)]
         self.initial = ",".join(f"{m.name}={m.peer_url}" for m in self.members)
 
     @property
@@ -64,10 +100,11 @@ class EtcdCluster:
         # Short heartbeat and election timeouts: on loopback a member that goes is replaced within a second.
         member.process = subprocess.Popen(
             [self.binary, "--name", member.name, "--data-dir", str(member.data_dir),
-             "--listen-client-urls", f"http://{member.endpoint}", "--advertise-client-urls", f"http://{member.endpoint}",
+             "--listen-client-urls", member.client_url, "--advertise-client-urls", member.client_url,
              "--listen-peer-urls", member.peer_url, "--initial-advertise-peer-urls", member.peer_url,
              "--initial-cluster", self.initial, "--initial-cluster-state", "new",
-             "--initial-cluster-token", self.root.name, "--heartbeat-interval", "50", "--election-timeout", "500"],
+             "--initial-cluster-token", self.root.name, "--heartbeat-interval", "50", "--election-timeout", "500",
+             *(self.tls.member_flags() if self.tls else [])],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         log.close()
 
@@ -84,12 +121,25 @@ class EtcdCluster:
     def wait_healthy(self, timeout: float = 30) -> None:
         """Until a member says the cluster has a leader and commits."""
         deadline = time.monotonic() + timeout
+        context = self.tls.client_context() if self.tls else None
         while time.monotonic() < deadline:
             for member in self.members:
-                if member.process and member.process.poll() is None and _healthy(member):
+                if member.process and member.process.poll() is None and _healthy(member, context):
                     return
             time.sleep(0.1)
         raise TimeoutError(f"etcd did not come up: see {self.root}/*.log")
+
+    def healthy(self, member: Member) -> bool:
+        """Whether the member answers that the cluster has a leader and commits."""
+        return _healthy(member, self.tls.client_context() if self.tls else None)
+
+    def leads(self, member: Member) -> bool:
+        """Whether the member is etcd's own (raft) leader now."""
+        request = urllib.request.Request(f"{member.client_url}/v3/maintenance/status", data=b"{}", method="POST")
+        context = self.tls.client_context() if self.tls else None
+        with urllib.request.urlopen(request, timeout=5, context=context) as response:
+            status = json.loads(response.read())
+        return status.get("leader") == status["header"]["member_id"]
 
     def stop(self, member: Member, sig: int = signal.SIGKILL) -> None:
         if member.process and member.process.poll() is None:
@@ -101,9 +151,9 @@ class EtcdCluster:
             self.stop(member)
 
 
-def _healthy(member: Member) -> bool:
+def _healthy(member: Member, context: ssl.SSLContext | None) -> bool:
     try:
-        with urllib.request.urlopen(f"http://{member.endpoint}/health", timeout=1) as response:
+        with urllib.request.urlopen(f"{member.client_url}/health", timeout=1, context=context) as response:
             return json.loads(response.read()).get("health") == "true"
     except (OSError, ValueError):
         return False

@@ -95,6 +95,13 @@ class EtcdGateway:
             try:
                 response = self.pool.request("POST", f"{self.scheme}://{endpoint}{path}", body=json.dumps(body),
                                              headers={"Content-Type": "application/json"})
+            except urllib3.exceptions.ReadTimeoutError as e:
+                # A member without a leader holds the request until the client gives up, yet answers a status
+                # request at once: that is no quorum. One that answers neither is stopped or cut off from us,
+                # and the other members may well have a quorum (a leader must not take it for no quorum).
+                failures.append(f"{endpoint}: {_reason(e)}" if self._status(endpoint) is not None else
+                                f"{endpoint}: no answer, not even to a status request")
+                continue
             except urllib3.exceptions.HTTPError as e:
                 failures.append(f"{endpoint}: {_reason(e)}")
                 continue
@@ -116,15 +123,19 @@ class EtcdGateway:
         """Whether a member that answers knows a leader (its status, which it gives without one): asked after a
         write failed, so that the writes that follow are refused at once while there is no quorum."""
         for endpoint in self.endpoints:
-            try:
-                response = self.pool.request("POST", f"{self.scheme}://{endpoint}/v3/maintenance/status", body="{}",
-                                             timeout=urllib3.Timeout(connect=PROBE_SECONDS, read=PROBE_SECONDS))
-            except urllib3.exceptions.HTTPError:
-                continue
-            status = _json(response.data)
-            if response.status == 200 and status.get("leader") not in (None, "0") and not status.get("errors"):
+            status = self._status(endpoint)
+            if status and status.get("leader") not in (None, "0") and not status.get("errors"):
                 return True
         return False
+
+    def _status(self, endpoint: str) -> dict[str, Any] | None:
+        """The member's status (it gives one without a leader); None when it does not answer within a second."""
+        try:
+            response = self.pool.request("POST", f"{self.scheme}://{endpoint}/v3/maintenance/status", body="{}",
+                                         timeout=urllib3.Timeout(connect=PROBE_SECONDS, read=PROBE_SECONDS))
+        except urllib3.exceptions.HTTPError:
+            return None
+        return _json(response.data) if response.status == 200 else None
 
     def watch(self, create_request: dict[str, Any]) -> Iterator[dict[str, Any]]:
         """The watch responses of one watch, as etcd streams them, until the caller stops iterating."""
@@ -158,7 +169,19 @@ def _json(data: bytes) -> dict[str, Any]:
 
 def _reason(error: Exception) -> str:
     reason = getattr(error, "reason", None) or error
-    return str(reason).split(": ", 1)[-1] if "Connection refused" not in str(reason) else "connection refused"
+    if "Connection refused" in str(reason):
+        return "connection refused"
+    detail = str(reason).split(": ", 1)[-1]
+    # A TLS failure, said as what to check: OpenSSL's words alone ("EOF occurred in violation of protocol") do
+    # not tell that etcd dropped the handshake because it takes only client certificates its CA signed.
+    if "CERTIFICATE_VERIFY_FAILED" in str(reason):
+        return f"TLS: etcd's certificate is not signed by the CA given as --etcd-ca ({detail})"
+    if isinstance(error, urllib3.exceptions.SSLError):
+        return (f"TLS: etcd ended the handshake: it takes only a client certificate signed by its CA "
+                f"(--etcd-cert, --etcd-key) ({detail})")
+    if "Remote end closed connection without response" in str(reason):
+        return f"etcd closed the connection without an answer: does it serve HTTPS only (give --etcd-ca)? ({detail})"
+    return detail
 
 
 def _answered(failure: str) -> bool:

@@ -172,6 +172,7 @@ class Leadership:
         if self._renewer is not None and self._renewer is not threading.current_thread():
             self._renewer.join(timeout=RENEW_EVERY_SECONDS * 3)
         self._renewer, self.lease, self.revision, self.valid_until = None, 0, 0, 0.0
+        self.leader = LeaderInfo("", "")  # who leads now is for the key to say (campaign() reads it)
 
     def resign(self) -> None:
         """Gives the key up at once (a clean stop): a standby takes over without waiting for the lease to end."""

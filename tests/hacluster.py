@@ -1,0 +1,86 @@
+"""Several coordinators on one etcd prefix, with agents and the CLI given every one of them: the cluster the
+failover tests run (tests/integration/test_failover.py, tests/e2e/test_failover_training.py)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness import Daemon, LocalCluster, free_port, wait_until
+
+PY = sys.executable
+
+
+class HaCluster(LocalCluster):
+    """Coordinators on one etcd prefix; agents and the CLI are given every one of them."""
+
+    def start_coordinators(self, store_url: str | list[str], count: int, *extra: str,
+                           first_leads: bool = False) -> list[Daemon]:
+        """count coordinators on store_url (or on one URL each, as a list); extra: flags every one is given.
+        first_leads: the others start once the first leads."""
+        from tfcluster import pki
+        pki.init_ca(self.ca_dir, ["127.0.0.1"])
+        stores = store_url if isinstance(store_url, list) else [store_url] * count
+        listens = [f"127.0.0.1:{free_port()}" for _ in range(count)]
+        joins = [f"127.0.0.1:{free_port()}" for _ in range(count)]
+        self.address, self.join_address, self.listens = ",".join(listens), ",".join(joins), listens
+        self.coordinators = []
+        for i, (listen, join, store) in enumerate(zip(listens, joins, stores)):
+            self.coordinators.append(Daemon(f"coordinator{i}", [
+                "coordinator", "--listen", listen, "--join-listen", join, "--state-dir", str(self.root / f"c{i}"),
+                "--lost-after", str(self.lost_after), "--tls-dir", str(self.ca_dir), "--store", store, *extra],
+                self.root / f"coordinator{i}.log").start())
+            if first_leads and i == 0:
+                wait_until(lambda: self.leader() == listens[0], 30, what="the first coordinator to lead")
+        wait_until(lambda: self.leader(), 30, what="a coordinator to lead")
+        self.join_token = self.cli("token", "create", "--reusable", "--ttl", "1d", check=True).stdout.strip()
+        return self.coordinators
+
+    def new_leader(self, old: str, timeout: float) -> str:
+        """The address of a leader other than old, once one serves."""
+        return wait_until(lambda: (lambda a: a if a and a != old else "")(self.leader()), timeout, interval=0.05,
+                          what="a standby to serve")
+
+    def leader(self) -> str:
+        """The leader's address, as the coordinators answer; "" while none answers."""
+        try:
+            return self.status()["summary"]["leader"]
+        except Exception:
+            return ""
+
+    def leading(self) -> Daemon:
+        return self.coordinators[self.listens.index(self.leader())]
+
+    def teardown(self) -> None:
+        for daemon in self.coordinators:
+            if daemon.alive:
+                daemon.kill()
+        super().teardown()
+
+
+@pytest.fixture
+def ha(tmp_path, etcd_cluster, etcd_prefix):
+    cluster = HaCluster(root=tmp_path)
+    cluster.coordinators = []
+    try:
+        cluster.start_coordinators(etcd_cluster.url(etcd_prefix), 3)
+        yield cluster
+    finally:
+        cluster.teardown()
+
+
+def sleeper(cluster: HaCluster, launches: Path, name: str, seconds: int, workers: int = 2) -> str:
+    """A job whose every task launch adds a line to the file launches, then runs for seconds."""
+    command = f"import time; open({str(launches)!r}, 'a').write('launched\\n'); time.sleep({seconds})"
+    return cluster.cli("start", "--name", name, "--strategy", "multi_worker_mirrored", "--workers", str(workers),
+                       "--", PY, "-c", command, check=True).stdout.strip()
+
+
+def running(cluster: HaCluster, job_id: str) -> bool:
+    return cluster.job(job_id)["state"] == "RUNNING"
+
+
+def registrations(cluster: HaCluster, name: str, address: str) -> int:
+    return cluster.agents[name].log().count(f"registered with {address} ")
