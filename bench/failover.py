@@ -27,6 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import grpc
 import psutil
 
 from scale import Fleet, _cpu  # bench/scale.py: puts tests/ and the repository on the path
@@ -39,15 +40,16 @@ from tfcluster.security import Credentials  # noqa: E402
 
 SIZES = (100, 1000, 5000)
 COORDINATORS = 3
-READY_TIMEOUT_SECONDS = 180
+READY_TIMEOUT_SECONDS = 120
 SETTLE_SECONDS = 3.0   # after all are READY: registration's last batched writes are stored, every stream beats
 WINDOW_SECONDS = 10.0  # each measuring window: steady heartbeating; GetStatus after the failover
 STATUS_EVERY_SECONDS = 0.1
 POLL_SECONDS = 0.02    # how often a surviving coordinator is asked whether it serves, after the kill
 # Fewer fake agents per client process than bench/scale.py puts there: when all of them reconnect at once (TLS
 # handshakes, standbys' refusals) 1,000 agents in one Python process fell behind on their own heartbeats, and the
-# coordinator rightly declared hundreds of nodes lost. Real agents are one process each.
-AGENTS_PER_PROCESS = 250
+# coordinator rightly declared hundreds of nodes lost. Real agents are one process each; more processes than
+# this (250 each: 20 for 5,000) overload a small machine with their threads.
+AGENTS_PER_PROCESS = 500
 # etcd's counters (one member's: every member applies every write): keys put and deleted, WAL bytes, proposals.
 # Family names as prometheus-client's parser gives them: etcd declares the last two gauges, so they keep "_total".
 COUNTERS = {"keys": ("etcd_mvcc_put", "etcd_mvcc_delete"), "wal_bytes": ("etcd_disk_wal_write_bytes_total",),
@@ -132,12 +134,12 @@ def percentiles(latencies: list[float]) -> dict:
     return {"p50_ms": round(statistics.median(ms), 1), "p99_ms": round(ms[max(int(len(ms) * 0.99) - 1, 0)], 1)}
 
 
-def wait(condition, timeout: float, what: str) -> float:
-    """Seconds until condition() holds, polled every 20 ms."""
+def wait(condition, timeout: float, what: str, progress=lambda: "") -> float:
+    """Seconds until condition() holds, polled every 20 ms; at the timeout, the error says what progress() says."""
     began = time.monotonic()
     while not condition():
         if time.monotonic() - began > timeout:
-            raise RuntimeError(f"not within {timeout:.0f} s: {what}")
+            raise RuntimeError(f"not within {timeout:.0f} s: {what} ({progress()})")
         time.sleep(0.02)
     return time.monotonic() - began
 
@@ -155,6 +157,16 @@ class CpuMeter:
     def cores(self) -> dict[str, float]:
         elapsed = time.monotonic() - self.at
         return {name: round((seconds - self.start[name]) / elapsed, 2) for name, seconds in self._seconds().items()}
+
+
+def progress(coordinators: Coordinators, i: int, fleet: Fleet) -> str:
+    """How far the fleet got with coordinator i: for the error when it did not get there in time."""
+    try:
+        nodes = dict(coordinators.status(i).summary.nodes_by_state)
+    except grpc.RpcError as e:
+        nodes = f"no answer to GetStatus ({e.code().name})"
+    return (f"{fleet.registered_last_with(coordinators.addresses[i])} registered there last, it counts {nodes}, "
+            f"{lost_nodes(coordinators, i)} declared lost, the agents' failed calls: {fleet.error_counts()}")
 
 
 def all_ready(coordinators: Coordinators, i: int, fleet: Fleet, size: int) -> bool:
@@ -183,7 +195,7 @@ def measure(size: int, root: Path, etcd: EtcdCluster, ca_dir: Path) -> dict:
         fleet = Fleet(",".join(coordinators.addresses), size, ca_dir, AGENTS_PER_PROCESS)
         cpu = CpuMeter(cpu_groups(coordinators, etcd, fleet))
         ready = wait(lambda: all_ready(coordinators, leader, fleet, size), READY_TIMEOUT_SECONDS,
-                     f"{size} agents READY")
+                     f"{size} agents READY", lambda: progress(coordinators, leader, fleet))
         registration = {**Counters(member).since(start), "cores": _named(cpu.cores(), leader),
                         "nodes_lost": lost_nodes(coordinators, leader), "agent_errors": fleet.error_counts()}
         time.sleep(SETTLE_SECONDS)
@@ -223,9 +235,9 @@ def failover(coordinators: Coordinators, leader: int, fleet: Fleet, size: int, e
     served = time.monotonic() - killed_at.at
     address = coordinators.addresses[new]
     registered = served + wait(lambda: fleet.registered_last_with(address) == size, READY_TIMEOUT_SECONDS,
-                               f"{size} agents registered with the new leader")
+                               f"{size} agents registered with the new leader", lambda: progress(coordinators, new, fleet))
     wait(lambda: all_ready(coordinators, new, fleet, size), READY_TIMEOUT_SECONDS,
-         f"{size} agents READY on the new leader")
+         f"{size} agents READY on the new leader", lambda: progress(coordinators, new, fleet))
     failed_over = {**Counters(member).since(killed_at), "cores": _named(cpu.cores(), new),
                    "nodes_lost": lost_nodes(coordinators, new),
                    "agent_errors": {code: n - errors.get(code, 0) for code, n in fleet.error_counts().items()}}
@@ -240,6 +252,8 @@ def table(results: dict) -> None:
              "status p50/p99 ms after (p99 vs before)", "etcd keys/s reg | steady | failover",
              "WAL KB/s reg | steady | failover", "failover cores leader/etcd/fleet", "lost reg | failover", "load avg")]
     for size, r in results.items():
+        if "error" in r:
+            continue
         phases = [r["registration"], r["steady"], r["failover"]]
         cores = r["failover"]["cores"]
         rows.append((str(size), f"{r['ready_seconds']}", f"{r['served_seconds']} ({r['served_vs_ttl']}x)",
@@ -252,6 +266,9 @@ def table(results: dict) -> None:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)))
+    for size, r in results.items():
+        if "error" in r:
+            print(f"N={size}: {r['error']} (load average {r['load_average']})")
 
 
 def main(sizes: tuple[int, ...]) -> None:
@@ -265,7 +282,10 @@ def main(sizes: tuple[int, ...]) -> None:
         etcd = EtcdCluster(root / "etcd").start_all()
         try:
             for size in sizes:
-                result = measure(size, root, etcd, root / "ca")
+                try:
+                    result = measure(size, root, etcd, root / "ca")
+                except RuntimeError as e:  # said in the table and the json, and the other sizes still run
+                    result = {"error": str(e)}
                 result["load_average"] = " ".join(f"{x:.2f}" for x in psutil.getloadavg())
                 results[size] = result
                 print(f"N={size}: {json.dumps(result)}", flush=True)
