@@ -3,7 +3,9 @@ three `tfcluster coordinator` processes that share one three-member etcd on loop
 
 For N = 100, 1,000 and 5,000 it measures:
 - the seconds from the kill until a standby serves (GetStatus answered by it, naming itself in summary.leader),
-  and until every agent has registered with that new leader again (READY there, by its own registration);
+  until every agent has registered with that new leader again, and until, besides, the new leader counts every
+  node READY and none LOST (a node that registered but whose heartbeats came late is lost and registers again);
+- how many nodes each leader declared lost meanwhile, and the agents' failed calls by gRPC status code;
 - GetStatus latency p50/p99 on the new leader in a window after all are back;
 - etcd's write rate from one member's /metrics: keys put or deleted per second, bytes written to its WAL per
   second and raft proposals per second, at registration, during steady heartbeating and during the failover.
@@ -14,6 +16,7 @@ Floors, measured or fixed in the same run: the time to a serving standby against
 failover is faster); the time until all are READY again against the time the same fleet took to become READY at
 the start; the new leader's GetStatus p99 against the old leader's, measured before the kill with the same fleet.
 
+A size that does not get all READY within READY_TIMEOUT_SECONDS says how far it got, and the next size still runs.
 Needs Debian's `etcd` (package etcd-server). Prints a table and writes bench/failover.json.
 Run with `make bench` or `python bench/failover.py [N ...]`.
 """
@@ -235,7 +238,8 @@ def failover(coordinators: Coordinators, leader: int, fleet: Fleet, size: int, e
     served = time.monotonic() - killed_at.at
     address = coordinators.addresses[new]
     registered = served + wait(lambda: fleet.registered_last_with(address) == size, READY_TIMEOUT_SECONDS,
-                               f"{size} agents registered with the new leader", lambda: progress(coordinators, new, fleet))
+                               f"{size} agents registered with the new leader",
+                               lambda: progress(coordinators, new, fleet))
     wait(lambda: all_ready(coordinators, new, fleet, size), READY_TIMEOUT_SECONDS,
          f"{size} agents READY on the new leader", lambda: progress(coordinators, new, fleet))
     failed_over = {**Counters(member).since(killed_at), "cores": _named(cpu.cores(), new),
