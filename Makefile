@@ -49,6 +49,7 @@ bench: $(STAMP)
 	$(PY) bench/environments.py
 	$(PY) bench/code_shipping.py
 	$(PY) bench/etcdstore.py
+	$(PY) bench/failover.py
 
 # Regenerate tfcluster/api/v1 from protos/ (commit the result; a test checks they match).
 protos: $(STAMP)

@@ -42,15 +42,17 @@ WEB_READS = 20
 
 
 class Fleet:
-    """Client processes of fake agents, and what they report on stdout."""
+    """Client processes of fake agents, and what they report on stdout. address: HOST:PORT[,HOST:PORT...]."""
 
-    def __init__(self, address: str, size: int, ca_dir: Path):
+    def __init__(self, address: str, size: int, ca_dir: Path, per_process: int = AGENTS_PER_CLIENT):
         self.lock = threading.Lock()
         self.registered: dict[int, int] = {}
+        self.registered_with: dict[int, dict[str, int]] = {}  # process -> coordinator -> its agents registered last there
+        self.errors: dict[int, dict[str, int]] = {}  # process -> gRPC status code -> failed calls of its agents
         self.heartbeats: dict[int, int] = {}
         self.launches: dict[str, list[float]] = {}  # job id -> times its launches arrived
         self.procs = []
-        per = -(-size // -(-size // AGENTS_PER_CLIENT))  # spread evenly over ceil(size / 1250) processes
+        per = -(-size // -(-size // per_process))  # spread evenly over ceil(size / per_process) processes
         for first in range(0, size, per):
             proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "fleet.py"), address, str(first),
                                      str(min(per, size - first)), "--exit-after", "0.5", "--ca-dir", str(ca_dir)],
@@ -66,12 +68,26 @@ class Fleet:
                     self.registered[i] = event["registered"]
                 elif "heartbeats" in event:
                     self.heartbeats[i] = event["heartbeats"]
+                    self.errors[i] = event.get("errors", {})
+                elif "registered_with" in event:
+                    self.registered_with[i] = event["registered_with"]
                 elif "launch" in event:
                     self.launches.setdefault(event["launch"][0], []).append(event["launch"][3])
 
     def total(self, counts: dict[int, int]) -> int:
         with self.lock:
             return sum(counts.values())
+
+    def registered_last_with(self, coordinator: str) -> int:
+        """How many agents registered with the coordinator at that address last."""
+        with self.lock:
+            return sum(counts.get(coordinator, 0) for counts in self.registered_with.values())
+
+    def error_counts(self) -> dict[str, int]:
+        """Failed calls of all the agents so far, by gRPC status code."""
+        with self.lock:
+            return {code: sum(e.get(code, 0) for e in self.errors.values())
+                    for code in sorted({c for e in self.errors.values() for c in e})}
 
     def cpu_seconds(self) -> float:
         return sum(_cpu(p.pid) for p in self.procs)

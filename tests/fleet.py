@@ -2,17 +2,24 @@
 
 Each fake agent registers (retrying with backoff and jitter, like the real one), keeps one Connect stream,
 heartbeats at the interval the coordinator asks for, lists its running tasks in each heartbeat, answers a
-launch with RUNNING at once and a stop with an exit. It runs nothing. Used by the scale test and
-bench/scale.py; run as a process:
+launch with RUNNING at once and a stop with an exit. It runs nothing. Used by the scale test, bench/scale.py
+and bench/failover.py; run as a process:
 
-    python tests/fleet.py COORDINATOR FIRST COUNT [--exit-after S] [--ca-dir DIR]
+    python tests/fleet.py COORDINATOR[,COORDINATOR...] FIRST COUNT [--exit-after S] [--ca-dir DIR]
+
+Given several coordinators, each fake agent follows the leader as the real agent does (tfcluster.leaders): when
+its stream is lost or a standby refuses it, it goes to the leader the standby named, else to the next address.
+(It does not ask its coordinator for a pulse as the real agent does: a killed coordinator's connections drop at
+once, and a paused one is not what it is used for.)
 
 With --ca-dir (a cluster CA made by `tfcluster ca init`), each fake agent connects over mutual TLS with a
 certificate naming its node, signed here with the CA's key as the join port would have signed it (one key for
 the whole fleet: making 5,000 keys would measure key generation, not the coordinator).
 
-It prints one JSON object per line on stdout: {"registered": n} as agents register, {"launch": [job, task,
-node, unix time]} for every launch received, and {"heartbeats": total} every second.
+It prints one JSON object per line on stdout: {"registered": n} as agents register (for the first time),
+{"registered_with": {address: n}} when it changes (how many agents' last registration was with each coordinator,
+looked at every 0.1 s), {"launch": [job, task, node, unix time]} for every launch received, and
+{"heartbeats": total} every second.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import random
 import resource
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -33,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tfcluster import __version__, pki, wire  # noqa: E402
 from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc  # noqa: E402
+from tfcluster.leaders import Coordinators, leader_hint  # noqa: E402
 from tfcluster.model import Attempt, Gpu, Launch, NodeInfo, Phase, Stop, TaskExit, TaskProgress, TaskReport  # noqa: E402
 
 GPUS_PER_NODE = 8
@@ -51,11 +60,24 @@ def node_info(index: int) -> NodeInfo:
                     state_dir=f"/var/lib/tfcluster/{name}")
 
 
+@dataclass
+class Registration:
+    address: str = ""  # the coordinator the agent last registered with
+    this_try: bool = False  # the current try registered: its failure is the first in a row
+
+
 class Stats:
     def __init__(self) -> None:
         self.registered = 0
         self.heartbeats = 0
         self.errors: dict[str, int] = {}
+        self.registered_with: dict[str, int] = {}  # coordinator address -> agents whose last registration was there
+
+    def moved(self, old: str, new: str) -> None:
+        """An agent registered with the coordinator at new, having last registered with the one at old ("": none)."""
+        if old:
+            self.registered_with[old] -= 1
+        self.registered_with[new] = self.registered_with.get(new, 0) + 1
 
 
 def emit(**fields) -> None:
@@ -68,40 +90,62 @@ class FleetCredentials:
     def __init__(self, ca_dir: Path):
         self.ca = pki.Authority.load(ca_dir, with_key=True)
         self.key = pki.new_key()
+        self.certificates: dict[str, bytes] = {}  # signed once per node: a reconnection to another coordinator reuses it
 
     def channel(self, address: str, node: str, options: list) -> grpc.aio.Channel:
-        cert = pki.cert_pem(self.ca.sign(self.key.public_key(), node, pki.NODE, datetime.timedelta(hours=12)))
-        creds = grpc.ssl_channel_credentials(self.ca.pem, pki.key_pem(self.key), cert)
+        if node not in self.certificates:
+            self.certificates[node] = pki.cert_pem(self.ca.sign(self.key.public_key(), node, pki.NODE,
+                                                                datetime.timedelta(hours=12)))
+        creds = grpc.ssl_channel_credentials(self.ca.pem, pki.key_pem(self.key), self.certificates[node])
         return grpc.aio.secure_channel(address, creds, options=options)
 
 
-async def fake_agent(address: str, index: int, stats: Stats, exit_after: float,
+async def fake_agent(addresses: str, index: int, stats: Stats, exit_after: float,
                      credentials: FleetCredentials | None) -> None:
     info = node_info(index)
+    coordinators = Coordinators(addresses)
     options = [("grpc.use_local_subchannel_pool", 1), *RECONNECT]
-    channel = credentials.channel(address, info.name, options) if credentials else \
-        grpc.aio.insecure_channel(address, options=options)
-    stub = agent_pb2_grpc.AgentServiceStub(channel)
     running: dict[Attempt, float] = {}  # attempt -> when it "exits" by itself
     backoff = 0.5
-    registered = [False]
+    last = Registration()
+    failures = 0  # failed tries in a row since a registration
+    address, channel = "", None
     while True:
+        if coordinators.current != address:  # one channel per coordinator in use, kept while it is
+            if channel is not None:
+                await channel.close()
+            address = coordinators.current
+            channel = credentials.channel(address, info.name, options) if credentials else \
+                grpc.aio.insecure_channel(address, options=options)
+        last.this_try = False
         try:
-            await _session(stub, info, running, stats, exit_after, registered)
+            await _session(agent_pb2_grpc.AgentServiceStub(channel), address, info, running, stats, exit_after, last)
             backoff = 0.5
         except grpc.RpcError as e:
             stats.errors[e.code().name] = stats.errors.get(e.code().name, 0) + 1
+            # As the real agent (tfcluster/daemon/agent/session.py): a lost stream or a standby's refusal moves it
+            # to the leader named or the next coordinator, with the backoff started again; the leader a standby
+            # named at the first failure is asked at once.
+            failures = 1 if last.this_try else failures + 1
+            if e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) and coordinators.failed(e):
+                backoff = 0.5
+                if leader_hint(e) and failures == 1:
+                    continue
             await asyncio.sleep(backoff * random.uniform(0.5, 1.5))
             backoff = min(backoff * 2, 2.0)
 
 
-async def _session(stub, info: NodeInfo, running: dict, stats: Stats, exit_after: float, registered: list) -> None:
+async def _session(stub, address: str, info: NodeInfo, running: dict, stats: Stats, exit_after: float,
+                   last: Registration) -> None:
     tasks = [wire.task_report_to_proto(TaskReport(a, Phase.RUNNING, pid=1)) for a in running]
     reply = await stub.Register(agent_pb2.RegisterRequest(node=wire.node_info_to_proto(info), tasks=tasks),
                                 timeout=10)
-    if not registered[0]:
-        registered[0] = True
+    if not last.address:
         stats.registered += 1
+    if last.address != address:
+        stats.moved(last.address, address)
+        last.address = address
+    last.this_try = True
     call = stub.Connect()
     lock = asyncio.Lock()  # one write at a time on the stream
 
@@ -145,9 +189,16 @@ async def main(address: str, first: int, count: int, exit_after: float, ca_dir: 
     credentials = FleetCredentials(ca_dir) if ca_dir else None
     agents = [asyncio.create_task(fake_agent(address, first + i, stats, exit_after, credentials))
               for i in range(count)]
-    registered = -1
+    registered, registered_with = -1, {}
+    ticks = 0
     while True:
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(0.1)
+        if stats.registered_with != registered_with:
+            registered_with = dict(stats.registered_with)
+            emit(registered_with={a: n for a, n in registered_with.items() if n})
+        ticks += 1
+        if ticks % 10:
+            continue
         if stats.registered != registered:
             registered = stats.registered
             emit(registered=registered)
@@ -158,7 +209,7 @@ async def main(address: str, first: int, count: int, exit_after: float, ca_dir: 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
-    parser.add_argument("coordinator")
+    parser.add_argument("coordinator", help="HOST:PORT, or several comma-separated: the leader among them is followed")
     parser.add_argument("first", type=int)
     parser.add_argument("count", type=int)
     parser.add_argument("--exit-after", type=float, default=1.0, help="seconds a launched task 'runs'")

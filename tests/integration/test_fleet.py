@@ -11,29 +11,33 @@ import time
 
 import pytest
 
-from harness import ROOT, kill_group, wait_until
+from harness import ROOT, free_port, kill_group, wait_until
 from tfcluster.api.v1 import control_pb2, control_pb2_grpc
 from tfcluster.security import Credentials
 
 AGENTS = 300
 
 
-@pytest.fixture
-def fleet(make_cluster):
-    cluster = make_cluster()
-    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "fleet.py"), cluster.address, "0", str(AGENTS),
+def start_fleet(address: str, count: int, cluster) -> tuple[subprocess.Popen, list[dict]]:
+    """tests/fleet.py with count agents given address; the events it prints, as they come."""
+    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "fleet.py"), address, "0", str(count),
                              "--exit-after", "0.5", "--ca-dir", str(cluster.ca_dir)],
                             stdout=subprocess.PIPE, text=True, start_new_session=True)
-    launches: list[list] = []
+    events: list[dict] = []
 
     def read() -> None:
         for line in proc.stdout:
-            event = json.loads(line)
-            if "launch" in event:
-                launches.append(event["launch"])
+            events.append(json.loads(line))
     threading.Thread(target=read, daemon=True).start()
+    return proc, events
+
+
+@pytest.fixture
+def fleet(make_cluster):
+    cluster = make_cluster()
+    proc, events = start_fleet(cluster.address, AGENTS, cluster)
     try:
-        yield cluster, launches
+        yield cluster, events
     finally:
         kill_group(proc.pid)
         proc.wait()
@@ -44,7 +48,7 @@ def summary(cluster) -> dict:
 
 
 def test_hundreds_of_agents_become_ready_and_status_stays_bounded(fleet):
-    cluster, launches = fleet
+    cluster, _ = fleet
     wait_until(lambda: summary(cluster)["nodes_by_state"].get("READY") == AGENTS, 60, interval=0.2,
                what=f"{AGENTS} fake agents READY")
     overview = cluster.status()
@@ -71,7 +75,7 @@ def test_hundreds_of_agents_become_ready_and_status_stays_bounded(fleet):
 
 
 def test_a_job_reaches_its_fake_agents_and_succeeds(fleet, tmp_path):
-    cluster, launches = fleet
+    cluster, events = fleet
     wait_until(lambda: summary(cluster)["nodes_by_state"].get("READY") == AGENTS, 60, interval=0.2,
                what="the fleet")
     started = time.time()
@@ -79,7 +83,7 @@ def test_a_job_reaches_its_fake_agents_and_succeeds(fleet, tmp_path):
                          "--gpus-per-task", "8", "--", "train", check=True).stdout.strip()
     job = cluster.wait_job(job_id, timeout=30)
     assert job["state"] == "SUCCEEDED", job["message"]
-    arrived = [launch for launch in launches if launch[0] == job_id]
+    arrived = [e["launch"] for e in list(events) if "launch" in e and e["launch"][0] == job_id]
     assert sorted(launch[1] for launch in arrived) == ["worker:0", "worker:1"]
     assert len({launch[2] for launch in arrived}) == 2, "8 GPUs each: two nodes"
     assert all(launch[3] >= started for launch in arrived)
@@ -88,3 +92,17 @@ def test_a_job_reaches_its_fake_agents_and_succeeds(fleet, tmp_path):
     assert [n["name"] for n in mine["nodes"]] == [node] and [j["id"] for j in mine["jobs"]] == [job_id]
     done = json.loads(cluster.cli("status", "--state", "succeeded", "--json", check=True).stdout)
     assert [j["id"] for j in done["jobs"]] == [job_id]
+
+
+def test_fake_agents_given_several_coordinators_pass_over_one_that_does_not_answer(make_cluster, tmp_path):
+    cluster = make_cluster()
+    silent = f"127.0.0.1:{free_port()}"  # nothing listens there
+    proc, events = start_fleet(f"{silent},{cluster.address}", 20, cluster)
+    try:
+        wait_until(lambda: summary(cluster)["nodes_by_state"].get("READY") == 20, 60, interval=0.2,
+                   what="20 fake agents READY")
+        wait_until(lambda: [e["registered_with"] for e in list(events) if "registered_with" in e][-1:] ==
+                   [{cluster.address: 20}], 10, what="the fleet to say where its agents registered")
+    finally:
+        kill_group(proc.pid)
+        proc.wait()
