@@ -76,9 +76,10 @@ def cluster(tmp_path_factory):
         yield cluster
 
 
-def submit(cluster, name: str, code: str, *args: str) -> str:
+def submit(cluster, name: str, code: str, *args: str, nodes: tuple[str, ...] = ("a", "b")) -> str:
+    """A job of one worker on each of nodes."""
     spec = JobSpec(name=name, strategy="multi_worker_mirrored", command=("python3", "main.py", *args),
-                   workdir="/", roles={"worker": RoleSpec(count=2, nodes=("a", "b"))}, code_sha256=code)
+                   workdir="/", roles={"worker": RoleSpec(count=len(nodes), nodes=nodes)}, code_sha256=code)
     with cluster.client() as client:
         return client.submit(spec)
 
@@ -175,21 +176,27 @@ def test_an_agent_serves_its_cached_code_to_other_nodes_for_the_jobs_that_used_i
 def test_a_restarted_agent_unmounts_what_ended_meanwhile_and_keeps_what_runs(cluster):
     code = store(cluster, archive(code_tree(b"small")))
     job = submit(cluster, "restart", code, "300")
-    wait_until(lambda: all("listing" in line for line in _last_lines(cluster, job)), 60, what="both tasks run")
+    # A job of its own on node b: the restart of the first job's group, once a's agent reports the exit it
+    # missed, stops that job's task on b too, and must not be mistaken for a's agent unmounting b's dirs.
+    kept = submit(cluster, "kept", code, "300", nodes=("b",))
+    wait_until(lambda: all("listing" in line for line in _last_lines(cluster, job)) and
+               "listing" in _last_lines(cluster, kept, 1)[0], 60, what="the three tasks run")
     found = {t["node"]: (t, json.loads(line)) for t, line in zip(sorted(cluster.job(job)["tasks"],
                                                                         key=lambda t: t["index"]),
                                                                  _last_lines(cluster, job))}
-    assert all(os.path.ismount(f["cwd"]) for _, f in found.values())
+    kept_cwd = json.loads(_last_lines(cluster, kept, 1)[0])["cwd"]
+    assert all(os.path.ismount(f["cwd"]) for _, f in found.values()) and os.path.ismount(kept_cwd)
     cluster.agents["a"].kill()  # kill -9: its task runs on, and ends while no agent watches
     os.kill(found["a"][0]["pid"], signal.SIGKILL)
     wait_until(lambda: not _alive(found["a"][0]["pid"]), 10, what="the task on a to end")
     assert os.path.ismount(found["a"][1]["cwd"]), "nobody unmounted it yet"
     cluster.start_agent("a", extra=["--cache-bytes", str(CACHE_BYTES)])
     wait_until(lambda: not os.path.ismount(found["a"][1]["cwd"]), 10, what="the restarted agent to unmount it")
-    assert os.path.ismount(found["b"][1]["cwd"]), "node b's task still runs in its own"
-    cluster.cli("stop", job, check=True)
-    cluster.wait_job(job, timeout=60)
-    wait_until(lambda: not os.path.ismount(found["b"][1]["cwd"]), 10, what="node b to unmount it")
+    assert cluster.job(kept)["state"] == "RUNNING" and os.path.ismount(kept_cwd), "node b's task runs in its own"
+    for job_id in (job, kept):
+        cluster.cli("stop", job_id, check=True)
+        cluster.wait_job(job_id, timeout=60)
+    wait_until(lambda: not os.path.ismount(kept_cwd), 10, what="node b to unmount it")
 
 
 def _alive(pid: int) -> bool:
@@ -200,9 +207,9 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _last_lines(cluster, job_id: str) -> list[str]:
+def _last_lines(cluster, job_id: str, workers: int = 2) -> list[str]:
     lines = []
-    for index in (0, 1):
+    for index in range(workers):
         result = cluster.cli("logs", job_id, f"worker:{index}")
         lines.append(result.stdout.strip().splitlines()[-1] if result.stdout.strip() else "")
     return lines
