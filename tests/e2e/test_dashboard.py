@@ -55,6 +55,10 @@ def test_dashboard_follows_a_real_job(make_cluster, tmp_path, browser):
     cluster = make_cluster(3.0, "--http-listen", http)
     cluster.start_agents({"a": {"gpus": 2}, "b": {}})
     spec = digits_spec(tmp_path, "watched", epochs=6)
+    # Each epoch pauses so that the evaluator, whose TensorFlow import may take longer than a whole 6-epoch run
+    # on a loaded machine, sees checkpoints while training runs and not only the last one.
+    spec.write_text(spec.read_text().replace('EPOCHS = "6"', 'EPOCHS = "6", EPOCH_PAUSE_SECONDS = "2"'))
+    assert "EPOCH_PAUSE_SECONDS" in spec.read_text()
     job_id = cluster.cli("start", str(spec), check=True).stdout.strip()
 
     # The login link opens the job list; the session cookie it sets lets the browser into every other page.
