@@ -1,14 +1,14 @@
-"""Rich renderings of the coordinator's status, shared by `tfcluster status` and the demo."""
+"""The coordinator's answers as plain text: `tfcluster status`, `usage` and `start --dry-run`, and the demo.
+
+Each function returns a string; `colour_on` adds ANSI colours (columns.py says when a terminal wants them).
+"""
 
 from __future__ import annotations
 
 import time
 from typing import Optional
 
-from rich.console import Group
-from rich.text import Text
-from rich.table import Table
-
+from tfcluster.columns import Painted, paint, table
 from tfcluster.states import JobState, NodeState, TaskState
 
 
@@ -20,7 +20,7 @@ def _ago(seconds: float) -> str:
     return f"{seconds:.1f}s ago"
 
 
-def render_summary(summary) -> Text:
+def render_summary(summary, colour_on: bool = False) -> str:
     """One line for the whole cluster, and what the overview leaves out."""
     ready_first = sorted(summary.nodes_by_state.items(), key=lambda kv: kv[0] != NodeState.READY)
     nodes = ", ".join(f"{v} {k}" for k, v in ready_first)
@@ -38,63 +38,76 @@ def render_summary(summary) -> Text:
                  f"narrow it")
     if summary.leader:
         line += f"\nleader: the coordinator at {summary.leader}"
-    text = Text(line)
     if summary.insecure:
-        text.append("\nWARNING: the coordinator runs without TLS (--insecure): anyone who reaches it controls the "
-                    "cluster", style="bold red")
-    return text
+        line += "\n" + paint("WARNING: the coordinator runs without TLS (--insecure): anyone who reaches it controls "
+                             "the cluster", "bold red", colour_on)
+    return line
 
 
-def render_status(nodes_shown, jobs_shown, summary=None, job_id: Optional[str] = None) -> Group:
-    parts = [render_summary(summary)] if summary is not None else []
-    nodes = Table(title="nodes", title_justify="left")
-    for col in ("node", "address", "state", "GPUs", "CPUs", "memory", "tasks", "agent", "heartbeat"):
-        nodes.add_column(col)
+def _node_state(n) -> Painted:
+    if n.state != NodeState.READY:
+        return Painted(n.state, "red")
+    return Painted(f"{n.state}*", "yellow") if n.condition else Painted(n.state, "green")
+
+
+def _nodes_table(nodes_shown, colour_on: bool) -> list[str]:
+    rows = []
     for n in nodes_shown:
-        gpu_text = ", ".join(f"{g.index}:{g.name or 'gpu'}" for g in n.gpus) or "-"
-        state = f"[red]{n.state}[/]" if n.state != NodeState.READY else f"[yellow]{n.state}*[/]" if n.condition else \
-            f"[green]{n.state}[/]"
         memory = f"{n.memory_bytes / 2**30:.1f} GiB"
         if n.memory_allocated_bytes:  # what tasks' limits hold of it
             memory = f"{n.memory_allocated_bytes / 2**30:.1f} of {memory}"
-        nodes.add_row(n.name, n.address, state, gpu_text, str(n.cpu_count), memory,
-                      str(n.running_tasks), n.agent_version, _ago(n.last_seen_seconds_ago))
-    if nodes_shown or not job_id:
-        parts.append(nodes)
-        parts += [Text(f"* {n.name} takes no new tasks: {n.condition}", style="yellow")
-                  for n in nodes_shown if n.condition]
-    jobs = Table(title="jobs", title_justify="left")
-    for col in ("job", "owner", "strategy", "state", "restarts", "tasks", "message"):
-        jobs.add_column(col, overflow="fold")
+        rows.append([n.name, n.address, _node_state(n),
+                     ", ".join(f"{g.index}:{g.name or 'gpu'}" for g in n.gpus) or "-", str(n.cpu_count), memory,
+                     str(n.running_tasks), n.agent_version, _ago(n.last_seen_seconds_ago)])
+    headers = ("node", "address", "state", "GPUs", "CPUs", "memory", "tasks", "agent", "heartbeat")
+    return [table(headers, rows, "nodes", colour_on),
+            *(paint(f"* {n.name} takes no new tasks: {n.condition}", "yellow", colour_on)
+              for n in nodes_shown if n.condition)]
+
+
+def _jobs_table(jobs_shown, colour_on: bool) -> str:
+    rows = []
     for j in jobs_shown:
         counts: dict[str, int] = {}
         for t in j.tasks:
             counts[t.state] = counts.get(t.state, 0) + 1
-        summary = ", ".join(f"{v} {k.lower()}" for k, v in sorted(counts.items()))
+        tasks = ", ".join(f"{v} {k.lower()}" for k, v in sorted(counts.items()))
         restarts = f"{j.restarts} (+{j.preemptions} preempted)" if j.preemptions else str(j.restarts)
-        jobs.add_row(j.id, j.owner or "-", j.strategy, _colour_state(j.state), restarts, summary, j.message or "")
-    parts.append(jobs)
+        rows.append([j.id, j.owner or "-", j.strategy, _state(j.state), restarts, tasks, j.message or ""])
+    if not rows:
+        return "jobs: none"
+    return table(("job", "owner", "strategy", "state", "restarts", "tasks", "message"), rows, "jobs", colour_on)
+
+
+def _job_details(job, colour_on: bool) -> list[str]:
+    rows = []
+    for t in job.tasks:
+        exit_text = f"signal {t.signal}" if t.HasField("signal") else \
+            (str(t.exit_code) if t.HasField("exit_code") else "")
+        rows.append([f"{t.type}:{t.index}", t.node or "-", t.address or "-", gpu_list(t.gpus) or "-",
+                     _state(t.state), str(t.pid or ""), exit_text, str(t.attempt), t.message])
+    parts = [table(("task", "node", "address", "GPUs", "state", "pid", "exit", "attempt", "message"), rows,
+                   f"tasks of {job.id}", colour_on), usage_line(job)]
+    if job.HasField("last_failure"):
+        f = job.last_failure
+        tail = "\n".join(f"    {line}" for line in f.log_tail[-8:])
+        parts.append(f"last failure: {f.description}" + (f"\n  last lines:\n{tail}" if tail else ""))
+    if job.HasField("last_evaluation"):
+        e = job.last_evaluation
+        metrics = ", ".join(f"{k}={v:.4g}" for k, v in sorted(e.metrics.items()))
+        parts.append(f"latest evaluation: step {e.step} ({e.checkpoint}): {metrics}")
+    return parts
+
+
+def render_status(nodes_shown, jobs_shown, summary=None, job_id: Optional[str] = None, colour_on: bool = False) -> str:
+    """The summary, the nodes and the jobs; with job_id, that job's tasks, usage, last failure and evaluation."""
+    parts = [render_summary(summary, colour_on)] if summary is not None else []
+    if nodes_shown or not job_id:
+        parts.append("\n".join(_nodes_table(nodes_shown, colour_on)))
+    parts.append(_jobs_table(jobs_shown, colour_on))
     if job_id and jobs_shown:
-        job = jobs_shown[0]
-        tasks = Table(title=f"tasks of {job.id}", title_justify="left")
-        for col in ("task", "node", "address", "GPUs", "state", "pid", "exit", "attempt", "message"):
-            tasks.add_column(col, overflow="fold")
-        for t in job.tasks:
-            exit_text = f"signal {t.signal}" if t.HasField("signal") else \
-                (str(t.exit_code) if t.HasField("exit_code") else "")
-            tasks.add_row(f"{t.type}:{t.index}", t.node or "-", t.address or "-", gpu_list(t.gpus) or "-",
-                          _colour_state(t.state), str(t.pid or ""), exit_text, str(t.attempt), t.message)
-        parts.append(tasks)
-        parts.append(Text(usage_line(job)))
-        if job.HasField("last_failure"):
-            f = job.last_failure
-            tail = "\n".join(f"    {line}" for line in f.log_tail[-8:])
-            parts.append(Text(f"last failure: {f.description}" + (f"\n  last lines:\n{tail}" if tail else "")))
-        if job.HasField("last_evaluation"):
-            e = job.last_evaluation
-            metrics = ", ".join(f"{k}={v:.4g}" for k, v in sorted(e.metrics.items()))
-            parts.append(Text(f"latest evaluation: step {e.step} ({e.checkpoint}): {metrics}"))
-    return Group(*parts)
+        parts += _job_details(jobs_shown[0], colour_on)
+    return "\n\n".join(parts)
 
 
 def byte_size(n: int) -> str:
@@ -111,31 +124,24 @@ def usage_line(job) -> str:
            f"peak memory {byte_size(job.peak_rss_bytes) if job.peak_rss_bytes else '-'} (one task)"
 
 
-def render_usage(report) -> Group:
+def render_usage(report) -> str:
     """`tfcluster usage`: one table per user, one per group, most GPU-hours first."""
     since = time.strftime("%Y-%m-%d %H:%M", time.localtime(report.since))
     until = time.strftime("%Y-%m-%d %H:%M", time.localtime(report.until))
-    parts: list = [Text(f"usage from {since} to {until} (the coordinator keeps "
-                        f"{report.horizon_seconds / 86400:g} days)")]
+    parts = [f"usage from {since} to {until} (the coordinator keeps {report.horizon_seconds / 86400:g} days)"]
     for title, rows in (("users", report.users), ("groups", report.groups)):
-        table = Table(title=title, title_justify="left")
-        for col in (title[:-1], "GPU-hours", "CPU-hours", "peak memory", "jobs"):
-            table.add_column(col, justify="left" if col == title[:-1] else "right")
-        for t in rows:
-            table.add_row(t.name or "(no owner)", f"{t.gpu_seconds / 3600:.2f}", f"{t.cpu_seconds / 3600:.2f}",
-                          byte_size(t.peak_rss_bytes) if t.peak_rss_bytes else "-", str(t.jobs))
-        parts.append(table if rows else Text(f"{title}: none used anything in this window"))
-    return Group(*parts)
+        lines = [[t.name or "(no owner)", f"{t.gpu_seconds / 3600:.2f}", f"{t.cpu_seconds / 3600:.2f}",
+                  byte_size(t.peak_rss_bytes) if t.peak_rss_bytes else "-", str(t.jobs)] for t in rows]
+        parts.append(table((title[:-1], "GPU-hours", "CPU-hours", "peak memory", "jobs"), lines, title) if rows
+                     else f"{title}: none used anything in this window")
+    return "\n\n".join(parts)
 
 
-def render_plan(name: str, plan) -> Table:
-    table = Table(title=f"{name}: {plan.strategy}, {len(plan.tasks)} tasks")
-    for col in ("task", "node", "address", "GPUs", "env (values hidden)", "TF_CONFIG"):
-        table.add_column(col, overflow="fold")
-    for t in plan.tasks:
-        table.add_row(f"{t.task_type}:{t.task_index}", t.node, t.address, gpu_list(t.gpus) or "-",
-                      ", ".join(t.env_names) or "-", t.tf_config)
-    return table
+def render_plan(name: str, plan) -> str:
+    rows = [[f"{t.task_type}:{t.task_index}", t.node, t.address, gpu_list(t.gpus) or "-",
+             ", ".join(t.env_names) or "-", t.tf_config] for t in plan.tasks]
+    return table(("task", "node", "address", "GPUs", "env (values hidden)", "TF_CONFIG"), rows,
+                 f"{name}: {plan.strategy}, {len(plan.tasks)} tasks")
 
 
 # A job's and a task's states share their words (SUCCEEDED, RUNNING, ...), so one colour serves both.
@@ -144,7 +150,13 @@ STATE_COLOURS = {JobState.SUCCEEDED: "green", JobState.RUNNING: "cyan", JobState
                  JobState.PENDING: "magenta", JobState.STARTING: "blue", TaskState.LAUNCHING: "blue"}
 
 
-def _colour_state(state: str) -> str:
+def _state(state: str) -> Painted:
     """A state as the coordinator sent it, coloured (a state this client does not know is shown plain)."""
-    colour = STATE_COLOURS.get(state)
-    return f"[{colour}]{state}[/]" if colour else state
+    return Painted(state, STATE_COLOURS.get(state, ""))
+
+
+def rich_status(nodes_shown, jobs_shown, summary=None, job_id: Optional[str] = None):
+    """render_status for rich's own views (`status --watch`, the demo): rich reads the colours back from the
+    escapes and leaves them out where its console is not a terminal."""
+    from rich.text import Text
+    return Text.from_ansi(render_status(nodes_shown, jobs_shown, summary, job_id, colour_on=True))

@@ -56,7 +56,7 @@ def test_usage_per_user_and_group_survives_retention_and_a_coordinator_kill_9(ma
     assert shown["gpu_seconds"] > 0 and set(shown) == {"gpu_seconds", "cpu_seconds", "peak_rss_bytes"}
     assert "usage: " in cluster.cli("status", long, env=bob, check=True).stdout
     table = cluster.cli("usage", env=alice, check=True).stdout
-    for word in ("users", "groups", "alice", "bob", "vision", "nlp", "GPU-hours", "CPU-hours", "peak memory"):
+    for word in ("users", "groups", "alice", "bob", "vision", "nlp", "GPU-HOURS", "CPU-HOURS", "PEAK MEMORY"):
         assert word in table, table
 
     cluster.coordinator.kill()

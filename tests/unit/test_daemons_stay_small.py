@@ -56,11 +56,12 @@ def closed_port() -> int:
 
 def test_status_imports_only_what_it_shows():
     """`tfcluster status` starts at once: no pydantic (typer's value conversion, replaced by quickparams), no
-    job spec (TOML), no conversions between the wire and the daemons' model, no other command's module."""
+    job spec (TOML), no conversions between the wire and the daemons' model, no other command's module, and no
+    rich (its tables are plain columns: columns.py)."""
     loaded = modules_of_command("status")
     unwanted = ("pydantic", "tfcluster.spec", "tomllib", "tomli", "tfcluster.wire", "tfcluster.api.v1.agent_pb2",
                 "tfcluster.daemon", "aiohttp", "cryptography", "tfcluster.pki", "rich.live", "tfcluster.cli.daemons",
-                "tfcluster.cli.cluster", "tfcluster.cli.node", "tfcluster.roles")
+                "tfcluster.cli.cluster", "tfcluster.cli.node", "tfcluster.roles", "rich")
     assert sorted(m for m in loaded if m.startswith(unwanted)) == []
 
 

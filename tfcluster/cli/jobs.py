@@ -164,7 +164,7 @@ def plan(
     elif not result.fits:
         err.print(f"{spec.name} does not fit now: {result.reason}", markup=False)
     else:
-        out.print(render_plan(spec.name, result))
+        print(render_plan(spec.name, result))
     if not result.fits:
         raise typer.Exit(1)
 
@@ -188,7 +188,8 @@ def status(
         fail(f"--state: expected one of {', '.join(JobState)}, got {unknown[0]!r}", 2)
     if job_id and (show_all or node or states):
         fail("JOB shows one job: --all, --node and --state choose among jobs, so they go without it", 2)
-    from tfcluster.render import render_status
+    from tfcluster.columns import colour_wanted
+    from tfcluster.render import render_status, rich_status
 
     with connect(coordinator, tls_dir) as client:
         def fetch():
@@ -207,19 +208,19 @@ def status(
             return
         if not watch:
             view = fetch()
-            out.print(render_status(*view, job_id=job_id))
+            print(render_status(*view, job_id=job_id, colour_on=colour_wanted()))
             if view[2] is not None and view[2].dashboard_port:
-                out.print(f"dashboard: {_dashboard(client, view[2])}  (a browser logs in with `tfcluster "
-                          f"dashboard{' ' + job_id if job_id else ''}`)", markup=False)
+                print(f"dashboard: {_dashboard(client, view[2])}  (a browser logs in with `tfcluster "
+                      f"dashboard{' ' + job_id if job_id else ''}`)")
             return
         from rich.live import Live
 
-        with Live(render_status(*fetch(), job_id=job_id), console=out.console, refresh_per_second=4) as live:
+        with Live(rich_status(*fetch(), job_id=job_id), console=out.console, refresh_per_second=4) as live:
             try:
                 while True:
                     time.sleep(1.0)
                     view = fetch()
-                    live.update(render_status(*view, job_id=job_id))
+                    live.update(rich_status(*view, job_id=job_id))
                     if job_id and view[1] and view[1][0].state in ENDED_JOB_STATES:
                         break
             except KeyboardInterrupt:

@@ -10,7 +10,7 @@ from typing import Optional
 
 import typer
 
-from tfcluster.cli.common import CoordinatorOpt, TlsDirOpt, app, connect, fail, out
+from tfcluster.cli.common import CoordinatorOpt, TlsDirOpt, app, connect, fail
 from tfcluster.client import ClientError
 
 
@@ -34,17 +34,14 @@ def queue(
     if as_json:
         print(json.dumps(doc, indent=2))
         return
-    from rich.table import Table
+    from tfcluster.columns import table
 
-    table = Table(title=f"queue: {doc['total']} pending", title_justify="left")
-    for column in ("#", "job", "owner", "class", "tasks", "GPUs", "waiting", "reason"):
-        table.add_column(column, overflow="fold")
-    for q in doc["jobs"]:
-        table.add_row(str(q["position"]), q["id"], q["owner"] or "-", q["priority"] or "-", str(q["tasks"]),
-                      str(q["gpus"]), _duration(q["waiting_seconds"]), q["reason"])
-    out.print(table)
+    rows = [[str(q["position"]), q["id"], q["owner"] or "-", q["priority"] or "-", str(q["tasks"]), str(q["gpus"]),
+             _duration(q["waiting_seconds"]), q["reason"]] for q in doc["jobs"]]
+    title = f"queue: {doc['total']} pending"
+    print(table(("#", "job", "owner", "class", "tasks", "GPUs", "waiting", "reason"), rows, title) if rows else title)
     if len(doc["jobs"]) < doc["total"]:
-        out.print(f"showing the first {len(doc['jobs'])} of {doc['total']}", markup=False)
+        print(f"showing the first {len(doc['jobs'])} of {doc['total']}")
 
 
 @app.command()

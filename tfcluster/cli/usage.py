@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from tfcluster.cli.common import CoordinatorOpt, TlsDirOpt, app, ask, out, parse_duration
+from tfcluster.cli.common import CoordinatorOpt, TlsDirOpt, app, ask, parse_duration
 
 
 @app.command()
@@ -32,4 +32,4 @@ def usage(
     else:
         from tfcluster.render import render_usage
 
-        out.print(render_usage(report))
+        print(render_usage(report))

@@ -33,7 +33,7 @@ from tfcluster.daemon.agent.identity import NodeIdentity
 from tfcluster.daemon.coordinator.process import BackgroundCoordinator
 from tfcluster.daemon.coordinator.coordinatorserver import CoordinatorServer
 from tfcluster.model import Gpu
-from tfcluster.render import render_status
+from tfcluster.render import rich_status
 from tfcluster.security import Credentials
 from tfcluster.specfile import parse_spec
 from tfcluster.states import ENDED_JOB_STATES, JobState, NodeState
@@ -132,7 +132,7 @@ def run_demo(epochs: int = 5, keep: bool = False, console: Console | None = None
 def _report(client: Client, job, root: Path, seconds: float, console: Console) -> int:
     """The final status and the model's metrics; the tasks' last lines when the job did not succeed."""
     final = client.status(job.id)
-    console.print(render_status(final.nodes, final.jobs, job_id=job.id))
+    console.print(rich_status(final.nodes, final.jobs, job_id=job.id))
     if job.state == JobState.SUCCEEDED:
         metrics = json.loads((root / "checkpoints" / "metrics.json").read_text())
         console.print(f"{job.id} SUCCEEDED in {seconds:.1f} s: held-out accuracy {metrics['accuracy']:.3f}, loss "
@@ -171,12 +171,12 @@ def _wait_for_nodes(client: Client, count: int, timeout: float = 30.0) -> None:
 def _watch(client: Client, job_id: str, console: Console):
     deadline = time.monotonic() + JOB_TIMEOUT_SECONDS
     response = client.status(job_id)
-    with Live(render_status(response.nodes, response.jobs, job_id=job_id), console=console, refresh_per_second=4,
+    with Live(rich_status(response.nodes, response.jobs, job_id=job_id), console=console, refresh_per_second=4,
               transient=True) as live:
         while response.jobs[0].state not in ENDED_JOB_STATES:
             if time.monotonic() > deadline:
                 client.stop(job_id, graceful=False)
             time.sleep(0.5)
             response = client.status(job_id)
-            live.update(render_status(response.nodes, response.jobs, job_id=job_id))
+            live.update(rich_status(response.nodes, response.jobs, job_id=job_id))
     return response.jobs[0]

@@ -27,7 +27,7 @@ from tfcluster.daemon.coordinator.process import BackgroundCoordinator
 from tfcluster.daemon.coordinator.coordinatorserver import CoordinatorServer
 from tfcluster.demo import scratch_root
 from tfcluster.demo.hosts import TestHosts, unavailable
-from tfcluster.render import render_status
+from tfcluster.render import rich_status
 from tfcluster.security import Credentials
 from tfcluster.specfile import parse_spec
 from tfcluster.states import ENDED_JOB_STATES, JobState, NodeState
@@ -94,13 +94,13 @@ def _run_job(console: Console, client: Client, root: Path) -> int:
         console.print(f"submitted {job_id}: chief on h1, worker on h2, evaluator on h3; checkpoints stay on "
                       f"their hosts and are shipped to h3")
         response = client.status(job_id)
-        with Live(render_status(response.nodes, response.jobs, job_id=job_id), console=console, refresh_per_second=4,
+        with Live(rich_status(response.nodes, response.jobs, job_id=job_id), console=console, refresh_per_second=4,
                   transient=True) as live:
             while response.jobs[0].state not in ENDED_JOB_STATES:
                 time.sleep(0.5)
                 response = client.status(job_id)
-                live.update(render_status(response.nodes, response.jobs, job_id=job_id))
-        console.print(render_status(response.nodes, response.jobs, job_id=job_id))
+                live.update(rich_status(response.nodes, response.jobs, job_id=job_id))
+        console.print(rich_status(response.nodes, response.jobs, job_id=job_id))
         job = response.jobs[0]
         for e in job.evaluations:
             shown = ", ".join(f"{k} {v:.3f}" for k, v in sorted(e.metrics.items()))
