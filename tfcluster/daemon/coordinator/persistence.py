@@ -73,10 +73,12 @@ class Persistence:
         at once, once another coordinator wrote to the store)."""
         if self.next_write is None:
             self.next_write = asyncio.get_running_loop().create_future()
+            # Nobody awaits the ticker's changes: a failed write must not have asyncio log "exception never
+            # retrieved" for each of them. A caller that awaits the future still gets the exception.
+            self.next_write.add_done_callback(_retrieved)
         if self.fenced:
             refused, self.next_write = self.next_write, None
             refused.set_exception(OSError(f"cannot store the change: {self.fenced}"))
-            refused.exception()  # the ticker's changes are refused too, and nobody awaits those: no warning each tick
             return refused
         self.pending.extend(commands)
         self.wake.set()
@@ -143,3 +145,8 @@ class Persistence:
             log.error("cannot write the state to %s: %s", self.store.location, e)
         self.cluster.observer.stored(time.monotonic() - started, ok=error is None)
         return error
+
+
+def _retrieved(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()
