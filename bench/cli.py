@@ -8,7 +8,8 @@ measured in the same run, on a local cluster (a real coordinator and two agents 
   the launch alone
 - throughput: jobs of 2 tasks running `true`, submitted by one client on several threads at once (one thread
   alone waits a round trip per job, and would measure itself), from the first submission to the last job
-  SUCCEEDED
+  SUCCEEDED; the CPU each job costs, by process, beside the floor (its two `true` processes forked and run by
+  a bare loop, nothing recorded), and the rate that CPU allows on this machine's cores
 - tf: a 2-worker MultiWorkerMirroredStrategy Keras program (TensorFlow's multi-worker tutorial, on synthetic
   data) under `tfcluster start --wait`, against the same program launched by hand with TF_CONFIG, rounds
   alternated (needs the tf extra)
@@ -23,6 +24,7 @@ import argparse
 import compileall
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -109,6 +111,21 @@ def cpu_seconds(cluster: LocalCluster) -> dict[str, float]:
             "client": used(psutil.Process())}
 
 
+def spawn_floor_ms(jobs: int) -> float:
+    """CPU per job of running its two `true` processes and nothing else (forked, run and reaped by a loop in a
+    small Python): what any launcher pays, however little it records."""
+    loop = "import subprocess\nfor _ in range(%d): subprocess.run(['true'])" % (2 * jobs)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run([PYTHON, "-S", "-c", "pass"], check=True)  # the interpreter's own start, taken off below
+    started = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run([PYTHON, "-S", "-c", loop], check=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+
+    def cpu(a, b) -> float:
+        return b.ru_utime + b.ru_stime - a.ru_utime - a.ru_stime
+    return max(0.0, cpu(started, after) - cpu(before, started)) / jobs * 1000
+
+
 def throughput_figures(cluster: LocalCluster, jobs: int) -> dict[str, str]:
     from tfcluster.states import ENDED_JOB_STATES, JobState
     from tfcluster.specfile import parse_spec
@@ -124,12 +141,16 @@ def throughput_figures(cluster: LocalCluster, jobs: int) -> dict[str, str]:
         cpu = {k: (v - cpu_before[k]) / jobs * 1000 for k, v in cpu_seconds(cluster).items()}
     failed = [j.id for j in ended if j.state != JobState.SUCCEEDED]
     elapsed = max(j.finished for j in ended) - first
+    per_job, floor = sum(cpu.values()), spawn_floor_ms(jobs)
     return {"throughput_jobs": f"{jobs} of 2 tasks running `true` ({len(failed)} not SUCCEEDED)",
             "throughput_submit_only": f"{jobs / submitted:.0f} jobs/s",
             "throughput_jobs_per_second": f"{jobs / elapsed:.1f} jobs/s (first submission to last SUCCEEDED: "
                                           f"{elapsed:.2f} s)",
-            "throughput_cpu_per_job": f"{sum(cpu.values()):.1f} ms (" + ", ".join(f"{k} {v:.1f}" for k, v in cpu.items())
-                                      + f"; {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f})"}
+            "throughput_cpu_per_job": f"{per_job:.1f} ms (" + ", ".join(f"{k} {v:.1f}" for k, v in cpu.items())
+                                      + f"; {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f})",
+            "throughput_cpu_floor_two_bare_processes": f"{floor:.1f} ms per job",
+            "throughput_cpu_bound": f"{os.cpu_count() * 1000 / per_job:.1f} jobs/s (the cores' time over the CPU per "
+                                    f"job: the rate with nothing else running)"}
 
 
 def by_hand(workdir: Path, epochs: int) -> float:

@@ -40,6 +40,10 @@ TAIL_LINES = 20
 PUMP_CHUNK_BYTES = 64 << 10
 ESCALATION_POLL_SECONDS = 0.1
 DRAIN_SECONDS = 5.0  # how long the output is read on after the task exited and its group was killed
+# The watch of the task's tree starts this long after the task: a task that ends sooner (most short tasks) costs
+# no thread, and its figures come from the kernel's accounting of it alone. No later than the watch's own
+# fastest pace; a cgroup, where there is one, keeps the memory limit from the start.
+WATCH_AFTER_SECONDS = 0.1
 
 
 def kill_group(pgid: int, sig: int) -> bool:
@@ -109,7 +113,6 @@ class Runner:
             self._terminate()
         # With a cgroup the kernel keeps the limit; the watch measures all the same.
         watch = TreeWatch(pid, 0 if self.cgroup else self.launch.memory_bytes, self._publish)
-        watch.start()
         returncode, usage = self._follow(log, watch)
         log.close()
         exit = self._exit(returncode, usage, watch.exceeded)
@@ -187,7 +190,9 @@ class Runner:
         except (AttributeError, OSError):  # before Linux 5.3
             return self._follow_with_thread(log, watch)
         try:
-            self._copy_output(log, until=exited)
+            if not self._copy_output(log, until=exited, deadline=time.monotonic() + WATCH_AFTER_SECONDS):
+                watch.start()  # still running
+                self._copy_output(log, until=exited)
             returncode = self.child.wait()
             usage = self._ended(watch)
             # Bounded: a process outside the group may hold the pipe open.
@@ -197,6 +202,7 @@ class Runner:
         return returncode, usage
 
     def _follow_with_thread(self, log: OutputWriter, watch: TreeWatch) -> tuple[int, Usage]:
+        watch.start()
         pump = threading.Thread(target=self._copy_output, args=(log,), daemon=True)
         pump.start()
         returncode = self.child.wait()
@@ -211,22 +217,26 @@ class Runner:
         kill_group(self.child.pid, signal.SIGKILL)
         return usage
 
-    def _copy_output(self, log: OutputWriter, until: int = -1, deadline: float = float("inf")) -> None:
-        """Copies the output to the end, or until the `until` descriptor (a pidfd) is readable, or the deadline."""
+    def _copy_output(self, log: OutputWriter, until: int = -1, deadline: float = float("inf")) -> bool:
+        """Copies the output until the `until` descriptor (a pidfd) is readable, or the deadline, or (without
+        `until`) to the end. True when `until` became readable: the task exited."""
         pipe = self.child.stdout
-        while not pipe.closed:
-            ready, _, _ = select.select([pipe, *([until] if until != -1 else [])], [], [],
+        while True:
+            watched = [*([] if pipe.closed else [pipe]), *([until] if until != -1 else [])]
+            if not watched:
+                return False
+            ready, _, _ = select.select(watched, [], [],
                                         None if deadline == float("inf") else max(0.0, deadline - time.monotonic()))
             if pipe in ready:
                 data = os.read(pipe.fileno(), PUMP_CHUNK_BYTES)
                 if data:
                     self._keep(data, log)
                 else:
-                    pipe.close()
-            elif until in ready or not ready:  # the task exited, or time is up
-                return
-        if until != -1:  # the output ended first (the task closed it): the task's exit is next
-            select.select([until], [], [])
+                    pipe.close()  # the output ended (the task closed it): the task's exit is next
+            elif until in ready:
+                return True
+            elif not ready:  # time is up
+                return False
 
     def _keep(self, data: bytes, log: OutputWriter) -> None:
         if self.output_writable:
