@@ -17,6 +17,7 @@ import grpc
 from etcdcluster import needs_etcd
 from hacluster import HaCluster, registrations, running, sleeper
 from harness import wait_until
+from tfcluster.daemon.coordinator.etcdgateway import NO_QUORUM
 from tfcluster.api.v1.control_pb2 import GetStatusRequest
 from tfcluster.api.v1.control_pb2_grpc import ControlServiceStub
 
@@ -59,6 +60,7 @@ def test_a_leader_cut_off_from_etcd_stops_acting_and_the_standby_takes_over(tmp_
                              env={"TFCLUSTER_COORDINATOR": old})
             assert refused.returncode == 1 and ("cannot store the change" in refused.stderr or
                                                 "this coordinator is a standby" in refused.stderr), refused.stderr
+            assert NO_QUORUM not in refused.stderr, "etcd has a quorum: this coordinator merely cannot reach it"
             # Then it stops claiming the leadership: `status` on it is a standby's refusal.
             wait_until(lambda: named_leader(ha, old) != old, 12, interval=0.2, what="the old leader to step down")
             stepped_down = time.monotonic() - cut_at

@@ -32,6 +32,7 @@ UNAVAILABLE_CODES = {4, 14}  # DEADLINE_EXCEEDED, UNAVAILABLE
 UNAVAILABLE_MESSAGES = ("deadline exceeded", "timed out", "no leader", "leader changed", "too many requests",
                         "not capable", "stopped")
 NO_QUORUM = "the store has no quorum"
+LEADER, NO_LEADER, UNREACHABLE = "leader", "no leader", "unreachable"  # health()
 CONNECT_SECONDS = 2.0
 # A member without a leader holds a proposal for as long as the client waits: a healthy cluster commits in
 # milliseconds, and a write given up on is settled by reading it back (etcdstore.py)
@@ -119,14 +120,19 @@ class EtcdGateway:
             raise StoreUnavailable(f"{NO_QUORUM} (etcd {self.describe()}: {'; '.join(failures)})")
         raise StoreUnavailable(f"cannot reach etcd at {self.describe()}: {'; '.join(failures)}")
 
-    def leader_known(self) -> bool:
-        """Whether a member that answers knows a leader (its status, which it gives without one): asked after a
-        write failed, so that the writes that follow are refused at once while there is no quorum."""
+    def health(self) -> str:
+        """LEADER: a member that answers knows a leader. NO_LEADER: members answer (a status needs no leader) but
+        none knows one: no quorum. UNREACHABLE: no member answers within a second: this process is cut off, and
+        etcd may well have a quorum elsewhere. Each asks for its own words in an error."""
+        answered = False
         for endpoint in self.endpoints:
             status = self._status(endpoint)
-            if status and status.get("leader") not in (None, "0") and not status.get("errors"):
-                return True
-        return False
+            if status is None:
+                continue
+            answered = True
+            if status.get("leader") not in (None, "0") and not status.get("errors"):
+                return LEADER
+        return NO_LEADER if answered else UNREACHABLE
 
     def _status(self, endpoint: str) -> dict[str, Any] | None:
         """The member's status (it gives one without a leader); None when it does not answer within a second."""

@@ -27,7 +27,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from tfcluster.daemon.coordinator.etcdgateway import NO_QUORUM, EtcdGateway, EtcdTls, b64, range_end, unb64
+from tfcluster.daemon.coordinator.etcdgateway import (LEADER, NO_LEADER, NO_QUORUM, UNREACHABLE, EtcdGateway,
+                                                       EtcdTls, b64, range_end, unb64)
 from tfcluster.daemon.coordinator.store import (Conflict, Delete, Document, Put, Revisions, StoreUnavailable,
                                                 StoreUrlError, Write, validate)
 
@@ -121,8 +122,11 @@ class EtcdStore:
     def write(self, writes: Sequence[Write]) -> Revisions:
         validate(writes)
         with self._lock:
-            if self._uncertain and not self.gateway.leader_known():  # still no quorum: say so at once
+            health = self.gateway.health() if self._uncertain else LEADER
+            if health == NO_LEADER:  # still no quorum: say so at once
                 raise StoreUnavailable(f"{NO_QUORUM} (etcd {self.gateway.describe()}: no member knows a leader)")
+            if health == UNREACHABLE:
+                raise StoreUnavailable(f"cannot reach etcd at {self.gateway.describe()}: no member answers")
             if self._uncertain:
                 self._settle(*self._uncertain)
             expected = {(w.kind, w.key): w.expect for w in writes}  # what a retry of this batch will expect

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tfcluster.daemon.coordinator.etcdgateway import NO_QUORUM, EtcdGateway, b64, unb64
+from tfcluster.daemon.coordinator.etcdgateway import NO_LEADER, NO_QUORUM, UNREACHABLE, EtcdGateway, b64, unb64
 from tfcluster.daemon.coordinator.store import Conflict, StoreUnavailable
 
 log = logging.getLogger("tfcluster.coordinator")
@@ -207,9 +207,13 @@ class LeaderStore:
         if leadership.lost:
             raise Conflict(f"the key {leadership.key} is no longer this coordinator's: this writer no longer holds it")
         if not leadership.holds():  # its lease ran out on this clock: not a write until a renewal says more
-            if leadership.suspended or not leadership.gateway.leader_known():
+            health = NO_LEADER if leadership.suspended else leadership.gateway.health()
+            if health == NO_LEADER:
                 raise StoreUnavailable(f"{NO_QUORUM}: this coordinator changes nothing until etcd has a quorum "
                                        f"again")
+            if health == UNREACHABLE:
+                raise StoreUnavailable(f"cannot reach etcd at {leadership.gateway.describe()}: this coordinator "
+                                       f"changes nothing until it reaches etcd again, or it stands down")
             raise StoreUnavailable("etcd did not renew this coordinator's leader lease in time: it changes nothing "
                                    "until it is renewed or it stands down")
         return self.store.write(writes)
