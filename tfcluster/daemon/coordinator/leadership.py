@@ -8,8 +8,12 @@ transaction this one sends. No consensus of our own: etcd decides who holds the 
 
 The lease is renewed from a thread of its own. The leader also counts its lease on its own clock, from the moment
 it sent the last renewal etcd granted: a process that was paused (SIGSTOP, a stalled VM) or cut off from etcd
-knows, before it writes or sends anything, that its lease may be gone, and steps down. etcd counts the same lease
-from when it received that renewal, later, so the leader always gives up first.
+knows, before it writes or sends anything, that its lease may be gone, and stops acting. etcd counts the same lease
+from when it received that renewal, later, so the leader always stops first. It then asks etcd once more: a lease
+etcd still grants was never let go (etcd never revives an expired lease), so no other coordinator can have held
+the key meanwhile, and the leader acts again; a lease etcd no longer knows, or an etcd it cannot reach, and it
+steps down. A leader whose renewal merely came late, its process short of CPU while thousands of agents
+register, thus keeps the leadership instead of handing the same storm to a standby.
 """
 
 from __future__ import annotations
@@ -88,6 +92,11 @@ class Leadership:
         return False
 
     def _try_to_win(self) -> bool:
+        # The key is read first: a read is no raft proposal, while a lease granted and revoked and a transaction are
+        # three, which each standby would otherwise make every POLL_SECONDS for as long as the leader lives.
+        kv = (self.gateway.call("/v3/kv/range", {"key": b64(self.key)}).get("kvs") or [None])[0]
+        if kv is not None and self._held(kv):
+            return False
         sent = self.clock()
         lease = int(self.gateway.call("/v3/lease/grant", {"TTL": self.ttl})["ID"])
         key = b64(self.key)
@@ -97,10 +106,11 @@ class Leadership:
             "failure": [{"request_range": {"key": key}}]})
         if not answer.get("succeeded"):
             self._revoke(lease)
-            kv = (answer["responses"][0].get("response_range", {}).get("kvs") or [{}])[0]
-            self.leader = LeaderInfo.from_json(unb64(kv.get("value", ""))) if kv else LeaderInfo("", "")
-            if self.leader == self.me and kv:
-                self._take_back(int(kv["mod_revision"]))
+            kv = (answer["responses"][0].get("response_range", {}).get("kvs") or [None])[0]
+            if kv is not None:
+                self._held(kv)
+            else:
+                self.leader = LeaderInfo("", "")
             return False
         self.lease, self.revision = lease, int(answer["header"]["revision"])
         self.valid_until, self.leader = sent + self.ttl, self.me
@@ -112,7 +122,12 @@ class Leadership:
                  lease, self.ttl)
         return True
 
-    def _take_back(self, mod_revision: int) -> None:
+    def _held(self, kv: dict) -> bool:
+        """Whether the key as read is held by a coordinator (it leads, as far as this one knows)."""
+        self.leader = LeaderInfo.from_json(unb64(kv.get("value", "")))
+        return self.leader != self.me or not self._take_back(int(kv["mod_revision"]))
+
+    def _take_back(self, mod_revision: int) -> bool:
         """The key names this coordinator's own addresses: it was put by an earlier run of this coordinator (killed
         and restarted: the new run could listen where it listened). The key goes at once, if it is still that
         put, rather than when its lease runs out, so a restarted coordinator serves at once. Safe whatever else
@@ -123,31 +138,50 @@ class Leadership:
             "success": [{"request_delete_range": {"key": key}}]})
         if answer.get("succeeded"):
             log.info("the leader key named this coordinator's own address (an earlier run of it): taken back")
+        return bool(answer.get("succeeded"))
 
     def _renew(self) -> None:
         lease, wait = self.lease, RENEW_EVERY_SECONDS
+        due = self.clock() + wait
         while not self._lost.wait(wait):
             sent, wait = self.clock(), RENEW_EVERY_SECONDS
-            if sent >= self.valid_until and not self._suspend():
-                return self._lose(f"its lease ran out {sent - self.valid_until + self.ttl:.1f} s after the last "
-                                  f"renewal etcd granted (was this process paused, or cut off from etcd?)")
+            # Ran out on this clock: holds() is False from here on, so nothing is written or sent, but etcd, which
+            # counts from a later moment, may still hold the lease: asked, rather than given up at once.
+            ran_out = sent >= self.valid_until
             try:
-                granted = int(self.gateway.call("/v3/lease/keepalive", {"ID": str(lease)})
-                              .get("result", {}).get("TTL", 0))
+                granted = self._keep_alive(lease, sent, ran_out)
             except (StoreUnavailable, RuntimeError) as e:
                 self.no_quorum = NO_QUORUM in str(e)
                 log.warning("renewing the leader lease failed: %s", e)
+                if ran_out and not self._suspend():
+                    return self._lose(self._ran_out(sent) + " (was this process paused, or cut off from etcd?)")
                 continue
+            finally:
+                _report_late(sent - due, self.clock() - sent)
+                due = self.clock() + wait
             if not granted:
-                return self._lose("etcd no longer knows its lease")
+                return self._lose((self._ran_out(sent) + " and " if ran_out else "") + "etcd no longer knows its lease")
             self.valid_until = max(self.valid_until, sent + granted)
-            if self.clock() >= self.valid_until:  # granted, but answered late (etcd got its quorum back meanwhile)
-                wait = 0.0  # renewed again at once: that answer is prompt
+            if self.clock() >= self.valid_until:  # granted, but answered too late to count on: again at once
+                wait = 0.0
                 continue
+            if ran_out and not self.suspended:
+                log.warning("etcd still held this coordinator's lease, though its renewal came late: it acts again")
             self.no_quorum = False
             if self.suspended:
                 self.suspended = False
                 log.warning("etcd has a quorum again and this coordinator still holds its lease: it acts again")
+
+    def _keep_alive(self, lease: int, sent: float, ran_out: bool) -> int:
+        """The seconds etcd grants the lease from now (0: it no longer knows it). A renewal that answers after the
+        lease ran out keeps nothing, so the call is given only what is left of it; once it ran out on this clock,
+        a TTL: an answer that comes within it still tells whether the lease is this coordinator's."""
+        within = self.ttl if ran_out else self.valid_until - sent
+        answer = self.gateway.call("/v3/lease/keepalive", {"ID": str(lease)}, within=within)
+        return int(answer.get("result", {}).get("TTL", 0))
+
+    def _ran_out(self, sent: float) -> str:
+        return f"its lease ran out {sent - self.valid_until + self.ttl:.1f} s after the last renewal etcd granted"
 
     def _suspend(self) -> bool:
         """Whether the lease that ran out on this coordinator's clock may still be its own: etcd answers, without a
@@ -187,6 +221,13 @@ class Leadership:
             self.gateway.call("/v3/lease/revoke", {"ID": str(lease)})
         except (StoreUnavailable, RuntimeError) as e:  # it runs out on its own
             log.debug("revoking lease %x: %s", lease, e)
+
+
+def _report_late(late: float, took: float) -> None:
+    """A renewal that woke late or waited long for its answer says so: the first sign that this process (or
+    etcd) is short of CPU, before a lease is lost to it."""
+    if late + took > RENEW_EVERY_SECONDS:
+        log.warning("renewing the leader lease: it woke %.2f s late, and its answer took %.2f s", late, took)
 
 
 class LeaderStore:
