@@ -3,11 +3,15 @@ standby asks etcd while a leader holds the key. (With a real etcd: tests/integra
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 import threading
 import time
 
 from tfcluster.daemon.coordinator.etcdgateway import b64
 from tfcluster.daemon.coordinator.leadership import RENEW_EVERY_SECONDS, LeaderInfo, Leadership
+from tfcluster.daemon.coordinator.leasekeeper import ACK_TTLS, Renewing, parent_stopped
 
 ME = LeaderInfo("10.0.0.1:7070", "10.0.0.1:7071")
 OTHER = LeaderInfo("10.0.0.2:7070", "10.0.0.2:7071")
@@ -143,3 +147,30 @@ def test_a_standby_takes_back_the_key_an_earlier_run_of_itself_left_and_leads():
         assert leadership.campaign(stop) and leadership.holds()
     finally:
         leadership.step_down()
+
+
+def test_the_keeper_process_renews_only_while_the_coordinator_runs_and_says_so():
+    coordinator = subprocess.Popen(["sleep", "60"])  # stands for the coordinator the keeper serves
+    etcd = ScriptedEtcd()
+    renewing = Renewing(etcd, coordinator.pid)
+    try:
+        renewing.take({"lease": 7, "valid_until": time.monotonic() + 2, "ttl": 2})
+        report = renewing.renew()
+        assert report["lease"] == 7 and report["ttl"] == 2 and 0 < etcd.calls[-1][1] <= 2, (report, etcd.calls)
+        os.kill(coordinator.pid, signal.SIGSTOP)  # paused: etcd must count its lease out
+        wait_for(lambda: parent_stopped(coordinator.pid))
+        assert renewing.renew() is None
+        os.kill(coordinator.pid, signal.SIGCONT)
+        wait_for(lambda: not parent_stopped(coordinator.pid))
+        assert renewing.renew() is not None
+        # Running, but its leadership has not said for ACK_TTLS leases that it still runs (hung with the GIL held)
+        renewing.acked_at -= ACK_TTLS * 2 + 0.1
+        assert renewing.renew() is None
+        renewing.take({"lease": 7, "valid_until": 0, "ttl": 2})  # it says so again
+        assert renewing.renew() is not None
+        renewing.take({"lease": 0, "valid_until": 0, "ttl": 2})  # stepped down
+        assert renewing.renew() is None
+    finally:
+        os.kill(coordinator.pid, signal.SIGCONT)
+        coordinator.kill()
+        coordinator.wait()

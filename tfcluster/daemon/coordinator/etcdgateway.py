@@ -72,6 +72,7 @@ def range_end(prefix: str) -> str:
 class EtcdGateway:
     def __init__(self, endpoints: list[str], tls: EtcdTls = EtcdTls()):
         tls.check()
+        self.tls = tls
         self.scheme = "https" if tls.ca else "http"
         self.endpoints = endpoints
         options: dict[str, Any] = {"maxsize": 4, "retries": False,
