@@ -38,7 +38,7 @@ RENEW_EVERY_SECONDS = 0.4  # several renewals per TTL: one lost answer does not 
 # The coordinator's leadership tells the keeper, at each renewal it applies, that it still runs; the keeper stops
 # renewing when it has not heard so for this many TTLs. Its turns are late by up to a second or two while the
 # process is starved of CPU; a process hung for good loses its lease within this many TTLs and one more.
-ACK_TTLS = 2
+ACK_TTLS = 4
 
 
 @dataclass(frozen=True)
