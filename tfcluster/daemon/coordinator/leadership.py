@@ -6,14 +6,15 @@ TTL_SECONDS, only if it does not exist. The winner's writes are fenced on the re
 Guard): once the lease has run out and the key is gone, or another coordinator holds it, etcd refuses every
 transaction this one sends. No consensus of our own: etcd decides who holds the key.
 
-The lease is renewed from a process of its own (leasekeeper.py says why), whose renewals a thread applies. The leader also counts its lease on its own clock, from the moment
-it sent the last renewal etcd granted: a process that was paused (SIGSTOP, a stalled VM) or cut off from etcd
-knows, before it writes or sends anything, that its lease may be gone, and stops acting. etcd counts the same lease
-from when it received that renewal, later, so the leader always stops first. It then asks etcd once more: a lease
-etcd still grants was never let go (etcd never revives an expired lease), so no other coordinator can have held
-the key meanwhile, and the leader acts again; a lease etcd no longer knows, or an etcd it cannot reach, and it
-steps down. A leader whose renewal merely came late, its process short of CPU while thousands of agents
-register, thus keeps the leadership instead of handing the same storm to a standby.
+The lease is renewed from a process of its own (leasekeeper.py says why), whose renewals a thread applies. The
+leader also counts its lease on its own clock, from the moment it sent the last renewal etcd granted: a process that
+was paused (SIGSTOP, a stalled VM) or cut off from etcd knows, before it writes or sends anything, that its lease
+may be gone, and stops acting. etcd counts the same lease from when it received that renewal, later, so the leader
+always stops first. It then asks etcd once more: a lease etcd still grants was never let go (etcd never revives an
+expired lease), so no other coordinator can have held the key meanwhile, and the leader acts again; a lease etcd no
+longer knows, or an etcd it cannot reach, and it steps down. A leader whose renewal merely came late, its process
+short of CPU while thousands of agents register, thus keeps the leadership instead of handing the same storm to a
+standby.
 """
 
 from __future__ import annotations
@@ -169,7 +170,9 @@ class Leadership:
                 keeper.renew(lease, self.valid_until, self.ttl)
                 report = keeper.next_report(RENEW_EVERY_SECONDS)
                 if report is not None and report.lease == lease:
-                    _report_late(report.sent - heard - RENEW_EVERY_SECONDS, 0.0)
+                    if report.sent - heard > 2 * RENEW_EVERY_SECONDS:
+                        log.warning("the leader lease's renewals came %.2f s apart: this process or its lease "
+                                    "keeper is short of CPU", report.sent - heard)
                     heard = report.sent
                     self._settle(report.sent, report.granted, report.error)
                 elif self.clock() - heard > KEEPER_SILENCE_SECONDS and self.clock() >= self.valid_until:
