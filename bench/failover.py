@@ -9,8 +9,9 @@ For N = 100, 1,000 and 5,000 it measures:
 - GetStatus latency p50/p99 on the new leader in a window after all are back;
 - etcd's write rate from one member's /metrics: keys put or deleted per second, bytes written to its WAL per
   second and raft proposals per second, at registration, during steady heartbeating and during the failover.
-  Heartbeats write nothing: the steady rate of keys written is expected to be 0 (proposals and WAL bytes are not:
-  each standby asks every POLL_SECONDS, with a transaction, whether the leader key is free).
+  Heartbeats write nothing: the steady rate of keys written is expected to be 0, and so is nearly that of raft
+  proposals (a standby reads the leader key every POLL_SECONDS; the leader's lease renewals are not proposals);
+- how many times a leader lost its lease during the run (a renewal that came too late: leadership.py).
 
 Floors, measured or fixed in the same run: the time to a serving standby against the lease TTL (no lease-based
 failover is faster); the time until all are READY again against the time the same fleet took to become READY at
@@ -169,7 +170,13 @@ def progress(coordinators: Coordinators, i: int, fleet: Fleet) -> str:
     except grpc.RpcError as e:
         nodes = f"no answer to GetStatus ({e.code().name})"
     return (f"{fleet.registered_last_with(coordinators.addresses[i])} registered there last, it counts {nodes}, "
-            f"{lost_nodes(coordinators, i)} declared lost, the agents' failed calls: {fleet.error_counts()}")
+            f"{lost_nodes(coordinators, i)} declared lost, the agents' failed calls: {fleet.error_counts()}, "
+            f"leaders that lost their lease: {leaderships_lost(coordinators)}")
+
+
+def leaderships_lost(coordinators: Coordinators) -> int:
+    """How many times a coordinator lost the leadership it held (each one's log says so)."""
+    return sum(d.log().count("this coordinator no longer leads") for d in coordinators.daemons)
 
 
 def all_ready(coordinators: Coordinators, i: int, fleet: Fleet, size: int) -> bool:
@@ -208,7 +215,7 @@ def measure(size: int, root: Path, etcd: EtcdCluster, ca_dir: Path) -> dict:
         steady["heartbeats_per_second"] = round((fleet.total(fleet.heartbeats) - beats) / steady["seconds"])
         result = failover(coordinators, leader, fleet, size, etcd)
         result.update(ready_seconds=round(ready, 2), status_before=before, registration=registration,
-                      steady=steady, lease_ttl_seconds=TTL_SECONDS)
+                      steady=steady, lease_ttl_seconds=TTL_SECONDS, leaderships_lost=leaderships_lost(coordinators))
         result["served_vs_ttl"] = round(result["served_seconds"] / TTL_SECONDS, 2)
         result["back_vs_ready"] = round(result["back_seconds"] / ready, 2)
         result["status_p99_vs_before"] = round(result["status_after"]["p99_ms"] / before["p99_ms"], 2)

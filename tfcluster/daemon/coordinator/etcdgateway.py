@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -72,6 +73,7 @@ def range_end(prefix: str) -> str:
 class EtcdGateway:
     def __init__(self, endpoints: list[str], tls: EtcdTls = EtcdTls()):
         tls.check()
+        self.tls = tls
         self.scheme = "https" if tls.ca else "http"
         self.endpoints = endpoints
         options: dict[str, Any] = {"maxsize": 4, "retries": False,
@@ -86,16 +88,26 @@ class EtcdGateway:
     def describe(self) -> str:
         return ",".join(self.endpoints)
 
-    def call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    def call(self, path: str, body: dict[str, Any], within: float | None = None) -> dict[str, Any]:
         """One request, to the first endpoint that answers; StoreUnavailable when none does or etcd cannot
-        commit. Any other error etcd gives (a malformed request, a limit) is a RuntimeError naming it."""
+        commit. Any other error etcd gives (a malformed request, a limit) is a RuntimeError naming it.
+        within: the seconds the whole call may take (every endpoint tried included), when an answer that comes
+        later is of no use; None: REQUEST_SECONDS for each endpoint."""
         failures = []
+        deadline = None if within is None else time.monotonic() + within
         for offset in range(len(self.endpoints)):
             index = (self.preferred + offset) % len(self.endpoints)
             endpoint = self.endpoints[index]
+            limit: dict[str, Any] = {}  # none: the pool's own timeouts
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    failures.append(f"{endpoint}: not tried, the {within:.1f} s given were spent")
+                    break
+                limit["timeout"] = urllib3.Timeout(connect=min(CONNECT_SECONDS, left), read=left)
             try:
                 response = self.pool.request("POST", f"{self.scheme}://{endpoint}{path}", body=json.dumps(body),
-                                             headers={"Content-Type": "application/json"})
+                                             headers={"Content-Type": "application/json"}, **limit)
             except urllib3.exceptions.ReadTimeoutError as e:
                 # A member without a leader holds the request until the client gives up, yet answers a status
                 # request at once: that is no quorum. One that answers neither is stopped or cut off from us,

@@ -23,6 +23,7 @@ import grpc
 from tfcluster.daemon.coordinator import status
 from tfcluster.daemon.coordinator.etcdstore import EtcdStore, Guard
 from tfcluster.daemon.coordinator.leadership import Leadership, LeaderInfo, LeaderStore
+from tfcluster.daemon.coordinator.leasekeeper import LeaseKeeper
 from tfcluster.daemon.coordinator.process import keep_long_lived_objects_out_of_the_collector, raise_open_file_limit
 from tfcluster.daemon.coordinator.coordinatorserver import CoordinatorServer
 from tfcluster.daemon.coordinator.standby import WarmCopy, refusal_server
@@ -48,6 +49,15 @@ def advertised(listen: str, advertise_host: str = "") -> str:
         return f"127.0.0.1:{port}"
 
 
+def _start_keeper(store: EtcdStore) -> LeaseKeeper | None:
+    """The process that will renew this coordinator's leader lease, started before it leads (and meets a storm)."""
+    try:
+        return LeaseKeeper(store.gateway)
+    except OSError as e:
+        log.warning("cannot start the lease keeper process (%s): the leader lease is renewed from the coordinator", e)
+        return None
+
+
 class HighlyAvailable:
     """Runs the terms of one coordinator process: make_server(store) builds the coordinator of one term."""
 
@@ -57,7 +67,8 @@ class HighlyAvailable:
         self.listen, self.join_listen, self.credentials = listen, join_listen, credentials
         self.notifier = notifier or Notifier.from_environment()
         self.observer = open_store()  # the standby's store: its warm copy, and the leadership's connection
-        self.leadership = Leadership(self.observer.gateway, self.observer.prefix, me)
+        self.keeper = _start_keeper(self.observer)
+        self.leadership = Leadership(self.observer.gateway, self.observer.prefix, me, keeper=self.keeper)
         self.server: CoordinatorServer | None = None
         self.warm: WarmCopy | None = None
         self.stop = asyncio.Event()
@@ -85,6 +96,8 @@ class HighlyAvailable:
                 task.cancel()
             self.notifier.stopping("stopping")
             self.leadership.resign()
+            if self.keeper is not None:
+                self.keeper.close()
             self.observer.close()
 
     def _reload_policy(self) -> None:

@@ -6,10 +6,15 @@ TTL_SECONDS, only if it does not exist. The winner's writes are fenced on the re
 Guard): once the lease has run out and the key is gone, or another coordinator holds it, etcd refuses every
 transaction this one sends. No consensus of our own: etcd decides who holds the key.
 
-The lease is renewed from a thread of its own. The leader also counts its lease on its own clock, from the moment
-it sent the last renewal etcd granted: a process that was paused (SIGSTOP, a stalled VM) or cut off from etcd
-knows, before it writes or sends anything, that its lease may be gone, and steps down. etcd counts the same lease
-from when it received that renewal, later, so the leader always gives up first.
+The lease is renewed from a process of its own (leasekeeper.py says why), whose renewals a thread applies. The
+leader also counts its lease on its own clock, from the moment it sent the last renewal etcd granted: a process that
+was paused (SIGSTOP, a stalled VM) or cut off from etcd knows, before it writes or sends anything, that its lease
+may be gone, and stops acting. etcd counts the same lease from when it received that renewal, later, so the leader
+always stops first. It then asks etcd once more: a lease etcd still grants was never let go (etcd never revives an
+expired lease), so no other coordinator can have held the key meanwhile, and the leader acts again; a lease etcd no
+longer knows, or an etcd it cannot reach, and it steps down. A leader whose renewal merely came late, its process
+short of CPU while thousands of agents register, thus keeps the leadership instead of handing the same storm to a
+standby.
 """
 
 from __future__ import annotations
@@ -23,12 +28,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from tfcluster.daemon.coordinator.etcdgateway import NO_LEADER, NO_QUORUM, UNREACHABLE, EtcdGateway, b64, unb64
+from tfcluster.daemon.coordinator.leasekeeper import RENEW_EVERY_SECONDS, LeaseKeeper
 from tfcluster.daemon.coordinator.store import Conflict, StoreUnavailable
 
 log = logging.getLogger("tfcluster.coordinator")
 
 TTL_SECONDS = 2            # how long a leader that stopped renewing still holds the key
-RENEW_EVERY_SECONDS = 0.4  # several renewals per TTL: one lost answer does not cost the lease
+# A keeper that reported nothing for this long after the lease ran out on this clock: this process was paused (the
+# keeper does not renew while it is), or the keeper is stuck
+KEEPER_SILENCE_SECONDS = 3 * TTL_SECONDS
 POLL_SECONDS = 0.2         # how often a standby looks whether the key is free
 
 
@@ -54,8 +62,9 @@ class Leadership:
     """One coordinator's candidacy: campaign() until it leads, then the lease, renewed until it is lost."""
 
     def __init__(self, gateway: EtcdGateway, prefix: str, me: LeaderInfo, ttl: int = TTL_SECONDS,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, keeper: LeaseKeeper | None = None):
         self.gateway, self.me, self.ttl, self.clock = gateway, me, ttl, clock
+        self.keeper = keeper  # the process that sends the renewals; None: this process's own thread
         self.key = prefix.rstrip("/") + ".leader"
         self.leader = LeaderInfo("", "")  # who leads, as last seen (this coordinator, once it won)
         self.lease = 0
@@ -88,6 +97,11 @@ class Leadership:
         return False
 
     def _try_to_win(self) -> bool:
+        # The key is read first: a read is no raft proposal, while a lease granted and revoked and a transaction are
+        # three, which each standby would otherwise make every POLL_SECONDS for as long as the leader lives.
+        kv = (self.gateway.call("/v3/kv/range", {"key": b64(self.key)}).get("kvs") or [None])[0]
+        if kv is not None and self._held(kv):
+            return False
         sent = self.clock()
         lease = int(self.gateway.call("/v3/lease/grant", {"TTL": self.ttl})["ID"])
         key = b64(self.key)
@@ -97,22 +111,29 @@ class Leadership:
             "failure": [{"request_range": {"key": key}}]})
         if not answer.get("succeeded"):
             self._revoke(lease)
-            kv = (answer["responses"][0].get("response_range", {}).get("kvs") or [{}])[0]
-            self.leader = LeaderInfo.from_json(unb64(kv.get("value", ""))) if kv else LeaderInfo("", "")
-            if self.leader == self.me and kv:
-                self._take_back(int(kv["mod_revision"]))
+            kv = (answer["responses"][0].get("response_range", {}).get("kvs") or [None])[0]
+            if kv is not None:
+                self._held(kv)
+            else:
+                self.leader = LeaderInfo("", "")
             return False
         self.lease, self.revision = lease, int(answer["header"]["revision"])
         self.valid_until, self.leader = sent + self.ttl, self.me
         self.no_quorum = self.suspended = False
         self._lost.clear()
-        self._renewer = threading.Thread(target=self._renew, name="leader-lease", daemon=True)
+        self._renewer = threading.Thread(target=self._follow_keeper if self.keeper else self._renew,
+                                         name="leader-lease", daemon=True)
         self._renewer.start()
         log.info("this coordinator leads (the key %s at revision %d, lease %x of %d s)", self.key, self.revision,
                  lease, self.ttl)
         return True
 
-    def _take_back(self, mod_revision: int) -> None:
+    def _held(self, kv: dict) -> bool:
+        """Whether the key as read is held by a coordinator (it leads, as far as this one knows)."""
+        self.leader = LeaderInfo.from_json(unb64(kv.get("value", "")))
+        return self.leader != self.me or not self._take_back(int(kv["mod_revision"]))
+
+    def _take_back(self, mod_revision: int) -> bool:
         """The key names this coordinator's own addresses: it was put by an earlier run of this coordinator (killed
         and restarted: the new run could listen where it listened). The key goes at once, if it is still that
         put, rather than when its lease runs out, so a restarted coordinator serves at once. Safe whatever else
@@ -123,31 +144,82 @@ class Leadership:
             "success": [{"request_delete_range": {"key": key}}]})
         if answer.get("succeeded"):
             log.info("the leader key named this coordinator's own address (an earlier run of it): taken back")
+        return bool(answer.get("succeeded"))
 
     def _renew(self) -> None:
+        """Renews from this thread (no keeper process)."""
         lease, wait = self.lease, RENEW_EVERY_SECONDS
+        due = self.clock() + wait
         while not self._lost.wait(wait):
-            sent, wait = self.clock(), RENEW_EVERY_SECONDS
-            if sent >= self.valid_until and not self._suspend():
-                return self._lose(f"its lease ran out {sent - self.valid_until + self.ttl:.1f} s after the last "
-                                  f"renewal etcd granted (was this process paused, or cut off from etcd?)")
+            sent = self.clock()
             try:
-                granted = int(self.gateway.call("/v3/lease/keepalive", {"ID": str(lease)})
-                              .get("result", {}).get("TTL", 0))
+                granted, error = self._keep_alive(lease, sent), ""
             except (StoreUnavailable, RuntimeError) as e:
-                self.no_quorum = NO_QUORUM in str(e)
-                log.warning("renewing the leader lease failed: %s", e)
-                continue
-            if not granted:
-                return self._lose("etcd no longer knows its lease")
-            self.valid_until = max(self.valid_until, sent + granted)
-            if self.clock() >= self.valid_until:  # granted, but answered late (etcd got its quorum back meanwhile)
-                wait = 0.0  # renewed again at once: that answer is prompt
-                continue
-            self.no_quorum = False
-            if self.suspended:
-                self.suspended = False
-                log.warning("etcd has a quorum again and this coordinator still holds its lease: it acts again")
+                granted, error = 0, str(e)
+            _report_late(sent - due, self.clock() - sent)
+            wait = 0.0 if self._settle(sent, granted, error) else RENEW_EVERY_SECONDS
+            due = self.clock() + wait
+
+    def _follow_keeper(self) -> None:
+        """Applies the keeper process's renewals to this term's lease (leasekeeper.py); renews from this thread
+        should the keeper be gone. Each turn of this loop tells the keeper that the coordinator still runs."""
+        lease, keeper = self.lease, self.keeper
+        heard = self.clock()
+        try:
+            while not self._lost.is_set():
+                keeper.renew(lease, self.valid_until, self.ttl)
+                report = keeper.next_report(RENEW_EVERY_SECONDS)
+                if report is not None and report.lease == lease:
+                    if report.sent - heard > 2 * RENEW_EVERY_SECONDS:
+                        log.warning("the leader lease's renewals came %.2f s apart: this process or its lease "
+                                    "keeper is short of CPU", report.sent - heard)
+                    heard = report.sent
+                    self._settle(report.sent, report.granted, report.error)
+                elif self.clock() - heard > KEEPER_SILENCE_SECONDS and self.clock() >= self.valid_until:
+                    self._lose(self._ran_out(self.clock()) + " and its lease keeper process said nothing since "
+                               "(was this process paused?)")
+            keeper.renew(0)
+        except OSError as e:  # the keeper died (killed, out of memory): this thread renews
+            log.warning("the lease keeper process is gone (%s): the leader lease is renewed from the coordinator",
+                        e)
+            self.keeper = None
+            self._renew()
+
+    def _settle(self, sent: float, granted: int, error: str) -> bool:
+        """Applies the outcome of the renewal sent at sent; True when another is due at once. Once the lease ran
+        out on this clock, holds() is False, so nothing is written or sent; but etcd, which counts from a later
+        moment, may still hold it: a renewal it grants then means no other coordinator can have held the key."""
+        ran_out = sent >= self.valid_until
+        if error:
+            self.no_quorum = NO_QUORUM in error
+            log.warning("renewing the leader lease failed: %s", error)
+            if ran_out and not self._suspend():
+                self._lose(self._ran_out(sent) + " (was this process paused, or cut off from etcd?)")
+            return False
+        if not granted:
+            self._lose((self._ran_out(sent) + " and " if ran_out else "") + "etcd no longer knows its lease")
+            return False
+        self.valid_until = max(self.valid_until, sent + granted)
+        if self.clock() >= self.valid_until:  # granted, but answered too late to count on: again at once
+            return True
+        if ran_out and not self.suspended:
+            log.warning("etcd still held this coordinator's lease, though its renewal came late: it acts again")
+        self.no_quorum = False
+        if self.suspended:
+            self.suspended = False
+            log.warning("etcd has a quorum again and this coordinator still holds its lease: it acts again")
+        return False
+
+    def _keep_alive(self, lease: int, sent: float) -> int:
+        """The seconds etcd grants the lease from now (0: it no longer knows it). A renewal that answers after the
+        lease ran out keeps nothing, so the call is given only what is left of it; once it ran out on this clock,
+        a TTL: an answer that comes within it still tells whether the lease is this coordinator's."""
+        within = self.ttl if sent >= self.valid_until else self.valid_until - sent
+        answer = self.gateway.call("/v3/lease/keepalive", {"ID": str(lease)}, within=within)
+        return int(answer.get("result", {}).get("TTL", 0))
+
+    def _ran_out(self, sent: float) -> str:
+        return f"its lease ran out {sent - self.valid_until + self.ttl:.1f} s after the last renewal etcd granted"
 
     def _suspend(self) -> bool:
         """Whether the lease that ran out on this coordinator's clock may still be its own: etcd answers, without a
@@ -187,6 +259,13 @@ class Leadership:
             self.gateway.call("/v3/lease/revoke", {"ID": str(lease)})
         except (StoreUnavailable, RuntimeError) as e:  # it runs out on its own
             log.debug("revoking lease %x: %s", lease, e)
+
+
+def _report_late(late: float, took: float) -> None:
+    """A renewal that woke late or waited long for its answer says so: the first sign that this process (or
+    etcd) is short of CPU, before a lease is lost to it."""
+    if late + took > RENEW_EVERY_SECONDS:
+        log.warning("renewing the leader lease: it woke %.2f s late, and its answer took %.2f s", late, took)
 
 
 class LeaderStore:

@@ -1,0 +1,176 @@
+"""The leader lease against a scripted etcd: how long a renewal may wait, what a late renewal costs, and what a
+standby asks etcd while a leader holds the key. (With a real etcd: tests/integration/test_failover.py.)"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+
+from tfcluster.daemon.coordinator.etcdgateway import b64
+from tfcluster.daemon.coordinator.leadership import RENEW_EVERY_SECONDS, LeaderInfo, Leadership
+from tfcluster.daemon.coordinator.leasekeeper import ACK_TTLS, Renewing, parent_stopped
+
+ME = LeaderInfo("10.0.0.1:7070", "10.0.0.1:7071")
+OTHER = LeaderInfo("10.0.0.2:7070", "10.0.0.2:7071")
+
+
+class ScriptedEtcd:
+    """Answers the calls Leadership makes, as etcd would with the key free (or held by `holder`), and records them.
+    grants: what each keepalive answers (the TTL; 0: the lease is unknown), the last one repeated."""
+
+    def __init__(self, holder: LeaderInfo | None = None, grants: list[int] | None = None):
+        self.holder, self.grants = holder, list(grants or [2])
+        self.calls: list[tuple[str, float | None]] = []  # (path, the seconds it was given)
+        self.on_keepalive = lambda: None
+        self.kept_alive = threading.Event()
+
+    def call(self, path: str, body: dict, within: float | None = None) -> dict:
+        self.calls.append((path, within))
+        if path == "/v3/kv/range":
+            return {"kvs": [self._kv()] if self.holder else []}
+        if path == "/v3/lease/grant":
+            return {"ID": "7"}
+        if path == "/v3/kv/txn":
+            if self.holder:
+                return {"succeeded": False, "responses": [{"response_range": {"kvs": [self._kv()]}}]}
+            return {"succeeded": True, "header": {"revision": "11"}}
+        if path == "/v3/lease/keepalive":
+            self.on_keepalive()
+            ttl = self.grants.pop(0) if len(self.grants) > 1 else self.grants[0]
+            self.kept_alive.set()
+            return {"result": {"TTL": str(ttl)}}
+        return {}
+
+    def _kv(self) -> dict:
+        return {"key": b64("/t.leader"), "value": b64(self.holder.to_json()), "mod_revision": "5"}
+
+    def paths(self) -> list[str]:
+        return [path for path, _ in self.calls]
+
+
+class Clock:
+    """time.monotonic, plus a skew a test adds: the process 'was not scheduled' for that long."""
+
+    def __init__(self):
+        self.skew = 0.0
+
+    def __call__(self) -> float:
+        return time.monotonic() + self.skew
+
+
+def leading(etcd: ScriptedEtcd, clock: Clock = None) -> Leadership:
+    leadership = Leadership(etcd, "/t", ME, ttl=2, clock=clock or time.monotonic)
+    assert leadership.campaign(threading.Event())
+    return leadership
+
+
+def wait_for(predicate, seconds: float = 3.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        assert time.monotonic() < deadline, "not in time"
+        time.sleep(0.01)
+
+
+def test_a_renewal_is_given_no_longer_than_what_is_left_of_the_lease():
+    etcd = ScriptedEtcd()
+    leadership = leading(etcd)
+    try:
+        wait_for(lambda: etcd.paths().count("/v3/lease/keepalive") >= 2)
+        given = [within for path, within in etcd.calls if path == "/v3/lease/keepalive"]
+        # An answer after the lease ran out keeps nothing: each renewal may take what was left when it was sent.
+        assert all(within is not None and 0 < within <= 2 - RENEW_EVERY_SECONDS + 0.1 for within in given), given
+    finally:
+        leadership.step_down()
+
+
+def test_a_renewal_that_came_late_but_that_etcd_still_grants_keeps_the_leadership_without_acting_meanwhile():
+    clock, etcd = Clock(), ScriptedEtcd()
+    leadership = leading(etcd, clock)
+    lost, acting_while_asking = [], []
+    leadership.on_lost = lost.append
+    try:
+        wait_for(etcd.kept_alive.is_set)
+        etcd.on_keepalive = lambda: acting_while_asking.append(leadership.holds())
+        clock.skew = 5.0  # the renewer did not run for 5 s: the lease ran out on this clock
+        acting_while_asking.clear()
+        wait_for(lambda: len(acting_while_asking) >= 2)
+        assert acting_while_asking[0] is False, "while etcd is asked, the leader writes and sends nothing"
+        assert not lost and not leadership.lost, lost
+        wait_for(leadership.holds)  # etcd granted the lease again: it acts again
+    finally:
+        leadership.step_down()
+
+
+def test_a_renewal_that_came_late_and_that_etcd_no_longer_knows_steps_down():
+    clock, etcd = Clock(), ScriptedEtcd(grants=[2, 0])
+    leadership = leading(etcd, clock)
+    lost = []
+    leadership.on_lost = lost.append
+    try:
+        wait_for(etcd.kept_alive.is_set)
+        clock.skew = 5.0
+        wait_for(lambda: leadership.lost)
+        assert not leadership.holds()
+        assert "its lease ran out" in lost[0] and "etcd no longer knows its lease" in lost[0], lost
+    finally:
+        leadership.step_down()
+
+
+def test_a_standby_only_reads_the_key_while_another_coordinator_holds_it():
+    etcd = ScriptedEtcd(holder=OTHER)
+    leadership = Leadership(etcd, "/t", ME, ttl=2)
+    stop = threading.Event()
+    threading.Timer(0.5, stop.set).start()
+    assert not leadership.campaign(stop)
+    assert leadership.leader == OTHER
+    # No lease granted and revoked, no transaction: nothing that etcd must write, however long the leader lives.
+    assert set(etcd.paths()) == {"/v3/kv/range"} and len(etcd.paths()) >= 2, etcd.paths()
+
+
+def test_a_standby_takes_back_the_key_an_earlier_run_of_itself_left_and_leads():
+    etcd = ScriptedEtcd(holder=ME)
+
+    def taken_back(path: str, body: dict, within: float | None = None) -> dict:
+        if path == "/v3/kv/txn" and "request_delete_range" in str(body):
+            etcd.holder = None
+            return {"succeeded": True}
+        return ScriptedEtcd.call(etcd, path, body, within)
+
+    etcd.call = taken_back
+    leadership = Leadership(etcd, "/t", ME, ttl=2)
+    try:
+        stop = threading.Event()
+        threading.Timer(2.0, stop.set).start()
+        assert leadership.campaign(stop) and leadership.holds()
+    finally:
+        leadership.step_down()
+
+
+def test_the_keeper_process_renews_only_while_the_coordinator_runs_and_says_so():
+    coordinator = subprocess.Popen(["sleep", "60"])  # stands for the coordinator the keeper serves
+    etcd = ScriptedEtcd()
+    renewing = Renewing(etcd, coordinator.pid)
+    try:
+        renewing.take({"lease": 7, "valid_until": time.monotonic() + 2, "ttl": 2})
+        report = renewing.renew()
+        assert report["lease"] == 7 and report["ttl"] == 2 and 0 < etcd.calls[-1][1] <= 2, (report, etcd.calls)
+        os.kill(coordinator.pid, signal.SIGSTOP)  # paused: etcd must count its lease out
+        wait_for(lambda: parent_stopped(coordinator.pid))
+        assert renewing.renew() is None
+        os.kill(coordinator.pid, signal.SIGCONT)
+        wait_for(lambda: not parent_stopped(coordinator.pid))
+        assert renewing.renew() is not None
+        # Running, but its leadership has not said for ACK_TTLS leases that it still runs (hung with the GIL held)
+        renewing.acked_at -= ACK_TTLS * 2 + 0.1
+        assert renewing.renew() is None
+        renewing.take({"lease": 7, "valid_until": 0, "ttl": 2})  # it says so again
+        assert renewing.renew() is not None
+        renewing.take({"lease": 0, "valid_until": 0, "ttl": 2})  # stepped down
+        assert renewing.renew() is None
+    finally:
+        os.kill(coordinator.pid, signal.SIGCONT)
+        coordinator.kill()
+        coordinator.wait()
