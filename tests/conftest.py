@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -82,3 +83,13 @@ def shared_cluster(tmp_path_factory):
     """One coordinator and three agents (a: 2 GPUs, b: 2 GPUs, c: CPU only) shared by a module's tests."""
     with running_cluster(tmp_path_factory.mktemp("shared"), {"a": {"gpus": 2}, "b": {"gpus": 2}, "c": {}}) as cluster:
         yield cluster
+
+
+@pytest.fixture(autouse=True)
+def signal_handlers_unchanged():
+    """A test that runs daemon code in the test's own process must leave its signal handlers as they were: a
+    SIGINT left ignored is inherited by every process later tests start, and Ctrl-C no longer reaches them."""
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    yield
+    changed = [signal.Signals(sig).name for sig, handler in before.items() if signal.getsignal(sig) != handler]
+    assert changed == [], f"the test left the handlers of {', '.join(changed)} changed"

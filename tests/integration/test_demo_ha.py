@@ -53,7 +53,10 @@ def test_the_demo_shows_a_failover_within_its_figures_and_leaves_nothing_behind(
 
 @needs_etcd
 def test_ctrl_c_stops_everything_the_demo_started():
-    demo = subprocess.Popen(DEMO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV)
+    # Ctrl-C as a terminal delivers it, whatever started this test: a shell starts a background job with SIGINT
+    # ignored, and a Python started so never raises KeyboardInterrupt.
+    demo = subprocess.Popen(DEMO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     lines = []
     try:
         for line in demo.stdout:

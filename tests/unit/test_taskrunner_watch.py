@@ -4,6 +4,7 @@ no thread, and its output and exit are recorded all the same."""
 from __future__ import annotations
 
 import os
+import signal
 
 import pytest
 
@@ -24,6 +25,16 @@ def watches_started(monkeypatch) -> list[int]:
         start(watch)
     monkeypatch.setattr(TreeWatch, "start", counted)
     return started
+
+
+@pytest.fixture(autouse=True)
+def signals_kept():
+    """The shim runs here in the test's own process, and a shim ignores SIGINT and handles SIGTERM: the handlers
+    go back as they were, or every process the later tests start would inherit SIGINT ignored."""
+    kept = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for sig, handler in kept.items():
+        signal.signal(sig, handler)
 
 
 def run_shim(tmp_path, command: tuple[str, ...]) -> ShimStatus:
