@@ -1,4 +1,4 @@
-"""The coordinator's answers as plain text: `tfcluster status`, `usage` and `start --dry-run`, and the demo.
+"""The coordinator's answers as plain text: `tfcluster status`, `usage` and `plan`, and the demo's views.
 
 Each function returns a string; `colour_on` adds ANSI colours (columns.py says when a terminal wants them).
 """
