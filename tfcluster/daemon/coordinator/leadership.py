@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tfcluster.daemon.coordinator.etcdgateway import NO_LEADER, NO_QUORUM, UNREACHABLE, EtcdGateway, b64, unb64
-from tfcluster.daemon.coordinator.leasekeeper import RENEW_EVERY_SECONDS, LeaseKeeper
+from tfcluster.daemon.coordinator.leasekeeper import RENEW_EVERY_SECONDS, LeaseKeeper, keep_alive
 from tfcluster.daemon.coordinator.store import Conflict, StoreUnavailable
 
 log = logging.getLogger("tfcluster.coordinator")
@@ -153,7 +153,7 @@ class Leadership:
         while not self._lost.wait(wait):
             sent = self.clock()
             try:
-                granted, error = self._keep_alive(lease, sent), ""
+                granted, error = keep_alive(self.gateway, lease, sent, self.valid_until, self.ttl), ""
             except (StoreUnavailable, RuntimeError) as e:
                 granted, error = 0, str(e)
             _report_late(sent - due, self.clock() - sent)
@@ -209,14 +209,6 @@ class Leadership:
             self.suspended = False
             log.warning("etcd has a quorum again and this coordinator still holds its lease: it acts again")
         return False
-
-    def _keep_alive(self, lease: int, sent: float) -> int:
-        """The seconds etcd grants the lease from now (0: it no longer knows it). A renewal that answers after the
-        lease ran out keeps nothing, so the call is given only what is left of it; once it ran out on this clock,
-        a TTL: an answer that comes within it still tells whether the lease is this coordinator's."""
-        within = self.ttl if sent >= self.valid_until else self.valid_until - sent
-        answer = self.gateway.call("/v3/lease/keepalive", {"ID": str(lease)}, within=within)
-        return int(answer.get("result", {}).get("TTL", 0))
 
     def _ran_out(self, sent: float) -> str:
         return f"its lease ran out {sent - self.valid_until + self.ttl:.1f} s after the last renewal etcd granted"

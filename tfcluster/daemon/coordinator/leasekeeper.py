@@ -92,6 +92,15 @@ class LeaseKeeper:
         self.process.stdout.close()
 
 
+def keep_alive(gateway: EtcdGateway, lease: int, sent: float, valid_until: float, ttl: int) -> int:
+    """One renewal sent at sent: the seconds etcd grants the lease from now (0: it no longer knows it). An answer
+    that comes after the lease ran out keeps nothing, so the call is given only what is left of it; once it ran
+    out on the coordinator's clock, a TTL: an answer within it still tells whether etcd holds the lease."""
+    within = ttl if sent >= valid_until else valid_until - sent
+    answer = gateway.call("/v3/lease/keepalive", {"ID": str(lease)}, within=within)
+    return int(answer.get("result", {}).get("TTL", 0))
+
+
 def parent_stopped(pid: int) -> bool:
     """Whether that process is stopped (SIGSTOP, traced): its state in /proc. False where it cannot be read."""
     try:
@@ -124,14 +133,10 @@ class Renewing:
                 time.monotonic() - self.acked_at > ACK_TTLS * self.ttl:
             return None
         sent = time.monotonic()
-        # An answer that comes after the lease ran out keeps nothing: the call gets what is left of it; once it
-        # ran out, a TTL, so that the coordinator learns whether etcd still holds it.
-        within = self.ttl if sent >= self.valid_until else self.valid_until - sent
         try:
-            answer = self.gateway.call("/v3/lease/keepalive", {"ID": str(self.lease)}, within=within)
+            granted = keep_alive(self.gateway, self.lease, sent, self.valid_until, self.ttl)
         except (StoreUnavailable, RuntimeError) as e:
             return {"lease": self.lease, "sent": sent, "error": str(e)}
-        granted = int(answer.get("result", {}).get("TTL", 0))
         self.valid_until = max(self.valid_until, sent + granted)
         return {"lease": self.lease, "sent": sent, "ttl": granted}
 
