@@ -135,11 +135,18 @@ class EtcdCluster:
 
     def leads(self, member: Member) -> bool:
         """Whether the member is etcd's own (raft) leader now."""
+        status = self._status(member)
+        return status.get("leader") == status["header"]["member_id"]
+
+    def raft_term(self, member: Member) -> int:
+        """etcd's election term as the member knows it: it grows with every election etcd holds."""
+        return int(self._status(member).get("raftTerm", 0))
+
+    def _status(self, member: Member) -> dict:
         request = urllib.request.Request(f"{member.client_url}/v3/maintenance/status", data=b"{}", method="POST")
         context = self.tls.client_context() if self.tls else None
         with urllib.request.urlopen(request, timeout=5, context=context) as response:
-            status = json.loads(response.read())
-        return status.get("leader") == status["header"]["member_id"]
+            return json.loads(response.read())
 
     def stop(self, member: Member, sig: int = signal.SIGKILL) -> None:
         if member.process and member.process.poll() is None:
