@@ -609,6 +609,56 @@ def test_most_of_a_large_cluster_falling_silent_at_once_waits_before_anything_is
     assert job.restarts == 0  # its own node kept beating
 
 
+def test_after_a_takeover_nodes_still_queued_to_come_back_are_not_lost_while_the_others_keep_coming():
+    # A new leader loaded 40 READY nodes from the store. Their agents come back two a second, as a storm of
+    # registrations queued on a busy coordinator does, well past the reconnect grace (10 s) and the timeout (3 s).
+    from tfcluster.daemon.coordinator.nodes import RETURN_PATIENCE_CAP_SECONDS
+    nodes = [replace(info(f"n{i:02d}", 1), address=f"10.0.1.{i}") for i in range(40)]
+    sim = Sim(*nodes)
+    job, _ = start(sim, make_spec(strategy="mirrored", gpus=1, worker=1))
+    late = job.task("worker", 0).node  # the node running the job comes back among the last
+    order = [n for n in nodes if n.name != late][:30] + [next(n for n in nodes if n.name == late)]
+    sim.c.nodes.await_return(sim.now, 10.0)
+    task = job.task("worker", 0)
+    running = [report(job.id, "worker", 0, task.attempt, "RUNNING", pid=task.pid)]
+    for second in range(16):  # two a second: the 31st, the job's node, is back after 15.5 s
+        sim.now += 0.5
+        for n in order[2 * second:2 * second + 2]:
+            sim.c.register(n, running if n.name == late else [], f"again-{n.name}", sim.now)
+        sim.now += 0.5
+        waiting = [n.name for n in nodes if n not in order[:2 * second + 2]]
+        sim.heartbeat_all(*waiting)  # those back beat on
+        assert sim.c.tick(sim.now) == [], f"{second + 1} s after the takeover"
+        assert all(sim.c.nodes[n].state == NodeState.READY for n in waiting), f"{second + 1} s after the takeover"
+    assert job.restarts == 0 and sim.c.nodes[late].state == NodeState.READY
+    # The returns stopped: the 9 nodes never heard from are lost once the timeout passed since the last return.
+    gone = [n.name for n in nodes if n not in order]
+    sim.now += 2.0
+    sim.heartbeat_all(*gone)
+    sim.c.tick(sim.now)
+    assert all(sim.c.nodes[n].state == NodeState.READY for n in gone)
+    sim.now += 1.5
+    sim.heartbeat_all(*gone)
+    sim.c.tick(sim.now)
+    assert [n for n in gone if sim.c.nodes[n].state == NodeState.LOST] == gone
+    assert job.restarts == 0
+
+    # Returns that trickle on for ever hold off the rest no longer than the cap after the takeover.
+    sim = Sim(*nodes)
+    sim.c.nodes.await_return(sim.now, 10.0)
+    began, i = sim.now, 0
+    while sim.now - began < RETURN_PATIENCE_CAP_SECONDS + 1:
+        sim.now += 1.0
+        if i < 30:
+            sim.c.register(nodes[i], [], f"again-{i}", sim.now)
+            i += 1
+        sim.heartbeat_all(*(n.name for n in nodes[i:]))  # those back keep beating; the others stay silent
+        sim.c.tick(sim.now)
+        if sim.now - began < 32:  # still returning one a second
+            assert all(sim.c.nodes[n.name].state == NodeState.READY for n in nodes)
+    assert [n.name for n in nodes if sim.c.nodes[n.name].state == NodeState.LOST] == [n.name for n in nodes[30:]]
+
+
 def test_silence_while_the_coordinator_could_not_listen_does_not_count():
     sim = Sim(info("n1", 1), info("n2", 1))
     sim.now += 2.5

@@ -30,6 +30,10 @@ log = logging.getLogger("tfcluster.coordinator")
 # control side looks like every node dying, and restarting every job would be the costliest answer to it.
 MASS_SILENCE_NODES = 10
 MASS_SILENCE_PATIENCE_SECONDS = 30.0
+# After a (re)start or a failover the nodes known from the store come back in a storm, each agent registering
+# again. While they still come back, one that has not yet is more likely queued behind the others than gone: it is
+# given longer, up to this long after the start (Nomad's failover heartbeat TTL, for the same storm, is as long).
+RETURN_PATIENCE_CAP_SECONDS = 300.0
 
 Placed = dict[tuple[str, str], tuple[Job, Task]]  # (job id, task key) -> the job and its task
 
@@ -55,6 +59,8 @@ class Nodes(Registry[Node]):
         self._placements: dict[str, dict[str, str]] = {}  # job id -> task key -> node: what _placed holds of it
         self.capacity_version = 0  # bumped whenever resources may have been freed or added
         self.mass_silence_since = 0.0  # when most nodes fell silent at once (expiry waits a while); 0: not now
+        self._returning: set[str] = set()  # READY nodes loaded from the store whose agents have not come back yet
+        self._returns_began = self._last_return = 0.0  # when this coordinator loaded them; when one came back last
 
     # ---- reading -------------------------------------------------------------------------------
 
@@ -148,6 +154,9 @@ class Nodes(Registry[Node]):
             self._discard_address(node.info.address, node.name)
             node.info, node.state = info, NodeState.READY
         node.seen.last_seen, node.seen.session_id = now, session_id
+        if info.name in self._returning:
+            self._returning.discard(info.name)
+            self._last_return = now
         self.add(node)
         return node
 
@@ -184,6 +193,7 @@ class Nodes(Registry[Node]):
         node = self._nodes.pop(name)
         self._names.remove(name)
         self._heard.pop(name, None)
+        self._returning.discard(name)
         del self._idle[name]
         self._discard_address(node.info.address, name)
         self.capacity_version += 1
@@ -199,14 +209,27 @@ class Nodes(Registry[Node]):
 
     # ---- liveness ------------------------------------------------------------------------------
 
+    def await_return(self, now: float, grace: float) -> None:
+        """This coordinator just loaded the nodes from the store (it started, or took over the leadership): their
+        agents retry with backoff while no coordinator serves, so each READY node counts as heard from at the end
+        of the grace, and for as long as the others are still coming back (expire)."""
+        self._returning = set(self._heard)
+        self._returns_began = self._last_return = now
+        for name in self._returning:
+            self._nodes[name].seen.last_seen = now + grace
+
     def expire(self, now: float) -> list[Node]:
         """Nodes silent for longer than the timeout become LOST; returns them (their tasks count as lost). When most
         of a large cluster falls silent at once, the coordinator itself (its network, its overloaded loop) is the
         likelier cause: nothing is declared lost for a while, so one stall does not restart every job."""
         silent = []
+        still_returning = self._returning and now - self._last_return <= self.lost_after and \
+            now - self._returns_began < RETURN_PATIENCE_CAP_SECONDS
         for name in self._heard:
             last_seen = self._nodes[name].seen.last_seen
-            if last_seen > now:  # loaded at a restart: its grace is not over (it sits at the front until it returns)
+            # Loaded from the store: its grace is not over, or the others still come back (it sits at the front,
+            # where loading put it, until it returns).
+            if last_seen > now or (still_returning and name in self._returning):
                 continue
             if now - last_seen <= self.lost_after:
                 break
@@ -215,6 +238,7 @@ class Nodes(Registry[Node]):
             return []
         for node in silent:
             del self._heard[node.name]
+            self._returning.discard(node.name)
             node.state, node.seen.condition = NodeState.LOST, ""  # what its heartbeats said no longer holds
         if silent:
             self.capacity_version += 1

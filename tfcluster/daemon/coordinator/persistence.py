@@ -54,10 +54,8 @@ class Persistence:
                     task.running_since = now
             self.cluster.add_job(job)
         for node in state.nodes:
-            # Agents retry with backoff while the coordinator is away: they get the reconnect grace on top of the
-            # usual timeout before their nodes (and the tasks on them) count as lost.
-            node.seen.last_seen = now + reconnect_grace
             self.cluster.add_node(node)
+        self.cluster.nodes.await_return(now, reconnect_grace)
         self.cluster.usage.load(state.usage)
         self.cluster.jobs.continue_numbering(state.next_job_number)
         self.cluster.jobs.cluster_tag = migrate.base36(state.cluster_tag)
