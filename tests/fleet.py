@@ -9,8 +9,9 @@ and bench/failover.py; run as a process:
 
 Given several coordinators, each fake agent follows the leader as the real agent does (tfcluster.leaders): when
 its stream is lost or a standby refuses it, it goes to the leader the standby named, else to the next address.
-(It does not ask its coordinator for a pulse as the real agent does: a killed coordinator's connections drop at
-once, and a paused one is not what it is used for.)
+Given several, it also asks the coordinator serving its stream for a pulse every 2 s, as the real agent does
+(tfcluster/daemon/agent/session.py), and leaves it for another when it gives none within 3 s: at scale those
+health checks are as much of the leader's load as the heartbeats.
 
 With --ca-dir (a cluster CA made by `tfcluster ca init`), each fake agent connects over mutual TLS with a
 certificate naming its node, signed here with the CA's key as the join port would have signed it (one key for
@@ -40,7 +41,10 @@ import grpc
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tfcluster import __version__, pki, wire  # noqa: E402
+from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
+
 from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc  # noqa: E402
+from tfcluster.daemon.agent.session import PULSE_SECONDS, PULSE_TIMEOUT_SECONDS  # noqa: E402
 from tfcluster.leaders import Coordinators, leader_hint  # noqa: E402
 from tfcluster.model import Attempt, Gpu, Launch, NodeInfo, Phase, Stop, TaskExit, TaskProgress, TaskReport  # noqa: E402
 
@@ -58,6 +62,10 @@ def node_info(index: int) -> NodeInfo:
                                for i in range(GPUS_PER_NODE)),
                     hostname=name, cpu_count=64, memory_bytes=512 << 30, agent_version=__version__,
                     state_dir=f"/var/lib/tfcluster/{name}")
+
+
+class Stalled(Exception):
+    """The coordinator serving the stream gave no pulse in time (paused, cut off, or far behind)."""
 
 
 @dataclass
@@ -119,7 +127,11 @@ async def fake_agent(addresses: str, index: int, stats: Stats, exit_after: float
                 grpc.aio.insecure_channel(address, options=options)
         last.this_try = False
         try:
-            await _session(agent_pb2_grpc.AgentServiceStub(channel), address, info, running, stats, exit_after, last)
+            await _session(channel, address, info, running, stats, exit_after, last, coordinators.several)
+            backoff = 0.5
+        except Stalled:  # as the real agent: as if the connection had dropped, the next coordinator at once
+            stats.errors["STALLED"] = stats.errors.get("STALLED", 0) + 1
+            coordinators.failed()
             backoff = 0.5
         except grpc.RpcError as e:
             stats.errors[e.code().name] = stats.errors.get(e.code().name, 0) + 1
@@ -135,8 +147,9 @@ async def fake_agent(addresses: str, index: int, stats: Stats, exit_after: float
             backoff = min(backoff * 2, 2.0)
 
 
-async def _session(stub, address: str, info: NodeInfo, running: dict, stats: Stats, exit_after: float,
-                   last: Registration) -> None:
+async def _session(channel, address: str, info: NodeInfo, running: dict, stats: Stats, exit_after: float,
+                   last: Registration, pulse: bool) -> None:
+    stub = agent_pb2_grpc.AgentServiceStub(channel)
     tasks = [wire.task_report_to_proto(TaskReport(a, Phase.RUNNING, pid=1)) for a in running]
     reply = await stub.Register(agent_pb2.RegisterRequest(node=wire.node_info_to_proto(info), tasks=tasks),
                                 timeout=10)
@@ -167,7 +180,19 @@ async def _session(stub, address: str, info: NodeInfo, running: dict, stats: Sta
             stats.heartbeats += 1
             await asyncio.sleep(reply.heartbeat_interval_seconds)
 
+    async def pulse_until_stalled() -> None:
+        check = health_pb2_grpc.HealthStub(channel).Check
+        while True:
+            await asyncio.sleep(PULSE_SECONDS)
+            try:
+                await check(health_pb2.HealthCheckRequest(), timeout=PULSE_TIMEOUT_SECONDS)
+            except grpc.RpcError as e:
+                if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                    call.cancel()
+                    return
+
     beating = asyncio.create_task(beat())
+    pulsing = asyncio.create_task(pulse_until_stalled()) if pulse else None
     try:
         async for message in call:
             command = wire.command_from_proto(message, info.name)
@@ -180,8 +205,15 @@ async def _session(stub, address: str, info: NodeInfo, running: dict, stats: Sta
                 del running[command.attempt]
                 await send(agent_pb2.AgentMessage(task=wire.task_report_to_proto(
                     TaskReport(command.attempt, Phase.EXITED, exit=TaskExit(signal=15)))))
+    except (asyncio.CancelledError, grpc.RpcError):  # how a call cancelled by the pulse ends
+        if pulsing is None or not pulsing.done():
+            raise
     finally:
         beating.cancel()
+        if pulsing is not None:
+            pulsing.cancel()
+    if pulsing is not None and pulsing.done() and not pulsing.cancelled():
+        raise Stalled()
 
 
 async def main(address: str, first: int, count: int, exit_after: float, ca_dir: Path | None) -> None:

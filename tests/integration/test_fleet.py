@@ -4,6 +4,8 @@ connection each): all READY, status answers in bounded pages, and a submitted jo
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -11,7 +13,7 @@ import time
 
 import pytest
 
-from harness import ROOT, free_port, kill_group, wait_until
+from harness import ROOT, Daemon, free_port, kill_group, wait_until
 from tfcluster.api.v1 import control_pb2, control_pb2_grpc
 from tfcluster.security import Credentials
 
@@ -106,3 +108,34 @@ def test_fake_agents_given_several_coordinators_pass_over_one_that_does_not_answ
     finally:
         kill_group(proc.pid)
         proc.wait()
+
+
+def registered_with(events: list[dict]) -> dict:
+    """How many of the fleet's agents last registered with each coordinator (none: not named), as it last said."""
+    return ([e["registered_with"] for e in list(events) if "registered_with" in e] or [{}])[-1]
+
+
+def test_fake_agents_leave_a_coordinator_that_gives_no_pulse(make_cluster, tmp_path):
+    # As real agents given several coordinators: a coordinator that keeps their connections but answers nothing
+    # (paused here) gives no pulse within 3 s, and the agents go to the next one.
+    cluster = make_cluster()
+    other = f"127.0.0.1:{free_port()}"
+    second = Daemon("coordinator-b", ["coordinator", "--listen", other, "--join-listen", f"127.0.0.1:{free_port()}",
+                                      "--state-dir", str(tmp_path / "b"), "--tls-dir", str(cluster.ca_dir)],
+                    tmp_path / "coordinator-b.log").start()
+    proc, events = start_fleet(f"{cluster.address},{other}", 20, cluster)
+    paused = cluster.coordinator.proc.pid
+    try:
+        wait_until(lambda: registered_with(events) == {cluster.address: 20}, 60, interval=0.2,
+                   what="20 fake agents registered with the first coordinator")
+        os.kill(paused, signal.SIGSTOP)
+        wait_until(lambda: registered_with(events) == {other: 20}, 30, interval=0.2,
+                   what="the agents registered with the second coordinator")
+        # Each left because of its pulse (the fleet counts its errors once a second).
+        wait_until(lambda: [e["errors"] for e in list(events) if "errors" in e][-1].get("STALLED") == 20, 5,
+                   interval=0.2, what="20 agents that found the first coordinator stalled")
+    finally:
+        os.kill(paused, signal.SIGCONT)
+        kill_group(proc.pid)
+        proc.wait()
+        second.kill()
