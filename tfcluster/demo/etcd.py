@@ -138,9 +138,16 @@ class EtcdCluster:
         status = self._status(member)
         return status.get("leader") == status["header"]["member_id"]
 
-    def raft_term(self, member: Member) -> int:
-        """etcd's election term as the member knows it: it grows with every election etcd holds."""
-        return int(self._status(member).get("raftTerm", 0))
+    def raft_term(self, member: Member | None = None) -> int:
+        """etcd's election term as the member knows it (None: the first member that answers): it grows with every
+        election etcd holds."""
+        for m in [member] if member is not None else self.members:
+            try:
+                return int(self._status(m).get("raftTerm", 0))
+            except (OSError, ValueError):
+                if member is not None:
+                    raise
+        raise OSError("no etcd member answers")
 
     def _status(self, member: Member) -> dict:
         request = urllib.request.Request(f"{member.client_url}/v3/maintenance/status", data=b"{}", method="POST")
