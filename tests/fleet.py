@@ -46,7 +46,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
 from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc  # noqa: E402
 from tfcluster.daemon.agent.session import PULSE_SECONDS, PULSE_TIMEOUT_SECONDS  # noqa: E402
 from tfcluster.leaders import Coordinators, leader_hint  # noqa: E402
-from tfcluster.model import Attempt, Gpu, Launch, NodeInfo, Phase, Stop, TaskExit, TaskProgress, TaskReport  # noqa: E402
+from tfcluster.model import (Attempt, Gpu, Launch, NodeInfo, Phase, SetPace, Stop, TaskExit, TaskProgress,  # noqa: E402
+                             TaskReport)
 
 GPUS_PER_NODE = 8
 # As the real agent: the transport retries a lost connection as often as the agent retries its session.
@@ -168,8 +169,10 @@ async def _session(channel, address: str, info: NodeInfo, running: dict, stats: 
 
     await send(agent_pb2.AgentMessage(open=agent_pb2.StreamOpen(node_name=info.name, session_id=reply.session_id)))
 
+    interval = [reply.heartbeat_interval_seconds]  # as a later Pace may change it
+
     async def beat() -> None:
-        await asyncio.sleep(random.uniform(0, reply.heartbeat_interval_seconds))  # agents do not start in step
+        await asyncio.sleep(random.uniform(0, interval[0]))  # agents do not start in step
         while True:
             now = time.time()
             for attempt in [a for a, until in running.items() if until <= now]:
@@ -178,12 +181,12 @@ async def _session(channel, address: str, info: NodeInfo, running: dict, stats: 
                     TaskReport(attempt, Phase.EXITED, exit=TaskExit(exit_code=0)))))
             await send(wire.heartbeat_to_proto(reply.session_id, [TaskProgress(a) for a in running]))
             stats.heartbeats += 1
-            await asyncio.sleep(reply.heartbeat_interval_seconds)
+            await asyncio.sleep(interval[0])
 
     async def pulse_until_stalled() -> None:
         check = health_pb2_grpc.HealthStub(channel).Check
         while True:
-            await asyncio.sleep(PULSE_SECONDS)
+            await asyncio.sleep(max(PULSE_SECONDS, interval[0]))
             try:
                 await check(health_pb2.HealthCheckRequest(), timeout=PULSE_TIMEOUT_SECONDS)
             except grpc.RpcError as e:
@@ -201,6 +204,8 @@ async def _session(channel, address: str, info: NodeInfo, running: dict, stats: 
                 running[command.attempt] = time.time() + exit_after
                 await send(agent_pb2.AgentMessage(task=wire.task_report_to_proto(
                     TaskReport(command.attempt, Phase.RUNNING, pid=1))))
+            elif isinstance(command, SetPace):
+                interval[0] = command.heartbeat_interval_seconds
             elif isinstance(command, Stop) and command.attempt in running:
                 del running[command.attempt]
                 await send(agent_pb2.AgentMessage(task=wire.task_report_to_proto(

@@ -318,6 +318,13 @@ class Revocations:
 
 
 @dataclass(frozen=True)
+class SetPace:
+    """Heartbeat every this many seconds from now on: the cluster grew past the coordinator's bound."""
+    node: str
+    heartbeat_interval_seconds: float
+
+
+@dataclass(frozen=True)
 class ReadLog:
     """Send the bytes of an attempt's log (LogData with this request id), to the end or (follow) until it ends."""
     node: str
@@ -344,4 +351,4 @@ class LogData:
 
 
 Command = (Launch | Stop | FinishTraining | ShipCheckpoints | SyncCheckpoints | ExpectFiles | Revocations | ReadLog |
-           CancelLog)
+           CancelLog | SetPace)

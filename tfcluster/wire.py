@@ -17,7 +17,7 @@ from tfcluster.api.v1 import agent_pb2, control_pb2
 from tfcluster.api.v1 import types_pb2 as pb
 from tfcluster.model import (MAX_CODE_SOURCES, MAX_GPUS_PER_NODE, NODE_NAME_RE, Attempt, CancelLog, Command,
                              EnvironmentSpec, Evaluation, ExpectFiles, FinishTraining, Gpu, Launch, LogData, NodeInfo,
-                             ReadLog, Revocations, ShipCheckpoints, Stop, SyncCheckpoints, SyncResult, TaskExit,
+                             ReadLog, Revocations, SetPace, ShipCheckpoints, Stop, SyncCheckpoints, SyncResult, TaskExit,
                              TaskProgress, TaskReport, control_character, printable)
 from tfcluster.spec import JobSpec, RestartPolicy, RoleSpec, validate
 from tfcluster.states import JobState, Phase
@@ -26,6 +26,7 @@ MAX_TEXT = 4096        # a message, a path, a name of a GPU
 MAX_LOG_TAIL_LINES = 50
 MAX_TASKS_PER_NODE = 10_000  # task reports with a registration, progress entries with a heartbeat
 MAX_JOB_IDS = 1000           # asked about in one EndedJobs call
+MAX_HEARTBEAT_INTERVAL_SECONDS = 3600.0  # what a coordinator may tell an agent (Pace)
 PHASES = {Phase.RUNNING: pb.TASK_PHASE_RUNNING, Phase.EXITED: pb.TASK_PHASE_EXITED,
           Phase.FAILED_TO_START: pb.TASK_PHASE_FAILED_TO_START}
 PHASE_NAMES = {v: k for k, v in PHASES.items()}
@@ -244,6 +245,8 @@ def command_to_proto(c: Command) -> agent_pb2.CoordinatorMessage:
     if isinstance(c, Revocations):
         return M(revocations=agent_pb2.Revocations(nodes=[agent_pb2.RevokedNode(node=node, issued_before=before)
                                                           for node, before in c.revoked]))
+    if isinstance(c, SetPace):
+        return M(pace=agent_pb2.Pace(heartbeat_interval_seconds=c.heartbeat_interval_seconds))
     if isinstance(c, ReadLog):
         return M(read_log=agent_pb2.ReadLog(request_id=c.request_id, **_attempt_fields(c.attempt), follow=c.follow,
                                             tail_lines=c.tail_lines, environment=c.environment))
@@ -272,6 +275,11 @@ def command_from_proto(msg: agent_pb2.CoordinatorMessage, node: str) -> Command 
         return ExpectFiles(node, m.job_id, m.sender, m.uid, m.gid)
     if kind == "revocations":
         return Revocations(node, tuple((r.node, r.issued_before) for r in m.nodes))
+    if kind == "pace":
+        if not 0 < m.heartbeat_interval_seconds <= MAX_HEARTBEAT_INTERVAL_SECONDS:
+            raise ValueError(f"pace.heartbeat_interval_seconds: expected above 0 and at most "
+                             f"{MAX_HEARTBEAT_INTERVAL_SECONDS:g}, got {m.heartbeat_interval_seconds!r}")
+        return SetPace(node, m.heartbeat_interval_seconds)
     if kind == "read_log":
         return ReadLog(node, m.request_id, _attempt(m, "read_log"), m.follow, m.tail_lines, m.environment)
     if kind == "cancel_log":

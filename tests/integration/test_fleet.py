@@ -139,3 +139,28 @@ def test_fake_agents_leave_a_coordinator_that_gives_no_pulse(make_cluster, tmp_p
         kill_group(proc.pid)
         proc.wait()
         second.kill()
+
+
+def test_a_fleet_past_the_heartbeat_bound_beats_less_often_and_stays_ready(make_cluster):
+    # 100 agents on a coordinator bounded to 40 heartbeats a second: it tells them 2.5 s (and waits 7.5 s before a
+    # node is lost), those registered before it grew included, so the fleet sends about 40 a second, not 100, and
+    # no node is lost for it.
+    cluster = make_cluster(3.0, "--max-heartbeats-per-second", "40")
+    proc, events = start_fleet(cluster.address, 100, cluster)
+    try:
+        wait_until(lambda: summary(cluster)["nodes_by_state"].get("READY") == 100, 60, interval=0.2,
+                   what="100 fake agents READY")
+
+        def beats() -> tuple[float, int]:
+            return time.monotonic(), [e["heartbeats"] for e in list(events) if "heartbeats" in e][-1]
+        time.sleep(12)  # the coordinator tells the agents registered before the last stretch within 10 s of it
+        began, first = beats()
+        time.sleep(8)
+        ended, last = beats()
+        rate = (last - first) / (ended - began)
+        assert 30 < rate < 50, f"{rate:.0f} heartbeats a second"
+        assert summary(cluster)["nodes_by_state"] == {"READY": 100}
+        assert "agents heartbeat every 2.5 s from now on, and a node is lost after 7.5 s" in cluster.coordinator.log()
+    finally:
+        kill_group(proc.pid)
+        proc.wait()

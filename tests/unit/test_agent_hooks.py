@@ -5,10 +5,12 @@ carries out; one hook's failure reaches no other hook and no report."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
 from tfcluster import wire
+from tfcluster.api.v1 import agent_pb2
 from tfcluster.daemon.agent.agent import Agent, AgentConfig
 from tfcluster.daemon.agent.copies import CopiesHook
 from tfcluster.daemon.agent.discovery import HostInfo
@@ -17,7 +19,7 @@ from tfcluster.daemon.agent.hooks import TaskHook
 from tfcluster.daemon.agent.shipping import ShippingHook
 from tfcluster.daemon.agent.summaries import SummariesHook
 from tfcluster.daemon.agent.taskrecord import TaskRecord
-from tfcluster.model import Attempt, Phase, ShipCheckpoints, SyncCheckpoints, SyncResult, TaskExit
+from tfcluster.model import Attempt, Phase, SetPace, ShipCheckpoints, SyncCheckpoints, SyncResult, TaskExit
 
 ATTEMPT = Attempt("job-1", "evaluator", 0, 1)
 
@@ -123,3 +125,17 @@ def test_a_registration_tells_every_hook_and_kept_copy_answers_are_sent_again(ag
     agent.on_register()
     assert [m.sync_done.sync_id for m in sent(agent)] == [3]
     assert copies.jobs_in_use() == set()
+
+
+def test_a_pace_from_the_coordinator_sets_the_heartbeat_interval_and_a_bad_one_is_ignored(agent):
+    agent.handle(wire.command_to_proto(SetPace("n1", 5.0)))
+    assert agent.session.interval == 5.0
+    for bad in (0.0, -1.0, 1e9):  # logged, and the interval stays
+        agent.handle(agent_pb2.CoordinatorMessage(pace=agent_pb2.Pace(heartbeat_interval_seconds=bad)))
+    assert agent.session.interval == 5.0
+    agent.handle(wire.command_to_proto(SetPace("n1", 0.05)))
+    stream = agent.session._messages("n1", "session-1")
+    assert next(stream).WhichOneof("kind") == "open" and next(stream).WhichOneof("kind") == "heartbeat"
+    began = time.monotonic()
+    assert [next(stream).WhichOneof("kind") for _ in range(5)] == ["heartbeat"] * 5
+    assert time.monotonic() - began < 1.0, "five heartbeats at the new pace, not the registration's 1 s"

@@ -659,6 +659,51 @@ def test_after_a_takeover_nodes_still_queued_to_come_back_are_not_lost_while_the
     assert [n.name for n in nodes if sim.c.nodes[n.name].state == NodeState.LOST] == [n.name for n in nodes[30:]]
 
 
+def test_a_cluster_past_its_heartbeat_bound_beats_less_often_and_waits_as_much_longer_before_a_node_is_lost():
+    from tfcluster.daemon.coordinator.cluster import Cluster
+    c = Cluster(lost_after_seconds=3.0, heartbeat_interval_seconds=1.0, max_heartbeats_per_second=10)
+    nodes = [replace(info(f"n{i:02d}", 1), address=f"10.0.1.{i}") for i in range(25)]
+    now = 100.0
+
+    def beat_all_but(*silent: str) -> None:
+        for n in c.nodes.values():
+            if n.name not in silent:
+                c.heartbeat(n.name, n.seen.session_id, now)
+
+    for n in nodes[:10]:
+        c.register(n, [], f"s-{n.name}", now)
+    assert (c.nodes.pace.interval, c.nodes.lost_after) == (1.0, 3.0)  # 10 nodes at 1 Hz: within the bound
+    for n in nodes[10:]:
+        c.register(n, [], f"s-{n.name}", now)
+    assert (c.nodes.pace.interval, c.nodes.lost_after) == (2.5, 7.5)  # 25 nodes: 10 heartbeats a second
+    # The agents registered before are told, once: a quarter longer at once, any longer after 10 s.
+    pace = c.nodes.pace
+    assert pace.to_tell(now) == 2.5 and pace.to_tell(now + 1) is None
+    c.register(replace(info("n25", 1), address="10.0.1.25"), [], "s-n25", now)
+    assert pace.interval == 2.6 and pace.to_tell(now + 9) is None and pace.to_tell(now + 10) == 2.6
+    c.remove_node("n25", now)
+    now += 5.0  # two of the longer intervals without a word from n00: not lost
+    beat_all_but("n00")
+    c.tick(now)
+    assert c.nodes["n00"].state == NodeState.READY
+    now += 3.0  # 8 s
+    beat_all_but("n00")
+    c.tick(now)
+    assert c.nodes["n00"].state == NodeState.LOST
+    # Fewer nodes do not shorten it again: the agents told 2.5 s keep that interval until they register again.
+    for n in nodes[:20]:
+        c.remove_node(n.name, now)
+    now += 4.0
+    beat_all_but(*(n.name for n in nodes[20:22]))
+    c.tick(now)
+    assert c.nodes.lost_after == pytest.approx(7.8) and c.nodes["n20"].state == NodeState.READY
+
+    unbounded = Cluster(lost_after_seconds=3.0, heartbeat_interval_seconds=1.0)
+    for n in nodes:
+        unbounded.register(n, [], f"s-{n.name}", now)
+    assert (unbounded.nodes.pace.interval, unbounded.nodes.lost_after) == (1.0, 3.0)
+
+
 def test_silence_while_the_coordinator_could_not_listen_does_not_count():
     sim = Sim(info("n1", 1), info("n2", 1))
     sim.now += 2.5

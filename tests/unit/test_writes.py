@@ -40,7 +40,7 @@ def test_commands_wait_for_their_change_to_be_stored(monkeypatch):
 
     async def run():
         store = FlakyStore()
-        c = S.Coordinator(store, Cluster(), heartbeat_interval=1.0, clock=lambda: 100.0)
+        c = S.Coordinator(store, Cluster(), clock=lambda: 100.0)
         c.load(reconnect_grace=0)
         c.start()
         await c.apply(c.cluster.register(info("n1"), [], "s1", 100.0))
@@ -61,11 +61,11 @@ def test_commands_wait_for_their_change_to_be_stored(monkeypatch):
 def test_a_coordinator_that_another_overtook_stops_acting():
     async def run():
         name = uuid.uuid4().hex
-        first = S.Coordinator(MemoryStore(name), Cluster(), heartbeat_interval=1.0, clock=lambda: 100.0)
+        first = S.Coordinator(MemoryStore(name), Cluster(), clock=lambda: 100.0)
         first.load(reconnect_grace=0)
         first.start()
         await first.apply(first.cluster.register(info("n1"), [], "s1", 100.0))
-        second = S.Coordinator(MemoryStore(name), Cluster(), heartbeat_interval=1.0, clock=lambda: 100.0)
+        second = S.Coordinator(MemoryStore(name), Cluster(), clock=lambda: 100.0)
         second.load(reconnect_grace=0)
         second.start()
         await second.apply(second.cluster.register(info("n1", 2), [], "s2", 100.0))  # the node's document changes
@@ -81,7 +81,7 @@ def test_a_coordinator_that_another_overtook_stops_acting():
         await first.close()
         assert second.cluster.nodes["n1"].info == info("n1", 2)
         await second.close()
-        back = S.Coordinator(MemoryStore(name), Cluster(), heartbeat_interval=1.0)
+        back = S.Coordinator(MemoryStore(name), Cluster())
         back.load(reconnect_grace=0)
         assert back.cluster.nodes["n1"].info == info("n1", 2) and job.id not in back.cluster.jobs, \
             "the overtaken coordinator wrote nothing"

@@ -97,6 +97,9 @@ def coordinator(
     etcd_key: Optional[Path] = EtcdKeyOpt,
     lost_after: float = typer.Option(3.0, min=0.5, help="Seconds without a heartbeat before a node is LOST."),
     heartbeat_interval: float = typer.Option(1.0, min=0.1, help="Seconds between agent heartbeats."),
+    max_heartbeats_per_second: float = typer.Option(
+        1000.0, min=0.0, help="In a cluster so large that its heartbeats would come more often, agents heartbeat "
+                              "less often, and --lost-after stretches in step (0: no bound)."),
     keep_finished_jobs: int = typer.Option(1000, min=0, help="Ended jobs kept (the oldest are removed first)."),
     keep_finished_for: str = typer.Option("7d", metavar="DURATION",
                                           help="How long an ended job is kept, e.g. 12h or 30d."),
@@ -173,7 +176,8 @@ def coordinator(
     if heartbeat_interval >= lost_after:
         fail(f"--heartbeat-interval ({heartbeat_interval}) must be shorter than --lost-after ({lost_after})", 2)
     options = dict(state_dir=state_dir or default_state_dir("coordinator"), lost_after_seconds=lost_after,
-                   heartbeat_interval_seconds=heartbeat_interval, insecure=insecure, token=token,
+                   heartbeat_interval_seconds=heartbeat_interval, max_heartbeats_per_second=max_heartbeats_per_second,
+                   insecure=insecure, token=token,
                    keep_finished_jobs=keep_finished_jobs, keep_finished_seconds=keep_for,
                    node_cert_seconds=node_cert_seconds, http_listen=http_listen or "", task_uids=task_uids,
                    keep_usage_seconds=keep_usage_seconds, policy_path=policy,

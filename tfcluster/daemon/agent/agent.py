@@ -40,7 +40,7 @@ from tfcluster.daemon.agent.taskuser import PER_JOB, TaskUsers, make_state_dir
 from tfcluster.daemon.web import ThreadedWebListener, WebListener
 from tfcluster.layout import INCOMING_PREFIX
 from tfcluster.model import (CancelLog, ExpectFiles, FinishTraining, Gpu, Launch, NodeInfo, ReadLog, Revocations,
-                             Stop, TaskProgress)
+                             SetPace, Stop, TaskProgress)
 from tfcluster.security import REMOVED, REPLACED, Credentials
 from tfcluster.states import Phase
 
@@ -265,6 +265,8 @@ class Agent:
                 self.logs.read(command)
             elif isinstance(command, CancelLog):
                 self.logs.cancel(command.request_id)
+            elif isinstance(command, SetPace):
+                self.session.set_pace(command.heartbeat_interval_seconds)
             elif type(command) in self.commands:
                 self.commands[type(command)].handle(command)
         except Exception:  # one bad command must not take the agent down

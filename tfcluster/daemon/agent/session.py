@@ -75,6 +75,7 @@ class Session:
         self._call = None
         self._renewed = threading.Event()  # the stream was ended to reconnect with a renewed certificate
         self._stalled = threading.Event()  # the stream was ended: its coordinator stopped answering
+        self.interval = 1.0  # seconds between heartbeats: as the registration, or a later Pace, says
 
     @property
     def coordinator(self) -> str:
@@ -156,7 +157,8 @@ class Session:
         log.info("registered with %s as %s (%s)", self.coordinator, info.name, info.address)
         self.trouble = ""
         self.registered.set()
-        self._call = stub.Connect(self._messages(info.name, reply.session_id, reply.heartbeat_interval_seconds or 1.0))
+        self.interval = reply.heartbeat_interval_seconds or 1.0
+        self._call = stub.Connect(self._messages(info.name, reply.session_id))
         self.connected.set()
         pulse = self._start_pulse(channel) if self.coordinators.several else None
         try:
@@ -168,8 +170,13 @@ class Session:
             if pulse is not None:
                 pulse.set()
 
+    def set_pace(self, interval: float) -> None:
+        """The coordinator stretched the heartbeats (its cluster grew past its bound): from the next one on."""
+        self.interval = interval
+
     def _start_pulse(self, channel: grpc.Channel) -> threading.Event:
-        """With several coordinators: asks the one serving the stream, every PULSE_SECONDS, whether it answers.
+        """With several coordinators: asks the one serving the stream, every PULSE_SECONDS (or heartbeat interval,
+        when the coordinator stretched that and its timeouts in step), whether it answers.
         One that is paused or cut off keeps the connection open, and the stream would wait on it for as long
         (gRPC's keepalive pings do not fire while the agent keeps sending): its stream is ended, and the
         session goes to the coordinator that leads now, well inside the reconnect grace."""
@@ -177,7 +184,7 @@ class Session:
         check = health_pb2_grpc.HealthStub(channel).Check
 
         def pulse() -> None:
-            while not ended.wait(PULSE_SECONDS):
+            while not ended.wait(max(PULSE_SECONDS, self.interval)):
                 try:
                     check(health_pb2.HealthCheckRequest(), timeout=PULSE_TIMEOUT_SECONDS)
                 except grpc.RpcError as e:
@@ -190,11 +197,11 @@ class Session:
         threading.Thread(target=pulse, name="coordinator-pulse", daemon=True).start()
         return ended
 
-    def _messages(self, node_name: str, session_id: str, interval: float):
-        """The stream up: its opening, then heartbeats every interval and queued messages as they come."""
+    def _messages(self, node_name: str, session_id: str):
+        """The stream up: its opening, then heartbeats every self.interval and queued messages as they come."""
         yield agent_pb2.AgentMessage(open=agent_pb2.StreamOpen(node_name=node_name, session_id=session_id))
         yield wire.heartbeat_to_proto(session_id, self.owner.progress(), self.owner.condition())
-        next_beat = time.monotonic() + interval
+        next_beat = time.monotonic() + self.interval
         while not self.stopped.is_set():
             self.liveness.stamp("connection")
             wait = min(STAMP_EVERY_SECONDS, max(0.0, next_beat - time.monotonic()))
@@ -208,7 +215,7 @@ class Session:
                 yield item
             if time.monotonic() >= next_beat:
                 yield wire.heartbeat_to_proto(session_id, self.owner.progress(), self.owner.condition())
-                next_beat = time.monotonic() + interval
+                next_beat = time.monotonic() + self.interval
 
 
 _END = object()

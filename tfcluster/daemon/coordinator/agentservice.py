@@ -36,7 +36,8 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(e))
         except ValueError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        return agent_pb2.RegisterResponse(session_id=session, heartbeat_interval_seconds=self.c.heartbeat_interval)
+        return agent_pb2.RegisterResponse(session_id=session,
+                                          heartbeat_interval_seconds=self.c.cluster.nodes.pace.interval)
 
     async def Connect(self, request_iterator, context):
         first = await context.read()

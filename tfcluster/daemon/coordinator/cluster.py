@@ -22,7 +22,7 @@ from tfcluster.daemon.coordinator.job import Job
 from tfcluster.daemon.coordinator.jobs import KEEP_FINISHED_JOBS, KEEP_FINISHED_SECONDS, Jobs
 from tfcluster.daemon.coordinator.launch import launch
 from tfcluster.daemon.coordinator.node import Node
-from tfcluster.daemon.coordinator.nodes import Nodes
+from tfcluster.daemon.coordinator.nodes import Nodes, Pace
 from tfcluster.daemon.coordinator.observer import Observer
 from tfcluster.daemon.coordinator.policy import NO_POLICY, Policy
 from tfcluster.daemon.coordinator.reconcile import reconcile_node
@@ -37,6 +37,7 @@ from tfcluster.states import JobState, Phase, TaskState
 log = logging.getLogger("tfcluster.coordinator")
 
 DEFAULT_LOST_AFTER_SECONDS = 3.0
+DEFAULT_HEARTBEAT_INTERVAL_SECONDS = 1.0
 BUSY_PORT_AVOID_SECONDS = 600.0
 RESEND_AFTER_SECONDS = 3.0
 FULL_SCHEDULE_SECONDS = 10.0
@@ -63,9 +64,12 @@ class Cluster:
                  resend_after_seconds: float = RESEND_AFTER_SECONDS, keep_finished_jobs: int = KEEP_FINISHED_JOBS,
                  keep_finished_seconds: float = KEEP_FINISHED_SECONDS,
                  task_uids: taskusers.UidRange = taskusers.UidRange(),
-                 keep_usage_seconds: float = accounting.DEFAULT_KEEP_USAGE_SECONDS):
+                 keep_usage_seconds: float = accounting.DEFAULT_KEEP_USAGE_SECONDS,
+                 heartbeat_interval_seconds: float = DEFAULT_HEARTBEAT_INTERVAL_SECONDS,
+                 max_heartbeats_per_second: float = 0.0):
         self.changes = ChangeLog()  # what the store has yet to write: nodes and jobs append to it
-        self.nodes = Nodes(lost_after_seconds, self.changes)
+        self.nodes = Nodes(Pace(heartbeat_interval_seconds, lost_after_seconds, max_heartbeats_per_second),
+                           self.changes)
         self.jobs = Jobs(task_uids, keep_finished_jobs, keep_finished_seconds, self.changes)
         self.usage = accounting.Ledger(keep_usage_seconds, lambda entry, recorded: self.changes.append(
             UsageRecorded(entry) if recorded else UsageDropped(entry.job_id)))

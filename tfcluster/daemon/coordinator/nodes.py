@@ -34,6 +34,10 @@ MASS_SILENCE_PATIENCE_SECONDS = 30.0
 # again. While they still come back, one that has not yet is more likely queued behind the others than gone: it is
 # given longer, up to this long after the start (Nomad's failover heartbeat TTL, for the same storm, is as long).
 RETURN_PATIENCE_CAP_SECONDS = 300.0
+# Agents already registered are told a stretched pace once it grew by this factor, or this long after it grew at all:
+# a handful of messages to each while thousands of nodes register, rather than one per registration.
+PACE_TELL_FACTOR = 1.25
+PACE_TELL_AFTER_SECONDS = 10.0
 
 Placed = dict[tuple[str, str], tuple[Job, Task]]  # (job id, task key) -> the job and its task
 
@@ -42,12 +46,44 @@ class NameTaken(Exception):
     """A node name held by another live agent."""
 
 
+class Pace:
+    """How often agents heartbeat, and how long a silent node has before it is LOST: as configured, stretched in
+    step once the cluster is so large that its heartbeats would come more often than max_per_second (Nomad's
+    servers stretch their clients' heartbeat TTL the same way), so the coordinator's work for heartbeats stays
+    bounded however many nodes there are. It only stretches while this coordinator runs: no agent told a longer
+    interval is ever judged by a shorter timeout."""
+
+    def __init__(self, interval: float, lost_after: float, max_per_second: float = 0.0):
+        self.base_interval, self.base_lost_after = interval, lost_after
+        self.interval, self.lost_after = interval, lost_after
+        self.max_per_second = max_per_second  # 0: no bound
+        self.told, self.told_at = interval, 0.0  # the interval the registered agents were last told, and when
+
+    def fit(self, nodes: int) -> None:
+        """The cluster has this many nodes: stretch the pace if their heartbeats would come too often."""
+        if not self.max_per_second or nodes / self.max_per_second <= self.interval:
+            return
+        self.interval = nodes / self.max_per_second
+        self.lost_after = self.base_lost_after * self.interval / self.base_interval
+
+    def to_tell(self, now: float) -> float | None:
+        """The interval to tell the agents registered so far (who beat faster than it asks), when it is time to;
+        else None. Until they are told they beat faster than needed, which costs no node its liveness."""
+        if self.interval <= self.told or (self.interval < PACE_TELL_FACTOR * self.told and
+                                          now - self.told_at < PACE_TELL_AFTER_SECONDS):
+            return None
+        self.told, self.told_at = self.interval, now
+        log.info("agents heartbeat every %.1f s from now on, and a node is lost after %.1f s of silence (at most %g "
+                 "heartbeats a second)", self.interval, self.lost_after, self.max_per_second)
+        return self.interval
+
+
 class Nodes(Registry[Node]):
     """The registry, read as a mapping of name -> Node; changed only through its methods."""
 
-    def __init__(self, lost_after_seconds: float, changes: ChangeLog | None = None):
+    def __init__(self, pace: Pace, changes: ChangeLog | None = None):
         self.changes = changes if changes is not None else ChangeLog()  # told of every node added or removed
-        self.lost_after = lost_after_seconds
+        self.pace = pace
         self._nodes: dict[str, Node] = {}
         super().__init__(self._nodes)
         self._names: list[str] = []  # sorted: placement and status pages go in this order
@@ -114,11 +150,16 @@ class Nodes(Registry[Node]):
 
     # ---- membership ----------------------------------------------------------------------------
 
+    @property
+    def lost_after(self) -> float:
+        return self.pace.lost_after
+
     def add(self, node: Node) -> None:
         """A node from the store, or one (re)registering: it replaces any node of that name."""
         old = self._nodes.get(node.name)
         if old is None:
             bisect.insort(self._names, node.name)
+            self.pace.fit(len(self._names))
         else:
             self._discard_address(old.info.address, old.name)
         self._nodes[node.name] = node

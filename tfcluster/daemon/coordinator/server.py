@@ -37,7 +37,7 @@ from tfcluster.daemon.coordinator.taskusers import UidRange
 from tfcluster.daemon.coordinator.trust import Trust
 from tfcluster.daemon.coordinator.watch import Watchers
 from tfcluster.daemon.logformat import fields
-from tfcluster.model import Attempt, CancelLog, Command, ReadLog, Revocations
+from tfcluster.model import Attempt, CancelLog, Command, ReadLog, Revocations, SetPace
 from tfcluster.pki import Identity, PkiError
 from tfcluster.security import REMOVED, REPLACED
 from tfcluster.states import NodeState
@@ -55,14 +55,12 @@ RECONNECT_GRACE_SECONDS = 10.0
 class Coordinator:
     """The model and everything around it that runs on the event loop."""
 
-    def __init__(self, store: Store, cluster: Cluster, heartbeat_interval: float,
-                 clock: Callable[[], float] = time.time, authority: pki.Authority | None = None,
+    def __init__(self, store: Store, cluster: Cluster, clock: Callable[[], float] = time.time, authority: pki.Authority | None = None,
                  code: CodeStore | None = None):
         self.cluster, self.clock = cluster, clock
         self.code = code  # the jobs' code archives; None: none kept (a job that names one is refused)
         self.authority = authority  # the CA that signs node certificates; None: no TLS (--insecure)
         self.node_cert_lifetime = datetime.timedelta(hours=pki.NODE_HOURS)
-        self.heartbeat_interval = heartbeat_interval
         self.persistence = Persistence(store, cluster, self._stored)
         self.store = store
         self.apply = self.persistence.apply  # something changed: the commands go out once it is stored
@@ -113,7 +111,7 @@ class Coordinator:
             log.warning("%d commands not sent: this coordinator no longer leads", len(commands))
             return
         for command in commands:
-            if isinstance(command, (ReadLog, CancelLog)):
+            if isinstance(command, (ReadLog, CancelLog, SetPace)):  # routine, and to every node at once
                 log.debug("%s to %s", type(command).__name__, command.node)
             else:
                 log.info("%s", command, extra=fields(getattr(command, "attempt", None), command.node,
@@ -134,8 +132,16 @@ class Coordinator:
                 now = self.clock()
                 self.trust.expire(now)
                 self.apply(self.cluster.tick(now))
+                self._tell_pace(now)
             except Exception:  # a bug in one tick must not stop the next
                 log.exception("tick failed")
+
+    def _tell_pace(self, now: float) -> None:
+        """The cluster grew past the heartbeat bound: the agents registered meanwhile are told the longer interval
+        (nodes.Pace). Nothing to store: an agent registering again is given it anyway."""
+        interval = self.cluster.nodes.pace.to_tell(now)
+        if interval is not None:
+            self.send([SetPace(node, interval) for node in self.streams])
 
     # ---- agents --------------------------------------------------------------------------------
 
@@ -360,6 +366,7 @@ def _acts_for_itself(caller: Identity | None, node: str) -> None:
 
 def build(state_dir: Path, lost_after_seconds: float, heartbeat_interval_seconds: float,
           keep_finished_jobs: int, keep_finished_seconds: float, authority: pki.Authority | None = None,
+          max_heartbeats_per_second: float = 0.0,
           reconnect_grace_seconds: float = RECONNECT_GRACE_SECONDS,
           task_uids: UidRange = UidRange(), store_url: str = "", etcd_tls: EtcdTls | None = None,
           max_code_bytes: int = DEFAULT_MAX_CODE_BYTES, code_store_bytes: int = DEFAULT_CODE_STORE_BYTES,
@@ -368,9 +375,10 @@ def build(state_dir: Path, lost_after_seconds: float, heartbeat_interval_seconds
     under the state dir), and its jobs' code archives under the state dir."""
     cluster = Cluster(lost_after_seconds, resend_after_seconds=max(3 * heartbeat_interval_seconds, 1.0),
                       keep_finished_jobs=keep_finished_jobs, keep_finished_seconds=keep_finished_seconds,
-                      task_uids=task_uids)
+                      task_uids=task_uids, heartbeat_interval_seconds=heartbeat_interval_seconds,
+                      max_heartbeats_per_second=max_heartbeats_per_second)
     store = store if store is not None else open_store(store_url, Path(state_dir), etcd_tls)
-    coordinator = Coordinator(store, cluster, heartbeat_interval_seconds, authority=authority,
+    coordinator = Coordinator(store, cluster, authority=authority,
                               code=CodeStore(Path(state_dir) / "code", max_code_bytes, store_bytes=code_store_bytes))
     coordinator.load(reconnect_grace_seconds)
     return coordinator
