@@ -10,8 +10,8 @@ and bench/failover.py; run as a process:
 Given several coordinators, each fake agent follows the leader as the real agent does (tfcluster.leaders): when
 its stream is lost or a standby refuses it, it goes to the leader the standby named, else to the next address.
 Given several, it also asks the coordinator serving its stream for a pulse every 2 s, as the real agent does
-(tfcluster/daemon/agent/session.py), and leaves it for another when it gives none within 3 s: at scale those
-health checks are as much of the leader's load as the heartbeats.
+(tfcluster/daemon/agent/session.py), and when it gives none within 3 s leaves it if the others say it no longer
+leads: at scale those health checks are a third of the leader's calls.
 
 With --ca-dir (a cluster CA made by `tfcluster ca init`), each fake agent connects over mutual TLS with a
 certificate naming its node, signed here with the CA's key as the join port would have signed it (one key for
@@ -45,7 +45,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
 
 from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc  # noqa: E402
 from tfcluster.daemon.agent.session import PULSE_SECONDS, PULSE_TIMEOUT_SECONDS  # noqa: E402
-from tfcluster.leaders import Coordinators, leader_hint  # noqa: E402
+from tfcluster.leaders import Coordinators, leader_hint, leads_elsewhere  # noqa: E402
 from tfcluster.model import (Attempt, Gpu, Launch, NodeInfo, Phase, SetPace, Stop, TaskExit, TaskProgress,  # noqa: E402
                              TaskReport)
 
@@ -118,6 +118,8 @@ async def fake_agent(addresses: str, index: int, stats: Stats, exit_after: float
     backoff = 0.5
     last = Registration()
     failures = 0  # failed tries in a row since a registration
+    pulse = Pulse(coordinators, lambda a: credentials.channel(a, info.name, options) if credentials else
+                  grpc.aio.insecure_channel(a, options=options)) if coordinators.several else None
     address, channel = "", None
     while True:
         if coordinators.current != address:  # one channel per coordinator in use, kept while it is
@@ -128,7 +130,7 @@ async def fake_agent(addresses: str, index: int, stats: Stats, exit_after: float
                 grpc.aio.insecure_channel(address, options=options)
         last.this_try = False
         try:
-            await _session(channel, address, info, running, stats, exit_after, last, coordinators.several)
+            await _session(channel, address, info, running, stats, exit_after, last, pulse)
             backoff = 0.5
         except Stalled:  # as the real agent: as if the connection had dropped, the next coordinator at once
             stats.errors["STALLED"] = stats.errors.get("STALLED", 0) + 1
@@ -148,8 +150,44 @@ async def fake_agent(addresses: str, index: int, stats: Stats, exit_after: float
             backoff = min(backoff * 2, 2.0)
 
 
+class Pulse:
+    """As the real agent's: asks the coordinator serving the stream whether it answers, and the others whether it
+    still leads when it does not."""
+
+    def __init__(self, coordinators: Coordinators, channel_to) -> None:
+        self.coordinators, self.channel_to = coordinators, channel_to
+
+    async def until_stalled(self, channel, call, interval: list[float]) -> None:
+        check = health_pb2_grpc.HealthStub(channel).Check
+        while True:
+            await asyncio.sleep(max(PULSE_SECONDS, interval[0]))
+            try:
+                await check(health_pb2.HealthCheckRequest(), timeout=PULSE_TIMEOUT_SECONDS)
+            except grpc.RpcError as e:
+                if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED and \
+                        leads_elsewhere(self.coordinators.current, await self._ask_the_others()):
+                    call.cancel()
+                    return
+
+    async def _ask_the_others(self) -> list:
+        answers = []
+        for address in self.coordinators.addresses:
+            if address == self.coordinators.current:
+                continue
+            channel = self.channel_to(address)
+            try:
+                await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(),
+                                                                timeout=PULSE_TIMEOUT_SECONDS)
+                answers.append(None)
+            except grpc.RpcError as e:
+                answers.append(e)
+            finally:
+                await channel.close()
+        return answers
+
+
 async def _session(channel, address: str, info: NodeInfo, running: dict, stats: Stats, exit_after: float,
-                   last: Registration, pulse: bool) -> None:
+                   last: Registration, pulse: Pulse | None) -> None:
     stub = agent_pb2_grpc.AgentServiceStub(channel)
     tasks = [wire.task_report_to_proto(TaskReport(a, Phase.RUNNING, pid=1)) for a in running]
     reply = await stub.Register(agent_pb2.RegisterRequest(node=wire.node_info_to_proto(info), tasks=tasks),
@@ -183,19 +221,8 @@ async def _session(channel, address: str, info: NodeInfo, running: dict, stats: 
             stats.heartbeats += 1
             await asyncio.sleep(interval[0])
 
-    async def pulse_until_stalled() -> None:
-        check = health_pb2_grpc.HealthStub(channel).Check
-        while True:
-            await asyncio.sleep(max(PULSE_SECONDS, interval[0]))
-            try:
-                await check(health_pb2.HealthCheckRequest(), timeout=PULSE_TIMEOUT_SECONDS)
-            except grpc.RpcError as e:
-                if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-                    call.cancel()
-                    return
-
     beating = asyncio.create_task(beat())
-    pulsing = asyncio.create_task(pulse_until_stalled()) if pulse else None
+    pulsing = asyncio.create_task(pulse.until_stalled(channel, call, interval)) if pulse else None
     try:
         async for message in call:
             command = wire.command_from_proto(message, info.name)

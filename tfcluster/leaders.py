@@ -64,6 +64,17 @@ def is_standby(error: grpc.RpcError) -> bool:
     return hasattr(error, "details") and (error.details() or "").startswith(STANDBY)
 
 
+def leads_elsewhere(current: str, answers: list[grpc.RpcError | None]) -> bool:
+    """Whether the other coordinators' answers to a health check (None: it answered, so it serves) say that the
+    coordinator at current no longer leads: one of them serves, or a standby names another leader or none. Only
+    then does an agent leave a coordinator that gave no pulse in time: one that merely falls behind (thousands of
+    agents registering) still leads, and every agent leaving it would come back to it and register again."""
+    for error in answers:
+        if error is None or (is_standby(error) and leader_hint(error) != current):
+            return True
+    return False
+
+
 class Coordinators:
     """The addresses to try, the one in use first. Not thread-safe: one user (a session, a client) each."""
 

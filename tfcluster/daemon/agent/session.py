@@ -24,7 +24,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tfcluster import wire
 from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc
 from tfcluster.daemon.agent.liveness import STAMP_EVERY_SECONDS, Liveness
-from tfcluster.leaders import Coordinators, is_standby, leader_hint
+from tfcluster.leaders import Coordinators, is_standby, leader_hint, leads_elsewhere
 from tfcluster.model import NodeInfo, TaskProgress
 from tfcluster.security import Credentials
 
@@ -178,8 +178,9 @@ class Session:
         """With several coordinators: asks the one serving the stream, every PULSE_SECONDS (or heartbeat interval,
         when the coordinator stretched that and its timeouts in step), whether it answers.
         One that is paused or cut off keeps the connection open, and the stream would wait on it for as long
-        (gRPC's keepalive pings do not fire while the agent keeps sending): its stream is ended, and the
-        session goes to the coordinator that leads now, well inside the reconnect grace."""
+        (gRPC's keepalive pings do not fire while the agent keeps sending): once the others say it no longer
+        leads, its stream is ended, and the session goes to the coordinator that leads now, well inside the
+        reconnect grace. One that still leads, merely behind, is kept (leaders.leads_elsewhere)."""
         ended, call = threading.Event(), self._call
         check = health_pb2_grpc.HealthStub(channel).Check
 
@@ -188,14 +189,34 @@ class Session:
                 try:
                     check(health_pb2.HealthCheckRequest(), timeout=PULSE_TIMEOUT_SECONDS)
                 except grpc.RpcError as e:
-                    if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED and not ended.is_set():
-                        log.warning("the coordinator at %s does not answer (paused or cut off?); trying another",
-                                    self.coordinator)
-                        self._stalled.set()
-                        call.cancel()
-                        return
+                    if e.code() != grpc.StatusCode.DEADLINE_EXCEEDED or ended.is_set():
+                        continue
+                    if not leads_elsewhere(self.coordinator, self._ask_the_others()):
+                        log.warning("the coordinator at %s gave no answer within %.0f s, but it still leads: "
+                                    "staying", self.coordinator, PULSE_TIMEOUT_SECONDS)
+                        continue
+                    log.warning("the coordinator at %s does not answer (paused or cut off?) and no longer leads; "
+                                "trying another", self.coordinator)
+                    self._stalled.set()
+                    call.cancel()
+                    return
         threading.Thread(target=pulse, name="coordinator-pulse", daemon=True).start()
         return ended
+
+    def _ask_the_others(self) -> list[grpc.RpcError | None]:
+        """Each other coordinator's answer to a health check (None: it serves)."""
+        answers: list[grpc.RpcError | None] = []
+        for address in self.coordinators.addresses:
+            if address == self.coordinator:
+                continue
+            with self.owner.credentials.channel(address, CHANNEL_OPTIONS) as channel:
+                try:
+                    health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(),
+                                                              timeout=PULSE_TIMEOUT_SECONDS)
+                    answers.append(None)
+                except grpc.RpcError as e:
+                    answers.append(e)
+        return answers
 
     def _messages(self, node_name: str, session_id: str):
         """The stream up: its opening, then heartbeats every self.interval and queued messages as they come."""

@@ -1,0 +1,44 @@
+"""When an agent leaves a coordinator that gave no pulse in time: only once the others say it no longer leads."""
+
+from __future__ import annotations
+
+import grpc
+
+from tfcluster.leaders import LEADER_METADATA, leads_elsewhere, standby_message
+
+CURRENT = "10.0.0.1:7070"
+
+
+class Answer(grpc.RpcError):
+    def __init__(self, code: grpc.StatusCode, details: str, leader: str = ""):
+        self._code, self._details, self._leader = code, details, leader
+
+    def code(self):
+        return self._code
+
+    def details(self):
+        return self._details
+
+    def trailing_metadata(self):
+        return ((LEADER_METADATA, self._leader),) if self._leader else ()
+
+
+def standby(leader: str) -> Answer:
+    return Answer(grpc.StatusCode.UNAVAILABLE, standby_message(leader), leader)
+
+
+def test_a_coordinator_the_standbys_still_name_as_leader_is_kept():
+    # Behind (thousands of agents registering), not gone: leaving it would send every agent back to register again.
+    assert not leads_elsewhere(CURRENT, [standby(CURRENT), standby(CURRENT)])
+    silent = Answer(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+    assert not leads_elsewhere(CURRENT, [standby(CURRENT), silent])
+    assert not leads_elsewhere(CURRENT, [silent]), "no other answers: nobody else could serve either"
+    assert not leads_elsewhere(CURRENT, [])
+
+
+def test_a_coordinator_that_no_longer_leads_is_left():
+    assert leads_elsewhere(CURRENT, [standby("10.0.0.2:7070")]), "a standby names another leader"
+    assert leads_elsewhere(CURRENT, [standby("")]), "an election is under way: it lost its lease"
+    assert leads_elsewhere(CURRENT, [standby(CURRENT), None]), "another coordinator serves"
+    refused = Answer(grpc.StatusCode.UNAVAILABLE, "failed to connect to all addresses")
+    assert not leads_elsewhere(CURRENT, [refused]), "a coordinator that is down says nothing about who leads"
