@@ -4,6 +4,7 @@ failover tests run (tests/integration/test_failover.py, tests/e2e/test_failover_
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -41,18 +42,13 @@ class HaCluster(LocalCluster):
         return self.coordinators
 
     def new_leader(self, old: str, timeout: float, etcd_term: int | None = None) -> str:
-        """The address of a leader other than old, once one serves. Given etcd's election term from before the
-        old leader went, a standby may take longer only if etcd held an election of its own meanwhile (its
-        members short of CPU on a loaded machine): each new etcd leader grants every lease its TTL again."""
+        """The address of a leader other than old, once one serves (within timeout; given etcd's election term
+        from before the old leader went, longer only if etcd held an election meanwhile: within_takeover)."""
         def serving() -> str:
             address = self.leader()
             return address if address and address != old else ""
-        try:
-            return wait_until(serving, timeout, interval=0.05, what="a standby to serve")
-        except AssertionError:
-            if etcd_term is None or self.etcd is None or self.etcd.raft_term() == etcd_term:
-                raise
-        return wait_until(serving, 15, interval=0.05, what="a standby to serve, after an election in etcd")
+        return within_takeover(serving, "a standby to serve", timeout, lambda: etcd_term is not None and
+                               self.etcd is not None and self.etcd.raft_term() != etcd_term)
 
     def leader(self) -> str:
         """The leader's address, as the coordinators answer; "" while none answers."""
@@ -80,6 +76,18 @@ def ha(tmp_path, etcd_cluster, etcd_prefix):
         yield cluster
     finally:
         cluster.teardown()
+
+
+def within_takeover(predicate, what: str, seconds: float, elected: Callable[[], bool]):
+    """predicate() once it holds, within seconds of a leader going; up to 15 s more only when elected() says etcd
+    held an election of its own meanwhile (its members short of CPU on a loaded machine), as each new etcd leader
+    grants every lease its TTL again plus an election timeout."""
+    try:
+        return wait_until(predicate, seconds, interval=0.05, what=what)
+    except AssertionError:
+        if not elected():
+            raise
+    return wait_until(predicate, 15, interval=0.05, what=f"{what}, after an election in etcd")
 
 
 def sleeper(cluster: HaCluster, launches: Path, name: str, seconds: int, workers: int = 2) -> str:
