@@ -45,7 +45,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
 
 from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc  # noqa: E402
 from tfcluster.daemon.agent.session import PULSE_SECONDS, PULSE_TIMEOUT_SECONDS  # noqa: E402
-from tfcluster.leaders import Coordinators, leader_hint, leads_elsewhere  # noqa: E402
+from tfcluster.leaders import Coordinators, leader_hint, leads_elsewhere, says_of  # noqa: E402
 from tfcluster.model import (Attempt, Gpu, Launch, NodeInfo, Phase, SetPace, Stop, TaskExit, TaskProgress,  # noqa: E402
                              TaskReport)
 
@@ -151,39 +151,46 @@ async def fake_agent(addresses: str, index: int, stats: Stats, exit_after: float
 
 
 class Pulse:
-    """As the real agent's: asks the coordinator serving the stream whether it answers, and the others whether it
-    still leads when it does not."""
+    """As the real agent's (tfcluster/daemon/agent/session.py): asks another coordinator in turn whether the one
+    serving the stream still leads, over channels kept open; that one itself only when no other can tell."""
 
     def __init__(self, coordinators: Coordinators, channel_to) -> None:
         self.coordinators, self.channel_to = coordinators, channel_to
+        self.channels: dict[str, grpc.aio.Channel] = {}
 
     async def until_stalled(self, channel, call, interval: list[float]) -> None:
         check = health_pb2_grpc.HealthStub(channel).Check
+        turn = 0
         while True:
             await asyncio.sleep(max(PULSE_SECONDS, interval[0]))
-            try:
-                await check(health_pb2.HealthCheckRequest(), timeout=PULSE_TIMEOUT_SECONDS)
-            except grpc.RpcError as e:
-                if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED and \
-                        leads_elsewhere(self.coordinators.current, await self._ask_the_others()):
-                    call.cancel()
-                    return
+            current = self.coordinators.current
+            others = [a for a in self.coordinators.addresses if a != current]
+            turn += 1
+            verdict, answers = None, []
+            for address in others[turn % len(others):] + others[:turn % len(others)]:
+                answers.append(await self._check(address))
+                verdict = says_of(current, answers[-1])
+                if verdict is not None:
+                    break
+            if verdict is None:
+                try:
+                    await check(health_pb2.HealthCheckRequest(), timeout=PULSE_TIMEOUT_SECONDS)
+                    verdict = True
+                except grpc.RpcError as e:
+                    verdict = e.code() != grpc.StatusCode.DEADLINE_EXCEEDED or not leads_elsewhere(current, answers)
+            if not verdict:
+                call.cancel()
+                return
 
-    async def _ask_the_others(self) -> list:
-        answers = []
-        for address in self.coordinators.addresses:
-            if address == self.coordinators.current:
-                continue
-            channel = self.channel_to(address)
-            try:
-                await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(),
-                                                                timeout=PULSE_TIMEOUT_SECONDS)
-                answers.append(None)
-            except grpc.RpcError as e:
-                answers.append(e)
-            finally:
-                await channel.close()
-        return answers
+    async def _check(self, address: str) -> grpc.RpcError | None:
+        if address not in self.channels:
+            self.channels[address] = self.channel_to(address)
+        try:
+            await health_pb2_grpc.HealthStub(self.channels[address]).Check(health_pb2.HealthCheckRequest(),
+                                                                           timeout=PULSE_TIMEOUT_SECONDS)
+            return None
+        except grpc.RpcError as e:
+            return e
 
 
 async def _session(channel, address: str, info: NodeInfo, running: dict, stats: Stats, exit_after: float,

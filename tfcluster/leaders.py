@@ -64,6 +64,18 @@ def is_standby(error: grpc.RpcError) -> bool:
     return hasattr(error, "details") and (error.details() or "").startswith(STANDBY)
 
 
+def says_of(current: str, answer: grpc.RpcError | None) -> bool | None:
+    """What another coordinator's answer to a health check says of the coordinator at current, on its own: True,
+    it still leads (a standby names it); False, it no longer does (a standby names another leader); None, the
+    answer alone does not tell: no answer, no leader named while an election is under way, or the other serves
+    (None as the answer), which a coordinator in another cluster given by mistake would do as well."""
+    if answer is not None and is_standby(answer):
+        hint = leader_hint(answer)
+        if hint:
+            return hint == current
+    return None
+
+
 def leads_elsewhere(current: str, answers: list[grpc.RpcError | None]) -> bool:
     """Whether the other coordinators' answers to a health check (None: it answered, so it serves) say that the
     coordinator at current no longer leads: one of them serves, or a standby names another leader or none. Only

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import grpc
 
-from tfcluster.leaders import LEADER_METADATA, leads_elsewhere, standby_message
+from tfcluster.leaders import LEADER_METADATA, leads_elsewhere, says_of, standby_message
 
 CURRENT = "10.0.0.1:7070"
 
@@ -42,3 +42,13 @@ def test_a_coordinator_that_no_longer_leads_is_left():
     assert leads_elsewhere(CURRENT, [standby(CURRENT), None]), "another coordinator serves"
     refused = Answer(grpc.StatusCode.UNAVAILABLE, "failed to connect to all addresses")
     assert not leads_elsewhere(CURRENT, [refused]), "a coordinator that is down says nothing about who leads"
+
+
+def test_what_one_other_coordinator_says_of_the_current_one():
+    # The pulse asks another coordinator, not the leader: a leader that is behind is not given more calls.
+    assert says_of(CURRENT, standby(CURRENT)) is True, "a standby names it: it still leads"
+    assert says_of(CURRENT, standby("10.0.0.2:7070")) is False, "a standby names another leader"
+    assert says_of(CURRENT, None) is None, "the other serves: the current one itself is asked (two clusters?)"
+    assert says_of(CURRENT, standby("")) is None, "an election: the current one itself is asked"
+    assert says_of(CURRENT, Answer(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")) is None
+    assert says_of(CURRENT, Answer(grpc.StatusCode.UNAVAILABLE, "failed to connect to all addresses")) is None

@@ -24,7 +24,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tfcluster import wire
 from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc
 from tfcluster.daemon.agent.liveness import STAMP_EVERY_SECONDS, Liveness
-from tfcluster.leaders import Coordinators, is_standby, leader_hint, leads_elsewhere
+from tfcluster.leaders import Coordinators, is_standby, leader_hint, leads_elsewhere, says_of
 from tfcluster.model import NodeInfo, TaskProgress
 from tfcluster.security import Credentials
 
@@ -37,8 +37,8 @@ REGISTER_TIMEOUT_SECONDS = 10.0
 # Another agent holds this node's name: wait this long for it to turn out to be this node's own old
 # registration (it expires), then give up.
 NAME_CONFLICT_PATIENCE_SECONDS = 20.0
-PULSE_SECONDS = 2.0          # with several coordinators: how often the one serving the stream is asked
-PULSE_TIMEOUT_SECONDS = 3.0  # how long it has to answer before the agent tries another
+PULSE_SECONDS = 2.0          # with several coordinators: how often another is asked whether this one still leads
+PULSE_TIMEOUT_SECONDS = 3.0  # how long a coordinator asked has to answer
 REFUSALS = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
 # The transport's own reconnect backoff would otherwise grow to two minutes during a long coordinator
 # outage, and the agent would come back after its node had been declared lost.
@@ -74,7 +74,8 @@ class Session:
         self.refused = ""  # why the coordinator refused this agent, once it has
         self._call = None
         self._renewed = threading.Event()  # the stream was ended to reconnect with a renewed certificate
-        self._stalled = threading.Event()  # the stream was ended: its coordinator stopped answering
+        self._stalled = threading.Event()  # the stream was ended: its coordinator no longer leads
+        self.others = OtherCoordinators(owner)  # the pulse's kept channels to the other coordinators
         self.interval = 1.0  # seconds between heartbeats: as the registration, or a later Pace, says
 
     @property
@@ -131,6 +132,7 @@ class Session:
                 if self.stopped.wait(backoff * random.uniform(0.5, 1.5)):
                     break
                 backoff = min(backoff * 2, BACKOFF_MAX_SECONDS)
+        self.others.close()
 
     def reconnect(self) -> None:
         """Ends the stream so that the session starts again at once (with a renewed certificate)."""
@@ -175,48 +177,50 @@ class Session:
         self.interval = interval
 
     def _start_pulse(self, channel: grpc.Channel) -> threading.Event:
-        """With several coordinators: asks the one serving the stream, every PULSE_SECONDS (or heartbeat interval,
-        when the coordinator stretched that and its timeouts in step), whether it answers.
+        """With several coordinators: every PULSE_SECONDS (or heartbeat interval, when the coordinator stretched
+        that and its timeouts in step) asks another coordinator, in turn, whether this one still leads.
         One that is paused or cut off keeps the connection open, and the stream would wait on it for as long
-        (gRPC's keepalive pings do not fire while the agent keeps sending): once the others say it no longer
-        leads, its stream is ended, and the session goes to the coordinator that leads now, well inside the
-        reconnect grace. One that still leads, merely behind, is kept (leaders.leads_elsewhere)."""
+        (gRPC's keepalive pings do not fire while the agent keeps sending): once a standby names another leader,
+        the stream is ended and the session goes to the coordinator that leads now, well inside the reconnect
+        grace. The coordinator serving the stream is asked itself only when no other can tell (none answers, an
+        election is under way, or another serves too), and left only if it does not answer in time either
+        (leaders.leads_elsewhere). So a leader merely behind (thousands of agents registering) is not given a
+        call per agent per pulse on top of its load, and is kept."""
         ended, call = threading.Event(), self._call
         check = health_pb2_grpc.HealthStub(channel).Check
 
         def pulse() -> None:
+            turn = 0
             while not ended.wait(max(PULSE_SECONDS, self.interval)):
-                try:
-                    check(health_pb2.HealthCheckRequest(), timeout=PULSE_TIMEOUT_SECONDS)
-                except grpc.RpcError as e:
-                    if e.code() != grpc.StatusCode.DEADLINE_EXCEEDED or ended.is_set():
-                        continue
-                    if not leads_elsewhere(self.coordinator, self._ask_the_others()):
-                        log.warning("the coordinator at %s gave no answer within %.0f s, but it still leads: "
-                                    "staying", self.coordinator, PULSE_TIMEOUT_SECONDS)
-                        continue
-                    log.warning("the coordinator at %s does not answer (paused or cut off?) and no longer leads; "
-                                "trying another", self.coordinator)
-                    self._stalled.set()
-                    call.cancel()
-                    return
+                current = self.coordinator
+                others = [a for a in self.coordinators.addresses if a != current]
+                turn += 1
+                verdict, answers = None, []
+                for address in others[turn % len(others):] + others[:turn % len(others)]:
+                    answers.append(self.others.check(address))
+                    verdict = says_of(current, answers[-1])
+                    if verdict is not None:
+                        break
+                if verdict is None:  # none of the others can tell: the coordinator itself
+                    verdict = self._answers(check) or not leads_elsewhere(current, answers)
+                if verdict or ended.is_set():
+                    continue
+                log.warning("the coordinator at %s no longer leads (paused or cut off?); trying another", current)
+                self._stalled.set()
+                call.cancel()
+                return
         threading.Thread(target=pulse, name="coordinator-pulse", daemon=True).start()
         return ended
 
-    def _ask_the_others(self) -> list[grpc.RpcError | None]:
-        """Each other coordinator's answer to a health check (None: it serves)."""
-        answers: list[grpc.RpcError | None] = []
-        for address in self.coordinators.addresses:
-            if address == self.coordinator:
-                continue
-            with self.owner.credentials.channel(address, CHANNEL_OPTIONS) as channel:
-                try:
-                    health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(),
-                                                              timeout=PULSE_TIMEOUT_SECONDS)
-                    answers.append(None)
-                except grpc.RpcError as e:
-                    answers.append(e)
-        return answers
+    @staticmethod
+    def _answers(check) -> bool:
+        """Whether the coordinator serving the stream answers a health check in time (or fails at once: then its
+        stream ends by itself)."""
+        try:
+            check(health_pb2.HealthCheckRequest(), timeout=PULSE_TIMEOUT_SECONDS)
+            return True
+        except grpc.RpcError as e:
+            return e.code() != grpc.StatusCode.DEADLINE_EXCEEDED
 
     def _messages(self, node_name: str, session_id: str):
         """The stream up: its opening, then heartbeats every self.interval and queued messages as they come."""
@@ -237,6 +241,39 @@ class Session:
             if time.monotonic() >= next_beat:
                 yield wire.heartbeat_to_proto(session_id, self.owner.progress(), self.owner.condition())
                 next_beat = time.monotonic() + self.interval
+
+
+class OtherCoordinators:
+    """Channels to the other coordinators, kept for the pulse: asking one is a call on a connection already open,
+    not a TLS handshake each time (with thousands of agents, handshakes by every agent at every pulse were
+    what overloaded a cluster whose leader fell behind). A channel made with credentials since replaced (the
+    certificate was renewed) is made again."""
+
+    def __init__(self, owner: Owner):
+        self.owner = owner
+        self.lock = threading.Lock()
+        self.channels: dict[str, tuple[Credentials, grpc.Channel]] = {}
+
+    def check(self, address: str) -> grpc.RpcError | None:
+        """The coordinator's answer to a health check: None when it serves, else its error."""
+        credentials = self.owner.credentials
+        with self.lock:
+            kept = self.channels.get(address)
+            if kept is None or kept[0] is not credentials:
+                if kept is not None:
+                    kept[1].close()
+                kept = self.channels[address] = (credentials, credentials.channel(address, CHANNEL_OPTIONS))
+        try:
+            health_pb2_grpc.HealthStub(kept[1]).Check(health_pb2.HealthCheckRequest(), timeout=PULSE_TIMEOUT_SECONDS)
+            return None
+        except grpc.RpcError as e:
+            return e
+
+    def close(self) -> None:
+        with self.lock:
+            for _, channel in self.channels.values():
+                channel.close()
+            self.channels.clear()
 
 
 _END = object()
