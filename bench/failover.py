@@ -54,6 +54,10 @@ POLL_SECONDS = 0.02    # how often a surviving coordinator is asked whether it s
 # coordinator rightly declared hundreds of nodes lost. Real agents are one process each; more processes than
 # this (250 each: 20 for 5,000) overload a small machine with their threads.
 AGENTS_PER_PROCESS = 500
+# The fake agents stand for thousands of hosts but share this machine's cores with the coordinators and etcd: run
+# at their default priority, their processes and threads outnumber the coordinators' and the kernel gives the
+# leader a tenth of a core while they wait on it. Real agents run on hosts of their own.
+FLEET_NICE = 10
 # etcd's counters (one member's: every member applies every write): keys put and deleted, WAL bytes, proposals.
 # Family names as prometheus-client's parser gives them: etcd declares the last two gauges, so they keep "_total".
 COUNTERS = {"keys": ("etcd_mvcc_put", "etcd_mvcc_delete"), "wal_bytes": ("etcd_disk_wal_write_bytes_total",),
@@ -169,7 +173,9 @@ def progress(coordinators: Coordinators, i: int, fleet: Fleet) -> str:
         nodes = dict(coordinators.status(i).summary.nodes_by_state)
     except grpc.RpcError as e:
         nodes = f"no answer to GetStatus ({e.code().name})"
-    return (f"{fleet.registered_last_with(coordinators.addresses[i])} registered there last, it counts {nodes}, "
+    return (f"{fleet.registered_last_with(coordinators.addresses[i])} registered there last "
+            f"({fleet.where_registered()} by address, {fleet.total(fleet.registered)} ever registered; per process "
+            f"{dict(fleet.registered)}, heartbeats {dict(fleet.heartbeats)}), it counts {nodes}, "
             f"{lost_nodes(coordinators, i)} declared lost, the agents' failed calls: {fleet.error_counts()}, "
             f"leaders that lost their lease: {leaderships_lost(coordinators)}")
 
@@ -202,7 +208,7 @@ def measure(size: int, root: Path, etcd: EtcdCluster, ca_dir: Path) -> dict:
     try:
         leader = coordinators.wait_serving(list(range(COORDINATORS)), 60)
         start = Counters(member)
-        fleet = Fleet(",".join(coordinators.addresses), size, ca_dir, AGENTS_PER_PROCESS)
+        fleet = Fleet(",".join(coordinators.addresses), size, ca_dir, AGENTS_PER_PROCESS, nice=FLEET_NICE)
         cpu = CpuMeter(cpu_groups(coordinators, etcd, fleet))
         ready = wait(lambda: all_ready(coordinators, leader, fleet, size), READY_TIMEOUT_SECONDS,
                      f"{size} agents READY", lambda: progress(coordinators, leader, fleet))
@@ -210,8 +216,9 @@ def measure(size: int, root: Path, etcd: EtcdCluster, ca_dir: Path) -> dict:
                         "nodes_lost": lost_nodes(coordinators, leader), "agent_errors": fleet.error_counts()}
         time.sleep(SETTLE_SECONDS)
         steady_start, beats = Counters(member), fleet.total(fleet.heartbeats)
+        steady_cpu = CpuMeter(cpu_groups(coordinators, etcd, fleet))
         before = percentiles(status_latencies(coordinators, leader, WINDOW_SECONDS))
-        steady = Counters(member).since(steady_start)
+        steady = {**Counters(member).since(steady_start), "cores": _named(steady_cpu.cores(), leader)}
         steady["heartbeats_per_second"] = round((fleet.total(fleet.heartbeats) - beats) / steady["seconds"])
         result = failover(coordinators, leader, fleet, size, etcd)
         result.update(ready_seconds=round(ready, 2), status_before=before, registration=registration,
@@ -261,7 +268,8 @@ def failover(coordinators: Coordinators, leader: int, fleet: Fleet, size: int, e
 def table(results: dict) -> None:
     rows = [("agents", "READY s", "standby serves s (vs TTL)", "all READY again s (vs start)",
              "status p50/p99 ms after (p99 vs before)", "etcd keys/s reg | steady | failover",
-             "WAL KB/s reg | steady | failover", "failover cores leader/etcd/fleet", "lost reg | failover", "load avg")]
+             "WAL KB/s reg | steady | failover", "steady cores leader/standbys", "failover cores leader/etcd/fleet",
+             "lost reg | failover", "load avg")]
     for size, r in results.items():
         if "error" in r:
             continue
@@ -272,6 +280,7 @@ def table(results: dict) -> None:
                      f"{r['status_after']['p50_ms']} / {r['status_after']['p99_ms']} ({r['status_p99_vs_before']}x)",
                      " | ".join(f"{p['keys_per_second']}" for p in phases),
                      " | ".join(f"{p['wal_bytes_per_second'] / 1000:.1f}" for p in phases),
+                     f"{r['steady']['cores']['leader']} / {r['steady']['cores']['standbys']}",
                      f"{cores['leader']} / {cores['etcd']} / {cores['fleet']}",
                      f"{r['registration']['nodes_lost']} | {r['failover']['nodes_lost']}", r["load_average"]))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]

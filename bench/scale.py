@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import resource
 import statistics
 import subprocess
@@ -44,7 +45,7 @@ WEB_READS = 20
 class Fleet:
     """Client processes of fake agents, and what they report on stdout. address: HOST:PORT[,HOST:PORT...]."""
 
-    def __init__(self, address: str, size: int, ca_dir: Path, per_process: int = AGENTS_PER_CLIENT):
+    def __init__(self, address: str, size: int, ca_dir: Path, per_process: int = AGENTS_PER_CLIENT, nice: int = 0):
         self.lock = threading.Lock()
         self.registered: dict[int, int] = {}
         self.registered_with: dict[int, dict[str, int]] = {}  # process -> coordinator -> its agents registered last there
@@ -56,7 +57,8 @@ class Fleet:
         for first in range(0, size, per):
             proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "fleet.py"), address, str(first),
                                      str(min(per, size - first)), "--exit-after", "0.5", "--ca-dir", str(ca_dir)],
-                                    stdout=subprocess.PIPE, text=True, start_new_session=True)
+                                    stdout=subprocess.PIPE, text=True, start_new_session=True,
+                                    preexec_fn=(lambda: lower_priority(nice)) if nice else None)
             self.procs.append(proc)
             threading.Thread(target=self._read, args=(len(self.procs) - 1, proc), daemon=True).start()
 
@@ -83,6 +85,12 @@ class Fleet:
         with self.lock:
             return sum(counts.get(coordinator, 0) for counts in self.registered_with.values())
 
+    def where_registered(self) -> dict[str, int]:
+        """How many agents registered last with each coordinator."""
+        with self.lock:
+            return {a: sum(c.get(a, 0) for c in self.registered_with.values())
+                    for a in sorted({a for c in self.registered_with.values() for a in c})}
+
     def error_counts(self) -> dict[str, int]:
         """Failed calls of all the agents so far, by gRPC status code."""
         with self.lock:
@@ -96,6 +104,18 @@ class Fleet:
         for proc in self.procs:
             kill_group(proc.pid)
             proc.wait()
+
+
+def lower_priority(nice: int) -> None:
+    """In a client process just started in a session of its own: nice, for its own session's scheduling group
+    too (with the kernel's autogroups, each session shares the cores as one, and a process's nice counts only
+    within its session)."""
+    os.nice(nice)
+    try:
+        with open("/proc/self/autogroup", "w") as f:
+            f.write(str(nice))
+    except OSError:  # no autogroups on this kernel: the nice above is all there is
+        pass
 
 
 def _cpu(pid: int) -> float:
