@@ -145,8 +145,7 @@ def test_during_an_election_the_coordinator_itself_is_asked_and_kept_while_it_an
 def test_an_agent_leaves_as_soon_as_a_standby_names_another_leader(cluster):
     leader, standby, session, leader_address = cluster
     standby.named = f"127.0.0.1:{free_port()}"  # a new leader elsewhere (its address has no server in this test)
-    began = time.monotonic()
+    # The old leader still answers: an agent that asked it would stay.
     wait_until(lambda: not leader.streaming.is_set(), 5, interval=0.02, what="the agent to end its stream")
-    assert time.monotonic() - began < 4 * PULSE + 1, "it waited for a health check to time out"
     assert leader.checks == 0, "a standby naming another leader is enough: the old one need not be asked"
     assert session.coordinator != leader_address
