@@ -245,9 +245,8 @@ class Session:
 
 class OtherCoordinators:
     """Channels to the other coordinators, kept for the pulse: asking one is a call on a connection already open,
-    not a TLS handshake each time (with thousands of agents, handshakes by every agent at every pulse were
-    what overloaded a cluster whose leader fell behind). A channel made with credentials since replaced (the
-    certificate was renewed) is made again."""
+    not a TLS handshake each time (with thousands of agents, a handshake per agent per pulse on the standbys). A
+    channel made with credentials since replaced (the certificate was renewed) is made again."""
 
     def __init__(self, owner: Owner):
         self.owner = owner
