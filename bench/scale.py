@@ -55,10 +55,14 @@ class Fleet:
         self.procs = []
         per = -(-size // -(-size // per_process))  # spread evenly over ceil(size / per_process) processes
         for first in range(0, size, per):
-            proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "fleet.py"), address, str(first),
+            # Niced by nice(1) rather than in the forked child: Python code between fork and exec in this
+            # process, which has threads, can deadlock the child before it ever runs the fleet.
+            proc = subprocess.Popen([*(["nice", "-n", str(nice)] if nice else []), sys.executable,
+                                     str(ROOT / "tests" / "fleet.py"), address, str(first),
                                      str(min(per, size - first)), "--exit-after", "0.5", "--ca-dir", str(ca_dir)],
-                                    stdout=subprocess.PIPE, text=True, start_new_session=True,
-                                    preexec_fn=(lambda: lower_priority(nice)) if nice else None)
+                                    stdout=subprocess.PIPE, text=True, start_new_session=True)
+            if nice:
+                lower_group_priority(proc.pid, nice)
             self.procs.append(proc)
             threading.Thread(target=self._read, args=(len(self.procs) - 1, proc), daemon=True).start()
 
@@ -106,15 +110,13 @@ class Fleet:
             proc.wait()
 
 
-def lower_priority(nice: int) -> None:
-    """In a client process just started in a session of its own: nice, for its own session's scheduling group
-    too (with the kernel's autogroups, each session shares the cores as one, and a process's nice counts only
-    within its session)."""
-    os.nice(nice)
+def lower_group_priority(pid: int, nice: int) -> None:
+    """The nice of the scheduling group of the session that process pid leads: with the kernel's autogroups, each
+    session shares the cores as one group, and a process's own nice counts only within its session."""
     try:
-        with open("/proc/self/autogroup", "w") as f:
+        with open(f"/proc/{pid}/autogroup", "w") as f:
             f.write(str(nice))
-    except OSError:  # no autogroups on this kernel: the nice above is all there is
+    except OSError:  # no autogroups on this kernel: its own nice is all there is
         pass
 
 
