@@ -25,6 +25,7 @@ from tfcluster.daemon.coordinator.codestore import DEFAULT_MAX_BYTES as DEFAULT_
 from tfcluster.daemon.coordinator.codestore import DEFAULT_STORE_BYTES as DEFAULT_CODE_STORE_BYTES
 from tfcluster.daemon.coordinator.dashboard import Dashboard
 from tfcluster.daemon.coordinator.joinport import JoinLimiter, join_server
+from tfcluster.daemon.coordinator.listener import Listener, Services
 from tfcluster.daemon.coordinator.metrics import CoordinatorMetrics
 from tfcluster.daemon.coordinator.policy import Policy, PolicyError, parse
 from tfcluster.daemon.coordinator.server import build
@@ -38,9 +39,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tfcluster.coordinator")
 
-MAX_MESSAGE_BYTES = 64 << 20  # sent: one job's status with thousands of tasks still fits
-# Taken in: the largest request any method takes (security.POLICY bounds each method below it).
-MAX_RECEIVE_BYTES = security.MAX_REQUEST_BYTES
 SERVICES = ("", "tfcluster.v1.AgentService", "tfcluster.v1.ControlService")
 
 
@@ -62,9 +60,8 @@ class CoordinatorServer:
         if (tls_dir is None) == (not insecure):
             raise ValueError("give --tls-dir (see `tfcluster ca init`) or --insecure")
         self.listen, self.join_listen, self.token = listen, join_listen or next_port(listen), token
-        if tls_dir and pki.upgrade_coordinator_certificate(tls_dir):
-            log.warning("%s: made again with the name clients now check (%s)", tls_dir / pki.SERVER_CERT,
-                        pki.COORDINATOR_NAME)
+        if tls_dir:
+            upgrade_certificate(tls_dir)
         self.credentials = security.Credentials.from_dir(tls_dir, pki.SERVER_CERT, pki.SERVER_KEY) if tls_dir \
             else security.Credentials()
         authority = pki.Authority.load(tls_dir, with_key=True) if tls_dir else None
@@ -125,27 +122,23 @@ class CoordinatorServer:
         # Trust is read at each call: a node removed a moment ago is refused.
         return counting + [security.AsyncGuard(security.Gate(is_revoked=self._refusal))]
 
-    async def start(self) -> "CoordinatorServer":
-        # No BDP probing: it grows a connection's receive window to megabytes, and a message refused for its
-        # size from its length prefix would still come in up to that window (a 60 MB one cost 80 MB at a
-        # time). gRPC's 64 KiB window is ample for a LAN; what the coordinator sends is not affected.
-        options = [("grpc.keepalive_permit_without_calls", 1), ("grpc.http2.min_ping_interval_without_data_ms", 5000),
-                   ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES), ("grpc.http2.bdp_probe", 0),
-                   ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
-        self.server = grpc.aio.server(interceptors=self._interceptors(), options=options)
-        agent_pb2_grpc.add_AgentServiceServicer_to_server(AgentServicer(self.coordinator), self.server)
-        control_pb2_grpc.add_ControlServiceServicer_to_server(ControlServicer(self.coordinator), self.server)
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        if self.credentials.insecure:
-            port = self.server.add_insecure_port(self.listen)
-        else:
-            port = self.server.add_secure_port(self.listen, self.credentials.server())
+    async def start(self, listener: Listener | None = None) -> "CoordinatorServer":
+        """Serves on listener (a standby's, which won: its connections carry over) or on a server of its own."""
+        services = Services()
+        agent_pb2_grpc.add_AgentServiceServicer_to_server(AgentServicer(self.coordinator), services)
+        control_pb2_grpc.add_ControlServiceServicer_to_server(ControlServicer(self.coordinator), services)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, services)
+        started = listener is not None
+        if listener is None:
+            listener = Listener(self.listen, None if self.credentials.insecure else self.credentials.server())
+        self.server, port = listener.server, listener.port
+        if not self.credentials.insecure:
             self.join_server = self._join_server()
-        if port == 0:
-            raise OSError(f"cannot listen on {self.listen}")
         self.address = _reachable(self.listen, port)
         self.coordinator.leader_address = self.coordinator.leader_address or self.address
-        await self.server.start()
+        listener.serve(services, self._interceptors())
+        if not started:
+            await self.server.start()
         if self.join_server is not None:
             await self.join_server.start()
         if self.web is not None:
@@ -192,6 +185,13 @@ def read_policy(path: Path, now: float) -> Policy:
     except (OSError, UnicodeDecodeError) as e:
         raise PolicyError(f"{path}: cannot read it: {e}") from None
     return parse(text, str(path), now)
+
+
+def upgrade_certificate(tls_dir: Path) -> None:
+    """A coordinator certificate made before clients checked its name is made again with that name."""
+    if pki.upgrade_coordinator_certificate(tls_dir):
+        log.warning("%s: made again with the name clients now check (%s)", tls_dir / pki.SERVER_CERT,
+                    pki.COORDINATOR_NAME)
 
 
 def next_port(listen: str) -> str:

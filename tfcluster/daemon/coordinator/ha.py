@@ -2,10 +2,11 @@
 it stops or loses it, then a standby again.
 
 As a standby it serves refusals naming the leader (standby.py) on its gRPC and join ports, serves no dashboard
-or /metrics, and keeps a warm copy of the state. Once it wins, it stops the refusals, builds the coordinator
-from the warm copy (or from etcd), fenced on its leadership (leadership.py), and serves like a coordinator on
-its own: agents reconnect and register their running tasks, which it takes over without restarting them. When
-its lease is lost it drops the coordinator without writing a thing, and stands by again.
+or /metrics, and keeps a warm copy of the state. Once it wins, it builds the coordinator from the warm copy (or
+from etcd), fenced on its leadership (leadership.py), and serves like a coordinator on its own, on the same gRPC
+server that refused a moment before (listener.py: the connections agents keep to it carry over): agents register
+again with their running tasks, which it takes over without restarting them. When its lease is lost it drops the
+coordinator and its connections without writing a thing, and stands by again.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from tfcluster.daemon.coordinator.leadership import Leadership, LeaderInfo, Lead
 from tfcluster.daemon.coordinator.leasekeeper import LeaseKeeper
 from tfcluster.daemon.coordinator.process import keep_long_lived_objects_out_of_the_collector, raise_open_file_limit
 from tfcluster.daemon.coordinator.coordinatorserver import CoordinatorServer
-from tfcluster.daemon.coordinator.standby import WarmCopy, refusal_server
+from tfcluster.daemon.coordinator.listener import Listener
+from tfcluster.daemon.coordinator.standby import Refusal, WarmCopy, refusal_server
 from tfcluster.daemon.coordinator.store import Conflict
 from tfcluster.daemon.notify import Notifier
 
@@ -87,10 +89,10 @@ class HighlyAvailable:
                       asyncio.create_task(self._report_to_systemd())]
         try:
             while not self.stop.is_set():
-                refusing = await self._stand_by()
-                if refusing is None:
+                listening = await self._stand_by()
+                if listening is None:
                     break
-                await self._lead(refusing)
+                await self._lead(*listening)
         finally:
             for task in background:
                 task.cancel()
@@ -113,12 +115,13 @@ class HighlyAvailable:
             self.notifier.watchdog(line) if self.notifier.watchdog_seconds else self.notifier.status(line)
             await asyncio.sleep(every)
 
-    async def _stand_by(self) -> list[grpc.aio.Server] | None:
-        """Serves refusals and keeps the warm copy until this coordinator wins (the refusal servers, still
-        serving) or is stopped (None)."""
+    async def _stand_by(self) -> tuple[Listener, list[grpc.aio.Server]] | None:
+        """Serves refusals and keeps the warm copy until this coordinator wins (the gRPC port's listener and the
+        join port's refusal server, still serving) or is stopped (None)."""
         self.state = "standby"
         leader = self.leadership
-        servers = [refusal_server(self.listen, lambda: leader.leader.address, self.credentials)]
+        listener = Listener(self.listen, self.credentials, Refusal(lambda: leader.leader.address))
+        servers = [listener.server]
         if self.join_listen:
             servers.append(refusal_server(self.join_listen, lambda: leader.leader.join_address, self.credentials))
         for server in servers:
@@ -138,9 +141,9 @@ class HighlyAvailable:
             warm.stop()
             return None
         self.warm = warm
-        return servers
+        return listener, servers[1:]
 
-    async def _take_over(self, ended: asyncio.Event) -> CoordinatorServer:
+    async def _take_over(self, listener: Listener, ended: asyncio.Event) -> CoordinatorServer:
         """The leader's coordinator, built from the warm copy, fenced on this term and serving; ended is set
         when the term ends (the lease is lost, or a write is fenced)."""
         leadership, loop = self.leadership, asyncio.get_running_loop()
@@ -153,19 +156,23 @@ class HighlyAvailable:
         server.coordinator.acting = leadership.holds
         server.coordinator.leader_address = self.me.address
         server.coordinator.persistence.on_fenced = ended.set
-        self.server = await server.start()
+        self.server = await server.start(listener)
         return server
 
-    async def _lead(self, refusing: list[grpc.aio.Server]) -> None:
+    async def _lead(self, listener: Listener, refusing: list[grpc.aio.Server]) -> None:
         """Serves as the leader until the process is stopped (the last changes are written, the key given
         up) or the leadership is lost (nothing more is written or sent).
 
-        The refusals stop only once the leader's server listens beside them (gRPC binds with SO_REUSEPORT):
-        a client never finds the port closed during the takeover, only a standby's answer it retries."""
+        The join port's refusals stop only once the leader's join server listens beside them (gRPC binds with
+        SO_REUSEPORT): a client never finds the port closed during the takeover, only a standby's answer it
+        retries. The gRPC port's listener goes on from refusing to serving."""
         self.state = "leader"
         ended = asyncio.Event()
         try:
-            server = await self._take_over(ended)
+            server = await self._take_over(listener, ended)
+        except BaseException:
+            await listener.server.stop(0)
+            raise
         finally:
             await asyncio.gather(*(refusal.stop(0) for refusal in refusing))
         leadership = self.leadership
@@ -189,12 +196,14 @@ def run(options: dict, listen: str, join_listen: str, tls_dir, store_url: str, e
     """`tfcluster coordinator --store etcd://...`: options are CoordinatorServer's (the same for every term)."""
     from tfcluster import pki, security
     from tfcluster.daemon.coordinator.etcdstore import open_etcd
-    from tfcluster.daemon.coordinator.coordinatorserver import next_port, read_policy
+    from tfcluster.daemon.coordinator.coordinatorserver import next_port, read_policy, upgrade_certificate
 
     if options.get("policy_path") is not None:  # a mistake in it stops the start, not a later takeover
         read_policy(options["policy_path"], time.time())
     join_listen = join_listen or next_port(listen)
     me = LeaderInfo(advertised(listen, advertise_host), advertised(join_listen, advertise_host) if tls_dir else "")
+    if tls_dir:
+        upgrade_certificate(tls_dir)
     credentials = security.Credentials.from_dir(tls_dir, pki.SERVER_CERT, pki.SERVER_KEY).server() if tls_dir \
         else None
 

@@ -20,6 +20,7 @@ import grpc
 
 from tfcluster.daemon.coordinator.etcdgateway import b64, range_end
 from tfcluster.daemon.coordinator.etcdstore import EtcdStore
+from tfcluster.daemon.coordinator.listener import Listener
 from tfcluster.daemon.coordinator.store import Document, StoreUnavailable
 from tfcluster.leaders import LEADER_METADATA, standby_message
 
@@ -46,13 +47,8 @@ class Refusal(grpc.GenericRpcHandler):
 
 
 def refusal_server(listen: str, leader: Callable[[], str], credentials) -> grpc.aio.Server:
-    """A server on listen refusing every call, with the coordinator's own TLS (None: plain text)."""
-    server = grpc.aio.server()
-    server.add_generic_rpc_handlers((Refusal(leader),))
-    port = server.add_secure_port(listen, credentials) if credentials is not None else server.add_insecure_port(listen)
-    if port == 0:
-        raise OSError(f"cannot listen on {listen}")
-    return server
+    """A server on listen refusing every call, with the coordinator's own TLS (None: plain text). Not started."""
+    return Listener(listen, credentials, Refusal(leader)).server
 
 
 class WarmCopy:
