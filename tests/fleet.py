@@ -9,9 +9,10 @@ and bench/failover.py; run as a process:
 
 Given several coordinators, each fake agent follows the leader as the real agent does (tfcluster.leaders): when
 its stream is lost or a standby refuses it, it goes to the leader the standby named, else to the next address.
-Given several, it also asks the coordinator serving its stream for a pulse every 2 s, as the real agent does
-(tfcluster/daemon/agent/session.py), and when it gives none within 3 s leaves it if the others say it no longer
-leads: at scale those health checks are a third of the leader's calls.
+Given several, it also asks another coordinator every 2 s whether the one serving its stream still leads, as the
+real agent does (tfcluster/daemon/agent/session.py), and leaves it once a standby names another leader. As the real
+agent, it keeps one channel to each coordinator for its session and its pulse alike: when a standby wins, the
+agent registers with it over the connection it has.
 
 With --ca-dir (a cluster CA made by `tfcluster ca init`), each fake agent connects over mutual TLS with a
 certificate naming its node, signed here with the CA's key as the join port would have signed it (one key for
@@ -29,6 +30,7 @@ import argparse
 import datetime
 import asyncio
 import json
+import os
 import random
 import resource
 import sys
@@ -36,7 +38,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # as the CLI: not a line per connection the coordinator ends
+import grpc  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -118,19 +121,20 @@ async def fake_agent(addresses: str, index: int, stats: Stats, exit_after: float
     backoff = 0.5
     last = Registration()
     failures = 0  # failed tries in a row since a registration
-    pulse = Pulse(coordinators, lambda a: credentials.channel(a, info.name, options) if credentials else
-                  grpc.aio.insecure_channel(a, options=options)) if coordinators.several else None
-    address, channel = "", None
-    while True:
-        if coordinators.current != address:  # one channel per coordinator in use, kept while it is
-            if channel is not None:
-                await channel.close()
-            address = coordinators.current
-            channel = credentials.channel(address, info.name, options) if credentials else \
+    channels: dict[str, grpc.aio.Channel] = {}  # one kept per coordinator, as the real agent's (session.Channels)
+
+    def channel(address: str) -> grpc.aio.Channel:
+        if address not in channels:
+            channels[address] = credentials.channel(address, info.name, options) if credentials else \
                 grpc.aio.insecure_channel(address, options=options)
+        return channels[address]
+
+    pulse = Pulse(coordinators, channel) if coordinators.several else None
+    while True:
+        address = coordinators.current
         last.this_try = False
         try:
-            await _session(channel, address, info, running, stats, exit_after, last, pulse)
+            await _session(channel(address), address, info, running, stats, exit_after, last, pulse)
             backoff = 0.5
         except Stalled:  # as the real agent: as if the connection had dropped, the next coordinator at once
             stats.errors["STALLED"] = stats.errors.get("STALLED", 0) + 1
@@ -154,9 +158,8 @@ class Pulse:
     """As the real agent's (tfcluster/daemon/agent/session.py): asks another coordinator in turn whether the one
     serving the stream still leads, over channels kept open; that one itself only when no other can tell."""
 
-    def __init__(self, coordinators: Coordinators, channel_to) -> None:
-        self.coordinators, self.channel_to = coordinators, channel_to
-        self.channels: dict[str, grpc.aio.Channel] = {}
+    def __init__(self, coordinators: Coordinators, channel) -> None:
+        self.coordinators, self.channel = coordinators, channel  # channel(address): the agent's kept one
 
     async def until_stalled(self, channel, call, interval: list[float]) -> None:
         check = health_pb2_grpc.HealthStub(channel).Check
@@ -183,10 +186,8 @@ class Pulse:
                 return
 
     async def _check(self, address: str) -> grpc.RpcError | None:
-        if address not in self.channels:
-            self.channels[address] = self.channel_to(address)
         try:
-            await health_pb2_grpc.HealthStub(self.channels[address]).Check(health_pb2.HealthCheckRequest(),
+            await health_pb2_grpc.HealthStub(self.channel(address)).Check(health_pb2.HealthCheckRequest(),
                                                                            timeout=PULSE_TIMEOUT_SECONDS)
             return None
         except grpc.RpcError as e:

@@ -13,6 +13,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
+import psutil
 import pytest
 
 from etcdcluster import needs_etcd
@@ -89,3 +90,30 @@ def test_a_paused_leader_steps_down_without_writing_and_the_new_view_stands(ha, 
     assert job["state"] == "SUCCEEDED" and job["restarts"] == 0, job
     assert all(t["attempt"] == 1 for t in job["tasks"]) and launches.read_text().count("launched") == 2
     assert ha.wait_job(later, timeout=30)["state"] == "SUCCEEDED"
+
+
+def test_agents_come_back_to_the_new_leader_over_the_connection_they_kept_to_it(ha):
+    """An agent keeps a connection to each coordinator (its pulse asks the standbys), and the standby that wins
+    serves its term on the server that refused a moment before (tfcluster/daemon/coordinator/listener.py): the
+    agent registers with the new leader over the connection it already had, with no new TLS handshake."""
+    ha.start_agents({"a": {}})
+    agent = psutil.Process(ha.agents["a"].proc.pid)
+    old = ha.leader()
+    standbys = [int(a.rsplit(":", 1)[1]) for a in ha.listens if a != old]
+
+    def kept() -> dict[int, set[int]]:
+        """Coordinator port -> the local ports of the agent's established connections to it."""
+        ports: dict[int, set[int]] = {}
+        for c in agent.net_connections(kind="tcp"):
+            if c.raddr and c.status == psutil.CONN_ESTABLISHED:
+                ports.setdefault(c.raddr.port, set()).add(c.laddr.port)
+        return ports
+    wait_until(lambda: all(kept().get(port) for port in standbys), 20, what="the agent's pulse to reach both standbys")
+    before = kept()
+    term = ha.etcd.raft_term()
+    ha.leading().kill()
+    new = ha.new_leader(old, 5, etcd_term=term)
+    wait_until(lambda: registrations(ha, "a", new), 10, interval=0.1, what="the agent registered with the new leader")
+    port = int(new.rsplit(":", 1)[1])
+    assert kept()[port] == before[port], "the connection it had to the standby, not a new one"
+    assert ha.node_state("a") == "READY"

@@ -75,7 +75,7 @@ class Session:
         self._call = None
         self._renewed = threading.Event()  # the stream was ended to reconnect with a renewed certificate
         self._stalled = threading.Event()  # the stream was ended: its coordinator no longer leads
-        self.others = OtherCoordinators(owner)  # the pulse's kept channels to the other coordinators
+        self.channels = Channels(owner)  # one kept channel to each coordinator: the session's and the pulse's
         self.interval = 1.0  # seconds between heartbeats: as the registration, or a later Pace, says
 
     @property
@@ -91,48 +91,47 @@ class Session:
         backoff, conflict_since, followed = BACKOFF_START_SECONDS, 0.0, 0  # followed: failures in a row
         while not self.stopped.is_set():
             self.liveness.stamp("connection")
-            with self.owner.credentials.channel(self.coordinator, CHANNEL_OPTIONS) as channel:  # the current ones
-                try:
-                    self._serve(channel)
-                    backoff, conflict_since, followed = BACKOFF_START_SECONDS, 0.0, 0
-                except grpc.RpcError as e:
-                    if self.stopped.is_set():
-                        break
-                    code = e.code() if hasattr(e, "code") else None
-                    if code == grpc.StatusCode.CANCELLED and self._stalled.is_set():
-                        self._stalled.clear()
-                        code = grpc.StatusCode.UNAVAILABLE  # as if its connection had dropped: the next one
-                    if code == grpc.StatusCode.CANCELLED and self._renewed.is_set():
-                        self._renewed.clear()  # not a failure: the stream ended to start again with the new
-                        backoff = BACKOFF_START_SECONDS  # certificate, at once (the node must not go LOST)
-                        continue
-                    if code == grpc.StatusCode.ALREADY_EXISTS:
-                        conflict_since = conflict_since or time.monotonic()
-                    if code in REFUSALS or (conflict_since and
-                                            time.monotonic() - conflict_since > NAME_CONFLICT_PATIENCE_SECONDS):
-                        self.refused = e.details() or code.name
-                        log.error("the coordinator refused this agent: %s", self.refused)
-                        self.on_refused(self.refused)
-                        break
-                    why = e.details() if code == grpc.StatusCode.ALREADY_EXISTS or is_standby(e) else \
-                        f"unreachable ({code.name if code else e})"
-                    self.trouble = f"coordinator {self.coordinator}: {why}"
-                    hinted = bool(leader_hint(e))
-                    followed = 1 if self.connected.is_set() else followed + 1  # a stream that served: anew
-                    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) and \
-                            self.coordinators.failed(e):  # another coordinator may lead
-                        log.warning("%s; trying the coordinator at %s", self.trouble, self.coordinator)
-                        backoff = BACKOFF_START_SECONDS
-                        if hinted and followed == 1:  # the leader a standby named: asked at once
-                            continue
-                    else:
-                        log.warning("coordinator %s: %s; retrying in %.1f s", self.coordinator, why, backoff)
-                finally:
-                    self.connected.clear()
-                if self.stopped.wait(backoff * random.uniform(0.5, 1.5)):
+            try:
+                self._serve(self.channels.get(self.coordinator))
+                backoff, conflict_since, followed = BACKOFF_START_SECONDS, 0.0, 0
+            except grpc.RpcError as e:
+                if self.stopped.is_set():
                     break
-                backoff = min(backoff * 2, BACKOFF_MAX_SECONDS)
-        self.others.close()
+                code = e.code() if hasattr(e, "code") else None
+                if code == grpc.StatusCode.CANCELLED and self._stalled.is_set():
+                    self._stalled.clear()
+                    code = grpc.StatusCode.UNAVAILABLE  # as if its connection had dropped: the next one
+                if code == grpc.StatusCode.CANCELLED and self._renewed.is_set():
+                    self._renewed.clear()  # not a failure: the stream ended to start again with the new
+                    backoff = BACKOFF_START_SECONDS  # certificate, at once (the node must not go LOST)
+                    continue
+                if code == grpc.StatusCode.ALREADY_EXISTS:
+                    conflict_since = conflict_since or time.monotonic()
+                if code in REFUSALS or (conflict_since and
+                                        time.monotonic() - conflict_since > NAME_CONFLICT_PATIENCE_SECONDS):
+                    self.refused = e.details() or code.name
+                    log.error("the coordinator refused this agent: %s", self.refused)
+                    self.on_refused(self.refused)
+                    break
+                why = e.details() if code == grpc.StatusCode.ALREADY_EXISTS or is_standby(e) else \
+                    f"unreachable ({code.name if code else e})"
+                self.trouble = f"coordinator {self.coordinator}: {why}"
+                hinted = bool(leader_hint(e))
+                followed = 1 if self.connected.is_set() else followed + 1  # a stream that served: anew
+                if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) and \
+                        self.coordinators.failed(e):  # another coordinator may lead
+                    log.warning("%s; trying the coordinator at %s", self.trouble, self.coordinator)
+                    backoff = BACKOFF_START_SECONDS
+                    if hinted and followed == 1:  # the leader a standby named: asked at once
+                        continue
+                else:
+                    log.warning("coordinator %s: %s; retrying in %.1f s", self.coordinator, why, backoff)
+            finally:
+                self.connected.clear()
+            if self.stopped.wait(backoff * random.uniform(0.5, 1.5)):
+                break
+            backoff = min(backoff * 2, BACKOFF_MAX_SECONDS)
+        self.channels.close()
 
     def reconnect(self) -> None:
         """Ends the stream so that the session starts again at once (with a renewed certificate)."""
@@ -197,7 +196,7 @@ class Session:
                 turn += 1
                 verdict, answers = None, []
                 for address in others[turn % len(others):] + others[:turn % len(others)]:
-                    answers.append(self.others.check(address))
+                    answers.append(self.channels.check(address))
                     verdict = says_of(current, answers[-1])
                     if verdict is not None:
                         break
@@ -243,18 +242,20 @@ class Session:
                 next_beat = time.monotonic() + self.interval
 
 
-class OtherCoordinators:
-    """Channels to the other coordinators, kept for the pulse: asking one is a call on a connection already open,
-    not a TLS handshake each time (with thousands of agents, a handshake per agent per pulse on the standbys). A
-    channel made with credentials since replaced (the certificate was renewed) is made again."""
+class Channels:
+    """One channel to each coordinator, kept: the session's calls and the pulse's health checks go over the
+    connection already open, not a TLS handshake each time. With several coordinators the pulse keeps one open to
+    each standby; when that standby wins, the agent registers with it over the same connection (the new leader
+    serves on the server that refused a moment before: tfcluster/daemon/coordinator/listener.py). With thousands
+    of agents moving at once, a handshake each was most of their work and a third of the new leader's. A channel
+    made with credentials since replaced (the certificate was renewed) is made again."""
 
     def __init__(self, owner: Owner):
         self.owner = owner
         self.lock = threading.Lock()
         self.channels: dict[str, tuple[Credentials, grpc.Channel]] = {}
 
-    def check(self, address: str) -> grpc.RpcError | None:
-        """The coordinator's answer to a health check: None when it serves, else its error."""
+    def get(self, address: str) -> grpc.Channel:
         credentials = self.owner.credentials
         with self.lock:
             kept = self.channels.get(address)
@@ -262,8 +263,13 @@ class OtherCoordinators:
                 if kept is not None:
                     kept[1].close()
                 kept = self.channels[address] = (credentials, credentials.channel(address, CHANNEL_OPTIONS))
+            return kept[1]
+
+    def check(self, address: str) -> grpc.RpcError | None:
+        """The coordinator's answer to a health check: None when it serves, else its error."""
         try:
-            health_pb2_grpc.HealthStub(kept[1]).Check(health_pb2.HealthCheckRequest(), timeout=PULSE_TIMEOUT_SECONDS)
+            health_pb2_grpc.HealthStub(self.get(address)).Check(health_pb2.HealthCheckRequest(),
+                                                                timeout=PULSE_TIMEOUT_SECONDS)
             return None
         except grpc.RpcError as e:
             return e
