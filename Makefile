@@ -50,6 +50,7 @@ bench: $(STAMP)
 	$(PY) bench/code_shipping.py
 	$(PY) bench/etcdstore.py
 	$(PY) bench/failover.py
+	$(PY) bench/connections.py
 
 # Regenerate tfcluster/api/v1 from protos/ (commit the result; a test checks they match).
 protos: $(STAMP)
