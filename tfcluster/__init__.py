@@ -1,3 +1,3 @@
 """tfcluster: TensorFlow distributed training on bare-metal machines."""
 
-__version__ = "0.7.1"
+__version__ = "0.7.2"

@@ -246,9 +246,9 @@ class Channels:
     """One channel to each coordinator, kept: the session's calls and the pulse's health checks go over the
     connection already open, not a TLS handshake each time. With several coordinators the pulse keeps one open to
     each standby; when that standby wins, the agent registers with it over the same connection (the new leader
-    serves on the server that refused a moment before: tfcluster/daemon/coordinator/listener.py). With thousands
-    of agents moving at once, a handshake each was most of their work and a third of the new leader's. A channel
-    made with credentials since replaced (the certificate was renewed) is made again."""
+    serves on the server that refused a moment before: tfcluster/daemon/coordinator/listener.py); thousands of
+    agents moving at once no longer make thousands of handshakes (docs/ha.md). A channel made with credentials
+    since replaced (the certificate was renewed) is made again."""
 
     def __init__(self, owner: Owner):
         self.owner = owner
