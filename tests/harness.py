@@ -24,14 +24,10 @@ from pathlib import Path
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
+from tfcluster.demo.etcd import free_port  # noqa: F401  (the tests' ports: never one handed out twice)
+
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 _BLOCKS = 90  # of 100 ports each, in 20000-28999

@@ -25,10 +25,21 @@ def etcd_binary() -> str | None:
     return shutil.which("etcd")
 
 
+_handed_out: set[tuple[str, int]] = set()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A port nothing listens on now and that this process has not handed out before. The kernel may give the
+    same free port to two binds in a row (3 pairs in 20,000 on a test machine), and two servers given it would
+    both listen: gRPC binds with SO_REUSEPORT, so a coordinator's port and its join port would share the
+    connections, and a client would find ControlService missing on every other one."""
+    while True:
+        with socket.socket() as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+        if (host, port) not in _handed_out:
+            _handed_out.add((host, port))
+            return port
 
 
 @dataclass(frozen=True)
