@@ -34,7 +34,9 @@ def test_metrics_of_both_daemons_during_a_real_job(make_cluster, tmp_path):
     def scraped_while_running() -> bool:
         agent = scrape(f"https://{agent_http}/metrics", creds)
         held = [labels for labels, v in agent.get("tfcluster_gpu_allocated", []) if v == 1]
-        if held and value(agent, "tfcluster_task_resident_memory_bytes", job_id=job_id, task="worker:0"):
+        # CPU time counts in the kernel's 10 ms ticks: a task scraped in its first moments has used none yet.
+        if held and value(agent, "tfcluster_task_resident_memory_bytes", job_id=job_id, task="worker:0") and \
+                value(agent, "tfcluster_task_cpu_seconds", job_id=job_id, task="worker:0"):
             seen["agent"] = agent
             seen["coordinator"] = scrape(f"https://{coordinator_http}/metrics", creds)
             return True
