@@ -3,10 +3,12 @@
 The archive is a gzip'd tar with its members sorted by path, every mtime, uid and gid fixed, owner names
 empty and modes reduced to 0644 / 0755 (executable or not), and a gzip header without a time or a name:
 its sha256 names the tree, so a tree the coordinator already holds is not sent again, however often its
-files were touched. Left out: `.git`, and what `.gitignore` and `.tfclusterignore` files exclude (git's
-own rules, through `pathspec`; a file in a folder applies to that folder). A symbolic link is kept only if
-it points inside the tree; one that leaves it is refused, by name, rather than sent as a path that means
-something else on every node. Pure: files in, an archive file out; no sockets.
+files were touched. Left out: `.git`, what `.gitignore` and `.tfclusterignore` files exclude (git's own
+rules, through `pathspec`; a file in a folder applies to that folder), and the paths the caller names (the
+job's own output folders). A workdir inside a git working tree also obeys the repository's rules above it,
+as git would: the ignore files from the repository's top down, and its info/exclude. A symbolic link is
+kept only if it points inside the tree; one that leaves it is refused, by name, rather than sent as a path
+that means something else on every node. Pure: files in, an archive file out; no sockets.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import re
 import stat
 import tarfile
 import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,56 +75,122 @@ def summary(files: int, tree_bytes: int, sha256: str) -> str:
 # ---- what goes in -------------------------------------------------------------------------------
 
 class _Ignores:
-    """The ignore files met on the way down: each folder's rules, applied to paths below it."""
+    """The ignore files met on the way down: each folder's rules, applied to paths below it. Paths are matched
+    from the top of the enclosing git repository (prefix: the workdir's path from there), as git matches them."""
 
-    def __init__(self, rules: tuple[tuple[str, pathspec.PathSpec], ...] = ()):
-        self.rules = rules
+    def __init__(self, rules: tuple[tuple[str, pathspec.PathSpec], ...] = (), prefix: str = ""):
+        self.rules, self.prefix = rules, prefix
 
     def below(self, folder: Path, rel: str) -> "_Ignores":
-        lines: list[str] = []
-        for name in IGNORE_FILES:
-            try:
-                lines += (folder / name).read_text(encoding="utf-8", errors="replace").splitlines()
-            except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
-                continue
-            except OSError as e:
-                raise PackError(f"cannot read {rel + '/' if rel else ''}{name}: {e.strerror or e}") from None
+        """With the ignore files of folder (rel: its path from the workdir) added."""
+        return self.adding(_ignore_lines(folder, rel), _joined(self.prefix, rel))
+
+    def adding(self, lines: list[str], base: str) -> "_Ignores":
         if not lines:
             return self
-        return _Ignores(self.rules + ((rel, pathspec.GitIgnoreSpec.from_lines(lines)),))
+        return _Ignores(self.rules + ((base, pathspec.GitIgnoreSpec.from_lines(lines)),), self.prefix)
 
     def ignored(self, rel: str, is_dir: bool) -> bool:
-        """The last rule that speaks of the path decides, deeper folders' rules after their parents' (git's)."""
+        """Whether a path from the workdir is left out."""
+        return self.leaves_out(_joined(self.prefix, rel), is_dir)
+
+    def leaves_out(self, path: str, is_dir: bool) -> bool:
+        """Whether a path from the repository's top is left out: the last rule that speaks of the path decides,
+        deeper folders' rules after their parents' (git's)."""
         verdict = False
         for base, spec in self.rules:
-            inside = rel[len(base) + 1:] if base else rel
+            inside = path[len(base) + 1:] if base else path
             result = spec.check_file(inside + "/" if is_dir else inside)
             if result.include is not None:
                 verdict = result.include
         return verdict
 
 
-def collect(root: str | Path) -> list[Entry]:
-    """Every entry that goes into the archive, sorted by path. Raises PackError (a link that leaves the tree,
-    a folder that cannot be read, a root that is not a folder)."""
+def _joined(base: str, rel: str) -> str:
+    return f"{base}/{rel}" if base and rel else base or rel
+
+
+def _ignore_lines(folder: Path, shown: str) -> list[str]:
+    lines: list[str] = []
+    for name in IGNORE_FILES:
+        lines += _lines(folder / name, f"{shown}/{name}" if shown else name)
+    return lines
+
+
+def _lines(path: Path, shown: str) -> list[str]:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        return []
+    except OSError as e:
+        raise PackError(f"cannot read {shown}: {e.strerror or e}") from None
+
+
+def _repository_ignores(real_root: Path) -> _Ignores:
+    """What the git repository around the workdir leaves out of it: its info/exclude, then the ignore files from
+    its top down to the workdir's parent, each for the paths below its folder. Nothing outside a repository,
+    and nothing when these rules leave out the workdir itself: git would see none of it, but the spec names it."""
+    top = next((folder for folder in (real_root, *real_root.parents) if os.path.lexists(folder / ".git")), None)
+    if top is None:
+        return _Ignores()
+    prefix = real_root.relative_to(top).as_posix()
+    ignores = _Ignores(prefix="" if prefix == "." else prefix)
+    git_dir = _git_dir(top)
+    if git_dir is not None:
+        ignores = ignores.adding(_lines(git_dir / "info" / "exclude", str(git_dir / "info" / "exclude")), "")
+    folder, base = top, ""
+    for part in Path(ignores.prefix).parts:
+        ignores = ignores.adding(_ignore_lines(folder, str(folder)), base)
+        folder, base = folder / part, _joined(base, part)
+        if ignores.leaves_out(base, is_dir=True):
+            return _Ignores()
+    return ignores
+
+
+def _git_dir(top: Path) -> Path | None:
+    """The folder holding the repository's info/exclude: .git itself, or where a `.git` file's `gitdir:` line
+    points (a submodule, a worktree: whose own `commondir` names the main repository's, where git reads it)."""
+    dot_git = top / ".git"
+    if dot_git.is_dir():
+        return dot_git
+    try:
+        lines = dot_git.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return None
+    pointed = next((line[len("gitdir:"):].strip() for line in lines if line.startswith("gitdir:")), "")
+    if not pointed:
+        return None
+    git_dir = top / pointed
+    try:
+        return git_dir / (git_dir / "commondir").read_text(encoding="utf-8", errors="replace").strip()
+    except OSError:
+        return git_dir
+
+
+def collect(root: str | Path, leave_out: Iterable[str] = ()) -> list[Entry]:
+    """Every entry that goes into the archive, sorted by path; leave_out: paths from the root ('/'-separated)
+    left out whatever the ignore files say. Raises PackError (a link that leaves the tree, a folder that cannot
+    be read, a root that is not a folder)."""
     root = Path(root)
     if not root.is_dir():
         raise PackError(f"the workdir {root} is not a folder")
     real_root = root.resolve()
     entries: list[Entry] = []
-    _walk(root, "", _Ignores().below(root, ""), real_root, entries)
+    ignores = _repository_ignores(real_root).below(root, "")
+    _walk(root, "", ignores, real_root, frozenset(leave_out), entries)
     entries.sort(key=lambda e: e.path)
     return entries
 
 
-def _walk(folder: Path, rel: str, ignores: _Ignores, real_root: Path, entries: list[Entry]) -> None:
+def _walk(folder: Path, rel: str, ignores: _Ignores, real_root: Path, leave_out: frozenset[str],
+          entries: list[Entry]) -> None:
     try:
         listing = sorted(os.scandir(folder), key=lambda d: d.name)
     except OSError as e:
         raise PackError(f"cannot read {rel or '.'}: {e.strerror or e}") from None
     for item in listing:
         path = f"{rel}/{item.name}" if rel else item.name
-        if item.name in ALWAYS_LEFT_OUT:
+        if item.name in ALWAYS_LEFT_OUT or path in leave_out:
             continue
         info = item.stat(follow_symlinks=False)
         is_dir = stat.S_ISDIR(info.st_mode)
@@ -131,7 +200,7 @@ def _walk(folder: Path, rel: str, ignores: _Ignores, real_root: Path, entries: l
             entries.append(_link(Path(item.path), path, real_root))
         elif is_dir:
             entries.append(Entry(path, "dir"))
-            _walk(Path(item.path), path, ignores.below(Path(item.path), path), real_root, entries)
+            _walk(Path(item.path), path, ignores.below(Path(item.path), path), real_root, leave_out, entries)
         elif stat.S_ISREG(info.st_mode):
             entries.append(Entry(path, "file", info.st_size, bool(info.st_mode & 0o111), mtime_ns=info.st_mtime_ns))
         # sockets, fifos and devices are not code: left out
@@ -168,11 +237,13 @@ class _Full(Exception):
     pass
 
 
-def pack(root: str | Path, max_bytes: int = DEFAULT_MAX_BYTES, entries: list[Entry] | None = None) -> Archive:
-    """Packs the tree into a temporary file. Raises PackError: what collect() refuses, or an archive over
-    max_bytes (the message lists the largest files, what to leave out first)."""
+def pack(root: str | Path, max_bytes: int = DEFAULT_MAX_BYTES, entries: list[Entry] | None = None,
+         leave_out: Iterable[str] = ()) -> Archive:
+    """Packs the tree (entries: what collect() gave, else collected here) into a temporary file. Raises PackError:
+    what collect() refuses, or an archive over max_bytes (the message lists the largest files, what to leave out
+    first)."""
     root = Path(root)
-    entries = collect(root) if entries is None else entries
+    entries = collect(root, leave_out) if entries is None else entries
     fd, name = tempfile.mkstemp(prefix="tfcluster-code-", suffix=".tar.gz")
     try:
         with os.fdopen(fd, "wb") as raw:
@@ -222,10 +293,12 @@ def over_cap_message(entries: list[Entry], max_bytes: int) -> str:
             f"if the workdir is on storage every node shares)")
 
 
-def fingerprint(root: str | Path, entries: list[Entry]) -> str:
-    """What the tree looks like from its listing (paths, sizes, modes, modification times, links): a tree
-    whose fingerprint is unchanged since it was packed packs to the same archive, as git's index assumes."""
-    digest = hashlib.sha256(f"{Path(root).resolve()}\n".encode())
+def fingerprint(root: str | Path, entries: list[Entry], leave_out: Iterable[str] = ()) -> str:
+    """What the tree looks like from its listing (paths, sizes, modes, modification times, links) and what was
+    left out of it: a tree whose fingerprint is unchanged since it was packed packs to the same archive, as
+    git's index assumes."""
+    left_out = "\0".join(sorted(leave_out))
+    digest = hashlib.sha256(f"{Path(root).resolve()}\n{left_out}\n".encode())
     for e in entries:
         digest.update(f"{e.path}\0{e.kind}\0{e.size}\0{e.executable:d}\0{e.target}\0{e.mtime_ns}\n".encode())
     return digest.hexdigest()

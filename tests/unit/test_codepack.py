@@ -4,6 +4,8 @@ and an archive over the cap is refused with its largest files named."""
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import tarfile
 
 import pytest
@@ -135,3 +137,100 @@ def test_the_fingerprint_changes_with_the_listing_and_not_otherwise(tmp_path):
     os.utime(twin / "train.py", ns=(1, 1))
     os.utime(twin / "lib" / "util.py", ns=(os.stat(root / "lib" / "util.py").st_mtime_ns,) * 2)
     assert codepack.fingerprint(twin, codepack.collect(twin)) != touched, "another folder is another tree"
+
+
+def repository(root, files: dict[str, str | bytes]):
+    """A git working tree as git leaves one on disk, made by hand (git itself need not be installed)."""
+    return tree(root, {".git/HEAD": "ref: refs/heads/main\n", ".git/info/exclude": "# git ls-files --others\n",
+                       **files})
+
+
+def test_a_workdir_inside_a_repository_obeys_the_rules_above_it(tmp_path, packed):
+    top = repository(tmp_path / "repo", {
+        ".gitignore": "sub/runs/\n*.log\n/build\n", "build/x.py": "", "sub/train.py": "", "sub/x.log": "",
+        "sub/runs/ckpt": "c", "sub/lib/runs/kept.py": "", "sub/build/kept.py": "", "sub/lib/deep.log": ""})
+    assert set(members(packed(top / "sub"))) == {"train.py", "lib", "lib/runs", "lib/runs/kept.py", "build",
+                                                  "build/kept.py"}
+
+
+def test_deeper_files_decide_after_the_repositorys(tmp_path, packed):
+    top = repository(tmp_path / "repo", {
+        ".gitignore": "*.log\n", ".tfclusterignore": "a/b/data/\n", "a/.gitignore": "!keep.log\n",
+        "a/b/.gitignore": "!own.log\n", "a/b/keep.log": "", "a/b/own.log": "", "a/b/other.log": "",
+        "a/b/data/set.csv": "", "a/b/c/keep.log": "", "a/b/c/.tfclusterignore": "*.log\n"})
+    assert set(members(packed(top / "a" / "b"))) == {".gitignore", "keep.log", "own.log", "c",
+                                                      "c/.tfclusterignore"}
+
+
+def test_the_repositorys_info_exclude_applies(tmp_path, packed):
+    top = repository(tmp_path / "repo", {".git/info/exclude": "scratch/\n", "w/train.py": "", "w/scratch/a": ""})
+    assert set(members(packed(top / "w"))) == {"train.py"}
+    assert set(members(packed(top))) == {"w", "w/train.py"}
+
+
+def test_a_git_file_points_at_the_git_dir(tmp_path, packed):
+    tree(tmp_path / "super" / ".git" / "modules" / "lib", {"info/exclude": "*.tmp\n"})
+    top = tree(tmp_path / "super" / "lib", {".git": "gitdir: ../.git/modules/lib\n", ".gitignore": "out/\n",
+                                            "w/train.py": "", "w/a.tmp": "", "w/out/x": ""})
+    assert set(members(packed(top / "w"))) == {"train.py"}
+    # a worktree: its git dir names the main repository's, whose info/exclude git reads
+    worktree_dir = tree(tmp_path / "main" / ".git" / "worktrees" / "wt", {"commondir": "../..\n"})
+    tree(tmp_path / "main" / ".git", {"info/exclude": "*.bin\n"})
+    wt = tree(tmp_path / "wt", {".git": f"gitdir: {worktree_dir}\n", "w/train.py": "", "w/w.bin": ""})
+    assert set(members(packed(wt / "w"))) == {"train.py"}
+
+
+def test_outside_a_repository_only_the_workdirs_own_rules_count(tmp_path, packed):
+    files = {"sub/.gitignore": "*.log\n", "sub/train.py": "", "sub/x.log": "", "sub/runs/ckpt": ""}
+    plain = tree(tmp_path / "plain", {".gitignore": "sub/runs/\n", **files})
+    assert set(members(packed(plain / "sub"))) == {".gitignore", "train.py", "runs", "runs/ckpt"}
+    inside = repository(tmp_path / "repo", {".gitignore": "sub/runs/\n", **files})
+    assert set(members(packed(inside / "sub"))) == {".gitignore", "train.py"}
+
+
+def test_a_workdir_the_repository_ignores_is_packed_by_its_own_rules(tmp_path, packed):
+    top = repository(tmp_path / "repo", {".gitignore": "generated/\n*.log\n", "generated/job/train.py": "",
+                                         "generated/job/x.log": "", "generated/job/.gitignore": "*.tmp\n",
+                                         "generated/job/a.tmp": ""})
+    assert set(members(packed(top / "generated" / "job"))) == {".gitignore", "train.py", "x.log"}
+
+
+def test_paths_left_out_go_whatever_the_ignore_files_say(tmp_path, packed):
+    root = tree(tmp_path / "w", {"train.py": "", "runs/fit/ckpt-1": "c" * 1000, "runs/other.txt": "",
+                                 "summaries": "a file", ".gitignore": "!runs/\n"})
+    names = set(members(packed(root, leave_out=["runs/fit", "summaries", "not/there"])))
+    assert names == {".gitignore", "train.py", "runs", "runs/other.txt"}
+
+
+def test_the_same_tree_and_rules_give_the_same_archive(tmp_path, packed):
+    top = repository(tmp_path / "repo", {".gitignore": "sub/runs/\n*.log\n", "sub/train.py": "print()\n",
+                                         "sub/x.log": "l", "sub/runs/ckpt": "c", "sub/out/m": "m"})
+    first, again = packed(top / "sub", leave_out=["out"]), packed(top / "sub", leave_out=["out"])
+    assert first.sha256 == again.sha256 and first.path.read_bytes() == again.path.read_bytes()
+    assert set(members(first)) == {"train.py"}
+    assert packed(top / "sub").sha256 != first.sha256, "another leave_out, another archive"
+
+
+def test_the_fingerprint_changes_with_what_is_left_out(tmp_path):
+    root = tree(tmp_path / "w", {"train.py": ""})
+    entries = codepack.collect(root)
+    assert codepack.fingerprint(root, entries, ["runs"]) != codepack.fingerprint(root, entries)
+    assert codepack.fingerprint(root, entries, ["b", "a"]) == codepack.fingerprint(root, entries, ["a", "b"])
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
+def test_the_files_packed_are_those_git_sees(tmp_path, packed):
+    top = tree(tmp_path / "repo", {
+        ".gitignore": "sub/runs/\n*.log\n/build\n!sub/lib/keep.log\n", "sub/.gitignore": "data/*\n!data/ok.csv\n",
+        "sub/lib/.gitignore": "!debug.log\n", "sub/train.py": "", "sub/x.log": "", "sub/runs/ckpt": "",
+        "sub/build/m.py": "", "sub/lib/keep.log": "", "sub/lib/debug.log": "", "sub/lib/other.log": "",
+        "sub/data/ok.csv": "", "sub/data/no.csv": "", "sub/lib/runs/r.py": ""})
+    # the machine's own git settings (a global excludesFile) would change what git sees
+    alone = {**os.environ, "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"}
+    subprocess.run(["git", "init", "-q", str(top)], check=True, env=alone)
+    (top / ".git" / "info" / "exclude").write_text("sub/lib/runs/\n")
+    seen = subprocess.run(["git", "ls-files", "--others", "--exclude-standard", "--", "sub"], cwd=top, check=True,
+                          capture_output=True, text=True, env=alone).stdout.split()
+    assert "sub/lib/keep.log" in seen and "sub/x.log" not in seen
+    files = {name for name, m in members(packed(top / "sub")).items() if m.isfile()}
+    assert files == {path.removeprefix("sub/") for path in seen}

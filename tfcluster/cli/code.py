@@ -31,16 +31,18 @@ PROGRESS_AFTER_SECONDS = 0.5  # an upload done sooner shows no bar
 def ship_code(client: Client, spec: JobSpec) -> JobSpec:
     """The spec naming its workdir's archive, once the coordinator holds it; exits with a message when the
     tree cannot be packed, is over the coordinator's cap, or cannot be sent."""
+    outputs = _outputs_inside(spec)
     try:
-        entries = codepack.collect(spec.workdir)
+        entries = codepack.collect(spec.workdir, outputs)
     except codepack.PackError as e:
         fail(f"code: {e}", 2)
-    fingerprint = codepack.fingerprint(spec.workdir, entries)
+    _say_left_out(spec.workdir, outputs)
+    fingerprint = codepack.fingerprint(spec.workdir, entries, outputs)
     known = _remembered(fingerprint)
     if known and _code_status(client, known["sha256"], known["size"]).complete:
         _said(codepack.summary(known["files"], known["tree_bytes"], known["sha256"]), "already on the cluster")
         return replace(spec, code_sha256=known["sha256"])
-    archive = _pack(client, spec.workdir, entries)
+    archive = _pack(client, spec.workdir, entries)  # the entries already leave the outputs out
     try:
         held = _code_status(client, archive.sha256, archive.size)
         if archive.size > held.max_bytes:
@@ -56,6 +58,30 @@ def ship_code(client: Client, spec: JobSpec) -> JobSpec:
                             "tree_bytes": archive.tree_bytes})
     _said(archive.summary(), done)
     return replace(spec, code_sha256=archive.sha256)
+
+
+def _outputs_inside(spec: JobSpec) -> dict[str, list[str]]:
+    """The folders the job writes (checkpoints, the model, summaries) that lie inside its workdir, by their path
+    from it, each with what the spec calls it: what one run wrote there is no code for the next. A folder inside
+    another of them goes with it."""
+    workdir = Path(spec.workdir).resolve()
+    named = [(spec.checkpoint_dir, "the job's checkpoint_dir"), (spec.model_dir, "the job's model_dir")]
+    named += [(role.summary_dir, f"the {role_type}'s summary_dir") for role_type, role in spec.roles.items()]
+    inside: dict[str, list[str]] = {}
+    for path, name in named:
+        real = workdir.joinpath(path).resolve() if path else workdir
+        if workdir in real.parents:
+            inside.setdefault(real.relative_to(workdir).as_posix(), []).append(name)
+    return {path: names for path, names in sorted(inside.items())
+            if not any(path.startswith(other + "/") for other in inside)}
+
+
+def _say_left_out(workdir: str, outputs: dict[str, list[str]]) -> None:
+    """`code: left out runs/mwms-fit (the job's checkpoint_dir)`, for the folders that are there to leave out."""
+    present = [f"{path} ({', '.join(names)})" for path, names in outputs.items()
+               if os.path.lexists(Path(workdir, path))]
+    if present:
+        print(f"code: left out {', '.join(present)}", file=sys.stderr, flush=True)
 
 
 def _pack(client: Client, workdir: str, entries: list[codepack.Entry]) -> codepack.Archive:
