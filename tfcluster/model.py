@@ -121,6 +121,9 @@ class TaskExit:
     final_checkpoint: str = ""  # with exit code 0: the newest committed checkpoint in its dir (relative name)
     cpu_seconds: float = 0.0    # what the attempt's process tree used, as its agent measured it
     peak_rss_bytes: int = 0
+    # It never started, and no restart would change that (its program or a dir it needs is out of its user's
+    # reach): the job fails at once rather than spending its restarts on it.
+    permanent: bool = False
 
     @classmethod
     def of_returncode(cls, returncode: int, log_tail: tuple[str, ...] = ()) -> TaskExit:

@@ -107,7 +107,7 @@ def task_report_to_proto(r: TaskReport) -> pb.TaskReport:
     if r.exit is not None:
         e = r.exit
         msg.message, msg.busy_port, msg.final_checkpoint = e.message, e.busy_port, e.final_checkpoint
-        msg.cpu_seconds, msg.peak_rss_bytes = e.cpu_seconds, e.peak_rss_bytes
+        msg.cpu_seconds, msg.peak_rss_bytes, msg.permanent = e.cpu_seconds, e.peak_rss_bytes, e.permanent
         msg.log_tail.extend(e.log_tail)
         if e.exit_code is not None:
             msg.exit_code = e.exit_code
@@ -127,7 +127,7 @@ def task_report_from_proto(msg: pb.TaskReport) -> TaskReport:
                         log_tail=tuple(line[:MAX_TEXT] for line in msg.log_tail[-MAX_LOG_TAIL_LINES:]),
                         busy_port=msg.busy_port, final_checkpoint=_text(msg.final_checkpoint, "task.final_checkpoint"),
                         cpu_seconds=_seconds(msg.cpu_seconds),
-                        peak_rss_bytes=msg.peak_rss_bytes)
+                        peak_rss_bytes=msg.peak_rss_bytes, permanent=msg.permanent and phase == Phase.FAILED_TO_START)
     return TaskReport(_attempt(msg, "task"), phase, pid=msg.pid, listening=msg.listening, exit=exit)
 
 

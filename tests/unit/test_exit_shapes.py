@@ -39,6 +39,7 @@ def test_the_agent_adds_the_final_checkpoint_to_a_successful_exit_only(tmp_path)
     TaskExit(signal=9, message="the task's supervisor process died; the task was killed"),
     TaskExit(message="port 20001 is already in use on this node", busy_port=20001),
     TaskExit(exit_code=0, final_checkpoint="ckpt-7"),
+    TaskExit(message="cannot start command 'python3': not found on the task's PATH (/usr/bin)", permanent=True),
 ])
 def test_a_report_goes_over_the_wire_and_back_unchanged(exit):
     report = TaskReport(Attempt("job-1", "worker", 1, 2), Phase.EXITED if exit.exit_code is not None or exit.signal

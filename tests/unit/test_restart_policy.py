@@ -19,26 +19,26 @@ PS = ("parameter_server",)
 PARTIAL = "during a restart of ps and chief in place"
 FINAL = "final evaluation"
 WATCHDOG = "watchdog"
-EXITS = ("exit 1", "permanent", "exit 42", "port taken", "node lost", "budget spent")
+EXITS = ("exit 1", "permanent", "exit 42", "port taken", "node lost", "budget spent", "cannot start")
 
 # One row per strategy x failing role x job phase; one column per kind of exit (EXITS). A cell reads
 # "scope charge delay": delay "wait" is restart.backoff_seconds, "now" none; "fail", "given up" and "nothing"
 # restart nothing and charge nothing. "-": cannot happen (a task being stopped for a restart in place ends
 # STOPPED, not FAILED; the watchdog has no exit code). "budget spent" is exit 1 with the budget (the
-# evaluator's own, for the evaluator) spent.
-GROUP = ("group budget wait", "fail", "group preemption now", "group nothing now", "group budget wait", "fail")
+# evaluator's own, for the evaluator) spent. "cannot start": a start no restart would mend (TaskExit.permanent).
+GROUP = ("group budget wait", "fail", "group preemption now", "group nothing now", "group budget wait", "fail", "fail")
 EVALUATOR = ("evaluator evaluator-budget wait", "evaluator evaluator-budget wait", "evaluator evaluator-budget now",
-             "anew evaluator-budget now", "anew evaluator-budget wait", "given up")
-NOTHING = ("nothing",) * 6
-HUNG = ("group budget wait", "-", "-", "-", "-", "fail")
+             "anew evaluator-budget now", "anew evaluator-budget wait", "given up", "given up")
+NOTHING = ("nothing",) * 7
+HUNG = ("group budget wait", "-", "-", "-", "-", "fail", "-")
 PS_AND_CHIEF = ("ps+chief budget wait", "fail", "ps+chief preemption now", "group nothing now", "group budget wait",
-                "fail")
+                "fail", "fail")
 WORKER_ALONE = ("worker:1 budget wait", "fail", "worker:1 preemption now", "group nothing now", "group budget wait",
-                "fail")
-LOST_ONLY = ("-", "-", "-", "-", "group nothing wait", "-")
+                "fail", "fail")
+LOST_ONLY = ("-", "-", "-", "-", "group nothing wait", "-", "-")
 
 TABLE = [
-    # strategies            role         phase      exit 1 | permanent | 42 | port taken | node lost | budget spent
+    # strategies            role         phase      exit 1 | permanent | 42 | port taken | node lost | budget spent | cannot start
     (ONE_TASK + MWMS,       "chief",     JobState.STARTING,  GROUP),
     (ONE_TASK + MWMS,       "chief",     JobState.RUNNING,   GROUP),
     (ONE_TASK + MWMS,       "worker",    JobState.STARTING,  GROUP),
@@ -108,7 +108,8 @@ def failure_of(job: Job, role: str, exit: str) -> tuple[Failure, str]:
         job.restarts = job.evaluator_restarts = MAX_RESTARTS
     how = {"exit 1": {"exit_code": 1}, "budget spent": {"exit_code": 1}, "permanent": {"exit_code": PERMANENT},
            "exit 42": {"exit_code": 42}, "port taken": {"message": "port 20001 in use", "busy_port": 20001},
-           "node lost": {"message": "node n1 lost"}}[exit]
+           "node lost": {"message": "node n1 lost"},
+           "cannot start": {"message": "cannot enter the workdir /w", "permanent": True}}[exit]
     if role == WATCHDOG:
         how = {"message": "hung: no task wrote output"}
     return Failure(key, "n1", TaskExit(**how), 0.0, lost=exit == "node lost"), task_type

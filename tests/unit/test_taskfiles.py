@@ -150,3 +150,12 @@ def test_a_memory_limit_and_an_attempts_usage_read_back_as_written_and_default_t
     (tmp_path / layout.USAGE_FILE).write_text('{"cpu_seconds": "a lot"}')
     with pytest.raises(TaskFileError, match="usage.json: field 'cpu_seconds'"):
         UsageFile.read(tmp_path)
+
+
+def test_a_start_no_restart_would_mend_reads_back_as_such(tmp_path):
+    status = ShimStatus(Phase.FAILED_TO_START, 3, 10, finished=100.5,
+                        exit=TaskExit(message="cannot enter the workdir /x", permanent=True))
+    status.write(tmp_path)
+    assert ShimStatus.read(tmp_path) == status
+    (tmp_path / layout.STATUS_FILE).write_text(json.dumps(STATUS_0_3["never_ran"]))
+    assert not ShimStatus.read(tmp_path).exit.permanent, "a file of an earlier release says nothing of it: retried"

@@ -216,7 +216,7 @@ class TaskLaunch(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., task_type: _Optional[str] = ..., task_index: _Optional[int] = ..., attempt: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., workdir: _Optional[str] = ..., port: _Optional[int] = ..., stop_grace_seconds: _Optional[float] = ..., report_listening: _Optional[bool] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., owner: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., code_sha256: _Optional[str] = ..., code_sources: _Optional[_Iterable[str]] = ..., environment: _Optional[_Union[EnvironmentSpec, _Mapping]] = ...) -> None: ...
 
 class TaskReport(_message.Message):
-    __slots__ = ("job_id", "task_type", "task_index", "attempt", "phase", "pid", "exit_code", "signal", "message", "log_tail", "log_path", "busy_port", "final_checkpoint", "listening", "cpu_seconds", "peak_rss_bytes")
+    __slots__ = ("job_id", "task_type", "task_index", "attempt", "phase", "pid", "exit_code", "signal", "message", "log_tail", "log_path", "busy_port", "final_checkpoint", "listening", "cpu_seconds", "peak_rss_bytes", "permanent")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     TASK_TYPE_FIELD_NUMBER: _ClassVar[int]
     TASK_INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -233,6 +233,7 @@ class TaskReport(_message.Message):
     LISTENING_FIELD_NUMBER: _ClassVar[int]
     CPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
     PEAK_RSS_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PERMANENT_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     task_type: str
     task_index: int
@@ -249,7 +250,8 @@ class TaskReport(_message.Message):
     listening: bool
     cpu_seconds: float
     peak_rss_bytes: int
-    def __init__(self, job_id: _Optional[str] = ..., task_type: _Optional[str] = ..., task_index: _Optional[int] = ..., attempt: _Optional[int] = ..., phase: _Optional[_Union[TaskPhase, str]] = ..., pid: _Optional[int] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., message: _Optional[str] = ..., log_tail: _Optional[_Iterable[str]] = ..., log_path: _Optional[str] = ..., busy_port: _Optional[int] = ..., final_checkpoint: _Optional[str] = ..., listening: _Optional[bool] = ..., cpu_seconds: _Optional[float] = ..., peak_rss_bytes: _Optional[int] = ...) -> None: ...
+    permanent: bool
+    def __init__(self, job_id: _Optional[str] = ..., task_type: _Optional[str] = ..., task_index: _Optional[int] = ..., attempt: _Optional[int] = ..., phase: _Optional[_Union[TaskPhase, str]] = ..., pid: _Optional[int] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., message: _Optional[str] = ..., log_tail: _Optional[_Iterable[str]] = ..., log_path: _Optional[str] = ..., busy_port: _Optional[int] = ..., final_checkpoint: _Optional[str] = ..., listening: _Optional[bool] = ..., cpu_seconds: _Optional[float] = ..., peak_rss_bytes: _Optional[int] = ..., permanent: _Optional[bool] = ...) -> None: ...
 
 class Evaluation(_message.Message):
     __slots__ = ("job_id", "task_type", "task_index", "attempt", "checkpoint", "step", "metrics", "time")

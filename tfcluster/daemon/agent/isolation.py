@@ -17,6 +17,9 @@ import contextlib
 import ctypes
 import errno
 import os
+import stat
+
+from tfcluster import reach
 
 PR_SET_NO_NEW_PRIVS = 38
 CLONE_NEWNS = 0x00020000
@@ -95,23 +98,92 @@ def starting_as(uid: int | None, gid: int | None, groups: list[int] | None = Non
         os.setgroups(before)
 
 
-def check_workdir(workdir: str) -> None:
-    """Raises OSError (with the workdir's name) when the task user cannot enter it (see acting_as)."""
+class StartRefused(Exception):
+    """The task cannot start, and no restart would change that (a dir it needs is out of its user's reach): the
+    message names the path, the directory that stops the user and what to do."""
+
+
+# The exec's own answers that a restart cannot change: the program is missing, out of reach or not a program.
+PERMANENT_EXEC_ERRORS = (errno.ENOENT, errno.EACCES, errno.ENOEXEC, errno.ENOTDIR, errno.ELOOP, errno.EPERM)
+
+
+def task_user(uid: int | None) -> str:
+    """How messages name the task's user: by uid, the one name it has on every node."""
+    return f"this job's user (uid {os.geteuid() if uid is None else uid})"
+
+
+def blocked_message(blocked: str, who: str) -> str:
+    return (f"{who} cannot pass through {reach.describe(blocked)}: let other users through it "
+            f"(chmod o+x {blocked}), or put what the task needs where every user can reach it")
+
+
+def check_workdir(workdir: str, who: str) -> None:
+    """Raises StartRefused when the task user cannot enter the workdir (see acting_as)."""
     if not workdir:
         return
+    blocked = reach.first_blocked(workdir)
+    if blocked:
+        raise StartRefused(f"cannot enter the workdir {workdir}: {blocked_message(blocked, who)}")
     if not os.path.isdir(workdir):
-        raise FileNotFoundError(errno.ENOENT, "No such directory", workdir)
+        raise StartRefused(f"the workdir {workdir} is not a directory on this node")
     if not os.access(workdir, os.X_OK, effective_ids=True):
-        raise PermissionError(errno.EACCES, "Permission denied (for the task's user)", workdir)
+        raise StartRefused(f"cannot enter the workdir {workdir}: {who} may not (mode "
+                           f"{stat.S_IMODE(os.stat(workdir).st_mode):04o})")
 
 
-def make_task_dirs(paths: list[str]) -> list[str]:
-    """Makes the dirs the spec names (see acting_as); returns why each that could not be made failed, for the
-    task's log: the task may still make it, or fail on it with its own message."""
-    problems = []
+def make_task_dirs(paths: list[str], who: str) -> None:
+    """Makes the dirs the spec names, as the task user (see acting_as); raises StartRefused for the first one the
+    task user cannot make or write: the job would only fail later, deep in TensorFlow, and on every restart."""
+    advice = ("tasks run under per-job UIDs: use a dir that uid can write, or run tasks as their owners "
+              "(--task-user owner)")
     for path in paths:
+        blocked = reach.first_blocked(path)
+        if blocked:
+            raise StartRefused(f"{path}: {blocked_message(blocked, who)}")
         try:
             os.makedirs(path, exist_ok=True)
         except OSError as e:
-            problems.append(f"cannot create {path}: {e.strerror or e}")
-    return problems
+            raise StartRefused(f"{path}: cannot be created by {who} ({e.strerror or e}); {advice}") from None
+        if not os.access(path, os.W_OK | os.X_OK, effective_ids=True):
+            raise StartRefused(f"{path}: not writable by {who}; {advice}")
+
+
+def explain_exec_failure(program: str, search_path: str, cwd: str, who: str) -> str:
+    """Why the exec of `program` failed for the task user, as a person can act on it ("" when nothing more than
+    the kernel's own answer can be said). Run as the task user (see acting_as): what root alone could see of
+    the paths a job names is none of the job's business."""
+    if "/" in program:
+        candidates = [program if os.path.isabs(program) else os.path.join(cwd or "/", program)]
+    else:
+        candidates = [os.path.join(d or cwd or ".", program) for d in search_path.split(os.pathsep)]
+    blocked = []
+    for candidate in candidates:
+        stop = reach.first_blocked(candidate)
+        if stop:
+            blocked.append(stop)
+        elif os.path.exists(candidate):
+            return _explain_program(candidate, who)
+    if blocked:
+        where = "" if "/" in program else f"on the task's PATH ({search_path}): "
+        return f"{where}{blocked_message(blocked[0], who)}"
+    return f"not found on the task's PATH ({search_path})" if "/" not in program else ""
+
+
+def _explain_program(path: str, who: str) -> str:
+    """The program is there: not executable by the user, or a script whose #! interpreter is out of reach."""
+    if not os.access(path, os.X_OK, effective_ids=True):
+        return f"{path} is not executable by {who}"
+    try:
+        with open(path, "rb") as f:
+            first = f.readline(256)
+    except OSError:
+        return ""
+    if not first.startswith(b"#!") or not first[2:].split():
+        return ""
+    interpreter = os.fsdecode(first[2:].split()[0])
+    stop = reach.first_blocked(interpreter)
+    if stop:
+        return f"its #! interpreter {interpreter}: {blocked_message(stop, who)}"
+    if not os.path.exists(interpreter):
+        return f"its #! interpreter {interpreter} does not exist on this node"
+    return ""

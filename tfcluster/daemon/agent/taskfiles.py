@@ -233,6 +233,8 @@ class ShimStatus(_TaskFile):
                 doc["exit_code"] = e.exit_code
             if e.signal is not None:
                 doc["signal"] = e.signal
+            if e.permanent:
+                doc["permanent"] = True
         return doc
 
     @classmethod
@@ -246,7 +248,8 @@ class ShimStatus(_TaskFile):
             exit = TaskExit(exit_code=f.get("exit_code", int, None), signal=f.get("signal", int, None),
                             message=f.get("message", str, ""), log_tail=f.strings("log_tail", ()),
                             cpu_seconds=float(f.get("cpu_seconds", (int, float), 0.0)),
-                            peak_rss_bytes=f.get("peak_rss_bytes", int, 0))
+                            peak_rss_bytes=f.get("peak_rss_bytes", int, 0),
+                            permanent=f.get("permanent", bool, False))
         return cls(phase, attempt=f.get("attempt", int, 0), shim_pid=f.get("shim_pid", int, 0),
                    shim_started=f.get("shim_started", int, 0), pid=f.get("pid", int, 0), pgid=f.get("pgid", int, 0),
                    started=float(f.get("started", (int, float), 0.0)),

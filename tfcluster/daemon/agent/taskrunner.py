@@ -89,17 +89,16 @@ class Runner:
         home = self._enter_cgroup(log)
         try:
             with isolation.acting_as(uid, gid, groups):
-                isolation.check_workdir(self.launch.workdir)
-                for problem in isolation.make_task_dirs(list(self.launch.task_dirs)):
-                    log.write(f"tfcluster: {problem}\n".encode())
+                isolation.check_workdir(self.launch.workdir, isolation.task_user(uid))
+                isolation.make_task_dirs(list(self.launch.task_dirs), isolation.task_user(uid))
             with isolation.starting_as(uid, gid, groups):
                 self.child = subprocess.Popen(self.launch.command, cwd=self.launch.workdir or None,
                                               env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                               stderr=subprocess.STDOUT, start_new_session=True)
-        except (OSError, ValueError) as e:
-            message = self._start_failure(e)
-            log.write(f"tfcluster: {message}\n".encode())
-            self.status(Phase.FAILED_TO_START, finished=time.time(), exit=TaskExit(message=message))
+        except (OSError, ValueError, isolation.StartRefused) as e:
+            exit = self._start_failure(e, env)
+            log.write(f"tfcluster: {exit.message}\n".encode())
+            self.status(Phase.FAILED_TO_START, finished=time.time(), exit=exit)
             print(json.dumps({"phase": Phase.FAILED_TO_START}), flush=True)
             return 0
         finally:
@@ -171,14 +170,24 @@ class Runner:
                     env["TMPDIR"] = "/tmp"
         return env
 
-    def _start_failure(self, error: Exception) -> str:
+    def _start_failure(self, error: Exception, env: dict[str, str]) -> TaskExit:
+        """Why the task did not start, and whether a restart could change that (permanent: it cannot)."""
+        if isinstance(error, isolation.StartRefused):
+            return TaskExit(message=str(error), permanent=True)
         if isinstance(error, ValueError):
-            return f"cannot start the command: {error}"
-        what = "working directory" if error.filename == self.launch.workdir else "command"
-        message = f"cannot start {what} {error.filename or self.launch.command[0]!r}: {error.strerror or error}"
+            return TaskExit(message=f"cannot start the command: {error}", permanent=True)
+        program = self.launch.command[0]
+        message = f"cannot start command {error.filename or program!r}: {error.strerror or error}"
+        permanent = error.errno in isolation.PERMANENT_EXEC_ERRORS
+        if permanent:
+            uid, gid, groups = self.launch.uid, self.launch.gid, list(self.launch.groups)
+            with isolation.acting_as(uid, gid, groups):
+                why = isolation.explain_exec_failure(program, env.get("PATH", os.defpath), self.launch.workdir,
+                                                     isolation.task_user(uid))
+            message += f"; {why}" if why else ""
         if self.private_tmp and str(error.filename or "").startswith("/tmp/"):
             message += " (this job's /tmp is its own: keep programs and data outside /tmp)"
-        return message
+        return TaskExit(message=message, permanent=permanent)
 
     def _follow(self, log: OutputWriter, watch: TreeWatch) -> tuple[int, Usage]:
         """Copies the task's output until it exits, measures what it used, kills whatever it left in its group
