@@ -103,7 +103,12 @@ class Supervisor:
             shim = self.starter.start(record, order)
         except Exception as e:  # whatever it is, the coordinator hears of it: a task never stays launching
             known = isinstance(e, (StartError, OSError, CodeError, EnvironmentProblem))
-            message = str(e) if known else f"{type(e).__name__}: {e}"
+            if known:
+                message = str(e)
+            else:  # a fault of the agent's, not of the job: the user learns where to look, the operator gets the trace
+                log.exception("%s: preparing the task failed", record.name, extra=fields(record.attempt))
+                message = (f"the agent could not prepare the task: an internal error ({type(e).__name__}); the "
+                           f"agent's log on this node has its traceback")
             ended = self._finish(record, Phase.FAILED_TO_START,
                                  TaskExit(message=message, busy_port=getattr(e, "busy_port", 0),
                                           log_tail=getattr(e, "log_tail", ())))
@@ -156,13 +161,19 @@ class Supervisor:
     def _collect(self, record: TaskRecord) -> None:
         """The shim is gone: read how the task ended from its status file."""
         status = _read_status(record)
+        pgid = (status.pgid if status is not None else 0) or record.pid
         if status is not None and status.ended:
             ended = self._finish(record, status.phase, exit_of(status, record.checkpoint_dir))
+        elif not pgid:
+            # The shim ended before it started the task: a stop that came first (its SIGTERM ends a shim that has
+            # not yet set its handler), or the shim's own failure, which it wrote to its log.
+            stopped = (record.dir / layout.STOP_FILE).exists()
+            why = "stopped before it started" if stopped else \
+                f"its shim ended before it started the task (see {record.dir / layout.SHIM_LOG_FILE})"
+            ended = self._finish(record, Phase.FAILED_TO_START, TaskExit(message=why))
         else:
             # The shim died without recording an exit (killed with -9): make sure the task is gone too.
-            pgid = (status.pgid if status is not None else 0) or record.pid
-            if pgid:
-                kill_group(pgid, signal.SIGKILL)
+            kill_group(pgid, signal.SIGKILL)
             died = "the task's supervisor process died; the task was killed"
             ended = self._finish(record, Phase.EXITED, TaskExit(signal=signal.SIGKILL, message=died))
         if not ended:  # ended before its shim existed (stopped, or a newer attempt came): its code goes now
@@ -229,7 +240,7 @@ class Supervisor:
             kill_group(record.pid, signal.SIGKILL)
         # Still starting (its dirs made, its code fetched, its environment built): it never runs, its thread
         # sees it ended. Once its shim exists, the shim stops it.
-        if self._finish(record, Phase.EXITED, TaskExit(signal=signal.SIGTERM, message="stopped before it started"),
+        if self._finish(record, Phase.EXITED, TaskExit(message="stopped before it started"),
                         before_shim=True):
             return
         if not _signal(record.shim_pid, signal.SIGTERM):
