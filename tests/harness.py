@@ -190,10 +190,9 @@ class LocalCluster:
         args = ["agent", "--coordinator", self.address, "--name", name, *address,
                 "--port-range", f"{first}-{last}", "--state-dir", str(state), "--gpu-inventory", str(inventory),
                 *(self.agent_trust_args() if python == PYTHON else self._token_args()), *(extra or [])]
-        # As a systemd unit's PATH would: `python3` in a job's command is the interpreter with TensorFlow.
-        path = f"{Path(PYTHON).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}"
+        # `python3` in a job's command is the agent's own virtualenv's, first on its tasks' PATH (taskstart.py).
         daemon = self.agents[name] = Daemon(name, args, self.root / f"agent-{name}.log",
-                                            host_prefix=prefix, python=python).start(env={"PATH": path})
+                                            host_prefix=prefix, python=python).start()
         if wait:
             wait_until(lambda: self.node_state(name) == "READY", 30, what=f"agent {name} to register")
         return daemon

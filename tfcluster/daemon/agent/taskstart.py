@@ -54,6 +54,20 @@ def port_in_use(port: int) -> bool:
     return False
 
 
+def with_agent_python(env: dict[str, str]) -> dict[str, str]:
+    """env with the agent's virtualenv first on PATH, when the agent runs from one, as `activate` would put it:
+    `python3` in a spec is then the Python that has tfcluster (and the `tf` extra installed beside it), not the
+    system's, which has neither. A system-wide agent changes nothing: reordering PATH there could shadow what the
+    operator put first."""
+    if sys.prefix == sys.base_prefix:
+        return env
+    bin_dir = os.path.dirname(sys.executable)
+    path = env.get("PATH") or os.defpath
+    if path.split(os.pathsep)[0] == bin_dir:
+        return env
+    return {**env, "PATH": f"{bin_dir}{os.pathsep}{path}"}
+
+
 class TaskStarter:
     def __init__(self, state_dir: Path, launch_refusal: Callable[[], str], log_limit_bytes: int,
                  task_users: TaskUsers, environments: Environments):
@@ -147,7 +161,8 @@ class TaskStarter:
         """The agent's environment, less its own settings (a join token, a token file): TFCLUSTER_* in a task's
         environment is what tfcluster sets for that task. HOME and TMPDIR are the job's own on this node (a
         spec may set others); a task run as its owner's account has that account's home, where it exists."""
-        inherited = {k: v for k, v in os.environ.items() if not k.startswith(layout.RESERVED_ENV_PREFIX)}
+        inherited = with_agent_python({k: v for k, v in os.environ.items()
+                                       if not k.startswith(layout.RESERVED_ENV_PREFIX)})
         home = user.home if user.home and os.path.isdir(user.home) else str(paths.home)
         own = {"HOME": home, "TMPDIR": str(paths.tmp)}
         if user.switches:
