@@ -1,10 +1,12 @@
 """The dashboard over plain HTTPS, without a browser: every answer carries the headers that keep a page from
-being framed, sniffed or fed inline script, and a malformed id in a URL is a short 400 or 404, never a 500."""
+being framed, sniffed or fed inline script, a malformed id in a URL is a short 400 or 404, never a 500, and a
+login link leads to the page it names on this dashboard and nowhere else."""
 
 from __future__ import annotations
 
 import ssl
 import urllib.error
+import urllib.parse
 import urllib.request
 
 import pytest
@@ -30,13 +32,13 @@ def dashboard(tmp_path_factory):
         cluster.wait_job(job_id)
         context = ssl.create_default_context(cafile=str(cluster.admin_dir / "ca.crt"))
         context.load_cert_chain(str(cluster.admin_dir / "client.crt"), str(cluster.admin_dir / "client.key"))
-        yield f"https://{http}", context, job_id
+        yield f"https://{http}", context, job_id, cluster
     finally:
         cluster.teardown()
 
 
 def fetch(dashboard, path: str, certificate: bool = True) -> tuple[int, dict, bytes]:
-    base, context, _ = dashboard
+    base, context, *_ = dashboard
     if not certificate:
         context = ssl.create_default_context(cafile=None)
         context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
@@ -91,3 +93,25 @@ def test_a_good_task_log_still_answers(dashboard):
     status, headers, _ = fetch(dashboard, f"/api/jobs/{dashboard[2]}/tasks/worker:0/log")
     assert status in (200, 503), status  # 503: the agent no longer has the ended task's log
     assert headers["X-Content-Type-Options"] == "nosniff"
+
+
+class _Stay(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args, **kwargs):
+        return None  # the redirect itself is what is asked about
+
+
+@pytest.mark.parametrize("page, lands", [
+    ("/jobs/{job}", "/jobs/{job}"), ("/jobs/{job}/tasks/worker%3A0/log", "/jobs/{job}/tasks/worker:0/log"),
+    ("/jobs/{job}/tasks/worker:0/log", "/jobs/{job}/tasks/worker:0/log"), ("/queue", "/queue"),
+    ("https://elsewhere.example/", "/"), ("//elsewhere.example/jobs/x", "/"), ("/jobs/{job}/../../etc", "/"),
+])
+def test_a_login_link_leads_to_the_page_it_names_on_this_dashboard_only(dashboard, page, lands):
+    base, context, job_id, cluster = dashboard
+    link = urllib.parse.urlsplit(cluster.cli("dashboard", check=True).stdout.strip())
+    token = urllib.parse.parse_qs(link.query)["token"][0]
+    query = urllib.parse.urlencode({"token": token, "next": page.replace("{job}", job_id)})
+    opener = urllib.request.build_opener(urllib.request.HTTPSHandler(context=context), _Stay)
+    with pytest.raises(urllib.error.HTTPError) as answer:
+        opener.open(f"{base}/login?{query}", timeout=10)
+    assert answer.value.code == 302
+    assert answer.value.headers["Location"] == lands.replace("{job}", job_id)
