@@ -46,14 +46,17 @@ def _check_tasks_can_run_python() -> None:
     package they import), as they would a system Python and a shared checkout."""
     if os.geteuid() != 0:
         return
+    from tfcluster import reach
     from tfcluster.daemon.agent.isolation import acting_as
     python, checkout = os.path.realpath(sys.executable), str(Path(__file__).resolve().parent.parent)
     with acting_as(65534, 65534):
-        closed = [path for path, mode in ((python, os.X_OK), (checkout, os.R_OK | os.X_OK))
+        closed = [(path, reach.first_blocked(path)) for path, mode in ((python, os.X_OK), (checkout, os.R_OK | os.X_OK))
                   if not os.access(path, mode, effective_ids=True)]
     if closed:
-        raise pytest.UsageError(f"tasks run as their job's own user and cannot reach {closed[0]}: a dir on its path "
-                                f"is closed to other users (`namei -m {closed[0]}`); make it traversable (chmod o+x)")
+        path, blocked = closed[0]
+        raise pytest.UsageError(f"tasks run as their job's own user and cannot reach {path}: "
+                                + (f"{reach.describe(blocked)} lets no other user through; make it traversable "
+                                   f"(chmod o+x {blocked})" if blocked else f"other users may not use it"))
 
 
 def pytest_unconfigure(config):

@@ -16,6 +16,7 @@ import logging
 import os
 import shutil
 import socket
+import stat
 import sys
 import tempfile
 import threading
@@ -25,7 +26,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.live import Live
 
-from tfcluster import pki
+from tfcluster import pki, reach
 from tfcluster.client import Client
 from tfcluster.daemon.agent.agent import Agent, AgentConfig
 from tfcluster.daemon.agent.discovery import host_info
@@ -74,6 +75,35 @@ def scratch_root(prefix: str) -> Path:
     return root
 
 
+def open_for_tasks(console: Console) -> list[tuple[str, int]]:
+    """As root, the job's tasks run under a user of their own, who must reach this Python and tfcluster: a Python
+    installed under /root (pyenv, or any root-installed one) lies behind a directory that lets no other user
+    through. Opens each such directory for traversal alone (o+x: others may pass, not list) and says so; returns
+    (dir, mode before) for close_again."""
+    if os.geteuid() != 0:
+        return []  # tasks run as this very user
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    closed = list(dict.fromkeys(reach.closed_dirs(sys.executable) + reach.closed_dirs(package)))
+    opened = []
+    for directory in closed:
+        mode = stat.S_IMODE(os.stat(directory).st_mode)
+        os.chmod(directory, mode | stat.S_IXOTH)
+        opened.append((directory, mode))
+    if opened:
+        console.print(f"The job's tasks run under a user of their own, who could not reach {sys.executable}: "
+                      f"opened {', '.join(d for d, _ in opened)} for traversal (chmod o+x: other users may pass "
+                      "through, not list) while the demo runs; put back as it was when it ends.", markup=False)
+    return opened
+
+
+def close_again(opened: list[tuple[str, int]]) -> None:
+    for directory, mode in reversed(opened):
+        try:
+            os.chmod(directory, mode)
+        except OSError:
+            pass
+
+
 def run_demo(epochs: int = 5, keep: bool = False, console: Console | None = None) -> int:
     console = console or Console()
     missing = [m for m in ("tensorflow", "tf_keras", "sklearn") if importlib.util.find_spec(m) is None]
@@ -81,6 +111,14 @@ def run_demo(epochs: int = 5, keep: bool = False, console: Console | None = None
         console.print(f"error: the demo trains a real model and needs {', '.join(missing)}: "
                       "pip install 'tfcluster[tf]'", markup=False)
         return 1
+    opened = open_for_tasks(console)
+    try:
+        return _run(epochs, keep, console)
+    finally:
+        close_again(opened)
+
+
+def _run(epochs: int, keep: bool, console: Console) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     root = scratch_root("tfcluster-demo-")
     # The job's tasks (its own user) write their checkpoints here, as into a shared scratch dir.
@@ -101,7 +139,7 @@ def run_demo(epochs: int = 5, keep: bool = False, console: Console | None = None
                 threads.append(threading.Thread(target=agents[-1].run, name=f"agent-{name}", daemon=True))
                 threads[-1].start()
             console.print(f"coordinator on {server.address} (mutual TLS, cluster CA in {root / 'ca'}); agents "
-                          "joined with a token: " + ", ".join(f"{n} ({g} GPUs)" for n, g in NODES)
+                          "joined with a token: " + ", ".join(f"{n} ({g} GPU{'s' if g != 1 else ''})" for n, g in NODES)
                           + f"; state in {root}")
             _wait_for_nodes(client, len(NODES))
             spec = parse_spec({
