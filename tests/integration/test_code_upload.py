@@ -1,5 +1,6 @@
 """A job's code goes to a real coordinator with `tfcluster start`: sent once, ignored files left out, an
-over-cap tree refused with its largest files, an upload that was cut off taken up where it stopped."""
+over-cap tree refused with its largest files, one that unpacks to more than the coordinator's cap refused
+once uploaded, an upload that was cut off taken up where it stopped."""
 
 from __future__ import annotations
 
@@ -73,6 +74,24 @@ def test_an_over_cap_tree_is_refused_with_its_largest_files(cluster, tmp_path):
     assert "code: 3.2 MB is over the coordinator's cap of 2 MiB; largest: data/big.bin 3.0 MB, " \
            "data/mid.bin 200 kB" in result.stderr
     assert archives(cluster) == before and not result.stdout.strip()
+
+
+def test_an_archive_past_the_unpacked_cap_is_refused_once_uploaded_and_the_cluster_goes_on(cluster, tmp_path):
+    spec = workdir(tmp_path / "w", {"train.py": b"print('trained')\n"}, name="sparse")
+    with open(tmp_path / "w" / "zeros.bin", "wb") as f:  # 40 MiB that take no disk and pack to a few kB
+        os.truncate(f.fileno(), 40 << 20)
+    before = archives(cluster)
+    result = cluster.cli("start", str(spec))
+    assert result.returncode == 2, result.stderr
+    assert re.search(r"code: upload failed: sha256:[0-9a-f]{12}\.\.\.: unpacks to 41\.9 MB or more \('zeros\.bin' "
+                     r"alone is 41\.9 MB\), over this coordinator's cap of 32 MiB \(--max-code-unpacked-bytes\)",
+                     result.stderr), result.stderr
+    assert archives(cluster) == before and not list((cluster.root / "coordinator" / "code").glob("*.part"))
+    assert not result.stdout.strip(), "no job was submitted"
+    (tmp_path / "w" / "zeros.bin").unlink()
+    again = cluster.cli("start", str(spec), check=True)
+    assert re.search(r"code: 2 files, .*, uploaded", again.stderr), again.stderr
+    assert cluster.job(again.stdout.strip())["state"] in ("PENDING", "RUNNING", "SUCCEEDED")
 
 
 def test_plan_sends_no_code(cluster, tmp_path):

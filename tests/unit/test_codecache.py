@@ -1,11 +1,13 @@
 """The node's code cache: one fetch per archive, modes tasks can read, an LRU cap that spares pinned entries,
-entries kept across a restart; and the per-attempt working directories over it."""
+entries kept across a restart, archives past the node's bounds refused and removed, no entry made of a fetch
+that failed in any way; and the per-attempt working directories over it."""
 
 from __future__ import annotations
 
 import hashlib
 import io
 import os
+import re
 import shutil
 import stat
 import tarfile
@@ -17,7 +19,9 @@ import pytest
 
 from tfcluster.api.v1 import types_pb2
 from tfcluster.codechunks import CodeError, read_chunks, write_chunks
+from tfcluster.daemon.agent import codecache
 from tfcluster.daemon.agent.codecache import CodeCache
+from tfcluster.daemon.agent.unpack import Bounds
 from tfcluster.daemon.agent.workspace import Workspaces
 
 
@@ -100,9 +104,61 @@ def test_a_failed_fetch_fails_every_waiter_and_the_next_launch_tries_again(tmp_p
 def test_an_archive_with_a_path_leaving_the_tree_is_refused(tmp_path, origin):
     digest, _ = make_archive(origin.directory, {"../escape": b"x"})
     cache = CodeCache(tmp_path / "cache", 1 << 30, origin)
-    with pytest.raises(CodeError, match="cannot unpack"):
+    with pytest.raises(CodeError, match=rf"^sha256:{digest[:12]}\.\.\.: a member is named '\.\./escape'"):
         cache.acquire(digest, "job", (), "p")
-    assert not (tmp_path / "escape").exists()
+    assert not (tmp_path / "escape").exists() and list((tmp_path / "cache").iterdir()) == []
+
+
+def test_archives_past_the_nodes_bounds_are_refused_and_removed_with_every_waiter_told(tmp_path, origin):
+    digest, _ = make_archive(origin.directory, {"weights.bin": bytes(5000)})
+    origin.delay = 0.2
+    cache = CodeCache(tmp_path / "cache", 1 << 30, origin, bounds=Bounds(max_bytes=4096))
+    errors = []
+
+    def launch(pin: str) -> None:
+        try:
+            cache.acquire(digest, "job", (), pin)
+        except CodeError as e:
+            errors.append(str(e))
+    threads = [threading.Thread(target=launch, args=(f"p{i}",)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(errors) == 3 and origin.fetched == [digest]
+    assert set(errors) == {f"sha256:{digest[:12]}...: unpacks to 5.0 kB or more ('weights.bin' alone is 5.0 kB), "
+                           f"over this node's cap of 4 KiB (--max-code-unpacked-bytes)"}
+    assert list((tmp_path / "cache").iterdir()) == [] and not cache.holds(digest) and cache.used_bytes() == 0
+    cache.bounds = Bounds(min_free_bytes=shutil.disk_usage(tmp_path).free + (1 << 30))
+    with pytest.raises(CodeError, match=r"unpacks to 5\.0 kB, but this node's disk has .* \(--min-free-disk\)"):
+        cache.acquire(digest, "job", (), "p")
+    assert list((tmp_path / "cache").iterdir()) == []
+    cache.bounds = Bounds()
+    assert (cache.acquire(digest, "job", (), "p") / "weights.bin").stat().st_size == 5000
+
+
+@pytest.mark.parametrize("failure", [TypeError("extractall() got an unexpected keyword argument 'filter'"),
+                                     PermissionError(13, "Permission denied"), KeyboardInterrupt()])
+def test_no_failure_of_any_kind_makes_an_entry_or_leaks_out_as_an_internal_error(tmp_path, origin, monkeypatch,
+                                                                                  failure):
+    """As on Pythons without tarfile's extraction filters, where unpacking raised TypeError and the cache then
+    failed on a size it never had (UnboundLocalError) instead of saying the archive could not be had."""
+    digest, _ = make_archive(origin.directory, {"a": b"1"})
+    cache = CodeCache(tmp_path / "cache", 1 << 30, origin)
+
+    def fail(*args, **kwargs):
+        raise failure
+    monkeypatch.setattr(codecache, "unpack", fail)
+    if isinstance(failure, Exception):
+        said = "the agent failed (its log says why)" if isinstance(failure, TypeError) else "Permission denied"
+        with pytest.raises(CodeError, match=rf"^cannot unpack sha256:{digest[:12]}\.\.\.: {re.escape(said)}$"):
+            cache.acquire(digest, "job", (), "p1")
+    else:
+        with pytest.raises(KeyboardInterrupt):
+            cache.acquire(digest, "job", (), "p1")
+    assert not cache.holds(digest) and cache.pending == {} and cache.used_bytes() == 0
+    monkeypatch.undo()
+    assert (cache.acquire(digest, "job", (), "p2") / "a").read_bytes() == b"1"
 
 
 def test_eviction_drops_the_least_recently_used_unpinned_entries_only(tmp_path, origin):

@@ -1,16 +1,30 @@
 """The coordinator's code archives: an upload is taken in order, goes on where it stopped, is kept only once
-its size and sha256 check out, and is removed once no kept job names it and its grace is over."""
+its size, sha256 and headers check out, and is removed once no kept job names it and its grace is over."""
 
 from __future__ import annotations
 
 import hashlib
+import io
 import os
+import re
+import tarfile
 
 import pytest
 
 from tfcluster.daemon.coordinator.codestore import CodeRefused, CodeStore
 
-DATA = os.urandom(3000)
+
+def archive(content: bytes, kind: bytes = tarfile.REGTYPE) -> bytes:
+    """A gzip'd tar of one member: a file is what an upload must hold (random content: as large packed)."""
+    packed = io.BytesIO()
+    with tarfile.open(fileobj=packed, mode="w:gz") as tar:
+        info = tarfile.TarInfo("train.py")
+        info.size, info.type, info.linkname = len(content), kind, "" if kind == tarfile.REGTYPE else "other.py"
+        tar.addfile(info, io.BytesIO(content))
+    return packed.getvalue()
+
+
+DATA = archive(os.urandom(2900))
 SHA = "sha256:" + hashlib.sha256(DATA).hexdigest()
 
 
@@ -59,13 +73,32 @@ def test_what_is_refused(store):
         assert not store.has(bad)
 
 
+def test_an_archive_the_nodes_would_refuse_to_unpack_is_refused_once_whole(store):
+    assert store.max_unpacked_bytes == 16 * 4096  # by default
+    refused = {"unpacks to 100 kB or more ('train.py' alone is 100 kB), over this coordinator's cap of 64 KiB "
+               "(--max-code-unpacked-bytes)": archive(bytes(100_000)),
+               "'train.py' is a hard link; an archive of code holds only files, folders and symbolic links":
+                   archive(b"", tarfile.LNKTYPE),
+               "not a gzip'd tar archive that can be read": os.urandom(1000)}
+    for reason, data in refused.items():
+        sha = "sha256:" + hashlib.sha256(data).hexdigest()
+        assert len(data) < store.max_bytes
+        store.write(sha, len(data), 0, data)
+        with pytest.raises(CodeRefused, match="^" + re.escape(f"sha256:{sha[7:19]}...: {reason}")) as refusal:
+            store.finish(sha, len(data))
+        assert refusal.value.received == 0, "sent again it would be refused again"
+        assert not store.has(sha) and store.status(sha, len(data)) == (False, 0)
+    assert list(store.directory.iterdir()) == []
+
+
 def test_uploads_past_the_whole_stores_cap_are_refused_until_archives_go(store):
     store.store_bytes = 5000
     store.write(SHA, len(DATA), 0, DATA)
     store.finish(SHA, len(DATA))
-    other = os.urandom(2500)
+    other = archive(os.urandom(2400))
     other_sha = "sha256:" + hashlib.sha256(other).hexdigest()
-    with pytest.raises(CodeRefused, match=r"holds 3000 of its 5000 bytes \(--code-store-bytes\), too few for 2500"):
+    with pytest.raises(CodeRefused, match=rf"holds {len(DATA)} of its 5000 bytes \(--code-store-bytes\), too few "
+                                          rf"for {len(other)}"):
         store.write(other_sha, len(other), 0, other[:100])
     assert store.status(other_sha, len(other)) == (False, 0), "nothing of it kept"
     os.utime(store.path(SHA), (store.now[0] - 61, store.now[0] - 61))  # its grace is over
@@ -98,7 +131,7 @@ def test_the_coordinator_sweeps_what_its_kept_jobs_no_longer_name(store, monkeyp
 
     from tfcluster.daemon.coordinator import codeservice
 
-    unused = os.urandom(100)
+    unused = archive(b"")
     unused_sha = "sha256:" + hashlib.sha256(unused).hexdigest()
     for sha, data in ((SHA, DATA), (unused_sha, unused)):
         store.write(sha, len(data), 0, data)

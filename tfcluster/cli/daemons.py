@@ -138,6 +138,11 @@ def coordinator(
     code_store_bytes: str = typer.Option("20G", metavar="SIZE",
                                          help="The most all kept code archives may take on the coordinator's "
                                               "disk together; an upload past it is refused."),
+    max_code_unpacked_bytes: Optional[str] = typer.Option(
+        None, metavar="SIZE", help="The most a code archive's files may add up to unpacked (a sparse file at its "
+                                   "full size): an upload past it, or holding anything but files, folders and "
+                                   "symbolic links inside its tree, is refused once whole, with the reason "
+                                   "[default: 16 times --max-code-bytes]."),
     advertise_address: Optional[str] = typer.Option(
         None, metavar="HOST", help="With --store etcd://...: the host name or IP address agents and clients reach "
                                    "this coordinator at when it leads (standbys name it) [default: the --listen "
@@ -167,6 +172,8 @@ def coordinator(
     _check_trust_flags(tls_dir, insecure, token)
     code_cap = parse_size(max_code_bytes, "--max-code-bytes")
     code_store_cap = parse_size(code_store_bytes, "--code-store-bytes")
+    unpacked_cap = None if max_code_unpacked_bytes is None else \
+        parse_size(max_code_unpacked_bytes, "--max-code-unpacked-bytes")  # None: the store's default
     keep_for = parse_duration(keep_finished_for, "--keep-finished-for")
     keep_usage_seconds = parse_duration(keep_usage_for, "--keep-usage-for")
     node_cert_seconds = parse_duration(node_cert_lifetime, "--node-cert-lifetime")
@@ -181,7 +188,7 @@ def coordinator(
                    keep_finished_jobs=keep_finished_jobs, keep_finished_seconds=keep_for,
                    node_cert_seconds=node_cert_seconds, http_listen=http_listen or "", task_uids=task_uids,
                    keep_usage_seconds=keep_usage_seconds, policy_path=policy,
-                   max_code_bytes=code_cap, code_store_bytes=code_store_cap)
+                   max_code_bytes=code_cap, code_store_bytes=code_store_cap, max_code_unpacked_bytes=unpacked_cap)
     if advertise_address and not (store or "").startswith("etcd://"):
         fail("--advertise-address goes with --store etcd://... (where several coordinators run)", 2)
     try:
@@ -289,6 +296,12 @@ def agent(
                                     help="The most the node keeps of jobs' code (archives and their unpacked "
                                          "trees): past it the least recently used go, never one a running task "
                                          "uses."),
+    max_code_unpacked_bytes: str = typer.Option("4G", metavar="SIZE",
+                                                help="The most one job's code archive may unpack to on this node "
+                                                     "(its files added up, a sparse file at its full size); an "
+                                                     "archive past it, or one that would leave less free disk than "
+                                                     "--min-free-disk, is refused before anything is written, and "
+                                                     "its tasks fail to start with the reason."),
     retain_for: str = RetainForOpt,
     retain_bytes: str = RetainBytesOpt,
     min_free_disk: str = MinFreeDiskOpt,
@@ -351,7 +364,8 @@ def agent(
                            retention=retention_policy(retain_for, retain_bytes, min_free_disk),
                            task_log_bytes=_task_log_bytes(max_task_log), allow_root_tasks=allow_root_tasks,
                            private_tmp=private_tmp, task_user=task_user,
-                           cache_bytes=parse_size(cache_bytes, "--cache-bytes"))
+                           cache_bytes=parse_size(cache_bytes, "--cache-bytes"),
+                           max_code_unpacked_bytes=parse_size(max_code_unpacked_bytes, "--max-code-unpacked-bytes"))
     except SettingsError as e:
         fail(str(e), 2)
     try:

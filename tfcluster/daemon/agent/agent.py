@@ -37,6 +37,8 @@ from tfcluster.daemon.agent.taskcode import TaskCode
 from tfcluster.daemon.agent.taskrecord import TaskRecord
 from tfcluster.daemon.agent.tasklog import DEFAULT_LIMIT_BYTES
 from tfcluster.daemon.agent.taskuser import PER_JOB, TaskUsers, make_state_dir
+from tfcluster.daemon.agent.unpack import DEFAULT_MAX_BYTES as DEFAULT_MAX_UNPACKED_BYTES
+from tfcluster.daemon.agent.unpack import Bounds
 from tfcluster.daemon.web import ThreadedWebListener, WebListener
 from tfcluster.layout import INCOMING_PREFIX
 from tfcluster.model import (CancelLog, ExpectFiles, FinishTraining, Gpu, Launch, NodeInfo, ReadLog, Revocations,
@@ -70,6 +72,7 @@ class AgentConfig:
     private_tmp: bool = False  # each job's tasks get a /tmp of their own (isolation.py)
     task_user: str = PER_JOB  # who tasks run as: the job's own UID, or the owner's account (taskuser.py)
     cache_bytes: int = DEFAULT_CACHE_BYTES  # the most the node keeps of jobs' code (codecache.py)
+    max_code_unpacked_bytes: int = DEFAULT_MAX_UNPACKED_BYTES  # one archive's files together, unpacked (unpack.py)
 
     def node_info(self) -> NodeInfo:
         return NodeInfo(name=self.name, address=self.address, port_range=self.port_range, gpus=self.gpus,
@@ -94,8 +97,9 @@ class Agent:
             log.info("memory limits: %s", f"kept by the kernel in task cgroups under {cgroups.delegated}"
                      if cgroups.delegated else f"kept by watching each task's processes ({cgroups.why_not})")
         fetcher = Fetcher(lambda: self.session.coordinator, lambda: self.credentials)
+        bounds = Bounds(config.max_code_unpacked_bytes, min_free_bytes=config.retention.min_free_bytes)
         self.supervisor.code = TaskCode(config.state_dir, config.cache_bytes, fetcher, self.task_users.agent_is_root,
-                                        fetcher.transfers.get)
+                                        fetcher.transfers.get, bounds)
         log.info("jobs' code: cached in %s (at most %d bytes); tasks work in %s", self.supervisor.code.cache.directory,
                  config.cache_bytes, self.supervisor.code.workspaces.how)
         self.logs = LogServer(self.supervisor, self._send_log)

@@ -4,7 +4,8 @@
 root-owned, dirs 0755 and files 0644 (0755 where the archive says executable), so that tasks of every UID read
 it and none writes it. A tree appears under its name only once whole (unpacked under another name, then
 renamed), so after a restart whatever is named <hex>/ beside its archive is an entry, and anything else left
-there is a crash's leftovers, removed.
+there is a crash's leftovers, removed. Unpacking is bounded (unpack.py): an archive past this node's bounds,
+or holding what no tree of code holds, is refused and removed, and no entry is made of it.
 
 Several launches of the same archive at once wait for one fetch. The cache holds at most `max_bytes` (the
 archives and trees together), dropping the least recently used entries first, but never one that a live task
@@ -16,8 +17,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import stat
-import tarfile
 import threading
 import time
 from collections.abc import Callable
@@ -25,11 +24,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tfcluster.codechunks import NAME_RE, CodeError
+from tfcluster.codeunpack import label
+from tfcluster.daemon.agent.unpack import DIR_MODE, FILE_MODE, Bounds, unpack
 
 log = logging.getLogger("tfcluster.agent")
 
 DEFAULT_CACHE_BYTES = 10 << 30  # `--cache-bytes 10G`
-DIR_MODE, FILE_MODE, EXEC_MODE = 0o755, 0o644, 0o755
 UNPACKING = ".unpacking"
 
 # Fetches the archive named by a hex digest, for a job, from the sources given, into a file.
@@ -51,8 +51,10 @@ class _Pending:
 
 
 class CodeCache:
-    def __init__(self, directory: Path, max_bytes: int, fetch: Fetch, clock: Callable[[], float] = time.time):
+    def __init__(self, directory: Path, max_bytes: int, fetch: Fetch, clock: Callable[[], float] = time.time,
+                 bounds: Bounds = Bounds()):
         self.directory, self.max_bytes, self.fetch, self.clock = directory, max_bytes, fetch, clock
+        self.bounds = bounds  # of one archive, unpacked
         self.lock = threading.Lock()
         self.entries: dict[str, Entry] = {}
         self.pending: dict[str, _Pending] = {}
@@ -95,17 +97,26 @@ class CodeCache:
             pending.done.wait()
             if pending.error:
                 raise CodeError(pending.error)
+        made: Entry | None = None
         try:
-            size = self._fetch_and_unpack(hex_digest, job_id, sources)
-        except (CodeError, OSError, tarfile.TarError) as e:
-            pending.error = str(e) if isinstance(e, CodeError) else f"cannot unpack sha256:{hex_digest}: {e}"
-            raise CodeError(pending.error) from None
+            made = Entry(self._fetch_and_unpack(hex_digest, job_id, sources), self.clock(), {pin})
+        except CodeError as e:
+            pending.error = str(e)
+        except OSError as e:
+            pending.error = f"cannot unpack {label(hex_digest)}: {e.strerror or e}"
+        except Exception:
+            log.exception("code cache: sha256:%s could not be made ready", hex_digest[:12])
+            pending.error = f"cannot unpack {label(hex_digest)}: the agent failed (its log says why)"
         finally:
-            with self.lock:
+            with self.lock:  # an entry only for a tree really made; anything else fails every waiter
                 del self.pending[hex_digest]
-                if not pending.error:
-                    self.entries[hex_digest] = Entry(size, self.clock(), {pin})
+                if made is not None:
+                    self.entries[hex_digest] = made
+                elif not pending.error:
+                    pending.error = f"cannot unpack {label(hex_digest)}: the agent stopped"
             pending.done.set()
+        if made is None:
+            raise CodeError(pending.error)
         self.evict()
         return self.tree(hex_digest)
 
@@ -151,7 +162,7 @@ class CodeCache:
 
     def _fetch_and_unpack(self, hex_digest: str, job_id: str, sources: tuple[str, ...]) -> int:
         archive = self.archive(hex_digest)
-        if not archive.is_file():  # (an archive whose unpacking failed, kept: it was verified)
+        if not archive.is_file():  # (one whose unpacking failed on an error of the node's, kept: it was verified)
             part = self.directory / f"{hex_digest}.part"
             self.fetch(hex_digest, job_id, sources, part)
             self.fetches += 1
@@ -159,10 +170,11 @@ class CodeCache:
             os.replace(part, archive)
         unpacking = self.directory / f"{hex_digest}{UNPACKING}"
         shutil.rmtree(unpacking, ignore_errors=True)
-        unpacking.mkdir(mode=DIR_MODE)  # there even when the tree is empty (a job whose workdir has no files)
-        with tarfile.open(archive, "r:*") as tar:
-            tar.extractall(unpacking, filter="data")  # no absolute paths, no links leaving the tree, no devices
-        size = _settle(unpacking) + archive.stat().st_size
+        try:  # an empty tree is a folder all the same (a job whose workdir has no files)
+            size = unpack(archive, unpacking, label(hex_digest), self.bounds) + archive.stat().st_size
+        except CodeError:
+            archive.unlink(missing_ok=True)  # refused, or its tree could not be written: no bytes left uncounted
+            raise
         os.replace(unpacking, self.tree(hex_digest))
         return size
 
@@ -183,24 +195,6 @@ class CodeCache:
                 shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink(missing_ok=True)
         if self.entries:
             log.info("code cache: %d archives (%d bytes) kept from before", len(self.entries), self.used_bytes())
-
-
-def _settle(root: Path) -> int:
-    """Sets an unpacked tree's owners and modes (root's; dirs 0755, files 0644 or 0755) and returns its bytes."""
-    total = 0
-    for top, dirs, files in os.walk(root):
-        os.chmod(top, DIR_MODE)
-        for name in files:
-            path = os.path.join(top, name)
-            found = os.lstat(path)
-            total += found.st_size  # (as _tree_bytes counts it after a restart)
-            if not stat.S_ISLNK(found.st_mode):
-                os.chmod(path, EXEC_MODE if found.st_mode & 0o111 else FILE_MODE)
-    if os.geteuid() == 0:
-        for top, dirs, files in os.walk(root):
-            for name in (top, *(os.path.join(top, n) for n in dirs + files)):
-                os.lchown(name, 0, 0)
-    return total
 
 
 def _tree_bytes(root: Path) -> int:

@@ -20,6 +20,7 @@ from tfcluster.daemon.agent.peers import DEFAULT_QUOTA_BYTES
 from tfcluster.daemon.agent.retention import Policy
 from tfcluster.daemon.agent.tasklog import DEFAULT_LIMIT_BYTES
 from tfcluster.daemon.agent.taskuser import OWNER, PER_JOB, TASK_USER_MODES, TaskUserError, make_state_dir
+from tfcluster.daemon.agent.unpack import DEFAULT_MAX_BYTES as DEFAULT_MAX_UNPACKED_BYTES
 from tfcluster.daemon.notify import Notifier
 from tfcluster.daemon.web import HttpError, parse_listen
 from tfcluster.model import NODE_NAME_RE
@@ -41,7 +42,8 @@ def configure(coordinator: str, name: str | None, address: str | None, port_rang
               peer_quota: int = DEFAULT_QUOTA_BYTES, http_listen: str = "", retention: Policy = Policy(),
               task_log_bytes: int = DEFAULT_LIMIT_BYTES, allow_root_tasks: bool = False,
               private_tmp: bool = False, task_user: str = PER_JOB,
-              cache_bytes: int = DEFAULT_CACHE_BYTES) -> AgentConfig:
+              cache_bytes: int = DEFAULT_CACHE_BYTES,
+              max_code_unpacked_bytes: int = DEFAULT_MAX_UNPACKED_BYTES) -> AgentConfig:
     """The agent's settings from its flags, with the node's GPUs, host and address discovered, and its
     certificate: the one it has, or one it gets by joining with a token."""
     try:
@@ -98,7 +100,7 @@ def configure(coordinator: str, name: str | None, address: str | None, port_rang
                        credentials=credentials, identity=identity, peer_quota_bytes=peer_quota,
                        http_listen=http_listen, retention=retention, task_log_bytes=task_log_bytes,
                        allow_root_tasks=allow_root_tasks, private_tmp=private_tmp, task_user=task_user,
-                       cache_bytes=cache_bytes)
+                       cache_bytes=cache_bytes, max_code_unpacked_bytes=max_code_unpacked_bytes)
 
 
 def _check_task_user(task_user: str, insecure: bool, allow_root_tasks: bool) -> None:

@@ -17,6 +17,7 @@ from tfcluster.codechunks import CodeError, hex_of
 from tfcluster.daemon.agent.codecache import CodeCache, Fetch
 from tfcluster.daemon.agent.codefetch import CodeServing
 from tfcluster.daemon.agent.coderelay import Transfer
+from tfcluster.daemon.agent.unpack import Bounds
 from tfcluster.daemon.agent.workspace import Workspaces
 from tfcluster.model import Attempt, Launch
 
@@ -25,10 +26,11 @@ log = logging.getLogger("tfcluster.agent")
 
 class TaskCode:
     def __init__(self, state_dir: Path, max_bytes: int, fetch: Fetch, agent_is_root: bool,
-                 in_flight: Callable[[str], Transfer | None] = lambda hex_digest: None):
-        """`in_flight` tells how far a fetch under way has got (the Fetcher's transfers), for peers to relay."""
+                 in_flight: Callable[[str], Transfer | None] = lambda hex_digest: None, bounds: Bounds = Bounds()):
+        """`in_flight` tells how far a fetch under way has got (the Fetcher's transfers), for peers to relay;
+        `bounds`, what one archive may unpack to here."""
         self.workspaces = Workspaces(state_dir / ".overlay-probe", agent_is_root)
-        self.cache = CodeCache(state_dir / "code", max_bytes, fetch)
+        self.cache = CodeCache(state_dir / "code", max_bytes, fetch, bounds=bounds)
         self.serving = CodeServing(self._archive, in_flight)
         self.jobs_dir = layout.jobs_dir(state_dir)
 

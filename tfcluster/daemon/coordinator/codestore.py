@@ -3,6 +3,9 @@
 An upload is written to `<hex>-<size>.part` as its chunks arrive, in order; a client that was cut off asks
 how much is held and sends the rest. The whole is fsync'd, its size and sha256 checked, and only then
 renamed to `<hex>.tar.gz`: a name that exists is a complete, verified archive, and nothing else is served.
+Verified means its headers too (tfcluster/codeunpack.py): an archive whose files add up to more than
+`--max-code-unpacked-bytes`, or that holds anything but files, folders and symbolic links inside its tree,
+is refused with the reason, so that its submitter hears of it from `tfcluster start`, not from every node.
 A job's spec names its archive (JobSpec.code_sha256); an archive is removed once no kept job names it and
 its grace after upload (or after a client last found it here) is over, so that an upload is not removed
 in the moment before the job that needs it is submitted.
@@ -17,10 +20,14 @@ import re
 import time
 from pathlib import Path
 
+from tfcluster import codeunpack
+from tfcluster.codechunks import CodeError
+
 log = logging.getLogger("tfcluster.coordinator")
 
 DEFAULT_MAX_BYTES = 256 << 20
 DEFAULT_STORE_BYTES = 20 << 30  # all archives and uploads together (`--code-store-bytes`)
+UNPACKED_PER_PACKED = 16  # `--max-code-unpacked-bytes` by default, times `--max-code-bytes`
 GRACE_SECONDS = 3600.0   # an archive no job names yet is kept this long after it was last asked about
 MAX_UPLOADS = 32         # parts of archives being uploaded at once (a stale one goes after its grace)
 SHA256_RE = re.compile(r"sha256:([0-9a-f]{64})")
@@ -37,9 +44,11 @@ class CodeRefused(Exception):
 
 class CodeStore:
     def __init__(self, directory: Path, max_bytes: int = DEFAULT_MAX_BYTES, clock=time.time,
-                 grace_seconds: float = GRACE_SECONDS, store_bytes: int = DEFAULT_STORE_BYTES):
+                 grace_seconds: float = GRACE_SECONDS, store_bytes: int = DEFAULT_STORE_BYTES,
+                 max_unpacked_bytes: int | None = None):
         self.directory, self.max_bytes, self.clock, self.grace_seconds = directory, max_bytes, clock, grace_seconds
         self.store_bytes = store_bytes  # a cap on the whole store, so that uploads cannot fill the disk
+        self.max_unpacked_bytes = max_unpacked_bytes or UNPACKED_PER_PACKED * max_bytes
         directory.mkdir(parents=True, exist_ok=True, mode=0o700)
 
     # ---- where things are --------------------------------------------------------------------------
@@ -87,8 +96,9 @@ class CodeStore:
         return held + len(data)
 
     def finish(self, sha256: str, size: int) -> None:
-        """Checks the upload is whole and is what its name says, and makes it the archive. Blocking (reads it
-        all): run it off the event loop. Raises CodeRefused (the part is removed when its content is wrong)."""
+        """Checks the upload is whole, is what its name says and holds a tree of code within the caps, and makes
+        it the archive. Blocking (reads it all): run it off the event loop. Raises CodeRefused (the part is
+        removed when its content is wrong)."""
         part = self._part(sha256, size)
         held = part.stat().st_size if part.exists() else 0
         if held != size:
@@ -102,9 +112,21 @@ class CodeStore:
             part.unlink(missing_ok=True)
             raise CodeRefused(f"the bytes received hash to sha256:{digest.hexdigest()}, not {sha256}: "
                               f"send the archive again")
+        self._check_listing(part, sha256)
         os.replace(part, self.path(sha256))
         _fsync_dir(self.directory)
         log.info("code %s stored (%d bytes)", sha256, size)
+
+    def _check_listing(self, part: Path, sha256: str) -> None:
+        """Reads the archive's headers (its data only to skip it, and no further than the caps): one past this
+        coordinator's cap, or holding what no tree of code holds, is refused here, and its part removed."""
+        limits = codeunpack.Limits(self.max_unpacked_bytes, whose="this coordinator's")
+        try:
+            codeunpack.listing(part, codeunpack.label(_hex(sha256)), limits)
+        except CodeError as e:
+            part.unlink(missing_ok=True)
+            log.warning("code %s refused: %s", sha256, e)
+            raise CodeRefused(str(e)) from None
 
     def _room_for_one_more(self, size: int) -> None:
         files = [p for p in self.directory.iterdir() if p.name.endswith((".part", ".tar.gz"))]

@@ -56,7 +56,8 @@ class CoordinatorServer:
                  keep_usage_seconds: float = accounting.DEFAULT_KEEP_USAGE_SECONDS,
                  policy_path: Path | None = None, etcd_tls: EtcdTls | None = None,
                  max_code_bytes: int = DEFAULT_MAX_CODE_BYTES, code_store_bytes: int = DEFAULT_CODE_STORE_BYTES,
-                 store: Store | None = None, max_heartbeats_per_second: float = 0.0):
+                 store: Store | None = None, max_heartbeats_per_second: float = 0.0,
+                 max_code_unpacked_bytes: int | None = None):
         if (tls_dir is None) == (not insecure):
             raise ValueError("give --tls-dir (see `tfcluster ca init`) or --insecure")
         self.listen, self.join_listen, self.token = listen, join_listen or next_port(listen), token
@@ -70,7 +71,8 @@ class CoordinatorServer:
         self.coordinator = build(state_dir, lost_after_seconds, heartbeat_interval_seconds, keep_finished_jobs,
                                  keep_finished_seconds, authority, task_uids=task_uids, store_url=store_url,
                                  etcd_tls=etcd_tls, max_code_bytes=max_code_bytes, code_store_bytes=code_store_bytes,
-                                 store=store, max_heartbeats_per_second=max_heartbeats_per_second)
+                                 store=store, max_heartbeats_per_second=max_heartbeats_per_second,
+                                 max_code_unpacked_bytes=max_code_unpacked_bytes)
         self.coordinator.cluster.usage.keep_seconds = keep_usage_seconds
         if tls_dir:  # no node may be named as the coordinator is reached
             self.coordinator.trust.reserved = frozenset(pki.server_names(pki.load_cert(tls_dir / pki.SERVER_CERT)))

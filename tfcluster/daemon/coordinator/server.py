@@ -370,16 +370,18 @@ def build(state_dir: Path, lost_after_seconds: float, heartbeat_interval_seconds
           reconnect_grace_seconds: float = RECONNECT_GRACE_SECONDS,
           task_uids: UidRange = UidRange(), store_url: str = "", etcd_tls: EtcdTls | None = None,
           max_code_bytes: int = DEFAULT_MAX_CODE_BYTES, code_store_bytes: int = DEFAULT_CODE_STORE_BYTES,
-          store: Store | None = None) -> Coordinator:
+          store: Store | None = None, max_code_unpacked_bytes: int | None = None) -> Coordinator:
     """A coordinator with its state loaded from the store given, else from the one --store names (store.py; "":
-    under the state dir), and its jobs' code archives under the state dir."""
+    under the state dir), and its jobs' code archives under the state dir (max_code_unpacked_bytes None: 16
+    times max_code_bytes)."""
     cluster = Cluster(lost_after_seconds, resend_after_seconds=max(3 * heartbeat_interval_seconds, 1.0),
                       keep_finished_jobs=keep_finished_jobs, keep_finished_seconds=keep_finished_seconds,
                       task_uids=task_uids, heartbeat_interval_seconds=heartbeat_interval_seconds,
                       max_heartbeats_per_second=max_heartbeats_per_second)
     store = store if store is not None else open_store(store_url, Path(state_dir), etcd_tls)
-    coordinator = Coordinator(store, cluster, authority=authority,
-                              code=CodeStore(Path(state_dir) / "code", max_code_bytes, store_bytes=code_store_bytes))
+    code = CodeStore(Path(state_dir) / "code", max_code_bytes, store_bytes=code_store_bytes,
+                     max_unpacked_bytes=max_code_unpacked_bytes)
+    coordinator = Coordinator(store, cluster, authority=authority, code=code)
     coordinator.load(reconnect_grace_seconds)
     return coordinator
 
