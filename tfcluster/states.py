@@ -17,14 +17,22 @@ This module imports nothing of tfcluster: the CLI, the agent and the dashboard a
 from __future__ import annotations
 
 import enum
+import sys
 from collections.abc import Mapping
+
+if sys.version_info >= (3, 11):
+    StrEnum = enum.StrEnum
+else:  # Python 3.10 (Ubuntu 22.04's): the same behaviour where it is relied on, str() and format() of the value
+    class StrEnum(str, enum.Enum):
+        def __str__(self) -> str:
+            return self.value
 
 
 class IllegalTransition(RuntimeError):
     """A state change the tables below do not allow: a bug in the coordinator, never a user's error."""
 
 
-class JobState(enum.StrEnum):
+class JobState(StrEnum):
     PENDING = "PENDING"      # waiting to be placed (first, or again after a whole-group restart)
     STARTING = "STARTING"    # placed; its tasks are launched wave by wave
     RUNNING = "RUNNING"      # every task is up
@@ -60,7 +68,7 @@ JOB_TRANSITIONS: Mapping[JobState, frozenset[JobState]] = {
 ENDED_JOB_STATES = frozenset(s.value for s in _JOB_ENDED)
 
 
-class TaskState(enum.StrEnum):
+class TaskState(StrEnum):
     """A task as the coordinator keeps it (one task, through all its attempts)."""
     PENDING = "PENDING"      # not launched: waiting for its wave, its placement or a restart's backoff
     LAUNCHING = "LAUNCHING"  # its launch is sent; its agent has not reported it running yet
@@ -93,12 +101,12 @@ TASK_TRANSITIONS: Mapping[TaskState, frozenset[TaskState]] = {
 }
 
 
-class NodeState(enum.StrEnum):
+class NodeState(StrEnum):
     READY = "READY"  # its agent is connected and heard from
     LOST = "LOST"    # not heard from for too long: its tasks count as lost
 
 
-class Phase(enum.StrEnum):
+class Phase(StrEnum):
     """A task attempt as its agent sees it (what agents report, and what a task's status file says)."""
     STARTING = "STARTING"                # launched, its process not started yet (agent-side only)
     RUNNING = "RUNNING"

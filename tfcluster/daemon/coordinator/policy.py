@@ -9,9 +9,14 @@ class and no quota: every job is alike and the queue is first come, first placed
 from __future__ import annotations
 
 import re
-import tomllib
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
 
 DEFAULT_HALF_LIFE_SECONDS = 7 * 86400.0
 DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
