@@ -89,7 +89,7 @@ class Coordinators:
         root.mkdir()
         self.daemons = [Daemon(f"coordinator{i}", [
             "coordinator", "--listen", address, "--join-listen", f"127.0.0.1:{free_port()}",
-            "--state-dir", str(root / f"c{i}"), "--tls-dir", str(ca_dir), "--store", store_url,
+            "--state-dir", str(root / f"c{i}"), "--tls-dir", str(ca_dir), "--store", store_url, "--etcd-insecure",
             "--log-level", "warning"], root / f"coordinator{i}.log").start()
             for i, address in enumerate(self.addresses)]
         credentials = Credentials.from_dir(ca_dir / "admin")

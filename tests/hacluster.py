@@ -21,8 +21,9 @@ class HaCluster(LocalCluster):
 
     def start_coordinators(self, store_url: str | list[str], count: int, *extra: str,
                            first_leads: bool = False) -> list[Daemon]:
-        """count coordinators on store_url (or on one URL each, as a list); extra: flags every one is given.
-        first_leads: the others start once the first leads."""
+        """count coordinators on store_url (or on one URL each, as a list), reaching etcd over plain HTTP (the
+        tests' etcd serves loopback alone); extra: flags every one is given. first_leads: the others start once
+        the first leads."""
         from tfcluster import pki
         pki.init_ca(self.ca_dir, ["127.0.0.1"])
         stores = store_url if isinstance(store_url, list) else [store_url] * count
@@ -33,7 +34,8 @@ class HaCluster(LocalCluster):
         for i, (listen, join, store) in enumerate(zip(listens, joins, stores)):
             self.coordinators.append(Daemon(f"coordinator{i}", [
                 "coordinator", "--listen", listen, "--join-listen", join, "--state-dir", str(self.root / f"c{i}"),
-                "--lost-after", str(self.lost_after), "--tls-dir", str(self.ca_dir), "--store", store, *extra],
+                "--lost-after", str(self.lost_after), "--tls-dir", str(self.ca_dir), "--store", store,
+                "--etcd-insecure", *extra],
                 self.root / f"coordinator{i}.log").start())
             if first_leads and i == 0:
                 wait_until(lambda: self.leader() == listens[0], 30, what="the first coordinator to lead")

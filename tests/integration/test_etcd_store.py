@@ -27,7 +27,7 @@ def job_states(cluster) -> dict[str, str]:
 
 def test_a_coordinator_on_etcd_keeps_every_job_token_and_removal(make_cluster, etcd_cluster, etcd_prefix):
     url = etcd_cluster.url(etcd_prefix)
-    cluster = make_cluster(3.0, "--store", url)
+    cluster = make_cluster(3.0, "--store", url, "--etcd-insecure")
     cluster.start_agent("a")
     cluster.start_agent("b")
     done = cluster.cli("start", "--name", "short", "--strategy", "mirrored", "--wait", "--", "true",
@@ -39,7 +39,7 @@ def test_a_coordinator_on_etcd_keeps_every_job_token_and_removal(make_cluster, e
     before = job_states(cluster)
     cluster.coordinator.kill()
     shutil.rmtree(cluster.root / "coordinator", ignore_errors=True)  # the state is etcd's alone
-    cluster.start_coordinator("--store", url)
+    cluster.start_coordinator("--store", url, "--etcd-insecure")
     assert job_states(cluster) == before == {done: "SUCCEEDED", running: "RUNNING"}
     cluster.start_agent("c")  # joins with the reusable token made before the restart: etcd kept it
     cluster.agents["b"].kill()
@@ -51,7 +51,7 @@ def test_a_coordinator_on_etcd_keeps_every_job_token_and_removal(make_cluster, e
 def test_without_quorum_changes_are_refused_saying_so_and_running_tasks_keep_running(make_cluster, tmp_path):
     etcd = EtcdCluster(tmp_path / "etcd").start_all()
     try:
-        cluster = make_cluster(3.0, "--store", etcd.url())
+        cluster = make_cluster(3.0, "--store", etcd.url(), "--etcd-insecure")
         cluster.start_agents({"a": {}, "b": {}})
         job = cluster.cli("start", "--name", "long", "--strategy", "mirrored", "--", "sleep", "600",
                           check=True).stdout.strip()
@@ -94,15 +94,18 @@ def test_migrate_store_moves_a_sqlite_cluster_to_etcd(make_cluster, etcd_cluster
     cluster.agents["a"].kill()
     source = f"sqlite://{cluster.root}/coordinator/coordinator.sqlite3"
     url = etcd_cluster.url(etcd_prefix)
-    moved = cluster.cli("coordinator", "migrate-store", "--from", source, "--to", url)
+    refused = cluster.cli("coordinator", "migrate-store", "--from", source, "--to", url)
+    assert refused.returncode == 2 and "give --etcd-ca" in refused.stderr, refused.stderr
+    moved = cluster.cli("coordinator", "migrate-store", "--from", source, "--to", url, "--etcd-insecure")
     assert moved.returncode == 0, moved.stderr
+    assert "WITHOUT TLS (--etcd-insecure)" in moved.stderr, moved.stderr
     assert moved.stdout.startswith("copied ") and "1 job" in moved.stdout and f"to {url}" in moved.stdout
-    again = cluster.cli("coordinator", "migrate-store", "--from", source, "--to", url)
+    again = cluster.cli("coordinator", "migrate-store", "--from", source, "--to", url, "--etcd-insecure")
     assert again.returncode == 1 and "holds" in again.stderr and "give --force" in again.stderr
-    forced = cluster.cli("coordinator", "migrate-store", "--from", source, "--to", url, "--force")
+    forced = cluster.cli("coordinator", "migrate-store", "--from", source, "--to", url, "--force", "--etcd-insecure")
     assert forced.returncode == 0, forced.stderr
     (cluster.root / "coordinator" / "coordinator.sqlite3").unlink()  # from now on, etcd alone holds the cluster
-    cluster.start_coordinator("--store", url)
+    cluster.start_coordinator("--store", url, "--etcd-insecure")
     assert job_states(cluster) == {job: "SUCCEEDED"}
     cluster.start_agent("a")  # its certificate's holder record and the join token came along
     second = cluster.cli("start", "--name", "after", "--strategy", "mirrored", "--wait", "--", "true",

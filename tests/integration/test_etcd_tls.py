@@ -2,7 +2,7 @@
 certificates its CA signed. A coordinator given --etcd-ca/--etcd-cert/--etcd-key serves on it and keeps a job
 across a restart; one whose client certificate another CA signed, or that has none, or that does not trust
 etcd's certificate, is refused: it exits saying that etcd refused it and why, neither hanging nor with a
-traceback."""
+traceback. One given no TLS flags does not start: plain HTTP to etcd needs --etcd-insecure."""
 
 from __future__ import annotations
 
@@ -99,7 +99,16 @@ def test_an_etcd_whose_certificate_another_ca_signed_is_not_trusted(secure_etcd,
 
 
 def test_a_coordinator_given_no_etcd_ca_is_told_etcd_may_serve_https_only(secure_etcd, tmp_path):
-    assert_refused(refused(secure_etcd, tmp_path, []), "does it serve https only (give --etcd-ca)?")
+    assert_refused(refused(secure_etcd, tmp_path, ["--etcd-insecure"]), "does it serve https only (give --etcd-ca)?")
+
+
+def test_a_coordinator_given_no_etcd_tls_flags_does_not_start_and_says_what_to_give(secure_etcd, tmp_path):
+    result = refused(secure_etcd, tmp_path, [])
+    assert result.returncode == 2 and "Traceback" not in result.stderr, (result.returncode, result.stderr)
+    [line] = result.stderr.strip().splitlines()
+    assert "etcd would be reached over plain HTTP: give --etcd-ca, --etcd-cert and --etcd-key" in line, line
+    assert "or --etcd-insecure if you accept that anyone who can reach etcd reads and changes the cluster's " \
+           "state" in line, line
 
 
 def assert_refused(result: subprocess.CompletedProcess, why: str) -> None:

@@ -1,15 +1,21 @@
-"""The leader lease against a scripted etcd: how long a renewal may wait, what a late renewal costs, and what a
-standby asks etcd while a leader holds the key. (With a real etcd: tests/integration/test_failover.py.)"""
+"""The leader lease against a scripted etcd: how long a renewal may wait, what a late renewal costs, what a
+standby asks etcd while a leader holds the key, and how the leader's watch on its key ends its term. (With a
+real etcd: tests/integration/test_failover.py, test_leader_key.py.)"""
 
 from __future__ import annotations
 
 import os
+import queue
 import signal
 import subprocess
 import threading
 import time
 
-from tfcluster.daemon.coordinator.etcdgateway import b64
+import urllib3
+
+from tfcluster.daemon.coordinator import keywatch
+from tfcluster.daemon.coordinator.etcdgateway import b64, unb64
+from tfcluster.daemon.coordinator.keywatch import Moved
 from tfcluster.daemon.coordinator.leadership import RENEW_EVERY_SECONDS, LeaderInfo, Leadership
 from tfcluster.daemon.coordinator.leasekeeper import ACK_TTLS, Renewing, parent_stopped
 
@@ -19,24 +25,32 @@ OTHER = LeaderInfo("10.0.0.2:7070", "10.0.0.2:7071")
 
 class ScriptedEtcd:
     """Answers the calls Leadership makes, as etcd would with the key free (or held by `holder`), and records them.
-    grants: what each keepalive answers (the TTL; 0: the lease is unknown), the last one repeated."""
+    grants: what each keepalive answers (the TTL; 0: the lease is unknown), the last one repeated. A watch
+    streams what a test puts in `watched` (the latest watch's queue), and ends as a quiet one does after its idle
+    seconds."""
 
     def __init__(self, holder: LeaderInfo | None = None, grants: list[int] | None = None):
         self.holder, self.grants = holder, list(grants or [2])
+        self.key_revision, self.revision = 5, 20  # the key's mod_revision; etcd's revision
         self.calls: list[tuple[str, float | None]] = []  # (path, the seconds it was given)
         self.on_keepalive = lambda: None
         self.kept_alive = threading.Event()
+        self.watches: list[int] = []  # the start_revision of each watch
+        self.streams: list[queue.Queue] = []  # what each watch streams
 
     def call(self, path: str, body: dict, within: float | None = None) -> dict:
         self.calls.append((path, within))
         if path == "/v3/kv/range":
-            return {"kvs": [self._kv()] if self.holder else []}
+            return {"kvs": [self._kv()] if self.holder else [], "header": {"revision": str(self.revision)}}
         if path == "/v3/lease/grant":
             return {"ID": "7"}
         if path == "/v3/kv/txn":
             if self.holder:
                 return {"succeeded": False, "responses": [{"response_range": {"kvs": [self._kv()]}}]}
-            return {"succeeded": True, "header": {"revision": "11"}}
+            self.revision += 1
+            self.key_revision = self.revision
+            self.holder = LeaderInfo.from_json(unb64(body["success"][0]["request_put"]["value"]))
+            return {"succeeded": True, "header": {"revision": str(self.revision)}}
         if path == "/v3/lease/keepalive":
             self.on_keepalive()
             ttl = self.grants.pop(0) if len(self.grants) > 1 else self.grants[0]
@@ -44,8 +58,22 @@ class ScriptedEtcd:
             return {"result": {"TTL": str(ttl)}}
         return {}
 
+    @property
+    def watched(self) -> queue.Queue:
+        return self.streams[-1]
+
+    def watch(self, request: dict, idle: float | None = None):
+        stream: queue.Queue = queue.Queue()
+        self.streams.append(stream)
+        self.watches.append(int(request["start_revision"]))
+        while True:
+            try:
+                yield stream.get(timeout=idle)
+            except queue.Empty:
+                raise urllib3.exceptions.ReadTimeoutError(None, "/v3/watch", "read timed out") from None
+
     def _kv(self) -> dict:
-        return {"key": b64("/t.leader"), "value": b64(self.holder.to_json()), "mod_revision": "5"}
+        return {"key": b64("/t.leader"), "value": b64(self.holder.to_json()), "mod_revision": str(self.key_revision)}
 
     def paths(self) -> list[str]:
         return [path for path, _ in self.calls]
@@ -174,3 +202,81 @@ def test_the_keeper_process_renews_only_while_the_coordinator_runs_and_says_so()
         os.kill(coordinator.pid, signal.SIGCONT)
         coordinator.kill()
         coordinator.wait()
+
+
+def key_event(kind: str, revision: int, holder: LeaderInfo | None = None, lease: int = 0) -> dict:
+    kv = {"key": b64("/t.leader"), "mod_revision": str(revision)}
+    if holder is not None:
+        kv.update(value=b64(holder.to_json()), lease=str(lease))
+    return {"events": [{"type": kind, "kv": kv}]} if kind == "DELETE" else {"events": [{"kv": kv}]}
+
+
+def test_a_leader_whose_key_a_client_deletes_steps_down_at_once():
+    etcd = ScriptedEtcd()
+    leadership = leading(etcd)
+    lost = []
+    leadership.on_lost = lost.append
+    try:
+        wait_for(lambda: etcd.watches == [leadership.revision + 1])  # from the revision after its own put
+        etcd.watched.put({"created": True})
+        etcd.watched.put(key_event("DELETE", 30))
+        wait_for(lambda: leadership.lost, seconds=1.0)
+        assert not leadership.holds()
+        assert lost == ["the key /t.leader was deleted at revision 30 while its lease held: a client of etcd "
+                        "deleted it"], lost
+    finally:
+        leadership.step_down()
+
+
+def test_a_leader_whose_key_a_client_puts_again_steps_down_at_once():
+    etcd = ScriptedEtcd()
+    leadership = leading(etcd)
+    lost = []
+    leadership.on_lost = lost.append
+    try:
+        wait_for(lambda: etcd.watches)
+        etcd.watched.put(key_event("PUT", 31, OTHER, lease=0x1f))
+        wait_for(lambda: leadership.lost, seconds=1.0)
+        assert lost == ["the key /t.leader was put again at revision 31, naming 10.0.0.2:7070 (lease 1f)"], lost
+    finally:
+        leadership.step_down()
+
+
+def test_a_quiet_watch_is_checked_by_a_read_and_a_deletion_it_missed_ends_the_term(monkeypatch):
+    monkeypatch.setattr(keywatch, "IDLE_SECONDS", 0.2)
+    etcd = ScriptedEtcd()
+    leadership = leading(etcd)
+    etcd.revision = 35  # other keys were written since the leader's put
+    lost = []
+    leadership.on_lost = lost.append
+    try:
+        # Each quiet watch is followed by a read of the key, still this term's, and a watch from after that read
+        wait_for(lambda: len(etcd.watches) >= 3)
+        assert etcd.watches[:3] == [leadership.revision + 1, 36, 36], etcd.watches
+        assert not lost and leadership.holds()
+        etcd.holder, etcd.revision = None, 40  # deleted where the watch did not see it (a member that went quiet)
+        wait_for(lambda: leadership.lost, seconds=1.0)
+        assert lost == ["the key /t.leader was deleted at revision 40 while its lease held: a client of etcd "
+                        "deleted it"], lost
+    finally:
+        leadership.step_down()
+
+
+def test_the_watch_of_an_earlier_term_does_not_end_the_next_one():
+    etcd = ScriptedEtcd()
+    leadership = leading(etcd)
+    first = leadership.revision
+    leadership.resign()
+    etcd.holder = None  # resigned: the lease revoked, the key gone
+    assert leadership.campaign(threading.Event())
+    lost = []
+    leadership.on_lost = lost.append
+    try:
+        assert leadership.revision != first
+        leadership._key_moved(Moved(first + 1, deleted=True), first)  # what the first term's watch saw last
+        assert not lost and leadership.holds() and not leadership.lost
+        wait_for(lambda: etcd.watches[-1] == leadership.revision + 1)
+        etcd.watched.put(key_event("DELETE", 50))
+        wait_for(lambda: leadership.lost, seconds=1.0)
+    finally:
+        leadership.step_down()

@@ -17,6 +17,7 @@ from typing import Callable
 
 import pytest
 
+from tfcluster.daemon.coordinator.etcdgateway import EtcdTls
 from tfcluster.daemon.coordinator.sqlitestore import LAYOUT_VERSION, SqliteStore
 from tfcluster.daemon.coordinator.store import (KINDS, Conflict, Delete, MemoryStore, Put, Store, StoreUrlError,
                                                 open_store)
@@ -46,6 +47,11 @@ def _etcd(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 STORES = [Kind("sqlite", _sqlite, True), Kind("memory", _memory, False), Kind("etcd", _etcd, True)]
 
 
+def etcd_tls(kind: Kind) -> EtcdTls | None:
+    """The tests' etcd serves loopback alone, over plain HTTP: said out loud, as a coordinator must."""
+    return EtcdTls(insecure=True) if kind.name == "etcd" else None
+
+
 @pytest.fixture(params=STORES, ids=[k.name for k in STORES])
 def kind(request) -> Kind:
     return request.param
@@ -54,7 +60,7 @@ def kind(request) -> Kind:
 @pytest.fixture
 def reopen(kind, request, tmp_path) -> Callable[[], Store]:
     url = kind.url(request, tmp_path)
-    return lambda: open_store(url, tmp_path / "unused")
+    return lambda: open_store(url, tmp_path / "unused", etcd_tls(kind))
 
 
 @pytest.fixture
@@ -154,8 +160,9 @@ def test_what_a_write_acknowledged_survives_a_kill_9(kind, request, tmp_path):
     child = f"""
 import os, signal
 from pathlib import Path
+from tfcluster.daemon.coordinator.etcdgateway import EtcdTls
 from tfcluster.daemon.coordinator.store import Put, open_store
-store = open_store({url!r}, Path({str(tmp_path)!r}))
+store = open_store({url!r}, Path({str(tmp_path)!r}), {etcd_tls(kind)!r})
 for i in range(20):
     store.write([Put("task", f"a-1-xyz1/worker:{{i}}", "{{}}")])
 print("acknowledged", flush=True)
@@ -164,7 +171,7 @@ os.kill(os.getpid(), signal.SIGKILL)
     done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=60,
                           env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert done.returncode == -9 and done.stdout == "acknowledged\n", done.stderr
-    store = open_store(url, tmp_path)
+    store = open_store(url, tmp_path, etcd_tls(kind))
     try:
         assert set(bodies(store)) == {("task", f"a-1-xyz1/worker:{i}") for i in range(20)}
     finally:
@@ -266,12 +273,31 @@ def test_an_etcd_nobody_answers_at_is_an_error_naming_its_endpoints(tmp_path):
     from tfcluster.daemon.coordinator.store import StoreUnavailable
     endpoints = f"127.0.0.1:{free_port()},127.0.0.1:{free_port()}"
     with pytest.raises(StoreUnavailable, match=f"cannot reach etcd at {endpoints}: .*connection refused"):
-        open_store(f"etcd://{endpoints}/tfcluster", tmp_path)
+        open_store(f"etcd://{endpoints}/tfcluster", tmp_path, EtcdTls(insecure=True))
 
 
 def test_etcd_tls_files_go_with_an_etcd_store_only(tmp_path):
-    from tfcluster.daemon.coordinator.etcdgateway import EtcdTls
     with pytest.raises(StoreUrlError, match="--etcd-ca/--etcd-cert/--etcd-key go with --store etcd://"):
         open_store("", tmp_path, EtcdTls(ca="/etc/etcd/ca.pem"))
+    with pytest.raises(StoreUrlError, match="--etcd-insecure goes with --store etcd://"):
+        open_store("sqlite:///tmp/x.sqlite3", tmp_path, EtcdTls(insecure=True))
     with pytest.raises(StoreUrlError, match="--etcd-cert and --etcd-key go together"):
         open_store("etcd://127.0.0.1:2379", tmp_path, EtcdTls(ca="/ca.pem", cert="/c.pem"))
+    with pytest.raises(StoreUrlError, match="--etcd-insecure and --etcd-ca contradict each other"):
+        open_store("etcd://127.0.0.1:2379", tmp_path, EtcdTls(ca="/ca.pem", insecure=True))
+
+
+def test_etcd_over_plain_http_is_refused_unless_said_out_loud(tmp_path):
+    """Whoever reaches etcd reads and changes the whole state: without TLS files or --etcd-insecure the store is
+    not opened, and nothing is sent to etcd (no member listens here)."""
+    from harness import free_port
+    from tfcluster.daemon.coordinator.store import StoreUnavailable
+    url = f"etcd://127.0.0.1:{free_port()}/tfcluster"
+    with pytest.raises(StoreUrlError) as refused:
+        open_store(url, tmp_path)
+    assert str(refused.value) == (
+        f"--store {url}: etcd would be reached over plain HTTP: give --etcd-ca, --etcd-cert and --etcd-key (etcd "
+        f"with client-certificate auth), or --etcd-insecure if you accept that anyone who can reach etcd reads and "
+        f"changes the cluster's state")
+    with pytest.raises(StoreUnavailable, match="connection refused"):  # told so: it goes on to reach etcd
+        open_store(url, tmp_path, EtcdTls(insecure=True))

@@ -1,7 +1,8 @@
 """`make demo-ha` (python -m tfcluster.demo.ha): a failover of the coordinator, on one machine.
 
 Starts a three-member etcd cluster on loopback (see etcd.py), a cluster CA made with `tfcluster ca init`,
-two coordinators on the same `--store etcd://...` (one leads, the other stands by) and two agents given both
+two coordinators on the same `--store etcd://...` (one leads, the other stands by; on loopback they reach etcd
+over plain HTTP, given --etcd-insecure, where a production cluster gives etcd TLS: docs/ha.md) and two agents given both
 coordinators' addresses, each a process of its own. It runs a small job of two workers, kills the leading
 coordinator with kill -9 while the job runs, and shows how long until the standby serves and until both agents
 have registered with it, then that the job succeeds with no restart and each task launched once. Every process it
@@ -76,6 +77,8 @@ class HaDemo:
     def start_cluster(self) -> None:
         self.etcd.start_all()
         self.console.print(f"etcd: 3 members on {self.etcd.endpoints}; state and logs in {self.root}", markup=False)
+        self.console.print("  over plain HTTP on loopback: the coordinators are given --etcd-insecure (in production "
+                           "etcd takes TLS: docs/ha.md)", markup=False)
         made = subprocess.run([sys.executable, "-m", "tfcluster.cli", "ca", "init", "--dir", str(self.root / "ca"),
                                "--san", "127.0.0.1"], capture_output=True, text=True)
         if made.returncode != 0:
@@ -85,7 +88,7 @@ class HaDemo:
             self.coordinators[listen] = self.spawn(
                 f"coordinator{i}", "coordinator", "--listen", listen, "--join-listen", join,
                 "--state-dir", str(self.root / f"coordinator{i}"), "--tls-dir", str(self.root / "ca"),
-                "--store", self.etcd.url())
+                "--store", self.etcd.url(), "--etcd-insecure")
             self.joins.append(join)
         leader = wait_for(self.leader, 30, "a coordinator to lead", self)
         self.console.print(f"coordinators on {' and '.join(self.coordinators)}, both on that store: "

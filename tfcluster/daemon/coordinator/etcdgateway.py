@@ -43,16 +43,20 @@ PROBE_SECONDS = 1.0
 
 @dataclass(frozen=True)
 class EtcdTls:
-    """etcd's own mutual TLS (--etcd-ca/--etcd-cert/--etcd-key): with a CA the endpoints are reached over HTTPS."""
+    """etcd's own mutual TLS (--etcd-ca/--etcd-cert/--etcd-key): with a CA the endpoints are reached over HTTPS.
+    insecure (--etcd-insecure): plain HTTP is accepted, which a coordinator refuses otherwise (etcdstore.py)."""
     ca: str = ""
     cert: str = ""
     key: str = ""
+    insecure: bool = False
 
     def check(self) -> None:
         if bool(self.cert) != bool(self.key):
             raise ValueError("--etcd-cert and --etcd-key go together")
         if self.cert and not self.ca:
             raise ValueError("--etcd-cert needs --etcd-ca (the CA that signed the etcd members' certificates)")
+        if self.insecure and self.ca:
+            raise ValueError("--etcd-insecure and --etcd-ca contradict each other: give one")
 
 
 def b64(data: str | bytes) -> str:
@@ -155,13 +159,14 @@ class EtcdGateway:
             return None
         return _json(response.data) if response.status == 200 else None
 
-    def watch(self, create_request: dict[str, Any]) -> Iterator[dict[str, Any]]:
-        """The watch responses of one watch, as etcd streams them, until the caller stops iterating."""
+    def watch(self, create_request: dict[str, Any], idle: float | None = None) -> Iterator[dict[str, Any]]:
+        """The watch responses of one watch, as etcd streams them, until the caller stops iterating. idle: the
+        seconds the stream may carry nothing before urllib3's ReadTimeoutError ends it (None: no bound)."""
         endpoint = self.endpoints[self.preferred]
         response = self.pool.request("POST", f"{self.scheme}://{endpoint}/v3/watch",
                                      body=json.dumps({"create_request": create_request}),
                                      headers={"Content-Type": "application/json"}, preload_content=False,
-                                     timeout=urllib3.Timeout(connect=CONNECT_SECONDS, read=None))
+                                     timeout=urllib3.Timeout(connect=CONNECT_SECONDS, read=idle))
         try:
             buffered = b""
             for chunk in response.stream(4096, decode_content=True):

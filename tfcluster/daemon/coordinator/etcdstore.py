@@ -17,6 +17,9 @@ before the next write: its documents are read, and if it was committed, it count
 
 `revision` is the etcd revision the store saw last and `watch` streams what changes after one: a process that
 keeps a copy of the state (a standby) loads once, then follows the changes.
+
+Whoever reaches etcd reads and changes all of this, join-token hashes and the leader key included: a coordinator
+opens the store over plain HTTP only when told to (--etcd-insecure), and says at start what that leaves open.
 """
 
 from __future__ import annotations
@@ -238,9 +241,22 @@ class EtcdStore:
 
 
 def open_etcd(url: str, tls: EtcdTls) -> EtcdStore:
+    """The store the URL names, over TLS unless tls.insecure accepts plain HTTP (StoreUrlError otherwise)."""
     endpoints, prefix = parse_url(url)
     try:
         tls.check()
     except ValueError as e:
         raise StoreUrlError(str(e)) from None
+    if not tls.ca and not tls.insecure:
+        raise StoreUrlError(f"--store {url}: etcd would be reached over plain HTTP: give --etcd-ca, --etcd-cert and "
+                            f"--etcd-key (etcd with client-certificate auth), or --etcd-insecure if you accept that "
+                            f"anyone who can reach etcd reads and changes the cluster's state")
     return EtcdStore(endpoints, prefix, tls)
+
+
+def insecure_warning(location: str) -> str:
+    """What a coordinator on etcd over plain HTTP leaves open, said once at its start."""
+    return (f"the store {location} is reached WITHOUT TLS (--etcd-insecure): anyone on this host or its network "
+            f"who reaches etcd reads every key, join-token hashes included, can delete the leader key to force a "
+            f"failover, and can change jobs, nodes and tokens; give --etcd-ca, --etcd-cert and --etcd-key "
+            f"(docs/ha.md)")

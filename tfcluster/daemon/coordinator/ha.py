@@ -22,7 +22,7 @@ from collections.abc import Callable
 import grpc
 
 from tfcluster.daemon.coordinator import status
-from tfcluster.daemon.coordinator.etcdstore import EtcdStore, Guard
+from tfcluster.daemon.coordinator.etcdstore import EtcdStore, Guard, insecure_warning
 from tfcluster.daemon.coordinator.leadership import Leadership, LeaderInfo, LeaderStore
 from tfcluster.daemon.coordinator.leasekeeper import LeaseKeeper
 from tfcluster.daemon.coordinator.process import keep_long_lived_objects_out_of_the_collector, raise_open_file_limit
@@ -69,6 +69,8 @@ class HighlyAvailable:
         self.listen, self.join_listen, self.credentials = listen, join_listen, credentials
         self.notifier = notifier or Notifier.from_environment()
         self.observer = open_store()  # the standby's store: its warm copy, and the leadership's connection
+        if self.observer.gateway.tls.insecure:  # once: each term opens a store of its own
+            log.warning("%s", insecure_warning(self.observer.location))
         self.keeper = _start_keeper(self.observer)
         self.leadership = Leadership(self.observer.gateway, self.observer.prefix, me, keeper=self.keeper)
         self.server: CoordinatorServer | None = None

@@ -15,6 +15,9 @@ expired lease), so no other coordinator can have held the key meanwhile, and the
 longer knows, or an etcd it cannot reach, and it steps down. A leader whose renewal merely came late, its process
 short of CPU while thousands of agents register, thus keeps the leadership instead of handing the same storm to a
 standby.
+
+The leader also watches its key (keywatch.py): when anyone deletes it or puts it again, the term ends at once,
+not at the leader's next write, which fencing would refuse.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tfcluster.daemon.coordinator.etcdgateway import NO_LEADER, NO_QUORUM, UNREACHABLE, EtcdGateway, b64, unb64
+from tfcluster.daemon.coordinator.keywatch import KeyWatch, Moved
 from tfcluster.daemon.coordinator.leasekeeper import RENEW_EVERY_SECONDS, LeaseKeeper, keep_alive
 from tfcluster.daemon.coordinator.store import Conflict, StoreUnavailable
 
@@ -74,7 +78,9 @@ class Leadership:
         self.suspended = False            # the lease ran out on this clock while etcd had no quorum
         self.on_lost: Callable[[str], None] = lambda why: None
         self._lost = threading.Event()
+        self._term_lock = threading.Lock()  # a term's end, against the start of the next one
         self._renewer: threading.Thread | None = None
+        self._key_watch: KeyWatch | None = None
 
     @property
     def lost(self) -> bool:
@@ -117,10 +123,13 @@ class Leadership:
             else:
                 self.leader = LeaderInfo("", "")
             return False
-        self.lease, self.revision = lease, int(answer["header"]["revision"])
-        self.valid_until, self.leader = sent + self.ttl, self.me
-        self.no_quorum = self.suspended = False
-        self._lost.clear()
+        with self._term_lock:
+            self.lease, self.revision = lease, int(answer["header"]["revision"])
+            self.valid_until, self.leader = sent + self.ttl, self.me
+            self.no_quorum = self.suspended = False
+            self._lost.clear()
+        term = self.revision
+        self._key_watch = KeyWatch(self.gateway, self.key, term, lambda moved: self._key_moved(moved, term)).start()
         self._renewer = threading.Thread(target=self._follow_keeper if self.keeper else self._renew,
                                          name="leader-lease", daemon=True)
         self._renewer.start()
@@ -223,19 +232,38 @@ class Leadership:
             log.warning("etcd has no quorum: this coordinator changes nothing until it has one again")
         return self.no_quorum
 
-    def _lose(self, why: str) -> None:
-        if self._lost.is_set():
-            return
-        self._lost.set()
+    def _key_moved(self, moved: Moved, term: int) -> None:
+        """The key changed after the put that began the term (keywatch.py). Whoever did it, the term is over."""
+        if not moved.deleted:
+            holder = LeaderInfo.from_json(moved.value).address or "no coordinator"
+            lease = f"lease {moved.lease:x}" if moved.lease else "no lease"
+            why = f"the key {self.key} was put again at revision {moved.revision}, naming {holder} ({lease})"
+        elif self.holds():  # this clock counts a lease out before etcd does: etcd cannot have let it go
+            why = (f"the key {self.key} was deleted at revision {moved.revision} while its lease held: a client "
+                   f"of etcd deleted it")
+        else:
+            why = (f"the key {self.key} was deleted at revision {moved.revision}, after its lease ran out on this "
+                   f"coordinator's clock")
+        self._lose(why, term)
+
+    def _lose(self, why: str, term: int = 0) -> None:
+        """Ends the term (term: the revision of the put that began it; 0: the term now)."""
+        with self._term_lock:
+            if self._lost.is_set() or (term and term != self.revision):
+                return  # over already, or a watch of an earlier term saw the next one begin
+            self._lost.set()
         log.critical("this coordinator no longer leads: %s; it writes and sends nothing more", why)
         self.on_lost(why)
 
     def step_down(self) -> None:
         """Stops renewing (the lease is given back by resign() or runs out); campaign() may be called again."""
         self._lost.set()
+        if self._key_watch is not None:
+            self._key_watch.stop()
         if self._renewer is not None and self._renewer is not threading.current_thread():
             self._renewer.join(timeout=RENEW_EVERY_SECONDS * 3)
-        self._renewer, self.lease, self.revision, self.valid_until = None, 0, 0, 0.0
+        self._renewer, self._key_watch = None, None
+        self.lease, self.revision, self.valid_until = 0, 0, 0.0
         self.leader = LeaderInfo("", "")  # who leads now is for the key to say (campaign() reads it)
 
     def resign(self) -> None:

@@ -157,13 +157,15 @@ class MemoryStore:
 def open_store(url: str, state_dir: Path, etcd_tls: EtcdTls | None = None) -> Store:
     """The store --store names: sqlite:///PATH (the default: the SQLite file under the state dir), memory://
     (its documents go when the coordinator exits), or etcd://HOST:PORT,...[/PREFIX] (etcd_tls: etcd's own
-    mutual TLS). Raises StoreUrlError naming the flag, StoreUnavailable when etcd cannot be reached."""
+    mutual TLS, or plain HTTP accepted). Raises StoreUrlError naming the flag, StoreUnavailable when etcd cannot
+    be reached."""
     from tfcluster import layout
     from tfcluster.daemon.coordinator.etcdgateway import EtcdTls
     from tfcluster.daemon.coordinator.sqlitestore import SqliteStore
     tls = etcd_tls or EtcdTls()
     if tls != EtcdTls() and not url.startswith("etcd://"):
-        raise StoreUrlError(f"--etcd-ca/--etcd-cert/--etcd-key go with --store etcd://..., not {url or 'the default'!r}")
+        flags = "--etcd-insecure goes" if tls == EtcdTls(insecure=True) else "--etcd-ca/--etcd-cert/--etcd-key go"
+        raise StoreUrlError(f"{flags} with --store etcd://..., not {url or 'the default'!r}")
     if not url:
         return SqliteStore(Path(state_dir) / layout.COORDINATOR_DB, private_dir=True)
     scheme, sep, rest = url.partition("://")
@@ -179,7 +181,10 @@ def open_store(url: str, state_dir: Path, etcd_tls: EtcdTls | None = None) -> St
                     "coordinator exits", url)
         return MemoryStore(rest)
     if scheme == "etcd":
-        from tfcluster.daemon.coordinator.etcdstore import open_etcd
-        return open_etcd(url, tls)
+        from tfcluster.daemon.coordinator.etcdstore import insecure_warning, open_etcd
+        store = open_etcd(url, tls)
+        if tls.insecure:
+            log.warning("%s", insecure_warning(store.location))
+        return store
     raise StoreUrlError(f"--store {url!r}: unknown scheme {scheme!r} (expected sqlite:///PATH, etcd://HOST:PORT,... "
                         f"or memory://)")
