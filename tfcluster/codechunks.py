@@ -84,11 +84,9 @@ def write_chunks(chunks: Iterable[types_pb2.CodeChunk], path: Path, hex_digest: 
 
 async def stream_archive(context, path_for: Callable[[], Path], offset: int, executor=None):
     """A GetCode / FetchCode answer: the archive's chunks from `offset`, read off the event loop. `path_for`
-    raises CodeError (or PermissionError) to refuse."""
+    raises CodeError to refuse (NOT_FOUND: an archive a caller may not have is answered as one not there)."""
     try:
         path = path_for()
-    except PermissionError as e:
-        await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(e))
     except CodeError as e:
         await context.abort(grpc.StatusCode.NOT_FOUND, str(e))
     loop = asyncio.get_running_loop()

@@ -310,6 +310,18 @@ class ExpectFiles:
 
 
 @dataclass(frozen=True)
+class ServeCode:
+    """`fetcher` will ask this node's peer port for the job's code (its launch names this node as a source of
+    it): serve that node's certificate the job's code."""
+    node: str
+    job_id: str
+    fetcher: str
+
+    def __str__(self) -> str:
+        return f"{self.job_id}: {self.fetcher} may fetch its code from {self.node}"
+
+
+@dataclass(frozen=True)
 class Revocations:
     """The node certificates the coordinator no longer accepts (removed or replaced nodes), as the whole list:
     (node, time) refuses that node's certificates issued before the time."""
@@ -353,5 +365,5 @@ class LogData:
     error: str = ""
 
 
-Command = (Launch | Stop | FinishTraining | ShipCheckpoints | SyncCheckpoints | ExpectFiles | Revocations | ReadLog |
-           CancelLog | SetPace)
+Command = (Launch | Stop | FinishTraining | ShipCheckpoints | SyncCheckpoints | ExpectFiles | ServeCode | Revocations |
+           ReadLog | CancelLog | SetPace)

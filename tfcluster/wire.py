@@ -17,8 +17,8 @@ from tfcluster.api.v1 import agent_pb2, control_pb2
 from tfcluster.api.v1 import types_pb2 as pb
 from tfcluster.model import (MAX_CODE_SOURCES, MAX_GPUS_PER_NODE, NODE_NAME_RE, Attempt, CancelLog, Command,
                              EnvironmentSpec, Evaluation, ExpectFiles, FinishTraining, Gpu, Launch, LogData, NodeInfo,
-                             ReadLog, Revocations, SetPace, ShipCheckpoints, Stop, SyncCheckpoints, SyncResult, TaskExit,
-                             TaskProgress, TaskReport, control_character, printable)
+                             ReadLog, Revocations, ServeCode, SetPace, ShipCheckpoints, Stop, SyncCheckpoints,
+                             SyncResult, TaskExit, TaskProgress, TaskReport, control_character, printable)
 from tfcluster.spec import JobSpec, RestartPolicy, RoleSpec, validate
 from tfcluster.states import JobState, Phase
 
@@ -242,6 +242,8 @@ def command_to_proto(c: Command) -> agent_pb2.CoordinatorMessage:
                                                 target_nodes=c.target_nodes))
     if isinstance(c, ExpectFiles):
         return M(expect_files=agent_pb2.ExpectFiles(job_id=c.job_id, sender=c.sender, uid=c.uid, gid=c.gid))
+    if isinstance(c, ServeCode):
+        return M(serve_code=agent_pb2.ServeCode(job_id=c.job_id, node=c.fetcher))
     if isinstance(c, Revocations):
         return M(revocations=agent_pb2.Revocations(nodes=[agent_pb2.RevokedNode(node=node, issued_before=before)
                                                           for node, before in c.revoked]))
@@ -273,6 +275,10 @@ def command_from_proto(msg: agent_pb2.CoordinatorMessage, node: str) -> Command 
         return SyncCheckpoints(node, m.job_id, m.sync_id, tuple(m.targets), _target_nodes(m))
     if kind == "expect_files":
         return ExpectFiles(node, m.job_id, m.sender, m.uid, m.gid)
+    if kind == "serve_code":
+        if not NODE_NAME_RE.fullmatch(m.node):
+            raise ValueError(f"serve_code.node: not a node name: {m.node[:80]!r}")
+        return ServeCode(node, _text(m.job_id, "serve_code.job_id", 256), m.node)
     if kind == "revocations":
         return Revocations(node, tuple((r.node, r.issued_before) for r in m.nodes))
     if kind == "pace":

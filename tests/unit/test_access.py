@@ -62,3 +62,22 @@ def test_the_owner_labels_the_evaluation_metric_and_adds_no_series():
     family = next(f for f in ModelCollector(Sim.current.c, lambda: 0.0).collect() if f.name == "tfcluster_evaluation")
     assert {(s.labels["owner"], s.labels["metric"], s.value) for s in family.samples} == \
         {("alice", "step", 7), ("alice", "accuracy", 0.5)}
+
+
+def test_code_is_its_uploaders_and_code_from_before_owners_is_its_jobs_owners():
+    def never_asked():
+        raise AssertionError("the jobs are asked only of an archive with no owners recorded")
+    owners = frozenset({"alice"})
+    assert access.may_use_code(ALICE, owners, never_asked)
+    assert not access.may_use_code(BOB, owners, never_asked)
+    assert access.may_use_code(Identity(ADMIN, "ops"), owners, never_asked), "an admin uses any code"
+    assert access.may_use_code(None, owners, never_asked), "--insecure: anyone may do anything"
+    for role in (VIEWER, NODE):
+        assert not access.may_use_code(Identity(role, "alice"), owners, never_asked), f"a {role} submits no job"
+    assert not access.may_use_code(ALICE, frozenset(), never_asked), "a damaged owners file: admins only"
+    assert access.may_use_code(Identity(ADMIN, "ops"), frozenset(), never_asked)
+    # Stored before owners were recorded: those whose kept jobs name it, and admins.
+    assert access.may_use_code(ALICE, None, lambda: {"alice"})
+    assert not access.may_use_code(BOB, None, lambda: {"alice"})
+    assert not access.may_use_code(BOB, None, set)
+    assert access.may_use_code(Identity(ADMIN, "ops"), None, set)

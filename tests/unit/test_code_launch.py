@@ -1,6 +1,7 @@
 """A job that brought its code: every launch names the archive and the job's environment, and the peers
 where the job's tasks already run, which hold the archive, so that a relaunch fetches it from them. A first
-launch spreads the code as a tree: two nodes fetch from the coordinator, each other node from one before it."""
+launch spreads the code as a tree: two nodes fetch from the coordinator, each other node from one before it.
+Each node named as a source is told, before the launch goes out, which node will ask it."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from dataclasses import replace
 
 from coresim import Sim, info, launches, make_spec
 
-from tfcluster.daemon.coordinator.launch import CODE_FANOUT, code_sources, launch, relay_parent
-from tfcluster.model import EnvironmentSpec
+from tfcluster.daemon.coordinator.launch import CODE_FANOUT, code_sources, launch, launch_commands, relay_parent
+from tfcluster.model import EnvironmentSpec, Launch, ServeCode
 
 CODE = "sha256:" + "c0" * 32
 
@@ -82,3 +83,37 @@ def test_the_launch_goes_over_the_wire_whole():
     assert (back.code_sha256, back.code_sources, back.environment) == \
         (CODE, (job.task("worker", 0).peer,), EnvironmentSpec("", True, "."))
     assert back == sent
+
+
+def test_each_node_named_as_a_source_is_told_first_which_node_will_ask_it():
+    sim = with_peers("n1", "n2", "n3")
+    job, actions = sim.submit(replace(make_spec(worker=3), code_sha256=CODE))
+    w0, w1, w2 = (job.task("worker", i) for i in range(3))
+    told = [a for a in actions if isinstance(a, ServeCode)]
+    assert told == [ServeCode(w0.node, job.id, w2.node)], "the first launch's tree: w2's node asks w0's"
+    assert actions.index(told[0]) < actions.index(next(a for a in launches(actions) if a.node == w2.node))
+    sim.report(job, "worker", 0, "RUNNING")
+    sim.report(job, "worker", 1, "RUNNING")
+    again = launch_commands(job, w2)  # relaunched: both nodes that run the job's tasks hold the code
+    assert again[:-1] == [ServeCode(w0.node, job.id, w2.node), ServeCode(w1.node, job.id, w2.node)]
+    assert isinstance(again[-1], Launch) and again[-1] == launch(job, w2)
+    assert [a for a in launch_commands(*_shared_job()) if isinstance(a, ServeCode)] == [], "no code, no word"
+
+
+def _shared_job():
+    sim = with_peers("n1", "n2")
+    job, actions = sim.submit(make_spec(worker=2))
+    sim.running(job, actions)
+    return job, job.task("worker", 1)
+
+
+def test_serve_code_goes_over_the_wire_and_a_bad_node_name_is_refused_by_field():
+    import pytest
+
+    from tfcluster import wire
+
+    told = ServeCode("n1", "train-4-ab12", "n3")
+    assert wire.command_from_proto(wire.command_to_proto(told), "n1") == told
+    bad = wire.command_to_proto(ServeCode("n1", "train-4-ab12", "../n3"))
+    with pytest.raises(ValueError, match=r"serve_code.node: not a node name: '../n3'"):
+        wire.command_from_proto(bad, "n1")

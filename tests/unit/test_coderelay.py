@@ -1,7 +1,8 @@
 """A node passes on a job's code while it still fetches it: a peer's stream follows the partial file chunk by
 chunk and ends with its last byte; a failed fetch ends the peers' streams too (they go to their next source);
-only a job whose launch named the archive here is served, and a peer that asks before that launch came waits
-a moment for it. A source that stalls is left for the next one."""
+only a job whose launch named the archive here is served, only to the nodes the coordinator sent here for it,
+and a peer that asks before that launch (or that word) came waits a moment for it; a node not sent here hears
+what it would of code not here. A source that stalls is left for the next one."""
 
 from __future__ import annotations
 
@@ -58,9 +59,15 @@ def fetching(tmp_path, digest: str, stop_after: int | None = None) -> tuple[Code
     return serving, threading.Thread(target=fetch)
 
 
-async def collect(serving: CodeServing, digest: str, job: str, offset: int = 0) -> list:
+async def collect(serving: CodeServing, digest: str, job: str, offset: int = 0, asker: str | None = None) -> list:
     request = agent_pb2.FetchCodeRequest(sha256=f"sha256:{digest}", job_id=job, offset=offset)
-    return [chunk async for chunk in serving.stream(Context(), request)]
+    return [chunk async for chunk in serving.stream(Context(), request, asker=asker)]
+
+
+def refusal(serving: CodeServing, digest: str, job: str, asker: str) -> tuple:
+    with pytest.raises(Aborted) as refused:
+        asyncio.run(collect(serving, digest, job, asker=asker))
+    return refused.value.code, str(refused.value)
 
 
 def slow_fetch(chunks, stop_after: int | None = None):
@@ -126,6 +133,24 @@ def test_only_a_job_whose_launch_named_the_archive_is_served_and_a_late_launch_i
     threading.Timer(0.2, serving.used_by, ("late-job", digest)).start()  # its launch comes after the ask
     chunks = asyncio.run(collect(serving, digest, "late-job"))
     assert b"".join(c.data for c in chunks) == path.read_bytes()
+
+
+def test_only_a_node_the_coordinator_sent_here_is_served_and_any_other_hears_the_code_is_not_here(tmp_path, origin):
+    digest, path = origin
+    serving = CodeServing(lambda hex_digest: path if hex_digest == digest else None, wait_seconds=0.3)
+    not_here = refusal(serving, digest, "job", "c")  # before any launch of the job came: nothing here for it
+    assert not_here[0] == grpc.StatusCode.NOT_FOUND
+    serving.used_by("job", digest)
+    assert refusal(serving, digest, "job", "c") == not_here, "a node not sent here learns nothing more"
+    serving.serve_to("other-job", "c")
+    assert refusal(serving, digest, "job", "c") == not_here, "sent here for another job's code"
+    serving.serve_to("job", "b")
+    assert refusal(serving, digest, "job", "c") == not_here, "another node was sent here, not c"
+    assert b"".join(c.data for c in asyncio.run(collect(serving, digest, "job", asker="b"))) == path.read_bytes()
+    assert asyncio.run(collect(serving, digest, "job")), "--insecure: no certificate, any caller"
+    serving.wait = 5.0
+    threading.Timer(0.2, serving.serve_to, ("job", "c")).start()  # the coordinator's word comes after the ask
+    assert b"".join(c.data for c in asyncio.run(collect(serving, digest, "job", asker="c"))) == path.read_bytes()
 
 
 class StalledCall:

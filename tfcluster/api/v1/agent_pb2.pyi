@@ -280,6 +280,14 @@ class ExpectFiles(_message.Message):
     gid: int
     def __init__(self, job_id: _Optional[str] = ..., sender: _Optional[str] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ...) -> None: ...
 
+class ServeCode(_message.Message):
+    __slots__ = ("job_id", "node")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    node: str
+    def __init__(self, job_id: _Optional[str] = ..., node: _Optional[str] = ...) -> None: ...
+
 class Revocations(_message.Message):
     __slots__ = ("nodes",)
     NODES_FIELD_NUMBER: _ClassVar[int]
@@ -295,7 +303,7 @@ class RevokedNode(_message.Message):
     def __init__(self, node: _Optional[str] = ..., issued_before: _Optional[float] = ...) -> None: ...
 
 class CoordinatorMessage(_message.Message):
-    __slots__ = ("launch", "stop", "read_log", "cancel_log", "finish_training", "ship", "sync", "expect_files", "revocations", "pace")
+    __slots__ = ("launch", "stop", "read_log", "cancel_log", "finish_training", "ship", "sync", "expect_files", "revocations", "pace", "serve_code")
     LAUNCH_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
     READ_LOG_FIELD_NUMBER: _ClassVar[int]
@@ -306,6 +314,7 @@ class CoordinatorMessage(_message.Message):
     EXPECT_FILES_FIELD_NUMBER: _ClassVar[int]
     REVOCATIONS_FIELD_NUMBER: _ClassVar[int]
     PACE_FIELD_NUMBER: _ClassVar[int]
+    SERVE_CODE_FIELD_NUMBER: _ClassVar[int]
     launch: _types_pb2.TaskLaunch
     stop: StopTask
     read_log: ReadLog
@@ -316,7 +325,8 @@ class CoordinatorMessage(_message.Message):
     expect_files: ExpectFiles
     revocations: Revocations
     pace: Pace
-    def __init__(self, launch: _Optional[_Union[_types_pb2.TaskLaunch, _Mapping]] = ..., stop: _Optional[_Union[StopTask, _Mapping]] = ..., read_log: _Optional[_Union[ReadLog, _Mapping]] = ..., cancel_log: _Optional[_Union[CancelLog, _Mapping]] = ..., finish_training: _Optional[_Union[FinishTraining, _Mapping]] = ..., ship: _Optional[_Union[ShipCheckpoints, _Mapping]] = ..., sync: _Optional[_Union[SyncCheckpoints, _Mapping]] = ..., expect_files: _Optional[_Union[ExpectFiles, _Mapping]] = ..., revocations: _Optional[_Union[Revocations, _Mapping]] = ..., pace: _Optional[_Union[Pace, _Mapping]] = ...) -> None: ...
+    serve_code: ServeCode
+    def __init__(self, launch: _Optional[_Union[_types_pb2.TaskLaunch, _Mapping]] = ..., stop: _Optional[_Union[StopTask, _Mapping]] = ..., read_log: _Optional[_Union[ReadLog, _Mapping]] = ..., cancel_log: _Optional[_Union[CancelLog, _Mapping]] = ..., finish_training: _Optional[_Union[FinishTraining, _Mapping]] = ..., ship: _Optional[_Union[ShipCheckpoints, _Mapping]] = ..., sync: _Optional[_Union[SyncCheckpoints, _Mapping]] = ..., expect_files: _Optional[_Union[ExpectFiles, _Mapping]] = ..., revocations: _Optional[_Union[Revocations, _Mapping]] = ..., pace: _Optional[_Union[Pace, _Mapping]] = ..., serve_code: _Optional[_Union[ServeCode, _Mapping]] = ...) -> None: ...
 
 class Pace(_message.Message):
     __slots__ = ("heartbeat_interval_seconds",)

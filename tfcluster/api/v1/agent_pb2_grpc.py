@@ -66,7 +66,8 @@ class AgentPeerServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetCode(self, request, context):
-        """A code archive this agent holds in its cache, for a job that has a task on the calling node.
+        """A code archive this agent holds in its cache, for a job whose launch here named it, to a node the
+        coordinator sent here for that job's code (ServeCode).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -42,7 +42,7 @@ from tfcluster.daemon.agent.unpack import Bounds
 from tfcluster.daemon.web import ThreadedWebListener, WebListener
 from tfcluster.layout import INCOMING_PREFIX
 from tfcluster.model import (CancelLog, ExpectFiles, FinishTraining, Gpu, Launch, NodeInfo, ReadLog, Revocations,
-                             SetPace, Stop, TaskProgress)
+                             ServeCode, SetPace, Stop, TaskProgress)
 from tfcluster.security import REMOVED, REPLACED, Credentials
 from tfcluster.states import Phase
 
@@ -263,6 +263,8 @@ class Agent:
                 self.supervisor.finish_training(command.attempt, command.final_checkpoint)
             elif isinstance(command, ExpectFiles):
                 self.expected[command.job_id] = Expectation(command.sender, command.uid, command.gid)
+            elif isinstance(command, ServeCode):
+                self.supervisor.code.serving.serve_to(command.job_id, command.fetcher)
             elif isinstance(command, Revocations):
                 self.revoked.update(command.revoked)
             elif isinstance(command, ReadLog):

@@ -5,8 +5,10 @@ is tried in turn, and a transfer cut off goes on from the bytes already here wit
 archive is checked against its SHA-256 before it is used, so a peer can at worst waste a try.
 
 A peer serves an archive only for a job whose code it has itself (a task of that job used it here) and only
-to nodes of the cluster (their certificates say so; the peer port's gate checks that). The coordinator, which
-knows where each task is placed, serves only a node that has a task of the job.
+to the nodes the coordinator sent to it for that job's code (ServeCode: their launches name this node as a
+source), each known by its certificate. The coordinator, which knows where each task is placed, serves only a
+node that has a task of the job. Both answer a node they do not serve as they answer for an archive they
+do not hold, so that asking tells nothing of another job's code.
 """
 
 from __future__ import annotations
@@ -150,28 +152,39 @@ class CodeServing:
         self.in_flight, self.wait = in_flight, wait_seconds
         self.lock = threading.Lock()
         self.jobs: dict[str, str] = {}  # job id -> the hex digest of its code, as its launches named it
+        self.fetchers: dict[str, set[str]] = {}  # job id -> the nodes the coordinator sent here for its code
 
     def used_by(self, job_id: str, hex_digest: str) -> None:
         with self.lock:
             self.jobs[job_id] = hex_digest
 
-    def source_for(self, sha256: str, job_id: str) -> Path | Transfer | None:
-        """The archive's file, or its fetch under way here, for a job whose launch named it; None: neither (yet).
+    def serve_to(self, job_id: str, node: str) -> None:
+        """The coordinator sent `node` here for the job's code (ServeCode)."""
+        with self.lock:
+            self.fetchers.setdefault(job_id, set()).add(node)
+
+    def source_for(self, sha256: str, job_id: str, asker: str | None = None) -> Path | Transfer | None:
+        """The archive's file, or its fetch under way here, for a job whose launch named it, to a node the
+        coordinator sent here for it (asker None: no certificate, with --insecure); None: neither (yet).
         Raises CodeError for a name that is no archive's."""
         hex_digest = hex_of(sha256)
         with self.lock:
             if self.jobs.get(job_id) != hex_digest:
                 return None
+            if asker is not None and asker not in self.fetchers.get(job_id, ()):
+                return None
         return self.archive_of(hex_digest) or self.in_flight(hex_digest)
 
-    async def stream(self, context, request, executor=None):
-        """A GetCode answer. A node asked before its own launch of the job came (or between its fetch and the
-        archive's place in the cache) waits a moment for it, then says NOT_FOUND."""
+    async def stream(self, context, request, executor=None, asker: str | None = None):
+        """A GetCode answer to node `asker`. A node asked before its own launch of the job came, or before the
+        coordinator's word that the asker may have it (or between its fetch and the archive's place in the
+        cache), waits a moment for it, then says NOT_FOUND: the same for code not here and code not the
+        asker's."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.wait
         while True:
             try:
-                source = self.source_for(request.sha256, request.job_id)
+                source = self.source_for(request.sha256, request.job_id, asker)
             except CodeError as e:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
             if isinstance(source, Path):

@@ -1,5 +1,5 @@
 """The agent's peer port: checkpoint files from other agents into this node's host-local checkpoint dirs, and
-the node's cache of jobs' code out to other agents (codefetch.py).
+the node's cache of jobs' code out to the agents the coordinator sends here for it (codefetch.py).
 
 Files arrive in chunks under an incoming dir, each checked against its SHA-256, and on commit move into
 <state-dir>/jobs/<job>/checkpoints with the state files last, so the evaluator (or TensorFlow) never sees a
@@ -113,7 +113,8 @@ class PeerServicer(agent_pb2_grpc.AgentPeerServiceServicer):
         return agent_pb2.PutFilesReply(bytes=size, files=files)
 
     async def GetCode(self, request, context):
-        async for chunk in self.code.stream(context, request, self.files):
+        who = caller()
+        async for chunk in self.code.stream(context, request, self.files, who.name if who is not None else None):
             yield chunk
 
     def _admit(self, sender: str) -> None:

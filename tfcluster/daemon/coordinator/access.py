@@ -11,10 +11,16 @@ security.POLICY says which roles may make a call at all; these rules say what a 
   person's; whoever should see only their own jobs gets a user certificate;
 - with --insecure there is no caller (None), and anyone may do anything, as before.
 
+And who may use a code archive (name it in a job, or learn that the coordinator holds it): an admin any; a
+user one they uploaded; an archive stored before its uploaders were recorded, the owners of the kept jobs
+that already name it (so that their restarts and resubmissions go on), until someone uploads it again.
+
 Pure: no sockets, no clock.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable, Iterable
 
 from tfcluster.api.v1 import control_pb2
 from tfcluster.pki import ADMIN, USER, VIEWER, Identity
@@ -69,3 +75,14 @@ def job_status_for(who: Identity | None, encode):
         status = encode(job)
         return status if may_read(who, job) else redact(status)
     return status_of
+
+
+def may_use_code(who: Identity | None, owners: frozenset[str] | None,
+                 users_of_jobs: Callable[[], Iterable[str]]) -> bool:
+    """Whether who may use an archive whose uploaders are `owners` (None: stored before uploaders were
+    recorded; then users_of_jobs() gives the owners of the kept jobs that name it)."""
+    if who is None or who.role == ADMIN:
+        return True
+    if who.role != USER:
+        return False
+    return who.name in (users_of_jobs() if owners is None else owners)

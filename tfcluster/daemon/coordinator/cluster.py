@@ -20,7 +20,7 @@ from tfcluster.daemon.coordinator import accounting, checkpoints, lifecycle, pre
 from tfcluster.daemon.coordinator.changelog import ChangeLog, UsageDropped, UsageRecorded
 from tfcluster.daemon.coordinator.job import Job
 from tfcluster.daemon.coordinator.jobs import KEEP_FINISHED_JOBS, KEEP_FINISHED_SECONDS, Jobs
-from tfcluster.daemon.coordinator.launch import launch
+from tfcluster.daemon.coordinator.launch import launch_commands
 from tfcluster.daemon.coordinator.node import Node
 from tfcluster.daemon.coordinator.nodes import Nodes, Pace
 from tfcluster.daemon.coordinator.observer import Observer
@@ -105,7 +105,7 @@ class Cluster:
             if task.live and job.attempt_of(task) not in reported:
                 if task.state == TaskState.LAUNCHING:  # the launch may have been lost with the old stream
                     task.seen.sent_at = now
-                    commands.append(launch(job, task))
+                    commands += launch_commands(job, task)
                 else:
                     commands += self.settle(job, lifecycle.lost(job, task, f"{info.name}'s agent no longer has "
                                                                            f"this task", now))

@@ -1,7 +1,8 @@
 """What a task runs: its command (the user's, or a built-in role program) and its environment. Pure.
 
 A launch is a function of the task's current attempt alone, so a resent launch is the same message and an
-agent that already has the attempt just reports it again.
+agent that already has the attempt just reports it again. Each node a launch names as a source of the job's
+code is told to serve it to the task's node (ServeCode): a peer port serves a job's code to no other node.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import posixpath
 
 from tfcluster import layout
 from tfcluster.daemon.coordinator.job import Job, Task
-from tfcluster.model import MAX_CODE_SOURCES, Launch
+from tfcluster.model import MAX_CODE_SOURCES, Command, Launch, ServeCode
 from tfcluster.roles.tfconfig import tf_config
 from tfcluster.states import TaskState
 
@@ -26,6 +27,15 @@ def launch(job: Job, task: Task) -> Launch:
                   report_listening=job.profile.must_listen(task.type), uid=job.uid, gid=job.uid, owner=job.owner,
                   memory_bytes=job.spec.memory_for(task.type), code_sha256=job.spec.code_sha256,
                   code_sources=code_sources(job, task), environment=job.spec.environment)
+
+
+def launch_commands(job: Job, task: Task) -> list[Command]:
+    """The task's launch, after a word to each node it names as a source of the job's code: serve it to the
+    task's node."""
+    order = launch(job, task)
+    node_at = {t.peer: t.node for t in job.tasks if t.peer}
+    return [*(ServeCode(node_at[source], job.id, task.node) for source in order.code_sources if source in node_at),
+            order]
 
 
 def code_sources(job: Job, task: Task) -> tuple[str, ...]:

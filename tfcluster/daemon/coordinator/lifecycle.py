@@ -15,7 +15,7 @@ from collections.abc import Callable
 from tfcluster import layout
 from tfcluster.daemon.coordinator import accounting, checkpoints, completion, preemption, restart
 from tfcluster.daemon.coordinator.job import Failure, Job, Task
-from tfcluster.daemon.coordinator.launch import launch
+from tfcluster.daemon.coordinator.launch import launch_commands
 from tfcluster.daemon.coordinator.scheduler import TaskPlacement
 from tfcluster.daemon.logformat import fields
 from tfcluster.model import Command, FinishTraining, NodeInfo, Stop, TaskExit
@@ -73,7 +73,7 @@ def launch_tasks(job: Job, tasks: list[Task], now: float) -> list[Command]:
     for task in tasks:
         task.start_over(TaskState.LAUNCHING)
         task.seen.sent_at = now
-        actions.append(launch(job, task))
+        actions += launch_commands(job, task)
     if job.decisive_task() in tasks or job.evaluator() in tasks:
         actions += checkpoints.shipping(job)
     return actions

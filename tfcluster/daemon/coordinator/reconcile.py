@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping
 from tfcluster.daemon.coordinator import lifecycle
 from tfcluster.daemon.coordinator.job import Job, Task
 from tfcluster.states import TaskState
-from tfcluster.daemon.coordinator.launch import launch
+from tfcluster.daemon.coordinator.launch import launch_commands
 from tfcluster.model import Attempt, Command, Stop, TaskExit
 
 
@@ -72,4 +72,4 @@ def _heal(job: Job, task: Task, running: bool, now: float, resend_after: float) 
     if not resend:
         return []
     seen.sent_at = now
-    return [launch(job, task)]
+    return launch_commands(job, task)

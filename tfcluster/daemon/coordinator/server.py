@@ -332,17 +332,17 @@ class Coordinator:
         return [job_id for job_id in job_ids if over(job_id)]
 
     def code_archive(self, sha256: str, job_id: str, caller: Identity | None) -> Path:
-        """The stored archive a node asks for: the code of a job that has a task placed on that node (no
-        certificate: no TLS, any caller). Raises CodeError (not here) or PermissionError."""
+        """The stored archive a node asks for: the code of a job that names it and has a task placed on that
+        node (no certificate: no TLS, any caller). Raises CodeError, in the same words for an archive that is
+        not here and for one the node may not have, so that asking tells nothing of what is stored."""
         hex_digest = hex_of(sha256)
         job = self.cluster.jobs[job_id] if job_id in self.cluster.jobs else None
-        if job is None or job.spec.code_sha256 != f"sha256:{hex_digest}":
-            raise PermissionError(f"job {job_id[:100]!r} has no code sha256:{hex_digest[:12]}...")
-        if caller is not None and not any(task.node == caller.name and task.live for task in job.tasks):
-            raise PermissionError(f"{caller} has no task of job {job_id}: it may not fetch its code")
-        path = self.code.path(f"sha256:{hex_digest}") if self.code is not None else None
+        allowed = job is not None and job.spec.code_sha256 == f"sha256:{hex_digest}" and \
+            (caller is None or any(task.node == caller.name and task.live for task in job.tasks))
+        path = self.code.path(f"sha256:{hex_digest}") if allowed and self.code is not None else None
         if path is None or not path.is_file():
-            raise CodeError(f"the coordinator holds no code sha256:{hex_digest[:12]}... (`tfcluster start` uploads it)")
+            raise CodeError(f"the coordinator holds no code sha256:{hex_digest[:12]}... for this node's tasks of "
+                            f"job {job_id[:100]!r} (`tfcluster start` uploads it)")
         return path
 
     def memory_allocated(self) -> dict[str, int]:
