@@ -1,5 +1,5 @@
 """A job environment's key names exactly what the build depends on, and the files it is built from stay inside
-the workdir."""
+the workdir and ask only for packages (an agent that cannot switch users reads them as itself, as here)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from tfcluster.daemon.agent.environments import (EnvironmentProblem, Environments, Request, environment_key,
-                                                 read_request, task_environment)
+from tfcluster.daemon.agent.environments import Environments, task_environment
+from tfcluster.daemon.agent.envrequest import EnvironmentProblem, Request, environment_key, read_request
+from tfcluster.daemon.agent.taskuser import TaskUser
 from tfcluster.model import EnvironmentSpec
 
 BASE = Request((("requirements.txt", b"tinypkg==1.0\n"),), False)
+AGENT = TaskUser(None, None)  # the agent's own user: it cannot switch
 
 
 def test_the_same_inputs_give_the_same_key():
@@ -41,24 +43,45 @@ def test_inputs_do_not_run_together():
 
 def test_a_project_is_its_pyproject_and_its_lock(tmp_path: Path):
     (tmp_path / "pyproject.toml").write_text("[project]\nname = 'x'\n")
-    assert [n for n, _ in read_request(EnvironmentSpec(project="."), str(tmp_path)).files] == ["pyproject.toml"]
+    assert [n for n, _ in read_request(EnvironmentSpec(project="."), str(tmp_path), AGENT).files] == ["pyproject.toml"]
     (tmp_path / "uv.lock").write_text("version = 1\n")
-    assert [n for n, _ in read_request(EnvironmentSpec(project="."), str(tmp_path)).files] == ["pyproject.toml",
-                                                                                             "uv.lock"]
+    assert [n for n, _ in read_request(EnvironmentSpec(project="."), str(tmp_path), AGENT).files] == [
+        "pyproject.toml", "uv.lock"]
 
 
-def test_files_outside_the_workdir_are_refused(tmp_path: Path):
+def test_a_project_in_a_folder_is_read_from_it(tmp_path: Path):
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    request = read_request(EnvironmentSpec(project="app/"), str(tmp_path), AGENT)
+    assert request.files == (("pyproject.toml", b"[project]\nname = 'x'\n"),)
+
+
+@pytest.mark.parametrize("name, why", [("link.txt", "link.txt: is a symbolic link"),
+                                       ("../secret.txt", "leaves the workdir"),
+                                       ("/etc/passwd", "leaves the workdir")])
+def test_files_outside_the_workdir_are_refused(tmp_path: Path, name, why):
     (tmp_path / "work").mkdir()
     (tmp_path / "secret.txt").write_text("root only\n")
-    (tmp_path / "work" / "requirements.txt").symlink_to(tmp_path / "secret.txt")
-    with pytest.raises(EnvironmentProblem, match="leaves the workdir"):
-        read_request(EnvironmentSpec("requirements.txt"), str(tmp_path / "work"))
+    (tmp_path / "work" / "link.txt").symlink_to(tmp_path / "secret.txt")
+    with pytest.raises(EnvironmentProblem, match=why):
+        read_request(EnvironmentSpec(name), str(tmp_path / "work"), AGENT)
 
 
 def test_requirements_that_read_other_files_are_refused(tmp_path: Path):
     (tmp_path / "requirements.txt").write_text("tinypkg\n-r /etc/shadow\n")
-    with pytest.raises(EnvironmentProblem, match=r"requirements.txt:2: .*-r, -c, -e"):
-        read_request(EnvironmentSpec("requirements.txt"), str(tmp_path))
+    with pytest.raises(EnvironmentProblem, match=r"requirements.txt:2: '-r /etc/shadow': reads another file"):
+        read_request(EnvironmentSpec("requirements.txt"), str(tmp_path), AGENT)
+
+
+def test_a_lock_may_name_only_the_operators_index(tmp_path: Path):
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    (tmp_path / "uv.lock").write_text('[[package]]\nname = "tinypkg"\n'
+                                      'source = { registry = "https://pypi.org/simple" }\n')
+    assert read_request(EnvironmentSpec(project="."), str(tmp_path), AGENT).project
+    with pytest.raises(EnvironmentProblem, match=r"uv.lock: package 'tinypkg': comes from the index "
+                                                 r"'https://pypi.org/simple', which is not one the node's operator "
+                                                 r"named \(https://mirror.example/simple\)"):
+        read_request(EnvironmentSpec(project="."), str(tmp_path), AGENT, ("https://mirror.example/simple",))
 
 
 def test_the_environment_comes_first_on_path():
@@ -77,6 +100,23 @@ def test_uv_no_index_keeps_the_install_to_the_find_links(tmp_path: Path, monkeyp
     (tmp_path / "work").mkdir()
     (tmp_path / "work" / "requirements.txt").write_text("tinypkg\n")
     Environments(tmp_path / "state", uv=str(uv)).prepare("j-1", EnvironmentSpec("requirements.txt", True),
-                                                         str(tmp_path / "work"))
+                                                         str(tmp_path / "work"), AGENT)
     install = calls.read_text().splitlines()[-1].split()
     assert install[:2] == ["pip", "install"] and ("--no-index" in install) == asked
+
+
+@pytest.mark.parametrize("flag, environment, indexes", [
+    ("", {}, ("https://pypi.org/simple",)),
+    ("https://mirror.example/simple", {"UV_INDEX_URL": "https://other.example/simple"},
+     ("https://mirror.example/simple",)),
+    ("", {"UV_INDEX_URL": "https://mirror.example/simple", "UV_EXTRA_INDEX_URL": "https://a.example https://b.example"},
+     ("https://mirror.example/simple", "https://a.example", "https://b.example")),
+    ("", {"UV_DEFAULT_INDEX": "https://mirror.example/simple"}, ("https://mirror.example/simple",)),
+    ("https://mirror.example/simple", {"UV_NO_INDEX": "1"}, ()),
+])
+def test_a_lock_may_name_the_indexes_the_operator_set(tmp_path: Path, monkeypatch, flag, environment, indexes):
+    for name in ("UV_INDEX_URL", "UV_EXTRA_INDEX_URL", "UV_DEFAULT_INDEX", "UV_NO_INDEX"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    assert Environments(tmp_path, uv="/bin/false", index_url=flag).indexes() == indexes

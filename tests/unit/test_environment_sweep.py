@@ -55,3 +55,23 @@ def test_an_environment_being_built_is_left_alone(tmp_path):
     finally:
         os.close(fd)
     assert envs.sweep(set(), NOW, 7 * DAY) == [key]
+
+
+def test_the_sweep_closes_what_an_earlier_agent_left_open(tmp_path):
+    """Earlier agents kept request copies and build logs that every user could read (0644 in 0755 dirs)."""
+    envs = Environments(tmp_path, uv="/bin/false")
+    key = "f" * 64
+    directory = made(envs, key, NOW)
+    (directory / "request").mkdir(mode=0o755)
+    (directory / "request" / "requirements.txt").write_text("tinypkg\n")
+    (directory / "build.log").write_text("uv's output\n")
+    (tmp_path / "uv-cache").mkdir()
+    lock = envs.root / f"{key}.lock"
+    for path, mode in ((envs.root, 0o755), (directory, 0o755), (directory / "request" / "requirements.txt", 0o644),
+                       (directory / "build.log", 0o644), (lock, 0o644), (tmp_path / "uv-cache", 0o755)):
+        path.chmod(mode)
+    assert envs.sweep(set(), NOW, 7 * DAY) == []
+    modes = {str(p.relative_to(tmp_path)): oct(p.stat().st_mode & 0o777) for p in (
+        envs.root, directory, directory / "request", directory / "request" / "requirements.txt",
+        directory / "build.log", directory / "ready", lock, tmp_path / "uv-cache")}
+    assert list(modes.values()) == ["0o711", "0o711", "0o700", "0o600", "0o600", "0o600", "0o600", "0o700"], modes

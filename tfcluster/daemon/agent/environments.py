@@ -2,42 +2,49 @@
 (a requirements file, or a project's pyproject.toml and uv.lock), once per node for every job that asks for the
 same thing.
 
-An environment is named by its key: the sha256 of what it is asked to hold, the agent's Python version, the
-platform and whether it is isolated, so two jobs that ask for the same packages share one, and a new Python on
-the node makes a new one. Files under the agent's state dir:
+An environment is named by its key (envrequest.py): the sha256 of what it is asked to hold, the agent's Python
+version, the platform and whether it is isolated, so two jobs that ask for the same packages share one, and a new
+Python on the node makes a new one. Files under the agent's state dir, all root's:
 
-    <state>/envs/<key>/venv/       the virtualenv (the task's PATH starts with its bin)
-    <state>/envs/<key>/request/    the copies of the requirements or project files it was built from
-    <state>/envs/<key>/build.log   uv's output (`tfcluster logs JOB env --node NAME`)
-    <state>/envs/<key>/ready       written last: the build finished; without it the build is redone. Its
+    <state>/envs/                  0711 traversable, not listable
+    <state>/envs/<key>/            0711
+    <state>/envs/<key>/venv/       0755 the virtualenv (the task's PATH starts with its bin); nothing in it is
+                                   writable but by root (uv runs with umask 022, and what it made writable
+                                   anyway loses those bits before the environment is ready)
+    <state>/envs/<key>/request/    0700 the copies of the requirements or project files it was built from (0600)
+    <state>/envs/<key>/build.log   0600 uv's output: the agent serves it (`tfcluster logs JOB env --node NAME`)
+                                   and a failed build's last lines go with the task's failure
+    <state>/envs/<key>/ready       0600 written last: the build finished; without it the build is redone. Its
                                    mtime is when a task last used it: one unused for --retain-for goes
-    <state>/envs/<key>.lock        held while the environment is built: one build per key, whoever asks
-    <state>/uv-cache/              the node's one uv cache: a package downloaded for one job serves the next
+    <state>/envs/<key>.lock        0600 held while the environment is built: one build per key, whoever asks
+    <state>/uv-cache/              0700 the node's one uv cache: a package downloaded for one job serves the next
     <state>/jobs/<job>/environment the key of the job's environment here (its log is found by it)
 
 Unless isolated, the environment sees the agent's site-packages (TensorFlow is installed once per node, not per
 job). The agent's UV_INDEX_URL and UV_FIND_LINKS apply to every build (air-gapped sites serve their own index),
-and UV_NO_INDEX=1 keeps builds to the find-links alone.
+and are its only sources: a job's files may name none of their own (requestrules.py). UV_NO_INDEX=1 keeps builds
+to the find-links alone.
 As root the agent installs wheels only: building a source distribution runs its code, as root.
 """
 
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import os
 import re
 import shutil
 import site
+import stat
 import subprocess
 import sys
-import sysconfig
 import threading
 from collections import deque
-from dataclasses import dataclass
 from pathlib import Path
 
 from tfcluster import layout
+from tfcluster.daemon.agent.envrequest import EnvironmentProblem, Request, environment_key, read_request
+from tfcluster.daemon.agent.requestrules import PYPI
+from tfcluster.daemon.agent.taskuser import TaskUser
 from tfcluster.model import EnvironmentSpec
 
 ENVS_DIR = "envs"
@@ -45,82 +52,12 @@ UV_CACHE_DIR = "uv-cache"
 JOB_ENVIRONMENT_FILE = "environment"
 READY_FILE = "ready"
 LOG_FILE = "build.log"
-DIR_MODE = 0o755  # the tasks of every job that uses it read it; only the agent writes it
-MAX_REQUEST_BYTES = 1 << 20
+PASSAGE_MODE = 0o711  # envs/ and envs/<key>/: a task reaches its venv by its path, and lists nothing
+PRIVATE_DIR_MODE = 0o700  # the request copies, the uv cache: the agent's alone
+PRIVATE_FILE_MODE = 0o600  # the request copies, the build log, the ready and lock files
+UV_UMASK = 0o022  # what uv makes (the venv) every job's tasks read, and only root writes
 FAILURE_LINES = 20
 KEY_RE = re.compile(r"[0-9a-f]{64}")
-# Lines that make uv read another file: the key would not cover it, and the agent (root) would read it.
-_INCLUDES = re.compile(r"^\s*(-r|-c|-e|--requirement|--constraint|--editable)(\s|=|$)")
-
-
-class EnvironmentProblem(Exception):
-    """The job's environment cannot be had; the message says why (the resolver's own lines, for a failed build)."""
-
-    def __init__(self, message: str, log_tail: tuple[str, ...] = ()):
-        super().__init__(message)
-        self.log_tail = log_tail
-
-
-
-@dataclass(frozen=True)
-class Request:
-    """What a job's environment is built from: the files' names and contents, and whether it is isolated."""
-    files: tuple[tuple[str, bytes], ...]
-    isolated: bool
-
-    @property
-    def project(self) -> bool:
-        return any(name == "pyproject.toml" for name, _ in self.files)
-
-
-def platform_tag() -> str:
-    """What a built environment depends on besides its files: the interpreter and the platform."""
-    v = sys.version_info
-    return f"{sys.implementation.name}-{v.major}.{v.minor}.{v.micro}-{sysconfig.get_platform()}"
-
-
-def environment_key(request: Request, python: str | None = None) -> str:
-    """sha256 over every input of a build, each length-prefixed so no two different inputs run together."""
-    h = hashlib.sha256()
-    parts = [b"tfcluster-environment-1", (python or platform_tag()).encode(), b"isolated" if request.isolated else b"shared"]
-    for name, content in request.files:
-        parts += [name.encode(), content]
-    for part in parts:
-        h.update(len(part).to_bytes(8, "big"))
-        h.update(part)
-    return h.hexdigest()
-
-
-def read_request(spec: EnvironmentSpec, workdir: str) -> Request:
-    """The files the spec names, read from the workdir; they must stay inside it (the agent reads them as root)."""
-    if spec.requirements:
-        content = _read_inside(workdir, spec.requirements)
-        for number, line in enumerate(content.decode(errors="replace").splitlines(), 1):
-            if _INCLUDES.match(line):
-                raise EnvironmentProblem(f"{spec.requirements}:{number}: {line.strip()!r}: requirements that name other "
-                                        f"files (-r, -c, -e) are not supported; list the packages in this file")
-        return Request((("requirements.txt", content),), spec.isolated)
-    directory = spec.project or "."
-    files = [("pyproject.toml", _read_inside(workdir, os.path.join(directory, "pyproject.toml")))]
-    lock = os.path.join(directory, "uv.lock")
-    if os.path.exists(os.path.join(workdir, lock)):
-        files.append(("uv.lock", _read_inside(workdir, lock)))
-    return Request(tuple(files), spec.isolated)
-
-
-def _read_inside(workdir: str, relative: str) -> bytes:
-    root = os.path.realpath(workdir or ".")
-    path = os.path.realpath(os.path.join(root, relative))
-    if os.path.commonpath([root, path]) != root:
-        raise EnvironmentProblem(f"{relative}: leaves the workdir {workdir}")
-    try:
-        with open(path, "rb") as f:
-            content = f.read(MAX_REQUEST_BYTES + 1)
-    except OSError as e:
-        raise EnvironmentProblem(f"cannot read {relative} in the workdir {workdir}: {e.strerror or e}") from None
-    if len(content) > MAX_REQUEST_BYTES:
-        raise EnvironmentProblem(f"{relative}: larger than {MAX_REQUEST_BYTES >> 20} MiB")
-    return content
 
 
 def uv_binary() -> str:
@@ -157,9 +94,18 @@ class Environments:
     def venv(self, key: str) -> Path:
         return self.root / key / "venv"
 
-    def prepare(self, job_id: str, spec: EnvironmentSpec, workdir: str) -> Path:
-        """The job's environment on this node, built first when it is not yet; raises EnvironmentProblem."""
-        request = read_request(spec, workdir)
+    def indexes(self) -> tuple[str, ...]:
+        """The package indexes the operator gave this node's builds (none with UV_NO_INDEX): a project's uv.lock
+        may name no other."""
+        if self.no_index:
+            return ()
+        default = self.index_url or os.environ.get("UV_DEFAULT_INDEX", "") or PYPI
+        return (default, *os.environ.get("UV_EXTRA_INDEX_URL", "").split())
+
+    def prepare(self, job_id: str, spec: EnvironmentSpec, workdir: str, user: TaskUser) -> Path:
+        """The job's environment on this node, built first when it is not yet; its files are read as user, the
+        task's. Raises EnvironmentProblem."""
+        request = read_request(spec, workdir, user, self.indexes())
         key = environment_key(request)
         self._remember(job_id, key)
         directory = self.root / key
@@ -175,9 +121,14 @@ class Environments:
         keys removed."""
         in_use = {self._key_of(job_id) for job_id in jobs_in_use}
         removed = []
+        _set_mode(self.root, PASSAGE_MODE)  # as an earlier agent may have left them
+        _set_mode(self.state_dir / UV_CACHE_DIR, PRIVATE_DIR_MODE)
         for directory in self.root.iterdir() if self.root.is_dir() else ():
             key = directory.name
-            if not KEY_RE.fullmatch(key) or key in in_use or _last_used(directory) > now - unused_for:
+            if not KEY_RE.fullmatch(key):
+                continue
+            if key in in_use or _last_used(directory) > now - unused_for:
+                _make_private(directory)
                 continue
             lock = _FileLock(self.root / f"{key}.lock", wait=False)
             with lock:
@@ -222,7 +173,7 @@ class Environments:
 
     def _locked(self, key: str):
         self.root.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.root, DIR_MODE)
+        os.chmod(self.root, PASSAGE_MODE)
         return _FileLock(self.root / f"{key}.lock")
 
     def _build(self, directory: Path, request: Request) -> None:
@@ -230,18 +181,23 @@ class Environments:
         venv, sources = directory / "venv", directory / "request"
         for leftover in (venv, sources):
             shutil.rmtree(leftover, ignore_errors=True)
-        sources.mkdir(parents=True, mode=DIR_MODE)
-        os.chmod(directory, DIR_MODE)
+        directory.mkdir(mode=PASSAGE_MODE, exist_ok=True)
+        os.chmod(directory, PASSAGE_MODE)
+        sources.mkdir(mode=PRIVATE_DIR_MODE)
         for name, content in request.files:
-            (sources / name).write_bytes(content)
+            _write_new(sources / name, content, PRIVATE_FILE_MODE)
+        cache = self.state_dir / UV_CACHE_DIR
+        cache.mkdir(mode=PRIVATE_DIR_MODE, exist_ok=True)
+        os.chmod(cache, PRIVATE_DIR_MODE)
         with open(directory / LOG_FILE, "wb", buffering=0) as log:
-            os.fchmod(log.fileno(), 0o644)
+            os.fchmod(log.fileno(), PRIVATE_FILE_MODE)
             self._run(log, self._venv_command(venv, request.isolated))
             if not request.isolated:
                 self._see_agent_packages(venv)
             self._run(log, self._install_command(venv, sources, request), project_env=venv if request.project else None)
             log.write(b"environment ready\n")
-        (directory / READY_FILE).write_text("")
+        _seal(venv)
+        _write_new(directory / READY_FILE, b"", PRIVATE_FILE_MODE)
 
     def _venv_command(self, venv: Path, isolated: bool) -> list[str]:
         return [self.uv, "venv", "--python", self.python, *([] if isolated else ["--system-site-packages"]), str(venv)]
@@ -262,7 +218,8 @@ class Environments:
         if sys.prefix == sys.base_prefix:
             return
         site_packages = next(venv.glob("lib/python*/site-packages"))
-        (site_packages / "_tfcluster_agent.pth").write_text("".join(f"{p}\n" for p in site.getsitepackages()))
+        _write_new(site_packages / "_tfcluster_agent.pth", "".join(f"{p}\n" for p in site.getsitepackages()).encode(),
+                   0o644)
 
     def _uv_environment(self, project_env: Path | None) -> dict[str, str]:
         # The agent's own UV_* settings stay (UV_NO_INDEX, UV_EXTRA_INDEX_URL...: the site's configuration).
@@ -281,7 +238,8 @@ class Environments:
         log.write(f"$ {' '.join(command)}\n".encode())
         try:
             process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                       stderr=subprocess.STDOUT, env=self._uv_environment(project_env))
+                                       stderr=subprocess.STDOUT, env=self._uv_environment(project_env),
+                                       umask=UV_UMASK)
         except OSError as e:
             raise EnvironmentProblem(f"cannot run uv ({command[0]}): {e.strerror or e}") from None
         last: deque[str] = deque(maxlen=FAILURE_LINES)
@@ -295,6 +253,47 @@ class Environments:
             shown = "; ".join(list(last)[-3:])
             raise EnvironmentProblem(f"building the job's environment failed (uv {command[1]} exited with {code}): "
                                     f"{shown}", tuple(last))
+
+
+def _write_new(path: Path, content: bytes, mode: int) -> None:
+    """A file made anew with mode (whatever the agent's umask), never written through a link."""
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    try:
+        os.fchmod(fd, mode)
+        os.write(fd, content)
+    finally:
+        os.close(fd)
+
+
+def _seal(venv: Path) -> None:
+    """Takes the group's and others' write bits off everything in the venv: uv makes some files whatever its
+    umask (its venv's .lock is 0666), and every job that uses the environment must find it as it was built."""
+    for directory, dirs, files in os.walk(venv):
+        for name in (*dirs, *files):
+            path = os.path.join(directory, name)
+            found = os.lstat(path)
+            if not stat.S_ISLNK(found.st_mode) and found.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+                os.chmod(path, stat.S_IMODE(found.st_mode) & ~(stat.S_IWGRP | stat.S_IWOTH))
+
+
+def _make_private(directory: Path) -> None:
+    """Sets the modes above on an environment an earlier agent made, whose request copies, build log and lock
+    every user could open (only the agent writes under envs/: no path here is a job's)."""
+    paths = [(directory, PASSAGE_MODE), (directory / "request", PRIVATE_DIR_MODE),
+             (directory / LOG_FILE, PRIVATE_FILE_MODE), (directory / READY_FILE, PRIVATE_FILE_MODE),
+             (directory.with_name(f"{directory.name}.lock"), PRIVATE_FILE_MODE)]
+    paths += [(copy, PRIVATE_FILE_MODE) for copy in (directory / "request").glob("*")]
+    for path, mode in paths:
+        _set_mode(path, mode)
+
+
+def _set_mode(path: Path, mode: int) -> None:
+    try:
+        if stat.S_IMODE(path.stat().st_mode) != mode:
+            os.chmod(path, mode)
+    except FileNotFoundError:
+        pass  # removed meanwhile, or never made (a crashed build)
 
 
 def _last_used(directory: Path) -> float:
@@ -318,7 +317,8 @@ class _FileLock:
 
     def __enter__(self) -> _FileLock:
         while True:
-            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            # 0600: a task that could open it could hold a lock on it, and keep every build of that key waiting.
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, PRIVATE_FILE_MODE)
             try:
                 fcntl.flock(self.fd, fcntl.LOCK_EX | (0 if self.wait else fcntl.LOCK_NB))
             except BlockingIOError:

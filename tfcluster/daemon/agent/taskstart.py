@@ -99,13 +99,15 @@ class TaskStarter:
             raise StartError("the job ships its code and this agent cannot fetch it")
         workdir = order.workdir if not order.code_sha256 else self.code.working_dir(  # the fetch, if one is needed
             record.attempt, record.dir, order, user.uid, user.gid, env, stopped=record.exited.is_set)
-        if order.environment:  # built from what the job's code asks for: after the code is here
-            env = task_environment(self.environments.prepare(record.attempt.job_id, order.environment, workdir), env)
+        if order.environment:  # built from what the job's code asks for: after the code is here, read as its user
+            venv = self.environments.prepare(record.attempt.job_id, order.environment, workdir, user)
+            env = task_environment(venv, env)
         if record.exited.is_set():
             raise StartError("stopped before it started")
         if order.port and port_in_use(order.port):
             raise StartError(f"port {order.port} is already in use on this node", busy_port=order.port)
         record.group = user.owner(private=False)[1]  # the job's group, whoever the task runs as
+        record.uid = user.uid  # the agent reads only what this user made (handback.py)
         self._write_files(record, order, user, paths, env, workdir)
         return self._start_shim(record)
 
