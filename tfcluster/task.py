@@ -138,13 +138,15 @@ def latest_checkpoint(directory: str, state: str | None = None) -> str | None:
     return prefix if os.path.exists(prefix + ".index") else None
 
 
-def checkpoint_paths(directory: str) -> list[str]:
-    """Every committed checkpoint prefix the `checkpoint` state file in directory lists, oldest first."""
-    try:
-        with open(os.path.join(directory, STATE_FILE)) as f:
-            state = f.read()
-    except OSError:
-        return []
+def checkpoint_paths(directory: str, state: str | None = None) -> list[str]:
+    """Every committed checkpoint prefix the `checkpoint` state file in directory lists (or the state file's text,
+    already read), oldest first."""
+    if state is None:
+        try:
+            with open(os.path.join(directory, STATE_FILE)) as f:
+                state = f.read()
+        except OSError:
+            return []
     paths = [_state_path(directory, m.group(1)) for m in _STATE_ALL_LINE.finditer(state)]
     newest = latest_checkpoint(directory, state)
     if newest and newest not in paths:

@@ -1,7 +1,8 @@
 """A job's code travels to the nodes that run it: a real coordinator with the archive in its store (placed
 there as an upload leaves it), two real agents with state dirs of their own that fetch it once each, unpack it
 into their caches and give each task a fresh working directory over it; a small cache drops only what no
-running task uses."""
+running task uses; a node gets a job's code from another node that holds it when the coordinator sends it
+there, and a node no task of the job needs gets it from nobody."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import signal
 import tarfile
 import textwrap
@@ -103,10 +105,10 @@ def test_tasks_run_in_a_fresh_dir_over_the_code_each_node_fetched_once(cluster):
         state = cluster.agent_state_dir(task["node"])
         attempt = layout.attempt_dir(state, first, "worker", task["index"], task["attempt"])
         assert found["cwd"] == str(attempt / "code" / "cwd")
-        assert found["code_dir"] == str(state / "code" / code_a.split(":")[1])
+        assert found["code_dir"] == str(attempt / "code" / "tree"), "the job's own view, never the node's cache"
         assert found["listing"] == ["data", "main.py", "padding.bin"] and found["data"] == "from the archive\n"
         assert found["code_listing"] == found["listing"] and found["code_writable"] is False
-        assert "written-by-the-task.txt" not in os.listdir(found["code_dir"])
+        assert "written-by-the-task.txt" not in os.listdir(state / "code" / code_a.split(":")[1])
         assert not os.path.ismount(found["cwd"]), "unmounted once the attempt ended"
     assert fetches(cluster, "a") == fetches(cluster, "b") == 1
     assert "tasks work in overlay mounts over the cached code" in cluster.agents["a"].log(), \
@@ -147,7 +149,8 @@ def test_a_node_may_fetch_only_the_code_of_a_job_placed_on_it(cluster):
     with cluster.channel("node", "c") as channel:  # a node of the cluster with no task of the job
         with pytest.raises(grpc.RpcError) as info:
             list(agent_pb2_grpc.AgentServiceStub(channel).FetchCode(request, timeout=10))
-    assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND  # as for code the coordinator does not hold
+    assert "the coordinator holds no code" in info.value.details()
     with cluster.channel("node", "a") as channel:
         chunks = list(agent_pb2_grpc.AgentServiceStub(channel).FetchCode(request, timeout=10))
     assert hashlib.sha256(b"".join(c.data for c in chunks)).hexdigest() == code.split(":")[1]
@@ -159,18 +162,42 @@ def test_a_node_may_fetch_only_the_code_of_a_job_placed_on_it(cluster):
     cluster.wait_job(job, timeout=60)
 
 
-def test_an_agent_serves_its_cached_code_to_other_nodes_for_the_jobs_that_used_it(cluster, tmp_path):
-    code = store(cluster, archive(code_tree(os.urandom(250_000))))
-    job = submit(cluster, "shared", code)
+# Parameter servers and a worker that listen until stopped, and a chief that is done at once.
+SERVERS = textwrap.dedent("""
+    import os, socket, time
+    if os.environ["TFCLUSTER_TASK_TYPE"] in ("ps", "worker"):
+        server = socket.socket()
+        server.bind(("127.0.0.1", int(os.environ["TFCLUSTER_PORT"])))
+        server.listen()
+        time.sleep(300)
+    print("chief done", flush=True)
+""")
+
+
+def test_a_node_gets_the_code_from_the_node_the_coordinator_sends_it_to_and_no_other_node_does(cluster, tmp_path):
+    tree = {"main.py": SERVERS.encode(), "padding.bin": os.urandom(250_000)}
+    code = store(cluster, archive(tree))
+    role = {"command": ("python3", "main.py"), "nodes": ("a",)}
+    spec = JobSpec(name="relayed", strategy="parameter_server", command=("python3", "main.py"), workdir="/",
+                   roles={"ps": RoleSpec(count=1, **role), "worker": RoleSpec(count=1, **role),
+                          "chief": RoleSpec(count=1, nodes=("b",))}, code_sha256=code)
+    with cluster.client() as client:
+        job = client.submit(spec)
     assert cluster.wait_job(job, timeout=90)["state"] == "SUCCEEDED"
     peer = f"127.0.0.1:{cluster.port_ranges['a'][0]}"
-    (cluster.root / "coordinator" / "code" / f"{code.split(':')[1]}.tar.gz").unlink()  # only node a has it now
-    fetch = Fetcher(cluster.address, lambda: cluster.credentials("node", "c"))
-    fetch(code.split(":")[1], job, (peer,), tmp_path / "from-a")
-    assert hashlib.sha256((tmp_path / "from-a").read_bytes()).hexdigest() == code.split(":")[1]
-    with pytest.raises(CodeError) as info:  # a job whose code node a never ran: not served, nor by the coordinator
+    # The chief launched once the servers ran on a: its launch named a, and a was told to serve b.
+    assert f"{job}: b may fetch its code from a" in cluster.coordinator.log()
+    assert re.search(rf"code: fetched {code[:19]} \(\d+ bytes\) from {re.escape(peer)} for {job}",
+                     cluster.agents["b"].log()), cluster.agents["b"].log()[-3000:] + cluster.agents["a"].log()[-3000:]
+    (cluster.root / "coordinator" / "code" / f"{code.split(':')[1]}.tar.gz").unlink()  # only the nodes have it now
+    fetch = Fetcher(cluster.address, lambda: cluster.credentials("node", "c"))  # no task of the job, never sent
+    with pytest.raises(CodeError) as stranger:
+        fetch(code.split(":")[1], job, (peer,), tmp_path / "refused")
+    with pytest.raises(CodeError) as never_there:  # a job whose code node a never ran
         fetch(code.split(":")[1], "another-1-ab12", (peer,), tmp_path / "refused")
-    assert "this node holds no code" in str(info.value) and "the coordinator" in str(info.value)
+    assert "this node holds no code" in str(stranger.value) and "the coordinator" in str(stranger.value)
+    assert str(stranger.value).replace(job, "JOB") == str(never_there.value).replace("another-1-ab12", "JOB"), \
+        "a node not sent there hears what it would of code that is not there"
 
 
 def test_a_restarted_agent_unmounts_what_ended_meanwhile_and_keeps_what_runs(cluster):

@@ -129,7 +129,7 @@ def test_without_a_checkpoint_of_that_step_the_evaluation_is_labelled_by_its_ste
 def evaluator_record(root: Path, number: int = 1) -> SimpleNamespace:
     """What EvaluatorSummaries needs of a supervisor TaskRecord."""
     return SimpleNamespace(attempt=Attempt("job-1", "evaluator", 0, number), summary_dir=str(root / "tb"),
-                           checkpoint_dir=str(root / "ckpt"), started_at=0.0, exited=threading.Event())
+                           checkpoint_dir=str(root / "ckpt"), started_at=0.0, exited=threading.Event(), uid=None)
 
 
 def test_per_attempt_reading_the_last_look_and_reading_again(written):

@@ -1,6 +1,7 @@
 """A job's code reaches hosts that share nothing but the network: three network-namespace hosts, each agent
 with a state dir of its own, fetch the archive the coordinator holds (over their veth links), run from it,
-and then serve it to another node from their caches. No TensorFlow needed."""
+and then serve it from their caches to the node the coordinator sends there, and to no other. No TensorFlow
+needed."""
 
 from __future__ import annotations
 
@@ -8,11 +9,14 @@ import hashlib
 import io
 import json
 import os
+import re
 import tarfile
 
 import pytest
 
 from harness import running_cluster
+from tfcluster import layout
+from tfcluster.codechunks import CodeError
 from tfcluster.daemon.agent.codefetch import Fetcher
 from tfcluster.demo.hosts import TestHosts, unavailable
 from tfcluster.spec import JobSpec, RoleSpec
@@ -54,11 +58,18 @@ def test_three_hosts_fetch_the_code_once_each_and_serve_it_to_others(cluster, tm
     for task in job["tasks"]:
         found = json.loads(cluster.cli("logs", job_id, f"worker:{task['index']}", check=True).stdout.splitlines()[-1])
         assert found["data"] == 2 << 20
-        assert found["code"] == str(cluster.agent_state_dir(task["node"]) / "code" / digest)
+        attempt = layout.attempt_dir(cluster.agent_state_dir(task["node"]), job_id, "worker", task["index"],
+                                     task["attempt"])
+        assert found["code"] == str(attempt / "code" / "tree"), "the job's own view of the node's cached code"
+        assert (cluster.agent_state_dir(task["node"]) / "code" / digest / "main.py").is_file()
     for node in nodes:
         assert cluster.agents[node].log().count("code: fetched sha256:") == 1
-    # Another node takes it from h1's cache, across the hosts' network, the coordinator's copy gone.
+    # The node the first launch's tree sent to another takes the code from that one's cache, across the hosts'
+    # network, the coordinator's copy gone; a node no task of the job needs gets nothing there.
     (cluster.root / "coordinator" / "code" / f"{digest}.tar.gz").unlink()
-    peer = f"{cluster.hosts.ip(1)}:{cluster.port_ranges['h1'][0]}"
-    Fetcher(cluster.address, lambda: cluster.credentials("node", "h4"))(digest, job_id, (peer,), tmp_path / "copy")
+    fetcher, holder = re.search(rf"{job_id}: (h\d) may fetch its code from (h\d)", cluster.coordinator.log()).groups()
+    peer = f"{cluster.hosts.ip(int(holder[1:]))}:{cluster.port_ranges[holder][0]}"
+    Fetcher(cluster.address, lambda: cluster.credentials("node", fetcher))(digest, job_id, (peer,), tmp_path / "copy")
     assert hashlib.sha256((tmp_path / "copy").read_bytes()).hexdigest() == digest
+    with pytest.raises(CodeError, match="this node holds no code"):
+        Fetcher(cluster.address, lambda: cluster.credentials("node", "h4"))(digest, job_id, (peer,), tmp_path / "no")

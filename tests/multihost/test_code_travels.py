@@ -161,11 +161,12 @@ def test_a_tree_only_the_client_has_runs_on_three_hosts_without_its_ignored_200m
     ran = {node: json.loads(line) for node, line in outputs(cluster, job_id).items()}
     assert sorted(ran) == list(HOSTS)  # one task on each host
     for node, found in ran.items():
-        assert found["code"] == str(cluster.agent_state_dir(node) / "code" / archive.name[:-len(".tar.gz")])
+        cached = cluster.agent_state_dir(node) / "code" / archive.name[:-len(".tar.gz")]
+        assert found["code"].endswith("/code/tree") and found["code"].startswith(str(cluster.agent_state_dir(node)))
         assert found["cwd"] != found["code"] and found["data"] == hashlib.sha256(WORDS).hexdigest()
         assert not found["client_dir_here"] and not found["ignored_here"]
-        assert sorted(os.listdir(found["code"])) == [".gitignore", "data", "main.py", "spec.toml"]
-        assert os.listdir(Path(found["code"]) / "data") == ["words.txt"]
+        assert sorted(os.listdir(cached)) == [".gitignore", "data", "main.py", "spec.toml"]
+        assert os.listdir(cached / "data") == ["words.txt"]
         assert cluster.agents[node].log().count("code: fetched sha256:") == 1
     assert os.listdir(cluster.laptop) == []  # and nothing left over the client's directory
 

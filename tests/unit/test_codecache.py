@@ -22,7 +22,7 @@ from tfcluster.codechunks import CodeError, read_chunks, write_chunks
 from tfcluster.daemon.agent import codecache
 from tfcluster.daemon.agent.codecache import CodeCache
 from tfcluster.daemon.agent.unpack import Bounds
-from tfcluster.daemon.agent.workspace import Workspaces
+from tfcluster.daemon.agent.workspace import Workspaces, is_mount
 
 
 def make_archive(directory: Path, files: dict[str, bytes], executable: tuple[str, ...] = ()) -> tuple[str, Path]:
@@ -68,7 +68,7 @@ def test_an_archive_is_fetched_once_and_unpacked_for_every_uid_to_read(tmp_path,
     assert stat.S_IMODE(os.stat(tree / "train.py").st_mode) == 0o644
     assert stat.S_IMODE(os.stat(tree / "bin/run").st_mode) == 0o755
     assert stat.S_IMODE(os.stat(tree / "bin").st_mode) == 0o755
-    assert stat.S_IMODE(os.stat(tmp_path / "cache").st_mode) == 0o755
+    assert stat.S_IMODE(os.stat(tmp_path / "cache").st_mode) == 0o700, "tasks reach their own code elsewhere"
 
 
 def test_an_empty_tree_unpacks_to_an_empty_directory(tmp_path, origin):
@@ -222,8 +222,9 @@ def test_the_working_directory_is_the_tasks_own_and_leaves_the_cache_as_it_was(t
     spaces = Workspaces(tmp_path / "probe", agent_is_root)
     attempt = tmp_path / "jobs" / "job" / "tasks" / "worker-0" / "1"
     attempt.mkdir(parents=True)
-    cwd = spaces.make(attempt, tree, digest, 54321, 54321)
-    assert os.path.ismount(cwd) == agent_is_root and Workspaces.code_of(attempt) == digest
+    cwd, view = spaces.make(attempt, tree, digest, 54321, 54321)
+    assert is_mount(cwd) == is_mount(view) == agent_is_root and Workspaces.code_of(attempt) == digest
+    tree.parent.chmod(0o700)  # the cache, root's alone: the task reaches its code all the same
     pid = os.fork()
     if pid == 0:  # as the task's user: write where the job may
         try:
@@ -231,6 +232,12 @@ def test_the_working_directory_is_the_tasks_own_and_leaves_the_cache_as_it_was(t
             os.setuid(54321)
             (cwd / "out.txt").write_text("mine")
             (cwd / "data" / "b.txt").write_text("mine too")
+            assert (view / "train.py").read_bytes() == b"x" and (cwd / "data" / "a.txt").read_bytes() == b"a"
+            try:
+                (view / "written.txt").write_text("no")
+                os._exit(2)
+            except OSError:
+                pass
             os._exit(0)
         except BaseException:
             os._exit(1)
@@ -240,7 +247,7 @@ def test_the_working_directory_is_the_tasks_own_and_leaves_the_cache_as_it_was(t
     if agent_is_root:
         assert Workspaces.unmount_stale(tmp_path / "jobs", {attempt}) == 0
         assert Workspaces.unmount_stale(tmp_path / "jobs", set()) == 1
-        assert not os.path.ismount(cwd)
+        assert not is_mount(cwd) and not is_mount(view)
         assert (attempt / "code" / "upper" / "out.txt").read_text() == "mine"
     spaces.release(attempt)
     shutil.rmtree(attempt)

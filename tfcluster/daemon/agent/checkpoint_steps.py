@@ -10,7 +10,10 @@ uncompressed. Only what is needed to read a scalar int32/int64 is decoded here.
 
 from __future__ import annotations
 
+import os
 import struct
+
+from tfcluster.daemon.agent import handback
 
 FOOTER_BYTES = 48
 TABLE_MAGIC = 0xdb4775248b80fb57
@@ -21,12 +24,12 @@ INTEGER_FORMATS = {3: "<i", 9: "<q"}  # DataType DT_INT32, DT_INT64 -> struct fo
 MAX_INDEX_BYTES = 64 << 20
 
 
-def read_steps(prefix: str, names: tuple[str, ...]) -> dict[str, int]:
-    """The values of the scalar integer variables among `names` that the checkpoint at prefix holds.
+def read_steps(prefix: str, names: tuple[str, ...], owner: int | None = None) -> dict[str, int]:
+    """The values of the scalar integer variables among `names` that the checkpoint at prefix holds, read from
+    files of owner's alone (the task's user: handback.py).
 
     Raises OSError when a file cannot be read and ValueError when it is not a checkpoint this reads."""
-    with open(prefix + ".index", "rb") as f:
-        index = f.read(MAX_INDEX_BYTES + 1)
+    index = handback.read_bytes(prefix + ".index", owner, MAX_INDEX_BYTES + 1)
     if len(index) > MAX_INDEX_BYTES or len(index) < FOOTER_BYTES:
         raise ValueError(f"{prefix}.index: not a checkpoint index ({len(index)} bytes)")
     blocks = _index_entries(index)
@@ -42,7 +45,7 @@ def read_steps(prefix: str, names: tuple[str, ...]) -> dict[str, int]:
         if layout is None or fields.get(5, 0) != struct.calcsize(layout):
             continue  # not a scalar integer
         data_path = f"{prefix}.data-{fields.get(3, 0):05d}-of-{shards:05d}"
-        with open(data_path, "rb") as f:
+        with os.fdopen(handback.open_file(data_path, owner), "rb") as f:
             f.seek(fields.get(4, 0))
             raw = f.read(struct.calcsize(layout))
         if len(raw) == struct.calcsize(layout):

@@ -1,8 +1,8 @@
 """The node's cache of job code: each archive fetched once, kept beside its unpacked tree, both named by hash.
 
 <state-dir>/code/<hex>.tar.gz is the archive as fetched (other agents may fetch it from here), <hex>/ its tree:
-root-owned, dirs 0755 and files 0644 (0755 where the archive says executable), so that tasks of every UID read
-it and none writes it. A tree appears under its name only once whole (unpacked under another name, then
+root-owned, dirs 0755 and files 0644 (0755 where the archive says executable), so that the tasks that use it read
+it (through their attempt's dir: the cache itself is root's alone, 0700) and none writes it. A tree appears under its name only once whole (unpacked under another name, then
 renamed), so after a restart whatever is named <hex>/ beside its archive is an entry, and anything else left
 there is a crash's leftovers, removed. Unpacking is bounded (unpack.py): an archive past this node's bounds,
 or holding what no tree of code holds, is refused and removed, and no entry is made of it.
@@ -25,12 +25,14 @@ from pathlib import Path
 
 from tfcluster.codechunks import NAME_RE, CodeError
 from tfcluster.codeunpack import label
-from tfcluster.daemon.agent.unpack import DIR_MODE, FILE_MODE, Bounds, unpack
+from tfcluster.daemon.agent.unpack import FILE_MODE, Bounds, unpack
 
 log = logging.getLogger("tfcluster.agent")
 
 DEFAULT_CACHE_BYTES = 10 << 30  # `--cache-bytes 10G`
 UNPACKING = ".unpacking"
+# The cache is root's alone: a task reaches its own job's code through its attempt's dir (workspace.py), never here.
+CACHE_DIR_MODE = 0o700
 
 # Fetches the archive named by a hex digest, for a job, from the sources given, into a file.
 Fetch = Callable[[str, str, tuple[str, ...], Path], None]
@@ -60,7 +62,7 @@ class CodeCache:
         self.pending: dict[str, _Pending] = {}
         self.fetches = 0  # archives fetched by this process: a second launch of a cached hash adds none
         directory.mkdir(parents=True, exist_ok=True)
-        os.chmod(directory, DIR_MODE)
+        os.chmod(directory, CACHE_DIR_MODE)
         self._load()
 
     # ---- paths -------------------------------------------------------------------------------------

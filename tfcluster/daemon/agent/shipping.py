@@ -3,7 +3,8 @@
 A Shipper follows one task's checkpoint dir through its `checkpoint` state file and, for each newly
 committed checkpoint, streams its files and then the state file to every target; ShippingHook starts one
 for each ShipCheckpoints order. `sync_dir` copies a whole checkpoint dir (a restarted group's new nodes need
-the chief's backups too: copies.py). Receiving is peers.py.
+the chief's backups too: copies.py). Receiving is peers.py. Only what the task itself wrote leaves the node: a
+file is sent only if it is a regular file of the task's user, reached without following a link (handback.py).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import logging
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NamedTuple
@@ -22,6 +24,7 @@ import grpc
 
 from tfcluster import layout, pki
 from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc
+from tfcluster.daemon.agent import handback
 from tfcluster.daemon.agent.hooks import TaskHook
 from tfcluster.daemon.logformat import fields
 from tfcluster.model import Attempt, ShipCheckpoints
@@ -68,11 +71,13 @@ def checkpoint_files(directory: str, prefix: str) -> list[str]:
     return sorted(names, key=lambda n: n.endswith(".index"))  # data first, index after
 
 
-def _chunks(job_id: str, directory: str, names: list[str], extra: dict[str, bytes]) -> Iterator[agent_pb2.FileChunk]:
-    """Files from directory, then in-memory files (a state file captured when the checkpoint was seen)."""
-    for name in names:
+def _chunks(job_id: str, opened: deque[tuple[str, int]], extra: dict[str, bytes]) -> Iterator[agent_pb2.FileChunk]:
+    """The files opened (name, descriptor: each is taken off `opened` and closed once read), then in-memory files
+    (a state file captured when the checkpoint was seen)."""
+    while opened:
+        name, fd = opened.popleft()
         digest = hashlib.sha256()
-        with open(os.path.join(directory, name), "rb") as f:
+        with os.fdopen(fd, "rb") as f:
             while True:
                 data = f.read(CHUNK_BYTES)
                 digest.update(data)
@@ -89,26 +94,32 @@ def _chunks(job_id: str, directory: str, names: list[str], extra: dict[str, byte
 
 def put_files(target: Peer, job_id: str, directory: str, names: list[str], credentials: Credentials,
               extra: dict[str, bytes] | None = None) -> tuple[int, float]:
-    """Sends files to the agent of target (only that node's certificate is accepted); returns (bytes, seconds)."""
+    """Sends files to the agent of target (only that node's certificate is accepted); returns (bytes, seconds).
+    Raises OSError (handback.NotTheTasks: a file the task did not make) before anything is sent."""
     if not target.node and not credentials.insecure:
         raise ShipError(f"{target}: the coordinator did not say which node is there (it is older than this agent: "
                         f"upgrade it)")
-    started = time.monotonic()
-    with credentials.channel(target.address, server_name=pki.node_server_name(target.node)) as channel:
-        stub = agent_pb2_grpc.AgentPeerServiceStub(channel)
-        try:
-            reply = stub.PutFiles(_chunks(job_id, directory, names, extra or {}), timeout=SEND_TIMEOUT_SECONDS)
-        except grpc.RpcError as e:
-            raise ShipError(f"{target}: {e.details() or e.code().name}") from None
+    owner = handback.owner_of(directory)
+    opened: deque[tuple[str, int]] = deque()
+    try:
+        for name in names:
+            opened.append((name, handback.open_below(directory, name, owner)))
+        started = time.monotonic()
+        with credentials.channel(target.address, server_name=pki.node_server_name(target.node)) as channel:
+            stub = agent_pb2_grpc.AgentPeerServiceStub(channel)
+            try:
+                reply = stub.PutFiles(_chunks(job_id, opened, extra or {}), timeout=SEND_TIMEOUT_SECONDS)
+            except grpc.RpcError as e:
+                raise ShipError(f"{target}: {e.details() or e.code().name}") from None
+    finally:
+        while opened:  # those the stream did not reach
+            os.close(opened.popleft()[1])
     return reply.bytes, time.monotonic() - started
 
 
 def sync_dir(target: Peer, job_id: str, directory: str, credentials: Credentials) -> tuple[int, float]:
     """Copies every file under directory (state files last) to the agent of target."""
-    names = []
-    for root, _, files in os.walk(directory):
-        for name in files:
-            names.append(os.path.relpath(os.path.join(root, name), directory))
+    names = [name for name, _, _ in handback.files_under(directory)]
     names.sort(key=lambda n: (os.path.basename(n) == STATE_FILE, n))
     return put_files(target, job_id, directory, names, credentials)
 
@@ -152,7 +163,7 @@ class Shipper:
     def _ship_newest(self) -> bool:
         """Ships the newest committed checkpoint where it has not gone yet; True when every target has it."""
         try:
-            state = open(os.path.join(self.directory, STATE_FILE), "rb").read()
+            state = handback.read_bytes(os.path.join(self.directory, STATE_FILE), handback.owner_of(self.directory))
         except OSError:
             return True
         prefix = latest_checkpoint(self.directory, state.decode(errors="replace"))

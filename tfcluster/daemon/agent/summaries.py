@@ -10,6 +10,8 @@ checkpoint), which is how the coordinator learns that the final checkpoint has b
 Only summaries written since the attempt started count: a summary dir shared with an earlier run or job says
 nothing about this one. Event files are read with tensorboard's pure-Python record reader (its TensorFlow
 stub): tensorboard's EventFileLoader imports TensorFlow whenever it is installed, and the agent never does.
+Only files of the evaluator's own user are read, none through a link (handback.py): the reader is given the
+agent's descriptor of the file it checked (/proc/self/fd/N), so what it reads is that file and no other.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any
 from google.protobuf.message import DecodeError
 
 from tfcluster import wire
+from tfcluster.daemon.agent import handback
 from tfcluster.daemon.agent.checkpoint_steps import read_steps
 from tfcluster.daemon.agent.hooks import Send, TaskHook, remember
 from tfcluster.model import Attempt, Evaluation
@@ -44,12 +47,14 @@ SCALAR_FORMATS = {1: "<f", 2: "<d", 3: "<i", 9: "<q"}  # DataType DT_FLOAT, DT_D
 class SummaryReader:
     """Follows one evaluator attempt's summary dir; each poll returns the evaluations that are new or changed."""
 
-    def __init__(self, summary_dir: str, checkpoint_dir: str, since: float):
+    def __init__(self, summary_dir: str, checkpoint_dir: str, since: float, owner: int | None = None):
         from tensorboard.compat.proto import event_pb2
         from tensorboard.compat.tensorflow_stub import errors, pywrap_tensorflow
-        self._event, self._errors, self._open = event_pb2.Event, errors, pywrap_tensorflow.PyRecordReader_New
+        self._event, self._errors, self._reader = event_pb2.Event, errors, pywrap_tensorflow.PyRecordReader_New
         self.summary_dir, self.checkpoint_dir, self.since = summary_dir, checkpoint_dir, since
+        self.owner = owner  # the evaluator's user: only its files are read
         self.files: dict[str, Any] = {}  # event file -> its record reader, which keeps its place
+        self.held: dict[str, Any] = {}  # event file -> the agent's open file of it, which the reader reads through
         self.scanned_at = float("-inf")
         self.metrics: dict[int, dict[str, float]] = {}  # step -> metric -> value
         self.times: dict[int, float] = {}  # step -> when its last scalar was written
@@ -63,10 +68,11 @@ class SummaryReader:
         return [self._evaluation(step) for step in sorted(self._read_scalars())]
 
     def _learn_checkpoints(self) -> None:
-        for prefix in checkpoint_paths(self.checkpoint_dir):
+        state = handback.read_state(self.checkpoint_dir, self.owner) if self.checkpoint_dir else None
+        for prefix in checkpoint_paths(self.checkpoint_dir, state) if state is not None else []:
             if prefix not in self.checkpoints:
                 try:
-                    steps = set(read_steps(prefix, STEP_VARIABLES).values())
+                    steps = set(read_steps(prefix, STEP_VARIABLES, self.owner).values())
                 except (OSError, ValueError):
                     steps = set()  # deleted meanwhile, or not readable: the number in its name still labels it
                 self.checkpoints[prefix] = (steps, checkpoint_step(prefix))
@@ -86,6 +92,7 @@ class SummaryReader:
                 try:
                     self.files[path] = self._open(path)
                 except (OSError, self._errors.OpError):
+                    self.held.pop(path, None)
                     continue
         changed: set[int] = set()
         for path, reader in sorted(self.files.items()):
@@ -99,15 +106,20 @@ class SummaryReader:
                     changed.add(event.step)
         return changed
 
+    def _open(self, path: str):
+        """A record reader of the event file, reading through the agent's descriptor of it (see the module's
+        docstring); the file stays open for as long as this reader follows it."""
+        self.held[path] = os.fdopen(handback.open_file(path, self.owner), "rb")
+        return self._reader(f"/proc/self/fd/{self.held[path].fileno()}")
+
     def _new_event_files(self) -> list[str]:
         """Event files under the summary dir (TensorBoard's callback writes into subfolders) not followed yet
-        and written to since the attempt started."""
+        and written to since the attempt started; the walk follows no link."""
         found = []
-        for folder, _, names in os.walk(self.summary_dir):
-            for name in names:
-                path = os.path.join(folder, name)
-                if EVENT_FILE_MARK in name and path not in self.files and _modified_since(path, self.since):
-                    found.append(path)
+        for relative, _, name in handback.files_under(self.summary_dir):
+            path = os.path.join(self.summary_dir, relative)
+            if EVENT_FILE_MARK in name and path not in self.files and _modified_since(path, self.since):
+                found.append(path)
         return found
 
     def _new_events(self, reader) -> list:
@@ -159,7 +171,7 @@ class EvaluatorSummaries:
         if reader is None:
             try:
                 reader = self.readers[attempt] = SummaryReader(record.summary_dir, record.checkpoint_dir,
-                                                               record.started_at)
+                                                               record.started_at, record.uid)
             except ImportError:
                 self.unavailable = True
                 log.warning("evaluator summaries are not read: this agent's Python lacks the tensorboard package")

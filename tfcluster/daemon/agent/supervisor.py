@@ -163,7 +163,7 @@ class Supervisor:
         status = _read_status(record)
         pgid = (status.pgid if status is not None else 0) or record.pid
         if status is not None and status.ended:
-            ended = self._finish(record, status.phase, exit_of(status, record.checkpoint_dir))
+            ended = self._finish(record, status.phase, exit_of(status, record.checkpoint_dir, record.uid))
         elif not pgid:
             # The shim ended before it started the task: a stop that came first (its SIGTERM ends a shim that has
             # not yet set its handler), or the shim's own failure, which it wrote to its log.
@@ -195,8 +195,9 @@ class Supervisor:
                 usage = UsageFile.read(record.dir) or UsageFile()
             except TaskFileError:  # left out: the attempt's exit carries its final figures all the same
                 usage = UsageFile()
-            found.append(TaskProgress(record.attempt, total_bytes(record.dir), newest_checkpoint(record.checkpoint_dir),
-                                      usage.cpu_seconds, usage.rss_bytes, usage.peak_rss_bytes))
+            checkpoint = newest_checkpoint(record.checkpoint_dir, record.uid)
+            found.append(TaskProgress(record.attempt, total_bytes(record.dir), checkpoint, usage.cpu_seconds,
+                                      usage.rss_bytes, usage.peak_rss_bytes))
         return found
 
     def finish_training(self, attempt: Attempt, final_checkpoint: str) -> None:
@@ -299,7 +300,7 @@ class Supervisor:
                 log.info("reattached to %s (pid %d)", record.name, record.pid, extra=fields(record.attempt))
             elif status.ended and time.time() - status.finished < FINISHED_KEPT_SECONDS:
                 # It ended while no agent watched: the coordinator still needs to hear how.
-                record.phase, record.exit = status.phase, exit_of(status, record.checkpoint_dir)
+                record.phase, record.exit = status.phase, exit_of(status, record.checkpoint_dir, record.uid)
                 record.finished_at = status.finished
                 record.exited.set()
                 self.tasks[record.key] = record

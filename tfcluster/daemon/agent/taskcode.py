@@ -36,13 +36,13 @@ class TaskCode:
 
     def prepare(self, attempt: Attempt, attempt_dir: Path, sha256: str, sources: tuple[str, ...], uid: int,
                 gid: int) -> tuple[Path, Path]:
-        """(the task's working directory, the cached tree under it), fetching the archive if this node lacks
-        it. Raises CodeError with why the task cannot start."""
+        """(the task's working directory, its read-only view of the cached tree), fetching the archive if this
+        node lacks it. Raises CodeError with why the task cannot start."""
         hex_digest = hex_of(sha256)
         self.serving.used_by(attempt.job_id, hex_digest)  # from now: the job's other nodes may ask while it comes
         tree = self.cache.acquire(hex_digest, attempt.job_id, sources, pin=str(attempt_dir))
         try:
-            return self.workspaces.make(attempt_dir, tree, hex_digest, uid, gid), tree
+            return self.workspaces.make(attempt_dir, tree, hex_digest, uid, gid)
         except OSError as e:
             self.release(attempt_dir)
             raise CodeError(f"cannot make the task's working directory over its code: {e}") from None
@@ -61,7 +61,7 @@ class TaskCode:
         if stopped():
             self.release(attempt_dir)
             raise CodeError("stopped before it started")
-        env[layout.CODE_DIR] = str(tree)
+        env[layout.CODE_DIR] = str(tree)  # the job's own read-only view of the cached tree
         return str(cwd)
 
     def release(self, attempt_dir: Path) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 import psutil
 
 from tfcluster import layout
+from tfcluster.daemon.agent import handback
 from tfcluster.daemon.agent.taskfiles import LaunchFile, ShimStatus
 from tfcluster.daemon.agent.taskrunner import process_start
 from tfcluster.model import Attempt, TaskExit, TaskReport
@@ -37,6 +38,7 @@ class TaskRecord:
     gpus: str = ""  # its CUDA_VISIBLE_DEVICES: the node's GPUs it holds (GPU metrics name the task by it)
     summary_dir: str = ""  # an evaluator's TFCLUSTER_SUMMARY_DIR: its agent reports the summaries written there
     group: int = -1  # the job's group on this node, which may read the control file; -1: the agent's own
+    uid: int | None = None  # the task's user: the agent reads only files of its (handback.py); None: the agent's own
     started_at: float = field(default_factory=time.time)  # summaries older than this are not its own
     listening: bool = False
     detail: str = ""  # what it waits for before it starts ("building environment"), since detail_since (monotonic)
@@ -72,23 +74,26 @@ class TaskRecord:
                    checkpoint_dir=launch.env.get(layout.CHECKPOINT_DIR, ""),
                    gpus=launch.env.get(layout.CUDA_VISIBLE_DEVICES, ""),
                    summary_dir=launch.env.get(layout.SUMMARY_DIR, ""), started_at=status.started,
-                   group=-1 if launch.file_group is None else launch.file_group)
+                   group=-1 if launch.file_group is None else launch.file_group, uid=launch.uid)
 
     def report(self) -> TaskReport:
         """The attempt's report to the coordinator (wire.py sends it)."""
         return TaskReport(self.attempt, self.phase, pid=self.pid, listening=self.listening, exit=self.exit)
 
 
-def exit_of(status: ShimStatus, checkpoint_dir: str) -> TaskExit:
+def exit_of(status: ShimStatus, checkpoint_dir: str, owner: int | None = None) -> TaskExit:
     """The exit its shim recorded, as the agent reports it: with the task's final checkpoint when it succeeded
     (the agent, not the shim, knows where checkpoints go)."""
     exit = status.exit or TaskExit(message="ended without a record of how")
-    return dataclasses.replace(exit, final_checkpoint=newest_checkpoint(checkpoint_dir) if exit.succeeded else "")
+    newest = newest_checkpoint(checkpoint_dir, owner) if exit.succeeded else ""
+    return dataclasses.replace(exit, final_checkpoint=newest)
 
 
-def newest_checkpoint(directory: str) -> str:
-    """The newest committed checkpoint in a task's checkpoint dir, relative to it ("" if none)."""
-    newest = latest_checkpoint(directory) if directory else None
+def newest_checkpoint(directory: str, owner: int | None = None) -> str:
+    """The newest committed checkpoint in a task's checkpoint dir, relative to it ("" if none), from a state file
+    of owner's (the task's user: handback.py)."""
+    state = handback.read_state(directory, owner) if directory else None
+    newest = latest_checkpoint(directory, state) if state is not None else None
     return os.path.relpath(newest, directory) if newest else ""
 
 

@@ -8,8 +8,13 @@ task's user, so the task may create files anywhere in it (a file it changes is c
 Otherwise the tree is copied into the attempt's dir and given to the task's user. Hard links are never used:
 a task could change the shared inodes through them.
 
-Layout, under the attempt's dir: code/cwd (the working directory), code/upper and code/work (the overlay's),
-code/sha256 (which archive, read again after an agent restart).
+The node's cache is root's alone (0700): no task may list or read another job's code there. A task reaches its
+own code through its working directory (the overlay reads its lower layer with the agent's rights), and as
+fetched through code/tree, a read-only bind mount of the cached tree under its attempt's dir, which only its job
+may enter (TFCLUSTER_CODE_DIR); where no mount can be made, code/tree is a copy.
+
+Layout, under the attempt's dir: code/cwd (the working directory), code/tree (the code as fetched),
+code/upper and code/work (the overlay's), code/sha256 (which archive, read again after an agent restart).
 """
 
 from __future__ import annotations
@@ -24,7 +29,9 @@ from pathlib import Path
 log = logging.getLogger("tfcluster.agent")
 
 CODE_DIR = "code"
+MOUNT_NAMES = ("cwd", "tree")  # the mounts of an attempt's code dir
 MNT_DETACH = 2
+MS_RDONLY, MS_REMOUNT, MS_BIND = 1, 32, 4096
 _OVERLAY_UNSAFE = frozenset(",:\\\n")  # what the overlay's mount options cannot carry in a path
 
 
@@ -34,31 +41,37 @@ class Workspaces:
         self.how = "overlay mounts over the cached code" if not self.overlay_problem else \
             f"copies of the cached code (no overlay mounts: {self.overlay_problem})"
 
-    def make(self, attempt_dir: Path, tree: Path, hex_digest: str, uid: int, gid: int) -> Path:
-        """The attempt's working directory over the tree, its own and writable by uid:gid."""
+    def make(self, attempt_dir: Path, tree: Path, hex_digest: str, uid: int, gid: int) -> tuple[Path, Path]:
+        """(the attempt's working directory over the tree, its own and writable by uid:gid; the tree as fetched,
+        read-only, where the attempt's job alone reaches it)."""
         base = attempt_dir / CODE_DIR
         self.release(attempt_dir)  # a directory left by an earlier try at this attempt starts over
         shutil.rmtree(base, ignore_errors=True)
         base.mkdir(mode=0o755)
         (base / "sha256").write_text(hex_digest + "\n")
-        cwd = base / "cwd"
+        cwd, view = base / "cwd", base / "tree"
         if not self.overlay_problem and not _OVERLAY_UNSAFE.intersection(f"{tree}{base}"):
             upper, work = base / "upper", base / "work"
             work.mkdir(mode=0o700)
             _mirror_dirs(tree, upper, uid, gid)
             cwd.mkdir(mode=0o755)
             _mount_overlay(tree, upper, work, cwd)
+            view.mkdir(mode=0o755)
+            _bind_read_only(tree, view)
         else:
             shutil.copytree(tree, cwd, symlinks=True)
             _give(cwd, uid, gid)
-        return cwd
+            shutil.copytree(tree, view, symlinks=True)  # root's, as the cache's: read-only to the task
+        return cwd, view
 
     @staticmethod
     def release(attempt_dir: Path) -> None:
-        """Unmounts the attempt's working directory (if it is a mount); what the task wrote stays in upper/."""
-        cwd = attempt_dir / CODE_DIR / "cwd"
-        if os.path.ismount(cwd):
-            _umount(cwd)
+        """Unmounts the attempt's working directory and view of the tree (where they are mounts); what the task
+        wrote stays in upper/."""
+        for name in MOUNT_NAMES:
+            mount_point = attempt_dir / CODE_DIR / name
+            if is_mount(mount_point):
+                _umount(mount_point)
 
     @staticmethod
     def code_of(attempt_dir: Path) -> str:
@@ -72,14 +85,14 @@ class Workspaces:
     def unmount_stale(jobs_dir: Path, live: set[Path]) -> int:
         """Unmounts the working directories under jobs_dir of attempts not in `live` (their task ended while no
         agent watched, or they were never started): found in the mount table, so a restart leaves none behind."""
-        count = 0
-        for mount_point in _overlay_mounts():
+        stale = set()
+        for mount_point in _mount_points():
             path = Path(mount_point)
-            if path.name == "cwd" and path.parent.name == CODE_DIR and jobs_dir in path.parents \
+            if path.name in MOUNT_NAMES and path.parent.name == CODE_DIR and jobs_dir in path.parents \
                     and path.parent.parent not in live:
                 _umount(path)
-                count += 1
-        return count
+                stale.add(path.parent.parent)
+        return len(stale)
 
 
 def _probe(directory: Path) -> str:
@@ -112,6 +125,18 @@ def _mount_overlay(lower: Path, upper: Path, work: Path, target: Path) -> None:
         raise OSError(number, f"overlay mount: {os.strerror(number)}", str(target))
 
 
+def _bind_read_only(source: Path, target: Path) -> None:
+    """source seen at target, read-only: a bind mount, then made read-only (a bind mount takes no flags of its
+    own at first)."""
+    libc = _libc()
+    for flags in (MS_BIND, MS_REMOUNT | MS_BIND | MS_RDONLY):
+        if libc.mount(str(source).encode(), str(target).encode(), None, flags, None) != 0:
+            number = ctypes.get_errno()
+            if flags != MS_BIND:
+                _umount(target)
+            raise OSError(number, f"read-only bind mount: {os.strerror(number)}", str(target))
+
+
 def _umount(target: Path) -> None:
     """Detaches the mount: a process still in it (a straggler of the task) does not keep it from going."""
     if _libc().umount2(str(target).encode(), MNT_DETACH) != 0 and ctypes.get_errno() not in (errno.EINVAL,
@@ -120,15 +145,19 @@ def _umount(target: Path) -> None:
         log.warning("cannot unmount %s: %s", target, os.strerror(number))
 
 
-def _overlay_mounts() -> list[str]:
-    """The mount points of overlay mounts in this process's mount table (octal escapes undone)."""
+def is_mount(path: Path) -> bool:
+    """True when something is mounted on path; unlike os.path.ismount, also a bind mount of a dir of the same
+    filesystem (the mount table says so, device numbers do not)."""
+    return str(path) in _mount_points()
+
+
+def _mount_points() -> list[str]:
+    """The mount points in this process's mount table (octal escapes undone)."""
     found = []
     try:
         with open("/proc/self/mountinfo") as f:
             for line in f:
-                left, _, right = line.partition(" - ")
-                if right.split(" ", 1)[0] == "overlay":
-                    found.append(left.split(" ")[4].encode().decode("unicode_escape"))
+                found.append(line.split(" ")[4].encode().decode("unicode_escape"))
     except OSError:
         pass
     return found
