@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-multihost demo-ha test test-unit docs docs-check bench protos clean
+.PHONY: demo demo-multihost demo-ha test test-unit test-suites docs docs-check bench protos clean
 
 # mkdocs 1.6 prints a banner about its successor on every build; it says nothing about this manual.
 export NO_MKDOCS_2_WARNING := 1
@@ -32,6 +32,11 @@ test: docs-check
 test-unit: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider tests/unit
 
+# The unit and integration suites alone (no TensorFlow jobs), e.g. on another Python in a virtualenv of its own:
+#   make test-suites PYTHON=/usr/bin/python3 VENV=.venv-system
+test-suites: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider tests/unit tests/integration
+
 # The manual (docs/, mkdocs.yml) as a site in build/site.
 docs: $(STAMP)
 	$(PY) -m mkdocs build --strict --site-dir build/site
@@ -51,10 +56,11 @@ bench: $(STAMP)
 	$(PY) bench/etcdstore.py
 	$(PY) bench/failover.py
 	$(PY) bench/connections.py
+	$(PY) bench/streams.py
 
 # Regenerate tfcluster/api/v1 from protos/ (commit the result; a test checks they match).
 protos: $(STAMP)
 	$(PY) scripts/genproto.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) .venv-*/ build *.egg-info

@@ -4,6 +4,11 @@ any certificate, holds many idle and half-open connections there, and sends over
 with a viewer's and a node's certificate. Prints, as JSON, the status codes each kind of call got.
 
     python flood.py CONFIG.json   (join, main: addresses; ca, viewer, node: [ca, cert, key] PEM paths; seconds)
+
+Or, with `job` in the config, an insider: a user who opens thousands of WatchJob calls on his own job at once
+over a few connections, and holds those the coordinator lets through for a few seconds.
+
+    python flood.py CONFIG.json   (main; ca, user: PEM paths; job; streams; connections; seconds)
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import grpc
 COORDINATOR_NAME = "coordinator.tfcluster.invalid"  # pki.COORDINATOR_NAME, without importing tfcluster
 JOIN, GET_STATUS = "/tfcluster.v1.JoinService/Join", "/tfcluster.v1.ControlService/GetStatus"
 REGISTER = "/tfcluster.v1.AgentService/Register"
+WATCH = "/tfcluster.v1.ControlService/WatchJob"
 BIG = 60 * 1000 * 1000
 
 
@@ -48,14 +54,16 @@ class Attacker:
         self.lock = threading.Lock()
         self.ca = Path(config["ca"]).read_bytes()
 
-    def channel(self, address: str, pems: list[str] | None = None) -> grpc.Channel:
+    def channel(self, address: str, pems: list[str] | None = None, own_connection: bool = False) -> grpc.Channel:
         if pems:
             ca, cert, key = (Path(p).read_bytes() for p in pems)
             creds = grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
         else:
             creds = grpc.ssl_channel_credentials(root_certificates=self.ca)
+        # Channels to one address share a connection unless each keeps its subchannels to itself.
         return grpc.secure_channel(address, creds, options=[("grpc.ssl_target_name_override", COORDINATOR_NAME),
-                                                            ("grpc.max_send_message_length", -1)])
+                                                            ("grpc.max_send_message_length", -1),
+                                                            ("grpc.use_local_subchannel_pool", int(own_connection))])
 
     def call(self, kind: str, channel: grpc.Channel, method: str, body: bytes, timeout: float = 10) -> None:
         self.record(kind, lambda: channel.unary_unary(method)(body, timeout=timeout))
@@ -110,6 +118,32 @@ class Attacker:
         for s in held:
             s.close()
 
+    def hold_streams(self) -> dict:
+        """Opens `streams` WatchJob calls on `job` at once, spread over `connections` connections, and holds
+        those let through (each got the job's status) until `seconds` have passed since the first was opened;
+        then cancels them, as a client that goes away does."""
+        c = self.config
+        body = b"\x0a" + varint(len(c["job"].encode())) + c["job"].encode()
+        channels = [self.channel(c["main"], c["user"], own_connection=True) for _ in range(c["connections"])]
+        began = time.monotonic()
+        calls = [channels[i % len(channels)].unary_stream(WATCH)(body, timeout=c["seconds"] + 60)
+                 for i in range(c["streams"])]
+        held = []
+
+        def first_status(call) -> None:
+            next(call)  # raises the call's refusal
+            held.append(call)
+        for call in calls:
+            self.record("watch", lambda call=call: first_status(call))
+        answered = time.monotonic() - began
+        time.sleep(max(0.0, began + c["seconds"] - time.monotonic()))
+        for call in held:
+            call.cancel()
+        for channel in channels:
+            channel.close()
+        return {"codes": {k: dict(v) for k, v in self.codes.items()}, "details": self.details,
+                "held": len(held), "all_answered_seconds": round(answered, 3)}
+
     def run(self) -> dict:
         c = self.config
         junk = join_request("not-a-token", "flood", b"-----BEGIN CERTIFICATE REQUEST-----")
@@ -138,4 +172,5 @@ class Attacker:
 
 
 if __name__ == "__main__":
-    print(json.dumps(Attacker(json.loads(Path(sys.argv[1]).read_text())).run()))
+    attacker = Attacker(json.loads(Path(sys.argv[1]).read_text()))
+    print(json.dumps(attacker.hold_streams() if "job" in attacker.config else attacker.run()))

@@ -63,7 +63,7 @@ POLICY: dict[str, Rule] = {
     AGENT + "FetchCode": Rule(frozenset({NODE}), NAMES),  # the handler checks the job has a task on the caller
     JOIN + "Join": Rule(frozenset({ANONYMOUS}), NAMES),
     PEER + "PutFiles": Rule(frozenset({NODE}), CHUNK),
-    PEER + "GetCode": Rule(frozenset({NODE}), NAMES),  # only the code of a job whose task used it there
+    PEER + "GetCode": Rule(frozenset({NODE}), NAMES),  # a job's code, to the nodes the coordinator sent there
     CONTROL + "GetStatus": Rule(READERS, NAMES),
     CONTROL + "ListNodes": Rule(READERS, NAMES),
     CONTROL + "ListJobs": Rule(READERS, NAMES),
@@ -81,6 +81,9 @@ POLICY: dict[str, Rule] = {
     CONTROL + "CodeStatus": Rule(SUBMITTERS, NAMES),
     CONTROL + "UploadCode": Rule(SUBMITTERS, CHUNK),  # what one stream may store is bounded by --max-code-bytes
 }
+# The calls a client may keep open as long as it likes (following a job or a log, sending code): the coordinator
+# bounds how many each caller holds at once (coordinator/streamlimits.py). An agent's own streams are not here.
+LONG_LIVED = frozenset({CONTROL + "StreamLogs", CONTROL + "WatchJob", CONTROL + "UploadCode"})
 HEALTH_MAX_BYTES = 4 * KIB  # a health check names a service
 # What a server that serves these methods must let gRPC take in at all; the bound per method is checked after.
 MAX_REQUEST_BYTES = max(rule.max_request_bytes for rule in POLICY.values())
@@ -220,8 +223,9 @@ def _guarded(handler, method: str, check: Callable, admit: Callable | None):
 
 
 def _enter(check: Callable, admit: Callable | None, messages: Messages, streaming: bool, request, context):
-    """The gate, then admit (the join port's rate), then the request's size: the request decoded (on a stream,
-    an iterator and a context that decode each message) and the context; (None, None) once refused."""
+    """The gate, then admit (the join port's rate, a caller's open calls), then the request's size: the request
+    decoded (on a stream, an iterator and a context that decode each message) and the context; (None, None) once
+    refused."""
     try:
         _caller.set(check(context.auth_context()))
         if admit is not None:
@@ -243,17 +247,29 @@ def _enter(check: Callable, admit: Callable | None, messages: Messages, streamin
 class AsyncGuard(grpc.aio.ServerInterceptor):
     """The gate in front of every handler of an asyncio server (the coordinator's), and the bound on each
     request's size. gate=None (--insecure) keeps only the bounds; admit(context), if given, refuses a call
-    by raising Refused once the gate let it through (the join port's rate limit)."""
+    by raising Refused once the gate let it through (the join port's rate limit); admit_long_lived(context)
+    does the same for the calls in LONG_LIVED only (the coordinator's count of each caller's open calls)."""
 
-    def __init__(self, gate: Gate | None, admit: Callable | None = None):
-        self.gate, self.admit = gate, admit
+    def __init__(self, gate: Gate | None, admit: Callable | None = None, admit_long_lived: Callable | None = None):
+        self.gate, self.admit, self.admit_long_lived = gate, admit, admit_long_lived
 
     async def intercept_service(self, continuation, details):
         handler = await continuation(details)
         if handler is None:
             return None
         check = functools.partial(self.gate.check, details.method) if self.gate else _nobody
-        return _guarded(handler, details.method, check, self.admit)
+        admit = self.admit
+        if self.admit_long_lived is not None and details.method in LONG_LIVED:
+            admit = _in_turn(admit, self.admit_long_lived) if admit else self.admit_long_lived
+        return _guarded(handler, details.method, check, admit)
+
+
+def _in_turn(*admits: Callable) -> Callable:
+    """One admit that runs each of admits, in order: the first refusal is the call's."""
+    def admit(context) -> None:
+        for each in admits:
+            each(context)
+    return admit
 
 
 def _nobody(auth: dict) -> None:

@@ -67,18 +67,22 @@ EtcdCaOpt = typer.Option(None, "--etcd-ca", metavar="FILE",
 EtcdCertOpt = typer.Option(None, "--etcd-cert", metavar="FILE",
                            help="With --etcd-ca: the client certificate presented to etcd (etcd's --client-cert-auth).")
 EtcdKeyOpt = typer.Option(None, "--etcd-key", metavar="FILE", help="The private key of --etcd-cert.")
+EtcdInsecureOpt = typer.Option(False, "--etcd-insecure",
+                               help="With --store etcd://... and no --etcd-ca: reach etcd over plain HTTP, which "
+                                    "is refused otherwise. Anyone who can reach etcd then reads and changes the "
+                                    "cluster's state. For tests and throwaway clusters only.")
 
 coordinator_app = typer.Typer(rich_markup_mode=None)
 app.add_typer(coordinator_app, name="coordinator")
 
 
-def _etcd_tls(ca: Optional[Path], cert: Optional[Path], key: Optional[Path]):
+def _etcd_tls(ca: Optional[Path], cert: Optional[Path], key: Optional[Path], insecure: bool = False):
     from tfcluster.daemon.coordinator.etcdgateway import EtcdTls
 
     for flag, path in (("--etcd-ca", ca), ("--etcd-cert", cert), ("--etcd-key", key)):
         if path is not None and not path.is_file():
             fail(f"{flag}: {path} is not a file", 2)
-    return EtcdTls(str(ca or ""), str(cert or ""), str(key or ""))
+    return EtcdTls(str(ca or ""), str(cert or ""), str(key or ""), insecure)
 
 
 @coordinator_app.callback(invoke_without_command=True)
@@ -95,11 +99,16 @@ def coordinator(
     etcd_ca: Optional[Path] = EtcdCaOpt,
     etcd_cert: Optional[Path] = EtcdCertOpt,
     etcd_key: Optional[Path] = EtcdKeyOpt,
+    etcd_insecure: bool = EtcdInsecureOpt,
     lost_after: float = typer.Option(3.0, min=0.5, help="Seconds without a heartbeat before a node is LOST."),
     heartbeat_interval: float = typer.Option(1.0, min=0.1, help="Seconds between agent heartbeats."),
     max_heartbeats_per_second: float = typer.Option(
         1000.0, min=0.0, help="In a cluster so large that its heartbeats would come more often, agents heartbeat "
                               "less often, and --lost-after stretches in step (0: no bound)."),
+    max_streams_per_caller: int = typer.Option(
+        32, min=0, metavar="N", help="The most calls one caller (a certificate's holder) may keep open at once: "
+                                     "following jobs or logs (the dashboard's log views too), sending code; the "
+                                     "next is refused until one ends (0: no bound)."),
     keep_finished_jobs: int = typer.Option(1000, min=0, help="Ended jobs kept (the oldest are removed first)."),
     keep_finished_for: str = typer.Option("7d", metavar="DURATION",
                                           help="How long an ended job is kept, e.g. 12h or 30d."),
@@ -184,6 +193,7 @@ def coordinator(
         fail(f"--heartbeat-interval ({heartbeat_interval}) must be shorter than --lost-after ({lost_after})", 2)
     options = dict(state_dir=state_dir or default_state_dir("coordinator"), lost_after_seconds=lost_after,
                    heartbeat_interval_seconds=heartbeat_interval, max_heartbeats_per_second=max_heartbeats_per_second,
+                   max_streams_per_caller=max_streams_per_caller,
                    insecure=insecure, token=token,
                    keep_finished_jobs=keep_finished_jobs, keep_finished_seconds=keep_for,
                    node_cert_seconds=node_cert_seconds, http_listen=http_listen or "", task_uids=task_uids,
@@ -194,11 +204,11 @@ def coordinator(
     try:
         if (store or "").startswith("etcd://"):  # several coordinators may share it: one leads at a time
             from tfcluster.daemon.coordinator import ha
-            ha.run(options, listen, join_listen or "", tls_dir, store, _etcd_tls(etcd_ca, etcd_cert, etcd_key),
-                   advertise_address or "")
+            ha.run(options, listen, join_listen or "", tls_dir, store,
+                   _etcd_tls(etcd_ca, etcd_cert, etcd_key, etcd_insecure), advertise_address or "")
             return
         serve(CoordinatorServer(listen, tls_dir=tls_dir, join_listen=join_listen or "", store_url=store or "",
-                                etcd_tls=_etcd_tls(etcd_ca, etcd_cert, etcd_key), **options))
+                                etcd_tls=_etcd_tls(etcd_ca, etcd_cert, etcd_key, etcd_insecure), **options))
     except PolicyError as e:
         fail(f"--policy: {e}", 2)
     except StoreUrlError as e:
@@ -224,12 +234,13 @@ def migrate_store(
     etcd_ca: Optional[Path] = EtcdCaOpt,
     etcd_cert: Optional[Path] = EtcdCertOpt,
     etcd_key: Optional[Path] = EtcdKeyOpt,
+    etcd_insecure: bool = EtcdInsecureOpt,
 ) -> None:
     """Copy a stopped coordinator's whole state (jobs, nodes, tokens, removals, usage) into another store."""
     from tfcluster.daemon.coordinator.store import StoreUrlError, open_store
     from tfcluster.daemon.coordinator.storecopy import TargetNotEmpty, copy_store
 
-    tls = _etcd_tls(etcd_ca, etcd_cert, etcd_key)
+    tls = _etcd_tls(etcd_ca, etcd_cert, etcd_key, etcd_insecure)
     if source == target:
         fail("--from and --to name the same store", 2)
     for flag, url in (("--from", source), ("--to", target)):

@@ -30,6 +30,7 @@ from tfcluster.daemon.coordinator.metrics import CoordinatorMetrics
 from tfcluster.daemon.coordinator.policy import Policy, PolicyError, parse
 from tfcluster.daemon.coordinator.server import build
 from tfcluster.daemon.coordinator.service import ControlServicer
+from tfcluster.daemon.coordinator.streamlimits import DEFAULT_PER_CALLER, StreamLimits
 from tfcluster.daemon.coordinator.store import Store
 from tfcluster.daemon.coordinator.taskusers import UidRange
 from tfcluster.daemon.web import WebListener, parse_listen
@@ -57,7 +58,7 @@ class CoordinatorServer:
                  policy_path: Path | None = None, etcd_tls: EtcdTls | None = None,
                  max_code_bytes: int = DEFAULT_MAX_CODE_BYTES, code_store_bytes: int = DEFAULT_CODE_STORE_BYTES,
                  store: Store | None = None, max_heartbeats_per_second: float = 0.0,
-                 max_code_unpacked_bytes: int | None = None):
+                 max_code_unpacked_bytes: int | None = None, max_streams_per_caller: int = DEFAULT_PER_CALLER):
         if (tls_dir is None) == (not insecure):
             raise ValueError("give --tls-dir (see `tfcluster ca init`) or --insecure")
         self.listen, self.join_listen, self.token = listen, join_listen or next_port(listen), token
@@ -83,6 +84,7 @@ class CoordinatorServer:
         self.server: grpc.aio.Server | None = None
         self.join_server: grpc.aio.Server | None = None
         self.join_limiter = JoinLimiter()
+        self.streams = StreamLimits(max_streams_per_caller)  # the gRPC calls and the dashboard's log views
         self.health = HealthServicer()
         self.address = self.join_address = ""
         self.metrics: CoordinatorMetrics | None = None
@@ -93,7 +95,7 @@ class CoordinatorServer:
             self.coordinator.cluster.observer = self.metrics
             web_credentials = self.credentials if tls_dir else security.Credentials(token=token)
             self.web = WebListener(http_listen, web_credentials, self.metrics.registry, self._refusal)
-            Dashboard(self.coordinator, self.web)
+            Dashboard(self.coordinator, self.web, self.streams)
 
     def reload_policy(self) -> bool:
         """Reads the policy file again (SIGHUP). One with a mistake is logged and the policy in force stays."""
@@ -120,9 +122,11 @@ class CoordinatorServer:
     def _interceptors(self) -> list:
         counting = [self.metrics.interceptor()] if self.metrics else []
         if self.credentials.insecure:
-            return counting + async_server_interceptors(self.token) + [security.AsyncGuard(None)]
+            return counting + async_server_interceptors(self.token) + \
+                [security.AsyncGuard(None, admit_long_lived=self.streams.admit)]
         # Trust is read at each call: a node removed a moment ago is refused.
-        return counting + [security.AsyncGuard(security.Gate(is_revoked=self._refusal))]
+        return counting + [security.AsyncGuard(security.Gate(is_revoked=self._refusal),
+                                               admit_long_lived=self.streams.admit)]
 
     async def start(self, listener: Listener | None = None) -> "CoordinatorServer":
         """Serves on listener (a standby's, which won: its connections carry over) or on a server of its own."""

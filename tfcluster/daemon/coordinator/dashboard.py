@@ -25,9 +25,10 @@ from tfcluster import __version__, views, wire
 from tfcluster.api.v1 import control_pb2
 from tfcluster.daemon.coordinator import access, status
 from tfcluster.daemon.coordinator.accounting import job_usage
-from tfcluster.daemon.coordinator.job import Job
+from tfcluster.daemon.coordinator.job import Job, Task
 from tfcluster.daemon.coordinator.logins import COOKIE, SESSION_SECONDS
 from tfcluster.daemon.coordinator.server import Coordinator
+from tfcluster.daemon.coordinator.streamlimits import StreamLimits, TooManyStreams, caller_name
 from tfcluster.daemon.web import CALLER, WebListener
 from tfcluster.pki import Identity
 from tfcluster.states import JobState, NodeState
@@ -59,8 +60,9 @@ def json_response(data) -> web.Response:
 
 
 class Dashboard:
-    def __init__(self, coordinator: Coordinator, listener: WebListener):
+    def __init__(self, coordinator: Coordinator, listener: WebListener, streams: StreamLimits):
         self.c = coordinator
+        self.streams = streams  # a log view stays open like StreamLogs, and counts with the caller's gRPC calls
         self.secure = listener.context is not None
         listener.authorizers.append(self._session)
         listener.open_paths.add("/login")
@@ -158,6 +160,16 @@ class Dashboard:
         job = self._readable_job(request)
         task = _find_task(job, request.match_info["task"])
         follow = request.query.get("follow") == "1"
+        try:
+            release = self.streams.enter(caller_name(request.get(CALLER), request.remote or "unknown"))
+        except TooManyStreams as e:
+            raise web.HTTPTooManyRequests(text=f"{e}\n") from None
+        try:
+            return await self._send_log(request, job, task, follow)
+        finally:
+            release()
+
+    async def _send_log(self, request: web.Request, job: Job, task: Task, follow: bool) -> web.StreamResponse:
         try:
             request_id, waiter = self.c.open_log(job.id, task.type, task.index, _int(request, "attempt", 0),
                                                  follow, min(_int(request, "tail", LOG_TAIL_LINES), MAX_TAIL_LINES))

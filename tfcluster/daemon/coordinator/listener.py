@@ -18,17 +18,27 @@ import functools
 import grpc
 
 from tfcluster import security
+from tfcluster.daemon.coordinator.streamlimits import DEFAULT_PER_CALLER
 
 MAX_MESSAGE_BYTES = 64 << 20  # sent: one job's status with thousands of tasks still fits
 # Taken in: the largest request any method takes (security.POLICY bounds each method below it).
 MAX_RECEIVE_BYTES = security.MAX_REQUEST_BYTES
+# Calls open at once on one connection (HTTP/2's SETTINGS_MAX_CONCURRENT_STREAMS, unbounded in gRPC by default):
+# a client's calls past it wait in the client for one to end. Every call gRPC takes in waits its turn on the
+# event loop (about 0.3 ms each), ahead of the calls that come after it from anyone: a lower bound keeps fewer
+# of one client's calls ahead of everyone else's. Twice the default share of open streams per caller (counted
+# over all its connections), so that a client holding all of its share on one connection has as many places
+# left for its other calls. An agent's session stream and its few other calls travel on a connection of its
+# own, which no client's calls share.
+STREAMS_PER_CONNECTION = 2 * DEFAULT_PER_CALLER
 # No BDP probing: it grows a connection's receive window to megabytes, and a message refused for its size from
 # its length prefix would still come in up to that window (a 60 MB one cost 80 MB at a time). gRPC's 64 KiB
 # window is ample for a LAN; what the coordinator sends is not affected. Pings without calls are allowed: an
 # agent's kept connection to a standby carries none between its pulses.
 OPTIONS = [("grpc.keepalive_permit_without_calls", 1), ("grpc.http2.min_ping_interval_without_data_ms", 5000),
            ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES), ("grpc.http2.bdp_probe", 0),
-           ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
+           ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+           ("grpc.max_concurrent_streams", STREAMS_PER_CONNECTION)]
 
 
 class Services:
