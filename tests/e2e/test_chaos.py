@@ -32,10 +32,8 @@ def cluster(tmp_path_factory):
 
 def spec_for(example: str, tmp_path: Path) -> tuple[Path, Path]:
     checkpoints = tmp_path / "ckpt"
-    lines = []
+    lines = [f'checkpoint_dir = "{checkpoints}"']  # shared: the test reads them, and a killed run resumes there
     for line in (EXAMPLES / f"{example}.toml").read_text().splitlines():
-        if line.startswith("checkpoint_dir"):
-            line = f'checkpoint_dir = "{checkpoints}"'
         if line.startswith("stop_grace_seconds"):
             continue  # set below: a short grace keeps restarts quick here
         if line.startswith("env"):

@@ -47,7 +47,7 @@ def low_spec(tmp_path: Path) -> tuple[Path, Path]:
     """examples/mwms_fit.toml, one GPU per worker (both nodes' GPUs), its checkpoints under tmp_path."""
     checkpoints = tmp_path / "ckpt"
     text = (EXAMPLES / "mwms_fit.toml").read_text()
-    text = text.replace('checkpoint_dir = "runs/mwms-fit"', f'checkpoint_dir = "{checkpoints}"')
+    text = f'checkpoint_dir = "{checkpoints}"\n' + text
     text = text.replace('env = { EPOCHS = "4" }', 'env = { EPOCHS = "6", EPOCH_PAUSE_SECONDS = "1.5" }')
     text = text.replace("count = 2\ngpus = 0", "count = 2\ngpus = 1")
     assert str(checkpoints) in text and "EPOCH_PAUSE_SECONDS" in text and "gpus = 1" in text

@@ -51,12 +51,10 @@ def write_spec(tmp_path: Path, example: str, extra_roles: str = "", checkpoint_d
                epochs: int = 3, replace_roles: bool = False) -> Path:
     """The example's spec, run from examples/, with checkpoints in tmp_path (shared: every test host
     sees this machine's files) or host-local (no checkpoint_dir)."""
-    lines = []
+    lines = [f'checkpoint_dir = "{tmp_path / "ckpt"}"' if checkpoint_dir else ""]
     for line in (EXAMPLES / f"{example}.toml").read_text().splitlines():
         if line.startswith("[roles.") and replace_roles:
             break
-        if line.startswith("checkpoint_dir"):
-            line = f'checkpoint_dir = "{tmp_path / "ckpt"}"' if checkpoint_dir else ""
         if line.startswith("env"):
             line = f'env = {{ EPOCHS = "{epochs}" }}'
         lines.append(line)

@@ -223,31 +223,33 @@ def test_the_working_directory_is_the_tasks_own_and_leaves_the_cache_as_it_was(t
     attempt = tmp_path / "jobs" / "job" / "tasks" / "worker-0" / "1"
     attempt.mkdir(parents=True)
     cwd, view = spaces.make(attempt, tree, digest, 54321, 54321)
-    assert is_mount(cwd) == is_mount(view) == agent_is_root and Workspaces.code_of(attempt) == digest
-    tree.parent.chmod(0o700)  # the cache, root's alone: the task reaches its code all the same
-    pid = os.fork()
-    if pid == 0:  # as the task's user: write where the job may
-        try:
-            os.setgid(54321)
-            os.setuid(54321)
-            (cwd / "out.txt").write_text("mine")
-            (cwd / "data" / "b.txt").write_text("mine too")
-            assert (view / "train.py").read_bytes() == b"x" and (cwd / "data" / "a.txt").read_bytes() == b"a"
+    try:
+        assert is_mount(cwd) == is_mount(view) == agent_is_root and Workspaces.code_of(attempt) == digest
+        tree.parent.chmod(0o700)  # the cache, root's alone: the task reaches its code all the same
+        pid = os.fork()
+        if pid == 0:  # as the task's user: write where the job may
             try:
-                (view / "written.txt").write_text("no")
-                os._exit(2)
-            except OSError:
-                pass
-            os._exit(0)
-        except BaseException:
-            os._exit(1)
-    assert os.waitpid(pid, 0)[1] == 0
-    assert (cwd / "train.py").read_bytes() == b"x" and (cwd / "out.txt").read_text() == "mine"
-    assert sorted(p.name for p in tree.rglob("*")) == ["a.txt", "data", "train.py"]
-    if agent_is_root:
-        assert Workspaces.unmount_stale(tmp_path / "jobs", {attempt}) == 0
-        assert Workspaces.unmount_stale(tmp_path / "jobs", set()) == 1
-        assert not is_mount(cwd) and not is_mount(view)
-        assert (attempt / "code" / "upper" / "out.txt").read_text() == "mine"
-    spaces.release(attempt)
+                os.setgid(54321)
+                os.setuid(54321)
+                (cwd / "out.txt").write_text("mine")
+                (cwd / "data" / "b.txt").write_text("mine too")
+                assert (view / "train.py").read_bytes() == b"x" and (cwd / "data" / "a.txt").read_bytes() == b"a"
+                try:
+                    (view / "written.txt").write_text("no")
+                    os._exit(2)
+                except OSError:
+                    pass
+                os._exit(0)
+            except BaseException:
+                os._exit(1)
+        assert os.waitpid(pid, 0)[1] == 0
+        assert (cwd / "train.py").read_bytes() == b"x" and (cwd / "out.txt").read_text() == "mine"
+        assert sorted(p.name for p in tree.rglob("*")) == ["a.txt", "data", "train.py"]
+        if agent_is_root:
+            assert Workspaces.unmount_stale(tmp_path / "jobs", {attempt}) == 0
+            assert Workspaces.unmount_stale(tmp_path / "jobs", set()) == 1
+            assert not is_mount(cwd) and not is_mount(view)
+            assert (attempt / "code" / "upper" / "out.txt").read_text() == "mine"
+    finally:  # a failed assertion leaves no mount behind
+        spaces.release(attempt)
     shutil.rmtree(attempt)
