@@ -1,3 +1,3 @@
 """tfcluster: TensorFlow distributed training on bare-metal machines."""
 
-__version__ = "0.7.2"
+__version__ = "0.8.0"
