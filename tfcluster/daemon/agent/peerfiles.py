@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 import stat
+import sys
 import threading
 import uuid
 from pathlib import Path
@@ -211,9 +212,17 @@ class Incoming:
                 self.out.close()
                 self.out = None
             if self.made:
-                shutil.rmtree(self.name, dir_fd=self.job, ignore_errors=True)
+                remove_tree_at(self.job, self.name)
             while self.fds:
                 os.close(self.fds.pop())
+
+
+def remove_tree_at(dir_fd: int, name: str) -> None:
+    """Removes the tree `name` in the directory dir_fd, walked through descriptors, no link followed."""
+    if sys.version_info >= (3, 11):
+        shutil.rmtree(name, dir_fd=dir_fd, ignore_errors=True)
+    else:  # Python 3.10's rmtree takes no dir_fd: the same directory, reached through its descriptor
+        shutil.rmtree(f"/proc/self/fd/{dir_fd}/{name}", ignore_errors=True)
 
 
 def open_incoming(state_dir: Path, job_id: str, quota: int, give_to: tuple[int, int] | None) -> Incoming:
