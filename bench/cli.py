@@ -127,8 +127,8 @@ def spawn_floor_ms(jobs: int) -> float:
 
 
 def throughput_figures(cluster: LocalCluster, jobs: int) -> dict[str, str]:
-    from tfcluster.states import ENDED_JOB_STATES, JobState
     from tfcluster.specfile import parse_spec
+    from tfcluster.states import ENDED_JOB_STATES, JobState
 
     spec = parse_spec({"name": "tiny", "strategy": "multi_worker_mirrored", "workdir": "/", "command": ["true"],
                        "roles": {"worker": {"count": 2}}}, source="bench")

@@ -4,7 +4,7 @@ connection, on the bare grpc.aio server of bench/scale.py with a node certificat
 use. It prints the CPU per call of the server and of the client (this process) for both, and their ratio.
 
 Why it matters: after a failover thousands of agents call the new leader at once. They do it over the
-connections they kept to it while it stood by (tfcluster/daemon/coordinator/listener.py), so what a new
+connections they kept to it while it stood by (tfcluster/daemon/coordinator/rpc/listener.py), so what a new
 connection would cost is saved on both sides (docs/ha.md).
 
 Prints a table and writes bench/connections.json. Run with `make bench` or `python bench/connections.py`.

@@ -1,7 +1,7 @@
 """What a job's environment adds to a task's start once it is built on the node (a benchmark, not a test): the
 time from an agent's launch to the task RUNNING, with a warm environment (built by an earlier job) against the
 same task with none, rounds alternated in the same run. Target: under 50 ms added. Also what reading the
-requirements file costs: as the task's user (a child process that switches users, requestfiles.py), as every
+requirements file costs: as the task's user (a child process that switches users, code/request_files.py), as every
 start with an environment reads it, against a read in the agent's own process.
 
 The environment is built first, with the real uv, from a wheel written here and served with UV_FIND_LINKS
@@ -24,10 +24,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from tfcluster.daemon.agent.environments import Environments  # noqa: E402
-from tfcluster.daemon.agent.requestfiles import read_as, read_files  # noqa: E402
-from tfcluster.daemon.agent.supervisor import Supervisor  # noqa: E402
-from tfcluster.daemon.agent.taskuser import TaskUsers, make_state_dir  # noqa: E402
+from tfcluster.daemon.agent.code.environments import Environments  # noqa: E402
+from tfcluster.daemon.agent.code.request_files import read_as, read_files  # noqa: E402
+from tfcluster.daemon.agent.tasks.supervisor import Supervisor  # noqa: E402
+from tfcluster.daemon.agent.tasks.users import TaskUsers, make_state_dir  # noqa: E402
 from tfcluster.model import Attempt, EnvironmentSpec, Launch  # noqa: E402
 from tfcluster.states import Phase  # noqa: E402
 from wheels import write_wheel  # noqa: E402

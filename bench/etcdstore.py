@@ -23,11 +23,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from etcdcluster import ETCD, EtcdCluster  # noqa: E402
 from tfcluster import __version__  # noqa: E402
-from tfcluster.daemon.coordinator.cluster import Cluster  # noqa: E402
-from tfcluster.daemon.coordinator.etcdgateway import EtcdTls  # noqa: E402
-from tfcluster.daemon.coordinator.records import Writer  # noqa: E402
-from tfcluster.daemon.coordinator.server import build  # noqa: E402
-from tfcluster.daemon.coordinator.store import Put, Store, open_store  # noqa: E402
+from tfcluster.daemon.coordinator.core.cluster import Cluster  # noqa: E402
+from tfcluster.daemon.coordinator.rpc.coordinator import build  # noqa: E402
+from tfcluster.daemon.coordinator.store.api import Put, Store  # noqa: E402
+from tfcluster.daemon.coordinator.store.etcd_gateway import EtcdTls  # noqa: E402
+from tfcluster.daemon.coordinator.store.open import open_store  # noqa: E402
+from tfcluster.daemon.coordinator.store.records import Writer  # noqa: E402
 from tfcluster.model import NodeInfo  # noqa: E402
 from tfcluster.specfile import parse_spec  # noqa: E402
 

@@ -38,7 +38,7 @@ from scale import Fleet, _cpu  # bench/scale.py: puts tests/ and the repository 
 from harness import Daemon, free_port, scrape, value  # noqa: E402
 from tfcluster import pki  # noqa: E402
 from tfcluster.api.v1 import control_pb2, control_pb2_grpc  # noqa: E402
-from tfcluster.daemon.coordinator.leadership import TTL_SECONDS  # noqa: E402
+from tfcluster.daemon.coordinator.ha.leadership import TTL_SECONDS  # noqa: E402
 from tfcluster.demo.etcd import EtcdCluster, etcd_binary  # noqa: E402
 from tfcluster.security import Credentials  # noqa: E402
 

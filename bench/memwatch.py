@@ -21,8 +21,8 @@ from pathlib import Path
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tfcluster.daemon.agent import treewatch  # noqa: E402
-from tfcluster.daemon.agent.treewatch import TreeWatch  # noqa: E402
+from tfcluster.daemon.agent.shim import treewatch  # noqa: E402
+from tfcluster.daemon.agent.shim.treewatch import TreeWatch  # noqa: E402
 
 SECONDS = 10.0
 TREE = "import subprocess, sys, time\n" \

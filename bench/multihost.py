@@ -32,7 +32,7 @@ RECEIVER = """
 import sys, time
 from pathlib import Path
 from tfcluster import pki
-from tfcluster.daemon.agent.peers import PeerServer, PeerServicer
+from tfcluster.daemon.agent.peers.server import PeerServer, PeerServicer
 from tfcluster.security import Credentials
 creds = Credentials.from_dir(Path(sys.argv[3]), pki.NODE_CERT, pki.NODE_KEY) if sys.argv[3] else Credentials()
 server = PeerServer(sys.argv[1], PeerServicer(Path(sys.argv[2])), lambda: creds)  # kept: a dropped server stops
@@ -46,7 +46,7 @@ SENDER = """
 import os, sys, json
 from pathlib import Path
 from tfcluster import pki
-from tfcluster.daemon.agent.shipping import Peer, checkpoint_files, put_files
+from tfcluster.daemon.agent.hooks.shipping import Peer, checkpoint_files, put_files
 from tfcluster.security import Credentials
 creds = Credentials.from_dir(Path(sys.argv[4]), pki.NODE_CERT, pki.NODE_KEY) if sys.argv[4] else Credentials()
 d = sys.argv[2]

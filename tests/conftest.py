@@ -47,7 +47,7 @@ def _check_tasks_can_run_python() -> None:
     if os.geteuid() != 0:
         return
     from tfcluster import reach
-    from tfcluster.daemon.agent.isolation import acting_as
+    from tfcluster.daemon.agent.shim.isolation import acting_as
     python, checkout = os.path.realpath(sys.executable), str(Path(__file__).resolve().parent.parent)
     with acting_as(65534, 65534):
         closed = [(path, reach.first_blocked(path)) for path, mode in ((python, os.X_OK), (checkout, os.R_OK | os.X_OK))

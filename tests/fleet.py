@@ -10,7 +10,7 @@ and bench/failover.py; run as a process:
 Given several coordinators, each fake agent follows the leader as the real agent does (tfcluster.leaders): when
 its stream is lost or a standby refuses it, it goes to the leader the standby named, else to the next address.
 Given several, it also asks another coordinator every 2 s whether the one serving its stream still leads, as the
-real agent does (tfcluster/daemon/agent/session.py), and leaves it once a standby names another leader. As the real
+real agent does (tfcluster/daemon/agent/session/session.py), and leaves it once a standby names another leader. As the real
 agent, it keeps one channel to each coordinator for its session and its pulse alike: when a standby wins, the
 agent registers with it over the connection it has.
 
@@ -47,7 +47,7 @@ from tfcluster import __version__, pki, wire  # noqa: E402
 from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
 
 from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc  # noqa: E402
-from tfcluster.daemon.agent.session import PULSE_SECONDS, PULSE_TIMEOUT_SECONDS  # noqa: E402
+from tfcluster.daemon.agent.session.session import PULSE_SECONDS, PULSE_TIMEOUT_SECONDS  # noqa: E402
 from tfcluster.leaders import Coordinators, leader_hint, leads_elsewhere, says_of  # noqa: E402
 from tfcluster.model import (Attempt, Gpu, Launch, NodeInfo, Phase, SetPace, Stop, TaskExit, TaskProgress,  # noqa: E402
                              TaskReport)
@@ -142,7 +142,7 @@ async def fake_agent(addresses: str, index: int, stats: Stats, exit_after: float
             backoff = 0.5
         except grpc.RpcError as e:
             stats.errors[e.code().name] = stats.errors.get(e.code().name, 0) + 1
-            # As the real agent (tfcluster/daemon/agent/session.py): a lost stream or a standby's refusal moves it
+            # As the real agent (tfcluster/daemon/agent/session/session.py): a lost stream or a standby's refusal moves it
             # to the leader named or the next coordinator, with the backoff started again; the leader a standby
             # named at the first failure is asked at once.
             failures = 1 if last.this_try else failures + 1
@@ -155,7 +155,7 @@ async def fake_agent(addresses: str, index: int, stats: Stats, exit_after: float
 
 
 class Pulse:
-    """As the real agent's (tfcluster/daemon/agent/session.py): asks another coordinator in turn whether the one
+    """As the real agent's (tfcluster/daemon/agent/session/session.py): asks another coordinator in turn whether the one
     serving the stream still leads, over channels kept open; that one itself only when no other can tell."""
 
     def __init__(self, coordinators: Coordinators, channel) -> None:

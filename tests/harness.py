@@ -190,7 +190,7 @@ class LocalCluster:
         args = ["agent", "--coordinator", self.address, "--name", name, *address,
                 "--port-range", f"{first}-{last}", "--state-dir", str(state), "--gpu-inventory", str(inventory),
                 *(self.agent_trust_args() if python == PYTHON else self._token_args()), *(extra or [])]
-        # `python3` in a job's command is the agent's own virtualenv's, first on its tasks' PATH (taskstart.py).
+        # `python3` in a job's command is the agent's own virtualenv's, first on its tasks' PATH (tasks/start.py).
         daemon = self.agents[name] = Daemon(name, args, self.root / f"agent-{name}.log",
                                             host_prefix=prefix, python=python).start()
         if wait:

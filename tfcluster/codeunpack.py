@@ -1,8 +1,8 @@
 """What a job's code archive would unpack to, read from its headers alone, and refused before anything is
 written when it is more than the tree codepack.py makes.
 
-Both ends read an archive this way: the coordinator when an upload is complete (codestore.py), the agent
-before it unpacks one (daemon/agent/unpack.py). An archive may hold regular files, folders and symbolic
+Both ends read an archive this way: the coordinator when an upload is complete (store/code_archives.py), the agent
+before it unpacks one (daemon/agent/code/unpack.py). An archive may hold regular files, folders and symbolic
 links, under relative, normalised paths that stay inside the tree, none below a link or a file, each
 named once; a link's target is relative and, taken as written, stays inside the tree. Its files together
 (a sparse file counted at its full size) and its members are bounded, and so is how far the gzip stream

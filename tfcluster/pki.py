@@ -328,3 +328,13 @@ def write_credentials(ca: Authority, out: Path, name: str, role: str, groups: tu
     (out / CA_CERT).write_bytes(ca.pem)
     write_private(out / CLIENT_KEY, key)
     (out / CLIENT_CERT).write_bytes(cert)
+
+
+# What a certificate's holder is told once its name is no longer its own (the coordinator and the agent say it).
+REMOVED = "was removed from the cluster"
+REPLACED = "was replaced: another holder took its name over"
+
+
+def token_hash(secret: str) -> str:
+    """How a join token's secret is kept: its hash alone."""
+    return hashlib.sha256(secret.encode()).hexdigest()

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextvars
 import functools
-import hashlib
 import inspect
 import socket
 import ssl
@@ -82,15 +81,13 @@ POLICY: dict[str, Rule] = {
     CONTROL + "UploadCode": Rule(SUBMITTERS, CHUNK),  # what one stream may store is bounded by --max-code-bytes
 }
 # The calls a client may keep open as long as it likes (following a job or a log, sending code): the coordinator
-# bounds how many each caller holds at once (coordinator/streamlimits.py). An agent's own streams are not here.
+# bounds how many each caller holds at once (coordinator/rpc/stream_limits.py). An agent's own streams are not here.
 LONG_LIVED = frozenset({CONTROL + "StreamLogs", CONTROL + "WatchJob", CONTROL + "UploadCode"})
 HEALTH_MAX_BYTES = 4 * KIB  # a health check names a service
 # What a server that serves these methods must let gRPC take in at all; the bound per method is checked after.
 MAX_REQUEST_BYTES = max(rule.max_request_bytes for rule in POLICY.values())
 HEALTH = "/grpc.health.v1.Health/"
 # The refusals an agent gets when its certificate was revoked: it stops its tasks (they run on elsewhere).
-REMOVED = "was removed from the cluster"
-REPLACED = "was replaced: another holder took its name over"
 
 _caller: contextvars.ContextVar[Identity | None] = contextvars.ContextVar("caller", default=None)
 
@@ -306,6 +303,4 @@ def fetch_ca(address: str, pinned: str, timeout: float = 10.0) -> bytes:
                        f"(found: {', '.join(pki.ca_hash(c) for c in certs[1:]) or 'none'})")
 
 
-def token_hash(secret: str) -> str:
-    return hashlib.sha256(secret.encode()).hexdigest()
 

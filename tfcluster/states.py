@@ -8,7 +8,7 @@ A job goes PENDING -> STARTING -> RUNNING -> STOPPING -> SUCCEEDED | FAILED | ST
 end or restart first passes through STOPPING until every task has exited, so no state says "done" while a
 process of the job is still alive; from STOPPING a restart goes back to PENDING (placed again as a whole)
 or to STARTING (some tasks relaunched in place). The coordinator changes a job's or a task's state only
-through their `move` (tfcluster/daemon/coordinator/job.py), which calls `check_transition`, so the tables
+through their `move` (tfcluster/daemon/coordinator/core/model/job.py), which calls `check_transition`, so the tables
 below are the whole truth about what can happen.
 
 This module imports nothing of tfcluster: the CLI, the agent and the dashboard all read it.

@@ -2,7 +2,7 @@
 (a standby names the leader), so a leader that is merely behind is not given a call per agent per pulse on top of
 its load. It asks its own coordinator only when no other can tell, and leaves it as soon as a standby names
 another leader. Real gRPC over mutual TLS: a stand-in leader that counts the health checks it is sent, and a
-real standby refusal server (tfcluster/daemon/coordinator/standby.py) whose named leader the test changes."""
+real standby refusal server (tfcluster/daemon/coordinator/ha/standby.py) whose named leader the test changes."""
 
 from __future__ import annotations
 
@@ -20,10 +20,10 @@ from harness import free_port, wait_until
 from tfcluster import pki
 from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc
 from tfcluster.credentials import Credentials
-from tfcluster.daemon.agent import session as session_module
-from tfcluster.daemon.agent.liveness import Liveness
-from tfcluster.daemon.agent.session import Session
-from tfcluster.daemon.coordinator.standby import refusal_server
+from tfcluster.daemon.agent.session import session as session_module
+from tfcluster.daemon.agent.session.liveness import Liveness
+from tfcluster.daemon.agent.session.session import Session
+from tfcluster.daemon.coordinator.ha.standby import refusal_server
 
 PULSE = 0.2  # seconds between pulses in these tests (2 s in an agent)
 

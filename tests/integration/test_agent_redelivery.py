@@ -14,8 +14,8 @@ import pytest
 from harness import free_port, port_block, wait_until
 from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc
 from tfcluster.daemon.agent.agent import Agent, AgentConfig
-from tfcluster.daemon.agent.discovery import host_info
-from tfcluster.daemon.agent.peers import PeerServer, PeerServicer
+from tfcluster.daemon.agent.peers.server import PeerServer, PeerServicer
+from tfcluster.daemon.agent.session.discovery import host_info
 from tfcluster.security import Credentials
 
 END = object()

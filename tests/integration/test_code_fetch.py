@@ -22,7 +22,7 @@ from harness import running_cluster, wait_until
 from tfcluster import layout
 from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc
 from tfcluster.codechunks import CodeError
-from tfcluster.daemon.agent.codefetch import Fetcher
+from tfcluster.daemon.agent.code.fetch import Fetcher
 from tfcluster.spec import JobSpec, RoleSpec
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="tasks switch to their job's UID only under a root agent")

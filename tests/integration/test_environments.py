@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from harness import wait_until
-from tfcluster.daemon.agent.environments import Environments
-from tfcluster.daemon.agent.supervisor import Supervisor
-from tfcluster.daemon.agent.taskuser import TaskUsers, make_state_dir
+from tfcluster.daemon.agent.code.environments import Environments
+from tfcluster.daemon.agent.tasks.supervisor import Supervisor
+from tfcluster.daemon.agent.tasks.users import TaskUsers, make_state_dir
 from tfcluster.model import Attempt, EnvironmentSpec, Launch
 from tfcluster.states import Phase
 from wheels import write_wheel

@@ -14,9 +14,9 @@ import pytest
 
 from etcdcluster import EtcdCluster, needs_etcd
 from harness import job_processes, wait_until
-from tfcluster.daemon.coordinator.etcdstore import EtcdStore, Guard
-from tfcluster.daemon.coordinator.etcdgateway import NO_QUORUM
-from tfcluster.daemon.coordinator.store import Conflict, Delete, Put, StoreUnavailable
+from tfcluster.daemon.coordinator.store.api import Conflict, Delete, Put, StoreUnavailable
+from tfcluster.daemon.coordinator.store.etcd import EtcdStore, Guard
+from tfcluster.daemon.coordinator.store.etcd_gateway import NO_QUORUM
 
 pytestmark = needs_etcd
 

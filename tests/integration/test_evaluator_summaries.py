@@ -17,8 +17,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from tfcluster.daemon.agent.checkpoint_steps import read_steps
-from tfcluster.daemon.agent.summaries import EvaluatorSummaries, SummaryReader
+from tfcluster.daemon.agent.hooks.checkpoint_steps import read_steps
+from tfcluster.daemon.agent.hooks.summaries import EvaluatorSummaries, SummaryReader
 from tfcluster.model import Attempt
 from tfcluster.task import STEP_VARIABLES
 
@@ -159,7 +159,7 @@ def test_the_reader_does_not_import_tensorflow(written, tmp_path):
     shutil.copytree(root / "tb", tmp_path / "tb")
     code = textwrap.dedent(f"""
         import sys
-        from tfcluster.daemon.agent.summaries import SummaryReader
+        from tfcluster.daemon.agent.hooks.summaries import SummaryReader
         [evaluation] = SummaryReader({str(tmp_path / 'tb')!r}, {str(root / 'ckpt')!r}, 0.0).poll()
         assert evaluation.checkpoint == {expected['ckpt_2']!r}, evaluation
         print(sorted(m for m in ("tensorflow", "tf_keras", "keras") if m in sys.modules))

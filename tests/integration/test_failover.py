@@ -94,7 +94,7 @@ def test_a_paused_leader_steps_down_without_writing_and_the_new_view_stands(ha, 
 
 def test_agents_come_back_to_the_new_leader_over_the_connection_they_kept_to_it(ha):
     """An agent keeps a connection to each coordinator (its pulse asks the standbys), and the standby that wins
-    serves its term on the server that refused a moment before (tfcluster/daemon/coordinator/listener.py): the
+    serves its term on the server that refused a moment before (tfcluster/daemon/coordinator/rpc/listener.py): the
     agent registers with the new leader over the connection it already had, with no new TLS handshake."""
     ha.start_agents({"a": {}})
     agent = psutil.Process(ha.agents["a"].proc.pid)

@@ -15,10 +15,10 @@ import pytest
 
 from harness import running_cluster, wait_until
 from tfcluster import pki
-from tfcluster.daemon.agent import handback
-from tfcluster.daemon.agent.checkpoint_steps import read_steps
-from tfcluster.daemon.agent.shipping import Peer, put_files, sync_dir
-from tfcluster.daemon.agent.taskrecord import newest_checkpoint
+from tfcluster.daemon.agent.hooks.checkpoint_steps import read_steps
+from tfcluster.daemon.agent.hooks.shipping import Peer, put_files, sync_dir
+from tfcluster.daemon.agent.tasks import handback
+from tfcluster.daemon.agent.tasks.record import newest_checkpoint
 from tfcluster.security import Credentials
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="files of another user are made as root")

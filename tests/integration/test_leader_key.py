@@ -19,8 +19,8 @@ from hacluster import HaCluster, registrations, running, sleeper
 from harness import wait_until
 from tfcluster.api.v1.control_pb2 import GetStatusRequest
 from tfcluster.api.v1.control_pb2_grpc import ControlServiceStub
-from tfcluster.daemon.coordinator.etcdgateway import EtcdGateway
-from tfcluster.daemon.coordinator.leadership import LeaderInfo, Leadership
+from tfcluster.daemon.coordinator.ha.leadership import LeaderInfo, Leadership
+from tfcluster.daemon.coordinator.store.etcd_gateway import EtcdGateway
 
 pytestmark = needs_etcd
 

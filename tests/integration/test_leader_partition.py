@@ -17,9 +17,9 @@ import grpc
 from etcdcluster import needs_etcd
 from hacluster import HaCluster, registrations, running, sleeper, within_takeover
 from harness import wait_until
-from tfcluster.daemon.coordinator.etcdgateway import NO_QUORUM
 from tfcluster.api.v1.control_pb2 import GetStatusRequest
 from tfcluster.api.v1.control_pb2_grpc import ControlServiceStub
+from tfcluster.daemon.coordinator.store.etcd_gateway import NO_QUORUM
 
 pytestmark = needs_etcd
 

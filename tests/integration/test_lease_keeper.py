@@ -1,4 +1,4 @@
-"""The leader lease renewed from the keeper process (leasekeeper.py), on a real three-member etcd: the leadership
+"""The leader lease renewed from the keeper process (ha/lease_keeper.py), on a real three-member etcd: the leadership
 holds while the keeper renews, the keeper stops when the leadership steps down (etcd then lets the key go), and a
 keeper that dies leaves the renewals to the coordinator's own thread."""
 
@@ -11,9 +11,9 @@ import pytest
 
 from etcdcluster import needs_etcd
 from harness import wait_until
-from tfcluster.daemon.coordinator.etcdgateway import EtcdGateway
-from tfcluster.daemon.coordinator.leadership import LeaderInfo, Leadership
-from tfcluster.daemon.coordinator.leasekeeper import LeaseKeeper
+from tfcluster.daemon.coordinator.ha.leadership import LeaderInfo, Leadership
+from tfcluster.daemon.coordinator.ha.lease_keeper import LeaseKeeper
+from tfcluster.daemon.coordinator.store.etcd_gateway import EtcdGateway
 
 pytestmark = needs_etcd
 

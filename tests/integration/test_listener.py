@@ -1,5 +1,5 @@
 """A coordinator's gRPC port is one server whose services change while its connections stay
-(tfcluster/daemon/coordinator/listener.py): a standby that wins serves its term over the connections clients
+(tfcluster/daemon/coordinator/rpc/listener.py): a standby that wins serves its term over the connections clients
 already had to it, behind the term's interceptors, and a term's end drops them. Real gRPC over real sockets; the
 connections are read from the kernel's table of this process's sockets."""
 
@@ -12,8 +12,8 @@ import psutil
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
-from tfcluster.daemon.coordinator.listener import Listener, Services
-from tfcluster.daemon.coordinator.standby import Refusal
+from tfcluster.daemon.coordinator.ha.standby import Refusal
+from tfcluster.daemon.coordinator.rpc.listener import Listener, Services
 from tfcluster.leaders import leader_hint
 
 LEADER = "10.0.0.9:7070"

@@ -8,8 +8,8 @@ import sys
 import threading
 import time
 
-from tfcluster.daemon.agent.supervisor import Supervisor
-from tfcluster.daemon.agent.taskfiles import ShimStatus
+from tfcluster.daemon.agent.shim.taskfiles import ShimStatus
+from tfcluster.daemon.agent.tasks.supervisor import Supervisor
 from tfcluster.model import Attempt, Launch
 
 MIB = 1 << 20

@@ -17,10 +17,10 @@ import pytest
 
 from harness import Daemon, free_port, port_block, wait_until
 from tfcluster.daemon.agent.agent import Agent, AgentConfig
-from tfcluster.daemon.agent.discovery import host_info
-from tfcluster.daemon.agent.liveness import READY_WITHOUT_COORDINATOR_SECONDS, SystemdReporter
+from tfcluster.daemon.agent.session.discovery import host_info
+from tfcluster.daemon.agent.session.liveness import READY_WITHOUT_COORDINATOR_SECONDS, SystemdReporter
+from tfcluster.daemon.coordinator.grpc_server import CoordinatorServer
 from tfcluster.daemon.coordinator.process import BackgroundCoordinator
-from tfcluster.daemon.coordinator.coordinatorserver import CoordinatorServer
 from tfcluster.daemon.notify import Notifier
 
 WATCHDOG_SECONDS = 1.0  # beats every 0.5 s

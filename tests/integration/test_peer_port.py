@@ -14,8 +14,8 @@ import pytest
 from harness import free_port, wait_until
 from tfcluster import pki
 from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc
-from tfcluster.daemon.agent.peers import Expectation, Limits, PeerServer, PeerServicer
-from tfcluster.daemon.agent.shipping import Peer, ShipError, put_files
+from tfcluster.daemon.agent.hooks.shipping import Peer, ShipError, put_files
+from tfcluster.daemon.agent.peers.server import Expectation, Limits, PeerServer, PeerServicer
 from tfcluster.security import Credentials
 
 JOB = "train-3-ab12"

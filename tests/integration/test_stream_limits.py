@@ -23,8 +23,8 @@ from tfcluster import security
 from tfcluster.api.v1 import control_pb2, control_pb2_grpc
 from tfcluster.client import Client
 from tfcluster.credentials import Credentials
-from tfcluster.daemon.coordinator.listener import STREAMS_PER_CONNECTION, Listener, Services
-from tfcluster.daemon.coordinator.streamlimits import DEFAULT_PER_CALLER, StreamLimits
+from tfcluster.daemon.coordinator.rpc.listener import STREAMS_PER_CONNECTION, Listener, Services
+from tfcluster.daemon.coordinator.rpc.stream_limits import DEFAULT_PER_CALLER, StreamLimits
 from tfcluster.specfile import parse_spec
 
 STREAMS, CONNECTIONS, FLOOD_SECONDS = 5000, 4, 4.0

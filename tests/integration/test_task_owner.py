@@ -16,7 +16,7 @@ import subprocess
 import pytest
 
 from harness import LocalCluster, wait_until
-from tfcluster.daemon.agent.taskuser import hand_over, owner_account
+from tfcluster.daemon.agent.tasks.users import hand_over, owner_account
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="making UNIX users and running tasks as them needs root")
 
@@ -106,7 +106,7 @@ def test_an_account_of_uid_0_is_refused(cluster):
 
 
 def test_copies_received_for_the_job_are_handed_to_the_owner_and_links_are_not_followed(accounts, tmp_path):
-    """Checkpoint files other agents sent before the task started are the job's UID's (peerfiles.py); the
+    """Checkpoint files other agents sent before the task started are the job's UID's (peers/files.py); the
     owner's task must be able to read and replace them."""
     job_uid = 64999
     checkpoints, outside = tmp_path / "checkpoints", tmp_path / "outside"

@@ -15,8 +15,8 @@ import pytest
 
 from harness import running_cluster, wait_until
 from tfcluster import layout
-from tfcluster.daemon.agent.supervisor import Supervisor
-from tfcluster.daemon.agent.taskuser import TaskUsers, make_state_dir
+from tfcluster.daemon.agent.tasks.supervisor import Supervisor
+from tfcluster.daemon.agent.tasks.users import TaskUsers, make_state_dir
 from tfcluster.model import Attempt, Launch
 from tfcluster.states import Phase
 

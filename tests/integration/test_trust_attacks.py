@@ -19,7 +19,8 @@ from harness import Daemon, free_port, job_processes, wait_until
 from test_trust import EXIT_REFUSED, cluster, join_agent, new_token, node_info, token_file  # noqa: F401 (fixture)
 from tfcluster import pki
 from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc
-from tfcluster.security import REMOVED, REPLACED, Credentials
+from tfcluster.pki import REMOVED, REPLACED
+from tfcluster.security import Credentials
 
 
 class Recorder(grpc.GenericRpcHandler):

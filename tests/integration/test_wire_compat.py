@@ -47,7 +47,7 @@ def previous_python(tmp_path_factory) -> str:
     (packages / "previous.pth").write_text(f"{root / 'src'}\n{site.getsitepackages()[0]}\n")
     python = str(env / "bin" / "python")
     own_path = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # as the harness starts it
-    check = subprocess.run([python, "-c", "import tfcluster.daemon.coordinator.jobs as j, grpc; print(j.__file__)"],
+    check = subprocess.run([python, "-c", "import tfcluster.daemon.coordinator.core.model.job_table as j, grpc; print(j.__file__)"],
                            capture_output=True, text=True, cwd=root, env=own_path)
     assert check.returncode == 0 and str(root / "src") in check.stdout, check.stderr
     return python

@@ -17,7 +17,7 @@ import pytest
 from harness import running_cluster
 from tfcluster import layout
 from tfcluster.codechunks import CodeError
-from tfcluster.daemon.agent.codefetch import Fetcher
+from tfcluster.daemon.agent.code.fetch import Fetcher
 from tfcluster.demo.hosts import TestHosts, unavailable
 from tfcluster.spec import JobSpec, RoleSpec
 

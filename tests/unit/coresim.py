@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from tfcluster import __version__
-from tfcluster.daemon.coordinator.cluster import Cluster
+from tfcluster.daemon.coordinator.core.cluster import Cluster
 from tfcluster.model import Attempt, Gpu, Launch, NodeInfo, Stop, TaskExit, TaskReport
 from tfcluster.specfile import parse_spec
 

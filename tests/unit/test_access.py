@@ -1,4 +1,4 @@
-"""Who may see and do what with a job (access.py): the owner and admins act, viewers read, and another user
+"""Who may see and do what with a job (core/access/rules.py): the owner and admins act, viewers read, and another user
 sees the job's state, owner and size, never a text its program or spec could have put in."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from dataclasses import replace
 from coresim import Sim, info, make_spec
 
 from tfcluster import views, wire
-from tfcluster.daemon.coordinator import access
-from tfcluster.daemon.coordinator.metrics import ModelCollector
+from tfcluster.daemon.coordinator.core.access import rules as access
+from tfcluster.daemon.coordinator.web.metrics import ModelCollector
 from tfcluster.model import Evaluation
 from tfcluster.pki import ADMIN, NODE, USER, VIEWER, Identity
 

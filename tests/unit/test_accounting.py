@@ -11,11 +11,11 @@ from dataclasses import replace
 import pytest
 from coresim import Sim, info, make_spec
 
-from tfcluster.daemon.coordinator.accounting import Entry, Ledger, Usage, decayed_gpu_hours
-from tfcluster.daemon.coordinator.cluster import Cluster
-from tfcluster.daemon.coordinator.persistence import Persistence
-from tfcluster.daemon.coordinator.records import Writer, from_documents
-from tfcluster.daemon.coordinator.store import MemoryStore, Put
+from tfcluster.daemon.coordinator.core.cluster import Cluster
+from tfcluster.daemon.coordinator.core.model.accounting import Entry, Ledger, Usage, decayed_gpu_hours
+from tfcluster.daemon.coordinator.store.api import MemoryStore, Put
+from tfcluster.daemon.coordinator.store.persistence import Persistence
+from tfcluster.daemon.coordinator.store.records import Writer, from_documents
 from tfcluster.states import JobState
 
 HOUR, DAY = 3600.0, 86400.0

@@ -12,13 +12,13 @@ import pytest
 from tfcluster import wire
 from tfcluster.api.v1 import agent_pb2
 from tfcluster.daemon.agent.agent import Agent, AgentConfig
-from tfcluster.daemon.agent.copies import CopiesHook
-from tfcluster.daemon.agent.discovery import HostInfo
-from tfcluster.daemon.agent.events import EventsHook
-from tfcluster.daemon.agent.hooks import TaskHook
-from tfcluster.daemon.agent.shipping import ShippingHook
-from tfcluster.daemon.agent.summaries import SummariesHook
-from tfcluster.daemon.agent.taskrecord import TaskRecord
+from tfcluster.daemon.agent.hooks.api import TaskHook
+from tfcluster.daemon.agent.hooks.copies import CopiesHook
+from tfcluster.daemon.agent.hooks.events import EventsHook
+from tfcluster.daemon.agent.hooks.shipping import ShippingHook
+from tfcluster.daemon.agent.hooks.summaries import SummariesHook
+from tfcluster.daemon.agent.session.discovery import HostInfo
+from tfcluster.daemon.agent.tasks.record import TaskRecord
 from tfcluster.model import Attempt, Phase, SetPace, ShipCheckpoints, SyncCheckpoints, SyncResult, TaskExit
 
 ATTEMPT = Attempt("job-1", "evaluator", 0, 1)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tfcluster.daemon.agent import cgroups
-from tfcluster.daemon.agent.cgroups import TaskCgroups
+from tfcluster.daemon.agent.shim import cgroups
+from tfcluster.daemon.agent.shim.cgroups import TaskCgroups
 
 
 def fake_hierarchy(tmp_path: Path, service: str = "tfcluster-agent.service") -> Path:

@@ -9,8 +9,8 @@ import pytest
 from coresim import PORTS, Sim, gpus, info, keys, launches, make_spec, report, stops, task_of
 
 from tfcluster import __version__
-from tfcluster.daemon.coordinator.checkpoints import SYNC_DEADLINE_SECONDS
-from tfcluster.daemon.coordinator.cluster import Unplaceable
+from tfcluster.daemon.coordinator.core.cluster import Unplaceable
+from tfcluster.daemon.coordinator.core.lifecycle.checkpoint_copies import SYNC_DEADLINE_SECONDS
 from tfcluster.model import (Attempt, ExpectFiles, FinishTraining, Launch, NodeInfo, ShipCheckpoints, Stop, SyncCheckpoints,
                              TaskProgress)
 from tfcluster.states import JobState, NodeState, TaskState
@@ -588,7 +588,7 @@ def test_silent_node_is_lost_and_its_job_restarts_elsewhere():
 
 
 def test_most_of_a_large_cluster_falling_silent_at_once_waits_before_anything_is_lost():
-    from tfcluster.daemon.coordinator.nodes import MASS_SILENCE_PATIENCE_SECONDS
+    from tfcluster.daemon.coordinator.core.model.node_table import MASS_SILENCE_PATIENCE_SECONDS
     sim = Sim(*(replace(info(f"n{i:02d}", 1), address=f"10.0.1.{i}") for i in range(20)))
     job, _ = start(sim, make_spec(strategy="mirrored", gpus=1, worker=1))
     sim.now += 5  # a stall of the coordinator: 17 of 20 nodes' heartbeats wait unprocessed in its queues
@@ -612,7 +612,7 @@ def test_most_of_a_large_cluster_falling_silent_at_once_waits_before_anything_is
 def test_after_a_takeover_nodes_still_queued_to_come_back_are_not_lost_while_the_others_keep_coming():
     # A new leader loaded 40 READY nodes from the store. Their agents come back two a second, as a storm of
     # registrations queued on a busy coordinator does, well past the reconnect grace (10 s) and the timeout (3 s).
-    from tfcluster.daemon.coordinator.nodes import RETURN_PATIENCE_CAP_SECONDS
+    from tfcluster.daemon.coordinator.core.model.node_table import RETURN_PATIENCE_CAP_SECONDS
     nodes = [replace(info(f"n{i:02d}", 1), address=f"10.0.1.{i}") for i in range(40)]
     sim = Sim(*nodes)
     job, _ = start(sim, make_spec(strategy="mirrored", gpus=1, worker=1))
@@ -660,7 +660,7 @@ def test_after_a_takeover_nodes_still_queued_to_come_back_are_not_lost_while_the
 
 
 def test_a_cluster_past_its_heartbeat_bound_beats_less_often_and_waits_as_much_longer_before_a_node_is_lost():
-    from tfcluster.daemon.coordinator.cluster import Cluster
+    from tfcluster.daemon.coordinator.core.cluster import Cluster
     c = Cluster(lost_after_seconds=3.0, heartbeat_interval_seconds=1.0, max_heartbeats_per_second=10)
     nodes = [replace(info(f"n{i:02d}", 1), address=f"10.0.1.{i}") for i in range(25)]
     now = 100.0

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 from coresim import Sim, info, launches, make_spec
 
-from tfcluster.daemon.coordinator.launch import CODE_FANOUT, code_sources, launch, launch_commands, relay_parent
+from tfcluster.daemon.coordinator.core.lifecycle.launch import CODE_FANOUT, code_sources, launch, launch_commands, relay_parent
 from tfcluster.model import EnvironmentSpec, Launch, ServeCode
 
 CODE = "sha256:" + "c0" * 32

@@ -19,10 +19,10 @@ import pytest
 
 from tfcluster.api.v1 import types_pb2
 from tfcluster.codechunks import CodeError, read_chunks, write_chunks
-from tfcluster.daemon.agent import codecache
-from tfcluster.daemon.agent.codecache import CodeCache
-from tfcluster.daemon.agent.unpack import Bounds
-from tfcluster.daemon.agent.workspace import Workspaces, is_mount
+from tfcluster.daemon.agent.code import cache as codecache
+from tfcluster.daemon.agent.code.cache import CodeCache
+from tfcluster.daemon.agent.code.unpack import Bounds
+from tfcluster.daemon.agent.code.workspace import Workspaces, is_mount
 
 
 def make_archive(directory: Path, files: dict[str, bytes], executable: tuple[str, ...] = ()) -> tuple[str, Path]:

@@ -17,8 +17,8 @@ import pytest
 
 from tfcluster.api.v1 import agent_pb2
 from tfcluster.codechunks import CHUNK_BYTES, read_chunks, write_chunks
-from tfcluster.daemon.agent.codefetch import CodeServing, _Watchdog
-from tfcluster.daemon.agent.coderelay import Transfers
+from tfcluster.daemon.agent.code.fetch import CodeServing, _Watchdog
+from tfcluster.daemon.agent.code.relay import Transfers
 
 
 class Aborted(Exception):

@@ -12,7 +12,7 @@ import tarfile
 
 import pytest
 
-from tfcluster.daemon.coordinator.codestore import CodeRefused, CodeStore
+from tfcluster.daemon.coordinator.store.code_archives import CodeRefused, CodeStore
 
 
 def archive(content: bytes, kind: bytes = tarfile.REGTYPE) -> bytes:
@@ -135,7 +135,7 @@ def test_the_coordinator_sweeps_what_its_kept_jobs_no_longer_name(store, monkeyp
     import asyncio
     from types import SimpleNamespace
 
-    from tfcluster.daemon.coordinator import codeservice
+    from tfcluster.daemon.coordinator.rpc import code_service as codeservice
 
     unused = archive(b"")
     unused_sha = "sha256:" + hashlib.sha256(unused).hexdigest()

@@ -12,11 +12,11 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from coresim import Sim, info, make_spec, report
-from tfcluster.daemon.coordinator.cluster import Cluster, Unplaceable
-from tfcluster.states import NodeState, TaskState
-from tfcluster.daemon.coordinator.nodes import NameTaken
-from tfcluster.daemon.coordinator.scheduler import NodeCapacity
+from tfcluster.daemon.coordinator.core.cluster import Cluster, Unplaceable
+from tfcluster.daemon.coordinator.core.model.node_table import NameTaken
+from tfcluster.daemon.coordinator.core.scheduling.placement import NodeCapacity
 from tfcluster.model import TaskProgress
+from tfcluster.states import NodeState, TaskState
 
 NODES = 12  # enough for the mass-silence rule (10 silent nodes) to come into play
 SPECS = [

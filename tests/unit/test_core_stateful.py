@@ -26,8 +26,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from tfcluster.daemon.coordinator.cluster import Cluster, Unplaceable
-from tfcluster.daemon.coordinator.job import Job, StateRecord, Task
+from tfcluster.daemon.coordinator.core.cluster import Cluster, Unplaceable
+from tfcluster.daemon.coordinator.core.model.job import Job, StateRecord, Task
 from tfcluster.model import (Attempt, Launch, PREEMPTION_EXIT_CODE, Stop, SyncCheckpoints, TaskExit, TaskProgress,
                              TaskReport)
 from tfcluster.states import JOB_TRANSITIONS, TASK_TRANSITIONS, JobState, Phase

@@ -17,12 +17,12 @@ def modules_after(imports: str) -> set[str]:
 
 def test_daemons_and_cli_do_not_import_tensorflow():
     loaded = modules_after("tfcluster.cli.cluster, tfcluster.cli.daemons, tfcluster.cli.jobs, tfcluster.cli.misc, "
-                           "tfcluster.daemon.agent.agent, tfcluster.daemon.coordinator.service, tfcluster.demo")
+                           "tfcluster.daemon.agent.agent, tfcluster.daemon.coordinator.rpc.control_service, tfcluster.demo")
     assert sorted(m for m in ("tensorflow", "tf_keras", "keras", "numpy") if m in loaded) == []
 
 
 def test_the_agent_imports_nothing_of_the_coordinator():
-    loaded = modules_after("tfcluster.daemon.agent.agent, tfcluster.daemon.agent.taskrunner, tfcluster.task")
+    loaded = modules_after("tfcluster.daemon.agent.agent, tfcluster.daemon.agent.shim.runner, tfcluster.task")
     assert sorted(m for m in loaded if m.startswith("tfcluster.daemon.coordinator")) == []
 
 

@@ -3,8 +3,8 @@
 A reference is a relative link in Markdown, or a path-like mention (`docs/tensorflow.md`, `restart.py`,
 `tfcluster/v1/agent.proto`) in the manual, the README, Python comments and docstrings, and the comments of
 unit files and configuration. A mention with a directory resolves against the mentioning file's directory,
-the repository root, or as the tail of any repository path (the manual says `daemon/agent/shipping.py` for
-`tfcluster/daemon/agent/shipping.py`); a bare name resolves when a file of that name exists anywhere in the
+the repository root, or as the tail of any repository path (the manual says `daemon/agent/hooks/shipping.py` for
+`tfcluster/daemon/agent/hooks/shipping.py`); a bare name resolves when a file of that name exists anywhere in the
 repository. Links in Markdown must also name a heading that exists in the page they point to.
 """
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tfcluster.daemon.agent.requestfiles import (MAX_BYTES, RequestFileProblem, _parse_answer, filesystem_type,
+from tfcluster.daemon.agent.code.request_files import (MAX_BYTES, RequestFileProblem, _parse_answer, filesystem_type,
                                                  read_files, read_inside)
 
 

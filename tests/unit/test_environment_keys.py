@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from tfcluster.daemon.agent.environments import Environments, task_environment
-from tfcluster.daemon.agent.envrequest import EnvironmentProblem, Request, environment_key, read_request
-from tfcluster.daemon.agent.taskuser import TaskUser
+from tfcluster.daemon.agent.code.env_request import EnvironmentProblem, Request, environment_key, read_request
+from tfcluster.daemon.agent.code.environments import Environments, task_environment
+from tfcluster.daemon.agent.tasks.users import TaskUser
 from tfcluster.model import EnvironmentSpec
 
 BASE = Request((("requirements.txt", b"tinypkg==1.0\n"),), False)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tfcluster.daemon.agent.requestrules import (OPERATOR_ONLY, PYPI, line_problem, lock_problem, logical_lines,
+from tfcluster.daemon.agent.code.request_rules import (OPERATOR_ONLY, PYPI, line_problem, lock_problem, logical_lines,
                                                  project_problem, requirements_problem)
 
 

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from tfcluster import layout
-from tfcluster.daemon.agent.environments import Environments
+from tfcluster.daemon.agent.code.environments import Environments
 
 DAY = 86400.0
 NOW = 1_800_000_000.0

@@ -12,8 +12,8 @@ from coresim import Sim, info, launches, make_spec
 
 from tfcluster import views, wire
 from tfcluster.api.v1 import types_pb2
-from tfcluster.daemon.agent.taskrecord import TaskRecord, exit_of
-from tfcluster.daemon.agent.taskfiles import ShimStatus
+from tfcluster.daemon.agent.shim.taskfiles import ShimStatus
+from tfcluster.daemon.agent.tasks.record import TaskRecord, exit_of
 from tfcluster.model import Attempt, Phase, TaskExit, TaskReport
 
 TAIL = ("step 10", "Traceback (most recent call last):", "ValueError: boom")

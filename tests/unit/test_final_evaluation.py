@@ -10,8 +10,8 @@ from dataclasses import replace
 from coresim import Sim, info, keys, make_spec, stops
 
 from tfcluster import layout
-from tfcluster.daemon.coordinator.completion import EVALUATOR_EXIT_SECONDS
-from tfcluster.daemon.coordinator.launch import launch
+from tfcluster.daemon.coordinator.core.lifecycle.completion import EVALUATOR_EXIT_SECONDS
+from tfcluster.daemon.coordinator.core.lifecycle.launch import launch
 from tfcluster.model import Evaluation, FinishTraining
 from tfcluster.states import JobState, TaskState
 

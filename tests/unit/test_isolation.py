@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tfcluster.daemon.agent import isolation
+from tfcluster.daemon.agent.shim import isolation
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="switching users takes root")
 

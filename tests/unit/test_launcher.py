@@ -15,11 +15,11 @@ import psutil
 import pytest
 
 from tfcluster import layout
-from tfcluster.daemon.agent import launcher as launcher_module
-from tfcluster.daemon.agent.supervisor import Supervisor
-from tfcluster.daemon.agent.taskfiles import LaunchFile, ShimStatus
-from tfcluster.daemon.agent.taskrecord import is_shim
-from tfcluster.daemon.agent.taskrunner import DRAIN_SECONDS, process_start
+from tfcluster.daemon.agent.shim.runner import DRAIN_SECONDS, process_start
+from tfcluster.daemon.agent.shim.taskfiles import LaunchFile, ShimStatus
+from tfcluster.daemon.agent.tasks import launcher as launcher_module
+from tfcluster.daemon.agent.tasks.record import is_shim
+from tfcluster.daemon.agent.tasks.supervisor import Supervisor
 from tfcluster.model import Attempt, Launch, Phase
 from tests.unit.taskreports import Reports
 
@@ -127,7 +127,7 @@ def test_a_shim_whose_answer_never_reached_the_agent_never_runs(tmp_path):
     LaunchFile(Attempt("lost-1", "worker", 0, 1), ("touch", str(marker)), {"PATH": os.environ["PATH"]}).write(tmp_path)
     script = (
         "import os, socket, sys\n"
-        "from tfcluster.daemon.agent import launcher\n"
+        "from tfcluster.daemon.agent.tasks import launcher\n"
         "ours, agent = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)\n"
         "agent.close()  # the agent died while the launcher forked\n"
         "out, err = os.open(os.devnull, os.O_WRONLY), os.open(os.devnull, os.O_WRONLY)\n"
@@ -148,7 +148,7 @@ def test_a_shim_keeps_all_the_output_and_ends_with_its_task_though_the_task_left
     LaunchFile(Attempt("loud-1", "worker", 0, 1), ("sh", "-c", LOUD_TASK), {"PATH": os.environ["PATH"]}).write(tmp_path)
     script = ("import os, sys\n"
               f"{'' if pidfd else 'del os.pidfd_open'}\n"
-              "from tfcluster.daemon.agent.taskrunner import main\n"
+              "from tfcluster.daemon.agent.shim.runner import main\n"
               "sys.exit(main())\n")
     began = time.monotonic()
     subprocess.run([sys.executable, "-c", script, str(tmp_path)], check=True, timeout=60, capture_output=True)

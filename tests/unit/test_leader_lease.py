@@ -13,11 +13,11 @@ import time
 
 import urllib3
 
-from tfcluster.daemon.coordinator import keywatch
-from tfcluster.daemon.coordinator.etcdgateway import b64, unb64
-from tfcluster.daemon.coordinator.keywatch import Moved
-from tfcluster.daemon.coordinator.leadership import RENEW_EVERY_SECONDS, LeaderInfo, Leadership
-from tfcluster.daemon.coordinator.leasekeeper import ACK_TTLS, Renewing, parent_stopped
+from tfcluster.daemon.coordinator.ha import key_watch as keywatch
+from tfcluster.daemon.coordinator.ha.key_watch import Moved
+from tfcluster.daemon.coordinator.ha.leadership import RENEW_EVERY_SECONDS, LeaderInfo, Leadership
+from tfcluster.daemon.coordinator.ha.lease_keeper import ACK_TTLS, Renewing, parent_stopped
+from tfcluster.daemon.coordinator.store.etcd_gateway import b64, unb64
 
 ME = LeaderInfo("10.0.0.1:7070", "10.0.0.1:7071")
 OTHER = LeaderInfo("10.0.0.2:7070", "10.0.0.2:7071")

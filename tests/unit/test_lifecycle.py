@@ -1,15 +1,15 @@
-"""The job state machine on its own (lifecycle.py, launch.py): environment, commands, stop, failure text."""
+"""The job state machine on its own (core/lifecycle/transitions.py, launch.py): environment, commands, stop, failure text."""
 
 from __future__ import annotations
 
 import json
 
 from tfcluster import __version__
-from tfcluster.daemon.coordinator import job as J
-from tfcluster.daemon.coordinator import lifecycle
-from tfcluster.daemon.coordinator.launch import launch
-from tfcluster.daemon.coordinator.restart import RESTART
-from tfcluster.daemon.coordinator.scheduler import NodeCapacity, place, task_list
+from tfcluster.daemon.coordinator.core.lifecycle import transitions as lifecycle
+from tfcluster.daemon.coordinator.core.lifecycle.launch import launch
+from tfcluster.daemon.coordinator.core.lifecycle.restart import RESTART
+from tfcluster.daemon.coordinator.core.model import job as J
+from tfcluster.daemon.coordinator.core.scheduling.placement import NodeCapacity, place, task_list
 from tfcluster.model import Gpu, NodeInfo, TaskExit
 from tfcluster.specfile import parse_spec
 from tfcluster.states import JobState, TaskState

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from tfcluster.daemon.coordinator.dashboard import NEXT_PAGE
-from tfcluster.daemon.coordinator.logins import LINK_SECONDS, SESSION_SECONDS, Logins
+from tfcluster.daemon.coordinator.core.access.logins import LINK_SECONDS, SESSION_SECONDS, Logins
+from tfcluster.daemon.coordinator.web.dashboard import NEXT_PAGE
 from tfcluster.pki import ADMIN, USER, VIEWER, Identity
 
 

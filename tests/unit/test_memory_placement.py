@@ -10,8 +10,8 @@ from dataclasses import replace
 import pytest
 
 from tfcluster import wire
-from tfcluster.daemon.coordinator.cluster import Unplaceable
-from tfcluster.daemon.coordinator.scheduler import NodeCapacity, Unfit, place
+from tfcluster.daemon.coordinator.core.cluster import Unplaceable
+from tfcluster.daemon.coordinator.core.scheduling.placement import NodeCapacity, Unfit, place
 from tfcluster.specfile import parse_spec, spec_from_flags
 from tfcluster.states import JobState
 from tests.unit.coresim import Sim, info, launches, make_spec

@@ -10,10 +10,10 @@ from pathlib import Path
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tfcluster.daemon.agent.metrics import AgentMetrics
-from tfcluster.daemon.agent.supervisor import Supervisor
-from tfcluster.daemon.coordinator.cluster import Cluster
-from tfcluster.daemon.coordinator.metrics import CoordinatorMetrics
+from tfcluster.daemon.agent.node.metrics import AgentMetrics
+from tfcluster.daemon.agent.tasks.supervisor import Supervisor
+from tfcluster.daemon.coordinator.core.cluster import Cluster
+from tfcluster.daemon.coordinator.web.metrics import CoordinatorMetrics
 from tfcluster.model import Gpu
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana-dashboard.json"

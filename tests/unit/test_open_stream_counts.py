@@ -1,4 +1,4 @@
-"""Each caller's open calls, counted (coordinator/streamlimits.py): a share per caller, the next refused naming the
+"""Each caller's open calls, counted (coordinator/rpc/stream_limits.py): a share per caller, the next refused naming the
 limit and its flag, each place given back once however often its release runs, and every streaming call a
 person's certificate may make among the counted ones."""
 
@@ -11,7 +11,7 @@ import pytest
 
 from tfcluster import security
 from tfcluster.api.v1 import agent_pb2, control_pb2
-from tfcluster.daemon.coordinator.streamlimits import StreamLimits, TooManyStreams, caller_name
+from tfcluster.daemon.coordinator.rpc.stream_limits import StreamLimits, TooManyStreams, caller_name
 from tfcluster.pki import ADMIN, USER, VIEWER, Identity
 
 PEOPLE = {ADMIN, USER, VIEWER}

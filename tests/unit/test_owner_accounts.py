@@ -1,4 +1,4 @@
-"""--task-user owner on the agent (taskuser.py): the owner's account is looked up on this node, with its groups
+"""--task-user owner on the agent (tasks/users.py): the owner's account is looked up on this node, with its groups
 and the job's; no account, or root's, is a refusal that says so. The agent refuses the flag where no owner is
 authenticated (--insecure) or where every task runs as root anyway."""
 
@@ -10,7 +10,7 @@ import pwd
 import pytest
 
 from tfcluster.daemon.agent.main import SettingsError, configure
-from tfcluster.daemon.agent.taskuser import OWNER, TaskUserError, TaskUsers, owner_account
+from tfcluster.daemon.agent.tasks.users import OWNER, TaskUserError, TaskUsers, owner_account
 
 JOB_GID = 61234
 

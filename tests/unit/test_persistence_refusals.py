@@ -10,9 +10,9 @@ import gc
 import pytest
 from coresim import info
 
-from tfcluster.daemon.coordinator.cluster import Cluster
-from tfcluster.daemon.coordinator.persistence import Persistence
-from tfcluster.daemon.coordinator.store import MemoryStore, StoreUnavailable
+from tfcluster.daemon.coordinator.core.cluster import Cluster
+from tfcluster.daemon.coordinator.store.api import MemoryStore, StoreUnavailable
+from tfcluster.daemon.coordinator.store.persistence import Persistence
 
 
 class RefusingStore(MemoryStore):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tfcluster.daemon.coordinator.policy import NO_POLICY, ClassRefused, PolicyError, parse
+from tfcluster.daemon.coordinator.core.scheduling.policy import NO_POLICY, ClassRefused, PolicyError, parse
 
 EXAMPLE = """
 [classes]

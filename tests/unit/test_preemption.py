@@ -12,7 +12,9 @@ import pytest
 from coresim import Sim, info, keys, launches, make_spec, stops
 
 from tfcluster import views, wire
-from tfcluster.daemon.coordinator import preemption, records
+from tfcluster.daemon.coordinator.core.model.job import describe_preemption
+from tfcluster.daemon.coordinator.core.scheduling import preemption
+from tfcluster.daemon.coordinator.store import records
 from tfcluster.model import SyncCheckpoints
 from tfcluster.render import render_status
 from tfcluster.states import JobState, TaskState
@@ -58,7 +60,7 @@ def test_the_most_recently_started_of_equally_few_victims_is_preempted_with_a_gr
     assert older.state == JobState.RUNNING and newer.state == JobState.STOPPING
     assert high.state == JobState.PENDING and launches(commands) == []
     assert newer.preempted_by == high.id and newer.preempted_by_owner == "alice" and newer.preempted_at == sim.now
-    assert newer.message == preemption.describe(high.id, "alice", sim.now)
+    assert newer.message == describe_preemption(high.id, "alice", sim.now)
 
 
 def test_the_fewest_jobs_are_preempted_even_if_they_started_earlier():
@@ -211,8 +213,8 @@ def test_the_status_line_names_the_preemptor_its_owner_and_the_time(monkeypatch)
     time.tzset()
     try:
         at = calendar.timegm((2026, 3, 1, 14, 3, 30))
-        assert preemption.describe("y-7-k3f9", "alice", at) == "preempted by alice's job y-7-k3f9 at 14:03"
-        assert preemption.describe("y-7-k3f9", "", at) == "preempted by job y-7-k3f9 at 14:03"
+        assert describe_preemption("y-7-k3f9", "alice", at) == "preempted by alice's job y-7-k3f9 at 14:03"
+        assert describe_preemption("y-7-k3f9", "", at) == "preempted by job y-7-k3f9 at 14:03"
     finally:
         monkeypatch.undo()
         time.tzset()

@@ -8,10 +8,10 @@ from dataclasses import replace
 import pytest
 from coresim import Sim, info, make_spec
 
-from tfcluster.daemon.coordinator import queue
-from tfcluster.daemon.coordinator.cluster import Unplaceable
-from tfcluster.daemon.coordinator.job import Job
-from tfcluster.daemon.coordinator.policy import ClassRefused, parse
+from tfcluster.daemon.coordinator.core.cluster import Unplaceable
+from tfcluster.daemon.coordinator.core.model.job import Job
+from tfcluster.daemon.coordinator.core.scheduling import queue
+from tfcluster.daemon.coordinator.core.scheduling.policy import ClassRefused, parse
 from tfcluster.states import JobState
 
 CLASSES = """
@@ -188,7 +188,7 @@ def test_a_reloaded_policy_applies_to_waiting_jobs_at_once():
 def test_metrics_count_the_queue_by_class_and_the_wait_until_a_job_first_runs():
     from prometheus_client.exposition import generate_latest
 
-    from tfcluster.daemon.coordinator.metrics import CoordinatorMetrics
+    from tfcluster.daemon.coordinator.web.metrics import CoordinatorMetrics
 
     sim = sim_with("", info("n1", 1))
     metrics = CoordinatorMetrics(sim.c, clock=lambda: sim.now)

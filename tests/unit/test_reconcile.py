@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from coresim import Sim, info, keys, launches, make_spec, report, stops
 
-from tfcluster.daemon.coordinator.cluster import RESEND_AFTER_SECONDS
+from tfcluster.daemon.coordinator.core.cluster import RESEND_AFTER_SECONDS
 from tfcluster.model import Attempt, FinishTraining, Stop, SyncCheckpoints, TaskProgress
 from tfcluster.states import JobState, TaskState
 

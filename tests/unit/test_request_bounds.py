@@ -8,7 +8,7 @@ import pytest
 
 from tfcluster import security, wire
 from tfcluster.api.v1 import agent_pb2, control_pb2, types_pb2 as pb
-from tfcluster.daemon.coordinator.joinport import JOIN_MAX_BYTES, JoinLimiter, source_of
+from tfcluster.daemon.coordinator.rpc.join_port import JOIN_MAX_BYTES, JoinLimiter, source_of
 from tfcluster.security import MAX_REQUEST_BYTES, POLICY, Messages
 
 GET_STATUS, JOIN = security.CONTROL + "GetStatus", security.JOIN + "Join"

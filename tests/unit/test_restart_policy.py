@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from tfcluster.daemon.coordinator import restart as R
-from tfcluster.daemon.coordinator.job import Failure, Job, Task
-from tfcluster.daemon.coordinator.restart import RESTART
+from tfcluster.daemon.coordinator.core.lifecycle import restart as R
+from tfcluster.daemon.coordinator.core.lifecycle.restart import RESTART
+from tfcluster.daemon.coordinator.core.model.job import Failure, Job, Task
 from tfcluster.model import TaskExit
 from tfcluster.specfile import parse_spec
 from tfcluster.states import JobState, TaskState

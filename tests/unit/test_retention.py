@@ -13,9 +13,9 @@ import time
 from pathlib import Path
 
 from tfcluster import layout
-from tfcluster.daemon.agent.retention import (Policy, RetentionPass, disk_condition, mark_ended, plan, remove,
+from tfcluster.daemon.agent.node.retention import (Policy, RetentionPass, disk_condition, mark_ended, plan, remove,
                                               scan)
-from tfcluster.daemon.agent.supervisor import Supervisor
+from tfcluster.daemon.agent.tasks.supervisor import Supervisor
 from tfcluster.model import Attempt, Launch, Phase
 
 NOW = time.time()
@@ -155,7 +155,8 @@ def test_a_checkpoint_newer_than_the_committed_one_is_kept_too(tmp_path):
 def test_gc_beside_a_running_agent_leaves_a_job_whose_shim_is_alive(tmp_path):
     directory = attempt(tmp_path, "busy-1", days=30)
     mark_ended(tmp_path, "busy-1", NOW)
-    # A process that is this attempt's shim as far as anyone can tell from outside (its command line).
+    # A process that is this attempt's shim as far as anyone can tell from outside: the command line a shim of
+    # 0.7 or before was started with, whose status file says nothing of when it started.
     shim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
                              "tfcluster.daemon.agent.taskrunner", str(directory)], start_new_session=True)
     try:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from collections import Counter
 
-from tfcluster.daemon.coordinator.scheduler import Gpu, NodeCapacity, TaskPlacement, Unfit, place, task_list
+from tfcluster.daemon.coordinator.core.model.capacity import NodeCapacity, TaskPlacement, task_list
+from tfcluster.daemon.coordinator.core.scheduling.placement import Unfit, place
+from tfcluster.model import Gpu
 from tfcluster.specfile import parse_spec
 
 
@@ -212,7 +214,7 @@ def test_backtracks_when_the_greedy_choice_blocks_a_later_task():
 def test_backtracking_is_what_finds_it(monkeypatch):
     # The same job with a search budget of 2 tries (chief->a, then worker) fails: the first greedy choice
     # is wrong, so the test above really needs the backtracking.
-    import tfcluster.daemon.coordinator.scheduler as scheduler
+    import tfcluster.daemon.coordinator.core.scheduling.placement as scheduler
     s = spec(gpus=1, chief={"count": 1, "nodes": ["a", "b"]}, worker={"count": 1, "nodes": ["a", "c"]})
     nodes = [node("a", gpus=1), node("b", gpus=1), node("c", gpus=0)]
     monkeypatch.setattr(scheduler, "SEARCH_BUDGET", 2)

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from tfcluster.strategies import by_roles as resolve_strategy
 from tfcluster.spec import EnvironmentSpec, JobSpec, RestartPolicy, RoleSpec, SpecError, validate
 from tfcluster.specfile import load_spec_file, parse_spec, spec_from_flags
+from tfcluster.strategies import by_roles as resolve_strategy
 
 # A spec as a user writes one: every table, the evaluator included.
 DESIGN_EXAMPLE = '''\

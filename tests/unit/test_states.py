@@ -8,7 +8,7 @@ from coresim import make_spec
 
 from tfcluster import wire
 from tfcluster.api.v1 import types_pb2 as pb
-from tfcluster.daemon.coordinator.job import Job, Task
+from tfcluster.daemon.coordinator.core.model.job import Job, Task
 from tfcluster.model import TaskExit
 from tfcluster.states import (ENDED_JOB_STATES, JOB_TRANSITIONS, TASK_TRANSITIONS, IllegalTransition, JobState,
                               NodeState, Phase, TaskState)

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from coresim import Sim, info, make_spec
 
-from tfcluster.daemon.coordinator import status
+from tfcluster.daemon.coordinator.core import status
 from tfcluster.states import NodeState
 
 

@@ -9,12 +9,12 @@ import sqlite3
 import pytest
 from coresim import Sim, info, make_spec
 
-from tfcluster.daemon.coordinator import job as J
-from tfcluster.daemon.coordinator import migrate
-from tfcluster.daemon.coordinator.cluster import Cluster
-from tfcluster.daemon.coordinator.records import Batch, Writer, dumps, from_documents, plain
-from tfcluster.daemon.coordinator.store import open_store
-from tfcluster.daemon.coordinator.trust import Trust
+from tfcluster.daemon.coordinator.core.access.trust import Trust
+from tfcluster.daemon.coordinator.core.cluster import Cluster
+from tfcluster.daemon.coordinator.core.model import job as J
+from tfcluster.daemon.coordinator.store import migrate
+from tfcluster.daemon.coordinator.store.open import open_store
+from tfcluster.daemon.coordinator.store.records import Batch, Writer, dumps, from_documents, plain
 from tfcluster.model import Evaluation
 from tfcluster.states import JobState
 

@@ -1,4 +1,4 @@
-"""The store contract (store.py), the same for every store: documents put and deleted by kind and key with the
+"""The store contract (store/api.py), the same for every store: documents put and deleted by kind and key with the
 revision the writer expects, a refused expectation refuses the whole batch, and what a write acknowledged is
 there when the store is opened again (after a kill -9, for a store that outlives its process). Then how --store
 picks a store, and a SQLite file of an earlier release opened by this one."""
@@ -17,10 +17,10 @@ from typing import Callable
 
 import pytest
 
-from tfcluster.daemon.coordinator.etcdgateway import EtcdTls
-from tfcluster.daemon.coordinator.sqlitestore import LAYOUT_VERSION, SqliteStore
-from tfcluster.daemon.coordinator.store import (KINDS, Conflict, Delete, MemoryStore, Put, Store, StoreUrlError,
-                                                open_store)
+from tfcluster.daemon.coordinator.store.api import KINDS, Conflict, Delete, MemoryStore, Put, Store, StoreUrlError
+from tfcluster.daemon.coordinator.store.etcd_gateway import EtcdTls
+from tfcluster.daemon.coordinator.store.open import open_store
+from tfcluster.daemon.coordinator.store.sqlite import LAYOUT_VERSION, SqliteStore
 
 
 @dataclass
@@ -160,8 +160,9 @@ def test_what_a_write_acknowledged_survives_a_kill_9(kind, request, tmp_path):
     child = f"""
 import os, signal
 from pathlib import Path
-from tfcluster.daemon.coordinator.etcdgateway import EtcdTls
-from tfcluster.daemon.coordinator.store import Put, open_store
+from tfcluster.daemon.coordinator.store.api import Put
+from tfcluster.daemon.coordinator.store.etcd_gateway import EtcdTls
+from tfcluster.daemon.coordinator.store.open import open_store
 store = open_store({url!r}, Path({str(tmp_path)!r}), {etcd_tls(kind)!r})
 for i in range(20):
     store.write([Put("task", f"a-1-xyz1/worker:{{i}}", "{{}}")])
@@ -270,7 +271,7 @@ def test_a_file_of_a_newer_release_is_refused_not_misread(tmp_path):
 
 def test_an_etcd_nobody_answers_at_is_an_error_naming_its_endpoints(tmp_path):
     from harness import free_port
-    from tfcluster.daemon.coordinator.store import StoreUnavailable
+    from tfcluster.daemon.coordinator.store.api import StoreUnavailable
     endpoints = f"127.0.0.1:{free_port()},127.0.0.1:{free_port()}"
     with pytest.raises(StoreUnavailable, match=f"cannot reach etcd at {endpoints}: .*connection refused"):
         open_store(f"etcd://{endpoints}/tfcluster", tmp_path, EtcdTls(insecure=True))
@@ -291,7 +292,7 @@ def test_etcd_over_plain_http_is_refused_unless_said_out_loud(tmp_path):
     """Whoever reaches etcd reads and changes the whole state: without TLS files or --etcd-insecure the store is
     not opened, and nothing is sent to etcd (no member listens here)."""
     from harness import free_port
-    from tfcluster.daemon.coordinator.store import StoreUnavailable
+    from tfcluster.daemon.coordinator.store.api import StoreUnavailable
     url = f"etcd://127.0.0.1:{free_port()}/tfcluster"
     with pytest.raises(StoreUrlError) as refused:
         open_store(url, tmp_path)

@@ -11,8 +11,8 @@ import time
 import psutil
 import pytest
 
-from tfcluster.daemon.agent.supervisor import Supervisor
-from tfcluster.daemon.agent.taskfiles import ShimStatus
+from tfcluster.daemon.agent.shim.taskfiles import ShimStatus
+from tfcluster.daemon.agent.tasks.supervisor import Supervisor
 from tfcluster.model import Attempt, Launch
 from tfcluster.states import Phase
 from tests.unit.taskreports import Reports

@@ -10,8 +10,8 @@ import time
 import pytest
 
 from tfcluster import layout
-from tfcluster.daemon.agent.supervisor import Supervisor
-from tfcluster.daemon.agent.taskfiles import (FORMAT, LaunchFile, ShimStatus, TaskFileError, UsageFile, read_stop_grace,
+from tfcluster.daemon.agent.tasks.supervisor import Supervisor
+from tfcluster.daemon.agent.shim.taskfiles import (FORMAT, LaunchFile, ShimStatus, TaskFileError, UsageFile, read_stop_grace,
                                               write_stop)
 from tfcluster.model import Attempt, Phase, TaskExit, TaskReport
 

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from tfcluster import layout
-from tfcluster.daemon.agent.logs import LogServer
-from tfcluster.daemon.agent.supervisor import Supervisor
-from tfcluster.daemon.agent.taskfiles import LaunchFile, ShimStatus
-from tfcluster.daemon.agent.tasklog import (MIN_LIMIT_BYTES, LastLines, OutputReader, OutputWriter, dropped_marker,
+from tfcluster.daemon.agent.node.logs import LogServer
+from tfcluster.daemon.agent.shim.taskfiles import LaunchFile, ShimStatus
+from tfcluster.daemon.agent.tasks.supervisor import Supervisor
+from tfcluster.daemon.agent.shim.tasklog import (MIN_LIMIT_BYTES, LastLines, OutputReader, OutputWriter, dropped_marker,
                                             total_bytes)
 from tfcluster.model import Attempt, Launch, Phase, ReadLog
 
@@ -38,7 +38,7 @@ def run_shim(state_dir: Path, script: str, limit: int = LIMIT) -> Path:
     directory.mkdir(parents=True)
     LaunchFile(ATTEMPT, (sys.executable, "-c", script), dict(os.environ), stop_grace_seconds=1,
                log_limit_bytes=limit).write(directory)
-    shim = subprocess.Popen([sys.executable, "-m", "tfcluster.daemon.agent.taskrunner", str(directory)],
+    shim = subprocess.Popen([sys.executable, "-m", "tfcluster.daemon.agent.shim.runner", str(directory)],
                             stdout=subprocess.DEVNULL, start_new_session=True)
     try:
         assert shim.wait(timeout=60) == 0

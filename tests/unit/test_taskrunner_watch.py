@@ -9,9 +9,9 @@ import signal
 import pytest
 
 from tfcluster import layout
-from tfcluster.daemon.agent import taskrunner
-from tfcluster.daemon.agent.taskfiles import LaunchFile, ShimStatus
-from tfcluster.daemon.agent.treewatch import TreeWatch
+from tfcluster.daemon.agent.shim import runner as taskrunner
+from tfcluster.daemon.agent.shim.taskfiles import LaunchFile, ShimStatus
+from tfcluster.daemon.agent.shim.treewatch import TreeWatch
 from tfcluster.model import Attempt
 
 

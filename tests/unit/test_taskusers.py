@@ -8,10 +8,10 @@ from dataclasses import replace
 import pytest
 from coresim import Sim, info, launches, make_spec
 
-from tfcluster.daemon.coordinator import taskusers
-from tfcluster.daemon.coordinator.cluster import Cluster, Unplaceable
-from tfcluster.daemon.coordinator.records import dumps, job_doc, job_from_docs, task_doc
-from tfcluster.daemon.coordinator.taskusers import UidRange, allocate, parse_range
+from tfcluster.daemon.coordinator.core.cluster import Cluster, Unplaceable
+from tfcluster.daemon.coordinator.core.model import task_uids as taskusers
+from tfcluster.daemon.coordinator.core.model.task_uids import UidRange, allocate, parse_range
+from tfcluster.daemon.coordinator.store.records import dumps, job_doc, job_from_docs, task_doc
 
 
 def never(uid: int) -> bool:

@@ -17,9 +17,10 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from tfcluster.daemon.coordinator.trust import EXPIRED_KEPT_SECONDS, TokenRefused, Trust
+from tfcluster.daemon.coordinator.core.access.trust import EXPIRED_KEPT_SECONDS, TokenRefused, Trust
 from tfcluster.pki import Identity
-from tfcluster.security import POLICY, REMOVED, REPLACED, Gate, Refused
+from tfcluster.pki import REMOVED, REPLACED
+from tfcluster.security import POLICY, Gate, Refused
 
 HOUR = datetime.timedelta(hours=1)
 

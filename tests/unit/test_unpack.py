@@ -17,7 +17,7 @@ import pytest
 from tfcluster import codepack
 from tfcluster.codechunks import CodeError
 from tfcluster.codeunpack import MAX_READ
-from tfcluster.daemon.agent.unpack import Bounds, unpack
+from tfcluster.daemon.agent.code.unpack import Bounds, unpack
 
 NAME = "sha256:ab12cd34ef56..."
 

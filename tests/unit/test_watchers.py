@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from tfcluster.daemon.coordinator.watch import TooManyWatchers, Watchers
+from tfcluster.daemon.coordinator.rpc.watchers import TooManyWatchers, Watchers
 
 
 class Job:

@@ -9,10 +9,10 @@ import uuid
 import pytest
 from coresim import info, make_spec
 
-from tfcluster.daemon.coordinator import persistence
-from tfcluster.daemon.coordinator import server as S
-from tfcluster.daemon.coordinator.cluster import Cluster
-from tfcluster.daemon.coordinator.store import MemoryStore
+from tfcluster.daemon.coordinator.core.cluster import Cluster
+from tfcluster.daemon.coordinator.rpc import coordinator as S
+from tfcluster.daemon.coordinator.store import persistence
+from tfcluster.daemon.coordinator.store.api import MemoryStore
 
 
 class FlakyStore(MemoryStore):

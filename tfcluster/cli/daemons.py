@@ -33,7 +33,7 @@ def _setup_logging(level: str, fmt: str) -> None:
 
 
 def _task_log_bytes(text: str) -> int:
-    from tfcluster.daemon.agent.tasklog import MIN_LIMIT_BYTES
+    from tfcluster.daemon.agent.shim.tasklog import MIN_LIMIT_BYTES
 
     size = parse_size(text, "--max-task-log")
     if size < MIN_LIMIT_BYTES:
@@ -77,7 +77,7 @@ app.add_typer(coordinator_app, name="coordinator")
 
 
 def _etcd_tls(ca: Optional[Path], cert: Optional[Path], key: Optional[Path], insecure: bool = False):
-    from tfcluster.daemon.coordinator.etcdgateway import EtcdTls
+    from tfcluster.daemon.coordinator.store.etcd_gateway import EtcdTls
 
     for flag, path in (("--etcd-ca", ca), ("--etcd-cert", cert), ("--etcd-key", key)):
         if path is not None and not path.is_file():
@@ -164,13 +164,13 @@ def coordinator(
         return
     import sqlite3
 
-    from tfcluster.daemon.coordinator.policy import PolicyError
+    from tfcluster.daemon.coordinator.core.model.task_uids import parse_range
+    from tfcluster.daemon.coordinator.core.scheduling.policy import PolicyError
+    from tfcluster.daemon.coordinator.grpc_server import CoordinatorServer
     from tfcluster.daemon.coordinator.process import serve
-    from tfcluster.daemon.coordinator.coordinatorserver import CoordinatorServer
-    from tfcluster.daemon.coordinator.store import Conflict, StoreUrlError
+    from tfcluster.daemon.coordinator.store.api import Conflict, StoreUrlError
     from tfcluster.daemon.web import HttpError
     from tfcluster.pki import PkiError
-    from tfcluster.daemon.coordinator.taskusers import parse_range
 
     _setup_logging(log_level, log_format)
     try:
@@ -203,7 +203,7 @@ def coordinator(
         fail("--advertise-address goes with --store etcd://... (where several coordinators run)", 2)
     try:
         if (store or "").startswith("etcd://"):  # several coordinators may share it: one leads at a time
-            from tfcluster.daemon.coordinator import ha
+            from tfcluster.daemon.coordinator.ha import runner as ha
             ha.run(options, listen, join_listen or "", tls_dir, store,
                    _etcd_tls(etcd_ca, etcd_cert, etcd_key, etcd_insecure), advertise_address or "")
             return
@@ -237,8 +237,9 @@ def migrate_store(
     etcd_insecure: bool = EtcdInsecureOpt,
 ) -> None:
     """Copy a stopped coordinator's whole state (jobs, nodes, tokens, removals, usage) into another store."""
-    from tfcluster.daemon.coordinator.store import StoreUrlError, open_store
-    from tfcluster.daemon.coordinator.storecopy import TargetNotEmpty, copy_store
+    from tfcluster.daemon.coordinator.store.api import StoreUrlError
+    from tfcluster.daemon.coordinator.store.copy import TargetNotEmpty, copy_store
+    from tfcluster.daemon.coordinator.store.open import open_store
 
     tls = _etcd_tls(etcd_ca, etcd_cert, etcd_key, etcd_insecure)
     if source == target:

@@ -24,7 +24,7 @@ MinFreeDiskOpt = typer.Option("1G", metavar="SIZE",
 
 def retention_policy(retain_for: str, retain_bytes: str, min_free_disk: str):
     """The retention flags, checked (a bad one fails the command with exit code 2)."""
-    from tfcluster.daemon.agent.retention import Policy
+    from tfcluster.daemon.agent.node.retention import Policy
 
     return Policy(retain_for=parse_duration(retain_for, "--retain-for"),
                   retain_bytes=parse_size(retain_bytes, "--retain-bytes"),
@@ -44,7 +44,7 @@ def gc(
     """Remove what this node's retention allows: ended jobs' files, and older attempts and checkpoints of jobs
     that are not running here. Prints each (path, size, why) and the total. Safe while the agent runs: jobs with
     a running task are left alone, and jobs count as ended only once the agent has learned so."""
-    from tfcluster.daemon.agent.retention import free_bytes, human_size, plan, remove, scan
+    from tfcluster.daemon.agent.node.retention import free_bytes, human_size, plan, remove, scan
 
     policy = retention_policy(retain_for, retain_bytes, min_free_disk)
     # Resolved as the agent resolves its own: a running task is recognised by its shim's attempt path.

@@ -29,10 +29,10 @@ from rich.live import Live
 from tfcluster import pki, reach
 from tfcluster.client import Client
 from tfcluster.daemon.agent.agent import Agent, AgentConfig
-from tfcluster.daemon.agent.discovery import host_info
-from tfcluster.daemon.agent.identity import NodeIdentity
+from tfcluster.daemon.agent.session.discovery import host_info
+from tfcluster.daemon.agent.session.identity import NodeIdentity
+from tfcluster.daemon.coordinator.grpc_server import CoordinatorServer
 from tfcluster.daemon.coordinator.process import BackgroundCoordinator
-from tfcluster.daemon.coordinator.coordinatorserver import CoordinatorServer
 from tfcluster.model import Gpu
 from tfcluster.render import rich_status
 from tfcluster.security import Credentials

@@ -23,8 +23,8 @@ from rich.live import Live
 
 from tfcluster import pki
 from tfcluster.client import Client
+from tfcluster.daemon.coordinator.grpc_server import CoordinatorServer
 from tfcluster.daemon.coordinator.process import BackgroundCoordinator
-from tfcluster.daemon.coordinator.coordinatorserver import CoordinatorServer
 from tfcluster.demo import scratch_root
 from tfcluster.demo.hosts import TestHosts, unavailable
 from tfcluster.render import rich_status

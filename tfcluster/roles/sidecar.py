@@ -21,7 +21,7 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 import tensorflow as tf  # noqa: E402
 import tf_keras  # noqa: E402
 
-from tfcluster import task  # noqa: E402
+from tfcluster import checkpoints  # noqa: E402
 
 
 class SidecarEvaluator(tf_keras.utils.SidecarEvaluator):
@@ -30,17 +30,17 @@ class SidecarEvaluator(tf_keras.utils.SidecarEvaluator):
     def start(self) -> None:
         """Evaluates each newly committed checkpoint; returns after the final one, or once a checkpoint's
         number reaches max_evaluations (tf-keras's rule)."""
-        for path in task.checkpoints(self.checkpoint_dir):
+        for path in checkpoints.checkpoints(self.checkpoint_dir):
             if not self._restore(path):
                 continue
             logs = self.model.evaluate(self.data, steps=self.steps, callbacks=self.callbacks, verbose=2,
                                        return_dict=True)
             metrics = {name: float(value) for name, value in logs.items()}
             step = self._step(path)
-            task.report_evaluation(path, step, metrics)
+            checkpoints.report_evaluation(path, step, metrics)
             shown = ", ".join(f"{k}={v:.4f}" for k, v in sorted(metrics.items()))
             print(f"SidecarEvaluator: {os.path.basename(path)} (step {step}): {shown}", flush=True)
-            if self.max_evaluations and self.max_evaluations <= task.checkpoint_step(path):
+            if self.max_evaluations and self.max_evaluations <= checkpoints.checkpoint_step(path):
                 return
         print("SidecarEvaluator: training finished; the final checkpoint is evaluated", flush=True)
 
@@ -68,4 +68,4 @@ class SidecarEvaluator(tf_keras.utils.SidecarEvaluator):
         checkpoint's number."""
         optimizer = self.model.optimizer
         iterations = int(optimizer.iterations.numpy()) if optimizer is not None else 0
-        return iterations if iterations > 0 else task.checkpoint_step(path)
+        return iterations if iterations > 0 else checkpoints.checkpoint_step(path)

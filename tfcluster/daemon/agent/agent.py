@@ -1,5 +1,5 @@
 """The agent process: a session with the coordinator (session.py), a supervisor that runs each task attempt
-under its own shim (supervisor.py), and the per-task features as hooks on each attempt's life (hooks.py),
+under its own shim (supervisor.py), and the per-task features as hooks on each attempt's life (hooks/api.py),
 listed once in Agent.hooks. It also serves the node's peer port (checkpoints from other agents), its logs
 and /metrics, renews the node's certificate, and keeps the node's disk (retention.py).
 """
@@ -16,34 +16,35 @@ import grpc
 
 from tfcluster import __version__, wire
 from tfcluster.api.v1 import agent_pb2
-from tfcluster.daemon.agent.cgroups import TaskCgroups
-from tfcluster.daemon.agent.codecache import DEFAULT_CACHE_BYTES
-from tfcluster.daemon.agent.codefetch import Fetcher
-from tfcluster.daemon.agent.copies import CopiesHook
-from tfcluster.daemon.agent.discovery import HostInfo
-from tfcluster.daemon.agent.events import EventsHook
-from tfcluster.daemon.agent.hooks import POLL_SECONDS, TaskHook
-from tfcluster.daemon.agent.identity import NodeIdentity
-from tfcluster.daemon.agent.liveness import Liveness
-from tfcluster.daemon.agent.logs import LogServer
-from tfcluster.daemon.agent.metrics import AgentMetrics
-from tfcluster.daemon.agent.peers import DEFAULT_QUOTA_BYTES, Expectation, PeerServer, PeerServicer, RevokedNodes
-from tfcluster.daemon.agent.retention import Policy, RetentionPass, ask_coordinator, disk_condition, free_bytes
-from tfcluster.daemon.agent.session import Session
-from tfcluster.daemon.agent.shipping import ShippingHook
-from tfcluster.daemon.agent.summaries import SummariesHook
-from tfcluster.daemon.agent.supervisor import Supervisor
-from tfcluster.daemon.agent.taskcode import TaskCode
-from tfcluster.daemon.agent.taskrecord import TaskRecord
-from tfcluster.daemon.agent.tasklog import DEFAULT_LIMIT_BYTES
-from tfcluster.daemon.agent.taskuser import PER_JOB, TaskUsers, make_state_dir
-from tfcluster.daemon.agent.unpack import DEFAULT_MAX_BYTES as DEFAULT_MAX_UNPACKED_BYTES
-from tfcluster.daemon.agent.unpack import Bounds
+from tfcluster.daemon.agent.code.cache import DEFAULT_CACHE_BYTES
+from tfcluster.daemon.agent.code.fetch import Fetcher
+from tfcluster.daemon.agent.code.task_code import TaskCode
+from tfcluster.daemon.agent.code.unpack import DEFAULT_MAX_BYTES as DEFAULT_MAX_UNPACKED_BYTES
+from tfcluster.daemon.agent.code.unpack import Bounds
+from tfcluster.daemon.agent.hooks.api import POLL_SECONDS, TaskHook
+from tfcluster.daemon.agent.hooks.copies import CopiesHook
+from tfcluster.daemon.agent.hooks.events import EventsHook
+from tfcluster.daemon.agent.hooks.shipping import ShippingHook
+from tfcluster.daemon.agent.hooks.summaries import SummariesHook
+from tfcluster.daemon.agent.node.logs import LogServer
+from tfcluster.daemon.agent.node.metrics import AgentMetrics
+from tfcluster.daemon.agent.node.retention import Policy, RetentionPass, ask_coordinator, disk_condition, free_bytes
+from tfcluster.daemon.agent.peers.server import DEFAULT_QUOTA_BYTES, Expectation, PeerServer, PeerServicer, RevokedNodes
+from tfcluster.daemon.agent.session.discovery import HostInfo
+from tfcluster.daemon.agent.session.identity import NodeIdentity
+from tfcluster.daemon.agent.session.liveness import Liveness
+from tfcluster.daemon.agent.session.session import Session
+from tfcluster.daemon.agent.shim.cgroups import TaskCgroups
+from tfcluster.daemon.agent.shim.tasklog import DEFAULT_LIMIT_BYTES
+from tfcluster.daemon.agent.tasks.record import TaskRecord
+from tfcluster.daemon.agent.tasks.supervisor import Supervisor
+from tfcluster.daemon.agent.tasks.users import PER_JOB, TaskUsers, make_state_dir
 from tfcluster.daemon.web import ThreadedWebListener, WebListener
 from tfcluster.layout import INCOMING_PREFIX
 from tfcluster.model import (CancelLog, ExpectFiles, FinishTraining, Gpu, Launch, NodeInfo, ReadLog, Revocations,
                              ServeCode, SetPace, Stop, TaskProgress)
-from tfcluster.security import REMOVED, REPLACED, Credentials
+from tfcluster.pki import REMOVED, REPLACED
+from tfcluster.security import Credentials
 from tfcluster.states import Phase
 
 log = logging.getLogger("tfcluster.agent")
@@ -68,10 +69,10 @@ class AgentConfig:
     retention: Policy = field(default_factory=Policy)  # what the node keeps of its jobs' files; its disk floor
     task_log_bytes: int = DEFAULT_LIMIT_BYTES  # output kept per task attempt (its head and its newest bytes)
     http_listen: str = ""  # HOST:PORT of /metrics; "": none
-    allow_root_tasks: bool = False  # the operator lets tasks run as root here (taskuser.py)
+    allow_root_tasks: bool = False  # the operator lets tasks run as root here (tasks/users.py)
     private_tmp: bool = False  # each job's tasks get a /tmp of their own (isolation.py)
-    task_user: str = PER_JOB  # who tasks run as: the job's own UID, or the owner's account (taskuser.py)
-    cache_bytes: int = DEFAULT_CACHE_BYTES  # the most the node keeps of jobs' code (codecache.py)
+    task_user: str = PER_JOB  # who tasks run as: the job's own UID, or the owner's account (tasks/users.py)
+    cache_bytes: int = DEFAULT_CACHE_BYTES  # the most the node keeps of jobs' code (code/cache.py)
     max_code_unpacked_bytes: int = DEFAULT_MAX_UNPACKED_BYTES  # one archive's files together, unpacked (unpack.py)
 
     def node_info(self) -> NodeInfo:

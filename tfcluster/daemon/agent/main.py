@@ -12,15 +12,15 @@ from pathlib import Path
 
 from tfcluster import __version__, leaders
 from tfcluster.daemon.agent.agent import Agent, AgentConfig
-from tfcluster.daemon.agent.codecache import DEFAULT_CACHE_BYTES
-from tfcluster.daemon.agent.discovery import InventoryError, advertise_address, discover_gpus, host_info
-from tfcluster.daemon.agent.identity import JoinError, NodeIdentity
-from tfcluster.daemon.agent.liveness import SystemdReporter
-from tfcluster.daemon.agent.peers import DEFAULT_QUOTA_BYTES
-from tfcluster.daemon.agent.retention import Policy
-from tfcluster.daemon.agent.tasklog import DEFAULT_LIMIT_BYTES
-from tfcluster.daemon.agent.taskuser import OWNER, PER_JOB, TASK_USER_MODES, TaskUserError, make_state_dir
-from tfcluster.daemon.agent.unpack import DEFAULT_MAX_BYTES as DEFAULT_MAX_UNPACKED_BYTES
+from tfcluster.daemon.agent.code.cache import DEFAULT_CACHE_BYTES
+from tfcluster.daemon.agent.code.unpack import DEFAULT_MAX_BYTES as DEFAULT_MAX_UNPACKED_BYTES
+from tfcluster.daemon.agent.node.retention import Policy
+from tfcluster.daemon.agent.peers.server import DEFAULT_QUOTA_BYTES
+from tfcluster.daemon.agent.session.discovery import InventoryError, advertise_address, discover_gpus, host_info
+from tfcluster.daemon.agent.session.identity import JoinError, NodeIdentity
+from tfcluster.daemon.agent.session.liveness import SystemdReporter
+from tfcluster.daemon.agent.shim.tasklog import DEFAULT_LIMIT_BYTES
+from tfcluster.daemon.agent.tasks.users import OWNER, PER_JOB, TASK_USER_MODES, TaskUserError, make_state_dir
 from tfcluster.daemon.notify import Notifier
 from tfcluster.daemon.web import HttpError, parse_listen
 from tfcluster.model import NODE_NAME_RE

@@ -9,8 +9,8 @@ import signal
 import threading
 import time
 
-from tfcluster.daemon.coordinator import status
-from tfcluster.daemon.coordinator.coordinatorserver import CoordinatorServer
+from tfcluster.daemon.coordinator.core import status
+from tfcluster.daemon.coordinator.grpc_server import CoordinatorServer
 from tfcluster.daemon.notify import Notifier
 
 FREEZE_EVERY_SECONDS = 10.0

@@ -1,0 +1,35 @@
+"""The module paths processes of 0.7 and before were started with keep working after the relayout of 0.8: a shim
+(`python -m tfcluster.daemon.agent.taskrunner DIR`) and the launcher (`python -m tfcluster.daemon.agent.launcher FD`)
+still run, their names still import, and an upgraded agent still knows such a shim by its command line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tfcluster.daemon.agent import launcher, taskrunner
+from tfcluster.daemon.agent.shim import runner
+from tfcluster.daemon.agent.tasks import launcher as tasks_launcher
+from tfcluster.daemon.agent.tasks.record import is_shim
+
+
+def test_the_old_names_are_the_new_ones():
+    assert taskrunner.Runner is runner.Runner and taskrunner.main is runner.main
+    assert launcher.Launcher is tasks_launcher.Launcher and launcher.main is tasks_launcher.main
+
+
+def test_the_old_module_paths_still_run_as_programs():
+    for module, usage in (("tfcluster.daemon.agent.taskrunner", "ATTEMPT_DIR"),
+                          ("tfcluster.daemon.agent.launcher", "SOCKET_FD")):
+        done = subprocess.run([sys.executable, "-m", module], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2 and usage in done.stderr, (module, done.stderr)
+
+
+def test_a_shim_started_the_old_way_is_known_by_its_command_line(tmp_path):
+    shim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "tfcluster.daemon.agent.taskrunner",
+                             str(tmp_path)], start_new_session=True)
+    try:
+        assert is_shim(shim.pid, tmp_path) and not is_shim(shim.pid, tmp_path / "other")
+    finally:
+        shim.kill()
+        shim.wait()

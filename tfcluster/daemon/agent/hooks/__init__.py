@@ -1,0 +1,3 @@
+"""Per-task features, one hook each (api.py): events, evaluator summaries, checkpoint shipping and copies;
+imports tasks, code and the shim, never the session.
+"""

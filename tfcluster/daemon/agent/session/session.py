@@ -1,0 +1,284 @@
+"""The agent's session with the coordinator: registers the node, keeps one stream to the coordinator
+(heartbeats and messages up, commands down), and reconnects with backoff and jitter when the coordinator is
+away, without touching running tasks.
+
+Nothing that must arrive is lost across reconnects: the registration carries every task's state (exits
+included), and the owner's on_register sends again what else the coordinator must have (its hooks' results).
+A coordinator that refuses the agent (bad settings, its name held by another live agent, a wrong token)
+ends the session for good: retrying would not help.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import random
+import threading
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from tfcluster import wire
+from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc
+from tfcluster.daemon.agent.session.liveness import STAMP_EVERY_SECONDS, Liveness
+from tfcluster.leaders import Coordinators, is_standby, leader_hint, leads_elsewhere, says_of
+from tfcluster.model import NodeInfo, TaskProgress
+from tfcluster.security import Credentials
+
+log = logging.getLogger("tfcluster.agent")
+
+BACKOFF_START_SECONDS = 0.5
+# Short enough that agents are back well inside a restarted coordinator's reconnect grace.
+BACKOFF_MAX_SECONDS = 2.0
+REGISTER_TIMEOUT_SECONDS = 10.0
+# Another agent holds this node's name: wait this long for it to turn out to be this node's own old
+# registration (it expires), then give up.
+NAME_CONFLICT_PATIENCE_SECONDS = 20.0
+PULSE_SECONDS = 2.0          # with several coordinators: how often another is asked whether this one still leads
+PULSE_TIMEOUT_SECONDS = 3.0  # how long a coordinator asked has to answer
+REFUSALS = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
+# The transport's own reconnect backoff would otherwise grow to two minutes during a long coordinator
+# outage, and the agent would come back after its node had been declared lost.
+CHANNEL_OPTIONS = [("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000),
+                   ("grpc.initial_reconnect_backoff_ms", int(BACKOFF_START_SECONDS * 1000)),
+                   ("grpc.max_reconnect_backoff_ms", int(BACKOFF_MAX_SECONDS * 1000))]
+
+
+class Owner(Protocol):
+    """What the session needs of the agent it serves."""
+    credentials: Credentials  # the node's current ones: replaced when the certificate is renewed
+
+    def node_info(self) -> NodeInfo: ...
+    def task_reports(self) -> list: ...  # every task's report (wire messages), for the registration
+    def progress(self) -> list[TaskProgress]: ...
+    def condition(self) -> str: ...
+    def on_register(self) -> None: ...
+    def handle(self, message: agent_pb2.CoordinatorMessage) -> None: ...
+
+
+class Session:
+    def __init__(self, coordinator: str, owner: Owner, stopped: threading.Event, liveness: Liveness,
+                 on_refused: Callable[[str], None]):
+        self.coordinators = Coordinators(coordinator)  # one or several: the leader among them is followed
+        self.owner = owner
+        self.stopped = stopped  # set when the agent stops
+        self.liveness = liveness
+        self.on_refused = on_refused
+        self.outbound: queue.Queue = queue.Queue()  # messages for the stream
+        self.connected = threading.Event()
+        self.registered = threading.Event()  # set at the first registration, for systemd's READY=1
+        self.trouble = ""  # why the last try to reach the coordinator failed, until one succeeds
+        self.refused = ""  # why the coordinator refused this agent, once it has
+        self._call = None
+        self._renewed = threading.Event()  # the stream was ended to reconnect with a renewed certificate
+        self._stalled = threading.Event()  # the stream was ended: its coordinator no longer leads
+        self.channels = Channels(owner)  # one kept channel to each coordinator: the session's and the pulse's
+        self.interval = 1.0  # seconds between heartbeats: as the registration, or a later Pace, says
+
+    @property
+    def coordinator(self) -> str:
+        """The address of the coordinator this session talks to (the leader, as far as it knows)."""
+        return self.coordinators.current
+
+    def send(self, message: agent_pb2.AgentMessage) -> None:
+        self.outbound.put(message)
+
+    def run(self) -> None:
+        """Registers and serves the stream until the agent stops or is refused; reconnects with backoff."""
+        backoff, conflict_since, followed = BACKOFF_START_SECONDS, 0.0, 0  # followed: failures in a row
+        while not self.stopped.is_set():
+            self.liveness.stamp("connection")
+            try:
+                self._serve(self.channels.get(self.coordinator))
+                backoff, conflict_since, followed = BACKOFF_START_SECONDS, 0.0, 0
+            except grpc.RpcError as e:
+                if self.stopped.is_set():
+                    break
+                code = e.code() if hasattr(e, "code") else None
+                if code == grpc.StatusCode.CANCELLED and self._stalled.is_set():
+                    self._stalled.clear()
+                    code = grpc.StatusCode.UNAVAILABLE  # as if its connection had dropped: the next one
+                if code == grpc.StatusCode.CANCELLED and self._renewed.is_set():
+                    self._renewed.clear()  # not a failure: the stream ended to start again with the new
+                    backoff = BACKOFF_START_SECONDS  # certificate, at once (the node must not go LOST)
+                    continue
+                if code == grpc.StatusCode.ALREADY_EXISTS:
+                    conflict_since = conflict_since or time.monotonic()
+                if code in REFUSALS or (conflict_since and
+                                        time.monotonic() - conflict_since > NAME_CONFLICT_PATIENCE_SECONDS):
+                    self.refused = e.details() or code.name
+                    log.error("the coordinator refused this agent: %s", self.refused)
+                    self.on_refused(self.refused)
+                    break
+                why = e.details() if code == grpc.StatusCode.ALREADY_EXISTS or is_standby(e) else \
+                    f"unreachable ({code.name if code else e})"
+                self.trouble = f"coordinator {self.coordinator}: {why}"
+                hinted = bool(leader_hint(e))
+                followed = 1 if self.connected.is_set() else followed + 1  # a stream that served: anew
+                if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) and \
+                        self.coordinators.failed(e):  # another coordinator may lead
+                    log.warning("%s; trying the coordinator at %s", self.trouble, self.coordinator)
+                    backoff = BACKOFF_START_SECONDS
+                    if hinted and followed == 1:  # the leader a standby named: asked at once
+                        continue
+                else:
+                    log.warning("coordinator %s: %s; retrying in %.1f s", self.coordinator, why, backoff)
+            finally:
+                self.connected.clear()
+            if self.stopped.wait(backoff * random.uniform(0.5, 1.5)):
+                break
+            backoff = min(backoff * 2, BACKOFF_MAX_SECONDS)
+        self.channels.close()
+
+    def reconnect(self) -> None:
+        """Ends the stream so that the session starts again at once (with a renewed certificate)."""
+        call = self._call
+        if call is not None:
+            self._renewed.set()
+            call.cancel()
+
+    def cancel(self) -> None:
+        call = self._call
+        if call is not None:
+            call.cancel()
+
+    def _serve(self, channel: grpc.Channel) -> None:
+        stub = agent_pb2_grpc.AgentServiceStub(channel)
+        # What was queued for the old stream is covered by the registration and what follows it.
+        while not self.outbound.empty():
+            self.outbound.get_nowait()
+        info = self.owner.node_info()
+        reply = stub.Register(agent_pb2.RegisterRequest(node=wire.node_info_to_proto(info),
+                                                        tasks=self.owner.task_reports()),
+                              timeout=REGISTER_TIMEOUT_SECONDS)
+        self.owner.on_register()
+        log.info("registered with %s as %s (%s)", self.coordinator, info.name, info.address)
+        self.trouble = ""
+        self.registered.set()
+        self.interval = reply.heartbeat_interval_seconds or 1.0
+        self._call = stub.Connect(self._messages(info.name, reply.session_id))
+        self.connected.set()
+        pulse = self._start_pulse(channel) if self.coordinators.several else None
+        try:
+            for message in self._call:
+                self.owner.handle(message)
+        finally:
+            self.outbound.put(_END)
+            self._call = None
+            if pulse is not None:
+                pulse.set()
+
+    def set_pace(self, interval: float) -> None:
+        """The coordinator stretched the heartbeats (its cluster grew past its bound): from the next one on."""
+        self.interval = interval
+
+    def _start_pulse(self, channel: grpc.Channel) -> threading.Event:
+        """With several coordinators: every PULSE_SECONDS (or heartbeat interval, when the coordinator stretched
+        that and its timeouts in step) asks another coordinator, in turn, whether this one still leads.
+        One that is paused or cut off keeps the connection open, and the stream would wait on it for as long
+        (gRPC's keepalive pings do not fire while the agent keeps sending): once a standby names another leader,
+        the stream is ended and the session goes to the coordinator that leads now, well inside the reconnect
+        grace. The coordinator serving the stream is asked itself only when no other can tell (none answers, an
+        election is under way, or another serves too), and left only if it does not answer in time either
+        (leaders.leads_elsewhere). So a leader merely behind (thousands of agents registering) is not given a
+        call per agent per pulse on top of its load, and is kept."""
+        ended, call = threading.Event(), self._call
+        check = health_pb2_grpc.HealthStub(channel).Check
+
+        def pulse() -> None:
+            turn = 0
+            while not ended.wait(max(PULSE_SECONDS, self.interval)):
+                current = self.coordinator
+                others = [a for a in self.coordinators.addresses if a != current]
+                turn += 1
+                verdict, answers = None, []
+                for address in others[turn % len(others):] + others[:turn % len(others)]:
+                    answers.append(self.channels.check(address))
+                    verdict = says_of(current, answers[-1])
+                    if verdict is not None:
+                        break
+                if verdict is None:  # none of the others can tell: the coordinator itself
+                    verdict = self._answers(check) or not leads_elsewhere(current, answers)
+                if verdict or ended.is_set():
+                    continue
+                log.warning("the coordinator at %s no longer leads (paused or cut off?); trying another", current)
+                self._stalled.set()
+                call.cancel()
+                return
+        threading.Thread(target=pulse, name="coordinator-pulse", daemon=True).start()
+        return ended
+
+    @staticmethod
+    def _answers(check) -> bool:
+        """Whether the coordinator serving the stream answers a health check in time (or fails at once: then its
+        stream ends by itself)."""
+        try:
+            check(health_pb2.HealthCheckRequest(), timeout=PULSE_TIMEOUT_SECONDS)
+            return True
+        except grpc.RpcError as e:
+            return e.code() != grpc.StatusCode.DEADLINE_EXCEEDED
+
+    def _messages(self, node_name: str, session_id: str):
+        """The stream up: its opening, then heartbeats every self.interval and queued messages as they come."""
+        yield agent_pb2.AgentMessage(open=agent_pb2.StreamOpen(node_name=node_name, session_id=session_id))
+        yield wire.heartbeat_to_proto(session_id, self.owner.progress(), self.owner.condition())
+        next_beat = time.monotonic() + self.interval
+        while not self.stopped.is_set():
+            self.liveness.stamp("connection")
+            wait = min(STAMP_EVERY_SECONDS, max(0.0, next_beat - time.monotonic()))
+            try:
+                item = self.outbound.get(timeout=wait)
+            except queue.Empty:
+                item = None
+            if item is _END:
+                return
+            if item is not None:
+                yield item
+            if time.monotonic() >= next_beat:
+                yield wire.heartbeat_to_proto(session_id, self.owner.progress(), self.owner.condition())
+                next_beat = time.monotonic() + self.interval
+
+
+class Channels:
+    """One channel to each coordinator, kept: the session's calls and the pulse's health checks go over the
+    connection already open, not a TLS handshake each time. With several coordinators the pulse keeps one open to
+    each standby; when that standby wins, the agent registers with it over the same connection (the new leader
+    serves on the server that refused a moment before: tfcluster/daemon/coordinator/rpc/listener.py); thousands of
+    agents moving at once no longer make thousands of handshakes (docs/ha.md). A channel made with credentials
+    since replaced (the certificate was renewed) is made again."""
+
+    def __init__(self, owner: Owner):
+        self.owner = owner
+        self.lock = threading.Lock()
+        self.channels: dict[str, tuple[Credentials, grpc.Channel]] = {}
+
+    def get(self, address: str) -> grpc.Channel:
+        credentials = self.owner.credentials
+        with self.lock:
+            kept = self.channels.get(address)
+            if kept is None or kept[0] is not credentials:
+                if kept is not None:
+                    kept[1].close()
+                kept = self.channels[address] = (credentials, credentials.channel(address, CHANNEL_OPTIONS))
+            return kept[1]
+
+    def check(self, address: str) -> grpc.RpcError | None:
+        """The coordinator's answer to a health check: None when it serves, else its error."""
+        try:
+            health_pb2_grpc.HealthStub(self.get(address)).Check(health_pb2.HealthCheckRequest(),
+                                                                timeout=PULSE_TIMEOUT_SECONDS)
+            return None
+        except grpc.RpcError as e:
+            return e
+
+    def close(self) -> None:
+        with self.lock:
+            for _, channel in self.channels.values():
+                channel.close()
+            self.channels.clear()
+
+
+_END = object()

@@ -1,0 +1,173 @@
+"""The slow part of starting one attempt, run on a thread of its own (supervisor.py records the launch and hands it
+here, so the agent's message loop never waits on a disk, a fetch, a build or the launcher): the job's and the
+attempt's dirs, the job's code and environment, the launch file, then the shim, forked by the launcher
+(launcher.py).
+
+Each step that can take long checks whether the attempt was stopped meanwhile (record.exited), and gives up
+with StartError; the supervisor decides what a stop during the start means once the shim exists.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from tfcluster import layout
+from tfcluster.daemon.agent.code.environments import Environments, task_environment
+from tfcluster.daemon.agent.code.task_code import TaskCode
+from tfcluster.daemon.agent.shim.cgroups import TaskCgroups
+from tfcluster.daemon.agent.shim.taskfiles import LaunchFile, write_json_atomic
+from tfcluster.daemon.agent.tasks.launcher import ForkedShim, Launcher
+from tfcluster.daemon.agent.tasks.record import TaskRecord
+from tfcluster.daemon.agent.tasks.users import (JOB_READABLE_FILE_MODE, PRIVATE_FILE_MODE, JobPaths, TaskUser,
+                                             TaskUserError, TaskUsers, create_file, prepare_attempt, prepare_job,
+                                             private_tmp_problem)
+from tfcluster.daemon.logformat import fields
+from tfcluster.model import Launch
+
+log = logging.getLogger("tfcluster.agent")
+
+
+class StartError(Exception):
+    """Why an attempt cannot start, as its FAILED_TO_START report says it."""
+
+    def __init__(self, message: str, busy_port: int = 0):
+        super().__init__(message)
+        self.busy_port = busy_port
+
+
+def port_in_use(port: int) -> bool:
+    """True when something listens on the port. SO_REUSEADDR, as servers (gRPC, TensorFlow) set it: the
+    TIME_WAIT connections a finished task leaves behind do not make its port busy."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("0.0.0.0", port))
+        except OSError as e:
+            return e.errno == errno.EADDRINUSE
+    return False
+
+
+def with_agent_python(env: dict[str, str]) -> dict[str, str]:
+    """env with the agent's virtualenv first on PATH, when the agent runs from one, as `activate` would put it:
+    `python3` in a spec is then the Python that has tfcluster (and the `tf` extra installed beside it), not the
+    system's, which has neither. A system-wide agent changes nothing: reordering PATH there could shadow what the
+    operator put first."""
+    if sys.prefix == sys.base_prefix:
+        return env
+    bin_dir = os.path.dirname(sys.executable)
+    path = env.get("PATH") or os.defpath
+    if path.split(os.pathsep)[0] == bin_dir:
+        return env
+    return {**env, "PATH": f"{bin_dir}{os.pathsep}{path}"}
+
+
+class TaskStarter:
+    def __init__(self, state_dir: Path, launch_refusal: Callable[[], str], log_limit_bytes: int,
+                 task_users: TaskUsers, environments: Environments):
+        self.state_dir = state_dir
+        self.launch_refusal = launch_refusal  # why no task may start on this node now ("": they may)
+        self.log_limit_bytes = log_limit_bytes  # output kept per attempt (tasklog.py)
+        self.task_users = task_users  # who each task runs as (tasks/users.py)
+        self.environments = environments  # jobs' virtualenvs (environments.py)
+        self.launcher = Launcher()  # forks the shims (launcher.py)
+        self.cgroups: TaskCgroups | None = None  # keeps tasks' memory limits where the kernel can (cgroups.py)
+        self.code: TaskCode | None = None  # fetches jobs' code and makes tasks' working dirs over it (code/task_code.py)
+
+    def start(self, record: TaskRecord, order: Launch) -> ForkedShim | subprocess.Popen:
+        """Makes what the attempt needs and starts its shim. Raises StartError (or the OSError, CodeError or
+        EnvironmentProblem of the step that failed) with why it cannot start."""
+        if any("\0" in text for text in (*order.command, order.workdir, *order.env, *order.env.values())):
+            raise StartError("the command, the environment or the workdir holds a NUL character")
+        refusal = self.launch_refusal()
+        if refusal:
+            raise StartError(refusal)
+        try:
+            user = self.task_users.for_launch(order.uid, order.gid, order.owner, order.node)
+            paths = prepare_job(self.state_dir, record.attempt.job_id, user)
+            prepare_attempt(record.dir, user)
+        except TaskUserError as e:
+            raise StartError(str(e)) from None
+        env = self._environment(record, order, user, paths)
+        if order.code_sha256 and self.code is None:
+            raise StartError("the job ships its code and this agent cannot fetch it")
+        workdir = order.workdir if not order.code_sha256 else self.code.working_dir(  # the fetch, if one is needed
+            record.attempt, record.dir, order, user.uid, user.gid, env, stopped=record.exited.is_set)
+        if order.environment:  # built from what the job's code asks for: after the code is here, read as its user
+            venv = self.environments.prepare(record.attempt.job_id, order.environment, workdir, user)
+            env = task_environment(venv, env)
+        if record.exited.is_set():
+            raise StartError("stopped before it started")
+        if order.port and port_in_use(order.port):
+            raise StartError(f"port {order.port} is already in use on this node", busy_port=order.port)
+        record.group = user.owner(private=False)[1]  # the job's group, whoever the task runs as
+        record.uid = user.uid  # the agent reads only what this user made (handback.py)
+        self._write_files(record, order, user, paths, env, workdir)
+        return self._start_shim(record)
+
+    def _write_files(self, record: TaskRecord, order: Launch, user: TaskUser, paths: JobPaths, env: dict[str, str],
+                     workdir: str) -> None:
+        """The events file the task appends to and the control file it reads (the attempt dir is root's: the task
+        cannot make them), then the launch file."""
+        # Dirs the spec names are made by the task's user (in the shim), never by root here.
+        task_dirs = [env[name] for name in (layout.CHECKPOINT_DIR, layout.MODEL_DIR)
+                     if env.get(name) and Path(env[name]) != paths.checkpoints]
+        create_file(record.events_path, PRIVATE_FILE_MODE, *user.owner(private=True))
+        write_json_atomic(record.control_path, {}, mode=JOB_READABLE_FILE_MODE, group=record.group, durable=False)
+        private_tmp = self.task_users.agent_is_root and self.task_users.private_tmp
+        LaunchFile(record.attempt, order.command, env, workdir, order.port, order.stop_grace_seconds,
+                   self.log_limit_bytes, uid=user.uid if user.switches else None,
+                   gid=user.gid if user.switches else None, groups=user.groups,
+                   job_gid=user.job_gid, task_dirs=tuple(task_dirs),
+                   private_tmp=str(paths.tmp) if private_tmp else "",
+                   private_tmp_unavailable=private_tmp_problem(self.state_dir) if private_tmp else "",
+                   memory_bytes=order.memory_bytes, cgroup=self._cgroup(record, order.memory_bytes)).write(record.dir)
+
+    def _cgroup(self, record: TaskRecord, limit: int) -> str:
+        """The task's own cgroup with its memory limit; "": its shim keeps the limit by watching (or none)."""
+        if not limit or self.cgroups is None or self.cgroups.delegated is None:
+            return ""
+        a = record.attempt
+        try:
+            return self.cgroups.make(f"{a.job_id}.{a.type}-{a.index}.{a.number}", limit)
+        except OSError as e:
+            log.warning("%s: cannot make its cgroup (%s); its shim keeps its memory limit by watching", record.name,
+                        e, extra=fields(a))
+            return ""
+
+    def _start_shim(self, record: TaskRecord) -> ForkedShim | subprocess.Popen:
+        """Forked by the launcher (a millisecond), or, when it cannot serve, a fresh interpreter (100 ms of CPU)."""
+        shim_log = os.open(record.dir / layout.SHIM_LOG_FILE, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC,
+                           0o600)
+        try:
+            try:
+                return self.launcher.spawn(record.dir, shim_log)
+            except OSError as e:  # where none can ever serve, the launcher said so once, when the agent started
+                log.log(logging.DEBUG if self.launcher.unavailable else logging.WARNING,
+                        "%s: the task launcher cannot start its shim (%s); starting it directly", record.name, e,
+                        extra=fields(record.attempt))
+            return subprocess.Popen([sys.executable, "-m", "tfcluster.daemon.agent.shim.runner", str(record.dir)],
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=shim_log,
+                                    start_new_session=True, close_fds=True)
+        finally:
+            os.close(shim_log)
+
+    @staticmethod
+    def _environment(record: TaskRecord, order: Launch, user: TaskUser, paths: JobPaths) -> dict[str, str]:
+        """The agent's environment, less its own settings (a join token, a token file): TFCLUSTER_* in a task's
+        environment is what tfcluster sets for that task. HOME and TMPDIR are the job's own on this node (a
+        spec may set others); a task run as its owner's account has that account's home, where it exists."""
+        inherited = with_agent_python({k: v for k, v in os.environ.items()
+                                       if not k.startswith(layout.RESERVED_ENV_PREFIX)})
+        home = user.home if user.home and os.path.isdir(user.home) else str(paths.home)
+        own = {"HOME": home, "TMPDIR": str(paths.tmp)}
+        if user.switches:
+            own.update(USER=user.name, LOGNAME=user.name)
+        return {**inherited, **own, **order.env, layout.EVENTS_FILE: str(record.events_path),
+                layout.CONTROL_FILE: str(record.control_path)}

@@ -1,0 +1,396 @@
+"""The coordinator's model of the cluster: nodes, their liveness, jobs, and what runs where. Pure.
+
+Every event (a registration, a heartbeat, a report, a submission, a tick) goes through one method that
+takes the time as an argument and returns the commands to send; the server only adds the event loop, the
+store and the agents' streams around it. Jobs change through core/lifecycle/transitions.py; each heartbeat reconciles its
+node (reconcile.py), so a lost message heals within a few seconds instead of waiting for a deadline.
+
+The nodes (core/model/node_table.py: registry, liveness, what is placed where) and the jobs (core/model/job_table.py: live and ended ones,
+request ids, task UIDs, numbering, retention) each keep their own indexes; an event here changes both, and
+hands every job it changed to settle, which tells each of them. A scheduling pass is core/scheduling_pass.py.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from tfcluster import strategies
+from tfcluster.daemon.coordinator.core.lifecycle import checkpoint_copies
+from tfcluster.daemon.coordinator.core.lifecycle import transitions as lifecycle
+from tfcluster.daemon.coordinator.core.lifecycle.launch import launch_commands
+from tfcluster.daemon.coordinator.core.lifecycle.reconcile import reconcile_node
+from tfcluster.daemon.coordinator.core.model import accounting
+from tfcluster.daemon.coordinator.core.model import task_uids as taskusers
+from tfcluster.daemon.coordinator.core.model.changelog import ChangeLog, UsageDropped, UsageRecorded
+from tfcluster.daemon.coordinator.core.model.job import Job
+from tfcluster.daemon.coordinator.core.model.job_table import KEEP_FINISHED_JOBS, KEEP_FINISHED_SECONDS, Jobs
+from tfcluster.daemon.coordinator.core.model.node import Node
+from tfcluster.daemon.coordinator.core.model.node_table import Nodes, Pace
+from tfcluster.daemon.coordinator.core.model.observer import Observer
+from tfcluster.daemon.coordinator.core.scheduling import preemption
+from tfcluster.daemon.coordinator.core.scheduling import queue
+from tfcluster.daemon.coordinator.core.scheduling.placement import NodeCapacity, TaskPlacement, Unfit, place
+from tfcluster.daemon.coordinator.core.scheduling.policy import NO_POLICY, Policy
+from tfcluster.daemon.coordinator.core.scheduling_pass import SchedulePass
+from tfcluster.daemon.logformat import fields
+from tfcluster.model import Attempt, Command, Evaluation, NodeInfo, Stop, TaskExit, TaskProgress, TaskReport
+from tfcluster.roles.tfconfig import build_tf_configs
+from tfcluster.spec import JobSpec
+from tfcluster.states import JobState, Phase, TaskState
+
+log = logging.getLogger("tfcluster.coordinator")
+
+DEFAULT_LOST_AFTER_SECONDS = 3.0
+DEFAULT_HEARTBEAT_INTERVAL_SECONDS = 1.0
+BUSY_PORT_AVOID_SECONDS = 600.0
+RESEND_AFTER_SECONDS = 3.0
+FULL_SCHEDULE_SECONDS = 10.0
+
+
+class Unplaceable(Exception):
+    """A job that can never fit on the registered nodes."""
+
+
+@dataclass
+class Plan:
+    strategy: str
+    placement: list[TaskPlacement] | None
+    reason: str = ""
+    tf_configs: dict[tuple[str, int], str] = field(default_factory=dict)
+    spec: JobSpec | None = None  # with `auto` resolved
+
+
+class Cluster:
+    """The nodes (core/model/node_table.py) and the jobs (core/model/job_table.py), each keeping its own indexes, and the events that change
+    them together."""
+
+    def __init__(self, lost_after_seconds: float = DEFAULT_LOST_AFTER_SECONDS,
+                 resend_after_seconds: float = RESEND_AFTER_SECONDS, keep_finished_jobs: int = KEEP_FINISHED_JOBS,
+                 keep_finished_seconds: float = KEEP_FINISHED_SECONDS,
+                 task_uids: taskusers.UidRange = taskusers.UidRange(),
+                 keep_usage_seconds: float = accounting.DEFAULT_KEEP_USAGE_SECONDS,
+                 heartbeat_interval_seconds: float = DEFAULT_HEARTBEAT_INTERVAL_SECONDS,
+                 max_heartbeats_per_second: float = 0.0):
+        self.changes = ChangeLog()  # what the store has yet to write: nodes and jobs append to it
+        self.nodes = Nodes(Pace(heartbeat_interval_seconds, lost_after_seconds, max_heartbeats_per_second),
+                           self.changes)
+        self.jobs = Jobs(task_uids, keep_finished_jobs, keep_finished_seconds, self.changes)
+        self.usage = accounting.Ledger(keep_usage_seconds, lambda entry, recorded: self.changes.append(
+            UsageRecorded(entry) if recorded else UsageDropped(entry.job_id)))
+        self.resend_after = resend_after_seconds
+        self.unfit_at: dict[str, int] = {}  # PENDING job -> capacity version at which it last did not fit
+        self.policy: Policy = NO_POLICY  # classes and quotas (policy.py); none: first come, first placed
+        self.holds: dict[str, queue.Hold] = {}  # waiting job at the head of its class -> what it holds
+        self.full_schedule_at = 0.0
+        self.observer = Observer()  # the metrics, when the daemon serves them
+
+    # ---- loading -------------------------------------------------------------------------------
+
+    def add_job(self, job: Job) -> None:
+        """A job from the store."""
+        self.jobs.add(job)
+        self.nodes.track(job)
+
+    def add_node(self, node: Node) -> None:
+        """A node from the store."""
+        self.nodes.add(node)
+
+    # ---- nodes -------------------------------------------------------------------------------
+
+    def register(self, info: NodeInfo, reports: list[TaskReport], session_id: str, now: float) -> list[Command]:
+        """Adds or refreshes a node, with what its agent runs. Raises NameTaken (core/model/node_table.py) when another live agent
+        holds the name, ValueError when the node would share ports with another agent on its address."""
+        self.nodes.register(info, session_id, now)
+        commands: list[Command] = []
+        reported = {r.attempt for r in reports}
+        for report in reports:
+            commands += self._apply(info.name, report, now)
+        for job, task in self.nodes.placed_on(info.name):
+            if task.live and job.attempt_of(task) not in reported:
+                if task.state == TaskState.LAUNCHING:  # the launch may have been lost with the old stream
+                    task.seen.sent_at = now
+                    commands += launch_commands(job, task)
+                else:
+                    commands += self.settle(job, lifecycle.lost(job, task, f"{info.name}'s agent no longer has "
+                                                                           f"this task", now))
+            # A restarted agent has lost its shipping orders, or which node alone may send it the chief's
+            # checkpoints: both are told again.
+            if (task is job.decisive_task() or task is job.evaluator()) and job.decisive_task().state == TaskState.RUNNING:
+                commands += checkpoint_copies.shipping(job)
+        return commands + self.schedule(now)
+
+    def heartbeat(self, name: str, session_id: str, now: float, progress: list[TaskProgress] = (),
+                  condition: str = "") -> list[Command] | None:
+        """The node's agent is alive, runs what `progress` lists, and takes new tasks unless `condition` says
+        why not. Returns what reconcile sends, or None when the agent must register again."""
+        if not self.nodes.alive(name, session_id, now):
+            return None
+        self.nodes.set_condition(name, condition)
+        if not progress and not self.nodes.has_placed(name):
+            return []
+        for p in progress:
+            job = self.jobs.get(p.attempt.job_id)
+            task = job.task(p.attempt.type, p.attempt.index) if job else None
+            if task is not None and task.node == name and task.attempt == p.attempt.number and task.live:
+                lifecycle.progress(job, task, p.output_bytes, p.checkpoint, now)
+                task.seen.live = accounting.Usage(cpu_seconds=p.cpu_seconds, peak_rss_bytes=p.peak_rss_bytes)
+                task.seen.detail = p.phase_detail
+        placed = self.nodes.placed_on(name)
+        before = [(task.state, task.attempt) for _, task in placed]
+        commands = reconcile_node(name, placed, (p.attempt for p in progress), self.jobs,
+                                  self.nodes[name].seen.stops_sent, now, self.resend_after)
+        # Reconcile changes a job only by ending one of its tasks here (which may relaunch it in place, as a new
+        # attempt): those jobs alone are settled, as settling a large job costs a pass over its tasks, and every
+        # one of its nodes heartbeats each second.
+        changed = {id(job): job for (job, task), was in zip(placed, before) if (task.state, task.attempt) != was}
+        for job in changed.values():
+            commands = self.settle(job, commands)
+        return commands
+
+    def expire(self, now: float) -> list[Command]:
+        """Nodes silent for longer than the timeout become LOST, with their tasks (Nodes.expire says which, and
+        when most of them falling silent at once makes it wait)."""
+        commands: list[Command] = []
+        for node in self.nodes.expire(now):
+            why = f"node {node.name} lost (no heartbeat for {now - node.seen.last_seen:.1f} s)"
+            log.warning("%s", why, extra=fields(node=node.name))
+            for job in list(self.jobs.live.values()):
+                if job.syncing and job.sync_source == node.name:
+                    commands += self.settle(job, lifecycle.sync_done(job, job.syncing, False, why, now))
+            for job, task in self.nodes.placed_on(node.name):
+                commands += self.settle(job, lifecycle.lost(job, task, why, now))
+        return commands
+
+    def remove_node(self, name: str, now: float) -> list[Command]:
+        """The node leaves the cluster: its tasks are lost (their jobs restart elsewhere) and it is forgotten."""
+        if name not in self.nodes:
+            raise KeyError(name)
+        commands: list[Command] = []
+        for job, task in self.nodes.placed_on(name):
+            commands += self.settle(job, lifecycle.lost(job, task, f"node {name} was removed from the cluster", now))
+        self.nodes.remove(name)
+        return commands + self.schedule(now)
+
+    # ---- jobs ----------------------------------------------------------------------------------
+
+    def plan(self, spec: JobSpec, now: float) -> Plan:
+        capacity = self.capacity(now)
+        spec = strategies.resolve(spec, {n.name: n.free_gpus for n in capacity} if spec.strategy == "auto" else None)
+        result = place(spec, capacity)
+        if isinstance(result, Unfit):
+            return Plan(spec.strategy, None, result.reason, spec=spec)
+        return Plan(spec.strategy, result, spec=spec,
+                    tf_configs=build_tf_configs([(p.type, p.index, p.address) for p in result]))
+
+    def submit(self, spec: JobSpec, now: float, request_id: str = "", owner: str = "",
+               groups: tuple[str, ...] = ()) -> tuple[Job, list[Command]]:
+        """Accepts a job (PENDING, then placed at once if it fits) or raises Unplaceable, or ClassRefused
+        (policy.py) for a priority class the owner may not have. A submission retried with the same request id
+        gets the job of the first. owner and groups: the submitter's."""
+        earlier = self.jobs.by_request(request_id)
+        if earlier is not None:
+            return earlier, []
+        capacity = self.capacity(now)
+        spec = strategies.resolve(spec, {n.name: n.free_gpus for n in capacity} if spec.strategy == "auto" else None)
+        chosen = self.policy.resolve(spec.priority, owner, groups)
+        never = place(spec, [self.nodes.idle(n.name) for n in capacity])
+        if isinstance(never, Unfit):
+            raise Unplaceable(never.reason)
+        over = queue.never_within_quota(spec, self.policy.subjects(owner, groups))
+        if over:
+            raise Unplaceable(over)
+        try:
+            job = self.jobs.new(spec, request_id, now, owner, groups)
+        except taskusers.RangeExhausted as e:
+            raise Unplaceable(str(e)) from None
+        job.priority, job.rank, job.preemptible = chosen.name, chosen.value, chosen.preemptible
+        return job, self.schedule(now)
+
+    def schedule(self, now: float) -> list[Command]:
+        """Places tasks that lost their node, then jobs that preempted others once what they freed is there, then
+        the PENDING jobs that fit now in queue order (queue.py); those that wait for resources may preempt jobs of
+        lower classes (preemption.py). A job that did not fit is tried again only once resources may have changed
+        (or the policy did)."""
+        version = self.nodes.capacity_version
+        pending, repairs = [], []
+        for job in self.jobs.live.values():
+            if job.state == JobState.PENDING and job.not_before <= now:
+                pending.append(job)
+            elif lifecycle.unplaced_tasks(job, now) and self.unfit_at.get(job.id) != version:
+                repairs.append(job)
+        if not repairs and all(self.unfit_at.get(j.id) == version for j in pending):
+            return []
+        return SchedulePass(self, now).run(repairs, pending)
+
+    def queue_usage(self, now: float) -> queue.Usage:
+        """Owners' GPU-hours as the queue needs them, from the usage ledger (accounting.py): fair share decayed
+        with the policy's half-life, and the GPU-hours of each quota's window."""
+        used: dict[str, float] = {}
+        windows = self.policy.gpu_hour_windows()
+        for seconds in set(windows.values()):
+            totals = self.gpu_hours_since(now - seconds, now)
+            used.update({key: totals.get(key, 0.0) for key, window in windows.items() if window == seconds})
+        return queue.Usage(shares=self.fair_share(now, self.policy.fair_share_half_life), used_gpu_hours=used)
+
+    def set_policy(self, policy: Policy) -> None:
+        """A policy (re)loaded: new submissions are resolved against it, and every waiting job is tried again
+        under its quotas (jobs keep the class they were given)."""
+        self.policy = policy
+        self.holds.clear()
+        self.nodes.resources_changed()
+
+    def queue_order(self, now: float) -> list[Job]:
+        """The PENDING jobs in the order they are placed (those in a restart's backoff included)."""
+        pending = [j for j in self.jobs.live.values() if j.state == JobState.PENDING]
+        shares = self.fair_share(now, self.policy.fair_share_half_life) if self.policy.source and pending else {}
+        return queue.order(pending, shares)
+
+    def queue_positions(self, now: float) -> dict[str, int]:
+        """PENDING job -> its place in the queue (1: placed next)."""
+        return {job.id: n for n, job in enumerate(self.queue_order(now), 1)}
+
+    def report(self, node_name: str, report: TaskReport, now: float) -> list[Command]:
+        """Applies an agent's task report; a running attempt nobody wants is told to stop."""
+        return self._apply(node_name, report, now) + self.schedule(now)
+
+    def _apply(self, node_name: str, report: TaskReport, now: float) -> list[Command]:
+        a = report.attempt
+        job = self.jobs.get(a.job_id)
+        task = job.task(a.type, a.index) if job else None
+        current = task is not None and task.node == node_name and task.attempt == a.number
+        # A process running for a task that is not live (lost, given up, not launched yet) is stale too.
+        if not current or (report.phase == Phase.RUNNING and not task.live):
+            if report.phase == Phase.RUNNING:
+                return [_stop_unwanted(node_name, a, job)]
+            return []
+        if report.phase == Phase.RUNNING:
+            was = job.state
+            commands = self.settle(job, lifecycle.running(job, task, report.pid, report.listening, now))
+            if was != JobState.RUNNING and job.state == JobState.RUNNING and not job.restarts and not job.preemptions:
+                self.observer.started(job, max(0.0, now - job.created))
+            return commands
+        exit = report.exit or TaskExit(message="ended without a report of how")
+        if exit.busy_port:
+            self.nodes.port_busy(node_name, exit.busy_port, now + BUSY_PORT_AVOID_SECONDS)
+        self.nodes.resources_changed()
+        return self.settle(job, lifecycle.ended(job, task, exit, now))
+
+    def stop(self, job_id: str, now: float, graceful: bool = True) -> list[Command]:
+        job = self.jobs[job_id]
+        return self.settle(job, lifecycle.stop(job, now, graceful))
+
+    def sync_done(self, node: str, job_id: str, sync_id: int, ok: bool, message: str, now: float) -> list[Command]:
+        """The answer of a copy, from the node that was told to copy (another node's answer changes nothing)."""
+        job = self.jobs.live.get(job_id)
+        if job is None or job.sync_source != node:
+            return []
+        return self.settle(job, lifecycle.sync_done(job, sync_id, ok, message, now))
+
+    def evaluation(self, node_name: str, attempt: Attempt, result: Evaluation, now: float) -> list[Command]:
+        """An evaluator's result, kept when it comes from the job's current evaluator (the job has not ended: its
+        evaluator's last results arrive before its exit). The final checkpoint's lets a finished job end."""
+        job = self.jobs.live.get(attempt.job_id)
+        task = job.task(attempt.type, attempt.index) if job else None
+        if task is None or task.node != node_name or task.attempt != attempt.number:
+            return []
+        job.add_evaluation(result)
+        return self.settle(job, lifecycle.evaluated(job, now))
+
+    def tick(self, now: float) -> list[Command]:
+        """Periodic work: node liveness, deadlines, answers that never came, jobs whose backoff has passed,
+        and retention of ended jobs."""
+        commands = self.expire(now)
+        for job in list(self.jobs.live.values()):
+            try:
+                commands += self.settle(job, lifecycle.tick(job, now) + self._orphans(job, now))
+                commands += self._resend(job, now)
+            except Exception:  # a bug in one job must not stop every other job's deadlines
+                log.exception("tick of %s failed", job.id, extra=fields(job=job.id))
+        if now - self.full_schedule_at >= FULL_SCHEDULE_SECONDS:
+            # Whatever an event forgot to say about freed resources, every waiting job is tried again now and then.
+            self.nodes.resources_changed()
+            self.full_schedule_at = now
+        commands += self.schedule(now)
+        self.prune(now)
+        return commands
+
+    def _orphans(self, job: Job, now: float) -> list[Command]:
+        """Tasks on a node that is not READY (it was lost between placement and a later launch wave, or
+        during a restart in place) are lost too: nothing will ever hear from them."""
+        commands: list[Command] = []
+        for task in job.tasks:
+            if task.node and self.nodes.info_of(task.node) is None:
+                commands += lifecycle.lost(job, task, f"node {task.node} is not READY", now)
+        return commands
+
+    def _resend(self, job: Job, now: float) -> list[Command]:
+        """The final checkpoint and a checkpoint copy are told again until answered (the agent keeps a copy's
+        answer, and writing the final checkpoint again is harmless)."""
+        evaluator = job.evaluator()
+        if job.final_evaluation_until and evaluator is not None and evaluator.live and \
+                now - job.seen.finish_sent_at >= self.resend_after:
+            return [lifecycle.finish_training(job, now)]
+        source = self.nodes.info_of(job.sync_source) if job.syncing else None
+        if source is not None and source.keeps_sync_answers and now - job.seen.sync_sent_at >= self.resend_after:
+            return checkpoint_copies.sync_commands(job, now)
+        return []
+
+    def prune(self, now: float) -> None:
+        """Removes the oldest ended jobs beyond --keep-finished-jobs, and those ended longer ago than allowed, and
+        the usage ledger's entries older than --keep-usage-for."""
+        for job in self.jobs.prune(now):
+            self.unfit_at.pop(job.id, None)
+            self.holds.pop(job.id, None)
+        self.usage.prune(now)
+
+    # ---- accounting ----------------------------------------------------------------------------
+
+    def fair_share(self, now: float, half_life: float) -> dict[str, float]:
+        """Owner -> decayed GPU-hours at now (each GPU-hour used at time t weighs 0.5 ** ((now - t) /
+        half_life)): the ledger's ended jobs and the live ones up to now. Owners who used nothing are absent.
+        Cheap enough for every scheduling pass: sums kept per half-life, plus one pass over the live jobs."""
+        live = ((job.owner, *accounting.accrued(job, now)) for job in self.jobs.live.values())
+        return self.usage.decayed(now, half_life, live)
+
+    def gpu_hours_since(self, since: float, now: float) -> dict[str, float]:
+        """User name, and "group:NAME" for each group -> GPU-hours used between since and now (running jobs
+        up to now; a job's use taken as spread evenly over its run)."""
+        return {key: t.gpu_seconds / 3600.0 for key, t in self.usage_totals(since, now).items()}
+
+    def usage_totals(self, since: float, now: float) -> dict[str, accounting.Totals]:
+        """User name, and "group:NAME" for each group -> what their jobs used between since and now."""
+        return self.usage.totals(since, now, self._live_entries(now))
+
+    def _live_entries(self, now: float) -> list[accounting.Entry]:
+        return [accounting.entry_of(job, now) for job in self.jobs.live.values()
+                if job.usage.started or any(t.running_since for t in job.tasks)]
+
+    # ---- helpers -------------------------------------------------------------------------------
+
+    def capacity(self, now: float) -> list[NodeCapacity]:
+        """Every READY node with what its tasks hold (and ports found taken), and why it takes no new tasks,
+        if it does not."""
+        return self.nodes.capacity(now, *self.jobs.in_use())
+
+    def settle(self, job: Job, commands: list[Command]) -> list[Command]:
+        """After any change to a job: its restarts are counted; an ended job leaves the live ones and frees its
+        resources; the nodes index where its tasks are now."""
+        for cause in job.seen.restart_causes:
+            self.observer.restarted(job, cause)
+        job.seen.restart_causes.clear()
+        if self.jobs.settle(job):
+            entry = accounting.entry_of(job, job.finished)
+            if entry.start:  # a job that never ran used nothing: the ledger keeps the jobs that did
+                self.usage.record(entry)
+            self.observer.ended(job)
+            self.unfit_at.pop(job.id, None)
+            self.holds.pop(job.id, None)
+            preemption.release(job.id, self.jobs.live.values())  # what was kept for it, if it preempted
+            self.nodes.resources_changed()
+        self.nodes.track(job)
+        return commands
+
+
+def _stop_unwanted(node: str, attempt: Attempt, job: Job | None) -> Command:
+    return Stop(node=node, attempt=attempt, grace_seconds=job.spec.stop_grace_seconds if job else 0.0)

@@ -1,0 +1,3 @@
+"""A job's life: its state machine (transitions.py), the restart policy, completion, reconciling a node, what a
+task runs and the host-local checkpoint orders; imports the model.
+"""

@@ -1,0 +1,147 @@
+"""The cluster's jobs: every job kept, the live ones in order, the ended ones until retention lets them go. Pure.
+
+Jobs owns the registry and its indexes: the live jobs oldest first, the ended ones in the order they ended,
+each submission's request id, the holder of each task UID, and the counter that numbers jobs. A job enters
+through add (loaded, or made by new), leaves the live ones through settle once it has ended, and leaves for
+good through prune; each of these changes every index with it, so none holds a job that is not kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+
+from tfcluster.daemon.coordinator.core.model import task_uids as taskusers
+from tfcluster.daemon.coordinator.core.model.capacity import task_list
+from tfcluster.daemon.coordinator.core.model.changelog import ChangeLog, JobAdded, JobEnded, JobRemoved, JobsNumbered
+from tfcluster.daemon.coordinator.core.model.job import Job, Task
+from tfcluster.daemon.coordinator.core.model.registry import Registry
+from tfcluster.spec import JobSpec
+
+KEEP_FINISHED_JOBS = 1000
+KEEP_FINISHED_SECONDS = 7 * 86400.0
+
+
+class Jobs(Registry[Job]):
+    """The registry, read as a mapping of job id -> Job; changed only through its methods."""
+
+    def __init__(self, task_uids: taskusers.UidRange = taskusers.UidRange(),
+                 keep_finished_jobs: int = KEEP_FINISHED_JOBS, keep_finished_seconds: float = KEEP_FINISHED_SECONDS,
+                 changes: ChangeLog | None = None):
+        self.changes = changes if changes is not None else ChangeLog()  # told of every job added, ended, removed
+        self.task_uids = task_uids
+        self.keep_finished_jobs, self.keep_finished_seconds = keep_finished_jobs, keep_finished_seconds
+        self.cluster_tag = ""  # ends every job id: ids of another state dir's jobs never collide
+        self._jobs: dict[str, Job] = {}
+        super().__init__(self._jobs)
+        self._live: dict[str, Job] = {}   # jobs not ended, oldest first
+        self._ended: dict[str, Job] = {}  # ended jobs, in the order they ended (retention removes from the front)
+        self.live: Mapping[str, Job] = MappingProxyType(self._live)
+        self.ended: Mapping[str, Job] = MappingProxyType(self._ended)
+        self._requests: dict[str, str] = {}  # a submission's client request id -> its job
+        # task UID -> the kept jobs that have it: one, or ended ones and the job that took it over when the range
+        # ran short (taskusers.allocate)
+        self._by_uid: dict[int, dict[str, Job]] = {}
+        self._next_number = 1
+
+    # ---- reading -------------------------------------------------------------------------------
+
+    @property
+    def next_number(self) -> int:
+        """The number the next job gets: above every job's ever given out."""
+        return self._next_number
+
+    def by_request(self, request_id: str) -> Job | None:
+        """The job a submission with this client request id made, while it is kept."""
+        job_id = self._requests.get(request_id) if request_id else None
+        return self._jobs[job_id] if job_id is not None else None
+
+    def in_use(self) -> tuple[dict[str, set[int]], dict[str, set[int]], dict[str, int]]:
+        """Node -> the GPU indices, node -> the ports, and node -> the bytes of memory limits, that tasks hold: live
+        ones, and those placed and waiting to launch there (a later wave, a restart in place, a backoff)."""
+        gpus: dict[str, set[int]] = {}
+        ports: dict[str, set[int]] = {}
+        memory: dict[str, int] = {}
+        for job in self._live.values():
+            for task in job.tasks:
+                if job.holds(task):
+                    gpus.setdefault(task.node, set()).update(g.index for g in task.gpus)
+                    ports.setdefault(task.node, set()).add(task.port)
+                    limit = job.spec.memory_for(task.type)
+                    if limit:
+                        memory[task.node] = memory.get(task.node, 0) + limit
+        return gpus, ports, memory
+
+    # ---- changes -------------------------------------------------------------------------------
+
+    def add(self, job: Job) -> None:
+        """A job from the store (or a new one)."""
+        self._hold_uid(job)
+        self._jobs[job.id] = job
+        (self._ended if job.ended else self._live)[job.id] = job
+        if job.request_id:
+            self._requests[job.request_id] = job.id
+        self._next_number = max(self._next_number, job.number + 1)
+        self.changes.append(JobAdded(job))
+
+    def new(self, spec: JobSpec, request_id: str, now: float, owner: str = "", groups: tuple[str, ...] = ()) -> Job:
+        """A new PENDING job with the next number and a task UID of its own; raises taskusers.RangeExhausted."""
+        uid = self._allocate_uid(self._next_number)
+        number = self._next_number
+        job_id = f"{spec.name}-{number}-{self.cluster_tag}" if self.cluster_tag else f"{spec.name}-{number}"
+        job = Job(id=job_id, spec=spec, number=number, request_id=request_id, created=now, uid=uid, owner=owner,
+                  groups=groups,
+                  tasks=[Task(type=t, index=i) for t, i in task_list(spec)])
+        self.add(job)
+        self.changes.append(JobsNumbered(self._next_number))
+        return job
+
+    def continue_numbering(self, next_number: int) -> None:
+        """The store gave out numbers up to next_number - 1 (to jobs since removed, too): none is given out again."""
+        self._next_number = max(self._next_number, next_number)
+
+    def assign_missing_uids(self) -> None:
+        """Live jobs saved by a coordinator before 0.3 have no task UID: each gets one now, after every kept job
+        was loaded (none may take a UID another holds) and before any of their tasks is launched again."""
+        for job in self._live.values():
+            if not job.uid:
+                job.uid = self._allocate_uid(job.number)
+                self._hold_uid(job)
+
+    def settle(self, job: Job) -> bool:
+        """After a change to a job: True when it has just ended (it leaves the live jobs)."""
+        if not job.ended or job.id not in self._live:
+            return False
+        del self._live[job.id]
+        self._ended[job.id] = job
+        self.changes.append(JobEnded(job))
+        return True
+
+    def prune(self, now: float) -> list[Job]:
+        """Removes the oldest ended jobs beyond keep_finished_jobs, and those ended longer ago than
+        keep_finished_seconds; returns them."""
+        removed = []
+        while self._ended:
+            job = next(iter(self._ended.values()))
+            if len(self._ended) <= self.keep_finished_jobs and now - job.finished <= self.keep_finished_seconds:
+                break
+            del self._ended[job.id], self._jobs[job.id]
+            if self._requests.get(job.request_id) == job.id:
+                del self._requests[job.request_id]
+            holders = self._by_uid.get(job.uid, {})
+            holders.pop(job.id, None)
+            if not holders:
+                self._by_uid.pop(job.uid, None)
+            removed.append(job)
+            self.changes.append(JobRemoved(job))
+        return removed
+
+    def _allocate_uid(self, number: int) -> int:
+        def held_by_live(uid: int) -> bool:
+            return any(not job.ended for job in self._by_uid.get(uid, {}).values())
+
+        return taskusers.allocate(number, self.task_uids, held_by_live, lambda uid: uid in self._by_uid)
+
+    def _hold_uid(self, job: Job) -> None:
+        if job.uid:
+            self._by_uid.setdefault(job.uid, {})[job.id] = job

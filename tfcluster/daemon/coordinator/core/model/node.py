@@ -1,0 +1,47 @@
+"""A node as the coordinator keeps it: what its agent said at registration (saved), and what the
+coordinator observes of the agent while it is connected (never saved)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tfcluster.daemon.coordinator.core.model.job import Record
+from tfcluster.model import Attempt, NodeInfo
+from tfcluster.states import NodeState
+
+
+@dataclass
+class NodeSeen:
+    """What the coordinator observes about a node's agent; never saved."""
+    last_seen: float = 0.0
+    session_id: str = ""
+    busy_ports: dict[int, float] = field(default_factory=dict)  # found taken by something else, until when
+    stops_sent: dict[Attempt, float] = field(default_factory=dict)  # reconcile: unwanted attempts told to stop
+    condition: str = ""  # why its agent takes no new tasks now (low disk), from its heartbeats; "": it takes them
+
+
+@dataclass(eq=False)
+class Node(Record):
+    info: NodeInfo
+    state: NodeState = NodeState.READY
+    seen: NodeSeen = field(default_factory=NodeSeen, repr=False)
+
+    def __post_init__(self) -> None:
+        self.state = NodeState(self.state)  # a value read back from the store
+
+    @property
+    def name(self) -> str:
+        return self.info.name
+
+    @property
+    def condition(self) -> str:
+        """Why the node takes no new tasks (its agent's own condition, or one it is too old to know); "": it
+        takes them."""
+        return self.seen.condition or self.info.root_tasks_condition
+
+
+def ports_overlap(a: NodeInfo, b: NodeInfo) -> bool:
+    """Two agents' port ranges (their peer ports included) share a port."""
+    def spans(info: NodeInfo) -> list[tuple[int, int]]:
+        return [info.port_range] + ([(info.peer_port, info.peer_port)] if info.peer_port else [])
+    return any(x0 <= y1 and y0 <= x1 for x0, x1 in spans(a) for y0, y1 in spans(b))

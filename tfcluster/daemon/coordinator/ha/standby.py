@@ -1,0 +1,123 @@
+"""A standby coordinator: it answers every call with where the leader is, and keeps a warm copy of the state.
+
+The refusal is UNAVAILABLE (clients and agents retry it) with the leader's address in the trailing metadata key
+LEADER_METADATA and in the message, on the gRPC port and on the join port alike: an agent or a CLI given several
+coordinators goes straight to the leader (tfcluster/leaders.py).
+
+The warm copy is every document of the store, loaded once and then kept current from etcd's watch: the standby
+that wins the election builds its cluster from it instead of reading the whole state again, once it has checked
+that the copy holds everything the old leader wrote.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+import grpc
+
+from tfcluster.daemon.coordinator.rpc.listener import Listener
+from tfcluster.daemon.coordinator.store.api import Document, StoreUnavailable
+from tfcluster.daemon.coordinator.store.etcd import EtcdStore
+from tfcluster.daemon.coordinator.store.etcd_gateway import b64, range_end
+from tfcluster.leaders import LEADER_METADATA, standby_message
+
+log = logging.getLogger("tfcluster.coordinator")
+
+CATCH_UP_SECONDS = 1.0  # how long a new leader waits for its warm copy to show the last writes, then loads
+RETRY_SECONDS = 1.0
+
+
+class Refusal(grpc.GenericRpcHandler):
+    """Every method of every service: UNAVAILABLE naming the leader (leader() gives its address, "" if none)."""
+
+    def __init__(self, leader: Callable[[], str]):
+        self.leader = leader
+
+    def service(self, handler_call_details):
+        return grpc.stream_stream_rpc_method_handler(self._refuse)
+
+    async def _refuse(self, requests, context):
+        leader = self.leader()
+        if leader:
+            context.set_trailing_metadata(((LEADER_METADATA, leader),))
+        await context.abort(grpc.StatusCode.UNAVAILABLE, standby_message(leader))
+
+
+def refusal_server(listen: str, leader: Callable[[], str], credentials) -> grpc.aio.Server:
+    """A server on listen refusing every call, with the coordinator's own TLS (None: plain text). Not started."""
+    return Listener(listen, credentials, Refusal(leader)).server
+
+
+class WarmCopy:
+    """The store's documents, loaded once and followed through etcd's watch on a thread of its own."""
+
+    def __init__(self, store: EtcdStore):
+        self.store = store
+        self.documents: dict[tuple[str, str], Document] = {}
+        self.revision = 0  # the last revision the copy has applied
+        self.lock = threading.Lock()
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._follow, name="warm-copy", daemon=True)
+
+    def start(self) -> "WarmCopy":
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.stopped.set()  # the watch ends at its next event or when the store is closed
+
+    def _follow(self) -> None:
+        while not self.stopped.is_set():
+            try:
+                loaded = self.store.load()
+                with self.lock:
+                    self.documents = {(d.kind, d.key): d for d in loaded}
+                    self.revision = self.store.revision
+                for change in self.store.watch(self.revision):
+                    if self.stopped.is_set():
+                        return
+                    with self.lock:
+                        if change.body is None:
+                            self.documents.pop((change.kind, change.key), None)
+                        else:
+                            self.documents[(change.kind, change.key)] = Document(change.kind, change.key,
+                                                                                 change.body, change.revision)
+                        self.revision = max(self.revision, change.revision)
+            except Exception as e:  # etcd away, or a watch cut: load again
+                if not self.stopped.is_set():
+                    log.warning("the standby's copy of the state stopped following etcd (%s); loading again", e)
+            self.stopped.wait(RETRY_SECONDS)
+
+    def current(self) -> list[Document] | None:
+        """The documents, once the copy holds every write etcd has (waiting up to CATCH_UP_SECONDS for the
+        watch); None when it does not: the caller loads. Called after this coordinator won, when no other
+        coordinator can write: what the copy has then cannot fall behind again."""
+        deadline = time.monotonic() + CATCH_UP_SECONDS
+        while time.monotonic() < deadline:
+            try:
+                if self._caught_up():
+                    with self.lock:
+                        log.info("taking over with the standby's copy of the state (%d documents, revision %d)",
+                                 len(self.documents), self.revision)
+                        return list(self.documents.values())
+            except StoreUnavailable:
+                return None
+            time.sleep(0.05)
+        return None
+
+    def _caught_up(self) -> bool:
+        """No document changed after the copy's revision, and as many are there as the copy holds (a delete
+        changes the count; a delete then a put gives a later revision). One read: the newest document, with
+        the count of them all."""
+        with self.lock:
+            revision, count = self.revision, len(self.documents)
+        if not revision:
+            return False
+        newest = self.store.gateway.call("/v3/kv/range", {
+            "key": b64(self.store.prefix), "range_end": range_end(self.store.prefix), "keys_only": True,
+            "sort_order": "DESCEND", "sort_target": "MOD", "limit": 1})
+        kvs = newest.get("kvs") or [{}]
+        return int(kvs[0].get("mod_revision", 0)) <= revision and int(newest.get("count", 0)) == count
