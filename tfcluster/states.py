@@ -114,11 +114,23 @@ class Phase(StrEnum):
     FAILED_TO_START = "FAILED_TO_START"  # never ran (missing program, port taken); the exit says why
 
 
-def check_transition(what: str, old: JobState | TaskState, new: JobState | TaskState) -> None:
+# An attempt starts (its dirs, code, environment, then its shim), runs, and ends: EXITED with an exit code or signal,
+# or FAILED_TO_START when its process never ran. A stop that comes while it starts ends it EXITED, never run.
+PHASE_TRANSITIONS: Mapping[Phase, frozenset[Phase]] = {
+    Phase.STARTING: frozenset({Phase.RUNNING, Phase.EXITED, Phase.FAILED_TO_START}),
+    Phase.RUNNING: frozenset({Phase.EXITED}),
+    Phase.EXITED: frozenset(),
+    Phase.FAILED_TO_START: frozenset(),
+}
+ENDED_PHASES = frozenset(p for p, following in PHASE_TRANSITIONS.items() if not following)
+_TABLES = {JobState: JOB_TRANSITIONS, TaskState: TASK_TRANSITIONS, Phase: PHASE_TRANSITIONS}
+
+
+def check_transition(what: str, old: JobState | TaskState | Phase, new: JobState | TaskState | Phase) -> None:
     """Raises IllegalTransition unless `new` may follow `old` (staying in a state is no transition)."""
     if type(new) is not type(old):  # a job's RUNNING equals a task's RUNNING as a string, but is not one
         raise IllegalTransition(f"{what}: {new!r} is not a {type(old).__name__}")
-    next_states = (JOB_TRANSITIONS if isinstance(old, JobState) else TASK_TRANSITIONS)[old]
+    next_states = _TABLES[type(old)][old]
     if new != old and new not in next_states:
         allowed = ", ".join(sorted(next_states)) or "nothing: it has ended"
         raise IllegalTransition(f"{what}: {old} -> {new} is not a transition (from {old}: {allowed})")

@@ -10,8 +10,8 @@ from tfcluster import wire
 from tfcluster.api.v1 import types_pb2 as pb
 from tfcluster.daemon.coordinator.core.model.job import Job, Task
 from tfcluster.model import TaskExit
-from tfcluster.states import (ENDED_JOB_STATES, JOB_TRANSITIONS, TASK_TRANSITIONS, IllegalTransition, JobState,
-                              NodeState, Phase, TaskState)
+from tfcluster.states import (ENDED_JOB_STATES, ENDED_PHASES, JOB_TRANSITIONS, PHASE_TRANSITIONS, TASK_TRANSITIONS,
+                              IllegalTransition, JobState, NodeState, Phase, TaskState, check_transition)
 
 
 def test_values_stay_what_the_wire_the_store_and_status_json_hold():
@@ -80,3 +80,14 @@ def test_a_task_starting_over_keeps_only_how_its_last_attempt_ended_until_the_ne
 def test_every_reported_phase_has_its_wire_value():
     assert set(wire.PHASES) == {Phase.RUNNING, Phase.EXITED, Phase.FAILED_TO_START}  # STARTING stays on the agent
     assert wire.PHASES[Phase.RUNNING] == pb.TASK_PHASE_RUNNING
+
+
+def test_an_attempt_starts_runs_and_ends_and_an_ended_one_goes_nowhere():
+    assert set(PHASE_TRANSITIONS) == set(Phase)
+    assert reachable(PHASE_TRANSITIONS, Phase.STARTING) == set(Phase)
+    assert ENDED_PHASES == {Phase.EXITED, Phase.FAILED_TO_START}
+    check_transition("worker:0", Phase.STARTING, Phase.EXITED)  # stopped before it started
+    for old, new in ((Phase.RUNNING, Phase.FAILED_TO_START), (Phase.EXITED, Phase.RUNNING),
+                     (Phase.FAILED_TO_START, Phase.EXITED)):
+        with pytest.raises(IllegalTransition, match=f"worker:0: {old} -> {new} is not a transition"):
+            check_transition("worker:0", old, new)

@@ -20,10 +20,9 @@ from typing import Any, ClassVar
 
 from tfcluster import layout
 from tfcluster.model import Attempt, TaskExit
-from tfcluster.states import Phase
+from tfcluster.states import ENDED_PHASES, Phase
 FORMAT = 1  # what this release writes; 0: the files of 0.3, which had no `format` field
 DEFAULT_STOP_GRACE_SECONDS = 30.0
-ENDED_PHASES = (Phase.EXITED, Phase.FAILED_TO_START)
 
 
 class TaskFileError(ValueError):

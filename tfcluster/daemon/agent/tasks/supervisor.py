@@ -34,7 +34,7 @@ from tfcluster.daemon.agent.tasks.start import StartError, TaskStarter
 from tfcluster.daemon.agent.tasks.users import JOB_READABLE_FILE_MODE, TaskUsers
 from tfcluster.daemon.logformat import fields
 from tfcluster.model import Attempt, Launch, TaskExit, TaskProgress
-from tfcluster.states import Phase
+from tfcluster.states import Phase, check_transition
 log = logging.getLogger("tfcluster.agent")
 
 FINISHED_KEPT_SECONDS = 3600.0
@@ -150,6 +150,7 @@ class Supervisor:
                 record.pid = started["pid"]
                 running = not record.exited.is_set()  # stopped before its shim existed: it ended then, and stays
                 if running:
+                    check_transition(record.name, Phase(record.phase), Phase.RUNNING)
                     record.phase = Phase.RUNNING
         if running:
             log.info("%s running as pid %d", record.name, record.pid, extra=fields(record.attempt))
@@ -213,6 +214,8 @@ class Supervisor:
         with self.lock:
             if record.exited.is_set() or (before_shim and record.shim_pid):
                 return False
+            phase = Phase(phase)  # as its shim's status file says it, or the agent's own
+            check_transition(record.name, Phase(record.phase), phase)
             record.phase, record.exit, record.finished_at = phase, exit, time.time()
             record.exited.set()
         self._release_code(record)
