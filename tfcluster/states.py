@@ -1,4 +1,5 @@
-"""Every state a job, a task, a node or a task attempt can be in, and which state may follow which.
+"""Every state a job, a task, a node, a task attempt or a coordinator's HA term can be in, and which state may follow
+which.
 
 The values are what users and other programs see: they go over the wire, into the store and into
 `tfcluster status --json`, so a value never changes once released. Each enum is a `str`, so a value read
@@ -19,6 +20,7 @@ from __future__ import annotations
 import enum
 import sys
 from collections.abc import Mapping
+from typing import Union
 
 if sys.version_info >= (3, 11):
     StrEnum = enum.StrEnum
@@ -114,6 +116,21 @@ class Phase(StrEnum):
     FAILED_TO_START = "FAILED_TO_START"  # never ran (missing program, port taken); the exit says why
 
 
+class Term(StrEnum):
+    """Where a coordinator that shares its etcd store with others stands (its status line says it)."""
+    STARTING = "starting"  # not yet in the election
+    STANDBY = "standby"    # refusing every call with where the leader is, its warm copy kept
+    LEADER = "leader"      # serving, every write fenced on its term
+
+
+# A coordinator stands by, wins and leads, and after a term stands by again; it never leads without standing by.
+TERM_TRANSITIONS: Mapping[Term, frozenset[Term]] = {
+    Term.STARTING: frozenset({Term.STANDBY}),
+    Term.STANDBY: frozenset({Term.LEADER}),
+    Term.LEADER: frozenset({Term.STANDBY}),
+}
+
+
 # An attempt starts (its dirs, code, environment, then its shim), runs, and ends: EXITED with an exit code or signal,
 # or FAILED_TO_START when its process never ran. A stop that comes while it starts ends it EXITED, never run.
 PHASE_TRANSITIONS: Mapping[Phase, frozenset[Phase]] = {
@@ -123,10 +140,14 @@ PHASE_TRANSITIONS: Mapping[Phase, frozenset[Phase]] = {
     Phase.FAILED_TO_START: frozenset(),
 }
 ENDED_PHASES = frozenset(p for p, following in PHASE_TRANSITIONS.items() if not following)
-_TABLES = {JobState: JOB_TRANSITIONS, TaskState: TASK_TRANSITIONS, Phase: PHASE_TRANSITIONS}
+_TABLES = {JobState: JOB_TRANSITIONS, TaskState: TASK_TRANSITIONS, Phase: PHASE_TRANSITIONS,
+           Term: TERM_TRANSITIONS}
 
 
-def check_transition(what: str, old: JobState | TaskState | Phase, new: JobState | TaskState | Phase) -> None:
+State = Union[JobState, TaskState, Phase, Term]
+
+
+def check_transition(what: str, old: State, new: State) -> None:
     """Raises IllegalTransition unless `new` may follow `old` (staying in a state is no transition)."""
     if type(new) is not type(old):  # a job's RUNNING equals a task's RUNNING as a string, but is not one
         raise IllegalTransition(f"{what}: {new!r} is not a {type(old).__name__}")

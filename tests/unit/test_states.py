@@ -11,7 +11,8 @@ from tfcluster.api.v1 import types_pb2 as pb
 from tfcluster.daemon.coordinator.core.model.job import Job, Task
 from tfcluster.model import TaskExit
 from tfcluster.states import (ENDED_JOB_STATES, ENDED_PHASES, JOB_TRANSITIONS, PHASE_TRANSITIONS, TASK_TRANSITIONS,
-                              IllegalTransition, JobState, NodeState, Phase, TaskState, check_transition)
+                              IllegalTransition, JobState, NodeState, Phase, TaskState, TERM_TRANSITIONS, Term,
+                              check_transition)
 
 
 def test_values_stay_what_the_wire_the_store_and_status_json_hold():
@@ -91,3 +92,10 @@ def test_an_attempt_starts_runs_and_ends_and_an_ended_one_goes_nowhere():
                      (Phase.FAILED_TO_START, Phase.EXITED)):
         with pytest.raises(IllegalTransition, match=f"worker:0: {old} -> {new} is not a transition"):
             check_transition("worker:0", old, new)
+
+
+def test_a_coordinator_stands_by_before_it_leads_and_after():
+    assert set(TERM_TRANSITIONS) == set(Term) and reachable(TERM_TRANSITIONS, Term.STARTING) == set(Term)
+    check_transition("c", Term.LEADER, Term.STANDBY)
+    with pytest.raises(IllegalTransition, match="c: starting -> leader is not a transition"):
+        check_transition("c", Term.STARTING, Term.LEADER)

@@ -31,6 +31,7 @@ from tfcluster.daemon.coordinator.rpc.listener import Listener
 from tfcluster.daemon.coordinator.store.api import Conflict
 from tfcluster.daemon.coordinator.store.etcd import EtcdStore, Guard, insecure_warning
 from tfcluster.daemon.notify import Notifier
+from tfcluster.states import Term, check_transition
 
 log = logging.getLogger("tfcluster.coordinator")
 
@@ -76,7 +77,7 @@ class HighlyAvailable:
         self.server: CoordinatorServer | None = None
         self.warm: WarmCopy | None = None
         self.stop = asyncio.Event()
-        self.state = "starting"
+        self.state = Term.STARTING
 
     def run(self) -> None:
         raise_open_file_limit()
@@ -117,10 +118,14 @@ class HighlyAvailable:
             self.notifier.watchdog(line) if self.notifier.watchdog_seconds else self.notifier.status(line)
             await asyncio.sleep(every)
 
+    def _move(self, term: Term) -> None:
+        check_transition(f"coordinator {self.me.address}", self.state, term)
+        self.state = term
+
     async def _stand_by(self) -> tuple[Listener, list[grpc.aio.Server]] | None:
         """Serves refusals and keeps the warm copy until this coordinator wins (the gRPC port's listener and the
         join port's refusal server, still serving) or is stopped (None)."""
-        self.state = "standby"
+        self._move(Term.STANDBY)
         leader = self.leadership
         listener = Listener(self.listen, self.credentials, Refusal(lambda: leader.leader.address))
         servers = [listener.server]
@@ -128,7 +133,7 @@ class HighlyAvailable:
             servers.append(refusal_server(self.join_listen, lambda: leader.leader.join_address, self.credentials))
         for server in servers:
             await server.start()
-        self.notifier.ready("standby")
+        self.notifier.ready(Term.STANDBY)
         log.info("coordinator standing by on %s (the store: %s)", self.me.address, self.observer.location)
         warm = WarmCopy(self.observer).start()
         stopped = threading.Event()
@@ -168,7 +173,7 @@ class HighlyAvailable:
         The join port's refusals stop only once the leader's join server listens beside them (gRPC binds with
         SO_REUSEPORT): a client never finds the port closed during the takeover, only a standby's answer it
         retries. The gRPC port's listener goes on from refusing to serving."""
-        self.state = "leader"
+        self._move(Term.LEADER)
         ended = asyncio.Event()
         try:
             server = await self._take_over(listener, ended)
