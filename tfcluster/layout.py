@@ -40,6 +40,10 @@ TLS_DIR_ENV = "TFCLUSTER_TLS_DIR"  # a credentials directory: ca.crt, client.crt
 DEFAULT_COORDINATOR = "localhost:7070"
 
 # ---- files on a node (under the agent's state dir) ----------------------------------------------
+# <state>/tls/                                              the node's key and certificate (root's alone)
+# <state>/code/<sha256 hex>{/,.tar.gz}                      the node's cache of jobs' code (root's alone)
+# <state>/envs/<key>/                                       jobs' virtualenvs, one per what they ask for
+# <state>/.overlay-probe/                                   made and removed at start: can overlays be mounted?
 # <state>/jobs/<job>/checkpoints/                         host-local checkpoint dir of the job
 # <state>/jobs/<job>/.incoming-<id>/                      checkpoint files being received from a peer
 # <state>/jobs/<job>/tasks/<type>-<index>/attempt-<n>/    one attempt: the files below
@@ -87,6 +91,27 @@ def attempt_dir(state_dir: str | Path, job_id: str, task_type: str, task_index: 
 def tasks_dir(state_dir: str | Path, job_id: str) -> Path:
     """Where a job's attempts live on a node: one folder per task (`<type>-<index>`), one per attempt inside."""
     return job_dir(state_dir, job_id) / "tasks"
+
+
+def tls_dir(state_dir: str | Path) -> Path:
+    return Path(state_dir) / "tls"
+
+
+def code_cache_dir(state_dir: str | Path) -> Path:
+    """The node's cache of jobs' code (the agent's), or the coordinator's archives (under its own state dir)."""
+    return Path(state_dir) / "code"
+
+
+def environments_dir(state_dir: str | Path) -> Path:
+    return Path(state_dir) / "envs"
+
+
+def overlay_probe_dir(state_dir: str | Path) -> Path:
+    return Path(state_dir) / ".overlay-probe"
+
+
+# <attempt dir>/code/{cwd,tree,upper,work,sha256}: an attempt's working dir over its job's code (workspace.py)
+ATTEMPT_CODE_DIR = "code"
 
 
 def output_tail_name(offset: int) -> str:

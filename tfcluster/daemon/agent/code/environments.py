@@ -47,7 +47,6 @@ from tfcluster.daemon.agent.code.request_rules import PYPI
 from tfcluster.daemon.agent.tasks.users import TaskUser
 from tfcluster.model import EnvironmentSpec
 
-ENVS_DIR = "envs"
 UV_CACHE_DIR = "uv-cache"
 JOB_ENVIRONMENT_FILE = "environment"
 READY_FILE = "ready"
@@ -81,7 +80,7 @@ class Environments:
 
     def __init__(self, state_dir: str | Path, uv: str = "", index_url: str = "", find_links: str = ""):
         self.state_dir = Path(state_dir)
-        self.root = self.state_dir / ENVS_DIR
+        self.root = layout.environments_dir(self.state_dir)
         self.uv = uv or uv_binary()
         self.python = sys.executable  # the agent's own: the key's Python version and platform are its
         # The agent's flags win over its environment; both reach uv as its own variables.

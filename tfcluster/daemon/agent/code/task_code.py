@@ -29,8 +29,8 @@ class TaskCode:
                  in_flight: Callable[[str], Transfer | None] = lambda hex_digest: None, bounds: Bounds = Bounds()):
         """`in_flight` tells how far a fetch under way has got (the Fetcher's transfers), for peers to relay;
         `bounds`, what one archive may unpack to here."""
-        self.workspaces = Workspaces(state_dir / ".overlay-probe", agent_is_root)
-        self.cache = CodeCache(state_dir / "code", max_bytes, fetch, bounds=bounds)
+        self.workspaces = Workspaces(layout.overlay_probe_dir(state_dir), agent_is_root)
+        self.cache = CodeCache(layout.code_cache_dir(state_dir), max_bytes, fetch, bounds=bounds)
         self.serving = CodeServing(self._archive, in_flight)
         self.jobs_dir = layout.jobs_dir(state_dir)
 

@@ -26,9 +26,11 @@ import os
 import shutil
 from pathlib import Path
 
+from tfcluster import layout
+
 log = logging.getLogger("tfcluster.agent")
 
-CODE_DIR = "code"
+CODE_DIR = layout.ATTEMPT_CODE_DIR
 MOUNT_NAMES = ("cwd", "tree")  # the mounts of an attempt's code dir
 MNT_DETACH = 2
 MS_RDONLY, MS_REMOUNT, MS_BIND = 1, 32, 4096

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import grpc
 
+from tfcluster import layout
 from tfcluster import pki
 from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc
 from tfcluster.leaders import Coordinators, leader_hint
@@ -40,7 +41,7 @@ class NodeIdentity:
     """The node's credentials on disk, and how to get and renew them."""
 
     def __init__(self, state_dir: Path, name: str, address: str):
-        self.dir = state_dir / "tls"
+        self.dir = layout.tls_dir(state_dir)
         self.name, self.address = name, address
 
     def load(self) -> Credentials | None:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 
+from tfcluster import layout
 from tfcluster import pki, wire
 from tfcluster.api.v1 import agent_pb2
 from tfcluster.codechunks import CodeError, hex_of
@@ -380,7 +381,7 @@ def build(state_dir: Path, lost_after_seconds: float, heartbeat_interval_seconds
                       task_uids=task_uids, heartbeat_interval_seconds=heartbeat_interval_seconds,
                       max_heartbeats_per_second=max_heartbeats_per_second)
     store = store if store is not None else open_store(store_url, Path(state_dir), etcd_tls)
-    code = CodeStore(Path(state_dir) / "code", max_code_bytes, store_bytes=code_store_bytes,
+    code = CodeStore(layout.code_cache_dir(state_dir), max_code_bytes, store_bytes=code_store_bytes,
                      max_unpacked_bytes=max_code_unpacked_bytes)
     coordinator = Coordinator(store, cluster, authority=authority, code=code)
     coordinator.load(reconnect_grace_seconds)
