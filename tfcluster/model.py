@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import re
 import signal as signals
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 from tfcluster.states import Phase
 
@@ -132,6 +134,21 @@ class TaskExit:
             return cls(signal=-returncode, log_tail=log_tail)
         return cls(exit_code=returncode, log_tail=log_tail)
 
+    def to_doc(self) -> dict[str, Any]:
+        """The exit as plain data, each field under its name: the shim's status file holds it so (at its top level,
+        as 0.3 wrote it), and the store's documents (records.py writes every record alike)."""
+        return {f.name: list(self.log_tail) if f.name == "log_tail" else getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_doc(cls, doc: Mapping[str, Any]) -> TaskExit:
+        """An exit read back from the status file, the store or a document of an earlier release: a field it
+        lacks takes its default, and what else the document holds (a task's pid, a failure's time) is not the
+        exit's."""
+        values = {f.name: doc[f.name] for f in fields(cls) if f.name in doc}
+        if values.get("log_tail") is not None:
+            values["log_tail"] = tuple(values["log_tail"])
+        return cls(**values)
+
     @property
     def succeeded(self) -> bool:
         return self.exit_code == 0
@@ -143,7 +160,7 @@ class TaskExit:
     def describe(self) -> str:
         """`exited with code 3`, `killed by SIGKILL`, or the reason it never ran, with the message after."""
         if self.signal:
-            how = f"killed by {signal_name(self.signal)}"
+            how = f"killed by {exit_words(None, self.signal)}"
         elif self.exit_code is not None:
             how = f"exited with code {self.exit_code}"
         else:
@@ -190,6 +207,14 @@ def size_text(size: int) -> str:
             break
         value, unit = value / 1024, bigger
     return f"{value:.1f}".removesuffix(".0") + f" {unit}"
+
+
+def exit_words(exit_code: int | None, signal: int | None) -> str:
+    """A task's exit as a table says it, in the words its failure does: `3` (its code), `SIGKILL` (the signal that
+    killed it), "" (none: it runs, or never ran)."""
+    if signal:
+        return signal_name(signal)
+    return "" if exit_code is None else str(exit_code)
 
 
 def signal_name(number: int) -> str:

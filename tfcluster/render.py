@@ -9,6 +9,7 @@ import time
 from typing import Optional
 
 from tfcluster.columns import Painted, paint, table
+from tfcluster.model import exit_words
 from tfcluster.states import JobState, NodeState, TaskState
 
 
@@ -82,8 +83,8 @@ def _jobs_table(jobs_shown, colour_on: bool) -> str:
 def _job_details(job, colour_on: bool) -> list[str]:
     rows = []
     for t in job.tasks:
-        exit_text = f"signal {t.signal}" if t.HasField("signal") else \
-            (str(t.exit_code) if t.HasField("exit_code") else "")
+        exit_text = exit_words(t.exit_code if t.HasField("exit_code") else None,
+                               t.signal if t.HasField("signal") else None)
         rows.append([f"{t.type}:{t.index}", t.node or "-", t.address or "-", gpu_list(t.gpus) or "-",
                      _state(t.state), str(t.pid or ""), exit_text, str(t.attempt), t.message])
     parts = [table(("task", "node", "address", "GPUs", "state", "pid", "exit", "attempt", "message"), rows,

@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 from tfcluster.api.v1 import control_pb2
+from tfcluster.model import exit_words
 from tfcluster.roles.tfconfig import build_tf_configs
 
 
@@ -38,7 +39,8 @@ def job_doc(j: control_pb2.JobStatus) -> dict[str, Any]:
     tf_configs = build_tf_configs(placed) if any(t[0] != "evaluator" for t in placed) else {}
     tasks = [{"type": t.type, "index": t.index, "node": t.node, "address": t.address,
               "gpus": [gpu_doc(g) for g in t.gpus], "state": t.state, "pid": t.pid or None,
-              "exit_code": _optional(t, "exit_code"), "signal": _optional(t, "signal"), "attempt": t.attempt,
+              "exit_code": _optional(t, "exit_code"), "signal": _optional(t, "signal"),
+              "exit": exit_words(_optional(t, "exit_code"), _optional(t, "signal")), "attempt": t.attempt,
               "message": t.message, "tf_config": t.tf_config or tf_configs.get((t.type, t.index), "")}
              for t in j.tasks]
     f = j.last_failure

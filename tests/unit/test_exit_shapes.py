@@ -100,3 +100,17 @@ def test_a_start_failure_keeps_its_message_and_busy_port_to_the_views(tmp_path):
     assert 20001 in sim.c.nodes[worker.node].seen.busy_ports, "the node's busy port is avoided when placing again"
     shown = next(t for t in views.job_doc(wire.job_status(job))["tasks"] if (t["type"], t["index"]) == ("worker", 0))
     assert shown["message"] == exit.message and (shown["exit_code"], shown["signal"]) == (None, None)
+
+
+def test_one_codec_reads_every_shape_an_exit_was_written_in():
+    exit = TaskExit(signal=9, message="m", log_tail=TAIL, cpu_seconds=1.5, peak_rss_bytes=7, permanent=True)
+    assert TaskExit.from_doc(exit.to_doc()) == exit
+    task_of_0_1 = {"pid": 12, "exit_code": 3, "signal": None, "message": "", "log_tail": ["x"], "busy_port": 0}
+    assert TaskExit.from_doc(task_of_0_1) == TaskExit(exit_code=3, log_tail=("x",))
+    assert TaskExit.from_doc({}) == TaskExit()
+
+
+def test_an_exit_is_said_in_the_same_words_in_a_table_and_in_a_failure():
+    from tfcluster.model import exit_words
+    assert exit_words(None, 9) == "SIGKILL" and TaskExit(signal=9).describe() == "killed by SIGKILL"
+    assert exit_words(3, None) == "3" and exit_words(None, None) == ""

@@ -183,6 +183,9 @@ class LaunchFile(_TaskFile):
 
 
 
+# What the agent, not the shim, knows of an exit: the port it found taken, the final checkpoint it found.
+AGENT_ADDS = ("busy_port", "final_checkpoint")
+
 # ---- the status file -----------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -224,16 +227,9 @@ class ShimStatus(_TaskFile):
             doc["started"] = self.started
         if self.ended:
             doc.update(finished=self.finished, stopped=self.stopped)
-        if self.exit is not None:
-            e = self.exit
-            doc.update(message=e.message, log_tail=list(e.log_tail), cpu_seconds=e.cpu_seconds,
-                       peak_rss_bytes=e.peak_rss_bytes)
-            if e.exit_code is not None:
-                doc["exit_code"] = e.exit_code
-            if e.signal is not None:
-                doc["signal"] = e.signal
-            if e.permanent:
-                doc["permanent"] = True
+        if self.exit is not None:  # what the shim knows of it: the agent adds the rest (taskrecord.exit_of)
+            doc.update({name: value for name, value in self.exit.to_doc().items()
+                        if value is not None and name not in AGENT_ADDS and (name != "permanent" or value)})
         return doc
 
     @classmethod
@@ -243,12 +239,12 @@ class ShimStatus(_TaskFile):
             raise TaskFileError(f"{f.path}: field 'phase': expected RUNNING, EXITED or FAILED_TO_START, "
                                 f"got {phase!r:.80}")
         exit = None
-        if phase in ENDED_PHASES:
-            exit = TaskExit(exit_code=f.get("exit_code", int, None), signal=f.get("signal", int, None),
-                            message=f.get("message", str, ""), log_tail=f.strings("log_tail", ()),
-                            cpu_seconds=float(f.get("cpu_seconds", (int, float), 0.0)),
-                            peak_rss_bytes=f.get("peak_rss_bytes", int, 0),
-                            permanent=f.get("permanent", bool, False))
+        if phase in ENDED_PHASES:  # each field's type checked here, then read as any exit is (TaskExit.from_doc)
+            exit = TaskExit.from_doc({
+                "exit_code": f.get("exit_code", int, None), "signal": f.get("signal", int, None),
+                "message": f.get("message", str, ""), "log_tail": f.strings("log_tail", ()),
+                "cpu_seconds": float(f.get("cpu_seconds", (int, float), 0.0)),
+                "peak_rss_bytes": f.get("peak_rss_bytes", int, 0), "permanent": f.get("permanent", bool, False)})
         return cls(phase, attempt=f.get("attempt", int, 0), shim_pid=f.get("shim_pid", int, 0),
                    shim_started=f.get("shim_started", int, 0), pid=f.get("pid", int, 0), pgid=f.get("pgid", int, 0),
                    started=float(f.get("started", (int, float), 0.0)),

@@ -116,6 +116,5 @@ def _task(old: dict[str, Any], shared_dir: str, job_id: str, state_dirs: dict[st
 
 
 def _exit(old: dict[str, Any]) -> TaskExit:
-    return TaskExit(exit_code=old.get("exit_code"), signal=old.get("signal"), message=old.get("message", ""),
-                    log_tail=tuple(old.get("log_tail", ())), busy_port=old.get("busy_port", 0),
-                    final_checkpoint=old.get("final_checkpoint", ""))
+    """0.1 kept a task's exit in the task's own document, at its top level."""
+    return TaskExit.from_doc(old)

@@ -328,7 +328,7 @@ def _task(doc: dict[str, Any]) -> Task:
 
 
 def _exit(doc: dict[str, Any] | None) -> TaskExit | None:
-    return TaskExit(**{**doc, "log_tail": tuple(doc["log_tail"])}) if doc else None
+    return TaskExit.from_doc(doc) if doc else None
 
 
 def spec_from_doc(doc: dict[str, Any]) -> JobSpec:

@@ -186,7 +186,7 @@ function jobView(id) {
       f.log_tail.length ? el("pre", {}, collapseRedraws(f.log_tail.join("\n"))) : "") : "");
     tasks.replaceChildren(...job.tasks.map(t => {
       const key = `${t.type}:${t.index}`;
-      const exit = t.signal ? `signal ${t.signal}` : (t.exit_code ?? "");
+      const exit = t.exit;  // `3`, or the signal that killed it: `SIGKILL`, as its failure says
       return el("tr", {"data-task": key}, el("td", {}, key), el("td", {}, badge(t.state)),
         el("td", {}, t.node ? el("a", {href: `/nodes?name=${encodeURIComponent(t.node)}`}, t.node) : "-"),
         el("td", {}, t.address || "-"), el("td", {}, t.gpus.map(g => g.index).join(", ") || "-"),
