@@ -16,7 +16,9 @@ from typing import Any
 from tfcluster.states import Phase
 
 PREEMPTION_EXIT_CODE = 42  # PreemptionCheckpointHandler saved a checkpoint and exited: restart for free
-ROLE_TYPES = ("chief", "worker", "ps", "evaluator")
+CHIEF, WORKER, PS, EVALUATOR = "chief", "worker", "ps", "evaluator"  # a task's type, as TF_CONFIG names it
+ROLE_TYPES = (CHIEF, WORKER, PS, EVALUATOR)
+TRAINING_TYPES = (CHIEF, WORKER, PS)  # the training tasks' cluster in TF_CONFIG; the evaluator is never in it
 # A node name is a host name or something like it: it appears in logs, tables and `nodes = [...]` lists.
 NODE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
 MAX_GPUS_PER_NODE = 256
@@ -197,6 +199,11 @@ class Evaluation:
     step: int
     metrics: dict[str, float] = field(default_factory=dict)
     time: float = 0.0
+
+
+def is_training(task_type: str) -> bool:
+    """True for a training task (chief, worker, ps): the evaluator runs beside training, never in it."""
+    return task_type != EVALUATOR
 
 
 def size_text(size: int) -> str:

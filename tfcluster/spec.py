@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 
 from tfcluster import layout, strategies
-from tfcluster.model import NODE_NAME_RE, ROLE_TYPES, EnvironmentSpec, control_character
+from tfcluster.model import CHIEF, EVALUATOR, NODE_NAME_RE, ROLE_TYPES, EnvironmentSpec, control_character
 
 STRATEGIES = strategies.NAMES
 TRAINING_ROLES = strategies.TRAINING_ROLES
@@ -179,18 +179,18 @@ def _check_role(role_type: str, role: RoleSpec, fail, absolute_paths: bool) -> N
             raise fail(f"{key}.nodes", f"expected node names (letters, digits, '.', '_' or '-'), got {node[:80]!r}")
     if len(set(role.nodes)) != len(role.nodes):
         raise fail(f"{key}.nodes", "lists a node twice")
-    if role.entrypoint and role_type != "evaluator":
+    if role.entrypoint and role_type != EVALUATOR:
         raise fail(f"{key}.entrypoint", "only the evaluator takes an entrypoint")
     if role.entrypoint and not ENTRYPOINT_RE.fullmatch(role.entrypoint):
         raise fail(f"{key}.entrypoint", f"expected \"module:function\", got {role.entrypoint!r}")
-    if role.summary_dir and role_type != "evaluator":
+    if role.summary_dir and role_type != EVALUATOR:
         raise fail(f"{key}.summary_dir", "only the evaluator takes a summary_dir")
     _check_path(role.summary_dir, f"{key}.summary_dir", fail, absolute_paths, required=False)
 
 
 def _check_roles(spec: JobSpec, fail) -> None:
     """The rules that relate roles to the strategy (docs/tensorflow.md; the profiles in strategies.py)."""
-    chief, evaluators = spec.count("chief"), spec.count("evaluator")
+    chief, evaluators = spec.count(CHIEF), spec.count(EVALUATOR)
     if chief > 1:
         raise fail("roles.chief.count", f"at most one chief, got {chief}")
     if evaluators > 1:
@@ -205,7 +205,7 @@ def _check_roles(spec: JobSpec, fail) -> None:
         if spec.count(role_type) == 0:
             continue
         builtin = profile.runs_builtin_server(role_type, spec) or \
-            (role_type == "evaluator" and spec.role("evaluator").entrypoint)
+            (role_type == EVALUATOR and spec.role(EVALUATOR).entrypoint)
         if not builtin and not spec.command_for(role_type):
             raise fail(f"roles.{role_type}.command", "missing: no command for this role and none for the job")
 

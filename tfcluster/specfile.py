@@ -16,7 +16,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from tfcluster.model import ROLE_TYPES, EnvironmentSpec
+from tfcluster.model import CHIEF, EVALUATOR, PS, ROLE_TYPES, WORKER, EnvironmentSpec
 from tfcluster.spec import (DEFAULT_EVALUATOR_DEADLINE_SECONDS, DEFAULT_MAX_RESTARTS, DEFAULT_STOP_GRACE_SECONDS,
                             SIZE_RE, STRATEGIES, JobSpec, RestartPolicy, RoleSpec, SpecError, validate)
 
@@ -122,8 +122,8 @@ def parse_spec(data: Any, source: str = "<spec>") -> JobSpec:
         if role_type not in ROLE_TYPES:
             raise r.fail(f"roles.{role_type}", f"unknown role (expected one of: {', '.join(ROLE_TYPES)})")
         roles[role_type] = _read_role(r, role_type, table)
-    if "chief" not in roles and "worker" not in roles:
-        roles["worker"] = RoleSpec(count=1)  # the plain case: one training task
+    if CHIEF not in roles and WORKER not in roles:
+        roles[WORKER] = RoleSpec(count=1)  # the plain case: one training task
     restart = r.table(data.get("restart", {}), "restart", RESTART_KEYS)
     codes = restart.get("permanent_exit_codes", [])
     if not isinstance(codes, list):
@@ -214,13 +214,13 @@ def spec_from_flags(*, name: str, strategy: str, workers: int, chief: bool, ps: 
     """The same plain data a TOML file would give, from `tfcluster start` flags."""
     roles: dict[str, Any] = {}
     if workers:
-        roles["worker"] = {"count": workers}
+        roles[WORKER] = {"count": workers}
     if chief:
-        roles["chief"] = {"count": 1}
+        roles[CHIEF] = {"count": 1}
     if ps:
-        roles["ps"] = {"count": ps, "gpus": 0}
+        roles[PS] = {"count": ps, "gpus": 0}
     if evaluator:
-        roles["evaluator"] = {"count": 1, "gpus": 0}
+        roles[EVALUATOR] = {"count": 1, "gpus": 0}
     # No file says what the job's code is: the command runs in the current folder's path on every node, as
     # it always has (that folder must be on shared storage); a spec file ships its workdir instead.
     data: dict[str, Any] = {"name": name, "strategy": strategy, "roles": roles, "gpus": gpus_per_task,

@@ -11,8 +11,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
+from tfcluster.model import CHIEF, EVALUATOR, PS, WORKER
+
 NAMES = ("mirrored", "central_storage", "multi_worker_mirrored", "parameter_server", "auto")
-TRAINING_ROLES = ("chief", "worker")
+TRAINING_ROLES = (CHIEF, WORKER)
 # What restarts when a training task fails (restart_scope): the whole group, or the task alone.
 GROUP = "group"
 ALONE = "alone"
@@ -26,8 +28,8 @@ class Strategy:
     name: str
 
     def check_roles(self, spec) -> Problem | None:
-        chief, workers = spec.count("chief"), spec.count("worker")
-        if spec.count("ps"):
+        chief, workers = spec.count(CHIEF), spec.count(WORKER)
+        if spec.count(PS):
             return "roles.ps", f"ps tasks only exist under strategy = \"parameter_server\" (this job is {self.name!r})"
         if chief + workers != 1:
             return "roles", (f"{self.name} runs one training task (all its GPUs on one node); got {chief} chief "
@@ -65,9 +67,9 @@ class MultiWorkerMirrored(Strategy):
     """An optional chief and N workers running the same program; one dies, all must restart."""
 
     def check_roles(self, spec) -> Problem | None:
-        if spec.count("ps"):
+        if spec.count(PS):
             return super().check_roles(spec)
-        if spec.count("chief") and spec.gpus_for("chief") != spec.gpus_for("worker"):
+        if spec.count(CHIEF) and spec.gpus_for(CHIEF) != spec.gpus_for(WORKER):
             return "roles.chief.gpus", (f"multi_worker_mirrored needs the same GPU count on every task; chief has "
                                         f"{spec.gpus_for('chief')}, workers have {spec.gpus_for('worker')}")
         return None
@@ -77,26 +79,26 @@ class ParameterServer(Strategy):
     """The chief runs the program; workers and ps serve it (docs/tensorflow.md: ParameterServerStrategy)."""
 
     def check_roles(self, spec) -> Problem | None:
-        if spec.count("chief") != 1:
+        if spec.count(CHIEF) != 1:
             return "roles.chief.count", "parameter_server needs exactly one chief (it runs the training program)"
-        if spec.count("worker") < 1:
+        if spec.count(WORKER) < 1:
             return "roles.worker.count", "parameter_server needs at least one worker"
-        if spec.count("ps") < 1:
+        if spec.count(PS) < 1:
             return "roles.ps.count", "parameter_server needs at least one ps"
         return None
 
     def runs_builtin_server(self, task_type: str, spec) -> bool:
-        return task_type in ("worker", "ps") and not spec.role(task_type).command
+        return task_type in (WORKER, PS) and not spec.role(task_type).command
 
     def must_listen(self, task_type: str) -> bool:
-        return task_type in ("worker", "ps")
+        return task_type in (WORKER, PS)
 
     def in_first_wave(self, task_type: str) -> bool:
         # The chief fails at connect unless every ps and worker already listens.
-        return task_type != "chief"
+        return task_type != CHIEF
 
     def serves_until_stopped(self, task_type: str) -> bool:
-        return task_type in ("worker", "ps")
+        return task_type in (WORKER, PS)
 
     def env(self) -> dict[str, str]:
         return {"GRPC_FAIL_FAST": "use_caller"}
@@ -104,7 +106,7 @@ class ParameterServer(Strategy):
     def restart_scope(self, task_type: str) -> str | tuple[str, ...]:
         # The chief hands a dead worker's work to the others and takes it back once it listens again;
         # a dead ps loses variables: the chief restores them from its checkpoint with fresh ps.
-        return ALONE if task_type == "worker" else ("ps", "chief")
+        return ALONE if task_type == WORKER else (PS, CHIEF)
 
 
 PROFILES: dict[str, Strategy] = {
@@ -125,7 +127,7 @@ def by_roles(spec) -> str:
     for, mirrored for one training task, multi_worker_mirrored otherwise."""
     if spec.strategy != "auto":
         return spec.strategy
-    if spec.count("ps"):
+    if spec.count(PS):
         return "parameter_server"
     if sum(spec.count(r) for r in TRAINING_ROLES) == 1:
         return "mirrored"
@@ -143,10 +145,10 @@ def resolve(spec, free_gpus: Mapping[str, int] | None = None):
     chosen = by_roles(spec)
     if chosen == "multi_worker_mirrored" and free_gpus:
         total = sum(spec.gpus_for(r) * spec.count(r) for r in TRAINING_ROLES)
-        allowed = set(spec.role("worker").nodes) or set(free_gpus)
+        allowed = set(spec.role(WORKER).nodes) or set(free_gpus)
         if total and any(free_gpus.get(name, 0) >= total for name in allowed):
-            roles = {"worker": replace(spec.role("worker"), count=1, gpus=total)}
-            if spec.count("evaluator"):
-                roles["evaluator"] = spec.role("evaluator")
+            roles = {WORKER: replace(spec.role(WORKER), count=1, gpus=total)}
+            if spec.count(EVALUATOR):
+                roles[EVALUATOR] = spec.role(EVALUATOR)
             return replace(spec, strategy="mirrored", roles=roles)
     return replace(spec, strategy=chosen)

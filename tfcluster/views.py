@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from tfcluster.api.v1 import control_pb2
-from tfcluster.model import exit_words
+from tfcluster.model import exit_words, is_training
 from tfcluster.roles.tfconfig import build_tf_configs
 
 
@@ -36,7 +36,7 @@ def _optional(msg, field: str):
 def job_doc(j: control_pb2.JobStatus) -> dict[str, Any]:
     # Every task's TF_CONFIG is the training tasks' cluster plus the task itself: rebuilt here, not sent.
     placed = [(t.type, t.index, t.address) for t in j.tasks if t.address]
-    tf_configs = build_tf_configs(placed) if any(t[0] != "evaluator" for t in placed) else {}
+    tf_configs = build_tf_configs(placed) if any(is_training(t[0]) for t in placed) else {}
     tasks = [{"type": t.type, "index": t.index, "node": t.node, "address": t.address,
               "gpus": [gpu_doc(g) for g in t.gpus], "state": t.state, "pid": t.pid or None,
               "exit_code": _optional(t, "exit_code"), "signal": _optional(t, "signal"),

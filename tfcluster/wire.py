@@ -15,6 +15,7 @@ from typing import Any
 
 from tfcluster.api.v1 import agent_pb2, control_pb2
 from tfcluster.api.v1 import types_pb2 as pb
+from tfcluster.model import CHIEF, WORKER
 from tfcluster.model import (MAX_CODE_SOURCES, MAX_GPUS_PER_NODE, NODE_NAME_RE, Attempt, CancelLog, Command,
                              EnvironmentSpec, Evaluation, ExpectFiles, FinishTraining, Gpu, Launch, LogData, NodeInfo,
                              ReadLog, Revocations, ServeCode, SetPace, ShipCheckpoints, Stop, SyncCheckpoints,
@@ -326,8 +327,8 @@ def spec_from_proto(msg: pb.JobSpec) -> JobSpec:
                          env=dict(r.env), nodes=tuple(r.nodes), entrypoint=r.entrypoint, summary_dir=r.summary_dir,
                          memory=r.memory_bytes if r.HasField("memory_bytes") else None)
              for t, r in msg.roles.items()}
-    if "chief" not in roles and "worker" not in roles:
-        roles["worker"] = RoleSpec(count=1)  # as in a file: the plain case is one training task
+    if CHIEF not in roles and WORKER not in roles:
+        roles[WORKER] = RoleSpec(count=1)  # as in a file: the plain case is one training task
     restart = RestartPolicy()
     if msg.HasField("restart"):
         r = msg.restart

@@ -14,6 +14,7 @@ import typer
 from tfcluster import strategies
 from tfcluster.cli.common import FLAG_FOR_KEY, MAX_INT32, CoordinatorOpt, TlsDirOpt, app, connect, err, fail, out
 from tfcluster.client import Client, ClientError
+from tfcluster.model import CHIEF, ROLE_TYPES, WORKER
 from tfcluster.states import ENDED_JOB_STATES, JobState, TaskState
 
 # A job's spec (parsing, checking) and its conversions to the wire are imported by the commands that send one
@@ -128,8 +129,8 @@ def _follow_primary(client: Client, job_id: str) -> None:
     """Streams the chief's (or worker 0's) log, attempt after attempt, until the job ends."""
     attempt_seen = 0
     for job in _views(client, job_id):
-        primary = next((t for t in job.tasks if t.type == "chief"), None) or \
-            next((t for t in job.tasks if t.type == "worker" and t.index == 0), None)
+        primary = next((t for t in job.tasks if t.type == CHIEF), None) or \
+            next((t for t in job.tasks if t.type == WORKER and t.index == 0), None)
         if primary is None or primary.attempt <= attempt_seen or primary.state == TaskState.PENDING:
             continue  # the job's next change may start it (a job that ended ends the views)
         attempt_seen = primary.attempt
@@ -273,7 +274,7 @@ def logs(
         if not node:
             fail("logs JOB env: --node NAME says which node's environment build to show", 2)
         task_type, index = "", "0"
-    elif not sep or not index.isdigit() or int(index) > MAX_INT32 or task_type not in ("chief", "worker", "ps", "evaluator"):
+    elif not sep or not index.isdigit() or int(index) > MAX_INT32 or task_type not in ROLE_TYPES:
         fail(f"expected TYPE:INDEX with TYPE one of chief, worker, ps, evaluator (e.g. worker:1), or env, got {task!r}",
              2)
     elif node:

@@ -11,12 +11,14 @@ import json
 import os
 import sys
 
+from tfcluster.model import PS, WORKER
+
 
 def main() -> int:
     os.environ.setdefault("GRPC_FAIL_FAST", "use_caller")
     config = json.loads(os.environ.get("TF_CONFIG") or "{}")
     task = config.get("task", {})
-    if task.get("type") not in ("ps", "worker") or not config.get("cluster"):
+    if task.get("type") not in (PS, WORKER) or not config.get("cluster"):
         print(f"tfcluster.roles.server runs ps and worker tasks from TF_CONFIG; got {task or 'no TF_CONFIG'}",
               file=sys.stderr)
         return 2

@@ -11,24 +11,25 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 
-CLUSTER_JOBS = ("chief", "worker", "ps")
+from tfcluster.model import CHIEF, TRAINING_TYPES, WORKER
+
 
 
 def build_cluster(tasks: Iterable[tuple[str, int, str]]) -> dict[str, list[str]]:
     """{job name: [host:port by index]} for the training tasks among (type, index, address)."""
     by_type: dict[str, dict[int, str]] = {}
     for task_type, index, address in tasks:
-        if task_type in CLUSTER_JOBS:
+        if task_type in TRAINING_TYPES:
             by_type.setdefault(task_type, {})[index] = address
     cluster = {}
-    for task_type in CLUSTER_JOBS:
+    for task_type in TRAINING_TYPES:
         indexed = by_type.get(task_type)
         if not indexed:
             continue
         if sorted(indexed) != list(range(len(indexed))):
             raise ValueError(f"{task_type} indices must be 0..{len(indexed) - 1}, got {sorted(indexed)}")
         cluster[task_type] = [indexed[i] for i in range(len(indexed))]
-    if "chief" not in cluster and "worker" not in cluster:
+    if CHIEF not in cluster and WORKER not in cluster:
         raise ValueError("a job needs at least one chief or worker")
     return cluster
 

@@ -31,7 +31,7 @@ from tfcluster.checkpoints import STEP_VARIABLES, checkpoint_paths, checkpoint_s
 from tfcluster.daemon.agent.hooks.api import Send, TaskHook, remember
 from tfcluster.daemon.agent.hooks.checkpoint_steps import read_steps
 from tfcluster.daemon.agent.tasks import handback
-from tfcluster.model import Attempt, Evaluation
+from tfcluster.model import EVALUATOR, Attempt, Evaluation
 
 log = logging.getLogger("tfcluster.agent")
 
@@ -164,7 +164,7 @@ class EvaluatorSummaries:
     def poll(self, record) -> list[Evaluation]:
         """New results of a supervisor TaskRecord; the last ones once when it has ended."""
         attempt = record.attempt
-        if attempt.type != "evaluator" or not record.summary_dir or self.unavailable or \
+        if attempt.type != EVALUATOR or not record.summary_dir or self.unavailable or \
                 attempt in self.reporting or attempt in self.finished:
             return []
         reader = self.readers.get(attempt)

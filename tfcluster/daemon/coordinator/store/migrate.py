@@ -22,7 +22,7 @@ from tfcluster.daemon.coordinator.core.model.job import Failure, Job, Task
 from tfcluster.daemon.coordinator.store.records import (CLUSTER_TAG, NEXT_JOB_NUMBER, dumps, evaluation_key, job_doc,
                                                   spec_from_doc, task_doc, task_key)
 from tfcluster.daemon.coordinator.store.api import Delete, Document, Put, Store, Write
-from tfcluster.model import Evaluation, Gpu, TaskExit
+from tfcluster.model import Evaluation, Gpu, TaskExit, is_training
 from tfcluster.roles.tfconfig import cluster_json
 from tfcluster.states import TaskState
 
@@ -85,7 +85,7 @@ def _job(old: dict[str, Any]) -> Job:
     spec = spec_from_doc(old["spec"])
     tasks = [_task(t, spec.checkpoint_dir, old["id"], old.get("node_state_dirs", {}), old.get("node_peers", {}),
                    spec.stop_grace_seconds) for t in old["tasks"]]
-    training = [(t.type, t.index, t.address) for t in tasks if t.type != "evaluator" and t.node]
+    training = [(t.type, t.index, t.address) for t in tasks if is_training(t.type) and t.node]
     failure = old.get("last_failure")
     return Job(
         id=old["id"], spec=spec, number=int(old["id"].rsplit("-", 1)[1]), state=old["state"], tasks=tasks,

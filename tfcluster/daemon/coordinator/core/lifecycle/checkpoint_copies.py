@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from tfcluster.daemon.coordinator.core.model.job import Job
-from tfcluster.model import Command, ExpectFiles, NodeInfo, ShipCheckpoints, SyncCheckpoints
+from tfcluster.model import CHIEF, EVALUATOR, WORKER, Command, ExpectFiles, NodeInfo, ShipCheckpoints, SyncCheckpoints
 from tfcluster.states import JobState
 
 SYNC_DEADLINE_SECONDS = 600.0
@@ -25,7 +25,7 @@ def restore(job: Job, info_of: Callable[[str], NodeInfo | None], now: float) -> 
     if info_of(source) is None:
         job.message = f"the checkpoints were on {source}, which is gone; training starts over"
         return []
-    peers = {t.node: t.peer for t in job.tasks if t.type in ("chief", "worker", "evaluator") and t.node != source}
+    peers = {t.node: t.peer for t in job.tasks if t.type in (CHIEF, WORKER, EVALUATOR) and t.node != source}
     nodes = sorted(n for n, peer in peers.items() if peer)
     if not nodes:
         return []
@@ -39,7 +39,7 @@ def sync_commands(job: Job, now: float) -> list[Command]:
     """The copy under way, its targets told to expect it first (sent again until its answer arrives: the
     agent keeps the answer)."""
     job.seen.sync_sent_at = now
-    targets = {t.node: t.peer for t in job.tasks if t.type in ("chief", "worker", "evaluator")
+    targets = {t.node: t.peer for t in job.tasks if t.type in (CHIEF, WORKER, EVALUATOR)
                and t.node != job.sync_source and t.peer}
     nodes = sorted(targets)
     expect = [ExpectFiles(node, job.id, sender=job.sync_source, uid=job.uid, gid=job.uid) for node in nodes]

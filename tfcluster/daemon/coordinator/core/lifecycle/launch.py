@@ -11,7 +11,7 @@ import posixpath
 
 from tfcluster import layout
 from tfcluster.daemon.coordinator.core.model.job import Job, Task
-from tfcluster.model import MAX_CODE_SOURCES, Command, Launch, ServeCode
+from tfcluster.model import EVALUATOR, MAX_CODE_SOURCES, WORKER, Command, Launch, ServeCode
 from tfcluster.roles.tfconfig import tf_config
 from tfcluster.states import TaskState
 
@@ -72,7 +72,7 @@ def command_for(job: Job, task: Task) -> tuple[str, ...]:
     if job.profile.runs_builtin_server(task.type, spec):
         return (_python(job), "-m", "tfcluster.roles.server")
     role = spec.role(task.type)
-    if task.type == "evaluator" and role.entrypoint and not role.command:
+    if task.type == EVALUATOR and role.entrypoint and not role.command:
         return (_python(job), "-m", "tfcluster.roles.evaluator", role.entrypoint)
     return tuple(spec.command_for(task.type))
 
@@ -96,12 +96,12 @@ def task_env(job: Job, task: Task) -> dict[str, str]:
         layout.TASK_TYPE: task.type,
         layout.TASK_INDEX: str(task.index),
         layout.ATTEMPT: str(task.attempt),
-        layout.NUM_WORKERS: str(spec.count("worker")),
+        layout.NUM_WORKERS: str(spec.count(WORKER)),
         layout.PORT: str(task.port),
         layout.CHECKPOINT_DIR: task.checkpoint_dir,
         layout.MODEL_DIR: model_dir,
     })
-    if task.type == "evaluator":  # its agent reads the summaries it writes there
-        env[layout.SUMMARY_DIR] = spec.role("evaluator").summary_dir or \
+    if task.type == EVALUATOR:  # its agent reads the summaries it writes there
+        env[layout.SUMMARY_DIR] = spec.role(EVALUATOR).summary_dir or \
             posixpath.join(model_dir, layout.EVAL_SUMMARY_SUBDIR)
     return env

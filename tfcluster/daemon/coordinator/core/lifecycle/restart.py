@@ -1,4 +1,4 @@
-"""The restart policy: what a job does about one failure, in one place. Pure; core/lifecycle/transitions.py carries it out.
+"""The restart policy: what a job does about one failure, in one place. Pure; transitions.py carries it out.
 
 Every failure of a task (or the hang watchdog's verdict) comes here, whatever the job is doing: starting,
 running, in the middle of restarting some of its tasks, or waiting for the evaluator's final evaluation. One
@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 from tfcluster import strategies
 from tfcluster.daemon.coordinator.core.model.job import Failure, Job
+from tfcluster.model import is_training
 from tfcluster.states import JobState, TaskState
 
 # What restarts (Decision.scope).
@@ -78,7 +79,7 @@ def decide(job: Job, failure: Failure, task_type: str) -> Decision:
         return Decision(NOTHING, NO_CHARGE, 0.0, "the job is stopping already")
     if job.final_evaluation_until:
         return Decision(NOTHING, NO_CHARGE, 0.0, "training is over; nothing restarts")
-    if task_type == "evaluator":
+    if not is_training(task_type):
         return _evaluator(job, failure)
     restart, exit = job.spec.restart, failure.exit
     if exit.exit_code in restart.permanent_exit_codes:

@@ -3,8 +3,9 @@
 Each transition changes a Job (job.py) and returns the commands (model.py) the agents must be sent. A job
 that must end or restart first passes through STOPPING until every task has exited, so no state says
 "done" while a process of the job is still alive. What a failure leads to is the restart policy's
-decision (restart.py); completion is explicit (an evaluator or ps left running must never hang a finished job): the chief finishes, the evaluator is told
-the final checkpoint and evaluates it within a deadline, only then are ps and workers stopped.
+decision (restart.py); completion is explicit (an evaluator or ps left running must never hang a finished
+job): the chief finishes, the evaluator is told the final checkpoint and evaluates it within a deadline,
+only then are ps and workers stopped.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from tfcluster.daemon.coordinator.core.model import accounting
 from tfcluster.daemon.coordinator.core.model.capacity import TaskPlacement
 from tfcluster.daemon.coordinator.core.model.job import Failure, Job, Task, describe_preemption, preemption_note
 from tfcluster.daemon.logformat import fields
-from tfcluster.model import Command, FinishTraining, NodeInfo, Stop, TaskExit
+from tfcluster.model import EVALUATOR, Command, FinishTraining, NodeInfo, Stop, TaskExit, is_training
 from tfcluster.roles.tfconfig import cluster_json
 from tfcluster.states import JobState, TaskState
 
@@ -168,11 +169,11 @@ def _after_task_end(job: Job, task: Task, now: float) -> list[Command]:
     if job.state == JobState.STOPPING:
         return _finish_if_quiet(job, now)
     if job.final_evaluation_until:
-        if task.type != "evaluator":  # training is over: a ps or worker server ending changes nothing
+        if is_training(task.type):  # training is over: a ps or worker server ending changes nothing
             return []
         how = "done" if task.state == TaskState.SUCCEEDED or completion.final_evaluated(job) else f"ended {task.state}"
         return wind_down(job, JobState.SUCCEEDED, f"final evaluation {how}", now)
-    if task.state == TaskState.SUCCEEDED and task.type != "evaluator":
+    if task.state == TaskState.SUCCEEDED and is_training(task.type):
         return _check_training_done(job, now)
     return advance(job, now)
 
@@ -210,7 +211,7 @@ def _launch_due(job: Job, now: float) -> list[Command]:
         return []
     if job.state == JobState.STARTING:
         # The evaluator is outside the training cluster: it never waits for a launch wave.
-        return launch_tasks(job, [t for t in waiting if t.type == "evaluator"], now) + advance(job, now)
+        return launch_tasks(job, [t for t in waiting if t.type == EVALUATOR], now) + advance(job, now)
     if job.state == JobState.RUNNING or (job.state == JobState.STOPPING and job.restarting):
         return launch_tasks(job, waiting, now)
     return []

@@ -13,7 +13,7 @@ from typing import ClassVar
 
 from tfcluster import strategies
 from tfcluster.daemon.coordinator.core.model.accounting import Usage
-from tfcluster.model import Attempt, Evaluation, Gpu, TaskExit
+from tfcluster.model import CHIEF, EVALUATOR, WORKER, Attempt, Evaluation, Gpu, TaskExit, is_training
 from tfcluster.spec import JobSpec
 from tfcluster.states import JobState, TaskState, check_transition
 
@@ -224,14 +224,14 @@ class Job(StateRecord):
         return task.live or bool(placed)
 
     def training_tasks(self) -> list[Task]:
-        return [t for t in self.tasks if t.type != "evaluator"]
+        return [t for t in self.tasks if is_training(t.type)]
 
     def decisive_task(self) -> Task:
         """The task whose success means training succeeded: the chief, else worker 0."""
-        return self.task("chief", 0) or self.task("worker", 0)
+        return self.task(CHIEF, 0) or self.task(WORKER, 0)
 
     def evaluator(self) -> Task | None:
-        return self.task("evaluator", 0)
+        return self.task(EVALUATOR, 0)
 
     def attempt_of(self, task: Task) -> Attempt:
         return Attempt(self.id, task.type, task.index, task.attempt)
