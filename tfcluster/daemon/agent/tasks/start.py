@@ -1,7 +1,7 @@
 """The slow part of starting one attempt, run on a thread of its own (supervisor.py records the launch and hands it
-here, so the agent's message loop never waits on a disk, a fetch, a build or the launcher): the job's and the
-attempt's dirs, the job's code and environment, the launch file, then the shim, forked by the launcher
-(launcher.py).
+here, so the agent's message loop never waits on a disk, a fetch, a build or the launcher): a named list of steps
+(TaskStarter.steps: the order checked, the task's user and the job's and attempt's dirs, its environment
+variables, the job's code, its virtualenv, the launch file), then the shim, forked by the launcher (launcher.py).
 
 Each step that can take long checks whether the attempt was stopped meanwhile (record.exited), and gives up
 with StartError; the supervisor decides what a stop during the start means once the shim exists.
@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tfcluster import layout
@@ -68,6 +69,17 @@ def with_agent_python(env: dict[str, str]) -> dict[str, str]:
     return {**env, "PATH": f"{bin_dir}{os.pathsep}{path}"}
 
 
+@dataclass
+class Start:
+    """One attempt's start, as its steps make it: who it runs as, its job's dirs, its environment, its workdir."""
+    record: TaskRecord
+    order: Launch
+    user: TaskUser | None = None
+    paths: JobPaths | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    workdir: str = ""
+
+
 class TaskStarter:
     def __init__(self, state_dir: Path, launch_refusal: Callable[[], str], log_limit_bytes: int,
                  task_users: TaskUsers, environments: Environments):
@@ -79,42 +91,77 @@ class TaskStarter:
         self.launcher = Launcher()  # forks the shims (launcher.py)
         self.cgroups: TaskCgroups | None = None  # keeps tasks' memory limits where the kernel can (cgroups.py)
         self.code: TaskCode | None = None  # fetches jobs' code and makes tasks' working dirs over it (code/task_code.py)
+        # What an attempt's start does before its shim, in order, each a method below: the way the agent's per-task
+        # hooks are listed (hooks/api.py), so the whole start reads here, top to bottom.
+        self.steps: tuple[Callable[[Start], None], ...] = (
+            self._check_order, self._take_user_and_dirs, self._set_environment, self._bring_code,
+            self._build_environment, self._check_still_wanted, self._check_port, self._write_files)
 
     def start(self, record: TaskRecord, order: Launch) -> ForkedShim | subprocess.Popen:
-        """Makes what the attempt needs and starts its shim. Raises StartError (or the OSError, CodeError or
-        EnvironmentProblem of the step that failed) with why it cannot start."""
+        """Makes what the attempt needs, step by step, and starts its shim. Raises StartError (or the OSError,
+        CodeError or EnvironmentProblem of the step that failed) with why it cannot start."""
+        start = Start(record, order)
+        for step in self.steps:
+            step(start)
+        return self._start_shim(record)
+
+    def _check_order(self, start: Start) -> None:
+        order = start.order
         if any("\0" in text for text in (*order.command, order.workdir, *order.env, *order.env.values())):
             raise StartError("the command, the environment or the workdir holds a NUL character")
         refusal = self.launch_refusal()
         if refusal:
             raise StartError(refusal)
+
+    def _take_user_and_dirs(self, start: Start) -> None:
+        """Who the task runs as, and the job's and the attempt's dirs, theirs."""
+        order, record = start.order, start.record
         try:
-            user = self.task_users.for_launch(order.uid, order.gid, order.owner, order.node)
-            paths = prepare_job(self.state_dir, record.attempt.job_id, user)
-            prepare_attempt(record.dir, user)
+            start.user = self.task_users.for_launch(order.uid, order.gid, order.owner, order.node)
+            start.paths = prepare_job(self.state_dir, record.attempt.job_id, start.user)
+            prepare_attempt(record.dir, start.user)
         except TaskUserError as e:
             raise StartError(str(e)) from None
-        env = self._environment(record, order, user, paths)
-        if order.code_sha256 and self.code is None:
-            raise StartError("the job ships its code and this agent cannot fetch it")
-        workdir = order.workdir if not order.code_sha256 else self.code.working_dir(  # the fetch, if one is needed
-            record.attempt, record.dir, order, user.uid, user.gid, env, stopped=record.exited.is_set)
-        if order.environment:  # built from what the job's code asks for: after the code is here, read as its user
-            venv = self.environments.prepare(record.attempt.job_id, order.environment, workdir, user)
-            env = task_environment(venv, env)
-        if record.exited.is_set():
-            raise StartError("stopped before it started")
-        if order.port and port_in_use(order.port):
-            raise StartError(f"port {order.port} is already in use on this node", busy_port=order.port)
-        record.group = user.owner(private=False)[1]  # the job's group, whoever the task runs as
-        record.uid = user.uid  # the agent reads only what this user made (handback.py)
-        self._write_files(record, order, user, paths, env, workdir)
-        return self._start_shim(record)
+        record.group = start.user.owner(private=False)[1]  # the job's group, whoever the task runs as
+        record.uid = start.user.uid  # the agent reads only what this user made (handback.py)
 
-    def _write_files(self, record: TaskRecord, order: Launch, user: TaskUser, paths: JobPaths, env: dict[str, str],
-                     workdir: str) -> None:
+    def _set_environment(self, start: Start) -> None:
+        start.env = self._environment(start.record, start.order, start.user, start.paths)
+        start.workdir = start.order.workdir
+
+    def _bring_code(self, start: Start) -> None:
+        """The job's code on this node (fetched if it lacks it), and the task's own working dir over it."""
+        order, record = start.order, start.record
+        if not order.code_sha256:
+            return
+        if self.code is None:
+            raise StartError("the job ships its code and this agent cannot fetch it")
+        start.workdir = self.code.working_dir(record.attempt, record.dir, order, start.user.uid, start.user.gid,
+                                              start.env, stopped=record.exited.is_set)
+
+    def _build_environment(self, start: Start) -> None:
+        """The job's virtualenv, from what its code asks for (so after the code is here), read as its user."""
+        if start.order.environment:
+            venv = self.environments.prepare(start.record.attempt.job_id, start.order.environment, start.workdir,
+                                             start.user)
+            start.env = task_environment(venv, start.env)
+
+    @staticmethod
+    def _check_still_wanted(start: Start) -> None:
+        if start.record.exited.is_set():
+            raise StartError("stopped before it started")
+
+    @staticmethod
+    def _check_port(start: Start) -> None:
+        port = start.order.port
+        if port and port_in_use(port):
+            raise StartError(f"port {port} is already in use on this node", busy_port=port)
+
+    def _write_files(self, start: Start) -> None:
         """The events file the task appends to and the control file it reads (the attempt dir is root's: the task
         cannot make them), then the launch file."""
+        record, order, user, paths, env, workdir = (start.record, start.order, start.user, start.paths, start.env,
+                                                    start.workdir)
         # Dirs the spec names are made by the task's user (in the shim), never by root here.
         task_dirs = [env[name] for name in (layout.CHECKPOINT_DIR, layout.MODEL_DIR)
                      if env.get(name) and Path(env[name]) != paths.checkpoints]

@@ -94,11 +94,25 @@ class Supervisor:
             if order.environment:
                 record.detail, record.detail_since = "building environment", time.monotonic()
             self.tasks[key] = record
-        threading.Thread(target=self._begin, args=(record, order), name=f"task-{record.name}", daemon=True).start()
+        threading.Thread(target=self._run, args=(record, order), name=f"task-{record.name}", daemon=True).start()
 
-    def _begin(self, record: TaskRecord, order: Launch) -> None:
-        """The attempt's start, off the message loop, then the watch of its shim until it ends. A stop that came before its shim existed has ended the
-        record already (stop): the shim, if one was started all the same, is stopped at once."""
+    def _run(self, record: TaskRecord, order: Launch) -> None:
+        """One attempt, top to bottom, on a thread of its own (the agent's message loop goes on at once): prepared
+        and started (start.py's steps, then its shim), watched until its shim exits, finished (how it ended,
+        reported once). This thread watches the shim it started: one thread less per task."""
+        shim = self._start(record, order)
+        if shim is None:
+            return  # it never started, and said why
+        if order.report_listening and order.port:
+            threading.Thread(target=self._watch_listening, args=(record,), name=f"listen-{record.name}",
+                             daemon=True).start()
+        self._watch(record, shim)
+        self._collect(record)
+
+    def _start(self, record: TaskRecord, order: Launch) -> ForkedShim | subprocess.Popen | None:
+        """The attempt's shim, started; None when the attempt could not start (it has ended, saying why). A stop
+        that came before its shim existed has ended the record already (stop): the shim, if one was started all
+        the same, is stopped at once."""
         try:
             shim = self.starter.start(record, order)
         except Exception as e:  # whatever it is, the coordinator hears of it: a task never stays launching
@@ -114,16 +128,13 @@ class Supervisor:
                                           log_tail=getattr(e, "log_tail", ())))
             if not ended:  # stopped while it started: what it pinned meanwhile goes too
                 self._release_code(record)
-            return
+            return None
         with self.lock:  # with stop's check of shim_pid, under the same lock: one of the two stops the shim
             record.shim_pid, record.detail = shim.pid, ""
             stopped = record.exited.is_set()
         if stopped:
             self._stop_shim(record)
-        if order.report_listening and order.port:
-            threading.Thread(target=self._watch_listening, args=(record,), name=f"listen-{record.name}",
-                             daemon=True).start()
-        self._watch_child(record, shim)  # this thread watches the shim it started: one thread less per task
+        return shim
 
     def _watch_listening(self, record: TaskRecord) -> None:
         """Reports the task again once it accepts connections on its port."""
@@ -138,7 +149,8 @@ class Supervisor:
                         return
             record.exited.wait(LISTEN_POLL_SECONDS)
 
-    def _watch_child(self, record: TaskRecord, shim: ForkedShim | subprocess.Popen) -> None:
+    def _watch(self, record: TaskRecord, shim: ForkedShim | subprocess.Popen) -> None:
+        """The shim's first line says the task runs (reported at once); then its exit is waited for."""
         line = shim.stdout.readline()
         try:
             started = json.loads(line) if line else {}
@@ -157,7 +169,6 @@ class Supervisor:
             self.on_report(record)
         shim.stdout.close()
         shim.wait()
-        self._collect(record)
 
     def _collect(self, record: TaskRecord) -> None:
         """The shim is gone: read how the task ended from its status file."""
@@ -210,7 +221,7 @@ class Supervisor:
 
     def _finish(self, record: TaskRecord, phase: str, exit: TaskExit, before_shim: bool = False) -> bool:
         """Ends the record and reports it, once; True when this call ended it. before_shim: only if its shim
-        has not been started (checked under the lock _begin sets shim_pid under)."""
+        has not been started (checked under the lock _start sets shim_pid under)."""
         with self.lock:
             if record.exited.is_set() or (before_shim and record.shim_pid):
                 return False
