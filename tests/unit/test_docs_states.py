@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tfcluster.states import JOB_TRANSITIONS, TASK_TRANSITIONS
+from tfcluster.states import JOB_TRANSITIONS, PHASE_TRANSITIONS, TASK_TRANSITIONS, TERM_TRANSITIONS
 
 ARCHITECTURE = Path(__file__).resolve().parents[2] / "docs" / "architecture.md"
 ARROW = re.compile(r"^\s*(\w+) --> (\w+)", re.M)
@@ -22,10 +22,14 @@ def table(transitions) -> set[tuple[str, str]]:
 
 
 def test_the_job_state_diagram_is_the_transition_table():
-    job, _task = diagrams()
-    assert job == table(JOB_TRANSITIONS)
+    assert diagrams()[0] == table(JOB_TRANSITIONS)
 
 
 def test_the_task_state_diagram_is_the_transition_table():
-    _job, task = diagrams()
-    assert task == table(TASK_TRANSITIONS)
+    assert diagrams()[1] == table(TASK_TRANSITIONS)
+
+
+def test_the_attempt_and_ha_term_diagrams_are_their_transition_tables():
+    assert len(diagrams()) == 4
+    assert diagrams()[2] == table(PHASE_TRANSITIONS)
+    assert diagrams()[3] == table(TERM_TRANSITIONS)
