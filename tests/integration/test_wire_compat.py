@@ -21,19 +21,19 @@ import tfcluster
 from harness import ROOT, LocalCluster, wait_until
 
 PREVIOUS_RELEASE = "2e31f90e6cf005ddd376d61e7657c25db10f7406"  # tfcluster 0.1
+RELEASE_0_7 = "a1c39a88bc13ea8c75b40f9b9785f73afe2bca90"  # tfcluster 0.7.2, the last before the daemons' relayout
 PY = sys.executable
 
 
-@pytest.fixture(scope="module")
-def previous_python(tmp_path_factory) -> str:
-    """An interpreter that imports tfcluster 0.1, and nothing of this version, with the same dependencies."""
+def python_of(release: str, module: str, tmp_path_factory) -> str:
+    """An interpreter that imports tfcluster of `release` (from this repository's history), and nothing of this
+    version, with the same dependencies; `module` is one of that release's, imported to check."""
     if shutil.which("git") is None:
         pytest.skip("needs git to take the previous release from the repository's history")
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", PREVIOUS_RELEASE, "tfcluster"],
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", release, "tfcluster"],
                              capture_output=True)
     if archive.returncode != 0:
-        pytest.skip(f"the previous release {PREVIOUS_RELEASE[:8]} is not in this clone's history "
-                    f"({archive.stderr.decode().strip()})")
+        pytest.skip(f"the release {release[:8]} is not in this clone's history ({archive.stderr.decode().strip()})")
     root = tmp_path_factory.mktemp("previous")
     (root / "src").mkdir()
     # This repository's own history, unpacked by tar(1): tarfile's extraction filters are missing from some of the
@@ -47,10 +47,24 @@ def previous_python(tmp_path_factory) -> str:
     (packages / "previous.pth").write_text(f"{root / 'src'}\n{site.getsitepackages()[0]}\n")
     python = str(env / "bin" / "python")
     own_path = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # as the harness starts it
-    check = subprocess.run([python, "-c", "import tfcluster.daemon.coordinator.core.model.job_table as j, grpc; print(j.__file__)"],
+    check = subprocess.run([python, "-c", f"import {module} as m, grpc; print(m.__file__)"],
                            capture_output=True, text=True, cwd=root, env=own_path)
     assert check.returncode == 0 and str(root / "src") in check.stdout, check.stderr
     return python
+
+
+@pytest.fixture(scope="module")
+def previous_python(tmp_path_factory) -> str:
+    """tfcluster 0.1's."""
+    return python_of(PREVIOUS_RELEASE, "tfcluster.daemon.coordinator.jobs", tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def python_0_7(tmp_path_factory) -> str:
+    """tfcluster 0.7.2's: its coordinator and agent had one flat folder each."""
+    if sys.version_info < (3, 11):
+        pytest.skip("tfcluster 0.7.2 needs Python 3.11 (enum.StrEnum)")
+    return python_of(RELEASE_0_7, "tfcluster.daemon.agent.taskrunner", tmp_path_factory)
 
 
 def test_an_agent_of_the_previous_release_registers_here_but_gets_no_new_tasks(make_cluster, previous_python):
@@ -106,5 +120,37 @@ def test_a_live_cluster_of_the_previous_release_is_upgraded_in_place(tmp_path, p
             "no job id given out twice, and new ones carry the cluster's tag"
         assert json.loads(cluster.cli("status", "--json", check=True).stdout)["nodes"][0]["agent_version"] == \
             tfcluster.__version__
+    finally:
+        cluster.teardown()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="0.7's agent runs tasks under their job's UID: it needs root")
+def test_a_live_cluster_of_0_7_is_upgraded_in_place_across_the_relayout(tmp_path, python_0_7):
+    """0.8 moved the daemons' modules into packages: a task a 0.7 agent started (its shim forked by 0.7's
+    launcher) runs on while this release's coordinator and agent take over, and ends as it would have."""
+    gate = tmp_path / "go"
+    cluster = LocalCluster(root=tmp_path / "cluster", tls=False)
+    (tmp_path / "cluster").mkdir()
+    cluster.root.chmod(0o755)
+    try:
+        # The harness gives an earlier release's daemons the shared token alone; 0.7 also wants --insecure said.
+        cluster.start_coordinator("--insecure", python=python_0_7)
+        cluster.start_agent("n1", python=python_0_7, extra=["--insecure"])
+        script = (f"import pathlib, time\nwhile not pathlib.Path({str(gate)!r}).exists(): time.sleep(0.05)\n"
+                  "print('done')")
+        job_id = cluster.cli("start", "--name", "rolling", "--strategy", "mirrored", "--", PY, "-c", script,
+                             check=True).stdout.strip()
+        wait_until(lambda: cluster.job(job_id)["state"] == "RUNNING", 30, what="RUNNING on 0.7")
+        pid = cluster.job(job_id)["tasks"][0]["pid"]
+        cluster.coordinator.terminate()
+        cluster.start_coordinator()
+        wait_until(lambda: cluster.node_state("n1") == "READY", 20, what="the 0.7 agent back")
+        cluster.agents["n1"].kill()
+        cluster.start_agent("n1")
+        assert cluster.job(job_id)["tasks"][0]["pid"] == pid, "the task started by 0.7 runs on"
+        gate.touch()
+        job = cluster.wait_job(job_id, timeout=30)
+        assert job["state"] == "SUCCEEDED" and job["restarts"] == 0 and job["tasks"][0]["attempt"] == 1
+        assert cluster.cli("logs", job_id, "worker:0", check=True).stdout == "done\n"
     finally:
         cluster.teardown()
