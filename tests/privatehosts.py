@@ -24,6 +24,7 @@ import tempfile
 from pathlib import Path
 
 from harness import wait_until
+from tfcluster.demo.hosts import ip
 from tfcluster.demo.hosts import unavailable as netns_unavailable
 
 _serial = itertools.count(1)
@@ -48,12 +49,6 @@ def unavailable() -> str | None:
         return f"overlayfs cannot be mounted here: {probe.stderr.strip()}"
     return None
 
-
-def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    result = subprocess.run(["ip", *args], capture_output=True, text=True)
-    if check and result.returncode != 0:
-        raise RuntimeError(f"ip {' '.join(args)}: {result.stderr.strip()}")
-    return result
 
 
 class PrivateHosts:
@@ -87,10 +82,10 @@ class PrivateHosts:
         self.down()
 
     def up(self) -> None:
-        _ip("netns", "add", self.netns)
-        _ip("-n", self.netns, "link", "set", "lo", "up")
+        ip("netns", "add", self.netns)
+        ip("-n", self.netns, "link", "set", "lo", "up")
         for address in self.addresses:
-            _ip("-n", self.netns, "addr", "add", f"{address}/32", "dev", "lo")
+            ip("-n", self.netns, "addr", "add", f"{address}/32", "dev", "lo")
         for name in self.names:
             self.holders[name] = self._hold(name)
         wait_until(lambda: all(self._ready(name) for name in self.names), 30, what="the hosts' namespaces")
@@ -132,7 +127,7 @@ class PrivateHosts:
         return Path(f"/proc/{holder.pid}/comm").read_text().strip() == "sleep"
 
     def pids(self) -> list[int]:
-        return [int(p) for p in _ip("netns", "pids", self.netns, check=False).stdout.split()]
+        return [int(p) for p in ip("netns", "pids", self.netns, check=False).stdout.split()]
 
     def _kill_all(self) -> list[int]:
         """Sends SIGKILL to every process in the hosts' network namespace; returns those it found."""
@@ -151,4 +146,4 @@ class PrivateHosts:
             for holder in self.holders.values():
                 holder.wait(timeout=10)
         finally:
-            _ip("netns", "del", self.netns, check=False)
+            ip("netns", "del", self.netns, check=False)

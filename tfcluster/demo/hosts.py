@@ -29,7 +29,8 @@ def unavailable() -> str | None:
     return None
 
 
-def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    """`ip ARGS...` (iproute2); raises RuntimeError with its message when it fails and check is set."""
     result = subprocess.run(["ip", *args], capture_output=True, text=True)
     if check and result.returncode != 0:
         raise RuntimeError(f"ip {' '.join(args)}: {result.stderr.strip()}")
@@ -69,27 +70,27 @@ class TestHosts:
         self.down()
 
     def up(self) -> None:
-        _ip("link", "add", self.bridge, "type", "bridge")
-        _ip("addr", "add", f"{self.coordinator_ip}/24", "dev", self.bridge)
-        _ip("link", "set", self.bridge, "up")
+        ip("link", "add", self.bridge, "type", "bridge")
+        ip("addr", "add", f"{self.coordinator_ip}/24", "dev", self.bridge)
+        ip("link", "set", self.bridge, "up")
         for i, (name, veth) in enumerate(zip(self.names, self.veths), start=1):
-            _ip("netns", "add", name)
-            _ip("link", "add", veth, "type", "veth", "peer", "name", f"{veth}p")
-            _ip("link", "set", f"{veth}p", "netns", name)
-            _ip("link", "set", veth, "master", self.bridge, "up")
+            ip("netns", "add", name)
+            ip("link", "add", veth, "type", "veth", "peer", "name", f"{veth}p")
+            ip("link", "set", f"{veth}p", "netns", name)
+            ip("link", "set", veth, "master", self.bridge, "up")
             inside = ["netns", "exec", name, "ip"]
-            _ip(*inside, "link", "set", "lo", "up")
-            _ip(*inside, "link", "set", f"{veth}p", "name", "eth0")
-            _ip(*inside, "addr", "add", f"{self.ip(i)}/24", "dev", "eth0")
-            _ip(*inside, "link", "set", "eth0", "up")
-            _ip(*inside, "route", "add", "default", "via", self.coordinator_ip)
+            ip(*inside, "link", "set", "lo", "up")
+            ip(*inside, "link", "set", f"{veth}p", "name", "eth0")
+            ip(*inside, "addr", "add", f"{self.ip(i)}/24", "dev", "eth0")
+            ip(*inside, "link", "set", "eth0", "up")
+            ip(*inside, "route", "add", "default", "via", self.coordinator_ip)
 
     def link(self, i: int, up: bool) -> None:
         """Cuts (or restores) host i's link, as a pulled cable would."""
-        _ip("link", "set", self.veths[i - 1], "up" if up else "down")
+        ip("link", "set", self.veths[i - 1], "up" if up else "down")
 
     def pids(self, i: int) -> list[int]:
-        result = _ip("netns", "pids", self.names[i - 1], check=False)
+        result = ip("netns", "pids", self.names[i - 1], check=False)
         return [int(p) for p in result.stdout.split()]
 
     def down(self) -> None:
@@ -99,7 +100,7 @@ class TestHosts:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-            _ip("netns", "del", name, check=False)
+            ip("netns", "del", name, check=False)
         for veth in self.veths:  # gone with its namespace, unless something still holds that open
-            _ip("link", "del", veth, check=False)
-        _ip("link", "del", self.bridge, check=False)
+            ip("link", "del", veth, check=False)
+        ip("link", "del", self.bridge, check=False)
