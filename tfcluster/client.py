@@ -218,6 +218,19 @@ class Client:
         """Removes the node from the cluster; returns how many of its tasks were running."""
         return self._call("RemoveNode", control_pb2.RemoveNodeRequest(name=name)).tasks_lost
 
+    def drain_node(self, name: str, reason: str, requeue: bool = False) -> control_pb2.DrainNodeResponse:
+        """Places nothing new on the node; with requeue its jobs go back to the queue."""
+        return self._call("DrainNode", control_pb2.DrainNodeRequest(name=name, reason=reason, requeue=requeue))
+
+    def resume_node(self, name: str) -> bool:
+        """The node takes new tasks again; returns whether it was drained."""
+        return self._call("ResumeNode", control_pb2.ResumeNodeRequest(name=name)).was_drained
+
+    def node(self, name: str) -> control_pb2.NodeStatus | None:
+        """One node's status; None when the coordinator knows no node of that name."""
+        reply = self._call("ListNodes", control_pb2.ListNodesRequest(name_prefix=name, page_size=1))
+        return reply.nodes[0] if reply.nodes and reply.nodes[0].name == name else None
+
     def plan(self, spec: JobSpec) -> control_pb2.PlanJobResponse:
         from tfcluster.wire import spec_to_proto
 

@@ -21,6 +21,7 @@ ROLE_TYPES = (CHIEF, WORKER, PS, EVALUATOR)
 TRAINING_TYPES = (CHIEF, WORKER, PS)  # the training tasks' cluster in TF_CONFIG; the evaluator is never in it
 # A node name is a host name or something like it: it appears in logs, tables and `nodes = [...]` lists.
 NODE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
+MAX_DRAIN_REASON = 200  # characters: a drain's reason is shown in status tables and as a metrics label
 MAX_GPUS_PER_NODE = 256
 MAX_CODE_SOURCES = 16  # peers a launch names that hold the job's code
 # Control characters have no business in a name or a path (a newline forges log lines and table rows, a NUL

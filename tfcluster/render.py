@@ -21,6 +21,18 @@ def _ago(seconds: float) -> str:
     return f"{seconds:.1f}s ago"
 
 
+def how_long(seconds: float) -> str:
+    """A wait or an age as people read it: 45s, 12m, 3h 5m, 2d 4h."""
+    seconds = int(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m"
+    if seconds < 86400:
+        return f"{seconds // 3600}h {seconds % 3600 // 60}m"
+    return f"{seconds // 86400}d {seconds % 86400 // 3600}h"
+
+
 def render_summary(summary, colour_on: bool = False) -> str:
     """One line for the whole cluster, and what the overview leaves out."""
     ready_first = sorted(summary.nodes_by_state.items(), key=lambda kv: kv[0] != NodeState.READY)
@@ -48,7 +60,17 @@ def render_summary(summary, colour_on: bool = False) -> str:
 def _node_state(n) -> Painted:
     if n.state != NodeState.READY:
         return Painted(n.state, "red")
+    if n.HasField("drain"):  # Slurm's words: DRAINING while jobs placed before still run, then DRAINED
+        return Painted(f"{n.drain.state or 'DRAINED'}*", "yellow")
     return Painted(f"{n.state}*", "yellow") if n.condition else Painted(n.state, "green")
+
+
+def _node_note(n, now: float) -> str:
+    """The footnote of a node marked *: why it takes no new tasks."""
+    if n.HasField("drain"):
+        d = n.drain
+        return f"* {n.name} drained by {d.by or 'an admin'} {how_long(now - d.since)} ago: {d.reason}"
+    return f"* {n.name} takes no new tasks: {n.condition}"
 
 
 def _nodes_table(nodes_shown, colour_on: bool) -> list[str]:
@@ -62,8 +84,8 @@ def _nodes_table(nodes_shown, colour_on: bool) -> list[str]:
                      str(n.running_tasks), n.agent_version, _ago(n.last_seen_seconds_ago)])
     headers = ("node", "address", "state", "GPUs", "CPUs", "memory", "tasks", "agent", "heartbeat")
     return [table(headers, rows, "nodes", colour_on),
-            *(paint(f"* {n.name} takes no new tasks: {n.condition}", "yellow", colour_on)
-              for n in nodes_shown if n.condition)]
+            *(paint(_node_note(n, time.time()), "yellow", colour_on)
+              for n in nodes_shown if n.condition or n.HasField("drain"))]
 
 
 def _jobs_table(jobs_shown, colour_on: bool) -> str:

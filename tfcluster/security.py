@@ -73,6 +73,8 @@ POLICY: dict[str, Rule] = {
     CONTROL + "StopJob": Rule(SUBMITTERS, NAMES),
     CONTROL + "CreateJoinToken": Rule(frozenset({ADMIN}), NAMES),
     CONTROL + "RemoveNode": Rule(frozenset({ADMIN}), NAMES),
+    CONTROL + "DrainNode": Rule(frozenset({ADMIN}), NAMES),
+    CONTROL + "ResumeNode": Rule(frozenset({ADMIN}), NAMES),
     CONTROL + "CreateDashboardLogin": Rule(READERS, NAMES),
     CONTROL + "GetUsage": Rule(READERS, NAMES),  # every user's totals, to anyone who may read (fair share is open)
     CONTROL + "GetQueue": Rule(READERS, NAMES),

@@ -108,6 +108,12 @@ class NodeState(StrEnum):
     LOST = "LOST"    # not heard from for too long: its tasks count as lost
 
 
+class DrainState(StrEnum):
+    """A drained node (`tfcluster node drain`), whatever its agent's liveness: nothing new is placed there."""
+    DRAINING = "DRAINING"  # tasks of jobs placed before the drain still run there
+    DRAINED = "DRAINED"    # none do: it can be taken down
+
+
 class Phase(StrEnum):
     """A task attempt as its agent sees it (what agents report, and what a task's status file says)."""
     STARTING = "STARTING"                # launched, its process not started yet (agent-side only)

@@ -17,12 +17,14 @@ def gpu_doc(g) -> dict[str, Any]:
 
 
 def node_doc(n: control_pb2.NodeStatus) -> dict[str, Any]:
+    drained, d = n.HasField("drain"), n.drain
     return {"name": n.name, "address": n.address, "state": n.state, "gpus": [gpu_doc(g) for g in n.gpus],
             "hostname": n.hostname, "cpu_count": n.cpu_count, "memory_bytes": n.memory_bytes,
             "memory_allocated_bytes": n.memory_allocated_bytes,
             "agent_version": n.agent_version, "last_seen_seconds_ago": round(n.last_seen_seconds_ago, 3),
             "port_range": [n.port_range_start, n.port_range_end], "running_tasks": n.running_tasks,
-            "condition": n.condition}
+            "condition": n.condition, "schedulable": n.state == "READY" and not n.condition and not drained,
+            "drain": {"reason": d.reason, "by": d.by, "since": d.since, "state": d.state} if drained else None}
 
 
 def evaluation_doc(e) -> dict[str, Any]:

@@ -352,14 +352,20 @@ def _seconds(value: float) -> float:
     return max(0.0, value) if math.isfinite(value) else 0.0
 
 
-def node_status(node, running_tasks: int, now: float, memory_allocated: int = 0) -> control_pb2.NodeStatus:
+def node_status(node, running_tasks: int, now: float, memory_allocated: int = 0,
+                drain_state: str = "") -> control_pb2.NodeStatus:
+    """drain_state: DRAINING or DRAINED while the node is drained (Nodes.drain_state)."""
     i = node.info
-    return control_pb2.NodeStatus(
+    status = control_pb2.NodeStatus(
         name=i.name, address=i.address, state=node.state.value, gpus=[gpu_to_proto(g) for g in i.gpus],
         hostname=i.hostname, cpu_count=i.cpu_count, memory_bytes=i.memory_bytes, agent_version=i.agent_version,
         last_seen_seconds_ago=max(0.0, now - node.seen.last_seen), port_range_start=i.port_range[0],
         port_range_end=i.port_range[1], running_tasks=running_tasks, condition=node.condition,
         memory_allocated_bytes=memory_allocated)
+    if node.drain is not None:
+        d = node.drain
+        status.drain.CopyFrom(control_pb2.NodeDrain(reason=d.reason, by=d.by, since=d.since, state=drain_state))
+    return status
 
 
 def _exit_fields(target, exit: TaskExit | None) -> None:

@@ -70,6 +70,11 @@ def test_dashboard_follows_a_real_job(make_cluster, tmp_path, browser):
     wait_for(browser, lambda d: len(texts(d, "table#nodes tr[data-node]")) == 2, 30, "both nodes")
     wait_for(browser, lambda d: any(job_id in t for t in texts(d, "tr[data-node='a'] .gpu.held")), 60,
              "node a's GPU held by the job")
+    cluster.cli("node", "drain", "b", "--reason", "BIOS update", check=True)  # the job runs on where it is
+    wait_for(browser, lambda d: any("drained by admin" in t and "BIOS update" in t
+                                    for t in texts(d, "tr[data-node='b'] .drain")), 30, "node b's drain")
+    assert texts(browser, "tr[data-node='b'] .state")[0] in ("DRAINING", "DRAINED")
+    assert texts(browser, "tr[data-node='a'] .state") == ["READY"]
 
     browser.get(f"https://{http}/jobs/{job_id}")
     wait_for(browser, lambda d: texts(d, "#job-state") == ["SUCCEEDED"], 240, "SUCCEEDED on the page, no reload")

@@ -1,5 +1,6 @@
-"""The cluster's trust: `tfcluster ca init|issue` (files, no coordinator needed), `tfcluster token create` and
-`tfcluster node remove` (admin calls to the coordinator), and `tfcluster dashboard` (a browser's way in)."""
+"""The cluster's trust and nodes: `tfcluster ca init|issue` (files, no coordinator needed), `tfcluster token create`
+and `tfcluster node remove|drain|resume` (admin calls to the coordinator), and `tfcluster dashboard` (a browser's
+way in)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,10 @@ import typer
 
 from tfcluster.cli.common import CoordinatorOpt, TlsDirOpt, app, connect, err, fail, out, parse_duration
 from tfcluster.client import ClientError
-from tfcluster.model import NODE_NAME_RE
+from tfcluster.model import MAX_DRAIN_REASON, NODE_NAME_RE
+from tfcluster.states import DrainState
+
+DRAIN_POLL_SECONDS = 1.0
 
 ca_app = typer.Typer(no_args_is_help=True, help="The cluster's certificate authority.")
 token_app = typer.Typer(no_args_is_help=True, help="Join tokens for new nodes.")
@@ -115,8 +119,7 @@ def node_remove(
 ) -> None:
     """Remove a node from the cluster: its tasks are lost (their jobs restart elsewhere) and its certificate is
     refused from then on. It can join again only with a new token."""
-    if not NODE_NAME_RE.fullmatch(name):
-        fail(f"NAME: expected letters, digits, '.', '_' or '-' (at most 253), got {name!r}", 2)
+    _check_node_name(name)
     with connect(coordinator, tls_dir) as client:
         try:
             lost = client.remove_node(name)
@@ -124,6 +127,83 @@ def node_remove(
             fail(str(e), e.exit_code)
     out.print(f"node {name} removed" + (f"; {lost} running task(s) lost, their jobs restart elsewhere" if lost else ""),
               markup=False)
+
+
+@node_app.command("drain")
+def node_drain(
+    name: str = typer.Argument(..., help="The node to drain."),
+    reason: str = typer.Option(..., "--reason", metavar="TEXT",
+                               help="Why (shown wherever the node is, with who drained it and since when)."),
+    requeue: bool = typer.Option(False, "--requeue",
+                                 help="Send the jobs running there back to the queue now, as a preemption: they "
+                                      "stop gracefully, are charged no restart, and resume from their "
+                                      "checkpoints elsewhere."),
+    wait: bool = typer.Option(False, "--wait", help="Return once no task runs on the node any more (DRAINED)."),
+    coordinator: Optional[str] = CoordinatorOpt,
+    tls_dir: Optional[Path] = TlsDirOpt,
+) -> None:
+    """Take a node out of placement (admins): nothing new is placed there; the jobs running there finish
+    there, unless --requeue sends them back to the queue. `tfcluster node resume` undoes it."""
+    _check_node_name(name)
+    reason = reason.strip()
+    if not reason or len(reason) > MAX_DRAIN_REASON or not reason.isprintable():
+        fail(f"--reason: say why, in one printable line of at most {MAX_DRAIN_REASON} characters", 2)
+    with connect(coordinator, tls_dir) as client:
+        try:
+            reply = client.drain_node(name, reason, requeue)
+        except ClientError as e:
+            fail(str(e), e.exit_code)
+        if reply.jobs_requeued:
+            out.print(f"node {name} draining; {reply.jobs_requeued} job(s) sent back to the queue", markup=False)
+        elif reply.jobs_running:
+            out.print(f"node {name} draining; {reply.jobs_running} job(s) running there finish there", markup=False)
+        else:
+            out.print(f"node {name} drained; nothing runs there", markup=False)
+        if wait:
+            _wait_drained(client, name)
+
+
+def _wait_drained(client, name: str) -> None:
+    """Polls the node until no task runs there; says how many still do when that changes."""
+    said = None
+    while True:
+        try:
+            node = client.node(name)
+        except ClientError as e:
+            fail(str(e), e.exit_code)
+        if node is None:
+            fail(f"node {name} was removed while draining", 1)
+        if not node.HasField("drain"):
+            fail(f"node {name} was resumed while draining", 1)
+        if node.drain.state == DrainState.DRAINED:
+            out.print(f"node {name} drained", markup=False)
+            return
+        if node.running_tasks != said:
+            said = node.running_tasks
+            err.print(f"waiting: {said} task(s) still on {name}", markup=False)
+        time.sleep(DRAIN_POLL_SECONDS)
+
+
+@node_app.command("resume")
+def node_resume(
+    name: str = typer.Argument(..., help="The drained node."),
+    coordinator: Optional[str] = CoordinatorOpt,
+    tls_dir: Optional[Path] = TlsDirOpt,
+) -> None:
+    """Let a drained node take new tasks again (admins)."""
+    _check_node_name(name)
+    with connect(coordinator, tls_dir) as client:
+        try:
+            was_drained = client.resume_node(name)
+        except ClientError as e:
+            fail(str(e), e.exit_code)
+    out.print(f"node {name} resumed: it takes new tasks" if was_drained else f"node {name} was not drained",
+              markup=False)
+
+
+def _check_node_name(name: str) -> None:
+    if not NODE_NAME_RE.fullmatch(name):
+        fail(f"NAME: expected letters, digits, '.', '_' or '-' (at most 253), got {name!r}", 2)
 
 
 @app.command()

@@ -35,9 +35,10 @@ def queue(
         print(json.dumps(doc, indent=2))
         return
     from tfcluster.columns import table
+    from tfcluster.render import how_long
 
     rows = [[str(q["position"]), q["id"], q["owner"] or "-", q["priority"] or "-", str(q["tasks"]), str(q["gpus"]),
-             _duration(q["waiting_seconds"]), q["reason"]] for q in doc["jobs"]]
+             how_long(q["waiting_seconds"]), q["reason"]] for q in doc["jobs"]]
     title = f"queue: {doc['total']} pending"
     print(table(("#", "job", "owner", "class", "tasks", "GPUs", "waiting", "reason"), rows, title) if rows else title)
     if len(doc["jobs"]) < doc["total"]:
@@ -69,15 +70,3 @@ def policy(
     loaded = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(response.loaded_at))
     print(f"# policy loaded from {response.source} at {loaded}")
     print(response.text, end="" if response.text.endswith("\n") else "\n")
-
-
-def _duration(seconds: float) -> str:
-    """A wait as people read it: 45s, 12m, 3h 5m, 2d 4h."""
-    seconds = int(seconds)
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m"
-    if seconds < 86400:
-        return f"{seconds // 3600}h {seconds % 3600 // 60}m"
-    return f"{seconds // 86400}d {seconds % 86400 // 3600}h"

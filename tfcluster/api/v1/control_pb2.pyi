@@ -40,6 +40,36 @@ class RemoveNodeResponse(_message.Message):
     tasks_lost: int
     def __init__(self, tasks_lost: _Optional[int] = ...) -> None: ...
 
+class DrainNodeRequest(_message.Message):
+    __slots__ = ("name", "reason", "requeue")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    REQUEUE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    reason: str
+    requeue: bool
+    def __init__(self, name: _Optional[str] = ..., reason: _Optional[str] = ..., requeue: _Optional[bool] = ...) -> None: ...
+
+class DrainNodeResponse(_message.Message):
+    __slots__ = ("jobs_requeued", "jobs_running")
+    JOBS_REQUEUED_FIELD_NUMBER: _ClassVar[int]
+    JOBS_RUNNING_FIELD_NUMBER: _ClassVar[int]
+    jobs_requeued: int
+    jobs_running: int
+    def __init__(self, jobs_requeued: _Optional[int] = ..., jobs_running: _Optional[int] = ...) -> None: ...
+
+class ResumeNodeRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class ResumeNodeResponse(_message.Message):
+    __slots__ = ("was_drained",)
+    WAS_DRAINED_FIELD_NUMBER: _ClassVar[int]
+    was_drained: bool
+    def __init__(self, was_drained: _Optional[bool] = ...) -> None: ...
+
 class SubmitJobRequest(_message.Message):
     __slots__ = ("spec", "client_request_id")
     SPEC_FIELD_NUMBER: _ClassVar[int]
@@ -115,7 +145,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ...) -> None: ...
 
 class NodeStatus(_message.Message):
-    __slots__ = ("name", "address", "state", "gpus", "hostname", "cpu_count", "memory_bytes", "agent_version", "last_seen_seconds_ago", "port_range_start", "port_range_end", "running_tasks", "condition", "memory_allocated_bytes")
+    __slots__ = ("name", "address", "state", "gpus", "hostname", "cpu_count", "memory_bytes", "agent_version", "last_seen_seconds_ago", "port_range_start", "port_range_end", "running_tasks", "condition", "memory_allocated_bytes", "drain")
     NAME_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -130,6 +160,7 @@ class NodeStatus(_message.Message):
     RUNNING_TASKS_FIELD_NUMBER: _ClassVar[int]
     CONDITION_FIELD_NUMBER: _ClassVar[int]
     MEMORY_ALLOCATED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DRAIN_FIELD_NUMBER: _ClassVar[int]
     name: str
     address: str
     state: str
@@ -144,7 +175,20 @@ class NodeStatus(_message.Message):
     running_tasks: int
     condition: str
     memory_allocated_bytes: int
-    def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ..., state: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[_types_pb2.Gpu, _Mapping]]] = ..., hostname: _Optional[str] = ..., cpu_count: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., agent_version: _Optional[str] = ..., last_seen_seconds_ago: _Optional[float] = ..., port_range_start: _Optional[int] = ..., port_range_end: _Optional[int] = ..., running_tasks: _Optional[int] = ..., condition: _Optional[str] = ..., memory_allocated_bytes: _Optional[int] = ...) -> None: ...
+    drain: NodeDrain
+    def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ..., state: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[_types_pb2.Gpu, _Mapping]]] = ..., hostname: _Optional[str] = ..., cpu_count: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., agent_version: _Optional[str] = ..., last_seen_seconds_ago: _Optional[float] = ..., port_range_start: _Optional[int] = ..., port_range_end: _Optional[int] = ..., running_tasks: _Optional[int] = ..., condition: _Optional[str] = ..., memory_allocated_bytes: _Optional[int] = ..., drain: _Optional[_Union[NodeDrain, _Mapping]] = ...) -> None: ...
+
+class NodeDrain(_message.Message):
+    __slots__ = ("reason", "by", "since", "state")
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    BY_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    by: str
+    since: float
+    state: str
+    def __init__(self, reason: _Optional[str] = ..., by: _Optional[str] = ..., since: _Optional[float] = ..., state: _Optional[str] = ...) -> None: ...
 
 class TaskStatus(_message.Message):
     __slots__ = ("type", "index", "node", "address", "gpus", "state", "pid", "exit_code", "signal", "attempt", "message", "tf_config")

@@ -86,6 +86,16 @@ class ControlServiceStub:
                 request_serializer=tfcluster_dot_v1_dot_control__pb2.RemoveNodeRequest.SerializeToString,
                 response_deserializer=tfcluster_dot_v1_dot_control__pb2.RemoveNodeResponse.FromString,
                 _registered_method=True)
+        self.DrainNode = channel.unary_unary(
+                '/tfcluster.v1.ControlService/DrainNode',
+                request_serializer=tfcluster_dot_v1_dot_control__pb2.DrainNodeRequest.SerializeToString,
+                response_deserializer=tfcluster_dot_v1_dot_control__pb2.DrainNodeResponse.FromString,
+                _registered_method=True)
+        self.ResumeNode = channel.unary_unary(
+                '/tfcluster.v1.ControlService/ResumeNode',
+                request_serializer=tfcluster_dot_v1_dot_control__pb2.ResumeNodeRequest.SerializeToString,
+                response_deserializer=tfcluster_dot_v1_dot_control__pb2.ResumeNodeResponse.FromString,
+                _registered_method=True)
         self.CreateDashboardLogin = channel.unary_unary(
                 '/tfcluster.v1.ControlService/CreateDashboardLogin',
                 request_serializer=tfcluster_dot_v1_dot_control__pb2.CreateDashboardLoginRequest.SerializeToString,
@@ -190,6 +200,21 @@ class ControlServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DrainNode(self, request, context):
+        """Admins only: nothing new is placed on the node; what runs there finishes there, or with requeue goes back to
+        the queue as a preemption (no restart charged). Stored before the reply, so it outlives a restart.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResumeNode(self, request, context):
+        """Admins only: a drained node takes new tasks again.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def CreateDashboardLogin(self, request, context):
         """A one-time link that logs a browser in to the dashboard (a viewer session), for anyone who may read.
         """
@@ -285,6 +310,16 @@ def add_ControlServiceServicer_to_server(servicer, server):
                     servicer.RemoveNode,
                     request_deserializer=tfcluster_dot_v1_dot_control__pb2.RemoveNodeRequest.FromString,
                     response_serializer=tfcluster_dot_v1_dot_control__pb2.RemoveNodeResponse.SerializeToString,
+            ),
+            'DrainNode': grpc.unary_unary_rpc_method_handler(
+                    servicer.DrainNode,
+                    request_deserializer=tfcluster_dot_v1_dot_control__pb2.DrainNodeRequest.FromString,
+                    response_serializer=tfcluster_dot_v1_dot_control__pb2.DrainNodeResponse.SerializeToString,
+            ),
+            'ResumeNode': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResumeNode,
+                    request_deserializer=tfcluster_dot_v1_dot_control__pb2.ResumeNodeRequest.FromString,
+                    response_serializer=tfcluster_dot_v1_dot_control__pb2.ResumeNodeResponse.SerializeToString,
             ),
             'CreateDashboardLogin': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateDashboardLogin,
@@ -587,6 +622,60 @@ class ControlService:
             '/tfcluster.v1.ControlService/RemoveNode',
             tfcluster_dot_v1_dot_control__pb2.RemoveNodeRequest.SerializeToString,
             tfcluster_dot_v1_dot_control__pb2.RemoveNodeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DrainNode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tfcluster.v1.ControlService/DrainNode',
+            tfcluster_dot_v1_dot_control__pb2.DrainNodeRequest.SerializeToString,
+            tfcluster_dot_v1_dot_control__pb2.DrainNodeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResumeNode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tfcluster.v1.ControlService/ResumeNode',
+            tfcluster_dot_v1_dot_control__pb2.ResumeNodeRequest.SerializeToString,
+            tfcluster_dot_v1_dot_control__pb2.ResumeNodeResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -25,7 +25,7 @@ from tfcluster.daemon.coordinator.core.model import task_uids as taskusers
 from tfcluster.daemon.coordinator.core.model.changelog import ChangeLog, UsageDropped, UsageRecorded
 from tfcluster.daemon.coordinator.core.model.job import Job
 from tfcluster.daemon.coordinator.core.model.job_table import KEEP_FINISHED_JOBS, KEEP_FINISHED_SECONDS, Jobs
-from tfcluster.daemon.coordinator.core.model.node import Node
+from tfcluster.daemon.coordinator.core.model.node import Drain, Node
 from tfcluster.daemon.coordinator.core.model.node_table import Nodes, Pace
 from tfcluster.daemon.coordinator.core.model.observer import Observer
 from tfcluster.daemon.coordinator.core.scheduling import preemption
@@ -171,6 +171,27 @@ class Cluster:
             commands += self.settle(job, lifecycle.lost(job, task, f"node {name} was removed from the cluster", now))
         self.nodes.remove(name)
         return commands + self.schedule(now)
+
+    def drain(self, name: str, drain: Drain, requeue: bool, now: float) -> list[Command]:
+        """Nothing new is placed on the node from now on; the jobs running there finish there, or with requeue go
+        back to the queue as if preempted (no restart charged) and are placed elsewhere. Draining a drained node
+        again changes its reason (and requeues what still runs there, when asked). KeyError when unknown."""
+        self.nodes.set_drain(name, drain)
+        log.warning("node %s %s", name, drain.words(), extra=fields(node=name))
+        commands: list[Command] = []
+        if requeue:
+            why = f"requeued: node {name} was {drain.words()}"
+            jobs = {job.id: job for job, task in self.nodes.placed_on(name) if task.live}
+            for job in jobs.values():
+                commands += self.settle(job, lifecycle.requeue(job, why, now))
+        return commands + self.schedule(now)
+
+    def resume(self, name: str, now: float) -> list[Command]:
+        """The node takes new tasks again (KeyError when unknown); a node not drained is left as it is."""
+        if self.nodes[name].drain is not None:
+            log.info("node %s resumed", name, extra=fields(node=name))
+        self.nodes.set_drain(name, None)
+        return self.schedule(now)
 
     # ---- jobs ----------------------------------------------------------------------------------
 

@@ -27,7 +27,7 @@ from tfcluster.daemon.coordinator.rpc.code_service import CodeServicer
 from tfcluster.daemon.coordinator.rpc.coordinator import Coordinator
 from tfcluster.daemon.coordinator.rpc.watchers import TooManyWatchers
 from tfcluster.daemon.logformat import fields
-from tfcluster.model import NODE_NAME_RE
+from tfcluster.model import MAX_DRAIN_REASON, NODE_NAME_RE
 from tfcluster.spec import SpecError
 from tfcluster.states import JobState
 
@@ -49,12 +49,7 @@ class ControlServicer(CodeServicer, control_pb2_grpc.ControlServiceServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         except Unplaceable as e:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"job cannot ever be placed: {e}")
-        try:
-            # Acknowledged only once stored. Shielded: another client of the same write going away must not
-            # cancel this one's acknowledgement.
-            await asyncio.shield(self.c.apply(commands))
-        except OSError as e:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+        await _stored(self.c.apply(commands), context)  # acknowledged only once stored
         log.info("job %s submitted (%s, %d tasks): %s", job.id, job.strategy, len(job.tasks), job.state,
                  extra=fields(job=job.id))
         return control_pb2.SubmitJobResponse(job_id=job.id, state=job.state.value)
@@ -75,10 +70,7 @@ class ControlServicer(CodeServicer, control_pb2_grpc.ControlServiceServicer):
         job = self.c.cluster.jobs[request.job_id]
         if not access.may_act(security.caller(), job):
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, access.refusal(job))
-        try:
-            await asyncio.shield(self.c.apply(self.c.cluster.stop(job.id, self.c.clock(), request.graceful)))
-        except OSError as e:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+        await _stored(self.c.apply(self.c.cluster.stop(job.id, self.c.clock(), request.graceful)), context)
         return control_pb2.StopJobResponse(state=job.state.value)
 
     async def GetStatus(self, request, context):
@@ -93,7 +85,8 @@ class ControlServicer(CodeServicer, control_pb2_grpc.ControlServiceServicer):
             nodes, jobs = status.overview_nodes(c), status.overview_jobs(c)
         running, memory, now = self.c.running_tasks(), self.c.memory_allocated(), self.c.clock()
         response = control_pb2.GetStatusResponse(summary=control_pb2.ClusterSummary(**status.summary(c)))
-        response.nodes.extend(wire.node_status(n, running[n.name], now, memory.get(n.name, 0)) for n in nodes)
+        response.nodes.extend(wire.node_status(n, running[n.name], now, memory.get(n.name, 0), c.nodes.drain_state(n.name))
+                              for n in nodes)
         job_messages, _ = status.fill(jobs, len(jobs), self._encoder(), lambda j: str(j.number), _size)
         response.jobs.extend(job_messages)
         response.summary.nodes_shown, response.summary.jobs_shown = len(response.nodes), len(response.jobs)
@@ -130,7 +123,7 @@ class ControlServicer(CodeServicer, control_pb2_grpc.ControlServiceServicer):
                                                          request.replace)
         except ValueError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        await asyncio.shield(stored)
+        await _stored(stored, context)
         return control_pb2.CreateJoinTokenResponse(token=token, expires=expires)
 
     async def RemoveNode(self, request, context):
@@ -138,14 +131,38 @@ class ControlServicer(CodeServicer, control_pb2_grpc.ControlServiceServicer):
             lost, stored = self.c.remove_node(request.name)
         except KeyError:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown node {request.name!r}")
-        await asyncio.shield(stored)
+        await _stored(stored, context)
         return control_pb2.RemoveNodeResponse(tasks_lost=lost)
+
+    async def DrainNode(self, request, context):
+        reason = request.reason.strip()
+        if not reason or len(reason) > MAX_DRAIN_REASON or not reason.isprintable():
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"reason: say why the node is drained, in one "
+                                                                  f"printable line of at most {MAX_DRAIN_REASON} "
+                                                                  f"characters (got {request.reason[:80]!r})")
+        who = security.caller()
+        try:
+            requeued, running, stored = self.c.drain_node(request.name, reason, who.name if who else "",
+                                                          request.requeue)
+        except KeyError:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown node {request.name!r}")
+        await _stored(stored, context)
+        return control_pb2.DrainNodeResponse(jobs_requeued=requeued, jobs_running=running)
+
+    async def ResumeNode(self, request, context):
+        try:
+            was_drained, stored = self.c.resume_node(request.name)
+        except KeyError:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown node {request.name!r}")
+        await _stored(stored, context)
+        return control_pb2.ResumeNodeResponse(was_drained=was_drained)
 
     async def ListNodes(self, request, context):
         running, memory, now = self.c.running_tasks(), self.c.memory_allocated(), self.c.clock()
         entries = status.nodes(self.c.cluster, request.page_token, request.state, request.name_prefix)
         nodes, token = status.fill(entries, status.page_size(request.page_size),
-                                   lambda n: wire.node_status(n, running[n.name], now, memory.get(n.name, 0)),
+                                   lambda n: wire.node_status(n, running[n.name], now, memory.get(n.name, 0),
+                                                              self.c.cluster.nodes.drain_state(n.name)),
                                    lambda n: n.name, _size)
         return control_pb2.ListNodesResponse(nodes=nodes, next_page_token=token)
 
@@ -241,3 +258,13 @@ class ControlServicer(CodeServicer, control_pb2_grpc.ControlServiceServicer):
 
 def _size(message) -> int:
     return message.ByteSize()
+
+
+async def _stored(write: asyncio.Future, context) -> None:
+    """Waits for a change's write (shielded: another client of the same write going away must not cancel this
+    one's acknowledgement); a store that cannot take
+    it now (no quorum, etcd unreachable) is UNAVAILABLE, said as the store says it."""
+    try:
+        await asyncio.shield(write)
+    except OSError as e:
+        await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))

@@ -28,6 +28,7 @@ from tfcluster.codechunks import CodeError, hex_of
 from tfcluster.daemon.coordinator.core.access.logins import Logins
 from tfcluster.daemon.coordinator.core.access.trust import Trust
 from tfcluster.daemon.coordinator.core.cluster import Cluster
+from tfcluster.daemon.coordinator.core.model.node import Drain
 from tfcluster.daemon.coordinator.core.model.task_uids import UidRange
 from tfcluster.daemon.coordinator.rpc.code_service import sweep_code
 from tfcluster.daemon.coordinator.rpc.outbox import LogWaiter, Outbox, StreamEnded
@@ -315,6 +316,22 @@ class Coordinator:
         self.outboxes.pop(name, Outbox()).end(StreamEnded(grpc.StatusCode.PERMISSION_DENIED, f"node {name} {REMOVED}"))
         log.info("node %s removed from the cluster (%d tasks lost)", name, lost, extra=fields(node=name))
         return lost, self.apply(commands + self._revocations())
+
+    def drain_node(self, name: str, reason: str, by: str, requeue: bool) -> tuple[int, int, asyncio.Future]:
+        """Nothing new goes to the node (core/cluster.py Cluster.drain); returns how many jobs were requeued, how many
+        still run there, and the write. Raises KeyError for an unknown node."""
+        now = self.clock()
+        if name not in self.cluster.nodes:
+            raise KeyError(name)
+        jobs = {job.id for job, task in self.cluster.nodes.placed_on(name) if task.live}
+        commands = self.cluster.drain(name, Drain(reason=reason, by=by, since=now), requeue, now)
+        requeued, running = (len(jobs), 0) if requeue else (0, len(jobs))
+        return requeued, running, self.apply(commands)
+
+    def resume_node(self, name: str) -> tuple[bool, asyncio.Future]:
+        """The node takes new tasks again; returns whether it was drained, and the write. KeyError when unknown."""
+        was_drained = self.cluster.nodes[name].drain is not None
+        return was_drained, self.apply(self.cluster.resume(name, self.clock()))
 
     def _revocations(self, nodes=None) -> list[Command]:
         """The revoked node certificates, for the agents' peer ports: every connected node, or those given."""

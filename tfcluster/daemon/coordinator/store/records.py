@@ -19,7 +19,7 @@ from tfcluster.daemon.coordinator.core.model.changelog import (Change, ChangeLog
                                                     UsageRecorded)
 from tfcluster.daemon.coordinator.core.access.trust import Holder, JoinToken, Removal, Trust
 from tfcluster.daemon.coordinator.core.model.job import Failure, Job, Record, Task
-from tfcluster.daemon.coordinator.core.model.node import Node
+from tfcluster.daemon.coordinator.core.model.node import Drain, Node
 from tfcluster.daemon.coordinator.store.api import Delete, Document, Put, Revisions, Write
 from tfcluster.model import Evaluation, Gpu, NodeInfo, TaskExit
 from tfcluster.spec import EnvironmentSpec, JobSpec, RestartPolicy, RoleSpec
@@ -283,7 +283,7 @@ def task_doc(task: Task) -> dict[str, Any]:
 
 
 def node_doc(node: Node) -> dict[str, Any]:
-    return {"info": plain(node.info), "state": node.state}
+    return {"info": plain(node.info), "state": node.state, "drain": plain(node.drain) if node.drain else None}
 
 
 def job_from_docs(job_text: str, task_texts: list[str], evaluation_texts: list[str]) -> Job:
@@ -320,7 +320,8 @@ def node_from_doc(text: str) -> Node:
     doc = json.loads(text)
     info = doc["info"]
     return Node(info=NodeInfo(**{**info, "port_range": tuple(info["port_range"]),
-                                 "gpus": tuple(Gpu(**g) for g in info["gpus"])}), state=doc["state"])
+                                 "gpus": tuple(Gpu(**g) for g in info["gpus"])}), state=doc["state"],
+                drain=Drain(**doc["drain"]) if doc.get("drain") else None)  # none before 0.9
 
 
 def _task(doc: dict[str, Any]) -> Task:

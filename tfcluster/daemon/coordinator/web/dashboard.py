@@ -149,7 +149,8 @@ class Dashboard:
         page, more = _page(entries, _limit(request))
         nodes = []
         for node in page:
-            doc = views.node_doc(wire.node_status(node, running[node.name], now, memory.get(node.name, 0)))
+            doc = views.node_doc(wire.node_status(node, running[node.name], now, memory.get(node.name, 0),
+                                                  c.nodes.drain_state(node.name)))
             doc["tasks"] = [{"job": job.id, "task": task.key, "state": task.state.value,
                              "gpus": [g.index for g in task.gpus]}
                             for job, task in c.nodes.placed_on(node.name) if task.live]

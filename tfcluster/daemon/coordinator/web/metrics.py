@@ -120,6 +120,18 @@ class ModelCollector(Collector):
             if node.state == NodeState.READY:
                 age.add_metric([node.name], max(0.0, now - node.seen.last_seen))
         yield age
+        yield self._drains(nodes)
+
+    def _drains(self, nodes) -> GaugeMetricFamily:
+        """One series per drained node (a handful at most): an alert can say who drained what, why and since."""
+        drained = GaugeMetricFamily("tfcluster_node_drained_since_seconds", "When each drained node was drained "
+                                    "(unix seconds), with its drain's state, who drained it and why.",
+                                    labels=["node", "state", "by", "reason"])
+        for node in nodes:
+            if node.drain is not None:
+                state = self.cluster.nodes.drain_state(node.name)
+                drained.add_metric([node.name, state.value, node.drain.by, node.drain.reason], node.drain.since)
+        return drained
 
     def _jobs(self):
         jobs = Counter((j.state, j.strategy) for j in self.cluster.jobs.values())

@@ -26,7 +26,8 @@ The rules, in order:
    program saved before it went; the taken port is avoided from now on).
 7. A job of a higher class taking the job's resources (preemption.py) is no failure either: the whole group
    stops gracefully (its programs save on SIGTERM) and waits in the queue again, at once, its restart
-   budget untouched; it counts as a preemption, like a preemption save.
+   budget untouched; it counts as a preemption, like a preemption save. So does a job on a node an admin
+   drains with --requeue.
 """
 
 from __future__ import annotations
@@ -52,8 +53,9 @@ BUDGET, PREEMPTION, EVALUATOR_BUDGET, NO_CHARGE = "budget", "preemption", "evalu
 
 # Why something restarted, as operators count it (the metrics' `cause` label).
 # "preempted": stopped for a job of a higher class; "preemption": the program's own preemption save (exit 42).
-CAUSES = ("failure", "preemption", "port_conflict", "node_lost", "hang", "preempted")
-PREEMPTED = "preempted"
+# "drained": requeued off a node an admin drained (`node drain --requeue`).
+CAUSES = ("failure", "preemption", "port_conflict", "node_lost", "hang", "preempted", "drained")
+PREEMPTED, DRAINED = "preempted", "drained"
 
 WATCHDOG = "job"  # the task type the hang watchdog's failures are decided under
 
@@ -105,7 +107,8 @@ def decide(job: Job, failure: Failure, task_type: str) -> Decision:
 
 
 def preempted(job: Job, note: str) -> Decision:
-    """A job of a higher class takes this job's resources (rule 7); note says which, and when."""
+    """A job of a higher class takes this job's resources, or its node is drained with --requeue (rule 7); note
+    says which, and when."""
     if job.state not in (JobState.STARTING, JobState.RUNNING):
         return Decision(NOTHING, NO_CHARGE, 0.0, f"not preempted while {job.state}")
     if job.final_evaluation_until:
@@ -113,10 +116,10 @@ def preempted(job: Job, note: str) -> Decision:
     return Decision(GROUP, PREEMPTION, 0.0, note)
 
 
-def book(job: Job, decision: Decision, failure: Failure | None, now: float) -> None:
+def book(job: Job, decision: Decision, failure: Failure | None, now: float, why: str = PREEMPTED) -> None:
     """Enters a decision on the job: the counter it charges, the time before which the restart launches
     nothing (a later free restart never shortens an earlier one's wait), and its cause for the metrics (no
-    failure: a preemption by a job of a higher class)."""
+    failure: `why`, a preemption by a job of a higher class or a drain)."""
     if decision.charge == BUDGET:
         job.restarts += 1
     elif decision.charge == PREEMPTION:
@@ -125,7 +128,7 @@ def book(job: Job, decision: Decision, failure: Failure | None, now: float) -> N
         job.evaluator_restarts += 1
     if decision.scope in RESTARTS:
         job.not_before = max(job.not_before, now + decision.delay)
-        job.seen.restart_causes.append(cause(failure) if failure else PREEMPTED)
+        job.seen.restart_causes.append(cause(failure) if failure else why)
 
 
 def cause(failure: Failure) -> str:

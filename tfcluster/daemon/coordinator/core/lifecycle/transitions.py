@@ -305,6 +305,18 @@ def preempt(job: Job, by: Job, now: float) -> list[Command]:
     return wind_down(job, restart.RESTART, decision.reason, now)
 
 
+def requeue(job: Job, why: str, now: float) -> list[Command]:
+    """An admin drained a node the job runs on with --requeue: as a preemption with nobody waiting for what it
+    frees (restart.preempted): a graceful stop of the whole group, then back to the queue, where placement passes
+    the drained node by; no restart is charged."""
+    decision = restart.preempted(job, why)
+    if decision.scope == restart.NOTHING:
+        return []
+    log.warning("%s: %s", job.id, decision.reason, extra=fields(job=job.id))
+    restart.book(job, decision, None, now, restart.DRAINED)
+    return wind_down(job, restart.RESTART, decision.reason, now)
+
+
 def wind_down(job: Job, outcome: str, message: str, now: float, grace: float | None = None,
               only: tuple[str, ...] = ()) -> list[Command]:
     """Stops every live task (or only those named, for a partial restart); outcome once they are gone."""

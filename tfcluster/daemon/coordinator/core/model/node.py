@@ -20,10 +20,23 @@ class NodeSeen:
     condition: str = ""  # why its agent takes no new tasks now (low disk), from its heartbeats; "": it takes them
 
 
+@dataclass(frozen=True)
+class Drain:
+    """An admin took the node out of placement (`tfcluster node drain`): why, who, and when. Saved with the node,
+    so it outlives a restart of the coordinator or of the agent; `node resume` ends it, removing the node too."""
+    reason: str
+    by: str
+    since: float
+
+    def words(self) -> str:
+        return f"drained by {self.by or 'an admin'}: {self.reason}"
+
+
 @dataclass(eq=False)
 class Node(Record):
     info: NodeInfo
     state: NodeState = NodeState.READY
+    drain: Drain | None = None
     seen: NodeSeen = field(default_factory=NodeSeen, repr=False)
 
     def __post_init__(self) -> None:
@@ -38,6 +51,11 @@ class Node(Record):
         """Why the node takes no new tasks (its agent's own condition, or one it is too old to know); "": it
         takes them."""
         return self.seen.condition or self.info.root_tasks_condition
+
+    @property
+    def unschedulable(self) -> str:
+        """Why placement passes the node by (drained, or its condition); "": it takes new tasks."""
+        return self.drain.words() if self.drain is not None else self.condition
 
 
 def ports_overlap(a: NodeInfo, b: NodeInfo) -> bool:

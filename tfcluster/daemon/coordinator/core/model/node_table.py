@@ -19,10 +19,10 @@ from dataclasses import replace
 from tfcluster.daemon.coordinator.core.model.capacity import NodeCapacity
 from tfcluster.daemon.coordinator.core.model.changelog import ChangeLog, NodeAdded, NodeRemoved
 from tfcluster.daemon.coordinator.core.model.job import Job, Task
-from tfcluster.daemon.coordinator.core.model.node import Node, ports_overlap
+from tfcluster.daemon.coordinator.core.model.node import Drain, Node, ports_overlap
 from tfcluster.daemon.coordinator.core.model.registry import Registry
 from tfcluster.model import NodeInfo
-from tfcluster.states import NodeState
+from tfcluster.states import DrainState, NodeState
 
 log = logging.getLogger("tfcluster.coordinator")
 
@@ -135,13 +135,13 @@ class Nodes(Registry[Node]):
                 continue
             busy = {p for p, until in n.seen.busy_ports.items() if until > now} if n.seen.busy_ports else ()
             if name not in used_gpus and name not in used_ports and name not in used_memory and not busy \
-                    and not n.condition:
+                    and not n.unschedulable:
                 capacity.append(self._idle[name])
             else:
                 capacity.append(replace(self._idle[name], used_gpus=frozenset(used_gpus.get(name, ())),
                                         used_ports=frozenset(used_ports.get(name, set()) | set(busy)),
                                         used_memory=used_memory.get(name, 0),
-                                        unavailable=n.condition))
+                                        unavailable=n.unschedulable))
         return capacity
 
     def idle(self, name: str) -> NodeCapacity:
@@ -217,6 +217,20 @@ class Nodes(Registry[Node]):
         if seen.condition != condition:
             seen.condition = condition
             self.capacity_version += 1
+
+    def set_drain(self, name: str, drain: Drain | None) -> None:
+        """Drains the node (nothing new is placed there), or resumes it with None. KeyError when unknown."""
+        node = self._nodes[name]
+        if node.drain != drain:
+            node.drain = drain  # a Record: the store writes it
+            self.capacity_version += 1
+
+    def drain_state(self, name: str) -> DrainState | None:
+        """DRAINING while a live task of a job placed before the drain is there, then DRAINED; None: not drained."""
+        if self._nodes[name].drain is None:
+            return None
+        busy = any(task.live for _, task in self._placed.get(name, {}).values())
+        return DrainState.DRAINING if busy else DrainState.DRAINED
 
     def resources_changed(self) -> None:
         """Something may have freed (or added) what nodes can take: jobs that did not fit are tried again."""

@@ -247,6 +247,14 @@ function lineChart(points) {
 
 // ---- nodes (/nodes) --------------------------------------------------------------------------------
 
+// A drained node says so (Slurm's DRAINING/DRAINED), with who, why and since when; a LOST one stays LOST.
+function nodeState(n) {
+  if (n.state !== "READY" || (!n.drain && !n.condition)) return badge(n.state);
+  const why = n.drain ? `drained by ${n.drain.by || "an admin"} ${ago(Date.now() / 1000 - n.drain.since)} ago: `
+    + n.drain.reason : `takes no new tasks: ${n.condition}`;
+  return el("span", {}, badge(n.drain ? n.drain.state : "READY"), el("div", {class: "muted drain"}, why));
+}
+
 function nodesView(params) {
   document.getElementById("nav-nodes").classList.add("active");
   const [name, state] = filters(params, "node");
@@ -262,7 +270,7 @@ function nodesView(params) {
     body.replaceChildren(...page.nodes.map(n => {
       const holders = {};
       for (const t of n.tasks) for (const g of t.gpus) holders[g] = t;
-      return el("tr", {"data-node": n.name}, el("td", {}, n.name), el("td", {}, badge(n.state)), el("td", {}, n.address),
+      return el("tr", {"data-node": n.name}, el("td", {}, n.name), el("td", {}, nodeState(n)), el("td", {}, n.address),
         el("td", {}, n.gpus.length ? n.gpus.map(g => holders[g.index]
           ? el("span", {class: "gpu held", title: g.uuid}, `${g.index} `, jobLink(holders[g.index].job),
                ` ${holders[g.index].task}`)
