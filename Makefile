@@ -57,6 +57,7 @@ bench: $(STAMP)
 	$(PY) bench/failover.py
 	$(PY) bench/connections.py
 	$(PY) bench/streams.py
+	$(PY) bench/agent_restart.py
 
 # Regenerate tfcluster/api/v1 from protos/ (commit the result; a test checks they match).
 protos: $(STAMP)

@@ -34,7 +34,8 @@ class HaCluster(LocalCluster):
         for i, (listen, join, store) in enumerate(zip(listens, joins, stores)):
             self.coordinators.append(Daemon(f"coordinator{i}", [
                 "coordinator", "--listen", listen, "--join-listen", join, "--state-dir", str(self.root / f"c{i}"),
-                "--lost-after", str(self.lost_after), "--tls-dir", str(self.ca_dir), "--store", store,
+                "--lost-after", str(self.lost_after), "--tasks-lost-after", str(self.tasks_lost_after),
+                "--tls-dir", str(self.ca_dir), "--store", store,
                 "--etcd-insecure", *extra],
                 self.root / f"coordinator{i}.log").start())
             if first_leads and i == 0:

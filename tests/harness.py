@@ -123,6 +123,9 @@ class Daemon:
 class LocalCluster:
     root: Path
     lost_after: float = 3.0
+    # The tests of what follows a node's loss want its tasks lost with it, as they were before the task grace (its
+    # default, 20 s, is tested where the agent restarts): a second more than --lost-after.
+    tasks_lost_after: float = 1.0
     coordinator: Daemon | None = None
     agents: dict[str, Daemon] = field(default_factory=dict)
     address: str = ""
@@ -154,7 +157,9 @@ class LocalCluster:
             ["--insecure", *self._token_args()]
         self.coordinator = Daemon("coordinator", ["coordinator", "--listen", self.address, "--state-dir",
                                                   str(self.root / "coordinator"), "--lost-after", str(self.lost_after),
-                                                  *(trust if python == PYTHON else self._token_args()), *extra],
+                                                  *(trust if python == PYTHON else self._token_args()),
+                                                  *(["--tasks-lost-after", str(self.tasks_lost_after)]
+                                                    if python == PYTHON else []), *extra],
                                   self.root / "coordinator.log", python=python).start()
         wait_until(lambda: self._reachable(), 30, what=f"the coordinator on {self.address}")
         if self.tls and not self.join_token:

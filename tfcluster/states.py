@@ -105,7 +105,7 @@ TASK_TRANSITIONS: Mapping[TaskState, frozenset[TaskState]] = {
 
 class NodeState(StrEnum):
     READY = "READY"  # its agent is connected and heard from
-    LOST = "LOST"    # not heard from for too long: its tasks count as lost
+    LOST = "LOST"    # not heard from for too long: its tasks count as lost after the task grace (cluster.py)
 
 
 class DrainState(StrEnum):

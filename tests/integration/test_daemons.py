@@ -4,10 +4,11 @@ register as CPU only."""
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
-from harness import job_processes, wait_until
+from harness import job_processes, kill_group, wait_until
 
 PY = sys.executable
 
@@ -38,6 +39,31 @@ def test_killed_agent_turns_lost_and_its_old_attempt_is_stopped_when_it_returns(
     # ... and when b's agent comes back, the coordinator has it stopped: that attempt is stale.
     cluster.start_agent("b")
     wait_until(lambda: job_processes(job_id) == [], 30, what="the stale task to be stopped")
+
+
+def test_an_agent_killed_and_restarted_after_its_node_was_lost_costs_its_job_nothing(make_cluster):
+    cluster = make_cluster(3.0, "--tasks-lost-after", "20")  # the default task grace
+    cluster.start_agents({"a": {}, "b": {}})
+    job_id = start(cluster, "--name", "patient", "--strategy", "multi_worker_mirrored", "--workers", "2", "--",
+                   "sleep", "300")
+    job = wait_until(lambda: (lambda j: j if j["state"] == "RUNNING" else None)(cluster.job(job_id)), 30,
+                     what="RUNNING")
+    pids = sorted(t["pid"] for t in job["tasks"])
+    cluster.agents["b"].kill()
+    wait_until(lambda: cluster.node_state("b") == "LOST", 10, interval=0.05, what="b to be LOST")
+    assert cluster.job(job_id)["state"] == "RUNNING", "a LOST node's tasks are given the grace"
+    cluster.start_agent("b")  # as systemd restarts it, a moment too late
+    job = cluster.job(job_id)
+    assert job["state"] == "RUNNING" and job["restarts"] == 0 and sorted(t["pid"] for t in job["tasks"]) == pids
+    assert [t["attempt"] for t in job["tasks"]] == [1, 1]
+
+    # A host that dies with its tasks: the job restarts once the grace is over (no peer of a `sleep` fails).
+    on_b = next(t for t in job["tasks"] if t["node"] == "b")
+    cluster.agents["b"].kill()
+    kill_group(os.getpgid(on_b["pid"]))  # the task's process group, its shim's
+    job = wait_until(lambda: (lambda j: j if j["restarts"] == 1 and j["state"] == "RUNNING" else None)(
+        cluster.job(job_id)), 60, what="the job restarted after the grace")
+    assert "node b lost" in job["message"] and {t["node"] for t in job["tasks"]} == {"a"}
 
 
 def test_restarted_agent_reattaches_and_reports_the_exit(make_cluster, tmp_path):

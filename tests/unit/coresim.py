@@ -45,8 +45,9 @@ class Sim:
     """A Cluster plus fake time and helpers that play the agents' part."""
     current: "Sim | None" = None
 
-    def __init__(self, *nodes: NodeInfo, lost_after: float = 3.0):
-        self.c = Cluster(lost_after_seconds=lost_after)
+    def __init__(self, *nodes: NodeInfo, lost_after: float = 3.0, task_grace: float = 0.0):
+        # task_grace 0: a node's tasks are lost with it, as most tests of what follows a loss want
+        self.c = Cluster(lost_after_seconds=lost_after, task_grace_seconds=task_grace)
         self.now = 100.0
         self.pid = 1000
         Sim.current = self

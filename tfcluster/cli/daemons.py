@@ -101,6 +101,10 @@ def coordinator(
     etcd_key: Optional[Path] = EtcdKeyOpt,
     etcd_insecure: bool = EtcdInsecureOpt,
     lost_after: float = typer.Option(3.0, min=0.5, help="Seconds without a heartbeat before a node is LOST."),
+    tasks_lost_after: float = typer.Option(
+        20.0, min=0.0, help="Seconds a LOST node's tasks are given to come back with their agent (restarted, "
+                            "upgraded) before they count as lost and their jobs restart; a peer task failing or a "
+                            "stop does not wait for it."),
     heartbeat_interval: float = typer.Option(1.0, min=0.1, help="Seconds between agent heartbeats."),
     max_heartbeats_per_second: float = typer.Option(
         1000.0, min=0.0, help="In a cluster so large that its heartbeats would come more often, agents heartbeat "
@@ -192,6 +196,7 @@ def coordinator(
     if heartbeat_interval >= lost_after:
         fail(f"--heartbeat-interval ({heartbeat_interval}) must be shorter than --lost-after ({lost_after})", 2)
     options = dict(state_dir=state_dir or default_state_dir("coordinator"), lost_after_seconds=lost_after,
+                   task_grace_seconds=tasks_lost_after,
                    heartbeat_interval_seconds=heartbeat_interval, max_heartbeats_per_second=max_heartbeats_per_second,
                    max_streams_per_caller=max_streams_per_caller,
                    insecure=insecure, token=token,

@@ -43,6 +43,9 @@ log = logging.getLogger("tfcluster.coordinator")
 
 DEFAULT_LOST_AFTER_SECONDS = 3.0
 DEFAULT_HEARTBEAT_INTERVAL_SECONDS = 1.0
+# A restarted agent registers again within a few seconds, even on a loaded host; a host that is really gone
+# usually fails its peer tasks sooner than this (their job then restarts at once).
+DEFAULT_TASK_GRACE_SECONDS = 20.0
 BUSY_PORT_AVOID_SECONDS = 600.0
 RESEND_AFTER_SECONDS = 3.0
 FULL_SCHEDULE_SECONDS = 10.0
@@ -71,7 +74,7 @@ class Cluster:
                  task_uids: taskusers.UidRange = taskusers.UidRange(),
                  keep_usage_seconds: float = accounting.DEFAULT_KEEP_USAGE_SECONDS,
                  heartbeat_interval_seconds: float = DEFAULT_HEARTBEAT_INTERVAL_SECONDS,
-                 max_heartbeats_per_second: float = 0.0):
+                 max_heartbeats_per_second: float = 0.0, task_grace_seconds: float = DEFAULT_TASK_GRACE_SECONDS):
         self.changes = ChangeLog()  # what the store has yet to write: nodes and jobs append to it
         self.nodes = Nodes(Pace(heartbeat_interval_seconds, lost_after_seconds, max_heartbeats_per_second),
                            self.changes)
@@ -79,6 +82,7 @@ class Cluster:
         self.usage = accounting.Ledger(keep_usage_seconds, lambda entry, recorded: self.changes.append(
             UsageRecorded(entry) if recorded else UsageDropped(entry.job_id)))
         self.resend_after = resend_after_seconds
+        self.task_grace = task_grace_seconds  # after its node is LOST, before a task counts as lost (_orphans)
         self.unfit_at: dict[str, int] = {}  # PENDING job -> capacity version at which it last did not fit
         self.policy: Policy = NO_POLICY  # classes and quotas (policy.py); none: first come, first placed
         self.holds: dict[str, queue.Hold] = {}  # waiting job at the head of its class -> what it holds
@@ -149,17 +153,17 @@ class Cluster:
         return commands
 
     def expire(self, now: float) -> list[Command]:
-        """Nodes silent for longer than the timeout become LOST, with their tasks (Nodes.expire says which, and
-        when most of them falling silent at once makes it wait)."""
+        """Nodes silent for longer than the timeout become LOST (Nodes.expire says which, and when most of them
+        falling silent at once makes it wait). Their tasks are not lost yet: see _orphans."""
         commands: list[Command] = []
         for node in self.nodes.expire(now):
             why = f"node {node.name} lost (no heartbeat for {now - node.seen.last_seen:.1f} s)"
-            log.warning("%s", why, extra=fields(node=node.name))
+            tasks = sum(1 for _, task in self.nodes.placed_on(node.name) if task.live)
+            log.warning("%s%s", why, f"; its {tasks} task(s) count as lost in {self.task_grace:g} s unless its agent "
+                                     f"comes back with them" if tasks else "", extra=fields(node=node.name))
             for job in list(self.jobs.live.values()):
                 if job.syncing and job.sync_source == node.name:
                     commands += self.settle(job, lifecycle.sync_done(job, job.syncing, False, why, now))
-            for job, task in self.nodes.placed_on(node.name):
-                commands += self.settle(job, lifecycle.lost(job, task, why, now))
         return commands
 
     def remove_node(self, name: str, now: float) -> list[Command]:
@@ -337,12 +341,22 @@ class Cluster:
         return commands
 
     def _orphans(self, job: Job, now: float) -> list[Command]:
-        """Tasks on a node that is not READY (it was lost between placement and a later launch wave, or
-        during a restart in place) are lost too: nothing will ever hear from them."""
+        """Tasks on a node that is not READY are lost once nothing but their node's return would save them: its
+        silence outlasted the task grace (--tasks-lost-after), or their job is stopping (for good, or to restart
+        after a peer task failed), or the node is gone. Within the grace an agent that restarts (an upgrade, a
+        crash, kill -9) comes back with its tasks, which its shims kept running, and their jobs lose nothing: a
+        node may be LOST quickly, its tasks only when it matters (Kubernetes separates a NotReady node from
+        evicting its pods the same way)."""
         commands: list[Command] = []
         for task in job.tasks:
-            if task.node and self.nodes.info_of(task.node) is None:
+            if not task.node or self.nodes.info_of(task.node) is not None:
+                continue
+            node = self.nodes.get(task.node)
+            silent = now - node.seen.last_seen if node is not None else 0.0
+            if node is None or job.state == JobState.STOPPING:
                 commands += lifecycle.lost(job, task, f"node {task.node} is not READY", now)
+            elif silent >= self.nodes.lost_after + self.task_grace:
+                commands += lifecycle.lost(job, task, f"node {task.node} lost (no heartbeat for {silent:.1f} s)", now)
         return commands
 
     def _resend(self, job: Job, now: float) -> list[Command]:
