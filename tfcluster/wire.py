@@ -16,8 +16,8 @@ from typing import Any
 from tfcluster.api.v1 import agent_pb2, control_pb2
 from tfcluster.api.v1 import types_pb2 as pb
 from tfcluster.model import CHIEF, WORKER
-from tfcluster.model import (MAX_CODE_SOURCES, MAX_GPUS_PER_NODE, NODE_NAME_RE, Attempt, CancelLog, Command,
-                             EnvironmentSpec, Evaluation, ExpectFiles, FinishTraining, Gpu, Launch, LogData, NodeInfo,
+from tfcluster.model import (MAX_CODE_SOURCES, MAX_DRAIN_REASON, MAX_GPUS_PER_NODE, NODE_NAME_RE, Attempt,
+                             CancelLog, Command, EnvironmentSpec, Evaluation, ExpectFiles, FinishTraining, Gpu, Launch, LogData, NodeInfo,
                              ReadLog, Revocations, ServeCode, SetPace, ShipCheckpoints, Stop, SyncCheckpoints,
                              SyncResult, TaskExit, TaskProgress, TaskReport, control_character, printable)
 from tfcluster.spec import JobSpec, RestartPolicy, RoleSpec, validate
@@ -132,9 +132,10 @@ def task_report_from_proto(msg: pb.TaskReport) -> TaskReport:
     return TaskReport(_attempt(msg, "task"), phase, pid=msg.pid, listening=msg.listening, exit=exit)
 
 
-def heartbeat_to_proto(session_id: str, progress: list[TaskProgress],
-                       condition: str = "") -> agent_pb2.AgentMessage:
-    return agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat(session_id=session_id, condition=condition, progress=[
+def heartbeat_to_proto(session_id: str, progress: list[TaskProgress], condition: str = "",
+                       health_failure: str = "") -> agent_pb2.AgentMessage:
+    return agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat(
+        session_id=session_id, condition=condition, health_failure=health_failure, progress=[
         agent_pb2.TaskProgress(**_attempt_fields(p.attempt), output_bytes=p.output_bytes, checkpoint=p.checkpoint,
                                cpu_seconds=p.cpu_seconds, rss_bytes=p.rss_bytes, peak_rss_bytes=p.peak_rss_bytes,
                                phase_detail=p.phase_detail)
@@ -157,6 +158,11 @@ def environment_from_proto(msg: pb.EnvironmentSpec) -> EnvironmentSpec:
 def condition_from_proto(msg: agent_pb2.Heartbeat) -> str:
     """Why the node takes no new tasks ("" when it does): shown as it is, so made one safe line."""
     return printable(msg.condition[:MAX_TEXT])
+
+
+def health_from_proto(msg: agent_pb2.Heartbeat | agent_pb2.RegisterRequest) -> str:
+    """The agent's failed health check's line ("" when it passed or none runs), made a safe drain reason."""
+    return printable(msg.health_failure.strip()[:MAX_DRAIN_REASON])
 
 
 def progress_from_proto(msg: agent_pb2.Heartbeat) -> list[TaskProgress]:

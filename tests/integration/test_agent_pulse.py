@@ -90,6 +90,9 @@ class Owner:
     def condition(self):
         return ""
 
+    def health(self):
+        return ""
+
     def on_register(self):
         pass
 

@@ -5,6 +5,7 @@ no restart, `node resume` brings the node back; a user cannot drain, and bad inp
 from __future__ import annotations
 
 import json
+import time
 
 import grpc
 import pytest
@@ -115,3 +116,41 @@ def test_a_user_cannot_drain_or_resume_and_bad_input_is_named(make_cluster):
     assert unknown.returncode == 1 and "unknown node 'nowhere'" in unknown.stderr
     assert "node a was not drained" in cluster.cli("node", "resume", "a", check=True).stdout
     assert cluster.wait_job(start(cluster, "still", "true"))["state"] == "SUCCEEDED", "the cluster keeps working"
+
+
+def test_an_agent_whose_health_check_fails_is_drained_until_it_passes(make_cluster, tmp_path):
+    cluster = make_cluster()
+    sick = tmp_path / "sick"
+    sick.write_text("ERROR: nhc: Health check failed: check_fs_mount: /scratch not mounted\n")
+    check = tmp_path / "check.sh"
+    check.write_text(f"#!/bin/sh\ntest -e {sick} || exit 0\ncat {sick}\nexit 1\n")
+    check.chmod(0o755)
+    cluster.start_agent("a", extra=["--health-check-program", str(check), "--health-check-interval", "1s"])
+    node = nodes(cluster)["a"]
+    assert node["drain"]["by"] == "health check" and "/scratch not mounted" in node["drain"]["reason"]
+    assert node["schedulable"] is False, "drained from its registration on"
+    job = start(cluster, "waits", "true")
+    assert wait_until(lambda: "its health check failed" in cluster.job(job)["message"], 30, what="the reason")
+    assert cluster.job(job)["state"] == "PENDING"
+    sick.unlink()
+    assert cluster.wait_job(job, timeout=30)["state"] == "SUCCEEDED", "the drain lifts itself once it passes"
+    assert nodes(cluster)["a"]["drain"] is None
+
+    cluster.cli("node", "drain", "a", "--reason", "RMA", check=True)
+    sick.write_text("GPU 0 fell off the bus\n")
+    wait_until(lambda: cluster.agents["a"].log().count("health check failed") >= 2, 30, what="the check to fail again")
+    sick.unlink()
+    wait_until(lambda: cluster.agents["a"].log().count("health check passes again") >= 2, 30,
+               what="the check to pass again")
+    time.sleep(1.5)  # its heartbeats have said so since
+    assert nodes(cluster)["a"]["drain"]["reason"] == "RMA", "an admin's drain stays"
+
+
+def test_a_health_check_program_the_agent_cannot_run_is_refused_at_start(make_cluster, tmp_path):
+    cluster = make_cluster()
+    data = tmp_path / "not-executable"
+    data.write_text("exit 0\n")
+    for program in (tmp_path / "missing", data):
+        daemon = cluster.start_agent("a", extra=["--health-check-program", str(program)], wait=False)
+        assert daemon.proc.wait(timeout=60) == 2
+        assert f"--health-check-program {program}: not an executable file" in daemon.log()

@@ -11,7 +11,7 @@ import pytest
 from coresim import Sim, info, launches, make_spec, stops
 
 from tfcluster import views, wire
-from tfcluster.daemon.coordinator.core.model.node import Drain
+from tfcluster.daemon.coordinator.core.model.node import HEALTH_CHECK, Drain
 from tfcluster.daemon.coordinator.store import records
 from tfcluster.render import render_status
 from tfcluster.states import DrainState, JobState
@@ -133,3 +133,34 @@ def test_metrics_name_each_drained_node_with_its_state_who_and_why_and_count_the
     restarts = {k: v for k, v in samples.items() if k[0] == "tfcluster_job_restarts_total" and ("cause", "drained") in k[1]}
     assert list(restarts.values()) == [1.0], restarts
 
+
+
+# ---- the agent's health check drains and lifts -------------------------------------------------------------
+
+def test_a_node_whose_health_check_fails_at_registration_is_drained_before_anything_is_placed():
+    sim = Sim()
+    sim.c.register(info("n1", 1), [], "session-n1", sim.now, health_failure="ECC: 3 uncorrectable errors on GPU 0")
+    job, commands = sim.c.submit(replace(make_spec(strategy="mirrored", gpus=1, worker=1), name="train"), sim.now)
+    assert launches(commands) == [] and job.state == JobState.PENDING
+    drain = sim.c.nodes["n1"].drain
+    assert drain.by == HEALTH_CHECK and drain.reason == "ECC: 3 uncorrectable errors on GPU 0"
+    assert "its health check failed: ECC" in job.message
+    sim.now += 1
+    sim.c.heartbeat("n1", "session-n1", sim.now)  # it passes again: the drain it made is lifted
+    assert sim.c.nodes["n1"].drain is None
+    assert [launch.node for launch in launches(sim.c.tick(sim.now))] == ["n1"]
+
+
+def test_a_health_check_never_lifts_an_admins_drain_and_keeps_its_own_since_while_it_fails():
+    sim = Sim(info("n1", 1))
+    sim.c.heartbeat("n1", "session-n1", sim.now, health_failure="disk /scratch missing")
+    since = sim.c.nodes["n1"].drain.since
+    sim.now += 5
+    sim.c.heartbeat("n1", "session-n1", sim.now, health_failure="disk /scratch read-only")
+    assert sim.c.nodes["n1"].drain == Drain("disk /scratch read-only", HEALTH_CHECK, since)
+    drain(sim, "n1", reason="RMA")  # an admin's drain takes over
+    sim.now += 1
+    sim.c.heartbeat("n1", "session-n1", sim.now)
+    assert sim.c.nodes["n1"].drain.by == "ops", "the health check passing does not lift an admin's drain"
+    sim.c.heartbeat("n1", "session-n1", sim.now, health_failure="still sick")
+    assert sim.c.nodes["n1"].drain.reason == "RMA", "nor does failing replace it"

@@ -355,6 +355,13 @@ def agent(
     uv_find_links: Optional[str] = typer.Option(None, "--uv-find-links", metavar="DIR|URL",
                                                 help="Where else jobs' environments find wheels: a directory or a page "
                                                      "of links (sets UV_FIND_LINKS) [default: UV_FIND_LINKS]."),
+    health_check_program: Optional[Path] = typer.Option(
+        None, metavar="PATH", help="A program that checks this node (Slurm's HealthCheckProgram convention, LBNL "
+                                   "NHC for one): run before registering and every --health-check-interval; "
+                                   "exiting non-zero with a line of reason drains the node with that line, and "
+                                   "passing again lifts that drain [default: none]."),
+    health_check_interval: str = typer.Option("5m", metavar="DURATION",
+                                              help="How often --health-check-program runs, e.g. 30s or 5m."),
     log_level: str = LogLevelOpt,
     log_format: str = LogFormatOpt,
 ) -> None:
@@ -382,7 +389,8 @@ def agent(
                            task_log_bytes=_task_log_bytes(max_task_log), allow_root_tasks=allow_root_tasks,
                            private_tmp=private_tmp, task_user=task_user,
                            cache_bytes=parse_size(cache_bytes, "--cache-bytes"),
-                           max_code_unpacked_bytes=parse_size(max_code_unpacked_bytes, "--max-code-unpacked-bytes"))
+                           max_code_unpacked_bytes=parse_size(max_code_unpacked_bytes, "--max-code-unpacked-bytes"),
+                           health=_health_check(health_check_program, health_check_interval))
     except SettingsError as e:
         fail(str(e), 2)
     try:
@@ -392,3 +400,17 @@ def agent(
     if refused:
         fail(f"the coordinator at {coordinator} refused this agent: {refused}", EXIT_REFUSED)
 
+
+def _health_check(program: Optional[Path], interval: str):
+    """The agent's health check from its flags (None without a program); a program it cannot run is exit 2."""
+    if program is None:
+        return None
+    from tfcluster.daemon.agent.node.health import HealthCheck
+
+    seconds = parse_duration(interval, "--health-check-interval")
+    if seconds < 1:
+        fail(f"--health-check-interval: expected 1s or more, got {interval!r}", 2)
+    program = program.absolute()
+    if not program.is_file() or not os.access(program, os.X_OK):
+        fail(f"--health-check-program {program}: not an executable file", 2)
+    return HealthCheck(program, seconds)

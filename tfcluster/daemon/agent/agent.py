@@ -26,6 +26,7 @@ from tfcluster.daemon.agent.hooks.copies import CopiesHook
 from tfcluster.daemon.agent.hooks.events import EventsHook
 from tfcluster.daemon.agent.hooks.shipping import ShippingHook
 from tfcluster.daemon.agent.hooks.summaries import SummariesHook
+from tfcluster.daemon.agent.node.health import HealthCheck
 from tfcluster.daemon.agent.node.logs import LogServer
 from tfcluster.daemon.agent.node.metrics import AgentMetrics
 from tfcluster.daemon.agent.node.retention import Policy, RetentionPass, ask_coordinator, disk_condition, free_bytes
@@ -74,6 +75,7 @@ class AgentConfig:
     task_user: str = PER_JOB  # who tasks run as: the job's own UID, or the owner's account (tasks/users.py)
     cache_bytes: int = DEFAULT_CACHE_BYTES  # the most the node keeps of jobs' code (code/cache.py)
     max_code_unpacked_bytes: int = DEFAULT_MAX_UNPACKED_BYTES  # one archive's files together, unpacked (unpack.py)
+    health: HealthCheck | None = None  # the operator's health check program (node/health.py); None: none runs
 
     def node_info(self) -> NodeInfo:
         return NodeInfo(name=self.name, address=self.address, port_range=self.port_range, gpus=self.gpus,
@@ -145,6 +147,10 @@ class Agent:
             threading.Thread(target=self._renew_certificate, name="renew", daemon=True).start()
         if self.config.peer_port and self.peer_server is None:
             self.serve_peers()
+        health = self.config.health
+        if health is not None:  # before registering: a node found sick gets nothing placed on it, not even once
+            health.check()
+            threading.Thread(target=health.run, args=(self._stop,), name="health", daemon=True).start()
         self.session.run()
 
     def serve_peers(self) -> None:
@@ -210,6 +216,10 @@ class Agent:
         """Why this node takes no new tasks now ("" while it takes them): its free disk is below the floor."""
         state_dir = self.config.state_dir
         return disk_condition(state_dir, free_bytes(state_dir), self.config.retention.min_free_bytes)
+
+    def health(self) -> str:
+        """The health check's last failure ("" while the node passes, or when none runs)."""
+        return self.config.health.failure if self.config.health is not None else ""
 
     def on_register(self) -> None:
         for hook in self.hooks:

@@ -11,6 +11,7 @@ import threading
 from pathlib import Path
 
 from tfcluster import __version__, leaders
+from tfcluster.daemon.agent.node.health import HealthCheck
 from tfcluster.daemon.agent.agent import Agent, AgentConfig
 from tfcluster.daemon.agent.code.cache import DEFAULT_CACHE_BYTES
 from tfcluster.daemon.agent.code.unpack import DEFAULT_MAX_BYTES as DEFAULT_MAX_UNPACKED_BYTES
@@ -43,7 +44,8 @@ def configure(coordinator: str, name: str | None, address: str | None, port_rang
               task_log_bytes: int = DEFAULT_LIMIT_BYTES, allow_root_tasks: bool = False,
               private_tmp: bool = False, task_user: str = PER_JOB,
               cache_bytes: int = DEFAULT_CACHE_BYTES,
-              max_code_unpacked_bytes: int = DEFAULT_MAX_UNPACKED_BYTES) -> AgentConfig:
+              max_code_unpacked_bytes: int = DEFAULT_MAX_UNPACKED_BYTES,
+              health: HealthCheck | None = None) -> AgentConfig:
     """The agent's settings from its flags, with the node's GPUs, host and address discovered, and its
     certificate: the one it has, or one it gets by joining with a token."""
     try:
@@ -100,7 +102,7 @@ def configure(coordinator: str, name: str | None, address: str | None, port_rang
                        credentials=credentials, identity=identity, peer_quota_bytes=peer_quota,
                        http_listen=http_listen, retention=retention, task_log_bytes=task_log_bytes,
                        allow_root_tasks=allow_root_tasks, private_tmp=private_tmp, task_user=task_user,
-                       cache_bytes=cache_bytes, max_code_unpacked_bytes=max_code_unpacked_bytes)
+                       cache_bytes=cache_bytes, max_code_unpacked_bytes=max_code_unpacked_bytes, health=health)
 
 
 def _check_task_user(task_user: str, insecure: bool, allow_root_tasks: bool) -> None:

@@ -55,6 +55,7 @@ class Owner(Protocol):
     def task_reports(self) -> list: ...  # every task's report (wire messages), for the registration
     def progress(self) -> list[TaskProgress]: ...
     def condition(self) -> str: ...
+    def health(self) -> str: ...  # the health check's failure; "": it passes, or none runs
     def on_register(self) -> None: ...
     def handle(self, message: agent_pb2.CoordinatorMessage) -> None: ...
 
@@ -152,7 +153,8 @@ class Session:
             self.outbound.get_nowait()
         info = self.owner.node_info()
         reply = stub.Register(agent_pb2.RegisterRequest(node=wire.node_info_to_proto(info),
-                                                        tasks=self.owner.task_reports()),
+                                                        tasks=self.owner.task_reports(),
+                                                        health_failure=self.owner.health()),
                               timeout=REGISTER_TIMEOUT_SECONDS)
         self.owner.on_register()
         log.info("registered with %s as %s (%s)", self.coordinator, info.name, info.address)
@@ -221,10 +223,14 @@ class Session:
         except grpc.RpcError as e:
             return e.code() != grpc.StatusCode.DEADLINE_EXCEEDED
 
+    def _heartbeat(self, session_id: str) -> agent_pb2.AgentMessage:
+        owner = self.owner
+        return wire.heartbeat_to_proto(session_id, owner.progress(), owner.condition(), owner.health())
+
     def _messages(self, node_name: str, session_id: str):
         """The stream up: its opening, then heartbeats every self.interval and queued messages as they come."""
         yield agent_pb2.AgentMessage(open=agent_pb2.StreamOpen(node_name=node_name, session_id=session_id))
-        yield wire.heartbeat_to_proto(session_id, self.owner.progress(), self.owner.condition())
+        yield self._heartbeat(session_id)
         next_beat = time.monotonic() + self.interval
         while not self.stopped.is_set():
             self.liveness.stamp("connection")
@@ -238,7 +244,7 @@ class Session:
             if item is not None:
                 yield item
             if time.monotonic() >= next_beat:
-                yield wire.heartbeat_to_proto(session_id, self.owner.progress(), self.owner.condition())
+                yield self._heartbeat(session_id)
                 next_beat = time.monotonic() + self.interval
 
 

@@ -25,7 +25,7 @@ from tfcluster.daemon.coordinator.core.model import task_uids as taskusers
 from tfcluster.daemon.coordinator.core.model.changelog import ChangeLog, UsageDropped, UsageRecorded
 from tfcluster.daemon.coordinator.core.model.job import Job
 from tfcluster.daemon.coordinator.core.model.job_table import KEEP_FINISHED_JOBS, KEEP_FINISHED_SECONDS, Jobs
-from tfcluster.daemon.coordinator.core.model.node import Drain, Node
+from tfcluster.daemon.coordinator.core.model.node import HEALTH_CHECK, Drain, Node
 from tfcluster.daemon.coordinator.core.model.node_table import Nodes, Pace
 from tfcluster.daemon.coordinator.core.model.observer import Observer
 from tfcluster.daemon.coordinator.core.scheduling import preemption
@@ -102,10 +102,13 @@ class Cluster:
 
     # ---- nodes -------------------------------------------------------------------------------
 
-    def register(self, info: NodeInfo, reports: list[TaskReport], session_id: str, now: float) -> list[Command]:
-        """Adds or refreshes a node, with what its agent runs. Raises NameTaken (core/model/node_table.py) when another live agent
-        holds the name, ValueError when the node would share ports with another agent on its address."""
+    def register(self, info: NodeInfo, reports: list[TaskReport], session_id: str, now: float,
+                 health_failure: str = "") -> list[Command]:
+        """Adds or refreshes a node, with what its agent runs and what its health check said. Raises NameTaken
+        (core/model/node_table.py) when another live agent holds the name, ValueError when the node would share
+        ports with another agent on its address."""
         self.nodes.register(info, session_id, now)
+        self._health(info.name, health_failure, now)
         commands: list[Command] = []
         reported = {r.attempt for r in reports}
         for report in reports:
@@ -125,12 +128,14 @@ class Cluster:
         return commands + self.schedule(now)
 
     def heartbeat(self, name: str, session_id: str, now: float, progress: list[TaskProgress] = (),
-                  condition: str = "") -> list[Command] | None:
+                  condition: str = "", health_failure: str = "") -> list[Command] | None:
         """The node's agent is alive, runs what `progress` lists, and takes new tasks unless `condition` says
-        why not. Returns what reconcile sends, or None when the agent must register again."""
+        why not; health_failure: its health check's failure, if it failed. Returns what reconcile sends, or None
+        when the agent must register again."""
         if not self.nodes.alive(name, session_id, now):
             return None
         self.nodes.set_condition(name, condition)
+        self._health(name, health_failure, now)
         if not progress and not self.nodes.has_placed(name):
             return []
         for p in progress:
@@ -189,6 +194,18 @@ class Cluster:
             for job in jobs.values():
                 commands += self.settle(job, lifecycle.requeue(job, why, now))
         return commands + self.schedule(now)
+
+    def _health(self, name: str, failure: str, now: float) -> None:
+        """The agent's health check (--health-check-program) failed: the node is drained with its line, as LBNL
+        NHC drains a Slurm node; once it passes, a drain the health check made is lifted (an admin's never is).
+        Jobs running there finish there, as with any drain."""
+        drain = self.nodes[name].drain
+        if failure and (drain is None or (drain.by == HEALTH_CHECK and drain.reason != failure)):
+            self.nodes.set_drain(name, Drain(reason=failure, by=HEALTH_CHECK, since=drain.since if drain else now))
+            log.warning("node %s drained: its health check failed: %s", name, failure, extra=fields(node=name))
+        elif not failure and drain is not None and drain.by == HEALTH_CHECK:
+            self.nodes.set_drain(name, None)
+            log.info("node %s passes its health check again: its drain is lifted", name, extra=fields(node=name))
 
     def resume(self, name: str, now: float) -> list[Command]:
         """The node takes new tasks again (KeyError when unknown); a node not drained is left as it is."""

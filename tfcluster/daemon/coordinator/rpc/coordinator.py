@@ -157,7 +157,7 @@ class Coordinator:
             raise ValueError(f"tasks: at most {wire.MAX_TASKS_PER_NODE} per node, got {len(request.tasks)}")
         reports = [wire.task_report_from_proto(t) for t in request.tasks]
         session = uuid.uuid4().hex
-        commands = self.cluster.register(info, reports, session, self.clock())
+        commands = self.cluster.register(info, reports, session, self.clock(), wire.health_from_proto(request))
         if self.streams.pop(info.name, None) is not None:  # the agent came back: its old stream is over
             self.outboxes[info.name].take_over()
         self.outboxes[info.name].items.clear()  # what was queued for the old session is stale
@@ -197,7 +197,8 @@ class Coordinator:
         now = self.clock()
         if kind == "heartbeat":  # the hot path: thousands a second
             progress = wire.progress_from_proto(msg.heartbeat) if msg.heartbeat.progress else []
-            commands = self.cluster.heartbeat(node, session, now, progress, wire.condition_from_proto(msg.heartbeat))
+            commands = self.cluster.heartbeat(node, session, now, progress, wire.condition_from_proto(msg.heartbeat),
+                                              wire.health_from_proto(msg.heartbeat))
             if commands:
                 self.apply(commands)
             return commands is not None

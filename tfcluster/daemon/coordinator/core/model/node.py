@@ -20,6 +20,11 @@ class NodeSeen:
     condition: str = ""  # why its agent takes no new tasks now (low disk), from its heartbeats; "": it takes them
 
 
+# Who drained a node its agent's health check found sick (Drain.by): no certificate's name has a space, so no admin's
+# drain is taken for one the health check may lift.
+HEALTH_CHECK = "health check"
+
+
 @dataclass(frozen=True)
 class Drain:
     """An admin took the node out of placement (`tfcluster node drain`): why, who, and when. Saved with the node,
@@ -29,6 +34,8 @@ class Drain:
     since: float
 
     def words(self) -> str:
+        if self.by == HEALTH_CHECK:
+            return f"its health check failed: {self.reason}"
         return f"drained by {self.by or 'an admin'}: {self.reason}"
 
 
