@@ -17,9 +17,9 @@ from tfcluster.daemon.coordinator.core.model.job import Job
 from tfcluster.daemon.coordinator.core.model.job_table import Jobs
 from tfcluster.daemon.coordinator.core.model.node_table import Nodes
 from tfcluster.daemon.coordinator.core.model.observer import Observer
-from tfcluster.daemon.coordinator.core.scheduling import preemption
+from tfcluster.daemon.coordinator.core.scheduling import avoidance, preemption
 from tfcluster.daemon.coordinator.core.scheduling import queue
-from tfcluster.daemon.coordinator.core.scheduling.placement import NodeCapacity, TaskPlacement, Unfit, place
+from tfcluster.daemon.coordinator.core.scheduling.placement import NodeCapacity, TaskPlacement, Unfit
 from tfcluster.daemon.coordinator.core.scheduling.policy import Policy
 from tfcluster.daemon.logformat import fields
 from tfcluster.model import Command
@@ -73,8 +73,8 @@ class SchedulePass:
     def _place_lost_tasks(self, job: Job) -> list[Command]:
         """A running job's tasks whose node was lost go elsewhere first: the job already holds its place."""
         unplaced = lifecycle.unplaced_tasks(job, self.now)
-        result = place(job.spec, preemption.free_for(job, self.capacity, self.held),
-                       only={(t.type, t.index) for t in unplaced})
+        result = avoidance.place_avoiding(job, preemption.free_for(job, self.capacity, self.held),
+                                          only={(t.type, t.index) for t in unplaced})
         if isinstance(result, Unfit):
             self._did_not_fit(job)
             return []
@@ -114,7 +114,7 @@ class SchedulePass:
     def _place_preemptor(self, job: Job, unfit: list[Job]) -> list[Command]:
         """A job for which others were preempted, placed once what they held is free."""
         previous = {(t.type, t.index): (t.node, t.port) for t in job.tasks if t.node}
-        result = place(job.spec, preemption.free_for(job, self.capacity, self.held), previous=previous)
+        result = avoidance.place_avoiding(job, preemption.free_for(job, self.capacity, self.held), previous=previous)
         if isinstance(result, Unfit):
             self._did_not_fit(job)
             lifecycle.waits(job, f"waiting for resources: {result.reason}")
@@ -128,6 +128,9 @@ class SchedulePass:
 
     def _placed(self, job: Job, placement: list[TaskPlacement]) -> list[Command]:
         commands = self.cluster.settle(job, lifecycle.place(job, placement, self.cluster.nodes.info_of, self.now))
+        avoiding = avoidance.note(job)  # placed away from the nodes it keeps failing on: said, while it runs
+        if avoiding:
+            job.message = f"{avoiding}; {job.message}" if job.message else avoiding
         self.cluster.observer.placed(job, max(0.0, self.now - max(job.created, job.not_before)))
         return commands
 

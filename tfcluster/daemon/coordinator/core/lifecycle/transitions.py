@@ -128,6 +128,8 @@ def ended(job: Job, task: Task, exit: TaskExit, now: float) -> list[Command]:
         task.move(TaskState.SUCCEEDED)
     else:
         task.move(TaskState.FAILED if task.stop_grace is None else TaskState.STOPPED)
+    if exit.succeeded or (task.state == TaskState.FAILED and not exit.preempted and not exit.busy_port):
+        job.seen.task_ended(task.node, failed=not exit.succeeded)
     return _after_task_end(job, task, now)
 
 

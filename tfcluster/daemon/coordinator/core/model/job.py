@@ -142,6 +142,14 @@ class JobSeen:
     finish_sent_at: float = 0.0
     sync_sent_at: float = 0.0
     restart_causes: list[str] = field(default_factory=list)  # restarts decided, until the cluster counts them
+    failures_on: dict[str, int] = field(default_factory=dict)  # node -> the job's task failures there in a row
+
+    def task_ended(self, node: str, failed: bool) -> None:
+        """A task of the job ended on node: a failure there counts (scheduling/avoidance.py), a success clears it."""
+        if failed:
+            self.failures_on[node] = self.failures_on.get(node, 0) + 1
+        else:
+            self.failures_on.pop(node, None)
 
 
 @dataclass(eq=False)

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from tfcluster.daemon.coordinator.core.model.job import Job
+from tfcluster.daemon.coordinator.core.scheduling.avoidance import place_avoiding
 from tfcluster.daemon.coordinator.core.scheduling.placement import NodeCapacity, TaskPlacement, Unfit, place, task_list
 from tfcluster.daemon.coordinator.core.scheduling.policy import Policy, Subject
 from tfcluster.spec import JobSpec
@@ -148,7 +149,7 @@ class QueuePass:
         if reason:
             return Waiting(reason, for_resources=False)
         previous = {(t.type, t.index): (t.node, t.port) for t in job.tasks if t.node}
-        result = place(job.spec, list(self.view.values()), previous=previous)
+        result = place_avoiding(job, list(self.view.values()), previous=previous)
         if not isinstance(result, Unfit):
             return result
         reason = f"waiting for resources: {result.reason}"
