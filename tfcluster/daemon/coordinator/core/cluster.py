@@ -7,7 +7,8 @@ node (reconcile.py), so a lost message heals within a few seconds instead of wai
 
 The nodes (core/model/node_table.py: registry, liveness, what is placed where) and the jobs (core/model/job_table.py: live and ended ones,
 request ids, task UIDs, numbering, retention) each keep their own indexes; an event here changes both, and
-hands every job it changed to settle, which tells each of them. A scheduling pass is core/scheduling_pass.py.
+hands every job it changed to settle, which tells each of them. A scheduling pass is core/scheduling_pass.py; what
+happens to nodes besides their agents' messages (loss, removal, drain, health) is core/node_events.py.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from tfcluster.daemon.coordinator.core.model import task_uids as taskusers
 from tfcluster.daemon.coordinator.core.model.changelog import ChangeLog, UsageDropped, UsageRecorded
 from tfcluster.daemon.coordinator.core.model.job import Job
 from tfcluster.daemon.coordinator.core.model.job_table import KEEP_FINISHED_JOBS, KEEP_FINISHED_SECONDS, Jobs
-from tfcluster.daemon.coordinator.core.model.node import HEALTH_CHECK, Drain, Node
+from tfcluster.daemon.coordinator.core.node_events import NodeEvents
+from tfcluster.daemon.coordinator.core.model.node import Node
 from tfcluster.daemon.coordinator.core.model.node_table import Nodes, Pace
 from tfcluster.daemon.coordinator.core.model.observer import Observer
 from tfcluster.daemon.coordinator.core.scheduling import preemption
@@ -64,7 +66,7 @@ class Plan:
     spec: JobSpec | None = None  # with `auto` resolved
 
 
-class Cluster:
+class Cluster(NodeEvents):
     """The nodes (core/model/node_table.py) and the jobs (core/model/job_table.py), each keeping its own indexes, and the events that change
     them together."""
 
@@ -156,63 +158,6 @@ class Cluster:
         for job in changed.values():
             commands = self.settle(job, commands)
         return commands
-
-    def expire(self, now: float) -> list[Command]:
-        """Nodes silent for longer than the timeout become LOST (Nodes.expire says which, and when most of them
-        falling silent at once makes it wait). Their tasks are not lost yet: see _orphans."""
-        commands: list[Command] = []
-        for node in self.nodes.expire(now):
-            why = f"node {node.name} lost (no heartbeat for {now - node.seen.last_seen:.1f} s)"
-            tasks = sum(1 for _, task in self.nodes.placed_on(node.name) if task.live)
-            log.warning("%s%s", why, f"; its {tasks} task(s) count as lost in {self.task_grace:g} s unless its agent "
-                                     f"comes back with them" if tasks else "", extra=fields(node=node.name))
-            for job in list(self.jobs.live.values()):
-                if job.syncing and job.sync_source == node.name:
-                    commands += self.settle(job, lifecycle.sync_done(job, job.syncing, False, why, now))
-        return commands
-
-    def remove_node(self, name: str, now: float) -> list[Command]:
-        """The node leaves the cluster: its tasks are lost (their jobs restart elsewhere) and it is forgotten."""
-        if name not in self.nodes:
-            raise KeyError(name)
-        commands: list[Command] = []
-        for job, task in self.nodes.placed_on(name):
-            commands += self.settle(job, lifecycle.lost(job, task, f"node {name} was removed from the cluster", now))
-        self.nodes.remove(name)
-        return commands + self.schedule(now)
-
-    def drain(self, name: str, drain: Drain, requeue: bool, now: float) -> list[Command]:
-        """Nothing new is placed on the node from now on; the jobs running there finish there, or with requeue go
-        back to the queue as if preempted (no restart charged) and are placed elsewhere. Draining a drained node
-        again changes its reason (and requeues what still runs there, when asked). KeyError when unknown."""
-        self.nodes.set_drain(name, drain)
-        log.warning("node %s %s", name, drain.words(), extra=fields(node=name))
-        commands: list[Command] = []
-        if requeue:
-            why = f"requeued: node {name} was {drain.words()}"
-            jobs = {job.id: job for job, task in self.nodes.placed_on(name) if task.live}
-            for job in jobs.values():
-                commands += self.settle(job, lifecycle.requeue(job, why, now))
-        return commands + self.schedule(now)
-
-    def _health(self, name: str, failure: str, now: float) -> None:
-        """The agent's health check (--health-check-program) failed: the node is drained with its line, as LBNL
-        NHC drains a Slurm node; once it passes, a drain the health check made is lifted (an admin's never is).
-        Jobs running there finish there, as with any drain."""
-        drain = self.nodes[name].drain
-        if failure and (drain is None or (drain.by == HEALTH_CHECK and drain.reason != failure)):
-            self.nodes.set_drain(name, Drain(reason=failure, by=HEALTH_CHECK, since=drain.since if drain else now))
-            log.warning("node %s drained: its health check failed: %s", name, failure, extra=fields(node=name))
-        elif not failure and drain is not None and drain.by == HEALTH_CHECK:
-            self.nodes.set_drain(name, None)
-            log.info("node %s passes its health check again: its drain is lifted", name, extra=fields(node=name))
-
-    def resume(self, name: str, now: float) -> list[Command]:
-        """The node takes new tasks again (KeyError when unknown); a node not drained is left as it is."""
-        if self.nodes[name].drain is not None:
-            log.info("node %s resumed", name, extra=fields(node=name))
-        self.nodes.set_drain(name, None)
-        return self.schedule(now)
 
     # ---- jobs ----------------------------------------------------------------------------------
 
@@ -355,25 +300,6 @@ class Cluster:
             self.full_schedule_at = now
         commands += self.schedule(now)
         self.prune(now)
-        return commands
-
-    def _orphans(self, job: Job, now: float) -> list[Command]:
-        """Tasks on a node that is not READY are lost once nothing but their node's return would save them: its
-        silence outlasted the task grace (--tasks-lost-after), or their job is stopping (for good, or to restart
-        after a peer task failed), or the node is gone. Within the grace an agent that restarts (an upgrade, a
-        crash, kill -9) comes back with its tasks, which its shims kept running, and their jobs lose nothing: a
-        node may be LOST quickly, its tasks only when it matters (Kubernetes separates a NotReady node from
-        evicting its pods the same way)."""
-        commands: list[Command] = []
-        for task in job.tasks:
-            if not task.node or self.nodes.info_of(task.node) is not None:
-                continue
-            node = self.nodes.get(task.node)
-            silent = now - node.seen.last_seen if node is not None else 0.0
-            if node is None or job.state == JobState.STOPPING:
-                commands += lifecycle.lost(job, task, f"node {task.node} is not READY", now)
-            elif silent >= self.nodes.lost_after + self.task_grace:
-                commands += lifecycle.lost(job, task, f"node {task.node} lost (no heartbeat for {silent:.1f} s)", now)
         return commands
 
     def _resend(self, job: Job, now: float) -> list[Command]:

@@ -1,0 +1,97 @@
+"""What happens to nodes besides their agents' messages, mixed into the Cluster (core/cluster.py): a silent node is
+LOST, and its tasks only after the task grace (or sooner, when nothing but its return would save them); an admin
+removes, drains and resumes nodes (`tfcluster node remove|drain|resume`); the agent's health check drains a sick
+node and lifts its own drain once the node passes. Pure, like the cluster."""
+
+from __future__ import annotations
+
+import logging
+
+from tfcluster.daemon.coordinator.core.lifecycle import transitions as lifecycle
+from tfcluster.daemon.coordinator.core.model.job import Job
+from tfcluster.daemon.coordinator.core.model.node import HEALTH_CHECK, Drain
+from tfcluster.daemon.logformat import fields
+from tfcluster.model import Command
+from tfcluster.states import JobState
+
+log = logging.getLogger("tfcluster.coordinator")
+
+
+class NodeEvents:
+    """The Cluster's node events; they use its nodes, jobs, task_grace, settle and schedule."""
+
+    def expire(self, now: float) -> list[Command]:
+        """Nodes silent for longer than the timeout become LOST (Nodes.expire says which, and when most of them
+        falling silent at once makes it wait). Their tasks are not lost yet: see _orphans."""
+        commands: list[Command] = []
+        for node in self.nodes.expire(now):
+            why = f"node {node.name} lost (no heartbeat for {now - node.seen.last_seen:.1f} s)"
+            tasks = sum(1 for _, task in self.nodes.placed_on(node.name) if task.live)
+            log.warning("%s%s", why, f"; its {tasks} task(s) count as lost in {self.task_grace:g} s unless its agent "
+                                     f"comes back with them" if tasks else "", extra=fields(node=node.name))
+            for job in list(self.jobs.live.values()):
+                if job.syncing and job.sync_source == node.name:
+                    commands += self.settle(job, lifecycle.sync_done(job, job.syncing, False, why, now))
+        return commands
+
+    def remove_node(self, name: str, now: float) -> list[Command]:
+        """The node leaves the cluster: its tasks are lost (their jobs restart elsewhere) and it is forgotten."""
+        if name not in self.nodes:
+            raise KeyError(name)
+        commands: list[Command] = []
+        for job, task in self.nodes.placed_on(name):
+            commands += self.settle(job, lifecycle.lost(job, task, f"node {name} was removed from the cluster", now))
+        self.nodes.remove(name)
+        return commands + self.schedule(now)
+
+    def _orphans(self, job: Job, now: float) -> list[Command]:
+        """Tasks on a node that is not READY are lost once nothing but their node's return would save them: its
+        silence outlasted the task grace (--tasks-lost-after), or their job is stopping (for good, or to restart
+        after a peer task failed), or the node is gone. Within the grace an agent that restarts (an upgrade, a
+        crash, kill -9) comes back with its tasks, which its shims kept running, and their jobs lose nothing: a
+        node may be LOST quickly, its tasks only when it matters (Kubernetes separates a NotReady node from
+        evicting its pods the same way)."""
+        commands: list[Command] = []
+        for task in job.tasks:
+            if not task.node or self.nodes.info_of(task.node) is not None:
+                continue
+            node = self.nodes.get(task.node)
+            silent = now - node.seen.last_seen if node is not None else 0.0
+            if node is None or job.state == JobState.STOPPING:
+                commands += lifecycle.lost(job, task, f"node {task.node} is not READY", now)
+            elif silent >= self.nodes.lost_after + self.task_grace:
+                commands += lifecycle.lost(job, task, f"node {task.node} lost (no heartbeat for {silent:.1f} s)", now)
+        return commands
+
+    def drain(self, name: str, drain: Drain, requeue: bool, now: float) -> list[Command]:
+        """Nothing new is placed on the node from now on; the jobs running there finish there, or with requeue go
+        back to the queue as if preempted (no restart charged) and are placed elsewhere. Draining a drained node
+        again changes its reason (and requeues what still runs there, when asked). KeyError when unknown."""
+        self.nodes.set_drain(name, drain)
+        log.warning("node %s %s", name, drain.words(), extra=fields(node=name))
+        commands: list[Command] = []
+        if requeue:
+            why = f"requeued: node {name} was {drain.words()}"
+            jobs = {job.id: job for job, task in self.nodes.placed_on(name) if task.live}
+            for job in jobs.values():
+                commands += self.settle(job, lifecycle.requeue(job, why, now))
+        return commands + self.schedule(now)
+
+    def _health(self, name: str, failure: str, now: float) -> None:
+        """The agent's health check (--health-check-program) failed: the node is drained with its line, as LBNL
+        NHC drains a Slurm node; once it passes, a drain the health check made is lifted (an admin's never is).
+        Jobs running there finish there, as with any drain."""
+        drain = self.nodes[name].drain
+        if failure and (drain is None or (drain.by == HEALTH_CHECK and drain.reason != failure)):
+            self.nodes.set_drain(name, Drain(reason=failure, by=HEALTH_CHECK, since=drain.since if drain else now))
+            log.warning("node %s drained: its health check failed: %s", name, failure, extra=fields(node=name))
+        elif not failure and drain is not None and drain.by == HEALTH_CHECK:
+            self.nodes.set_drain(name, None)
+            log.info("node %s passes its health check again: its drain is lifted", name, extra=fields(node=name))
+
+    def resume(self, name: str, now: float) -> list[Command]:
+        """The node takes new tasks again (KeyError when unknown); a node not drained is left as it is."""
+        if self.nodes[name].drain is not None:
+            log.info("node %s resumed", name, extra=fields(node=name))
+        self.nodes.set_drain(name, None)
+        return self.schedule(now)
