@@ -10,6 +10,7 @@ from typing import Any
 from tfcluster.api.v1 import control_pb2
 from tfcluster.model import exit_words, is_training
 from tfcluster.roles.tfconfig import build_tf_configs
+from tfcluster.states import NodeState
 
 
 def gpu_doc(g) -> dict[str, Any]:
@@ -23,7 +24,7 @@ def node_doc(n: control_pb2.NodeStatus) -> dict[str, Any]:
             "memory_allocated_bytes": n.memory_allocated_bytes,
             "agent_version": n.agent_version, "last_seen_seconds_ago": round(n.last_seen_seconds_ago, 3),
             "port_range": [n.port_range_start, n.port_range_end], "running_tasks": n.running_tasks,
-            "condition": n.condition, "schedulable": n.state == "READY" and not n.condition and not drained,
+            "condition": n.condition, "schedulable": n.state == NodeState.READY and not n.condition and not drained,
             "drain": {"reason": d.reason, "by": d.by, "since": d.since, "state": d.state} if drained else None}
 
 
