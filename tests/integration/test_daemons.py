@@ -66,6 +66,23 @@ def test_an_agent_killed_and_restarted_after_its_node_was_lost_costs_its_job_not
     assert "node b lost" in job["message"] and {t["node"] for t in job["tasks"]} == {"a"}
 
 
+def test_an_agent_stopped_for_a_restart_says_so_and_is_waited_for_longer(make_cluster):
+    cluster = make_cluster(3.0, "--tasks-lost-after", "2")  # the grace of an unannounced silence, made short
+    cluster.start_agent("a")
+    job_id = start(cluster, "--name", "upgrade", "--strategy", "mirrored", "--", "sleep", "300")
+    job = wait_until(lambda: (lambda j: j if j["state"] == "RUNNING" else None)(cluster.job(job_id)), 30,
+                     what="RUNNING")
+    cluster.agents["a"].terminate()  # SIGTERM, as systemd stops the unit: the agent says it leaves its tasks running
+    wait_until(lambda: "node a's agent is stopping and leaves its 1 task(s) running" in cluster.coordinator.log(), 10,
+               what="the coordinator to hear it")
+    wait_until(lambda: cluster.node_state("a") == "LOST", 10, what="a LOST")
+    time.sleep(3.0 + 2.0 + 1.0)  # past --lost-after and --tasks-lost-after
+    assert cluster.job(job_id)["state"] == "RUNNING", "an announced restart is waited for longer"
+    cluster.start_agent("a")
+    job = cluster.job(job_id)
+    assert job["state"] == "RUNNING" and job["restarts"] == 0 and job["tasks"][0]["attempt"] == 1
+
+
 def test_restarted_agent_reattaches_and_reports_the_exit(make_cluster, tmp_path):
     cluster = make_cluster()
     cluster.start_agent("a")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from coresim import Sim, info, keys, launches, make_spec, report, stops
 
+from tfcluster.daemon.coordinator.core.node_events import ANNOUNCED_RESTART_GRACE_SECONDS
 from tfcluster.states import JobState, NodeState, TaskState
 
 GRACE = 20.0
@@ -82,3 +83,23 @@ def test_stopping_a_job_does_not_wait_for_its_silent_node():
     sim.heartbeat_all("n1")
     sim.c.tick(sim.now)
     assert job.state == JobState.STOPPED
+
+
+def test_an_agent_that_said_it_is_restarting_is_waited_for_longer():
+    sim, job = mwms_on_two_nodes()
+    sim.c.leaving("n1")
+    assert silence(sim, "n1", sim.c.nodes.lost_after + GRACE + 10) == [] and job.state == JobState.RUNNING
+    assert silence(sim, "n1", ANNOUNCED_RESTART_GRACE_SECONDS - GRACE) != []
+    task = next(t for t in job.tasks if t.node == "n1")
+    assert task.state == TaskState.LOST and job.state == JobState.STOPPING
+
+
+def test_registering_again_ends_the_announced_restart():
+    sim, job = mwms_on_two_nodes()
+    sim.c.leaving("n1")
+    task = next(t for t in job.tasks if t.node == "n1")
+    running = report(job.id, task.type, task.index, task.attempt, "RUNNING", pid=task.pid, listening=True)
+    sim.c.register(info("n1", 1), [running], "session-n1-restarted", sim.now)
+    assert sim.c.nodes["n1"].seen.leaving is False
+    silence(sim, "n1", sim.c.nodes.lost_after + GRACE + 2)
+    assert task.state == TaskState.LOST, "a later silence gets the ordinary grace"

@@ -159,20 +159,26 @@ class LogData(_message.Message):
     def __init__(self, request_id: _Optional[int] = ..., data: _Optional[bytes] = ..., eof: _Optional[bool] = ..., error: _Optional[str] = ...) -> None: ...
 
 class AgentMessage(_message.Message):
-    __slots__ = ("open", "heartbeat", "task", "log", "evaluation", "sync_done")
+    __slots__ = ("open", "heartbeat", "task", "log", "evaluation", "sync_done", "leaving")
     OPEN_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
     LOG_FIELD_NUMBER: _ClassVar[int]
     EVALUATION_FIELD_NUMBER: _ClassVar[int]
     SYNC_DONE_FIELD_NUMBER: _ClassVar[int]
+    LEAVING_FIELD_NUMBER: _ClassVar[int]
     open: StreamOpen
     heartbeat: Heartbeat
     task: _types_pb2.TaskReport
     log: LogData
     evaluation: _types_pb2.Evaluation
     sync_done: SyncDone
-    def __init__(self, open: _Optional[_Union[StreamOpen, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., task: _Optional[_Union[_types_pb2.TaskReport, _Mapping]] = ..., log: _Optional[_Union[LogData, _Mapping]] = ..., evaluation: _Optional[_Union[_types_pb2.Evaluation, _Mapping]] = ..., sync_done: _Optional[_Union[SyncDone, _Mapping]] = ...) -> None: ...
+    leaving: Leaving
+    def __init__(self, open: _Optional[_Union[StreamOpen, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., task: _Optional[_Union[_types_pb2.TaskReport, _Mapping]] = ..., log: _Optional[_Union[LogData, _Mapping]] = ..., evaluation: _Optional[_Union[_types_pb2.Evaluation, _Mapping]] = ..., sync_done: _Optional[_Union[SyncDone, _Mapping]] = ..., leaving: _Optional[_Union[Leaving, _Mapping]] = ...) -> None: ...
+
+class Leaving(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
 
 class StopTask(_message.Message):
     __slots__ = ("job_id", "task_type", "task_index", "attempt", "grace_seconds")

@@ -192,6 +192,8 @@ class Agent:
             self.peer_server.stop(1)
         if self.web is not None:
             self.web.stop()
+        if not stop_tasks:  # a restart, most likely: the coordinator waits longer for it before its tasks count lost
+            self.session.leave()
         self.session.cancel()
         if stop_tasks:
             self.supervisor.stop_all(grace_seconds)

@@ -34,6 +34,8 @@ BACKOFF_START_SECONDS = 0.5
 # Short enough that agents are back well inside a restarted coordinator's reconnect grace.
 BACKOFF_MAX_SECONDS = 2.0
 REGISTER_TIMEOUT_SECONDS = 10.0
+LEAVE_SECONDS = 1.0        # at most, for the word that the agent is stopping to leave on the stream
+LEAVE_FLUSH_SECONDS = 0.1
 # Another agent holds this node's name: wait this long for it to turn out to be this node's own old
 # registration (it expires), then give up.
 NAME_CONFLICT_PATIENCE_SECONDS = 20.0
@@ -140,6 +142,17 @@ class Session:
         if call is not None:
             self._renewed.set()
             call.cancel()
+
+    def leave(self, wait: float = LEAVE_SECONDS) -> None:
+        """Says the agent is going away with its tasks left running (node_events.py gives them the grace of an
+        announced restart), and gives the stream up to `wait` to carry it before the caller ends it."""
+        if self._call is None or not self.connected.is_set():
+            return
+        self.send(agent_pb2.AgentMessage(leaving=agent_pb2.Leaving()))
+        deadline = time.monotonic() + wait
+        while not self.outbound.empty() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(min(LEAVE_FLUSH_SECONDS, max(0.0, deadline - time.monotonic())))  # taken; now onto the wire
 
     def cancel(self) -> None:
         call = self._call

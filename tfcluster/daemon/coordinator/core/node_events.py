@@ -16,6 +16,10 @@ from tfcluster.states import JobState
 
 log = logging.getLogger("tfcluster.coordinator")
 
+# An agent that said it is restarting (Leaving: systemd's restart of the unit, an upgrade that installs a release
+# first) is waited for at least this long before its tasks count as lost.
+ANNOUNCED_RESTART_GRACE_SECONDS = 120.0
+
 
 class NodeEvents:
     """The Cluster's node events; they use its nodes, jobs, task_grace, settle and schedule."""
@@ -27,8 +31,8 @@ class NodeEvents:
         for node in self.nodes.expire(now):
             why = f"node {node.name} lost (no heartbeat for {now - node.seen.last_seen:.1f} s)"
             tasks = sum(1 for _, task in self.nodes.placed_on(node.name) if task.live)
-            log.warning("%s%s", why, f"; its {tasks} task(s) count as lost in {self.task_grace:g} s unless its agent "
-                                     f"comes back with them" if tasks else "", extra=fields(node=node.name))
+            log.warning("%s%s", why, f"; its {tasks} task(s) count as lost in {self._grace(node):g} s unless its "
+                                     f"agent comes back with them" if tasks else "", extra=fields(node=node.name))
             for job in list(self.jobs.live.values()):
                 if job.syncing and job.sync_source == node.name:
                     commands += self.settle(job, lifecycle.sync_done(job, job.syncing, False, why, now))
@@ -59,9 +63,21 @@ class NodeEvents:
             silent = now - node.seen.last_seen if node is not None else 0.0
             if node is None or job.state == JobState.STOPPING:
                 commands += lifecycle.lost(job, task, f"node {task.node} is not READY", now)
-            elif silent >= self.nodes.lost_after + self.task_grace:
+            elif silent >= self.nodes.lost_after + self._grace(node):
                 commands += lifecycle.lost(job, task, f"node {task.node} lost (no heartbeat for {silent:.1f} s)", now)
         return commands
+
+    def leaving(self, name: str) -> None:
+        """The node's agent is stopping and leaves its tasks running: they are given the grace of an announced
+        restart (ANNOUNCED_RESTART_GRACE_SECONDS, or --tasks-lost-after when longer) once the node is LOST."""
+        node = self.nodes[name]
+        node.seen.leaving = True
+        tasks = sum(1 for _, task in self.nodes.placed_on(name) if task.live)
+        log.info("node %s's agent is stopping and leaves its %d task(s) running: they count as lost only if it is "
+                 "not back within %.0f s of going silent", name, tasks, self._grace(node), extra=fields(node=name))
+
+    def _grace(self, node) -> float:
+        return max(self.task_grace, ANNOUNCED_RESTART_GRACE_SECONDS) if node.seen.leaving else self.task_grace
 
     def drain(self, name: str, drain: Drain, requeue: bool, now: float) -> list[Command]:
         """Nothing new is placed on the node from now on; the jobs running there finish there, or with requeue go

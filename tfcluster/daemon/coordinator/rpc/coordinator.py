@@ -212,6 +212,8 @@ class Coordinator:
                      "done" if r.ok else "failed", r.message or "ok", r.bytes / 1e6, r.seconds,
                      extra=fields(job=r.job_id, node=node))
             self.apply(self.cluster.sync_done(node, r.job_id, r.sync_id, r.ok, r.message, now))
+        elif kind == "leaving":
+            self.cluster.leaving(node)
         elif kind == "evaluation":
             attempt, result = wire.evaluation_from_proto(msg.evaluation)
             self.apply(self.cluster.evaluation(node, attempt, result, now))

@@ -18,6 +18,7 @@ class NodeSeen:
     busy_ports: dict[int, float] = field(default_factory=dict)  # found taken by something else, until when
     stops_sent: dict[Attempt, float] = field(default_factory=dict)  # reconcile: unwanted attempts told to stop
     condition: str = ""  # why its agent takes no new tasks now (low disk), from its heartbeats; "": it takes them
+    leaving: bool = False  # its agent said it stops and leaves its tasks running (a restart), until it registers
 
 
 # Who drained a node its agent's health check found sick (Drain.by): no certificate's name has a space, so no admin's

@@ -194,7 +194,7 @@ class Nodes(Registry[Node]):
         if node.info != info or node.state != NodeState.READY:  # a Record: assigning marks it for the store
             self._discard_address(node.info.address, node.name)
             node.info, node.state = info, NodeState.READY
-        node.seen.last_seen, node.seen.session_id = now, session_id
+        node.seen.last_seen, node.seen.session_id, node.seen.leaving = now, session_id, False
         if info.name in self._returning:
             self._returning.discard(info.name)
             self._last_return = now
