@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # the spec and its conversion are imported by the calls that 
     from tfcluster.spec import JobSpec
 
 RPC_TIMEOUT_SECONDS = 10.0
+DIAGNOSE_SECONDS = 30.0  # `tfcluster doctor` waits on every agent's probes (at most about 15 s)
 SUBMIT_TRIES = 5  # over about 4 s: a coordinator that restarts is back; one that is not running is reported
 MAX_MESSAGE_BYTES = 64 << 20
 CODE_CHUNK_BYTES = 1 << 20  # the coordinator takes up to 2 MiB a message (security.CHUNK)
@@ -225,6 +226,10 @@ class Client:
     def resume_node(self, name: str) -> bool:
         """The node takes new tasks again; returns whether it was drained."""
         return self._call("ResumeNode", control_pb2.ResumeNodeRequest(name=name)).was_drained
+
+    def diagnose(self) -> list[control_pb2.Check]:
+        """`tfcluster doctor`: the coordinator checks the cluster end to end (it takes some seconds)."""
+        return list(self._call("Diagnose", control_pb2.DiagnoseRequest(), timeout=DIAGNOSE_SECONDS).checks)
 
     def node(self, name: str) -> control_pb2.NodeStatus | None:
         """One node's status; None when the coordinator knows no node of that name."""

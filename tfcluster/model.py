@@ -398,5 +398,47 @@ class LogData:
     error: str = ""
 
 
+PROBE_CONNECT_SECONDS = 2.0  # a probe's TCP connect gives up after this (`tfcluster doctor`)
+
+
+@dataclass(frozen=True)
+class ProbeTarget:
+    """A port of another node a probe connects to: its peer port ("peer") or one opened in its task range ("tasks")."""
+    node: str
+    address: str
+    port: int
+    what: str
+
+
+@dataclass(frozen=True)
+class Probe:
+    """`tfcluster doctor`'s questions to an agent: listen on a free port of the task range for listen_seconds (no
+    targets), or connect to each target and say how each went. Either way it answers with a ProbeAnswer."""
+    node: str
+    probe_id: int
+    listen_seconds: float = 0.0
+    targets: tuple[ProbeTarget, ...] = ()
+
+
+@dataclass(frozen=True)
+class ProbeOutcome:
+    target: ProbeTarget
+    ok: bool
+    error: str = ""
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class ProbeAnswer:
+    """An agent's answer to a Probe, with what else the doctor asks of every node: its wall clock when it answered
+    (clock skew) and the network interface its advertise address is on (the one NCCL should use)."""
+    probe_id: int
+    port: int = 0  # the task port it listens on (a listen probe); 0: none
+    error: str = ""  # why it could not listen
+    outcomes: tuple[ProbeOutcome, ...] = ()
+    agent_time: float = 0.0
+    interface: str = ""
+
+
 Command = (Launch | Stop | FinishTraining | ShipCheckpoints | SyncCheckpoints | ExpectFiles | ServeCode | Revocations |
-           ReadLog | CancelLog | SetPace)
+           ReadLog | CancelLog | SetPace | Probe)

@@ -75,6 +75,7 @@ POLICY: dict[str, Rule] = {
     CONTROL + "RemoveNode": Rule(frozenset({ADMIN}), NAMES),
     CONTROL + "DrainNode": Rule(frozenset({ADMIN}), NAMES),
     CONTROL + "ResumeNode": Rule(frozenset({ADMIN}), NAMES),
+    CONTROL + "Diagnose": Rule(frozenset({ADMIN}), NAMES),  # it has every agent open a port and connect out
     CONTROL + "CreateDashboardLogin": Rule(READERS, NAMES),
     CONTROL + "GetUsage": Rule(READERS, NAMES),  # every user's totals, to anyone who may read (fair share is open)
     CONTROL + "GetQueue": Rule(READERS, NAMES),

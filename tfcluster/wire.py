@@ -17,9 +17,10 @@ from tfcluster.api.v1 import agent_pb2, control_pb2
 from tfcluster.api.v1 import types_pb2 as pb
 from tfcluster.model import CHIEF, WORKER
 from tfcluster.model import (MAX_CODE_SOURCES, MAX_DRAIN_REASON, MAX_GPUS_PER_NODE, NODE_NAME_RE, Attempt,
-                             CancelLog, Command, EnvironmentSpec, Evaluation, ExpectFiles, FinishTraining, Gpu, Launch, LogData, NodeInfo,
-                             ReadLog, Revocations, ServeCode, SetPace, ShipCheckpoints, Stop, SyncCheckpoints,
-                             SyncResult, TaskExit, TaskProgress, TaskReport, control_character, printable)
+                             CancelLog, Command, EnvironmentSpec, Evaluation, ExpectFiles, FinishTraining, Gpu, Launch,
+                             LogData, NodeInfo, Probe, ProbeAnswer, ProbeOutcome, ProbeTarget, ReadLog, Revocations,
+                             ServeCode, SetPace, ShipCheckpoints, Stop, SyncCheckpoints, SyncResult, TaskExit,
+                             TaskProgress, TaskReport, control_character, printable)
 from tfcluster.spec import JobSpec, RestartPolicy, RoleSpec, validate
 from tfcluster.states import JobState, Phase
 
@@ -28,6 +29,8 @@ MAX_LOG_TAIL_LINES = 50
 MAX_TASKS_PER_NODE = 10_000  # task reports with a registration, progress entries with a heartbeat
 MAX_JOB_IDS = 1000           # asked about in one EndedJobs call
 MAX_HEARTBEAT_INTERVAL_SECONDS = 3600.0  # what a coordinator may tell an agent (Pace)
+MAX_PROBE_TARGETS = 64           # ports one agent connects to for `tfcluster doctor`
+MAX_PROBE_LISTEN_SECONDS = 60.0
 PHASES = {Phase.RUNNING: pb.TASK_PHASE_RUNNING, Phase.EXITED: pb.TASK_PHASE_EXITED,
           Phase.FAILED_TO_START: pb.TASK_PHASE_FAILED_TO_START}
 PHASE_NAMES = {v: k for k, v in PHASES.items()}
@@ -207,6 +210,34 @@ def log_data_from_proto(msg: agent_pb2.LogData) -> LogData:
     return LogData(msg.request_id, msg.data, msg.eof, msg.error[:MAX_TEXT])
 
 
+def _probe_target_to_proto(t: ProbeTarget) -> agent_pb2.ProbeTarget:
+    return agent_pb2.ProbeTarget(node=t.node, address=t.address, port=t.port, what=t.what)
+
+
+def _probe_target_from_proto(m: agent_pb2.ProbeTarget) -> ProbeTarget:
+    if not 0 < m.port <= 65535:
+        raise ValueError(f"probe.target.port: expected 1-65535, got {m.port}")
+    return ProbeTarget(_text(m.node, "probe.target.node", 253), _text(m.address, "probe.target.address", 256), m.port,
+                       _text(m.what, "probe.target.what", 16))
+
+
+def probe_answer_to_proto(a: ProbeAnswer) -> agent_pb2.AgentMessage:
+    return agent_pb2.AgentMessage(probe_answer=agent_pb2.ProbeAnswer(
+        probe_id=a.probe_id, port=a.port, error=a.error, agent_time=a.agent_time, interface=a.interface,
+        outcomes=[agent_pb2.ProbeOutcome(target=_probe_target_to_proto(o.target), ok=o.ok, error=o.error,
+                                         seconds=o.seconds) for o in a.outcomes]))
+
+
+def probe_answer_from_proto(m: agent_pb2.ProbeAnswer) -> ProbeAnswer:
+    """An agent's answer, bounded and made safe to show (a node's own words)."""
+    if len(m.outcomes) > MAX_PROBE_TARGETS:
+        raise ValueError(f"probe_answer.outcomes: at most {MAX_PROBE_TARGETS}, got {len(m.outcomes)}")
+    outcomes = tuple(ProbeOutcome(_probe_target_from_proto(o.target), o.ok, printable(o.error[:MAX_TEXT]), o.seconds)
+                     for o in m.outcomes)
+    return ProbeAnswer(m.probe_id, m.port if m.port <= 65535 else 0, printable(m.error[:MAX_TEXT]), outcomes,
+                       m.agent_time, printable(m.interface[:64]))
+
+
 def ended_jobs_request(job_ids: list[str]) -> agent_pb2.EndedJobsRequest:
     return agent_pb2.EndedJobsRequest(job_ids=job_ids)
 
@@ -259,6 +290,9 @@ def command_to_proto(c: Command) -> agent_pb2.CoordinatorMessage:
     if isinstance(c, ReadLog):
         return M(read_log=agent_pb2.ReadLog(request_id=c.request_id, **_attempt_fields(c.attempt), follow=c.follow,
                                             tail_lines=c.tail_lines, environment=c.environment))
+    if isinstance(c, Probe):
+        return M(probe=agent_pb2.Probe(probe_id=c.probe_id, listen_seconds=c.listen_seconds,
+                                       targets=[_probe_target_to_proto(t) for t in c.targets]))
     return M(cancel_log=agent_pb2.CancelLog(request_id=c.request_id))
 
 
@@ -288,6 +322,11 @@ def command_from_proto(msg: agent_pb2.CoordinatorMessage, node: str) -> Command 
         return ServeCode(node, _text(m.job_id, "serve_code.job_id", 256), m.node)
     if kind == "revocations":
         return Revocations(node, tuple((r.node, r.issued_before) for r in m.nodes))
+    if kind == "probe":
+        if len(m.targets) > MAX_PROBE_TARGETS or not 0 <= m.listen_seconds <= MAX_PROBE_LISTEN_SECONDS:
+            raise ValueError(f"probe: at most {MAX_PROBE_TARGETS} targets and {MAX_PROBE_LISTEN_SECONDS:g} s of "
+                             f"listening, got {len(m.targets)} and {m.listen_seconds!r}")
+        return Probe(node, m.probe_id, m.listen_seconds, tuple(_probe_target_from_proto(t) for t in m.targets))
     if kind == "pace":
         if not 0 < m.heartbeat_interval_seconds <= MAX_HEARTBEAT_INTERVAL_SECONDS:
             raise ValueError(f"pace.heartbeat_interval_seconds: expected above 0 and at most "
@@ -457,3 +496,9 @@ def queued_job(job, position: int, now: float) -> control_pb2.QueuedJob:
 
 def policy_response(policy) -> control_pb2.GetPolicyResponse:
     return control_pb2.GetPolicyResponse(text=policy.text, source=policy.source, loaded_at=policy.loaded_at)
+
+
+def diagnose_response(checks) -> control_pb2.DiagnoseResponse:
+    """`tfcluster doctor`'s checks (core/diagnosis.py's Check: name, subject, level, message, fix)."""
+    return control_pb2.DiagnoseResponse(checks=[control_pb2.Check(name=c.name, subject=c.subject, level=c.level,
+                                                                  message=c.message, fix=c.fix) for c in checks])

@@ -207,6 +207,39 @@ def _check_node_name(name: str) -> None:
 
 
 @app.command()
+def doctor(
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object: {\"checks\": [{name, subject, level, "
+                                                       "message, fix}], \"failed\": N}."),
+    coordinator: Optional[str] = CoordinatorOpt,
+    tls_dir: Optional[Path] = TlsDirOpt,
+) -> None:
+    """Check the cluster end to end (admins): every node, the store, the clocks, and real TCP connects between the
+    agents' peer ports and task ranges. One line per check, with the fix for each that failed; exit 1 if any did."""
+    with connect(coordinator, tls_dir) as client:
+        try:
+            checks = client.diagnose()
+        except ClientError as e:
+            fail(str(e), e.exit_code)
+    failed = sum(1 for c in checks if c.level == "fail")
+    if as_json:
+        import json
+
+        print(json.dumps({"checks": [{"name": c.name, "subject": c.subject, "level": c.level, "message": c.message,
+                                      "fix": c.fix} for c in checks], "failed": failed}, indent=2))
+    else:
+        from tfcluster.columns import colour_wanted, paint
+
+        colour, colour_on = {"ok": "green", "warn": "yellow", "fail": "red"}, colour_wanted()
+        for c in checks:
+            fix = f"\n      fix: {c.fix}" if c.fix and c.level != "ok" else ""
+            print(paint(f"{c.level.upper():<4}  {c.name:<11} {c.subject}: {c.message}", colour.get(c.level, ""),
+                        colour_on) + fix)
+        print(f"{len(checks)} checks, {failed} failed")
+    if failed:
+        raise typer.Exit(1)
+
+
+@app.command()
 def dashboard(
     job_id: Optional[str] = typer.Argument(None, metavar="[JOB]"),
     coordinator: Optional[str] = CoordinatorOpt,

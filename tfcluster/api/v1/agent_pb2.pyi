@@ -159,7 +159,7 @@ class LogData(_message.Message):
     def __init__(self, request_id: _Optional[int] = ..., data: _Optional[bytes] = ..., eof: _Optional[bool] = ..., error: _Optional[str] = ...) -> None: ...
 
 class AgentMessage(_message.Message):
-    __slots__ = ("open", "heartbeat", "task", "log", "evaluation", "sync_done", "leaving")
+    __slots__ = ("open", "heartbeat", "task", "log", "evaluation", "sync_done", "leaving", "probe_answer")
     OPEN_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
@@ -167,6 +167,7 @@ class AgentMessage(_message.Message):
     EVALUATION_FIELD_NUMBER: _ClassVar[int]
     SYNC_DONE_FIELD_NUMBER: _ClassVar[int]
     LEAVING_FIELD_NUMBER: _ClassVar[int]
+    PROBE_ANSWER_FIELD_NUMBER: _ClassVar[int]
     open: StreamOpen
     heartbeat: Heartbeat
     task: _types_pb2.TaskReport
@@ -174,7 +175,58 @@ class AgentMessage(_message.Message):
     evaluation: _types_pb2.Evaluation
     sync_done: SyncDone
     leaving: Leaving
-    def __init__(self, open: _Optional[_Union[StreamOpen, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., task: _Optional[_Union[_types_pb2.TaskReport, _Mapping]] = ..., log: _Optional[_Union[LogData, _Mapping]] = ..., evaluation: _Optional[_Union[_types_pb2.Evaluation, _Mapping]] = ..., sync_done: _Optional[_Union[SyncDone, _Mapping]] = ..., leaving: _Optional[_Union[Leaving, _Mapping]] = ...) -> None: ...
+    probe_answer: ProbeAnswer
+    def __init__(self, open: _Optional[_Union[StreamOpen, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., task: _Optional[_Union[_types_pb2.TaskReport, _Mapping]] = ..., log: _Optional[_Union[LogData, _Mapping]] = ..., evaluation: _Optional[_Union[_types_pb2.Evaluation, _Mapping]] = ..., sync_done: _Optional[_Union[SyncDone, _Mapping]] = ..., leaving: _Optional[_Union[Leaving, _Mapping]] = ..., probe_answer: _Optional[_Union[ProbeAnswer, _Mapping]] = ...) -> None: ...
+
+class ProbeTarget(_message.Message):
+    __slots__ = ("node", "address", "port", "what")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    WHAT_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    address: str
+    port: int
+    what: str
+    def __init__(self, node: _Optional[str] = ..., address: _Optional[str] = ..., port: _Optional[int] = ..., what: _Optional[str] = ...) -> None: ...
+
+class Probe(_message.Message):
+    __slots__ = ("probe_id", "listen_seconds", "targets")
+    PROBE_ID_FIELD_NUMBER: _ClassVar[int]
+    LISTEN_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    TARGETS_FIELD_NUMBER: _ClassVar[int]
+    probe_id: int
+    listen_seconds: float
+    targets: _containers.RepeatedCompositeFieldContainer[ProbeTarget]
+    def __init__(self, probe_id: _Optional[int] = ..., listen_seconds: _Optional[float] = ..., targets: _Optional[_Iterable[_Union[ProbeTarget, _Mapping]]] = ...) -> None: ...
+
+class ProbeOutcome(_message.Message):
+    __slots__ = ("target", "ok", "error", "seconds")
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    OK_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    target: ProbeTarget
+    ok: bool
+    error: str
+    seconds: float
+    def __init__(self, target: _Optional[_Union[ProbeTarget, _Mapping]] = ..., ok: _Optional[bool] = ..., error: _Optional[str] = ..., seconds: _Optional[float] = ...) -> None: ...
+
+class ProbeAnswer(_message.Message):
+    __slots__ = ("probe_id", "port", "error", "outcomes", "agent_time", "interface")
+    PROBE_ID_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    OUTCOMES_FIELD_NUMBER: _ClassVar[int]
+    AGENT_TIME_FIELD_NUMBER: _ClassVar[int]
+    INTERFACE_FIELD_NUMBER: _ClassVar[int]
+    probe_id: int
+    port: int
+    error: str
+    outcomes: _containers.RepeatedCompositeFieldContainer[ProbeOutcome]
+    agent_time: float
+    interface: str
+    def __init__(self, probe_id: _Optional[int] = ..., port: _Optional[int] = ..., error: _Optional[str] = ..., outcomes: _Optional[_Iterable[_Union[ProbeOutcome, _Mapping]]] = ..., agent_time: _Optional[float] = ..., interface: _Optional[str] = ...) -> None: ...
 
 class Leaving(_message.Message):
     __slots__ = ()
@@ -313,7 +365,7 @@ class RevokedNode(_message.Message):
     def __init__(self, node: _Optional[str] = ..., issued_before: _Optional[float] = ...) -> None: ...
 
 class CoordinatorMessage(_message.Message):
-    __slots__ = ("launch", "stop", "read_log", "cancel_log", "finish_training", "ship", "sync", "expect_files", "revocations", "pace", "serve_code")
+    __slots__ = ("launch", "stop", "read_log", "cancel_log", "finish_training", "ship", "sync", "expect_files", "revocations", "pace", "serve_code", "probe")
     LAUNCH_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
     READ_LOG_FIELD_NUMBER: _ClassVar[int]
@@ -325,6 +377,7 @@ class CoordinatorMessage(_message.Message):
     REVOCATIONS_FIELD_NUMBER: _ClassVar[int]
     PACE_FIELD_NUMBER: _ClassVar[int]
     SERVE_CODE_FIELD_NUMBER: _ClassVar[int]
+    PROBE_FIELD_NUMBER: _ClassVar[int]
     launch: _types_pb2.TaskLaunch
     stop: StopTask
     read_log: ReadLog
@@ -336,7 +389,8 @@ class CoordinatorMessage(_message.Message):
     revocations: Revocations
     pace: Pace
     serve_code: ServeCode
-    def __init__(self, launch: _Optional[_Union[_types_pb2.TaskLaunch, _Mapping]] = ..., stop: _Optional[_Union[StopTask, _Mapping]] = ..., read_log: _Optional[_Union[ReadLog, _Mapping]] = ..., cancel_log: _Optional[_Union[CancelLog, _Mapping]] = ..., finish_training: _Optional[_Union[FinishTraining, _Mapping]] = ..., ship: _Optional[_Union[ShipCheckpoints, _Mapping]] = ..., sync: _Optional[_Union[SyncCheckpoints, _Mapping]] = ..., expect_files: _Optional[_Union[ExpectFiles, _Mapping]] = ..., revocations: _Optional[_Union[Revocations, _Mapping]] = ..., pace: _Optional[_Union[Pace, _Mapping]] = ..., serve_code: _Optional[_Union[ServeCode, _Mapping]] = ...) -> None: ...
+    probe: Probe
+    def __init__(self, launch: _Optional[_Union[_types_pb2.TaskLaunch, _Mapping]] = ..., stop: _Optional[_Union[StopTask, _Mapping]] = ..., read_log: _Optional[_Union[ReadLog, _Mapping]] = ..., cancel_log: _Optional[_Union[CancelLog, _Mapping]] = ..., finish_training: _Optional[_Union[FinishTraining, _Mapping]] = ..., ship: _Optional[_Union[ShipCheckpoints, _Mapping]] = ..., sync: _Optional[_Union[SyncCheckpoints, _Mapping]] = ..., expect_files: _Optional[_Union[ExpectFiles, _Mapping]] = ..., revocations: _Optional[_Union[Revocations, _Mapping]] = ..., pace: _Optional[_Union[Pace, _Mapping]] = ..., serve_code: _Optional[_Union[ServeCode, _Mapping]] = ..., probe: _Optional[_Union[Probe, _Mapping]] = ...) -> None: ...
 
 class Pace(_message.Message):
     __slots__ = ("heartbeat_interval_seconds",)

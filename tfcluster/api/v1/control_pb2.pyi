@@ -70,6 +70,30 @@ class ResumeNodeResponse(_message.Message):
     was_drained: bool
     def __init__(self, was_drained: _Optional[bool] = ...) -> None: ...
 
+class DiagnoseRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class Check(_message.Message):
+    __slots__ = ("name", "subject", "level", "message", "fix")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SUBJECT_FIELD_NUMBER: _ClassVar[int]
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    FIX_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    subject: str
+    level: str
+    message: str
+    fix: str
+    def __init__(self, name: _Optional[str] = ..., subject: _Optional[str] = ..., level: _Optional[str] = ..., message: _Optional[str] = ..., fix: _Optional[str] = ...) -> None: ...
+
+class DiagnoseResponse(_message.Message):
+    __slots__ = ("checks",)
+    CHECKS_FIELD_NUMBER: _ClassVar[int]
+    checks: _containers.RepeatedCompositeFieldContainer[Check]
+    def __init__(self, checks: _Optional[_Iterable[_Union[Check, _Mapping]]] = ...) -> None: ...
+
 class SubmitJobRequest(_message.Message):
     __slots__ = ("spec", "client_request_id")
     SPEC_FIELD_NUMBER: _ClassVar[int]

@@ -96,6 +96,11 @@ class ControlServiceStub:
                 request_serializer=tfcluster_dot_v1_dot_control__pb2.ResumeNodeRequest.SerializeToString,
                 response_deserializer=tfcluster_dot_v1_dot_control__pb2.ResumeNodeResponse.FromString,
                 _registered_method=True)
+        self.Diagnose = channel.unary_unary(
+                '/tfcluster.v1.ControlService/Diagnose',
+                request_serializer=tfcluster_dot_v1_dot_control__pb2.DiagnoseRequest.SerializeToString,
+                response_deserializer=tfcluster_dot_v1_dot_control__pb2.DiagnoseResponse.FromString,
+                _registered_method=True)
         self.CreateDashboardLogin = channel.unary_unary(
                 '/tfcluster.v1.ControlService/CreateDashboardLogin',
                 request_serializer=tfcluster_dot_v1_dot_control__pb2.CreateDashboardLoginRequest.SerializeToString,
@@ -215,6 +220,14 @@ class ControlServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Diagnose(self, request, context):
+        """Admins only: the cluster checked end to end (`tfcluster doctor`): every node, the store, and real TCP connects
+        between the agents' ports, each check with its verdict and the fix.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def CreateDashboardLogin(self, request, context):
         """A one-time link that logs a browser in to the dashboard (a viewer session), for anyone who may read.
         """
@@ -320,6 +333,11 @@ def add_ControlServiceServicer_to_server(servicer, server):
                     servicer.ResumeNode,
                     request_deserializer=tfcluster_dot_v1_dot_control__pb2.ResumeNodeRequest.FromString,
                     response_serializer=tfcluster_dot_v1_dot_control__pb2.ResumeNodeResponse.SerializeToString,
+            ),
+            'Diagnose': grpc.unary_unary_rpc_method_handler(
+                    servicer.Diagnose,
+                    request_deserializer=tfcluster_dot_v1_dot_control__pb2.DiagnoseRequest.FromString,
+                    response_serializer=tfcluster_dot_v1_dot_control__pb2.DiagnoseResponse.SerializeToString,
             ),
             'CreateDashboardLogin': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateDashboardLogin,
@@ -676,6 +694,33 @@ class ControlService:
             '/tfcluster.v1.ControlService/ResumeNode',
             tfcluster_dot_v1_dot_control__pb2.ResumeNodeRequest.SerializeToString,
             tfcluster_dot_v1_dot_control__pb2.ResumeNodeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Diagnose(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tfcluster.v1.ControlService/Diagnose',
+            tfcluster_dot_v1_dot_control__pb2.DiagnoseRequest.SerializeToString,
+            tfcluster_dot_v1_dot_control__pb2.DiagnoseResponse.FromString,
             options,
             channel_credentials,
             insecure,

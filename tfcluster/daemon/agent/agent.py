@@ -29,6 +29,8 @@ from tfcluster.daemon.agent.hooks.summaries import SummariesHook
 from tfcluster.daemon.agent.node.health import HealthCheck
 from tfcluster.daemon.agent.node.logs import LogServer
 from tfcluster.daemon.agent.node.metrics import AgentMetrics
+from tfcluster.daemon.agent.node.probe import answer as probe_answer
+from tfcluster.daemon.agent.node.probe import interface_of
 from tfcluster.daemon.agent.node.retention import Policy, RetentionPass, ask_coordinator, disk_condition, free_bytes
 from tfcluster.daemon.agent.peers.server import DEFAULT_QUOTA_BYTES, Expectation, PeerServer, PeerServicer, RevokedNodes
 from tfcluster.daemon.agent.session.discovery import HostInfo
@@ -42,8 +44,8 @@ from tfcluster.daemon.agent.tasks.supervisor import Supervisor
 from tfcluster.daemon.agent.tasks.users import PER_JOB, TaskUsers, make_state_dir
 from tfcluster.daemon.web import ThreadedWebListener, WebListener
 from tfcluster.layout import INCOMING_PREFIX
-from tfcluster.model import (CancelLog, ExpectFiles, FinishTraining, Gpu, Launch, NodeInfo, ReadLog, Revocations,
-                             ServeCode, SetPace, Stop, TaskProgress)
+from tfcluster.model import (CancelLog, ExpectFiles, FinishTraining, Gpu, Launch, NodeInfo, Probe, ReadLog,
+                             Revocations, ServeCode, SetPace, Stop, TaskProgress)
 from tfcluster.pki import REMOVED, REPLACED
 from tfcluster.security import Credentials
 from tfcluster.states import Phase
@@ -99,6 +101,7 @@ class Agent:
             cgroups = self.supervisor.starter.cgroups = TaskCgroups()
             log.info("memory limits: %s", f"kept by the kernel in task cgroups under {cgroups.delegated}"
                      if cgroups.delegated else f"kept by watching each task's processes ({cgroups.why_not})")
+        self.supervisor.starter.nccl_interface = interface_of(config.address)
         fetcher = Fetcher(lambda: self.session.coordinator, lambda: self.credentials)
         bounds = Bounds(config.max_code_unpacked_bytes, min_free_bytes=config.retention.min_free_bytes)
         self.supervisor.code = TaskCode(config.state_dir, config.cache_bytes, fetcher, self.task_users.agent_is_root,
@@ -262,6 +265,14 @@ class Agent:
             time.sleep(LOG_BACKLOG_WAIT_SECONDS)
         self.session.send(wire.log_data_to_proto(data))
 
+    def _probe(self, probe: Probe) -> None:
+        """`tfcluster doctor` asked: listen, or connect, and answer (node/probe.py)."""
+        try:
+            self.session.send(wire.probe_answer_to_proto(probe_answer(probe, self.config.port_range,
+                                                                      self.config.address)))
+        except Exception:  # one failed probe must not take anything else down
+            log.exception("probe %d failed", probe.probe_id)
+
     # ---- down: commands ------------------------------------------------------------------------
 
     def handle(self, message: agent_pb2.CoordinatorMessage) -> None:
@@ -286,6 +297,8 @@ class Agent:
                 self.logs.cancel(command.request_id)
             elif isinstance(command, SetPace):
                 self.session.set_pace(command.heartbeat_interval_seconds)
+            elif isinstance(command, Probe):  # connects take seconds: not on the stream's thread
+                threading.Thread(target=self._probe, args=(command,), name="probe", daemon=True).start()
             elif type(command) in self.commands:
                 self.commands[type(command)].handle(command)
         except Exception:  # one bad command must not take the agent down

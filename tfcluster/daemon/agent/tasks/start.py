@@ -32,6 +32,7 @@ from tfcluster.daemon.agent.tasks.users import (JOB_READABLE_FILE_MODE, PRIVATE_
 from tfcluster.daemon.logformat import fields
 from tfcluster.model import Launch
 
+NCCL_SOCKET_IFNAME = "NCCL_SOCKET_IFNAME"
 log = logging.getLogger("tfcluster.agent")
 
 
@@ -91,6 +92,7 @@ class TaskStarter:
         self.launcher = Launcher()  # forks the shims (launcher.py)
         self.cgroups: TaskCgroups | None = None  # keeps tasks' memory limits where the kernel can (cgroups.py)
         self.code: TaskCode | None = None  # fetches jobs' code and makes tasks' working dirs over it (code/task_code.py)
+        self.nccl_interface = ""  # the interface of the node's advertise address: NCCL_SOCKET_IFNAME of GPU tasks
         # What an attempt's start does before its shim, in order, each a method below: the way the agent's per-task
         # hooks are listed (hooks/api.py), so the whole start reads here, top to bottom.
         self.steps: tuple[Callable[[Start], None], ...] = (
@@ -128,6 +130,10 @@ class TaskStarter:
     def _set_environment(self, start: Start) -> None:
         start.env = self._environment(start.record, start.order, start.user, start.paths)
         start.workdir = start.order.workdir
+        # NCCL picks an interface of its own, often one the other nodes cannot reach (docker0, a second NIC): a GPU
+        # task gets the one its peers reach this node by, unless the job or the operator chose one.
+        if self.nccl_interface and start.env.get(layout.CUDA_VISIBLE_DEVICES, "-1") != "-1":
+            start.env.setdefault(NCCL_SOCKET_IFNAME, self.nccl_interface)
 
     def _bring_code(self, start: Start) -> None:
         """The job's code on this node (fetched if it lacks it), and the task's own working dir over it."""

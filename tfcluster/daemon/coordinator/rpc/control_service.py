@@ -23,6 +23,7 @@ from tfcluster.daemon.coordinator.core.lifecycle.launch import command_for
 from tfcluster.daemon.coordinator.core.model import accounting
 from tfcluster.daemon.coordinator.core.model.job import Job, Task
 from tfcluster.daemon.coordinator.core.scheduling.policy import ClassRefused
+from tfcluster.daemon.coordinator.rpc import doctor
 from tfcluster.daemon.coordinator.rpc.code_service import CodeServicer
 from tfcluster.daemon.coordinator.rpc.coordinator import Coordinator
 from tfcluster.daemon.coordinator.rpc.watchers import TooManyWatchers
@@ -156,6 +157,9 @@ class ControlServicer(CodeServicer, control_pb2_grpc.ControlServiceServicer):
             await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown node {request.name!r}")
         await _stored(stored, context)
         return control_pb2.ResumeNodeResponse(was_drained=was_drained)
+
+    async def Diagnose(self, request, context):
+        return wire.diagnose_response(await doctor.diagnose(self.c))
 
     async def ListNodes(self, request, context):
         running, memory, now = self.c.running_tasks(), self.c.memory_allocated(), self.c.clock()

@@ -32,6 +32,7 @@ from tfcluster.daemon.coordinator.core.model.node import Drain
 from tfcluster.daemon.coordinator.core.model.task_uids import UidRange
 from tfcluster.daemon.coordinator.rpc.code_service import sweep_code
 from tfcluster.daemon.coordinator.rpc.outbox import LogWaiter, Outbox, StreamEnded
+from tfcluster.daemon.coordinator.rpc.probes import Probes
 from tfcluster.daemon.coordinator.rpc.watchers import Watchers
 from tfcluster.daemon.coordinator.store.api import Store
 from tfcluster.daemon.coordinator.store.code_archives import DEFAULT_MAX_BYTES as DEFAULT_MAX_CODE_BYTES
@@ -40,7 +41,7 @@ from tfcluster.daemon.coordinator.store.code_archives import CodeStore
 from tfcluster.daemon.coordinator.store.open import open_store
 from tfcluster.daemon.coordinator.store.persistence import Persistence
 from tfcluster.daemon.logformat import fields
-from tfcluster.model import Attempt, CancelLog, Command, ReadLog, Revocations, SetPace
+from tfcluster.model import Attempt, CancelLog, Command, Probe, ReadLog, Revocations, SetPace
 from tfcluster.pki import Identity, PkiError
 from tfcluster.pki import REMOVED, REPLACED
 from tfcluster.states import NodeState
@@ -75,6 +76,7 @@ class Coordinator:
         self.started = self.clock()
         self.logins = Logins()     # the dashboard's one-time links and browser sessions
         self.watchers = Watchers()  # clients following a job (WatchJob): woken after each store write
+        self.probes = Probes()      # `tfcluster doctor`'s questions to the agents, waiting for their answers
         self.dashboard_port = 0    # where the dashboard is served; 0: nowhere
         self.leader_address = ""   # where clients reach this coordinator while it leads (status says it)
         # Whether this coordinator may still act: with several coordinators, only while it holds the leadership
@@ -114,7 +116,7 @@ class Coordinator:
             log.warning("%d commands not sent: this coordinator no longer leads", len(commands))
             return
         for command in commands:
-            if isinstance(command, (ReadLog, CancelLog, SetPace)):  # routine, and to every node at once
+            if isinstance(command, (ReadLog, CancelLog, SetPace, Probe)):  # routine, and to every node at once
                 log.debug("%s to %s", type(command).__name__, command.node)
             else:
                 log.info("%s", command, extra=fields(getattr(command, "attempt", None), command.node,
@@ -214,6 +216,8 @@ class Coordinator:
             self.apply(self.cluster.sync_done(node, r.job_id, r.sync_id, r.ok, r.message, now))
         elif kind == "leaving":
             self.cluster.leaving(node)
+        elif kind == "probe_answer":
+            self.probes.answer(node, wire.probe_answer_from_proto(msg.probe_answer), now)
         elif kind == "evaluation":
             attempt, result = wire.evaluation_from_proto(msg.evaluation)
             self.apply(self.cluster.evaluation(node, attempt, result, now))

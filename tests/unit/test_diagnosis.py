@@ -1,0 +1,43 @@
+"""`tfcluster doctor`'s verdicts from what agents answered (core/diagnosis.py): who probes whom, a skewed clock, a
+node that could not open a task port, one that did not answer, a port not reached, each with its fix."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from coresim import info
+
+from tfcluster.daemon.coordinator.core import diagnosis
+from tfcluster.daemon.coordinator.core.diagnosis import FAIL, OK
+from tfcluster.model import ProbeAnswer, ProbeOutcome, ProbeTarget
+
+
+def nodes(n: int):
+    return [info(f"n{i}") for i in range(n)]
+
+
+def test_each_node_probes_the_next_few_peer_ports_and_the_task_ports_they_opened():
+    ready = [replace(i, peer_port=19999) for i in nodes(12)]
+    plan = diagnosis.targets(ready, {"n1": 20050})
+    assert len(plan) == 12 and all(len([t for t in ts if t.what == "peer"]) == diagnosis.PEERS_PROBED
+                                   for ts in plan.values())
+    assert [t.node for t in plan["n0"] if t.what == "tasks"] == ["n1"], "only where a port was opened"
+    assert {t.node for t in plan["n11"]} == {f"n{i}" for i in range(8)}, "round the ring"
+    assert diagnosis.targets(ready[:1], {}) == {"n0": ()}, "a lone node has nobody to reach"
+
+
+def test_verdicts_name_what_is_wrong_and_the_fix():
+    a, b, c = nodes(3)
+    target = ProbeTarget("n1", b.address, 20050, "tasks")
+    listened = {"n0": (ProbeAnswer(1, port=20051, agent_time=100.0, interface="eth0"), 100.0),
+                "n1": (ProbeAnswer(1, error="no free port in the task range 20000-20099", agent_time=103.5), 100.0)}
+    connected = {"n0": (ProbeAnswer(2, outcomes=(ProbeOutcome(target, False, "timed out"),), agent_time=101.0,
+                                    interface="eth0"), 101.0)}
+    checks = {(c.name, c.subject): c for c in diagnosis.probe_checks([a, b, c], listened, connected)}
+    assert checks[("clock", "n0")].level == OK
+    assert checks[("clock", "n1")].level == FAIL and "+3.5 s" in checks[("clock", "n1")].message
+    assert checks[("ports", "n1")].level == FAIL and "--port-range" in checks[("ports", "n1")].fix
+    assert checks[("probe", "n2")].level == FAIL, "no answer"
+    port = checks[("ports", f"n0 -> n1 {b.address}:20050")]
+    assert port.level == FAIL and "TCP ports 20000-20099" in port.fix and "--advertise-address" in port.fix
+    assert checks[("nccl", "n0")].message.startswith("NCCL_SOCKET_IFNAME=eth0")
