@@ -52,6 +52,8 @@ def test_an_agent_killed_and_restarted_after_its_node_was_lost_costs_its_job_not
     cluster.agents["b"].kill()
     wait_until(lambda: cluster.node_state("b") == "LOST", 10, interval=0.05, what="b to be LOST")
     assert cluster.job(job_id)["state"] == "RUNNING", "a LOST node's tasks are given the grace"
+    wait_until(lambda: "this task counts as lost in" in next(t for t in cluster.job(job_id)["tasks"]
+                                                             if t["node"] == "b")["message"], 10, what="status to say so")
     cluster.start_agent("b")  # as systemd restarts it, a moment too late
     job = cluster.job(job_id)
     assert job["state"] == "RUNNING" and job["restarts"] == 0 and sorted(t["pid"] for t in job["tasks"]) == pids

@@ -36,10 +36,11 @@ def test_an_agent_back_within_the_grace_with_its_tasks_costs_its_job_nothing():
     assert silence(sim, "n1", 6) == []
     assert sim.c.nodes["n1"].state == NodeState.LOST, "the node is LOST as fast as before"
     assert task.state == TaskState.RUNNING and job.state == JobState.RUNNING, "its task is not, yet"
+    assert task.message.startswith("node n1 silent for 6 s: this task counts as lost in 17 s unless its agent")
     running = report(job.id, task.type, task.index, task.attempt, "RUNNING", pid=task.pid, listening=True)
     assert sim.c.register(info("n1", 1), [running], "session-n1-restarted", sim.now) == []
     assert sim.c.nodes["n1"].state == NodeState.READY
-    assert job.state == JobState.RUNNING and job.restarts == 0 and task.attempt == 1
+    assert job.state == JobState.RUNNING and job.restarts == 0 and task.attempt == 1 and task.message == ""
     assert silence(sim, "", GRACE + 5) == [], "nothing is lost later either"
 
 

@@ -116,6 +116,7 @@ class Cluster(NodeEvents):
         for report in reports:
             commands += self._apply(info.name, report, now)
         for job, task in self.nodes.placed_on(info.name):
+            task.seen.node_silent = ""  # its node is back
             if task.live and job.attempt_of(task) not in reported:
                 if task.state == TaskState.LAUNCHING:  # the launch may have been lost with the old stream
                     task.seen.sent_at = now

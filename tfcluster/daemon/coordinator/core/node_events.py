@@ -65,6 +65,10 @@ class NodeEvents:
                 commands += lifecycle.lost(job, task, f"node {task.node} is not READY", now)
             elif silent >= self.nodes.lost_after + self._grace(node):
                 commands += lifecycle.lost(job, task, f"node {task.node} lost (no heartbeat for {silent:.1f} s)", now)
+            else:  # status says so meanwhile
+                left = self.nodes.lost_after + self._grace(node) - silent
+                task.seen.node_silent = (f"node {task.node} silent for {silent:.0f} s: this task counts as lost in "
+                                         f"{left:.0f} s unless its agent comes back with it")
         return commands
 
     def leaving(self, name: str) -> None:

@@ -56,6 +56,7 @@ class TaskSeen:
     missing_since: float = 0.0  # when a heartbeat of its node first lacked it while RUNNING
     live: Usage = Usage()     # the running attempt's CPU-seconds and peak RSS so far, when heartbeats carry them
     detail: str = ""          # what it waits for while it starts, as its agent says ("building environment (12 s)")
+    node_silent: str = ""     # while its node is LOST within the task grace: when it counts as lost (node_events.py)
 
 
 @dataclass(eq=False)
@@ -117,6 +118,8 @@ class Task(StateRecord):
 
     @property
     def message(self) -> str:
+        if self.live and self.seen.node_silent:
+            return self.seen.node_silent
         if self.state == TaskState.LAUNCHING and self.seen.detail:
             return self.seen.detail
         return self.exit.message if self.exit else ""
