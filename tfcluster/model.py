@@ -31,6 +31,13 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _CONTROL_BUT_WHITESPACE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
 
+def drain_reason_problem(reason: str) -> str:
+    """Why a drain's reason (stripped) is refused, by the CLI and the coordinator alike; "" when it will do."""
+    if not reason or len(reason) > MAX_DRAIN_REASON or not reason.isprintable():
+        return f"say why, in one printable line of at most {MAX_DRAIN_REASON} characters"
+    return ""
+
+
 def printable(value: str) -> str:
     """Free text from elsewhere (an agent's message) made safe for one log line: control characters become '?'."""
     return _CONTROL.sub("?", value)

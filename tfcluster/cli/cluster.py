@@ -12,7 +12,7 @@ import typer
 
 from tfcluster.cli.common import CoordinatorOpt, TlsDirOpt, app, connect, err, fail, out, parse_duration
 from tfcluster.client import ClientError
-from tfcluster.model import MAX_DRAIN_REASON, NODE_NAME_RE
+from tfcluster.model import NODE_NAME_RE, drain_reason_problem
 from tfcluster.states import DrainState
 
 DRAIN_POLL_SECONDS = 1.0
@@ -146,8 +146,9 @@ def node_drain(
     there, unless --requeue sends them back to the queue. `tfcluster node resume` undoes it."""
     _check_node_name(name)
     reason = reason.strip()
-    if not reason or len(reason) > MAX_DRAIN_REASON or not reason.isprintable():
-        fail(f"--reason: say why, in one printable line of at most {MAX_DRAIN_REASON} characters", 2)
+    problem = drain_reason_problem(reason)
+    if problem:
+        fail(f"--reason: {problem}", 2)
     with connect(coordinator, tls_dir) as client:
         try:
             reply = client.drain_node(name, reason, requeue)

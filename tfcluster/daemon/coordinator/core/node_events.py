@@ -30,7 +30,7 @@ class NodeEvents:
         commands: list[Command] = []
         for node in self.nodes.expire(now):
             why = f"node {node.name} lost (no heartbeat for {now - node.seen.last_seen:.1f} s)"
-            tasks = sum(1 for _, task in self.nodes.placed_on(node.name) if task.live)
+            tasks = len(self.nodes.live_on(node.name))
             log.warning("%s%s", why, f"; its {tasks} task(s) count as lost in {self._grace(node):g} s unless its "
                                      f"agent comes back with them" if tasks else "", extra=fields(node=node.name))
             for job in list(self.jobs.live.values()):
@@ -76,7 +76,7 @@ class NodeEvents:
         restart (ANNOUNCED_RESTART_GRACE_SECONDS, or --tasks-lost-after when longer) once the node is LOST."""
         node = self.nodes[name]
         node.seen.leaving = True
-        tasks = sum(1 for _, task in self.nodes.placed_on(name) if task.live)
+        tasks = len(self.nodes.live_on(name))
         log.info("node %s's agent is stopping and leaves its %d task(s) running: they count as lost only if it is "
                  "not back within %.0f s of going silent", name, tasks, self._grace(node), extra=fields(node=name))
 
@@ -92,7 +92,7 @@ class NodeEvents:
         commands: list[Command] = []
         if requeue:
             why = f"requeued: node {name} was {drain.words()}"
-            jobs = {job.id: job for job, task in self.nodes.placed_on(name) if task.live}
+            jobs = {job.id: job for job, _ in self.nodes.live_on(name)}
             for job in jobs.values():
                 commands += self.settle(job, lifecycle.requeue(job, why, now))
         return commands + self.schedule(now)

@@ -28,7 +28,7 @@ from tfcluster.daemon.coordinator.rpc.code_service import CodeServicer
 from tfcluster.daemon.coordinator.rpc.coordinator import Coordinator
 from tfcluster.daemon.coordinator.rpc.watchers import TooManyWatchers
 from tfcluster.daemon.logformat import fields
-from tfcluster.model import MAX_DRAIN_REASON, NODE_NAME_RE
+from tfcluster.model import NODE_NAME_RE, drain_reason_problem
 from tfcluster.spec import SpecError
 from tfcluster.states import JobState
 
@@ -137,10 +137,9 @@ class ControlServicer(CodeServicer, control_pb2_grpc.ControlServiceServicer):
 
     async def DrainNode(self, request, context):
         reason = request.reason.strip()
-        if not reason or len(reason) > MAX_DRAIN_REASON or not reason.isprintable():
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"reason: say why the node is drained, in one "
-                                                                  f"printable line of at most {MAX_DRAIN_REASON} "
-                                                                  f"characters (got {request.reason[:80]!r})")
+        problem = drain_reason_problem(reason)
+        if problem:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"reason: {problem} (got {request.reason[:80]!r})")
         who = security.caller()
         try:
             requeued, running, stored = self.c.drain_node(request.name, reason, who.name if who else "",

@@ -330,7 +330,7 @@ class Coordinator:
         now = self.clock()
         if name not in self.cluster.nodes:
             raise KeyError(name)
-        jobs = {job.id for job, task in self.cluster.nodes.placed_on(name) if task.live}
+        jobs = {job.id for job, _ in self.cluster.nodes.live_on(name)}
         commands = self.cluster.drain(name, Drain(reason=reason, by=by, since=now), requeue, now)
         requeued, running = (len(jobs), 0) if requeue else (0, len(jobs))
         return requeued, running, self.apply(commands)

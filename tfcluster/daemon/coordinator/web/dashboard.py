@@ -153,7 +153,7 @@ class Dashboard:
                                                   c.nodes.drain_state(node.name)))
             doc["tasks"] = [{"job": job.id, "task": task.key, "state": task.state.value,
                              "gpus": [g.index for g in task.gpus]}
-                            for job, task in c.nodes.placed_on(node.name) if task.live]
+                            for job, task in c.nodes.live_on(node.name)]
             nodes.append(doc)
         return json_response({"nodes": nodes, "next": page[-1].name if more else ""})
 

@@ -121,6 +121,10 @@ class Nodes(Registry[Node]):
         """The tasks of jobs not ended that are placed on a node."""
         return list(self._placed.get(name, {}).values())
 
+    def live_on(self, name: str) -> list[tuple[Job, Task]]:
+        """The live tasks placed on a node (placed_on also holds the ended tasks of jobs that go on)."""
+        return [(job, task) for job, task in self._placed.get(name, {}).values() if task.live]
+
     def has_placed(self, name: str) -> bool:
         return name in self._placed
 
@@ -229,8 +233,7 @@ class Nodes(Registry[Node]):
         """DRAINING while a live task of a job placed before the drain is there, then DRAINED; None: not drained."""
         if self._nodes[name].drain is None:
             return None
-        busy = any(task.live for _, task in self._placed.get(name, {}).values())
-        return DrainState.DRAINING if busy else DrainState.DRAINED
+        return DrainState.DRAINING if self.live_on(name) else DrainState.DRAINED
 
     def resources_changed(self) -> None:
         """Something may have freed (or added) what nodes can take: jobs that did not fit are tried again."""
