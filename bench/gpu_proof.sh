@@ -1,0 +1,190 @@
+#!/usr/bin/env bash
+# tfcluster on a real NVIDIA GPU: one coordinator and one agent on this machine, started the way the README's
+# Quick start starts them (a CA, a join token, mutual TLS), then:
+#   1. the agent's NVML discovery: the GPU's UUID and memory in `status --json`, against nvidia-smi's;
+#   2. a job with `gpus = 1` whose task runs under the job's own UID, sees exactly that GPU through
+#      CUDA_VISIBLE_DEVICES and multiplies matrices on it (PyTorch: the task's program is any program);
+#   3. the agent's /metrics while it runs: the GPU held by that task, its utilisation and memory;
+#   4. a second `gpus = 1` job waiting (PENDING, with its reason) while the first holds the GPU, and running
+#      once it is free.
+# Needs root (tasks run under per-job UIDs), nvidia-smi, and a Python with tfcluster's dependencies and PyTorch:
+#   PYTHON=/path/to/python3 bench/gpu_proof.sh            (OUT=dir keeps status, metrics and logs there)
+# AGENT_ARGS adds flags to the agent's command line; TASK_FILES names a dir copied beside the task's program.
+# Prints one line per check (ok / FAILED) and exits non-zero when any failed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-$(command -v python3)}
+OUT=${OUT:-$(mktemp -d)}
+mkdir -p "$OUT"
+SECONDS_OF_WORK=${SECONDS_OF_WORK:-40}
+work=$(mktemp -d /var/tmp/tfcluster-gpu.XXXXXX)
+chmod 711 "$work"
+failed=0
+pids=()
+
+say() { printf '%s\n' "$*" | tee -a "$OUT/summary.txt"; }
+check() {  # check NAME CONDITION-EXIT-STATUS DETAIL
+    if [ "$2" = 0 ]; then say "ok      $1: $3"; else say "FAILED  $1: $3"; failed=1; fi
+}
+tfc() { "$PY" -m tfcluster.cli "$@"; }
+cleanup() {
+    for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null; done
+    sleep 2
+    for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null; done
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+# Tasks run as their job's own user: they must reach this checkout and the Python (o+x on the dirs above).
+for path in "$(pwd)" "$("$PY" -c 'import os, sys; print(os.path.realpath(sys.executable))')" ${PYTHONPATH:+${PYTHONPATH//:/ }}; do
+    dir=$path
+    while [ "$dir" != / ] && [ -n "$dir" ]; do chmod o+x "$dir" 2>/dev/null; dir=$(dirname "$dir"); done
+done
+
+say "machine: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -n 1); python $("$PY" -V 2>&1)"
+nvidia-smi --query-gpu=index,uuid,memory.total --format=csv,noheader,nounits >"$OUT/nvidia-smi.csv"
+smi_uuid=$(head -n 1 "$OUT/nvidia-smi.csv" | cut -d, -f2 | tr -d ' ')
+smi_mib=$(head -n 1 "$OUT/nvidia-smi.csv" | cut -d, -f3 | tr -d ' ')
+gpu_count=$(wc -l <"$OUT/nvidia-smi.csv")
+
+# The cluster, as the Quick start makes it.
+tfc ca init --dir "$work/ca" --san 127.0.0.1 >"$OUT/ca-init.txt" 2>&1
+export TFCLUSTER_COORDINATOR=127.0.0.1:17070 TFCLUSTER_TLS_DIR=$work/ca/admin
+"$PY" -m tfcluster.cli coordinator --listen 127.0.0.1:17070 --join-listen 127.0.0.1:17071 --tls-dir "$work/ca" \
+    --state-dir "$work/coordinator" --http-listen 127.0.0.1:19100 >"$OUT/coordinator.log" 2>&1 &
+coordinator=$!
+pids+=($coordinator)
+# The token goes to a file only root reads, never on a command line.
+for _ in $(seq 60); do
+    kill -0 "$coordinator" 2>/dev/null || { say "FAILED  coordinator exited: $(tail -n 3 "$OUT/coordinator.log")"; exit 1; }
+    tfc token create --ttl 1h 2>"$OUT/token.err" | install -m 600 /dev/stdin "$work/join-token"
+    [ -s "$work/join-token" ] && break
+    sleep 0.5
+done
+[ -s "$work/join-token" ] || { say "FAILED  no join token: $(tail -n 3 "$OUT/token.err")"; exit 1; }
+"$PY" -m tfcluster.cli agent --name gpu-node --coordinator 127.0.0.1:17070 --join-address 127.0.0.1:17071 \
+    --join-token-file "$work/join-token" --ca-cert "$work/ca/ca.crt" --advertise-address 127.0.0.1 \
+    --port-range 21000-21199 --state-dir "$work/agent" --http-listen 127.0.0.1:19101 ${AGENT_ARGS:-} \
+    >"$OUT/agent.log" 2>&1 &
+pids+=($!)
+
+ready=1
+for _ in $(seq 120); do
+    tfc status --json >"$OUT/status-ready.json" 2>/dev/null &&
+        "$PY" -c 'import json,sys; n=json.load(open(sys.argv[1]))["nodes"]; sys.exit(0 if n and n[0]["state"]=="READY" else 1)' \
+            "$OUT/status-ready.json" && { ready=0; break; }
+    sleep 0.5
+done
+check "agent registered" $ready "node gpu-node READY over mutual TLS"
+[ $ready = 0 ] || { tail -n 5 "$OUT/agent.log"; exit 1; }
+
+# 1. NVML discovery, as status --json shows it.
+"$PY" - "$OUT/status-ready.json" "$smi_uuid" "$smi_mib" "$gpu_count" >"$OUT/discovery.txt" <<'EOF'
+import json, sys
+status, uuid, mib, count = json.load(open(sys.argv[1])), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+node = status["nodes"][0]
+print(json.dumps(node, indent=1))
+listed = node["gpus"]
+found = [g for g in listed if g["uuid"] == uuid]
+assert len(listed) == count, f"status lists {len(listed)} GPUs, nvidia-smi {count}"
+assert found, f"no GPU with nvidia-smi's UUID {uuid} in status --json: {listed}"
+assert abs(found[0]["memory_mib"] - mib) <= 1, f"{found[0]['memory_mib']} MiB against nvidia-smi's {mib} MiB"
+print(f"status --json: {found[0]['name']} {uuid}, {found[0]['memory_mib']} MiB = nvidia-smi's")
+EOF
+check "NVML discovery" $? "$(tail -n 1 "$OUT/discovery.txt")"
+
+# 2. A job with one GPU: its task prints who it is and what it sees, then multiplies matrices on the GPU.
+cat >"$work/gpu_task.py" <<EOF
+import os, time, torch
+print("uid", os.getuid(), "CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"), flush=True)
+print("torch sees", torch.cuda.device_count(), "GPU(s):", torch.cuda.get_device_name(0),
+      "uuid GPU-" + str(torch.cuda.get_device_properties(0).uuid), flush=True)
+a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+end, products = time.time() + ${SECONDS_OF_WORK}, 0
+start = time.time()
+while time.time() < end:
+    for _ in range(50):
+        c = a @ b
+    torch.cuda.synchronize()
+    products += 50
+elapsed = time.time() - start
+print(f"{products} bf16 8192^3 products in {elapsed:.1f} s: {products * 2 * 8192**3 / elapsed / 1e12:.0f} TFLOP/s", flush=True)
+EOF
+chmod 644 "$work/gpu_task.py"
+[ -n "${TASK_FILES:-}" ] && cp -r "$TASK_FILES"/. "$work"/ && chmod -R a+rX "$work"
+job_spec() {  # job_spec NAME
+    cat <<EOF
+name = "$1"
+strategy = "mirrored"
+command = ["$PY", "$work/gpu_task.py"]
+shared_workdir = true
+workdir = "$work"
+stop_grace_seconds = 5
+[roles.worker]
+count = 1
+gpus = 1
+EOF
+}
+job_spec gpu-first >"$work/first.toml"
+job_spec gpu-second >"$work/second.toml"
+first=$(tfc start "$work/first.toml" 2>"$OUT/start-first.err" | head -n 1)
+check "first job submitted" $([ -n "$first" ]; echo $?) "${first:-$(cat "$OUT/start-first.err")}"
+[ -n "$first" ] || exit 1
+
+job_field() {  # job_field JOB EXPR: a Python expression over `job` in status --json
+    tfc status --json 2>/dev/null | "$PY" -c "import json,sys
+jobs=[j for j in json.load(sys.stdin)['jobs'] if j['id']=='$1']
+job=jobs[0] if jobs else {}
+print($2)"
+}
+for _ in $(seq 120); do [ "$(job_field "$first" "job.get('state')")" = RUNNING ] && break; sleep 0.5; done
+sleep 8  # the task has started its products: the GPU is busy
+
+# 3. /metrics while it runs.
+# HTTPS with the node's certificate; the admin's client certificate may read it, as a scraper's would.
+admin=$work/ca/admin
+"$PY" - "$admin" >"$OUT/metrics-running.txt" 2>"$OUT/metrics.err" <<'EOF'
+import ssl, sys, urllib.request
+context = ssl.create_default_context(cafile=f"{sys.argv[1]}/ca.crt")
+context.load_cert_chain(f"{sys.argv[1]}/client.crt", f"{sys.argv[1]}/client.key")
+print(urllib.request.urlopen("https://127.0.0.1:19101/metrics", context=context, timeout=10).read().decode())
+EOF
+grep '^tfcluster_gpu_' "$OUT/metrics-running.txt" >"$OUT/gpu-metrics.txt"
+grep -q "tfcluster_gpu_allocated{.*job_id=\"$first\"" "$OUT/gpu-metrics.txt"
+check "GPU held on /metrics" $? "$(grep "tfcluster_gpu_allocated{" "$OUT/gpu-metrics.txt" | head -n 1)"
+util=$(grep '^tfcluster_gpu_utilization_ratio' "$OUT/gpu-metrics.txt" | head -n 1)
+"$PY" -c "import sys; sys.exit(0 if float('${util##* }' or 0) > 0 else 1)" 2>/dev/null
+check "GPU busy on /metrics" $? "${util:-no tfcluster_gpu_utilization sample}"
+
+# 4. A second job with one GPU waits while the first holds it.
+tfc status --json >"$OUT/status-running.json"
+second=$(tfc start "$work/second.toml" 2>"$OUT/start-second.err" | head -n 1)
+sleep 3
+tfc status >"$OUT/status-both.txt" 2>&1
+state=$(job_field "$second" "job.get('state')")
+reason=$(job_field "$second" "job.get('message', '')")
+check "second job waits" $([ "$state" = PENDING ]; echo $?) "$second $state: $reason"
+
+for _ in $(seq 240); do
+    case "$(job_field "$first" "job.get('state')")" in SUCCEEDED|FAILED|STOPPED) break;; esac; sleep 0.5
+done
+tfc logs "$first" worker:0 >"$OUT/first-task.log" 2>&1
+first_state=$(job_field "$first" "job.get('state')")
+check "first job" $([ "$first_state" = SUCCEEDED ]; echo $?) "$first_state; $(tr '\n' ';' <"$OUT/first-task.log")"
+task_uid=$(awk '/^uid/ {print $2}' "$OUT/first-task.log")
+visible=$(awk '/^uid/ {print $4}' "$OUT/first-task.log")
+check "task's own UID" $([ -n "$task_uid" ] && [ "$task_uid" != 0 ]; echo $?) "uid ${task_uid:-?} (not root)"
+sees=$(grep -c "torch sees 1 GPU(s):.*uuid $smi_uuid" "$OUT/first-task.log")
+check "exactly that GPU" $([ "$sees" = 1 ]; echo $?) "CUDA_VISIBLE_DEVICES=$visible; $(grep 'torch sees' "$OUT/first-task.log")"
+
+for _ in $(seq 240); do
+    case "$(job_field "$second" "job.get('state')")" in SUCCEEDED|FAILED|STOPPED) break;; esac; sleep 0.5
+done
+tfc logs "$second" worker:0 >"$OUT/second-task.log" 2>&1
+second_state=$(job_field "$second" "job.get('state')")
+check "second job after the first" $([ "$second_state" = SUCCEEDED ]; echo $?) \
+    "$second_state; $(grep -h TFLOP "$OUT/second-task.log")"
+tfc status --json >"$OUT/status-end.json" 2>&1
+say "artifacts: $OUT"
+exit $failed
