@@ -111,7 +111,8 @@ def main() -> int:
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--modes", nargs="+", default=["save-first", "plain"], choices=["save-first", "plain"])
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="tfcluster-bench-") as root:
+    # Not under /tmp: each job sees a /tmp of its own, and its checkpoint dir must be the same path for all.
+    with tempfile.TemporaryDirectory(prefix="tfcluster-bench-", dir="/var/tmp") as root:
         cluster = LocalCluster(root=Path(root))
         try:
             (Path(root) / "policy.toml").write_text(POLICY)
