@@ -1,9 +1,10 @@
 """MultiWorkerMirroredStrategy custom loop that survives preemption: PreemptionCheckpointHandler.
 
-On SIGTERM (`tfcluster stop` sends it, as does a node shutting down) every worker saves a checkpoint
-at the same step and exits with code 42. tfcluster restarts a group that exited 42 without using the
-restart budget; after `tfcluster stop` the job ends STOPPED and a new job with the same checkpoint_dir
-resumes at the saved step. The handler restores that checkpoint when it is created.
+On the job's stop signal ([preemption] signal: `tfcluster stop`, a preemption by a job of a higher class and
+`tfcluster node drain --requeue` send it) every worker saves a checkpoint at the same step and exits with code
+42. tfcluster restarts a group that exited 42 without using the restart budget, a preempted job resumes at the
+saved step when it is placed again, and after `tfcluster stop` a new job with the same checkpoint_dir resumes
+there. task.preemption_handler wires the signal and restores that checkpoint when it is created.
 """
 
 import os
@@ -29,9 +30,8 @@ with strategy.scope():
     step = tf.Variable(0, dtype=tf.int64, trainable=False)
 
 checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step)
-# Created on the main thread: it installs the SIGTERM handler. Non-chief workers save to temp dirs.
-handler = tf.distribute.experimental.PreemptionCheckpointHandler(
-    strategy.cluster_resolver, checkpoint, os.path.join(task.checkpoint_dir, "preemption"))
+# Created on the main thread: it installs the stop signal's handler. Non-chief workers save to temp dirs.
+handler = task.preemption_handler(checkpoint, os.path.join(task.checkpoint_dir, "preemption"), strategy)
 if handler.total_run_calls:
     print(f"resumed at step {handler.total_run_calls}", flush=True)
 

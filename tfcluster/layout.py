@@ -27,6 +27,8 @@ CODE_DIR = "TFCLUSTER_CODE_DIR"  # the job's code as fetched, read-only: the tas
 EVENTS_FILE = "TFCLUSTER_EVENTS_FILE"    # the task appends its events (evaluations) here
 CONTROL_FILE = "TFCLUSTER_CONTROL_FILE"  # the agent tells the task that training has finished here
 SUMMARY_DIR = "TFCLUSTER_SUMMARY_DIR"    # evaluator: where it writes TensorBoard summaries (its agent reads them)
+STOP_SIGNAL = "TFCLUSTER_STOP_SIGNAL"    # the signal a stop, preemption or drain sends first ("SIGTERM")
+STOP_GRACE = "TFCLUSTER_STOP_GRACE_SECONDS"  # and how long after it SIGKILL follows
 # The evaluator's summary dir unless its role sets summary_dir: this folder under the model dir.
 EVAL_SUMMARY_SUBDIR = "eval"
 # Set by tfcluster for every task; a spec may not override them.

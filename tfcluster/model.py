@@ -16,6 +16,13 @@ from typing import Any
 from tfcluster.states import Phase
 
 PREEMPTION_EXIT_CODE = 42  # PreemptionCheckpointHandler saved a checkpoint and exited: restart for free
+# The signals a stop may send first ([preemption] signal): those whose default action ends a process, so that a
+# program that handles none of them still ends, and none that a shell or Python gives another meaning to.
+STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2")
+DEFAULT_STOP_SIGNAL = "SIGTERM"  # what PreemptionCheckpointHandler watches unless told otherwise
+# The line tfcluster.task's preemption handler prints as it exits 42, which tells the coordinator the step saved.
+PREEMPTION_SAVED_LINE = "tfcluster: preemption checkpoint saved at step {step}"
+_PREEMPTION_SAVED_RE = re.compile(r"tfcluster: preemption checkpoint saved at step (\d{1,19})")
 CHIEF, WORKER, PS, EVALUATOR = "chief", "worker", "ps", "evaluator"  # a task's type, as TF_CONFIG names it
 ROLE_TYPES = (CHIEF, WORKER, PS, EVALUATOR)
 TRAINING_TYPES = (CHIEF, WORKER, PS)  # the training tasks' cluster in TF_CONFIG; the evaluator is never in it
@@ -167,6 +174,18 @@ class TaskExit:
     def preempted(self) -> bool:
         return self.exit_code == PREEMPTION_EXIT_CODE
 
+    @property
+    def saved_step(self) -> int | None:
+        """The step a preemption save was made at, as the program's last lines say it (PREEMPTION_SAVED_LINE);
+        None: not a preemption save, or the program did not say."""
+        if not self.preempted:
+            return None
+        for line in reversed(self.log_tail):
+            found = _PREEMPTION_SAVED_RE.search(line)
+            if found:
+                return int(found.group(1))
+        return None
+
     def describe(self) -> str:
         """`exited with code 3`, `killed by SIGKILL`, or the reason it never ran, with the message after."""
         if self.signal:
@@ -281,6 +300,7 @@ class Launch:
     code_sha256: str = ""  # the job's code archive, fetched and unpacked under the task's cwd; "": shared workdir
     code_sources: tuple[str, ...] = ()  # peers (host:peer_port) that hold the archive; the coordinator after them
     environment: EnvironmentSpec = field(default_factory=EnvironmentSpec)
+    stop_signal: str = DEFAULT_STOP_SIGNAL  # sent first on a stop; SIGKILL after stop_grace_seconds
 
     def __str__(self) -> str:
         return f"launch {self.attempt} on {self.node}"
@@ -290,7 +310,7 @@ class Launch:
 class Stop:
     node: str
     attempt: Attempt
-    grace_seconds: float  # SIGTERM, then SIGKILL after this long; 0: SIGKILL at once
+    grace_seconds: float  # the launch's stop signal, then SIGKILL after this long; 0: SIGKILL at once
 
     def __str__(self) -> str:
         return f"stop {self.attempt} on {self.node} (SIGKILL after {self.grace_seconds:g} s)"

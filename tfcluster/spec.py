@@ -11,7 +11,8 @@ import re
 from dataclasses import dataclass, field
 
 from tfcluster import layout, strategies
-from tfcluster.model import CHIEF, EVALUATOR, NODE_NAME_RE, ROLE_TYPES, EnvironmentSpec, control_character
+from tfcluster.model import (CHIEF, DEFAULT_STOP_SIGNAL, EVALUATOR, NODE_NAME_RE, ROLE_TYPES, STOP_SIGNALS,
+                             EnvironmentSpec, control_character)
 
 STRATEGIES = strategies.NAMES
 TRAINING_ROLES = strategies.TRAINING_ROLES
@@ -78,6 +79,7 @@ class JobSpec:
     roles: dict[str, RoleSpec] = field(default_factory=dict)
     restart: RestartPolicy = field(default_factory=RestartPolicy)
     stop_grace_seconds: float = DEFAULT_STOP_GRACE_SECONDS
+    stop_signal: str = DEFAULT_STOP_SIGNAL  # sent first on a stop, preemption or drain; SIGKILL after the grace
     evaluator_deadline_seconds: float = DEFAULT_EVALUATOR_DEADLINE_SECONDS
     priority: str = ""  # a priority class of the coordinator's policy; "": the owner's default class
     memory: int = 0     # bytes each task may use, unless the role says otherwise; 0: not limited
@@ -144,6 +146,8 @@ def validate(spec: JobSpec, source: str = "<spec>", absolute_paths: bool = False
         _check_int(code, "restart.permanent_exit_codes", 1, 255, fail)
     _check_number(r.hang_seconds, "restart.hang_seconds", 0, fail)
     _check_number(spec.stop_grace_seconds, "stop_grace_seconds", 0, fail)
+    if spec.stop_signal not in STOP_SIGNALS:
+        raise fail("preemption.signal", f"expected one of: {', '.join(STOP_SIGNALS)}, got {spec.stop_signal!r}")
     _check_number(spec.evaluator_deadline_seconds, "evaluator_deadline_seconds", 1, fail)
     _check_code(spec, fail)
     _check_roles(spec, fail)
@@ -198,7 +202,7 @@ def _check_roles(spec: JobSpec, fail) -> None:
     if spec.training_task_count == 0:
         raise fail("roles", "expected at least one training task ([roles.worker] count >= 1, or a [roles.chief])")
     profile = strategies.profile(strategies.by_roles(spec))  # `auto` is checked as the strategy it becomes
-    problem = profile.check_roles(spec)
+    problem = profile.check_roles(spec) or profile.check_keras(spec)
     if problem:
         raise fail(*problem)
     for role_type in ROLE_TYPES:

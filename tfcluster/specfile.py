@@ -18,14 +18,15 @@ else:  # pragma: no cover
 
 from tfcluster.model import CHIEF, EVALUATOR, PS, ROLE_TYPES, WORKER, EnvironmentSpec
 from tfcluster.spec import (DEFAULT_EVALUATOR_DEADLINE_SECONDS, DEFAULT_MAX_RESTARTS, DEFAULT_STOP_GRACE_SECONDS,
-                            SIZE_RE, STRATEGIES, JobSpec, RestartPolicy, RoleSpec, SpecError, validate)
+                            DEFAULT_STOP_SIGNAL, SIZE_RE, STRATEGIES, JobSpec, RestartPolicy, RoleSpec, SpecError, validate)
 
 JOB_KEYS = ("name", "strategy", "command", "workdir", "checkpoint_dir", "model_dir", "env", "gpus",
             "roles", "restart", "stop_grace_seconds", "evaluator_deadline_seconds", "priority", "memory",
-            "shared_workdir", "environment")
+            "shared_workdir", "environment", "preemption")
 ROLE_KEYS = ("count", "gpus", "command", "env", "nodes", "entrypoint", "summary_dir", "memory")
 RESTART_KEYS = ("max_restarts", "backoff_seconds", "permanent_exit_codes", "hang_seconds")
 ENVIRONMENT_KEYS = ("requirements", "isolated", "project")
+PREEMPTION_KEYS = ("signal", "grace_seconds")
 
 
 class _Reader:
@@ -126,6 +127,7 @@ def parse_spec(data: Any, source: str = "<spec>") -> JobSpec:
         roles[WORKER] = RoleSpec(count=1)  # the plain case: one training task
     restart = r.table(data.get("restart", {}), "restart", RESTART_KEYS)
     codes = restart.get("permanent_exit_codes", [])
+    stop_signal, stop_grace = _read_preemption(r, data)
     if not isinstance(codes, list):
         raise r.fail("restart.permanent_exit_codes", f"expected a list of integers, got {_describe(codes)}")
     spec = JobSpec(
@@ -143,8 +145,8 @@ def parse_spec(data: Any, source: str = "<spec>") -> JobSpec:
             backoff_seconds=r.number(restart.get("backoff_seconds", 0.0), "restart.backoff_seconds"),
             permanent_exit_codes=tuple(r.integer(c, "restart.permanent_exit_codes") for c in codes),
             hang_seconds=r.number(restart.get("hang_seconds", 0.0), "restart.hang_seconds")),
-        stop_grace_seconds=r.number(data.get("stop_grace_seconds", DEFAULT_STOP_GRACE_SECONDS),
-                                    "stop_grace_seconds"),
+        stop_grace_seconds=stop_grace,
+        stop_signal=stop_signal,
         evaluator_deadline_seconds=r.number(data.get("evaluator_deadline_seconds",
                                                      DEFAULT_EVALUATOR_DEADLINE_SECONDS),
                                             "evaluator_deadline_seconds"),
@@ -154,6 +156,21 @@ def parse_spec(data: Any, source: str = "<spec>") -> JobSpec:
         environment=_read_environment(r, data.get("environment", {})),
     )
     return validate(spec, source)
+
+
+def _read_preemption(r: _Reader, data: dict[str, Any]) -> tuple[str, float]:
+    """[preemption] signal and grace_seconds: what a stop, a preemption or a drain sends first, and how long
+    the tasks have to save before SIGKILL. The grace may also be the older top-level stop_grace_seconds."""
+    table = r.table(data.get("preemption", {}), "preemption", PREEMPTION_KEYS)
+    if "grace_seconds" in table and "stop_grace_seconds" in data:
+        raise r.fail("preemption.grace_seconds", "the same setting as stop_grace_seconds: give one of them")
+    grace_key = "preemption.grace_seconds" if "grace_seconds" in table else "stop_grace_seconds"
+    grace = table.get("grace_seconds", data.get("stop_grace_seconds", DEFAULT_STOP_GRACE_SECONDS))
+    grace = r.number(grace, grace_key)
+    if not grace >= 0 or grace == float("inf"):  # named here: validate knows only the older key
+        raise r.fail(grace_key, f"expected a number >= 0, got {grace}")
+    signal = r.string(table.get("signal", DEFAULT_STOP_SIGNAL), "preemption.signal").upper()
+    return (signal if signal.startswith("SIG") else f"SIG{signal}"), grace
 
 
 def _read_environment(r: _Reader, table: Any) -> EnvironmentSpec:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 from tfcluster.model import CHIEF, EVALUATOR, PS, WORKER
 
@@ -20,12 +21,19 @@ GROUP = "group"
 ALONE = "alone"
 
 Problem = tuple[str, str]  # (spec key, what is wrong)
+# Keras 3 (`import keras` since TF 2.16, and tf.keras unless TF_USE_LEGACY_KERAS is set) does not work with
+# MultiWorkerMirroredStrategy or ParameterServerStrategy; Keras 2 (tf-keras) does. The guard's words, in one place.
+LEGACY_KERAS = "TF_USE_LEGACY_KERAS"
+LEGACY_KERAS_ON = ("1", "true", "True")  # what TensorFlow takes as set
+KERAS_FIX = ("pip install tf-keras and keep TF_USE_LEGACY_KERAS=1 (tfcluster sets it unless the spec overrides "
+             "it), then use tf.keras, or `import tf_keras as keras`")
 
 
 @dataclass(frozen=True)
 class Strategy:
     """The rules shared by every strategy; subclasses change what differs."""
     name: str
+    needs_tf_keras: ClassVar[bool] = False  # Keras 3 does not work with it: its tasks need tf-keras
 
     def check_roles(self, spec) -> Problem | None:
         chief, workers = spec.count(CHIEF), spec.count(WORKER)
@@ -58,6 +66,18 @@ class Strategy:
         """GROUP, ALONE, or the task types restarted together when a task of this type fails."""
         return GROUP
 
+    def check_keras(self, spec) -> Problem | None:
+        """A spec that turns tf-keras off (TF_USE_LEGACY_KERAS other than 1) for a strategy that needs it."""
+        if not self.needs_tf_keras:
+            return None
+        for role_type in spec.roles:
+            value = spec.env_for(role_type).get(LEGACY_KERAS)
+            if value is not None and value not in LEGACY_KERAS_ON:
+                key = f"roles.{role_type}.env" if LEGACY_KERAS in spec.role(role_type).env else "env"
+                return f"{key}.{LEGACY_KERAS}", (f"{value!r} selects Keras 3, which does not work with {self.name}; "
+                                                 f"{KERAS_FIX}")
+        return None
+
 
 class Mirrored(Strategy):
     """MirroredStrategy and CentralStorageStrategy: one task with all its GPUs on one node."""
@@ -65,6 +85,7 @@ class Mirrored(Strategy):
 
 class MultiWorkerMirrored(Strategy):
     """An optional chief and N workers running the same program; one dies, all must restart."""
+    needs_tf_keras = True
 
     def check_roles(self, spec) -> Problem | None:
         if spec.count(PS):
@@ -77,6 +98,7 @@ class MultiWorkerMirrored(Strategy):
 
 class ParameterServer(Strategy):
     """The chief runs the program; workers and ps serve it (docs/tensorflow.md: ParameterServerStrategy)."""
+    needs_tf_keras = True
 
     def check_roles(self, spec) -> Problem | None:
         if spec.count(CHIEF) != 1:

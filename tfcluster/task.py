@@ -16,16 +16,26 @@ is read from the environment the agent gives the task when it is asked for (so t
     task.report_evaluation(...)    an evaluation result, shown by `tfcluster status`
     task.SidecarEvaluator          tf-keras's SidecarEvaluator that also ends after the final checkpoint and
                                    reports its results (imports TensorFlow when it is first used)
+    task.stop_signal               the signal a stop, preemption or drain sends first ("SIGTERM", "SIGUSR1", ...)
+    task.preemption_handler(ckpt)  PreemptionCheckpointHandler that saves on that signal and exits 42
+    task.termination_config()      the TerminationConfig it uses, for a handler of your own
+    task.check_keras()             exits with the fix when an MWMS/PS task would run Keras 3 (make_strategy calls it)
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import signal
+import sys
 import tempfile
+import threading
+from collections.abc import Callable
 from typing import Any
 
 from tfcluster import layout
+from tfcluster.model import DEFAULT_STOP_SIGNAL, PREEMPTION_EXIT_CODE, PREEMPTION_SAVED_LINE
 from tfcluster.checkpoints import (CHECKPOINT_POLL_SECONDS, STATE_FILE, STEP_VARIABLES,  # noqa: F401
                                    checkpoint_paths, checkpoint_step, checkpoints, default_checkpoint_dir,
                                    final_checkpoint, latest_checkpoint, report_evaluation)
@@ -58,6 +68,8 @@ def __getattr__(name: str) -> Any:
         return int(_env(layout.NUM_WORKERS) or default)
     if name == "strategy":
         return _env(layout.STRATEGY, "mirrored")
+    if name == "stop_signal":
+        return _env(layout.STOP_SIGNAL, DEFAULT_STOP_SIGNAL)
     if name == "checkpoint_dir":
         return default_checkpoint_dir()
     if name == "model_dir":
@@ -90,6 +102,7 @@ def make_strategy():
     Under multi_worker_mirrored NCCL is asked for when GPUs are present (TensorFlow's AUTO means RING).
     Under parameter_server this is for the chief, which coordinates; workers and ps run a server.
     """
+    check_keras()
     import tensorflow as tf
 
     name = __getattr__("strategy")
@@ -105,3 +118,68 @@ def make_strategy():
     if name == "central_storage":
         return tf.distribute.experimental.CentralStorageStrategy()
     return tf.distribute.MirroredStrategy()
+
+
+def check_keras() -> None:
+    """Under multi_worker_mirrored and parameter_server, exits with a message naming the fix when this task would
+    train with Keras 3 (which does not work with those strategies) instead of tf-keras. make_strategy calls it."""
+    from tfcluster.strategies import KERAS_FIX, LEGACY_KERAS, LEGACY_KERAS_ON
+
+    name = __getattr__("strategy")
+    if name not in strategies_needing_tf_keras():
+        return
+    problem = ""
+    keras = sys.modules.get("keras")
+    if keras is not None and str(getattr(keras, "__version__", "3")).split(".")[0] not in ("0", "1", "2"):
+        problem = f"this program imported keras {getattr(keras, '__version__', '')}, which is Keras 3"
+    elif os.environ.get(LEGACY_KERAS) not in LEGACY_KERAS_ON:
+        problem = f"{LEGACY_KERAS}={os.environ.get(LEGACY_KERAS, '')!r} makes tf.keras Keras 3"
+    elif importlib.util.find_spec("tf_keras") is None:
+        problem = f"tf-keras is not installed for {sys.executable}, so tf.keras is Keras 3"
+    if problem:
+        raise SystemExit(f"tfcluster: {problem}, which does not work with {name} "
+                         f"(keras-team/keras#20585, #18624). Fix: {KERAS_FIX}.")
+
+
+def strategies_needing_tf_keras() -> tuple[str, ...]:
+    from tfcluster.strategies import PROFILES
+
+    return tuple(name for name, p in PROFILES.items() if p.needs_tf_keras)
+
+
+def termination_config(saved_step: Callable[[], int] | None = None, grace_period: int = 0):
+    """A tf.distribute.experimental.TerminationConfig for PreemptionCheckpointHandler that watches the signal
+    tfcluster sends this job on a stop, a preemption or a drain (TFCLUSTER_STOP_SIGNAL, [preemption] signal)
+    and, once every worker saved, exits with code 42: tfcluster restarts the group without charging its
+    restart budget, and a stopped job's next run resumes there. saved_step, when given, tells the step saved
+    (tfcluster's status shows it). Call on the main thread: it installs the signal's handler."""
+    import tensorflow as tf
+
+    asked = threading.Event()
+    signal.signal(signal.Signals[__getattr__("stop_signal")], lambda signum, frame: asked.set())
+
+    def exit_saved() -> None:
+        if saved_step is not None:
+            print(PREEMPTION_SAVED_LINE.format(step=int(saved_step())), flush=True)
+        sys.exit(PREEMPTION_EXIT_CODE)
+
+    # The handler polls the watcher once a second from a thread of its own; the save waits for the next step.
+    return tf.distribute.experimental.TerminationConfig(termination_watcher_fn=asked.is_set, exit_fn=exit_saved,
+                                                        grace_period=grace_period)
+
+
+def preemption_handler(checkpoint, checkpoint_dir: str = "", strategy=None):
+    """tf.distribute.experimental.PreemptionCheckpointHandler over checkpoint (a tf.train.Checkpoint or
+    CheckpointManager), saving under checkpoint_dir (default: <task.checkpoint_dir>/preemption), wired to the
+    job's stop signal by termination_config. Creating it restores the latest preemption checkpoint; pass each
+    single training step through `handler.run(step_fn, ...)`. Call on the main thread."""
+    import tensorflow as tf
+
+    resolver = strategy.cluster_resolver if strategy is not None else \
+        tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    directory = checkpoint_dir or os.path.join(__getattr__("checkpoint_dir"), "preemption")
+    handlers: list = []
+    config = termination_config(saved_step=lambda: handlers[0].total_run_calls)
+    handlers.append(tf.distribute.experimental.PreemptionCheckpointHandler(resolver, checkpoint, directory,
+                                                                           termination_config=config))
+    return handlers[0]

@@ -15,7 +15,7 @@ from typing import Any
 
 from tfcluster.api.v1 import agent_pb2, control_pb2
 from tfcluster.api.v1 import types_pb2 as pb
-from tfcluster.model import CHIEF, WORKER
+from tfcluster.model import CHIEF, DEFAULT_STOP_SIGNAL, STOP_SIGNALS, WORKER
 from tfcluster.model import (MAX_CODE_SOURCES, MAX_DRAIN_REASON, MAX_GPUS_PER_NODE, NODE_NAME_RE, Attempt,
                              CancelLog, Command, EnvironmentSpec, Evaluation, ExpectFiles, FinishTraining, Gpu, Launch,
                              LogData, NodeInfo, Probe, ProbeAnswer, ProbeOutcome, ProbeTarget, ReadLog, Revocations,
@@ -266,7 +266,8 @@ def command_to_proto(c: Command) -> agent_pb2.CoordinatorMessage:
                                       port=c.port, stop_grace_seconds=c.stop_grace_seconds,
                                       report_listening=c.report_listening, uid=c.uid, gid=c.gid, owner=c.owner,
                                       memory_bytes=c.memory_bytes, code_sha256=c.code_sha256,
-                                      code_sources=c.code_sources, environment=environment_to_proto(c.environment)))
+                                      code_sources=c.code_sources, environment=environment_to_proto(c.environment),
+                                      stop_signal=c.stop_signal))
     if isinstance(c, Stop):
         return M(stop=agent_pb2.StopTask(**_attempt_fields(c.attempt), grace_seconds=c.grace_seconds))
     if isinstance(c, FinishTraining):
@@ -305,7 +306,7 @@ def command_from_proto(msg: agent_pb2.CoordinatorMessage, node: str) -> Command 
                       m.stop_grace_seconds, m.report_listening, m.uid, m.gid, _text(m.owner, "launch.owner", 256),
                       m.memory_bytes, _text(m.code_sha256, "launch.code_sha256", 80),
                       tuple(_text(s, "launch.code_sources", 300) for s in m.code_sources[:MAX_CODE_SOURCES]),
-                      environment_from_proto(m.environment))
+                      environment_from_proto(m.environment), _stop_signal(m.stop_signal))
     if kind == "stop":
         return Stop(node, _attempt(m, "stop"), m.grace_seconds)
     if kind == "finish_training":
@@ -339,6 +340,13 @@ def command_from_proto(msg: agent_pb2.CoordinatorMessage, node: str) -> Command 
     return None
 
 
+def _stop_signal(name: str) -> str:
+    """A launch's stop signal: one a spec may name (from an older coordinator, none: SIGTERM)."""
+    if name and name not in STOP_SIGNALS:
+        raise ValueError(f"launch.stop_signal: expected one of: {', '.join(STOP_SIGNALS)}, got {name[:20]!r}")
+    return name or DEFAULT_STOP_SIGNAL
+
+
 def _target_nodes(m) -> tuple[str, ...]:
     """The node at each target, when the coordinator names them all (one before 0.3 names none)."""
     if m.target_nodes and len(m.target_nodes) != len(m.targets):
@@ -354,7 +362,7 @@ def spec_to_proto(spec: JobSpec) -> pb.JobSpec:
                      stop_grace_seconds=spec.stop_grace_seconds,
                      evaluator_deadline_seconds=spec.evaluator_deadline_seconds, priority=spec.priority,
                      memory_bytes=spec.memory, code_sha256=spec.code_sha256, shared_workdir=spec.shared_workdir,
-                     environment=environment_to_proto(spec.environment))
+                     environment=environment_to_proto(spec.environment), stop_signal=spec.stop_signal)
     for role_type, role in spec.roles.items():
         msg.roles[role_type].CopyFrom(pb.RoleSpec(count=role.count, gpus=role.gpus, command=role.command,
                                                   env=role.env, nodes=role.nodes, entrypoint=role.entrypoint,
@@ -384,7 +392,8 @@ def spec_from_proto(msg: pb.JobSpec) -> JobSpec:
                    roles=roles, restart=restart, priority=msg.priority, memory=msg.memory_bytes,
                    code_sha256=msg.code_sha256, shared_workdir=msg.shared_workdir,
                    environment=EnvironmentSpec(msg.environment.requirements, msg.environment.isolated,
-                                               msg.environment.project), **optional)
+                                               msg.environment.project),
+                   stop_signal=msg.stop_signal or DEFAULT_STOP_SIGNAL, **optional)
     return validate(spec, "spec", absolute_paths=True)
 
 

@@ -68,11 +68,11 @@ def test_submit_launches_every_task_with_its_environment():
 
 def test_spec_env_overrides_legacy_keras_and_checkpoint_dir_is_shared():
     sim = three_nodes()
-    spec = make_spec(env={"TF_USE_LEGACY_KERAS": "0"}, worker=2)
+    spec = make_spec(env={"TF_USE_LEGACY_KERAS": "true"}, worker=2)
     spec = type(spec)(**{**spec.__dict__, "checkpoint_dir": "/shared/ckpt"})
     job, actions = sim.submit(spec)
     for a in actions:
-        assert a.env["TF_USE_LEGACY_KERAS"] == "0"
+        assert a.env["TF_USE_LEGACY_KERAS"] == "true"
         assert a.env["TFCLUSTER_CHECKPOINT_DIR"] == "/shared/ckpt"
         assert a.env["TFCLUSTER_MODEL_DIR"] == "/shared/ckpt"
 

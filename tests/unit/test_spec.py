@@ -320,9 +320,42 @@ def test_reserved_env(tmp_path, table, var):
     assert_names(err, f"{table}.{var}", "set by tfcluster", "cannot be overridden")
 
 
-def test_tf_use_legacy_keras_may_be_overridden(tmp_path):
-    spec = load_spec_file(write(tmp_path, BASE.replace("command =", 'env = { TF_USE_LEGACY_KERAS = "0" }\ncommand =')))
-    assert spec.env == {"TF_USE_LEGACY_KERAS": "0"}
+def test_tf_use_legacy_keras_may_be_overridden_where_keras_3_works(tmp_path):
+    text = BASE.replace("command =", 'env = { TF_USE_LEGACY_KERAS = "0" }\ncommand =')
+    text = text.replace('"multi_worker_mirrored"', '"mirrored"').replace("count = 2", "count = 1")
+    assert load_spec_file(write(tmp_path, text)).env == {"TF_USE_LEGACY_KERAS": "0"}
+
+
+@pytest.mark.parametrize("where", ["job", "role"])
+def test_keras_3_is_refused_for_multi_worker_mirrored_with_the_fix(tmp_path, where):
+    setting = 'env = { TF_USE_LEGACY_KERAS = "0" }\n'
+    text = BASE.replace("command =", setting + "command =") if where == "job" else BASE + setting
+    key = "env.TF_USE_LEGACY_KERAS" if where == "job" else "roles.worker.env.TF_USE_LEGACY_KERAS"
+    assert_names(spec_error(tmp_path, text), key, "Keras 3", "multi_worker_mirrored", "pip install tf-keras",
+                 "TF_USE_LEGACY_KERAS=1", "import tf_keras as keras")
+    assert load_spec_file(write(tmp_path, text.replace('"0"', '"1"'))).env_for("worker")["TF_USE_LEGACY_KERAS"] == "1"
+
+
+def test_preemption_signal_and_grace(tmp_path):
+    spec = load_spec_file(write(tmp_path, BASE + '[preemption]\nsignal = "usr1"\ngrace_seconds = 90\n'))
+    assert (spec.stop_signal, spec.stop_grace_seconds) == ("SIGUSR1", 90.0)
+    spec = load_spec_file(write(tmp_path, "stop_grace_seconds = 5\n" + BASE))
+    assert (spec.stop_signal, spec.stop_grace_seconds) == ("SIGTERM", 5.0)
+
+
+@pytest.mark.parametrize("table, key, words", [
+    ('signal = "SIGKILL"', "preemption.signal", ["SIGTERM", "SIGUSR1", "'SIGKILL'"]),
+    ('signal = 10', "preemption.signal", ["expected a string"]),
+    ("grace_seconds = -1", "preemption.grace_seconds", [">= 0"]),
+    ("grace = 3", "preemption.grace", ["unknown key", "grace_seconds"]),
+])
+def test_bad_preemption_table(tmp_path, table, key, words):
+    assert_names(spec_error(tmp_path, BASE + f"[preemption]\n{table}\n"), key, *words)
+
+
+def test_preemption_grace_given_twice(tmp_path):
+    err = spec_error(tmp_path, "stop_grace_seconds = 5\n" + BASE + "[preemption]\ngrace_seconds = 9\n")
+    assert_names(err, "preemption.grace_seconds", "stop_grace_seconds")
 
 
 @pytest.mark.parametrize("name", ["Digits", "my job", "-x", "", "a" * 64, "x/y", "é"])

@@ -97,7 +97,7 @@ class RestartPolicy(_message.Message):
     def __init__(self, max_restarts: _Optional[int] = ..., backoff_seconds: _Optional[float] = ..., permanent_exit_codes: _Optional[_Iterable[int]] = ..., hang_seconds: _Optional[float] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("name", "strategy", "command", "workdir", "checkpoint_dir", "model_dir", "env", "gpus", "roles", "restart", "stop_grace_seconds", "evaluator_deadline_seconds", "priority", "memory_bytes", "code_sha256", "shared_workdir", "environment")
+    __slots__ = ("name", "strategy", "command", "workdir", "checkpoint_dir", "model_dir", "env", "gpus", "roles", "restart", "stop_grace_seconds", "evaluator_deadline_seconds", "priority", "memory_bytes", "code_sha256", "shared_workdir", "environment", "stop_signal")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -129,6 +129,7 @@ class JobSpec(_message.Message):
     CODE_SHA256_FIELD_NUMBER: _ClassVar[int]
     SHARED_WORKDIR_FIELD_NUMBER: _ClassVar[int]
     ENVIRONMENT_FIELD_NUMBER: _ClassVar[int]
+    STOP_SIGNAL_FIELD_NUMBER: _ClassVar[int]
     name: str
     strategy: str
     command: _containers.RepeatedScalarFieldContainer[str]
@@ -146,7 +147,8 @@ class JobSpec(_message.Message):
     code_sha256: str
     shared_workdir: bool
     environment: EnvironmentSpec
-    def __init__(self, name: _Optional[str] = ..., strategy: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., workdir: _Optional[str] = ..., checkpoint_dir: _Optional[str] = ..., model_dir: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., gpus: _Optional[int] = ..., roles: _Optional[_Mapping[str, RoleSpec]] = ..., restart: _Optional[_Union[RestartPolicy, _Mapping]] = ..., stop_grace_seconds: _Optional[float] = ..., evaluator_deadline_seconds: _Optional[float] = ..., priority: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., code_sha256: _Optional[str] = ..., shared_workdir: _Optional[bool] = ..., environment: _Optional[_Union[EnvironmentSpec, _Mapping]] = ...) -> None: ...
+    stop_signal: str
+    def __init__(self, name: _Optional[str] = ..., strategy: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., workdir: _Optional[str] = ..., checkpoint_dir: _Optional[str] = ..., model_dir: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., gpus: _Optional[int] = ..., roles: _Optional[_Mapping[str, RoleSpec]] = ..., restart: _Optional[_Union[RestartPolicy, _Mapping]] = ..., stop_grace_seconds: _Optional[float] = ..., evaluator_deadline_seconds: _Optional[float] = ..., priority: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., code_sha256: _Optional[str] = ..., shared_workdir: _Optional[bool] = ..., environment: _Optional[_Union[EnvironmentSpec, _Mapping]] = ..., stop_signal: _Optional[str] = ...) -> None: ...
 
 class EnvironmentSpec(_message.Message):
     __slots__ = ("requirements", "isolated", "project")
@@ -171,7 +173,7 @@ class CodeChunk(_message.Message):
     def __init__(self, sha256: _Optional[str] = ..., size: _Optional[int] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class TaskLaunch(_message.Message):
-    __slots__ = ("job_id", "task_type", "task_index", "attempt", "command", "env", "workdir", "port", "stop_grace_seconds", "report_listening", "uid", "gid", "owner", "memory_bytes", "code_sha256", "code_sources", "environment")
+    __slots__ = ("job_id", "task_type", "task_index", "attempt", "command", "env", "workdir", "port", "stop_grace_seconds", "report_listening", "uid", "gid", "owner", "memory_bytes", "code_sha256", "code_sources", "environment", "stop_signal")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -196,6 +198,7 @@ class TaskLaunch(_message.Message):
     CODE_SHA256_FIELD_NUMBER: _ClassVar[int]
     CODE_SOURCES_FIELD_NUMBER: _ClassVar[int]
     ENVIRONMENT_FIELD_NUMBER: _ClassVar[int]
+    STOP_SIGNAL_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     task_type: str
     task_index: int
@@ -213,7 +216,8 @@ class TaskLaunch(_message.Message):
     code_sha256: str
     code_sources: _containers.RepeatedScalarFieldContainer[str]
     environment: EnvironmentSpec
-    def __init__(self, job_id: _Optional[str] = ..., task_type: _Optional[str] = ..., task_index: _Optional[int] = ..., attempt: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., workdir: _Optional[str] = ..., port: _Optional[int] = ..., stop_grace_seconds: _Optional[float] = ..., report_listening: _Optional[bool] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., owner: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., code_sha256: _Optional[str] = ..., code_sources: _Optional[_Iterable[str]] = ..., environment: _Optional[_Union[EnvironmentSpec, _Mapping]] = ...) -> None: ...
+    stop_signal: str
+    def __init__(self, job_id: _Optional[str] = ..., task_type: _Optional[str] = ..., task_index: _Optional[int] = ..., attempt: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., workdir: _Optional[str] = ..., port: _Optional[int] = ..., stop_grace_seconds: _Optional[float] = ..., report_listening: _Optional[bool] = ..., uid: _Optional[int] = ..., gid: _Optional[int] = ..., owner: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., code_sha256: _Optional[str] = ..., code_sources: _Optional[_Iterable[str]] = ..., environment: _Optional[_Union[EnvironmentSpec, _Mapping]] = ..., stop_signal: _Optional[str] = ...) -> None: ...
 
 class TaskReport(_message.Message):
     __slots__ = ("job_id", "task_type", "task_index", "attempt", "phase", "pid", "exit_code", "signal", "message", "log_tail", "log_path", "busy_port", "final_checkpoint", "listening", "cpu_seconds", "peak_rss_bytes", "permanent")

@@ -2,8 +2,8 @@
 started as `python -m tfcluster.daemon.agent.shim.runner ATTEMPT_DIR` when the launcher cannot serve.
 
 It starts the task in its own process group, copies its output into the attempt's output files (within
-the attempt's limit: the head and the newest bytes, tasklog.py), carries out stops (SIGTERM, then SIGKILL to
-the whole group once the grace period is over), kills whatever the task leaves behind in its group, and
+the attempt's limit: the head and the newest bytes, tasklog.py), carries out stops (the job's stop signal,
+SIGTERM unless its spec names another, then SIGKILL to the whole group once the grace period is over), kills whatever the task leaves behind in its group, and
 records how the task ended, with its last lines, in its status file. Because the shim, not the agent, is
 the task's parent, an agent restart loses nothing: the exit code and the log are still recorded, and the
 new agent picks them up from the attempt dir; and nothing the task started outlives it.
@@ -273,7 +273,8 @@ class Runner:
         return self.launch.stop_grace_seconds if grace is None else grace
 
     def _terminate(self, first: bool = True) -> None:
-        """SIGTERM to the group now (the first time), SIGKILL once the grace period is over."""
+        """The launch's stop signal (SIGTERM unless the spec says otherwise) to the group now (the first time),
+        SIGKILL once the grace period is over."""
         pgid = self.child.pid
         self.kill_at = min(self.kill_at, time.monotonic() + self._grace())
         if time.monotonic() >= self.kill_at:
@@ -281,7 +282,7 @@ class Runner:
             return
         if not first:
             return  # the escalation thread already waits; it now waits for the new, earlier time
-        kill_group(pgid, signal.SIGTERM)
+        kill_group(pgid, signal.Signals[self.launch.stop_signal])
 
         def escalate() -> None:
             while time.monotonic() < self.kill_at:

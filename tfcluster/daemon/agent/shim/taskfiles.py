@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from tfcluster import layout
-from tfcluster.model import Attempt, TaskExit
+from tfcluster.model import DEFAULT_STOP_SIGNAL, STOP_SIGNALS, Attempt, TaskExit
 from tfcluster.states import ENDED_PHASES, Phase
 FORMAT = 1  # what this release writes; 0: the files of 0.3, which had no `format` field
 DEFAULT_STOP_GRACE_SECONDS = 30.0
@@ -138,6 +138,7 @@ class LaunchFile(_TaskFile):
     private_tmp_unavailable: str = ""  # why the task gets no private /tmp although asked ("": it does)
     memory_bytes: int = 0     # the most memory the task's process tree may use; 0: not limited
     cgroup: str = ""          # the cgroup (v2) made for the task, which enforces memory_bytes; "": the shim does
+    stop_signal: str = DEFAULT_STOP_SIGNAL  # a stop sends it to the task's group first, SIGKILL after the grace
     durable = False  # read by the shim it starts (see _TaskFile.durable)
 
     @property
@@ -155,7 +156,7 @@ class LaunchFile(_TaskFile):
                                                        "job_gid": self.job_gid},
                 "task_dirs": list(self.task_dirs), "private_tmp": self.private_tmp,
                 "private_tmp_unavailable": self.private_tmp_unavailable, "memory_bytes": self.memory_bytes,
-                "cgroup": self.cgroup}
+                "cgroup": self.cgroup, "stop_signal": self.stop_signal}
 
     @classmethod
     def from_json(cls, f: _Fields) -> LaunchFile:
@@ -179,7 +180,15 @@ class LaunchFile(_TaskFile):
                    log_limit_bytes=f.get("log_limit_bytes", int, 0), uid=uid, gid=gid, groups=groups,
                    job_gid=job_gid, task_dirs=f.strings("task_dirs", ()), private_tmp=f.get("private_tmp", str, ""),
                    private_tmp_unavailable=f.get("private_tmp_unavailable", str, ""),
-                   memory_bytes=f.get("memory_bytes", int, 0), cgroup=f.get("cgroup", str, ""))
+                   memory_bytes=f.get("memory_bytes", int, 0), cgroup=f.get("cgroup", str, ""),
+                   stop_signal=_stop_signal(f))
+
+
+def _stop_signal(f: _Fields) -> str:
+    name = f.get("stop_signal", str, DEFAULT_STOP_SIGNAL)
+    if name not in STOP_SIGNALS:
+        raise TaskFileError(f"{f.path}: field 'stop_signal': expected one of: {', '.join(STOP_SIGNALS)}, got {name!r}")
+    return name
 
 
 

@@ -180,7 +180,8 @@ class TaskStarter:
                    job_gid=user.job_gid, task_dirs=tuple(task_dirs),
                    private_tmp=str(paths.tmp) if private_tmp else "",
                    private_tmp_unavailable=private_tmp_problem(self.state_dir) if private_tmp else "",
-                   memory_bytes=order.memory_bytes, cgroup=self._cgroup(record, order.memory_bytes)).write(record.dir)
+                   memory_bytes=order.memory_bytes, cgroup=self._cgroup(record, order.memory_bytes),
+                   stop_signal=order.stop_signal).write(record.dir)
 
     def _cgroup(self, record: TaskRecord, limit: int) -> str:
         """The task's own cgroup with its memory limit; "": its shim keeps the limit by watching (or none)."""

@@ -26,7 +26,8 @@ def launch(job: Job, task: Task) -> Launch:
                   stop_grace_seconds=job.spec.stop_grace_seconds,
                   report_listening=job.profile.must_listen(task.type), uid=job.uid, gid=job.uid, owner=job.owner,
                   memory_bytes=job.spec.memory_for(task.type), code_sha256=job.spec.code_sha256,
-                  code_sources=code_sources(job, task), environment=job.spec.environment)
+                  code_sources=code_sources(job, task), environment=job.spec.environment,
+                  stop_signal=job.spec.stop_signal)
 
 
 def launch_commands(job: Job, task: Task) -> list[Command]:
@@ -100,6 +101,8 @@ def task_env(job: Job, task: Task) -> dict[str, str]:
         layout.PORT: str(task.port),
         layout.CHECKPOINT_DIR: task.checkpoint_dir,
         layout.MODEL_DIR: model_dir,
+        layout.STOP_SIGNAL: spec.stop_signal,  # tfcluster.task's TerminationConfig watches this one
+        layout.STOP_GRACE: f"{spec.stop_grace_seconds:g}",
     })
     if task.type == EVALUATOR:  # its agent reads the summaries it writes there
         env[layout.SUMMARY_DIR] = spec.role(EVALUATOR).summary_dir or \

@@ -99,8 +99,8 @@ def decide(job: Job, failure: Failure, task_type: str) -> Decision:
     if scope:
         return _restart(job, failure, TASKS, charge, f"restarting {' and '.join(scope)}",
                         tuple(t.key for t in job.tasks if t.type in scope))
-    reason = {PREEMPTION: "preemption checkpoint saved", NO_CHARGE: "placing the group again"}.get(
-        charge, "restarting the training group")
+    saved = "preemption checkpoint saved" + ("" if exit.saved_step is None else f" at step {exit.saved_step}")
+    reason = {PREEMPTION: saved, NO_CHARGE: "placing the group again"}.get(charge, "restarting the training group")
     if job.restarting:
         reason += f" (it was restarting {', '.join(job.restarting)} in place)"
     return _restart(job, failure, GROUP, charge, reason)

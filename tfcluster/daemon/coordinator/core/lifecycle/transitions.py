@@ -130,7 +130,18 @@ def ended(job: Job, task: Task, exit: TaskExit, now: float) -> list[Command]:
         task.move(TaskState.FAILED if task.stop_grace is None else TaskState.STOPPED)
     if exit.succeeded or (task.state == TaskState.FAILED and not exit.preempted and not exit.busy_port):
         job.seen.task_ended(task.node, failed=not exit.succeeded)
+    if task.state == TaskState.STOPPED and exit.saved_step is not None:
+        _saved_on_stop(job, exit.saved_step)
     return _after_task_end(job, task, now)
+
+
+def _saved_on_stop(job: Job, step: int) -> None:
+    """A stopped task saved a preemption checkpoint: the job's message says at which step (once: every worker
+    of the group saves at the same step)."""
+    note = f"saved at step {step}"
+    if note not in job.message:
+        job.message = f"{job.message}; {note}" if job.message else note
+        log.info("%s: preemption checkpoint %s", job.id, note, extra=fields(job=job.id))
 
 
 def lost(job: Job, task: Task, why: str, now: float) -> list[Command]:
@@ -379,7 +390,8 @@ def waits(job: Job, reason: str) -> None:
     """A PENDING job stays in the queue for this reason (queue.py words it), after when it was preempted until
     it is placed again (placing clears the message); the same reason again is not written again."""
     preempted = preemption_note(job)
-    message = f"{preempted}; {reason}" if preempted and job.message.startswith(preempted) else reason
+    since = describe_preemption(job.preempted_by, job.preempted_by_owner, job.preempted_at)
+    message = f"{preempted}; {reason}" if preempted and job.message.startswith(since) else reason
     if job.message != message:
         job.message = message
 

@@ -254,8 +254,18 @@ class Job(StateRecord):
 
 
 def preemption_note(job: Job) -> str:
-    """What a preempted job's status says: "preempted by alice's job y-7-k3f9 at 14:03" ("" if never)."""
-    return describe_preemption(job.preempted_by, job.preempted_by_owner, job.preempted_at) if job.preempted_by else ""
+    """What a preempted job's status says: "preempted by alice's job y-7-k3f9 at 14:03" ("" if never), with
+    ", saved at step 120" once its tasks said so."""
+    if not job.preempted_by:
+        return ""
+    note, step = describe_preemption(job.preempted_by, job.preempted_by_owner, job.preempted_at), saved_step(job)
+    return note if step is None else f"{note}, saved at step {step}"
+
+
+def saved_step(job: Job) -> int | None:
+    """The step its training tasks' last preemption save was made at (their exits say it); None: unknown."""
+    steps = [t.exit.saved_step for t in job.tasks if t.exit is not None and t.exit.saved_step is not None]
+    return max(steps) if steps else None
 
 
 def describe_preemption(by: str, owner: str, at: float) -> str:
