@@ -15,15 +15,9 @@ from dataclasses import dataclass, field, fields
 from functools import cache
 from typing import Any, Optional
 
+from tfcluster.model import Gpu  # the GPU a node reports: index, uuid, name, memory_mib
+
 WIRE = field(default=None, repr=False, compare=False)
-
-
-@dataclass(frozen=True)
-class Gpu:
-    index: int
-    uuid: str
-    name: str
-    memory_mib: int
 
 
 @dataclass(frozen=True)
