@@ -75,7 +75,8 @@ class Cluster:
     """
 
     def __init__(self, coordinator: Optional[str] = None, tls_dir: Optional[Union[str, os.PathLike]] = None):
-        self.client = Client(coordinator or default_coordinator(), credentials_for(tls_dir))
+        self.client = Client(coordinator or default_coordinator(),
+                             credentials_for(Path(tls_dir).expanduser() if tls_dir else None))
 
     @property
     def address(self) -> str:
