@@ -41,7 +41,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 from harness import PYTHON, kill_group, running_cluster  # noqa: E402
-from tfcluster.cli.code import ship_code  # noqa: E402
+from tfcluster.codeship import ship_code  # noqa: E402
 from tfcluster.demo.hosts import TestHosts, unavailable  # noqa: E402
 from tfcluster.spec import JobSpec, RoleSpec  # noqa: E402
 from tfcluster.views import job_doc  # noqa: E402

@@ -1,5 +1,5 @@
-"""A client of the coordinator's ControlService. gRPC failures become ClientError with one line a person
-can act on."""
+"""A client of the coordinator's ControlService, the Python API's transport (cluster.py). gRPC failures become
+ClusterError (errors.py) of the kind the answer says, with one line a person can act on."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from tfcluster import layout
 from tfcluster.api.v1 import control_pb2, control_pb2_grpc, types_pb2
 from tfcluster.auth import TokenError, client_token
 from tfcluster.credentials import Credentials, PkiError
+from tfcluster.errors import BY_STATUS, ClusterError, InvalidRequest, NotFound, Unavailable, Unreachable
 from tfcluster.leaders import Coordinators, is_standby
 
 if TYPE_CHECKING:  # the spec and its conversion are imported by the calls that send one: status starts without
@@ -35,15 +36,6 @@ ELECTION_WAIT_SECONDS = 10.0
 ELECTION_POLL_SECONDS = 0.25
 
 
-class ClientError(Exception):
-    """One line for the user; exit_code 2 for bad input, 1 otherwise."""
-
-    def __init__(self, message: str, exit_code: int = 1):
-        super().__init__(message)
-        self.exit_code = exit_code
-        self.status: grpc.StatusCode | None = None  # the coordinator's answer, when it came from one
-
-
 def default_coordinator() -> str:
     return os.environ.get(layout.COORDINATOR_ENV) or layout.DEFAULT_COORDINATOR
 
@@ -55,9 +47,9 @@ def credentials_for(tls_dir: str | os.PathLike | None = None) -> Credentials:
     try:
         return Credentials.from_dir(Path(directory)) if directory else Credentials(token=client_token())
     except PkiError as e:
-        raise ClientError(f"--tls-dir: {e}", exit_code=2) from None
+        raise InvalidRequest(f"--tls-dir: {e}") from None
     except TokenError as e:
-        raise ClientError(f"{layout.TOKEN_FILE_ENV}: {e}", exit_code=2) from None
+        raise InvalidRequest(f"{layout.TOKEN_FILE_ENV}: {e}") from None
 
 
 def _store_refused(e: grpc.RpcError) -> bool:
@@ -73,7 +65,7 @@ class Client:
         try:
             self.coordinators = Coordinators(coordinator or default_coordinator())
         except ValueError as e:
-            raise ClientError(f"--coordinator: {e}", exit_code=2) from None
+            raise InvalidRequest(f"--coordinator: {e}") from None
         self.credentials = credentials if credentials is not None else credentials_for()
         self.election_ends: float | None = None  # set by the first standby's answer: see _await_leader
         self._connect()
@@ -130,33 +122,32 @@ class Client:
                 if not self._follow(e, tried):
                     raise self._error(e) from None
 
-    def _error(self, e: grpc.RpcError) -> ClientError:
+    def _error(self, e: grpc.RpcError) -> ClusterError:
         error = self._describe(e)
         error.status = e.code()
         return error
 
-    def _describe(self, e: grpc.RpcError) -> ClientError:
+    def _describe(self, e: grpc.RpcError) -> ClusterError:
         code, details = e.code(), e.details() or ""
         if _store_refused(e):  # the coordinator answered: it is its store that cannot take the change now
-            return ClientError(f"the coordinator at {self.address} {details}")
+            return Unavailable(f"the coordinator at {self.address} {details}")
         if is_standby(e):
-            return ClientError(f"the coordinator at {self.address}: {details}")
+            return Unavailable(f"the coordinator at {self.address}: {details}")
         if code in RETRYABLE and "disconnected" not in details and "is not connected" not in details:
             first = details.splitlines()[0] if details else code.name
             hint = (f"if it serves TLS, give --tls-dir or {layout.TLS_DIR_ENV}" if self.credentials.insecure else
                     "are the credentials of this cluster's CA and valid, and does the coordinator's certificate "
                     "name the address you gave (`tfcluster ca init --san`)?")
-            return ClientError(f"cannot reach the coordinator at {self.address} ({first}); is `tfcluster "
+            return Unreachable(f"cannot reach the coordinator at {self.address} ({first}); is `tfcluster "
                                f"coordinator` running? (set --coordinator or {layout.COORDINATOR_ENV}); {hint}")
-        if code == grpc.StatusCode.INVALID_ARGUMENT:
-            return ClientError(details, exit_code=2)
+        kind = BY_STATUS.get(code, ClusterError)
         if code == grpc.StatusCode.UNAUTHENTICATED:
             hint = (f"point {layout.TOKEN_FILE_ENV} at the cluster's token file" if self.credentials.insecure else
                     "are these credentials of this cluster's CA, and still valid?")
-            return ClientError(f"the coordinator at {self.address} refused the request: {details}; {hint}")
+            return kind(f"the coordinator at {self.address} refused the request: {details}; {hint}")
         if code == grpc.StatusCode.PERMISSION_DENIED:
-            return ClientError(f"the coordinator at {self.address} refused the request: {details}")
-        return ClientError(details or code.name)
+            return kind(f"the coordinator at {self.address} refused the request: {details}")
+        return kind(details or code.name)
 
     def submit(self, spec: JobSpec) -> str:
         """Submits once: a retry after a lost answer carries the same request id and gets the same job."""
@@ -293,7 +284,7 @@ class Client:
         if node:
             nodes = [n for n in self.all_nodes(name_prefix=node) if n.name == node]
             if not nodes:
-                raise ClientError(f"unknown node {node!r}")
+                raise NotFound(f"unknown node {node!r}")
             return nodes, list(self.all_jobs(states=states, node=node)), overview.summary
         if every:
             return list(self.all_nodes()), list(self.all_jobs(states=states)), overview.summary

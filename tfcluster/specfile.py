@@ -205,11 +205,16 @@ def load_spec_file(path: str | Path) -> JobSpec:
         raise SpecError(source, "", f"cannot read: {e.strerror or e}") from None
     except UnicodeDecodeError as e:
         raise SpecError(source, "", f"not UTF-8 text (byte {e.start}: {e.object[e.start:e.start + 1]!r})") from None
+    return parse_spec_text(text, source, path.resolve().parent)
+
+
+def parse_spec_text(text: str, source: str, base: Path) -> JobSpec:
+    """A TOML spec given as text; relative paths in it are taken from base."""
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise SpecError(source, "", f"not valid TOML: {e}") from None
-    return resolve_paths(parse_spec(data, source), path.resolve().parent)
+    return resolve_paths(parse_spec(data, source), base)
 
 
 def resolve_paths(spec: JobSpec, base: Path) -> JobSpec:

@@ -14,7 +14,7 @@ import pytest
 
 from tfcluster import codepack
 from tfcluster.api.v1 import control_pb2_grpc, types_pb2
-from tfcluster.client import ClientError
+from tfcluster.errors import ClusterError
 
 CAP = "2M"
 
@@ -131,7 +131,7 @@ def test_a_job_naming_code_the_coordinator_lacks_is_refused(cluster, tmp_path):
 
     from tfcluster.specfile import load_spec_file
     spec = load_spec_file(workdir(tmp_path / "w", {"train.py": b""}, name="lacking"))
-    with cluster.client() as client, pytest.raises(ClientError) as refused:
+    with cluster.client() as client, pytest.raises(ClusterError) as refused:
         client.submit(replace(spec, code_sha256="sha256:" + "e" * 64))
     assert refused.value.status == grpc.StatusCode.FAILED_PRECONDITION
     assert f"code sha256:{'e' * 64} is not on the coordinator" in str(refused.value)

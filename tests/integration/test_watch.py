@@ -11,8 +11,9 @@ import pytest
 
 from harness import LocalCluster, free_port, scrape, value
 from tfcluster.api.v1 import control_pb2
-from tfcluster.client import Client, ClientError
+from tfcluster.client import Client
 from tfcluster.credentials import Credentials
+from tfcluster.errors import ClusterError
 from tfcluster.specfile import parse_spec
 from tfcluster.states import ENDED_JOB_STATES
 
@@ -75,7 +76,7 @@ def test_follow_prints_the_primary_log_and_the_outcome(watched_cluster):
 
 
 def test_watching_an_unknown_job_is_not_found(watched_cluster):
-    with watched_cluster.client() as client, pytest.raises(ClientError, match="unknown job"):
+    with watched_cluster.client() as client, pytest.raises(ClusterError, match="unknown job"):
         list(client.watch("nosuch-1-x", ENDED_JOB_STATES))
 
 

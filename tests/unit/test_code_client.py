@@ -9,10 +9,10 @@ from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
-import typer
 
 from tfcluster import codepack
-from tfcluster.cli import code
+from tfcluster import codeship as code
+from tfcluster.errors import InvalidRequest
 
 
 class Coordinator:
@@ -39,13 +39,12 @@ def test_a_tree_over_the_default_cap_is_packed_under_the_coordinators_higher_one
     assert coordinator.asked == 1 and archive.size > codepack.DEFAULT_MAX_BYTES
 
 
-def test_a_tree_over_the_coordinators_cap_is_refused_with_its_largest_files(tree, capsys):
+def test_a_tree_over_the_coordinators_cap_is_refused_with_its_largest_files(tree):
     root, entries = tree
-    with pytest.raises(typer.Exit) as refused:
+    with pytest.raises(InvalidRequest) as refused:
         code._pack(Coordinator(max_bytes=64 << 10), str(root), entries)
     assert refused.value.exit_code == 2
-    assert "code: 80.0 kB is over the coordinator's cap of 64 KiB; largest: weights.bin 80.0 kB" in \
-        capsys.readouterr().err
+    assert "code: 80.0 kB is over the coordinator's cap of 64 KiB; largest: weights.bin 80.0 kB" in str(refused.value)
 
 
 class Holding(Coordinator):

@@ -3,7 +3,7 @@ function, under TYPE_CHECKING), and no import cycle remains anywhere in the pack
 
 The rules are those each package's docstring states: the coordinator's core imports no store, server, HA, gRPC or
 asyncio; the agent's shim imports nothing else of the agent; tasks never import the session or hooks; the agent
-imports nothing of the coordinator; the CLI talks to a cluster through the client, importing daemon code only in
+imports nothing of the coordinator; the CLI talks to a cluster through the Python API (tfcluster.cluster), importing daemon code only in
 the commands that run a daemon (or the agent's offline `gc`, or the demo). A failure names the importing module,
 its line, and the rule.
 """
@@ -79,6 +79,7 @@ def agent(*parts: str) -> tuple[str, ...]:
 NO_IO = ("grpc", "asyncio", "aiohttp", "sqlite3", "urllib3", "socket", "threading", "subprocess", "tfcluster.security",
          "tfcluster.client")
 CORE_TOP = ("core.cluster", "core.node_events", "core.scheduling_pass", "core.status")
+API = ("tfcluster.cluster", "tfcluster.codeship", "tfcluster.statuses", "tfcluster.errors", "tfcluster.client")
 # (who, what they may not import, why): each rule as the package docstrings state it.
 RULES = [
     (coordinator("core"), coordinator("store", "rpc", "ha", "web", "grpc_server", "process") + NO_IO,
@@ -109,8 +110,10 @@ RULES = [
     (agent("session"), agent("tasks", "hooks", "code", "peers", "node", "agent", "main"),
      "the session imports no task code"),
     (("tfcluster.client",), ("tfcluster.daemon", "tfcluster.demo"), "the client imports no daemon code"),
+    (API, ("tfcluster.daemon", "tfcluster.demo", "tfcluster.cli"), "the Python API imports no daemon or CLI code"),
+    (("tfcluster.cli",), ("tfcluster.client",), "the CLI talks to a cluster through the Python API (Cluster)"),
 ]
-# The CLI talks to a cluster through the client; only these commands run daemon code (inside the command).
+# The CLI talks to a cluster through the Python API; only these commands run daemon code (inside the command).
 CLI_RUNS_DAEMONS = ("tfcluster.cli.daemons", "tfcluster.cli.node", "tfcluster.cli.misc")
 
 

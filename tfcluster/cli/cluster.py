@@ -10,8 +10,8 @@ from typing import Optional
 
 import typer
 
-from tfcluster.cli.common import CoordinatorOpt, TlsDirOpt, app, connect, err, fail, out, parse_duration
-from tfcluster.client import ClientError
+from tfcluster.cli.common import CoordinatorOpt, TlsDirOpt, app, ask, connect, err, fail, out, parse_duration
+from tfcluster.errors import ClusterError, NotFound
 from tfcluster.model import NODE_NAME_RE, drain_reason_problem
 from tfcluster.states import DrainState
 
@@ -100,11 +100,8 @@ def token_create(
         fail(f"--node: expected letters, digits, '.', '_' or '-' (at most 253), got {node!r}", 2)
     if replace and node is None:
         fail("--replace: say which node the token replaces (--node NAME)", 2)
-    with connect(coordinator, tls_dir) as client:
-        try:
-            token, expires = client.create_join_token(seconds, node or "", reusable, replace)
-        except ClientError as e:
-            fail(str(e), e.exit_code)
+    token, expires = ask(coordinator, tls_dir,
+                         lambda cluster: cluster.create_join_token(seconds, node or "", reusable, replace))
     print(token)
     typer.echo(f"expires {time.strftime('%Y-%m-%d %H:%M:%S %Z', time.localtime(expires))}"
                f"{'; reusable' if reusable else '; single use'}{f'; node {node} only' if node else ''}"
@@ -120,11 +117,7 @@ def node_remove(
     """Remove a node from the cluster: its tasks are lost (their jobs restart elsewhere) and its certificate is
     refused from then on. It can join again only with a new token."""
     _check_node_name(name)
-    with connect(coordinator, tls_dir) as client:
-        try:
-            lost = client.remove_node(name)
-        except ClientError as e:
-            fail(str(e), e.exit_code)
+    lost = ask(coordinator, tls_dir, lambda cluster: cluster.remove_node(name))
     out.print(f"node {name} removed" + (f"; {lost} running task(s) lost, their jobs restart elsewhere" if lost else ""),
               markup=False)
 
@@ -149,32 +142,32 @@ def node_drain(
     problem = drain_reason_problem(reason)
     if problem:
         fail(f"--reason: {problem}", 2)
-    with connect(coordinator, tls_dir) as client:
+    with connect(coordinator, tls_dir) as cluster:
         try:
-            reply = client.drain_node(name, reason, requeue)
-        except ClientError as e:
+            running, requeued = cluster.drain_node(name, reason, requeue)
+        except ClusterError as e:
             fail(str(e), e.exit_code)
-        if reply.jobs_requeued:
-            out.print(f"node {name} draining; {reply.jobs_requeued} job(s) sent back to the queue", markup=False)
-        elif reply.jobs_running:
-            out.print(f"node {name} draining; {reply.jobs_running} job(s) running there finish there", markup=False)
+        if requeued:
+            out.print(f"node {name} draining; {requeued} job(s) sent back to the queue", markup=False)
+        elif running:
+            out.print(f"node {name} draining; {running} job(s) running there finish there", markup=False)
         else:
             out.print(f"node {name} drained; nothing runs there", markup=False)
         if wait:
-            _wait_drained(client, name)
+            _wait_drained(cluster, name)
 
 
-def _wait_drained(client, name: str) -> None:
+def _wait_drained(cluster, name: str) -> None:
     """Polls the node until no task runs there; says how many still do when that changes."""
     said = None
     while True:
         try:
-            node = client.node(name)
-        except ClientError as e:
-            fail(str(e), e.exit_code)
-        if node is None:
+            node = cluster.node(name)
+        except NotFound:
             fail(f"node {name} was removed while draining", 1)
-        if not node.HasField("drain"):
+        except ClusterError as e:
+            fail(str(e), e.exit_code)
+        if node.drain is None:
             fail(f"node {name} was resumed while draining", 1)
         if node.drain.state == DrainState.DRAINED:
             out.print(f"node {name} drained", markup=False)
@@ -193,11 +186,7 @@ def node_resume(
 ) -> None:
     """Let a drained node take new tasks again (admins)."""
     _check_node_name(name)
-    with connect(coordinator, tls_dir) as client:
-        try:
-            was_drained = client.resume_node(name)
-        except ClientError as e:
-            fail(str(e), e.exit_code)
+    was_drained = ask(coordinator, tls_dir, lambda cluster: cluster.resume_node(name))
     out.print(f"node {name} resumed: it takes new tasks" if was_drained else f"node {name} was not drained",
               markup=False)
 
@@ -216,11 +205,7 @@ def doctor(
 ) -> None:
     """Check the cluster end to end (admins): every node, the store, the clocks, and real TCP connects between the
     agents' peer ports and task ranges. One line per check, with the fix for each that failed; exit 1 if any did."""
-    with connect(coordinator, tls_dir) as client:
-        try:
-            checks = client.diagnose()
-        except ClientError as e:
-            fail(str(e), e.exit_code)
+    checks = ask(coordinator, tls_dir, lambda cluster: cluster.doctor())
     failed = sum(1 for c in checks if c.level == "fail")
     if as_json:
         import json
@@ -247,11 +232,7 @@ def dashboard(
     tls_dir: Optional[Path] = TlsDirOpt,
 ) -> None:
     """Print a one-time link that logs a browser in to the coordinator's web dashboard (at JOB's page)."""
-    with connect(coordinator, tls_dir) as client:
-        try:
-            url, expires = client.dashboard_login(job_id or "")
-        except ClientError as e:
-            fail(str(e), e.exit_code)
+    url, expires = ask(coordinator, tls_dir, lambda cluster: cluster.dashboard_link(job_id or ""))
     print(url)
     secure = url.startswith("https:")
     err.print(f"open it within {max(0, expires - time.time()):.0f} s; it works once and gives the browser a "

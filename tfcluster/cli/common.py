@@ -1,4 +1,5 @@
-"""What every `tfcluster` command shares: the app, output, errors, options, and the coordinator client."""
+"""What every `tfcluster` command shares: the app, output, errors, options, and the connection to a cluster (the
+Python API's Cluster: the commands are built on it)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import typer
 
 from tfcluster.auth import TokenError, load_token
 from tfcluster.cli import quickparams
-from tfcluster.client import Client, ClientError, credentials_for, default_coordinator
+from tfcluster.cluster import Cluster
+from tfcluster.errors import ClusterError
 
 quickparams.install()
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
@@ -106,10 +108,10 @@ TlsDirOpt = typer.Option(None, "--tls-dir", envvar="TFCLUSTER_TLS_DIR", metavar=
                               "[env: TFCLUSTER_TLS_DIR]; none: plain text (a coordinator run with --insecure).")
 
 
-def connect(coordinator: Optional[str], tls_dir: Optional[Path]) -> Client:
+def connect(coordinator: Optional[str], tls_dir: Optional[Path]) -> Cluster:
     try:
-        return Client(coordinator or default_coordinator(), credentials_for(tls_dir))
-    except ClientError as e:
+        return Cluster(coordinator, tls_dir)
+    except ClusterError as e:
         fail(str(e), e.exit_code)
 
 
@@ -121,9 +123,9 @@ def read_token(path: Optional[str]) -> Optional[str]:
 
 
 def ask(coordinator: Optional[str], tls_dir: Optional[Path], call):
-    """One call to the coordinator (call takes the Client): its answer, or its error as the command's, in one line."""
-    with connect(coordinator, tls_dir) as client:
+    """One call to the cluster (call takes the Cluster): its answer, or its error as the command's, in one line."""
+    with connect(coordinator, tls_dir) as cluster:
         try:
-            return call(client)
-        except ClientError as e:
+            return call(cluster)
+        except ClusterError as e:
             fail(str(e), e.exit_code)

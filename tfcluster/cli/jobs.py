@@ -12,22 +12,23 @@ from typing import Optional
 import typer
 
 from tfcluster import strategies
-from tfcluster.cli.common import FLAG_FOR_KEY, MAX_INT32, CoordinatorOpt, TlsDirOpt, app, connect, err, fail, out
-from tfcluster.client import Client, ClientError
-from tfcluster.model import CHIEF, ROLE_TYPES, WORKER
-from tfcluster.states import ENDED_JOB_STATES, JobState, TaskState
+from tfcluster.cli.common import FLAG_FOR_KEY, MAX_INT32, CoordinatorOpt, TlsDirOpt, app, ask, connect, err, fail, out
+from tfcluster.cluster import Job, job_spec
+from tfcluster.errors import ClusterError
+from tfcluster.states import ENDED_JOB_STATES, JobState
 
 # A job's spec (parsing, checking) and its conversions to the wire are imported by the commands that send one
 # (start, plan): `tfcluster status` starts without them.
 
 def _load_spec(spec_file: Path):
-    from tfcluster.spec import SpecError
-    from tfcluster.specfile import load_spec_file
-
     try:
-        return load_spec_file(spec_file)
-    except SpecError as e:
-        fail(str(e), 2)
+        return job_spec(spec_file)
+    except ClusterError as e:
+        fail(str(e), e.exit_code)
+
+
+def _warn(message: str) -> None:
+    err.print(message, markup=False)
 
 
 @app.command()
@@ -84,63 +85,31 @@ def start(
             spec = resolve_paths(parse_spec(data, source="flags"), Path.cwd())
         except SpecError as e:
             fail(str(SpecError("flags", FLAG_FOR_KEY.get(e.key, e.key), e.message)), 2)
-    with connect(coordinator, tls_dir) as client:
-        if not spec.shared_workdir:
-            from tfcluster.cli.code import ship_code
-
-            spec = ship_code(client, spec)
+    with connect(coordinator, tls_dir) as cluster:
         try:
-            job_id = client.submit(spec)
-        except ClientError as e:
+            job = cluster.start(spec)
+        except ClusterError as e:
             fail(str(e), e.exit_code)
-        print(job_id, flush=True)
+        print(job.id, flush=True)
         if not (wait or follow):
-            print(f"job {job_id} submitted; watch it with: tfcluster status {job_id}", file=sys.stderr, flush=True)
+            print(f"job {job.id} submitted; watch it with: tfcluster status {job.id}", file=sys.stderr, flush=True)
             return
-        raise typer.Exit(_wait_for(client, job_id, follow))
+        raise typer.Exit(_wait_for(job, follow))
 
 
-def _wait_for(client: Client, job_id: str, follow: bool) -> int:
-    if follow:
-        _follow_primary(client, job_id)
-    last = None
-    for job in _views(client, job_id):
-        if job.state != last:
-            err.print(f"{job_id}: {job.state}" + (f" ({job.message})" if job.message else ""), markup=False)
-            last = job.state
-    return 0 if last == JobState.SUCCEEDED else 1
-
-
-def _views(client: Client, job_id: str):
-    """The job's status at each change (streamed by the coordinator), until it has ended; a lost connection is
-    said in one line and the watch taken up again."""
-    while True:
-        try:
-            for job in client.watch(job_id, ENDED_JOB_STATES):
-                yield job
-                if job.state in ENDED_JOB_STATES:
-                    return
-        except ClientError as e:
-            err.print(f"warning: {e}; retrying", markup=False)
-            time.sleep(2)
-
-
-def _follow_primary(client: Client, job_id: str) -> None:
-    """Streams the chief's (or worker 0's) log, attempt after attempt, until the job ends."""
-    attempt_seen = 0
-    for job in _views(client, job_id):
-        primary = next((t for t in job.tasks if t.type == CHIEF), None) or \
-            next((t for t in job.tasks if t.type == WORKER and t.index == 0), None)
-        if primary is None or primary.attempt <= attempt_seen or primary.state == TaskState.PENDING:
-            continue  # the job's next change may start it (a job that ended ends the views)
-        attempt_seen = primary.attempt
-        try:
-            for data in client.logs(job_id, primary.type, primary.index, follow=True, attempt=primary.attempt):
+def _wait_for(job: Job, follow: bool) -> int:
+    """Waits for the job to end, saying each state it passes through; with follow, the chief's (or worker 0's)
+    log first, on stdout."""
+    try:
+        if follow:
+            for data in job.follow_primary(on_retry=_warn):
                 sys.stdout.buffer.write(data)
                 sys.stdout.buffer.flush()
-        except ClientError as e:
-            err.print(f"warning: log stream ended: {e}", markup=False)
-            time.sleep(1)
+        ended = job.wait(on_change=lambda j: _warn(f"{job.id}: {j.state}" + (f" ({j.message})" if j.message else "")),
+                         on_retry=lambda e: _warn(f"warning: {e}; retrying"))
+    except ClusterError as e:
+        fail(str(e), e.exit_code)
+    return 0 if ended.state == JobState.SUCCEEDED else 1
 
 
 @app.command()
@@ -155,11 +124,7 @@ def plan(
     from tfcluster.render import render_plan
 
     spec = _load_spec(spec_file)
-    with connect(coordinator, tls_dir) as client:
-        try:
-            result = client.plan(spec)
-        except ClientError as e:
-            fail(str(e), e.exit_code)
+    result = ask(coordinator, tls_dir, lambda cluster: cluster.plan(spec).wire)
     if as_json:
         print(json.dumps(views.plan_doc(result), indent=2))
     elif not result.fits:
@@ -192,44 +157,46 @@ def status(
     from tfcluster.columns import colour_wanted
     from tfcluster.render import render_status, rich_status
 
-    with connect(coordinator, tls_dir) as client:
+    with connect(coordinator, tls_dir) as cluster:
         def fetch():
             try:
-                return client.view(job_id, show_all, node, states)
-            except ClientError as e:
+                return cluster.status(job_id, show_all, node, tuple(states))
+            except ClusterError as e:
                 fail(str(e), e.exit_code)
         if as_json:
             from tfcluster import views
 
-            nodes, jobs, summary = fetch()
-            doc = views.status_doc(nodes, jobs, summary)
-            if summary is not None:
-                doc["summary"]["dashboard"] = _dashboard(client, summary)
+            view = fetch()
+            doc = views.status_doc(*_wire(view))
+            if view.summary is not None:
+                doc["summary"]["dashboard"] = cluster.dashboard_address(view.summary)
             print(json.dumps(doc, indent=2))
             return
         if not watch:
             view = fetch()
-            print(render_status(*view, job_id=job_id, colour_on=colour_wanted()))
-            if view[2] is not None and view[2].dashboard_port:
-                print(f"dashboard: {_dashboard(client, view[2])}  (a browser logs in with `tfcluster "
+            print(render_status(*_wire(view), job_id=job_id, colour_on=colour_wanted()))
+            if view.summary is not None and view.summary.dashboard_port:
+                print(f"dashboard: {cluster.dashboard_address(view.summary)}  (a browser logs in with `tfcluster "
                       f"dashboard{' ' + job_id if job_id else ''}`)")
             return
         from rich.live import Live
 
-        with Live(rich_status(*fetch(), job_id=job_id), console=out.console, refresh_per_second=4) as live:
+        with Live(rich_status(*_wire(fetch()), job_id=job_id), console=out.console, refresh_per_second=4) as live:
             try:
                 while True:
                     time.sleep(1.0)
                     view = fetch()
-                    live.update(rich_status(*view, job_id=job_id))
-                    if job_id and view[1] and view[1][0].state in ENDED_JOB_STATES:
+                    live.update(rich_status(*_wire(view), job_id=job_id))
+                    if job_id and view.jobs and view.jobs[0].state in ENDED_JOB_STATES:
                         break
             except KeyboardInterrupt:
                 pass
 
 
-def _dashboard(client: Client, summary) -> str:
-    return client.dashboard_url(summary.dashboard_port, summary.insecure) if summary.dashboard_port else ""
+def _wire(view) -> tuple[list, list, object]:
+    """The messages a status was read from, as render.py and views.py draw them (for the dashboard alike)."""
+    return ([n.wire for n in view.nodes], [j.wire for j in view.jobs],
+            view.summary.wire if view.summary is not None else None)
 
 
 @app.command()
@@ -242,14 +209,7 @@ def stop(
     tls_dir: Optional[Path] = TlsDirOpt,
 ) -> None:
     """Stop a job: SIGTERM to every task's process group, SIGKILL after the grace period."""
-    with connect(coordinator, tls_dir) as client:
-        try:
-            state = client.stop(job_id, graceful)
-            while wait and state not in ENDED_JOB_STATES:
-                time.sleep(0.3)
-                state = client.status(job_id).jobs[0].state
-        except ClientError as e:
-            fail(str(e), e.exit_code)
+    state = ask(coordinator, tls_dir, lambda cluster: cluster.job(job_id).stop(graceful, wait))
     err.print(f"{job_id}: {state}")
 
 
@@ -269,23 +229,12 @@ def logs(
     """Print a task's log, exactly as the task wrote it, from whichever node it runs on. Past the agent's
     --max-task-log, the log's start and its newest part are kept, with one line saying how much was dropped.
     `tfcluster logs JOB env --node NAME` prints how that node built the job's environment."""
-    task_type, sep, index = task.partition(":")
-    if task == "env":
-        if not node:
-            fail("logs JOB env: --node NAME says which node's environment build to show", 2)
-        task_type, index = "", "0"
-    elif not sep or not index.isdigit() or int(index) > MAX_INT32 or task_type not in ROLE_TYPES:
-        fail(f"expected TYPE:INDEX with TYPE one of chief, worker, ps, evaluator (e.g. worker:1), or env, got {task!r}",
-             2)
-    elif node:
-        fail("--node goes with `env`: a task's log comes from the node it runs on", 2)
-    with connect(coordinator, tls_dir) as client:
+    with connect(coordinator, tls_dir) as cluster:
         try:
-            for data in client.logs(job_id, task_type, int(index), follow=follow, tail_lines=tail, attempt=attempt,
-                                    environment_node=node or ""):
+            for data in cluster.job(job_id).logs(task, follow=follow, tail=tail, attempt=attempt, node=node or ""):
                 sys.stdout.buffer.write(data)
                 sys.stdout.buffer.flush()
-        except ClientError as e:
+        except ClusterError as e:
             fail(str(e), e.exit_code)
         except KeyboardInterrupt:
             pass

@@ -10,8 +10,7 @@ from typing import Optional
 
 import typer
 
-from tfcluster.cli.common import CoordinatorOpt, TlsDirOpt, app, connect, fail
-from tfcluster.client import ClientError
+from tfcluster.cli.common import CoordinatorOpt, TlsDirOpt, app, ask
 
 
 @app.command()
@@ -24,11 +23,7 @@ def queue(
     """Show the pending jobs in the order they will be placed: owner, class, size, why each waits, for how long."""
     from tfcluster import views
 
-    with connect(coordinator, tls_dir) as client:
-        try:
-            response = client.queue(limit)
-        except ClientError as e:
-            fail(str(e), e.exit_code)
+    response = ask(coordinator, tls_dir, lambda cluster: cluster.queue(limit).wire)
     now = time.time()
     doc = views.queue_doc(response, now)
     if as_json:
@@ -55,13 +50,9 @@ def policy(
     """Show the policy in force: the file the coordinator loaded (`--policy`, reloaded on SIGHUP), and when."""
     from tfcluster import views
 
-    with connect(coordinator, tls_dir) as client:
-        try:
-            response = client.policy()
-        except ClientError as e:
-            fail(str(e), e.exit_code)
+    response = ask(coordinator, tls_dir, lambda cluster: cluster.policy())
     if as_json:
-        print(json.dumps(views.policy_doc(response), indent=2))
+        print(json.dumps(views.policy_doc(response.wire), indent=2))
         return
     if not response.source:
         print("no policy: one priority class, no quotas; jobs are placed first come, first placed "

@@ -24,7 +24,7 @@ def usage(
     """GPU-hours, CPU-hours, peak memory and jobs per user and per group over a window (running jobs up to
     now). Anyone who may read the cluster sees every user's totals."""
     window = parse_duration(since, "--since")
-    report = ask(coordinator, tls_dir, lambda client: client.usage(window))
+    report = ask(coordinator, tls_dir, lambda cluster: cluster.usage(window).wire)
     if as_json:
         from tfcluster import views
 

@@ -1,4 +1,4 @@
-"""`tfcluster start`'s first step for a spec whose workdir is not on shared storage: pack the workdir, send the
+"""Starting a job (Cluster.start, `tfcluster start`): the first step for a spec whose workdir is not on shared storage: pack the workdir, send the
 coordinator what it lacks of the archive, and name the archive in the spec.
 
 When the coordinator already holds the tree this costs a walk of its listing and one small call
@@ -19,8 +19,8 @@ from pathlib import Path
 import grpc
 
 from tfcluster import codepack
-from tfcluster.cli.common import err, fail
-from tfcluster.client import Client, ClientError, RETRYABLE
+from tfcluster.client import RETRYABLE, Client
+from tfcluster.errors import ClusterError, InvalidRequest
 from tfcluster.spec import JobSpec
 
 UPLOAD_TRIES = 5
@@ -29,13 +29,14 @@ PROGRESS_AFTER_SECONDS = 0.5  # an upload done sooner shows no bar
 
 
 def ship_code(client: Client, spec: JobSpec) -> JobSpec:
-    """The spec naming its workdir's archive, once the coordinator holds it; exits with a message when the
-    tree cannot be packed, is over the coordinator's cap, or cannot be sent."""
+    """The spec naming its workdir's archive, once the coordinator holds it; InvalidRequest when the tree cannot
+    be packed or is over the coordinator's cap, ClusterError when it cannot be sent. What it does is said in a
+    line or two on stderr (`code: ...`)."""
     outputs = _outputs_inside(spec)
     try:
         entries = codepack.collect(spec.workdir, outputs)
     except codepack.PackError as e:
-        fail(f"code: {e}", 2)
+        raise InvalidRequest(f"code: {e}") from None
     _say_left_out(spec.workdir, outputs)
     fingerprint = codepack.fingerprint(spec.workdir, entries, outputs)
     known = _remembered(fingerprint)
@@ -46,7 +47,7 @@ def ship_code(client: Client, spec: JobSpec) -> JobSpec:
     try:
         held = _code_status(client, archive.sha256, archive.size)
         if archive.size > held.max_bytes:
-            fail(codepack.over_cap_message(entries, held.max_bytes), 2)
+            raise InvalidRequest(codepack.over_cap_message(entries, held.max_bytes))
         if held.complete:
             done = "already on the cluster"
         else:
@@ -95,10 +96,10 @@ def _pack(client: Client, workdir: str, entries: list[codepack.Entry]) -> codepa
             return codepack.pack(workdir, cap, entries)
         except codepack.OverCap as e:
             if asked:
-                fail(str(e), 2)
+                raise InvalidRequest(str(e)) from None
             cap, asked = _code_status(client, "", 0).max_bytes, True
         except codepack.PackError as e:
-            fail(f"code: {e}", 2)
+            raise InvalidRequest(f"code: {e}") from None
 
 
 def _said(summary: str, done: str) -> None:
@@ -144,11 +145,12 @@ def _remember(fingerprint: str, archive: dict) -> None:
 def _code_status(client: Client, sha256: str, size: int):
     try:
         return client.code_status(sha256, size)
-    except ClientError as e:
+    except ClusterError as e:
         if e.status == grpc.StatusCode.UNIMPLEMENTED:
-            fail(f"code: the coordinator at {client.address} takes no code archives (an earlier release); put the "
-                 f"workdir on storage every node shares and say shared_workdir = true in the spec")
-        fail(str(e), e.exit_code)
+            raise ClusterError(f"code: the coordinator at {client.address} takes no code archives (an earlier "
+                               f"release); put the workdir on storage every node shares and say shared_workdir = "
+                               f"true in the spec") from None
+        raise
 
 
 def _upload(client: Client, archive: codepack.Archive, received: int) -> None:
@@ -159,9 +161,9 @@ def _upload(client: Client, archive: codepack.Archive, received: int) -> None:
             try:
                 client.upload_code(archive.path, archive.sha256, archive.size, received, progress.update)
                 return
-            except ClientError as e:
+            except ClusterError as e:
                 if e.status not in (*RETRYABLE, grpc.StatusCode.FAILED_PRECONDITION) or attempt == UPLOAD_TRIES - 1:
-                    fail(f"code: upload failed: {e}", e.exit_code)
+                    raise type(e)(f"code: upload failed: {e}") from None
                 time.sleep(0.25 * 2 ** attempt)
             held = _code_status(client, archive.sha256, archive.size)
             if held.complete:
@@ -179,12 +181,13 @@ class _Progress:
 
     def update(self, received: int) -> None:
         if self.bar is None:
-            if time.monotonic() - self.began < PROGRESS_AFTER_SECONDS or not err.is_terminal:
+            if time.monotonic() - self.began < PROGRESS_AFTER_SECONDS or not sys.stderr.isatty():
                 return
+            from rich.console import Console
             from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
                                        TransferSpeedColumn)
             self.bar = Progress(TextColumn("code"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                                TimeRemainingColumn(), console=err.console, transient=True)
+                                TimeRemainingColumn(), console=Console(stderr=True), transient=True)
             self.task = self.bar.add_task("upload", total=self.total, completed=self.start)
             self.bar.start()
         self.bar.update(self.task, completed=received)
