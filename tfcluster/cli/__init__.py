@@ -18,11 +18,11 @@ os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 # Each command's module under tfcluster.cli, in the order `tfcluster --help` lists them.
 COMMAND_MODULES = {
     "dashboard": "cluster", "ca": "cluster", "token": "cluster", "node": "cluster", "doctor": "cluster",
-    "gc": "node", "coordinator": "daemons", "agent": "daemons",
+    "up": "bringup", "down": "bringup", "gc": "node", "coordinator": "daemons", "agent": "daemons",
     "start": "jobs", "plan": "jobs", "status": "jobs", "stop": "jobs", "logs": "jobs",
     "usage": "usage", "queue": "queue", "policy": "queue", "demo": "misc", "version": "misc",
 }
-MODULE_ORDER = ("cluster", "node", "daemons", "jobs", "usage", "queue", "misc")
+MODULE_ORDER = ("bringup", "cluster", "node", "daemons", "jobs", "usage", "queue", "misc")
 
 
 def load_commands(argv: list[str]):

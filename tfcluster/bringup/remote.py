@@ -1,0 +1,235 @@
+"""What `tfcluster up` runs on each host, as root: sent over SSH to the host's own python3 (standard library
+only, nothing of tfcluster imported: the host may have none installed yet), with a JSON request after it on
+stdin. It answers one JSON object on stdout: a probe's facts, or each applied step's outcome.
+
+Services run under systemd when systemd is the host's init (units enabled and started with systemctl);
+otherwise, as in a container, the unit's own ExecStart runs as a background daemon in a session of its own, with
+the unit's environment file, its pid in /run/tfcluster/NAME.pid and its output in /var/log/tfcluster/NAME.log.
+Nothing restarts such a daemon when it dies: `tfcluster up` says so.
+"""
+
+import base64
+import glob
+import hashlib
+import json
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+PID_DIR = "/run/tfcluster"
+LOG_DIR = "/var/log/tfcluster"
+STATE_DIR = "/var/lib/tfcluster"
+SOFTWARE_MARK = ".tfcluster-software"   # in the virtualenv: the id of the software installed there
+STOP_SECONDS = 15
+
+
+class StepFailed(Exception):
+    pass
+
+
+def has_systemd():
+    return os.path.isdir("/run/systemd/system")
+
+
+def sha256(path):
+    try:
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()
+    except FileNotFoundError:
+        return None
+
+
+def read_text(path):
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except FileNotFoundError:
+        return None
+
+
+def probe(request):
+    prefix = request["prefix"]
+    return {"hostname": socket.gethostname(),
+            "python": "%d.%d" % sys.version_info[:2],
+            "machine": os.uname().machine,
+            "systemd": has_systemd(),
+            "software": read_text(os.path.join(prefix, SOFTWARE_MARK)),
+            "files": {path: sha256(path) for path in request["files"]},
+            "running": {name: running(name) for name in request["services"]},
+            "joined": os.path.exists(request["node_cert"]),
+            "dirs": {path: os.path.isdir(path) for path in request["dirs"]}}
+
+
+def daemon_pid(name):
+    """The pid of the background daemon started for unit name, while it runs."""
+    try:
+        pid = int(read_text(os.path.join(PID_DIR, name + ".pid")) or "")
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            return pid if b"tfcluster" in f.read() else None
+    except (ValueError, OSError):
+        return None
+
+
+def running(name):
+    if has_systemd():
+        return subprocess.run(["systemctl", "is-active", "--quiet", name]).returncode == 0
+    return daemon_pid(name) is not None
+
+
+def write_file(step):
+    path, mode, data = step["path"], int(step["mode"], 8), base64.b64decode(step["data"])
+    if path.endswith(".service"):
+        verify_unit(os.path.basename(path), data)
+    os.makedirs(os.path.dirname(path), mode=0o755 if mode & 0o044 else 0o700, exist_ok=True)
+    tmp = "%s.tmp%d" % (path, os.getpid())
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+
+
+def verify_unit(name, data):
+    """`systemd-analyze verify` on the unit, where the host has it; what it says about the unit is a failure (it
+    exits 0 on a setting it ignores)."""
+    if not shutil.which("systemd-analyze"):
+        return
+    directory = tempfile.mkdtemp(prefix="tfcluster-unit-")
+    try:
+        with open(os.path.join(directory, name), "wb") as f:
+            f.write(data)
+        check = subprocess.run(["systemd-analyze", "verify", "--man=no", os.path.join(directory, name)],
+                               capture_output=True, text=True)
+    finally:
+        shutil.rmtree(directory)
+    said = [line for line in (check.stdout + check.stderr).splitlines() if name in line]
+    if check.returncode or said:
+        raise StepFailed("systemd-analyze verify: " + "; ".join(said or ["exit %d" % check.returncode]))
+
+
+def install(step):
+    prefix, python = step["prefix"], os.path.join(step["prefix"], "bin", "python")
+    if not os.path.exists(python):
+        command(["python3", "-m", "venv", prefix], "the host's python3 cannot make a virtualenv "
+                                                   "(Debian: apt-get install python3-venv)")
+    source = (["--no-index", "--find-links", step["wheelhouse"]] if step.get("wheelhouse")
+              else ["--index-url", step["index_url"]])
+    command([python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--upgrade", *source,
+             step["requirement"]], "pip could not install %s" % step["requirement"])
+    with open(os.path.join(prefix, SOFTWARE_MARK), "w") as f:
+        f.write(step["software"] + "\n")
+    if step.get("wheelhouse"):
+        shutil.rmtree(step["wheelhouse"], ignore_errors=True)
+
+
+def command(argv, what):
+    result = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, "PIP_CONFIG_FILE": os.devnull})
+    if result.returncode:
+        raise StepFailed("%s: %s" % (what, (result.stderr or result.stdout).strip()[-800:]))
+    return result.stdout
+
+
+def exec_start(unit_path):
+    """The unit's ExecStart as an argv: its lines joined as systemd joins them, and $$ read as $."""
+    with open(unit_path) as f:
+        text = f.read().replace("\\\n", " ")
+    for line in text.splitlines():
+        if line.startswith("ExecStart="):
+            return shlex.split(line[len("ExecStart="):].replace("$$", "$"))
+    raise StepFailed("%s has no ExecStart" % unit_path)
+
+
+def environment(path):
+    """An EnvironmentFile's variables (NAME=value lines, a value maybe in double quotes)."""
+    env = {}
+    for line in (read_text(path) or "").splitlines():
+        line = line.strip()
+        if line and not line.startswith("#") and "=" in line:
+            name, _, value = line.partition("=")
+            if len(value) >= 2 and value[0] == value[-1] == '"':
+                value = value[1:-1].replace('\\"', '"').replace("\\\\", "\\")
+            env[name.strip()] = value
+    return env
+
+
+def start(step):
+    name = step["service"]
+    if has_systemd():
+        command(["systemctl", "daemon-reload"], "systemctl daemon-reload")
+        command(["systemctl", "enable", name], "systemctl enable %s" % name)
+        command(["systemctl", "restart", name], "systemctl restart %s (see journalctl -u %s)" % (name, name))
+        return
+    stop(name)
+    for directory, mode in ((STATE_DIR, 0o711), (PID_DIR, 0o755), (LOG_DIR, 0o750)):
+        os.makedirs(directory, mode=mode, exist_ok=True)
+    env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8",
+           **environment(step["env_file"])}
+    log = os.open(os.path.join(LOG_DIR, name + ".log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+    process = subprocess.Popen(exec_start(step["unit"]), env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                               cwd="/", start_new_session=True)
+    os.close(log)
+    with open(os.path.join(PID_DIR, name + ".pid"), "w") as f:
+        f.write("%d\n" % process.pid)
+    time.sleep(0.5)
+    if process.poll() is not None:
+        raise StepFailed("%s exited at once with status %s; its log: %s" % (name, process.returncode,
+                                                                            os.path.join(LOG_DIR, name + ".log")))
+
+
+def stop(name):
+    if has_systemd():
+        subprocess.run(["systemctl", "disable", "--now", name], capture_output=True)
+        return
+    pid = daemon_pid(name)
+    if pid is not None:
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_SECONDS
+        while daemon_pid(name) == pid and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if daemon_pid(name) == pid:
+            os.killpg(pid, signal.SIGKILL)
+    try:
+        os.unlink(os.path.join(PID_DIR, name + ".pid"))
+    except FileNotFoundError:
+        pass
+
+
+def remove(step):
+    for path in step["paths"]:
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+        elif os.path.lexists(path):
+            os.unlink(path)
+
+
+ACTIONS = {"write": write_file, "install": install, "start": start, "stop": lambda step: stop(step["service"]),
+           "remove": remove}
+
+
+def apply(request):
+    done = []
+    for step in request["steps"]:
+        try:
+            ACTIONS[step["kind"]](step)
+        except (StepFailed, OSError) as e:
+            return {"done": done, "failed": step["name"], "error": str(e)}
+        except Exception as e:  # a bug here must still say which step on which host, not end the whole run
+            return {"done": done, "failed": step["name"], "error": "%s: %s" % (type(e).__name__, e)}
+        done.append(step["name"])
+    return {"done": done}
+
+
+def main():
+    request = json.loads(sys.stdin.buffer.read())
+    answer = probe(request) if request["op"] == "probe" else apply(request)
+    sys.stdout.write(json.dumps(answer) + "\n")
+
+
+if __name__ == "__main__":
+    main()
