@@ -18,6 +18,7 @@ from tfcluster.bringup.desired import desired, owned_paths
 from tfcluster.bringup.inventory import Host, Inventory
 from tfcluster.bringup.ssh import Connections, SshError
 from tfcluster.bringup.wheelhouse import WheelhouseError, cache_dir, checkout, software_id, wheelhouse
+from tfcluster.errors import ClusterError
 
 JOIN_TOKEN_TTL_SECONDS = 3600
 READY_TIMEOUT_SECONDS = 180
@@ -172,36 +173,31 @@ def join_tokens(run: Run, agents: list[Host]) -> dict[str, str]:
     """A single-use token for each agent that has not joined, bound to its node's name."""
     if not agents:
         return {}
-    from tfcluster.client import ClientError
-
     tokens = {}
     with admin_client(run) as client:
         wait_serving(run, client)
         for host in agents:
             try:
                 tokens[host.host], _ = client.create_join_token(JOIN_TOKEN_TTL_SECONDS, node_name(run, host))
-            except ClientError as e:
+            except ClusterError as e:
                 raise Failed(f"{host.host}: step make a join token: {e}") from None
     return tokens
 
 
 def admin_client(run: Run):
     from tfcluster.bringup.ca import admin_dir
-    from tfcluster.client import Client
-    from tfcluster.security import Credentials
+    from tfcluster.cluster import Cluster
 
-    return Client(run.inventory.coordinator_address, Credentials.from_dir(admin_dir(run.operator_dir)))
+    return Cluster(run.inventory.coordinator_address, admin_dir(run.operator_dir))
 
 
 def wait_serving(run: Run, client) -> None:
-    from tfcluster.client import ClientError
-
     deadline, error = time.monotonic() + READY_TIMEOUT_SECONDS, None
     while time.monotonic() < deadline:
         try:
             client.status()
             return
-        except ClientError as e:
+        except ClusterError as e:
             error = e
             time.sleep(POLL_SECONDS)
     raise Failed(f"coordinator {run.inventory.coordinator_address}: step wait until it serves: {error}; remedy: "
@@ -211,8 +207,6 @@ def wait_serving(run: Run, client) -> None:
 def wait_ready(run: Run) -> list[list[str]]:
     """Waits until every agent's node is READY with the GPUs the inventory expects; the table's rows (host, role,
     state, GPUs, version, seconds since `up` began)."""
-    from tfcluster.client import ClientError
-
     inv, ready, seen, problem = run.inventory, {}, {}, ""
     names = {node_name(run, h): h for h in inv.agents}
     with admin_client(run) as client:
@@ -227,8 +221,8 @@ def wait_ready(run: Run) -> list[list[str]]:
                              f"remedy: read the agent's log there (journalctl -u {AGENT_UNIT}, or "
                              f"/var/log/tfcluster/{AGENT_UNIT}.log)")
             try:
-                seen = {n.name: n for n in client.all_nodes() if n.name in names}
-            except ClientError as e:
+                seen = {n.name: n for n in client.nodes() if n.name in names}
+            except ClusterError as e:
                 problem = f"({e})"
             for name, node in seen.items():
                 if node.state == "READY" and name not in ready:
