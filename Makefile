@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-multihost demo-ha test test-unit test-suites docs docs-check bench protos clean
+.PHONY: demo demo-multihost demo-ha test test-unit test-suites test-python docs docs-check bench protos clean
 
 # mkdocs 1.6 prints a banner about its successor on every build; it says nothing about this manual.
 export NO_MKDOCS_2_WARNING := 1
@@ -32,10 +32,20 @@ test: docs-check
 test-unit: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider tests/unit
 
-# The unit and integration suites alone (no TensorFlow jobs), e.g. on another Python in a virtualenv of its own:
-#   make test-suites PYTHON=/usr/bin/python3 VENV=.venv-system
+# The unit and integration suites alone (no TensorFlow jobs).
 test-suites: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider tests/unit tests/integration
+
+# What differs from one Python to another, on another Python in a virtualenv of its own: the unit suite, and the
+# integration tests that unpack code archives (tarfile), build jobs' environments (venv, uv), start both daemons
+# from their command lines and drive the client API and the CLI's output.
+#   make test-python PYTHON=/usr/bin/python3 VENV=.venv-system
+PYTHON_SENSITIVE := tests/unit $(wildcard tests/integration/test_code_*.py) tests/integration/test_shipping.py \
+	tests/integration/test_environments.py tests/integration/test_environment_attacks.py \
+	tests/integration/test_daemons.py tests/integration/test_python_api.py tests/integration/test_task_reach.py \
+	tests/integration/test_control_plane.py
+test-python: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider $(PYTHON_SENSITIVE)
 
 # The manual (docs/, mkdocs.yml) as a site in build/site.
 docs: $(STAMP)
