@@ -5,13 +5,17 @@ host was added, and `down` leaving no tfcluster process."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from harness import wait_until
 from sshhosts import SSH_OPTIONS, SshHosts, unavailable
 
 pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="needs root (network namespaces, sshd)"),
@@ -47,6 +51,14 @@ def tfcluster_processes(hosts: SshHosts) -> list[str]:
         if "tfcluster" in cmdline and "sshd" not in cmdline:
             found.append(f"{pid}: {cmdline}")
     return found
+
+
+def tfcluster_python(hosts: SshHosts, script: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """script run by the operator's Python (the Python API), in the hosts' network."""
+    done = hosts.operator([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, **env})
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done
 
 
 @pytest.fixture(scope="module")
@@ -109,3 +121,100 @@ def test_up_brings_a_cluster_up_over_ssh_and_down_takes_it_away(tmp_path, built_
         assert hosts.on("node1", ["test", "-e", "/opt/tfcluster"]).returncode != 0
         assert hosts.on("node1", ["test", "-e", "/var/lib/tfcluster/agent/tls/node.crt"]).returncode == 0, \
             "down keeps the state without --purge"
+
+
+NEWER = "0.9.0"
+SLEEPER = "import itertools, time\nfor i in itertools.count():\n    print(i, flush=True)\n    time.sleep(0.5)"
+JOB_STATE = ("import json, sys\nfrom tfcluster import Cluster\nwith Cluster() as c:\n"
+             "    job = c.jobs(name='sleeper')[-1]\n    nodes = {n.name: n.agent_version for n in c.nodes()}\n"
+             "    print(json.dumps({'state': job.state, 'restarts': job.restarts, 'agents': sorted(nodes.values()),\n"
+             "                      'tasks': sorted((t.name, t.state, t.attempt, t.pid) for t in job.tasks)}))")
+
+
+@pytest.fixture(scope="module")
+def newer_checkout(tmp_path_factory, built_wheelhouse):
+    """This checkout with its release bumped to NEWER, and its wheelhouse built (as the operator's next release).
+    Run with PYTHONPATH set to it, from another directory (`python -c` looks in the current one first)."""
+    from tfcluster.bringup.wheelhouse import checkout
+
+    root, copy = checkout(), tmp_path_factory.mktemp("newer") / "src"
+    shutil.copytree(root / "tfcluster", copy / "tfcluster", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(root / name, copy / name)
+    for path, old in ((copy / "pyproject.toml", 'version = "'), (copy / "tfcluster" / "__init__.py", '__version__ = "')):
+        text = path.read_text()
+        path.write_text(text.replace(f'{old}{tfcluster_version()}"', f'{old}{NEWER}"', 1))
+    host_python = subprocess.run(["python3", "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                                 capture_output=True, text=True, check=True).stdout.strip()
+    build = subprocess.run([sys.executable, "-c", "import os, sys\nfrom tfcluster.bringup.inventory import Software\n"
+                            "from tfcluster.bringup.wheelhouse import wheelhouse\n"
+                            "print(wheelhouse(Software(extras=()), sys.argv[1], os.uname().machine)[1])", host_python],
+                           capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(copy)}, cwd=copy)
+    assert build.returncode == 0 and build.stdout.startswith(NEWER), build.stdout + build.stderr
+    return copy
+
+
+def agent_pid_on(hosts: SshHosts, name: str) -> str:
+    return hosts.on(name, ["cat", "/run/tfcluster/tfcluster-agent.service.pid"], capture_output=True,
+                    text=True).stdout.strip()
+
+
+def tfcluster_version() -> str:
+    from tfcluster import __version__
+
+    return __version__
+
+
+def test_upgrade_rolls_a_new_release_out_while_a_job_keeps_running(tmp_path, built_wheelhouse, newer_checkout):
+    with SshHosts(tmp_path, {name: HOSTS[name] for name in ("coord", "node1", "node2")}) as hosts:
+        cluster = tmp_path / "cluster.toml"
+        cluster.write_text(inventory(hosts.key, ["node1", "node2"]))
+        admin = {"TFCLUSTER_TLS_DIR": str(tmp_path / "cluster.tfcluster" / "ca" / "admin"),
+                 "TFCLUSTER_COORDINATOR": f"{HOSTS['coord']}:7070"}
+
+        def tfcluster(*args: str, newer: bool = False) -> subprocess.CompletedProcess:
+            env = {**os.environ, "NO_COLOR": "1", **admin, **({"PYTHONPATH": str(newer_checkout)} if newer else {})}
+            argv = [sys.executable, "-c", "import sys; sys.argv[0] = 'tfcluster'; from tfcluster.cli import main; "
+                                          "main()", *args]
+            return hosts.operator(argv, capture_output=True, text=True, timeout=400, env=env, cwd=tmp_path)
+
+        def job() -> dict:
+            done = tfcluster_python(hosts, JOB_STATE, admin)
+            return json.loads(done.stdout)
+
+        first = tfcluster("up", str(cluster))
+        assert first.returncode == 0, first.stdout + first.stderr + logs(hosts)
+        start = tfcluster("start", "--name", "sleeper", "--strategy", "multi_worker_mirrored", "--workers", "2",
+                          "--", "python", "-c", SLEEPER)
+        assert start.returncode == 0, start.stdout + start.stderr
+        wait_until(lambda: job()["state"] == "RUNNING" and all(t[1] == "RUNNING" for t in job()["tasks"]), 60,
+                   what="the job RUNNING")
+        before = job()
+        agent_pid = agent_pid_on(hosts, "node1")
+
+        check = tfcluster("upgrade", "--check", str(cluster), newer=True)
+        assert check.returncode == 0 and f"rolling upgrade to {NEWER}" in check.stdout, check.stdout + check.stderr
+        assert job() == before, "--check changed something"
+
+        started = time.monotonic()
+        upgraded = tfcluster("upgrade", "--batch", "1", str(cluster), newer=True)
+        seconds = time.monotonic() - started
+        assert upgraded.returncode == 0, upgraded.stdout + upgraded.stderr + logs(hosts)
+        said = [line for line in upgraded.stdout.splitlines() if line.startswith("upgraded ")]
+        assert [line.split()[1] for line in said] == [HOSTS["coord"], HOSTS["node1"], HOSTS["node2"]], upgraded.stdout
+        assert all("2 running task(s) kept running" in line or "1 running task(s) kept running" in line
+                   for line in said), upgraded.stdout
+        after = job()
+        assert after["state"] == "RUNNING" and after["restarts"] == 0, after
+        assert after["tasks"] == before["tasks"], (before, after)   # same attempts, same PIDs
+        assert after["agents"] == [NEWER, NEWER], after
+        upgraded_pid = agent_pid_on(hosts, "node1")
+        assert upgraded_pid != agent_pid, "the agent was not restarted"
+        print(f"\nrolling upgrade of 3 hosts with a 2-task job running: {seconds:.1f} s\n{upgraded.stdout}")
+
+        # Back across a minor release is refused before anything stops.
+        back = tfcluster("upgrade", str(cluster))
+        assert back.returncode == 1 and "crosses a minor release" in back.stderr + back.stdout, back.stdout + back.stderr
+        assert "nothing was stopped" in back.stderr + back.stdout
+        assert agent_pid_on(hosts, "node1") == upgraded_pid and job() == after
+        assert tfcluster("down", str(cluster), newer=True).returncode == 0

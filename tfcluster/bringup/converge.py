@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable
 
 from tfcluster.bringup import plan as planning
+from tfcluster.bringup import upgrade
 from tfcluster.bringup.desired import AGENT_UNIT, COORDINATOR_UNIT, JOIN_TOKEN_FILE, NODE_CERT_PATH, WHEELHOUSE_DIR
 from tfcluster.bringup.desired import desired, owned_paths
 from tfcluster.bringup.inventory import Host, Inventory
@@ -35,6 +36,8 @@ class Run:
     operator_dir: Path                 # the CA and the admin's credentials live here
     say: Callable[[str], None]
     check: bool = False
+    batch: int = upgrade.DEFAULT_BATCH  # agents upgraded at a time (upgrade.py)
+    upgrade_only: bool = False         # `tfcluster upgrade`: every host must be up already
     started: float = field(default_factory=time.monotonic)
     facts: dict[str, dict] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
@@ -101,6 +104,14 @@ def up(run: Run) -> list[list[str]] | None:
         for h in inv.hosts:
             changes = plans[h.host].changes
             run.say(f"{h.host} ({h.roles}): " + ("as it should be" if not changes else "\n  " + "\n  ".join(changes)))
+        rolling = rolling_hosts(run, plans)
+        if run.upgrade_only:
+            refuse_bare_hosts(run)
+        if rolling:
+            check_releases(run, rolling, release(ids))
+            run.say(f"rolling upgrade to {release(ids)}: {', '.join(h.host for h in rolling if h.coordinator)}"
+                    f"{' then ' if any(h.coordinator for h in rolling) else ''}agents {run.batch} at a time, "
+                    f"each group back before the next stops")
         if run.check:
             return None
         if not any(p.changes for p in plans.values()):
@@ -110,9 +121,12 @@ def up(run: Run) -> list[list[str]] | None:
             run.say(f"no systemd runs {hosts}: the units' command lines run there as background daemons (pid files "
                     f"in /run/tfcluster, logs in /var/log/tfcluster), which nothing restarts if they die")
         wheelhouses = build_wheelhouses(run, plans)
-        apply(run, ssh, [h for h in inv.hosts if h.coordinator], plans, wheelhouses, {})
+        coordinators, agents = list(inv.coordinators), [h for h in inv.hosts if not h.coordinator]
+        apply(run, ssh, [h for h in coordinators if h not in rolling], plans, wheelhouses, {})
+        roll(run, ssh, [h for h in coordinators if h in rolling], plans, wheelhouses, release(ids))
         tokens = join_tokens(run, [h for h in inv.hosts if h.agent and plans[h.host].needs_token])
-        apply(run, ssh, [h for h in inv.hosts if not h.coordinator], plans, wheelhouses, tokens)
+        apply(run, ssh, [h for h in agents if h not in rolling], plans, wheelhouses, tokens)
+        roll(run, ssh, [h for h in agents if h in rolling], plans, wheelhouses, release(ids))
         table = wait_ready(run)
         joined = [h for h in inv.hosts if h.host in tokens]
         run.each(joined, lambda h: apply_steps(ssh, h, [planning.Step(
@@ -127,6 +141,75 @@ def software_ids(run: Run) -> dict[str, str]:
                      "set [software] source = \"index\" and index_url")
     return {host: software_id(run.inventory.software, f["python"], f["machine"], root)
             for host, f in run.facts.items()}
+
+
+def release(ids: dict[str, str]) -> str:
+    """The release this run installs (every host gets the same)."""
+    return upgrade.release(next(iter(ids.values())))
+
+
+def rolling_hosts(run: Run, plans: dict[str, planning.HostPlan]) -> list[Host]:
+    """The hosts whose daemons run while their software changes: an upgrade, done a group at a time."""
+    return [h for h in run.inventory.hosts if plans[h.host].installs and any(run.facts[h.host]["running"].values())]
+
+
+def refuse_bare_hosts(run: Run) -> None:
+    bare = [h.host for h in run.inventory.hosts if not any(run.facts[h.host]["running"].values())]
+    if bare:
+        raise Failed(f"step check that every host is up: nothing of tfcluster runs on {', '.join(bare)}, nothing "
+                     f"was changed; remedy: `tfcluster up {run.inventory.source}` brings them up (and upgrades the "
+                     f"others the same way)")
+
+
+def check_releases(run: Run, rolling: list[Host], new: str) -> None:
+    """Refuses, before anything stops, a release that cannot work with what runs (upgrade.refusals)."""
+    installed = {host: upgrade.release(f["software"]) for host, f in run.facts.items() if f.get("software")}
+    registered = {}
+    if any(run.facts[h.host]["running"].get(COORDINATOR_UNIT) for h in run.inventory.coordinators):
+        try:
+            with admin_client(run) as client:
+                registered = {n.name: n.agent_version for n in client.nodes()}
+        except ClusterError as e:
+            raise Failed(f"coordinator {run.inventory.coordinator_address}: step read the agents' releases before "
+                         f"the upgrade: {e}; remedy: bring the coordinator back (`tfcluster up` does), then "
+                         f"upgrade") from None
+    problems = upgrade.refusals(new, installed, registered, {node_name(run, h) for h in rolling if h.agent})
+    if problems:
+        raise Failed(f"step check the releases: {new} is refused, nothing was stopped:\n  " + "\n  ".join(problems))
+
+
+def roll(run: Run, ssh: Connections, hosts: list[Host], plans: dict[str, planning.HostPlan],
+         wheelhouses: dict[tuple[str, str], Path], new: str) -> None:
+    """Upgrades hosts one group at a time (coordinators one by one, standbys first; agents run.batch at a time),
+    each group back with its tasks still running before the next one stops."""
+    if not hosts:
+        return
+    coordinators = hosts[0].coordinator
+    with admin_client(run) as client:
+        wait_serving(run, client)
+        groups = ([[h] for h in upgrade.coordinator_order(hosts, client.status().summary.leader)] if coordinators
+                  else upgrade.batches(hosts, run.batch))
+        for i, group in enumerate(groups):
+            by_node = upgrade.running_tasks(client)
+            expect = {node_name(run, h): new for h in group if h.agent}
+            if coordinators:  # every node must find the restarted coordinator again, with its tasks
+                expect = {n.name: "" for n in client.nodes() if n.state == "READY"} | expect
+            tasks = set().union(*(by_node.get(name, set()) for name in expect))
+            stopped = time.monotonic()
+            apply(run, ssh, group, plans, wheelhouses, {})
+            names = ", ".join(h.host for h in group)
+            try:
+                if coordinators:
+                    wait_serving(run, client)
+                upgrade.wait_back(client, expect, tasks, f"{names} after its restart on {new}")
+            except (TimeoutError, RuntimeError) as e:
+                left = [h.host for g in groups[i + 1:] for h in g]
+                raise Failed(f"step wait until back: {e}\n    upgraded: {names} and the groups before; left on the "
+                             f"old release: {', '.join(left) or 'none'}\n    remedy: read the logs there (journalctl "
+                             f"-u {AGENT_UNIT} / {COORDINATOR_UNIT}, or /var/log/tfcluster), then run the upgrade "
+                             f"again: it goes on with the hosts left") from None
+            run.say(f"upgraded {names} ({group[0].roles}) to {new}: installed, restarted and back in "
+                    f"{time.monotonic() - stopped:.1f} s; {len(tasks)} running task(s) kept running")
 
 
 def build_wheelhouses(run: Run, plans: dict[str, planning.HostPlan]) -> dict[tuple[str, str], Path]:

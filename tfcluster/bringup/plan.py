@@ -33,6 +33,10 @@ class HostPlan:
     needs_token: bool = False     # the caller adds the token's file: the token is made only when it is applied
 
     @property
+    def installs(self) -> bool:
+        return bool(self.steps) and self.steps[0].action["kind"] == "install"
+
+    @property
     def changes(self) -> list[str]:
         return [s.name for s in self.steps] + (["join the cluster with a single-use token"] if self.needs_token else [])
 
@@ -58,7 +62,7 @@ def plan_up(host: Host, wanted: Desired, facts: dict, software: Software, softwa
     for service, reads in wanted.services.items():
         changed = sorted(written.intersection(reads))
         why = ("it was not running" if not running.get(service) else
-               "the software changed" if plan.steps and plan.steps[0].action["kind"] == "install" else
+               "the software changed" if plan.installs else
                f"{', '.join(changed)} changed" if changed else
                "it joins the cluster" if service == AGENT_UNIT and plan.needs_token else None)
         if why:

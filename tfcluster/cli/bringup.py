@@ -16,7 +16,11 @@ OperatorDirOpt = typer.Option(None, "--operator-dir", metavar="DIR",
                                    "[default: CLUSTER.tfcluster beside the inventory].")
 
 
-def _load(path: Path, operator_dir: Optional[Path], check: bool):
+BatchOpt = typer.Option(2, "--batch", min=1, metavar="N", help="Agents upgraded at a time, when their software "
+                                                                "changes while they run.")
+
+
+def _load(path: Path, operator_dir: Optional[Path], check: bool, batch: int = 2, upgrade_only: bool = False):
     from tfcluster.bringup.converge import Run
     from tfcluster.bringup.inventory import InventoryError, load
 
@@ -25,7 +29,8 @@ def _load(path: Path, operator_dir: Optional[Path], check: bool):
     except InventoryError as e:
         fail(str(e), 2)
     directory = operator_dir or path.resolve().with_name(f"{path.stem}.tfcluster")
-    return Run(inventory, directory, lambda line: out.print(line, markup=False), check=check)
+    return Run(inventory, directory, lambda line: out.print(line, markup=False), check=check, batch=batch,
+               upgrade_only=upgrade_only)
 
 
 @app.command()
@@ -33,14 +38,32 @@ def up(
     inventory: Path = InventoryArg,
     check: bool = typer.Option(False, "--check", help="Print what would change on each host; change nothing."),
     operator_dir: Optional[Path] = OperatorDirOpt,
+    batch: int = BatchOpt,
 ) -> None:
     """Bring the cluster up over SSH, as the inventory says: software in a virtualenv, the CA's certificates, the
     units, each agent joined with a single-use token; then wait until every node is READY. Running it again
-    changes only what differs."""
+    changes only what differs; hosts running another build are upgraded in turn, as `tfcluster upgrade` does."""
+    _up(_load(inventory, operator_dir, check, batch))
+
+
+@app.command()
+def upgrade(
+    inventory: Path = InventoryArg,
+    check: bool = typer.Option(False, "--check", help="Print what would change and the releases' check; change "
+                                                      "nothing."),
+    operator_dir: Optional[Path] = OperatorDirOpt,
+    batch: int = BatchOpt,
+) -> None:
+    """Rolling upgrade to this checkout's build (or the index's release): the coordinators one at a time
+    (standbys, then the leader), then the agents --batch at a time, each group back before the next stops;
+    running tasks keep running. Releases that cannot work together are refused before anything stops."""
+    _up(_load(inventory, operator_dir, check, batch, upgrade_only=True))
+
+
+def _up(run) -> None:
     from tfcluster.bringup.ca import admin_dir
     from tfcluster.bringup.converge import Failed, up as bring_up
 
-    run = _load(inventory, operator_dir, check)
     try:
         table = bring_up(run)
     except Failed as e:

@@ -45,6 +45,8 @@ def _join_token(path: Optional[Path]) -> str:
     """The join token: from --join-token-file, else from $TFCLUSTER_JOIN_TOKEN; never from the command line."""
     if path is None:
         return os.environ.get("TFCLUSTER_JOIN_TOKEN", "").strip()
+    if not path.exists():  # used and removed (`tfcluster up` does): a node that joined restarts on its certificate;
+        return ""          # one that has none is told to join
     try:
         return load_token(path) or ""
     except TokenError as e:
@@ -296,7 +298,7 @@ def agent(
     join_token_file: Optional[Path] = typer.Option(
         None, envvar="TFCLUSTER_JOIN_TOKEN_FILE", metavar="FILE",
         help="A file holding the token (`tfcluster token create`) the node joins the cluster with when it has no "
-             "certificate yet; a restart reuses the certificate [env: TFCLUSTER_JOIN_TOKEN_FILE; or the token itself "
+             "certificate yet; a restart reuses the certificate, and the file may be gone by then [env: TFCLUSTER_JOIN_TOKEN_FILE; or the token itself "
              "in TFCLUSTER_JOIN_TOKEN, as the systemd unit's env file sets it]."),
     join: Optional[str] = typer.Option(None, "--join", hidden=True),
     ca_cert: Optional[Path] = typer.Option(None, metavar="FILE", help="The cluster CA's certificate (ca.crt), "
