@@ -16,6 +16,9 @@ from typing import Any
 from tfcluster.states import Phase
 
 PREEMPTION_EXIT_CODE = 42  # PreemptionCheckpointHandler saved a checkpoint and exited: restart for free
+# The program found it cannot work as it is set up (sysexits.h's EX_CONFIG; tfcluster.task's Keras 3 guard exits
+# with it): no restart would change that, so the job fails at once, its restart budget untouched.
+CONFIG_EXIT_CODE = 78
 # The signals a stop may send first ([preemption] signal): those whose default action ends a process, so that a
 # program that handles none of them still ends, and none that a shell or Python gives another meaning to.
 STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2")
@@ -173,6 +176,12 @@ class TaskExit:
     @property
     def preempted(self) -> bool:
         return self.exit_code == PREEMPTION_EXIT_CODE
+
+    @property
+    def unrecoverable(self) -> bool:
+        """No restart would change this exit: it never started for such a reason (permanent), or the program
+        said so with CONFIG_EXIT_CODE."""
+        return self.permanent or self.exit_code == CONFIG_EXIT_CODE
 
     @property
     def saved_step(self) -> int | None:

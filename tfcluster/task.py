@@ -19,7 +19,8 @@ is read from the environment the agent gives the task when it is asked for (so t
     task.stop_signal               the signal a stop, preemption or drain sends first ("SIGTERM", "SIGUSR1", ...)
     task.preemption_handler(ckpt)  PreemptionCheckpointHandler that saves on that signal and exits 42
     task.termination_config()      the TerminationConfig it uses, for a handler of your own
-    task.check_keras()             exits with the fix when an MWMS/PS task would run Keras 3 (make_strategy calls it)
+    task.check_keras()             exits 78 with the fix when an MWMS/PS task would run Keras 3 (make_strategy calls
+                                   it); the job fails at once, its restarts unspent
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tfcluster import layout
-from tfcluster.model import DEFAULT_STOP_SIGNAL, PREEMPTION_EXIT_CODE, PREEMPTION_SAVED_LINE
+from tfcluster.model import CONFIG_EXIT_CODE, DEFAULT_STOP_SIGNAL, PREEMPTION_EXIT_CODE, PREEMPTION_SAVED_LINE
 from tfcluster.checkpoints import (CHECKPOINT_POLL_SECONDS, STATE_FILE, STEP_VARIABLES,  # noqa: F401
                                    checkpoint_paths, checkpoint_step, checkpoints, default_checkpoint_dir,
                                    final_checkpoint, latest_checkpoint, report_evaluation)
@@ -121,8 +122,9 @@ def make_strategy():
 
 
 def check_keras() -> None:
-    """Under multi_worker_mirrored and parameter_server, exits with a message naming the fix when this task would
-    train with Keras 3 (which does not work with those strategies) instead of tf-keras. make_strategy calls it."""
+    """Under multi_worker_mirrored and parameter_server, exits with code 78 (model.CONFIG_EXIT_CODE: the job fails
+    without a restart) and a message naming the fix when this task would train with Keras 3 (which does not work
+    with those strategies) instead of tf-keras. make_strategy calls it."""
     from tfcluster.strategies import KERAS_FIX, LEGACY_KERAS, LEGACY_KERAS_ON
 
     name = __getattr__("strategy")
@@ -137,8 +139,10 @@ def check_keras() -> None:
     elif importlib.util.find_spec("tf_keras") is None:
         problem = f"tf-keras is not installed for {sys.executable}, so tf.keras is Keras 3"
     if problem:
-        raise SystemExit(f"tfcluster: {problem}, which does not work with {name} "
-                         f"(keras-team/keras#20585, #18624). Fix: {KERAS_FIX}.")
+        # Exit code 78: the job fails at once instead of spending its restarts on a program no restart fixes.
+        print(f"tfcluster: {problem}, which does not work with {name} (keras-team/keras#20585, #18624). "
+              f"Fix: {KERAS_FIX}.", file=sys.stderr, flush=True)
+        sys.exit(CONFIG_EXIT_CODE)
 
 
 def strategies_needing_tf_keras() -> tuple[str, ...]:

@@ -7,34 +7,18 @@ from __future__ import annotations
 
 import importlib.util
 import re
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from harness import ROOT, LocalCluster, finish, wait_until
-
-sys.path.insert(0, str(ROOT / "bench"))
-from preemption_save import POLICY, preemptor_spec, victim_spec  # noqa: E402
+from harness import finish, wait_until
+from preemptions import cluster, preemptor_spec, victim_spec  # noqa: F401  (cluster: the fixture)
 
 pytestmark = [pytest.mark.e2e,
               pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="needs the tf extra")]
 
 GRACE_SECONDS = 60
-
-
-@pytest.fixture
-def cluster(tmp_path_factory):
-    root = tmp_path_factory.mktemp("save-first")
-    cluster = LocalCluster(root=root)
-    try:
-        (root / "policy.toml").write_text(POLICY)
-        cluster.start_coordinator("--policy", str(root / "policy.toml"))
-        cluster.start_agents({"a": {"gpus": 1}, "b": {"gpus": 1}})
-        yield cluster
-    finally:
-        cluster.teardown()
 
 
 def test_a_preempted_mwms_job_saves_on_its_signal_frees_its_gpus_at_once_and_resumes_at_that_step(cluster, tmp_path):

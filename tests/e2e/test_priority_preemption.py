@@ -7,40 +7,19 @@ The classes come from the coordinator's policy file (`--policy`)."""
 from __future__ import annotations
 
 import importlib.util
-import sys
-import textwrap
 import time
 from pathlib import Path
 
 import pytest
 
 from harness import ROOT, LocalCluster, final_checkpoint, finish, wait_until
+from preemptions import cluster, preemptor_spec  # noqa: F401  (cluster: the fixture)
 
 pytestmark = [pytest.mark.e2e,
               pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="needs the tf extra")]
 
 EXAMPLES = ROOT / "examples"
 GRACE_SECONDS = 10
-POLICY = """
-[classes]
-low = { value = 10, preemptible = true }
-high = { value = 100, preemptible = false }
-
-[defaults]
-class = "low"
-max_class = "high"
-"""
-@pytest.fixture
-def cluster(tmp_path_factory):
-    root = tmp_path_factory.mktemp("preemption")
-    cluster = LocalCluster(root=root)
-    try:
-        (root / "policy.toml").write_text(POLICY)
-        cluster.start_coordinator("--policy", str(root / "policy.toml"))
-        cluster.start_agents({"a": {"gpus": 1}, "b": {"gpus": 1}})
-        yield cluster
-    finally:
-        cluster.teardown()
 
 
 def low_spec(tmp_path: Path) -> tuple[Path, Path]:
@@ -58,19 +37,6 @@ def low_spec(tmp_path: Path) -> tuple[Path, Path]:
     return spec, checkpoints
 
 
-def high_spec(tmp_path: Path) -> Path:
-    spec = tmp_path / "high.toml"
-    spec.write_text(textwrap.dedent(f"""
-        name = "urgent"
-        strategy = "mirrored"
-        priority = "high"
-        command = ["{sys.executable}", "-c", "import time; time.sleep(3)"]
-        [roles.worker]
-        gpus = 1
-    """))
-    return spec
-
-
 def submit(cluster: LocalCluster, spec: Path) -> str:
     return cluster.cli("start", str(spec), check=True).stdout.strip()
 
@@ -83,7 +49,7 @@ def test_a_high_job_preempts_a_low_mwms_job_which_resumes_and_ends_as_if_undistu
     low_id = submit(cluster, spec)
     wait_until(lambda: (checkpoints / "ckpt-2.index").exists(), 240, interval=0.2, what="checkpoint 2")
     submitted = time.monotonic()
-    high_id = submit(cluster, high_spec(tmp_path))
+    high_id = submit(cluster, preemptor_spec(tmp_path, seconds=3))
     wait_until(lambda: cluster.job(high_id)["state"] in ("RUNNING", "SUCCEEDED"), GRACE_SECONDS + 30, interval=0.2,
                what=f"{high_id} to run")
     took = time.monotonic() - submitted

@@ -8,7 +8,7 @@ import pytest
 from tfcluster.daemon.coordinator.core.lifecycle import restart as R
 from tfcluster.daemon.coordinator.core.lifecycle.restart import RESTART
 from tfcluster.daemon.coordinator.core.model.job import Failure, Job, Task
-from tfcluster.model import TaskExit
+from tfcluster.model import CONFIG_EXIT_CODE, TaskExit
 from tfcluster.specfile import parse_spec
 from tfcluster.states import JobState, TaskState
 
@@ -19,26 +19,29 @@ PS = ("parameter_server",)
 PARTIAL = "during a restart of ps and chief in place"
 FINAL = "final evaluation"
 WATCHDOG = "watchdog"
-EXITS = ("exit 1", "permanent", "exit 42", "port taken", "node lost", "budget spent", "cannot start")
+EXITS = ("exit 1", "permanent", "exit 42", "port taken", "node lost", "budget spent", "cannot start", "exit 78")
 
 # One row per strategy x failing role x job phase; one column per kind of exit (EXITS). A cell reads
 # "scope charge delay": delay "wait" is restart.backoff_seconds, "now" none; "fail", "given up" and "nothing"
 # restart nothing and charge nothing. "-": cannot happen (a task being stopped for a restart in place ends
 # STOPPED, not FAILED; the watchdog has no exit code). "budget spent" is exit 1 with the budget (the
 # evaluator's own, for the evaluator) spent. "cannot start": a start no restart would mend (TaskExit.permanent).
-GROUP = ("group budget wait", "fail", "group preemption now", "group nothing now", "group budget wait", "fail", "fail")
+# "exit 78": the program says no restart would mend it (model.CONFIG_EXIT_CODE, the Keras 3 guard), in no spec's
+# permanent_exit_codes.
+GROUP = ("group budget wait", "fail", "group preemption now", "group nothing now", "group budget wait", "fail", "fail",
+         "fail")
 EVALUATOR = ("evaluator evaluator-budget wait", "evaluator evaluator-budget wait", "evaluator evaluator-budget now",
-             "anew evaluator-budget now", "anew evaluator-budget wait", "given up", "given up")
-NOTHING = ("nothing",) * 7
-HUNG = ("group budget wait", "-", "-", "-", "-", "fail", "-")
+             "anew evaluator-budget now", "anew evaluator-budget wait", "given up", "given up", "given up")
+NOTHING = ("nothing",) * 8
+HUNG = ("group budget wait", "-", "-", "-", "-", "fail", "-", "-")
 PS_AND_CHIEF = ("ps+chief budget wait", "fail", "ps+chief preemption now", "group nothing now", "group budget wait",
-                "fail", "fail")
+                "fail", "fail", "fail")
 WORKER_ALONE = ("worker:1 budget wait", "fail", "worker:1 preemption now", "group nothing now", "group budget wait",
-                "fail", "fail")
-LOST_ONLY = ("-", "-", "-", "-", "group nothing wait", "-", "-")
+                "fail", "fail", "fail")
+LOST_ONLY = ("-", "-", "-", "-", "group nothing wait", "-", "-", "-")
 
 TABLE = [
-    # strategies            role         phase      exit 1 | permanent | 42 | port taken | node lost | budget spent | cannot start
+    # strategies            role         phase      exit 1 | permanent | 42 | port taken | node lost | budget spent | cannot start | 78
     (ONE_TASK + MWMS,       "chief",     JobState.STARTING,  GROUP),
     (ONE_TASK + MWMS,       "chief",     JobState.RUNNING,   GROUP),
     (ONE_TASK + MWMS,       "worker",    JobState.STARTING,  GROUP),
@@ -109,7 +112,8 @@ def failure_of(job: Job, role: str, exit: str) -> tuple[Failure, str]:
     how = {"exit 1": {"exit_code": 1}, "budget spent": {"exit_code": 1}, "permanent": {"exit_code": PERMANENT},
            "exit 42": {"exit_code": 42}, "port taken": {"message": "port 20001 in use", "busy_port": 20001},
            "node lost": {"message": "node n1 lost"},
-           "cannot start": {"message": "cannot enter the workdir /w", "permanent": True}}[exit]
+           "cannot start": {"message": "cannot enter the workdir /w", "permanent": True},
+           "exit 78": {"exit_code": CONFIG_EXIT_CODE}}[exit]
     if role == WATCHDOG:
         how = {"message": "hung: no task wrote output"}
     return Failure(key, "n1", TaskExit(**how), 0.0, lost=exit == "node lost"), task_type

@@ -171,3 +171,18 @@ def _wait(predicate, timeout: float = 5.0) -> None:
             return
         time.sleep(0.01)
     raise AssertionError("timed out")
+
+
+@pytest.mark.parametrize("strategy, legacy, code", [("multi_worker_mirrored", "0", 78), ("parameter_server", None, 78),
+                                                     ("multi_worker_mirrored", "1", 0), ("mirrored", "0", 0)])
+def test_check_keras_exits_78_naming_the_fix_only_where_keras_3_would_run_under_mwms_or_ps(strategy, legacy, code):
+    environment = {k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"}
+    environment["TFCLUSTER_STRATEGY"] = strategy
+    if legacy is not None:
+        environment["TF_USE_LEGACY_KERAS"] = legacy
+    done = subprocess.run([sys.executable, "-c", "from tfcluster import task; task.check_keras()"],
+                          env=environment, capture_output=True, text=True, timeout=60)
+    assert done.returncode == code, done.stderr
+    if code:
+        assert f"TF_USE_LEGACY_KERAS={legacy or ''!r} makes tf.keras Keras 3, which does not work with {strategy}" \
+            in done.stderr and "Fix: pip install tf-keras and keep TF_USE_LEGACY_KERAS=1" in done.stderr, done.stderr

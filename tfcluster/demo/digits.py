@@ -94,11 +94,20 @@ def resume(model: keras.Model) -> int:
 
 class SaveEveryEpoch(keras.callbacks.Callback):
     """Saves a checkpoint the evaluator follows after each epoch (the `checkpoint` state file is written
-    last, so a reader never sees a half-written one)."""
+    last, so a reader never sees a half-written one); paces steps when STEP_PAUSE_SECONDS is set."""
 
     def __init__(self, model: keras.Model):
         super().__init__()
         self.manager = checkpoint_manager(model, model.optimizer.iterations)
+        self.step_pause = float(os.environ.get("STEP_PAUSE_SECONDS", "0"))
+
+    def on_train_batch_end(self, batch, logs=None):
+        # STEP_PAUSE_SECONDS paces each step as examples/mwms_preemption.py does; the chief then says each step
+        # it trained, so that a run killed mid-epoch shows how far it went (bench/preemption_save.py reads it).
+        if self.step_pause:
+            if task.is_chief:
+                print(f"trained step {int(self.model.optimizer.iterations.numpy())}", flush=True)
+            time.sleep(self.step_pause)
 
     def on_epoch_end(self, epoch, logs=None):
         path = self.manager.save(checkpoint_number=epoch + 1)

@@ -11,8 +11,9 @@ The rules, in order:
 2. The evaluator is never part of training: it restarts alone on a budget of its own (placed anew when its
    node or port is gone), and when that is spent training goes on without it. It never fails the job.
 3. A training task exiting with a permanent exit code fails the job, and so does one that cannot start for a
-   reason no restart would change (its program or a dir it needs out of its user's reach: TaskExit.permanent);
-   such an evaluator is given up at once.
+   reason no restart would change (its program or a dir it needs out of its user's reach: TaskExit.permanent)
+   or exits with code 78 (the program is set up wrong, e.g. Keras 3 under multi_worker_mirrored:
+   TaskExit.unrecoverable); such an evaluator is given up at once.
 4. A preemption save (exit 42) or a port taken on the node restarts without using the budget; any other
    failure costs one restart, and fails the job once the budget is spent.
 5. What restarts is the strategy's restart scope (strategies.py): the whole group, or (parameter_server) a
@@ -86,7 +87,7 @@ def decide(job: Job, failure: Failure, task_type: str) -> Decision:
     restart, exit = job.spec.restart, failure.exit
     if exit.exit_code in restart.permanent_exit_codes:
         return Decision(FAIL, NO_CHARGE, 0.0, "a permanent exit code, not restarted")
-    if exit.permanent:
+    if exit.unrecoverable:
         return Decision(FAIL, NO_CHARGE, 0.0, "not restarted: no restart would change that")
     if failure.lost and failure.task in job.restarting:
         return _restart(job, failure, GROUP, NO_CHARGE, "it cannot restart in place: restarting the training group")
@@ -141,7 +142,7 @@ def cause(failure: Failure) -> str:
 
 
 def _evaluator(job: Job, failure: Failure) -> Decision:
-    if failure.exit.permanent:
+    if failure.exit.unrecoverable:
         return Decision(EVALUATOR_GIVEN_UP, NO_CHARGE, 0.0, "evaluator not restarted (no restart would change "
                                                             "that); training goes on")
     spent = job.evaluator_restarts
