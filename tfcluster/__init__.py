@@ -6,7 +6,7 @@ The Python API: `from tfcluster import Cluster` (cluster.py), its errors (errors
 
 __version__ = "0.8.0"
 
-_API = {"Cluster": "cluster", "Job": "cluster", "ClusterError": "errors", "InvalidRequest": "errors",
+_API = {"Cluster": "cluster", "Job": "cluster", "Sweep": "cluster", "ClusterError": "errors", "InvalidRequest": "errors",
         "NotFound": "errors", "PermissionDenied": "errors", "NotAuthenticated": "errors", "Unreachable": "errors",
         "Unavailable": "errors"}
 __all__ = ["__version__", *_API]

@@ -22,6 +22,7 @@ from tfcluster.leaders import Coordinators, is_standby
 
 if TYPE_CHECKING:  # the spec and its conversion are imported by the calls that send one: status starts without
     from tfcluster.spec import JobSpec
+    from tfcluster.sweepspec import SweepSpec
 
 RPC_TIMEOUT_SECONDS = 10.0
 DIAGNOSE_SECONDS = 30.0  # `tfcluster doctor` waits on every agent's probes (at most about 15 s)
@@ -154,12 +155,34 @@ class Client:
         from tfcluster.wire import spec_to_proto
 
         request = control_pb2.SubmitJobRequest(spec=spec_to_proto(spec), client_request_id=uuid.uuid4().hex)
+        return self._once("SubmitJob", request).job_id
+
+    def start_sweep(self, spec: JobSpec, sweep: SweepSpec) -> str:
+        """Starts a sweep once, as submit submits a job."""
+        from tfcluster.wire import spec_to_proto, sweep_spec_to_proto
+
+        request = control_pb2.StartSweepRequest(spec=spec_to_proto(spec), sweep=sweep_spec_to_proto(sweep),
+                                                client_request_id=uuid.uuid4().hex)
+        return self._once("StartSweep", request).sweep_id
+
+    def sweep(self, sweep_id: str) -> control_pb2.SweepStatus:
+        return self._call("GetSweep", control_pb2.GetSweepRequest(sweep_id=sweep_id)).sweep
+
+    def sweeps(self) -> list[control_pb2.SweepStatus]:
+        return list(self._call("ListSweeps", control_pb2.ListSweepsRequest()).sweeps)
+
+    def stop_sweep(self, sweep_id: str) -> str:
+        return self._call("StopSweep", control_pb2.StopSweepRequest(sweep_id=sweep_id)).state
+
+    def _once(self, method: str, request):
+        """A call that creates something, tried again while no coordinator answers: the request carries its
+        client request id, so a retry after a lost answer gets what the first created."""
         tried = backed_off = 0
         while True:
             try:
-                job_id = self.stub.SubmitJob(request, timeout=RPC_TIMEOUT_SECONDS).job_id
+                reply = getattr(self.stub, method)(request, timeout=RPC_TIMEOUT_SECONDS)
                 self.election_ends = None
-                return job_id
+                return reply
             except grpc.RpcError as e:
                 tried += 1
                 if self._follow(e, tried):  # another coordinator, at once; or a leader being elected

@@ -19,12 +19,14 @@ from tfcluster import statuses
 from tfcluster.client import RETRYABLE, Client, credentials_for, default_coordinator
 from tfcluster.errors import ClusterError, InvalidRequest, NotFound, Unavailable, Unreachable
 from tfcluster.model import CHIEF, ROLE_TYPES, WORKER
-from tfcluster.states import ENDED_JOB_STATES, TaskState
+from tfcluster.states import ENDED_JOB_STATES, SweepState, TaskState
 
 if TYPE_CHECKING:  # a spec is read by the calls that send one: `tfcluster status` starts without it
     from tfcluster.spec import JobSpec
+    from tfcluster.sweepspec import SweepSpec
 
 SpecLike = Union["JobSpec", dict, str, os.PathLike]
+SweepLike = Union[tuple["JobSpec", "SweepSpec"], dict, str, os.PathLike]
 RETRY_AFTER_SECONDS = 2.0  # a watch whose connection broke is taken up again after this
 STOP_POLL_SECONDS = 0.3
 MAX_INT32 = 2**31 - 1
@@ -54,6 +56,29 @@ def job_spec(spec: SpecLike) -> "JobSpec":
         raise InvalidRequest(str(e)) from None
     raise InvalidRequest(f"spec: expected a JobSpec, a dict, TOML text or a spec file's path, got "
                          f"{type(spec).__name__}")
+
+
+def sweep_spec(spec: SweepLike) -> tuple["JobSpec", "SweepSpec"]:
+    """A checked job spec and sweep from a (JobSpec, SweepSpec) pair, a dict of the spec file's keys with its
+    "sweep" table, a TOML text, or a sweep spec file's path (paths resolved as job_spec resolves them)."""
+    from tfcluster.spec import SpecError
+    from tfcluster.specfile import load_sweep_file, parse_sweep_spec, parse_sweep_text, resolve_paths
+    from tfcluster.sweepspec import validate_sweep
+
+    try:
+        if isinstance(spec, tuple) and len(spec) == 2:
+            return job_spec(spec[0]), validate_sweep(spec[1], "SweepSpec")
+        if isinstance(spec, dict):
+            job, sweep = parse_sweep_spec(spec, source="dict")
+            return resolve_paths(job, Path.cwd()), sweep
+        if isinstance(spec, str) and not Path(spec).exists() and ("\n" in spec or "=" in spec):
+            return parse_sweep_text(spec, "<toml>", Path.cwd())
+        if isinstance(spec, (str, os.PathLike)):
+            return load_sweep_file(spec)
+    except SpecError as e:
+        raise InvalidRequest(str(e)) from None
+    raise InvalidRequest(f"sweep: expected (JobSpec, SweepSpec), a dict, TOML text or a sweep spec file's path, "
+                         f"got {type(spec).__name__}")
 
 
 def parse_task(task: str) -> tuple[str, int]:
@@ -103,6 +128,20 @@ class Cluster:
 
             spec = ship_code(self.client, spec)
         return Job(self, self.client.submit(spec))
+
+    def sweep(self, spec: SweepLike) -> "Sweep":
+        """Starts a sweep: the coordinator submits its trials, as jobs of the caller's, max_concurrent at a time.
+        The workdir is sent once, as start sends it, and every trial runs that code."""
+        job, sweep = sweep_spec(spec)
+        if not job.shared_workdir:
+            from tfcluster.codeship import ship_code
+
+            job = ship_code(self.client, job)
+        return Sweep(self, self.client.start_sweep(job, sweep))
+
+    def sweeps(self) -> list[statuses.SweepStatus]:
+        """Every sweep the caller may see (oldest first), without their trials."""
+        return [statuses.read(statuses.SweepStatus, s) for s in self.client.sweeps()]
 
     def plan(self, spec: SpecLike) -> statuses.Plan:
         """Where the job's tasks would go now, with every TF_CONFIG; starts nothing."""
@@ -288,6 +327,42 @@ class Job:
 
     def dashboard_link(self) -> tuple[str, float]:
         return self.cluster.dashboard_link(self.id)
+
+
+class Sweep:
+    """One sweep of a cluster's, by its id."""
+
+    def __init__(self, cluster: Cluster, sweep_id: str):
+        self.cluster, self.id = cluster, sweep_id
+
+    def __repr__(self) -> str:
+        return f"Sweep({self.id!r})"
+
+    def status(self) -> statuses.SweepStatus:
+        """The sweep and each of its trials (`.ranked()`: best first by the metric)."""
+        return statuses.read(statuses.SweepStatus, self.cluster.client.sweep(self.id))
+
+    def stop(self, wait: bool = True) -> str:
+        """No more trials are started and the running ones are stopped; returns the sweep's state, once every
+        trial has ended when wait."""
+        state = self.cluster.client.stop_sweep(self.id)
+        if wait:
+            self.wait()
+        return state
+
+    def wait(self, timeout: Optional[float] = None, poll_seconds: float = 1.0) -> statuses.SweepStatus:
+        """The sweep's status once it has ended and none of its trials runs. TimeoutError when that is not so
+        within timeout seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            status = self.status()
+            # a trial whose job was submitted and has since been forgotten has no state: it ended long ago
+            if status.state != SweepState.RUNNING and all(not t.state or t.state in ENDED_JOB_STATES
+                                                          for t in status.trials):
+                return status
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"sweep {self.id} is still {status.state}")
+            time.sleep(poll_seconds if deadline is None else min(poll_seconds, max(0.0, deadline - time.monotonic())))
 
 
 def _primary(job: statuses.JobStatus) -> Optional[statuses.TaskStatus]:

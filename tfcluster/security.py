@@ -81,7 +81,11 @@ POLICY: dict[str, Rule] = {
     CONTROL + "GetQueue": Rule(READERS, NAMES),
     CONTROL + "GetPolicy": Rule(READERS, NAMES),
     CONTROL + "CodeStatus": Rule(SUBMITTERS, NAMES),
-    CONTROL + "UploadCode": Rule(SUBMITTERS, CHUNK),  # what one stream may store is bounded by --max-code-bytes
+    CONTROL + "UploadCode": Rule(SUBMITTERS, CHUNK),
+    CONTROL + "StartSweep": Rule(SUBMITTERS, SPEC),
+    CONTROL + "GetSweep": Rule(READERS, NAMES),
+    CONTROL + "ListSweeps": Rule(READERS, NAMES),
+    CONTROL + "StopSweep": Rule(SUBMITTERS, NAMES),  # what one stream may store is bounded by --max-code-bytes
 }
 # The calls a client may keep open as long as it likes (following a job or a log, sending code): the coordinator
 # bounds how many each caller holds at once (coordinator/rpc/stream_limits.py). An agent's own streams are not here.

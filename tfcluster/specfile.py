@@ -19,6 +19,7 @@ else:  # pragma: no cover
 from tfcluster.model import CHIEF, EVALUATOR, PS, ROLE_TYPES, WORKER, EnvironmentSpec
 from tfcluster.spec import (DEFAULT_EVALUATOR_DEADLINE_SECONDS, DEFAULT_MAX_RESTARTS, DEFAULT_STOP_GRACE_SECONDS,
                             DEFAULT_STOP_SIGNAL, SIZE_RE, STRATEGIES, JobSpec, RestartPolicy, RoleSpec, SpecError, validate)
+from tfcluster.sweepspec import DEFAULT_MIN_EVALUATIONS, SweepSpec, validate_sweep
 
 JOB_KEYS = ("name", "strategy", "command", "workdir", "checkpoint_dir", "model_dir", "env", "gpus",
             "roles", "restart", "stop_grace_seconds", "evaluator_deadline_seconds", "priority", "memory",
@@ -27,6 +28,8 @@ ROLE_KEYS = ("count", "gpus", "command", "env", "nodes", "entrypoint", "summary_
 RESTART_KEYS = ("max_restarts", "backoff_seconds", "permanent_exit_codes", "hang_seconds")
 ENVIRONMENT_KEYS = ("requirements", "isolated", "project")
 PREEMPTION_KEYS = ("signal", "grace_seconds")
+SWEEP_KEYS = ("method", "trials", "seed", "max_concurrent", "metric", "goal", "early_stopping", "min_evaluations",
+              "parameters")
 
 
 class _Reader:
@@ -110,6 +113,8 @@ def _describe(value: Any) -> str:
 def parse_spec(data: Any, source: str = "<spec>") -> JobSpec:
     """Reads a spec given as plain data (a parsed TOML document, or flags) and validates it."""
     r = _Reader(source)
+    if isinstance(data, dict) and "sweep" in data:
+        raise r.fail("sweep", "this spec is a sweep: start it with `tfcluster sweep start` (or Cluster.sweep)")
     data = r.table(data, "", JOB_KEYS, "a table at the top level")
     if "name" not in data:
         raise r.fail("name", "missing (a job name such as \"digits\")")
@@ -158,6 +163,43 @@ def parse_spec(data: Any, source: str = "<spec>") -> JobSpec:
     return validate(spec, source)
 
 
+def parse_sweep_spec(data: Any, source: str = "<spec>") -> tuple[JobSpec, SweepSpec]:
+    """A sweep given as plain data: the job spec of every trial (without its [sweep] table) and the sweep."""
+    r = _Reader(source)
+    data = dict(r.table(data, "", (*JOB_KEYS, "sweep"), "a table at the top level"))
+    if "sweep" not in data:
+        raise r.fail("sweep", "missing: a sweep spec has a [sweep] table (see the sweeps page of the manual)")
+    table = r.table(data.pop("sweep"), "sweep", SWEEP_KEYS)
+    spec = parse_spec(data, source)
+    raw = table.get("parameters", {})
+    if not isinstance(raw, dict):
+        raise r.fail("sweep.parameters", f"expected a table of NAME = [values], got {_describe(raw)}")
+    parameters = {}
+    for name, values in raw.items():
+        key = f"sweep.parameters.{name}"
+        if not isinstance(values, list) or not all(isinstance(v, (str, int, float)) for v in values):
+            raise r.fail(key, f"expected a list of values (strings or numbers), got {_describe(values)}")
+        parameters[name] = tuple(_value_text(v) for v in values)
+    sweep = SweepSpec(
+        method=r.string(table.get("method", "grid"), "sweep.method"),
+        metric=r.string(table["metric"], "sweep.metric") if "metric" in table else "",
+        parameters=parameters,
+        goal=r.string(table.get("goal", "max"), "sweep.goal"),
+        max_concurrent=r.integer(table.get("max_concurrent", 1), "sweep.max_concurrent"),
+        trials=r.integer(table.get("trials", 0), "sweep.trials"),
+        seed=r.integer(table.get("seed", 0), "sweep.seed"),
+        early_stopping=r.string(table.get("early_stopping", ""), "sweep.early_stopping"),
+        min_evaluations=r.integer(table.get("min_evaluations", DEFAULT_MIN_EVALUATIONS), "sweep.min_evaluations"))
+    return spec, validate_sweep(sweep, source)
+
+
+def _value_text(value: str | int | float) -> str:
+    """A parameter's value as its environment variable holds it (true/false as TOML writes them)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
 def _read_preemption(r: _Reader, data: dict[str, Any]) -> tuple[str, float]:
     """[preemption] signal and grace_seconds: what a stop, a preemption or a drain sends first, and how long
     the tasks have to save before SIGKILL. The grace may also be the older top-level stop_grace_seconds."""
@@ -198,23 +240,40 @@ def _read_role(r: _Reader, role_type: str, table: Any) -> RoleSpec:
 def load_spec_file(path: str | Path) -> JobSpec:
     """Reads and validates a TOML spec; relative paths in it are taken from the file's folder."""
     path = Path(path)
-    source = str(path)
+    return parse_spec_text(_read_text(path), str(path), path.resolve().parent)
+
+
+def load_sweep_file(path: str | Path) -> tuple[JobSpec, SweepSpec]:
+    """Reads and validates a TOML sweep spec (a job spec with a [sweep] table); paths as load_spec_file takes them."""
+    path = Path(path)
+    return parse_sweep_text(_read_text(path), str(path), path.resolve().parent)
+
+
+def _read_text(path: Path) -> str:
     try:
-        text = path.read_bytes().decode()
+        return path.read_bytes().decode()
     except OSError as e:
-        raise SpecError(source, "", f"cannot read: {e.strerror or e}") from None
+        raise SpecError(str(path), "", f"cannot read: {e.strerror or e}") from None
     except UnicodeDecodeError as e:
-        raise SpecError(source, "", f"not UTF-8 text (byte {e.start}: {e.object[e.start:e.start + 1]!r})") from None
-    return parse_spec_text(text, source, path.resolve().parent)
+        raise SpecError(str(path), "", f"not UTF-8 text (byte {e.start}: {e.object[e.start:e.start + 1]!r})") from None
+
+
+def _toml(text: str, source: str) -> dict[str, Any]:
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise SpecError(source, "", f"not valid TOML: {e}") from None
 
 
 def parse_spec_text(text: str, source: str, base: Path) -> JobSpec:
     """A TOML spec given as text; relative paths in it are taken from base."""
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        raise SpecError(source, "", f"not valid TOML: {e}") from None
-    return resolve_paths(parse_spec(data, source), base)
+    return resolve_paths(parse_spec(_toml(text, source), source), base)
+
+
+def parse_sweep_text(text: str, source: str, base: Path) -> tuple[JobSpec, SweepSpec]:
+    """A TOML sweep spec given as text; relative paths in it are taken from base."""
+    spec, sweep = parse_sweep_spec(_toml(text, source), source)
+    return resolve_paths(spec, base), sweep
 
 
 def resolve_paths(spec: JobSpec, base: Path) -> JobSpec:

@@ -103,6 +103,19 @@ TASK_TRANSITIONS: Mapping[TaskState, frozenset[TaskState]] = {
 }
 
 
+class SweepState(StrEnum):
+    """A sweep (tfcluster/sweepspec.py): RUNNING while it submits trials or any runs, then how it ended. Its
+    trials are jobs, each with its own JobState."""
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"  # every trial was submitted and has ended (whatever each trial's outcome)
+    FAILED = "FAILED"        # a trial could not be submitted (it can never be placed, or its class was refused)
+    STOPPED = "STOPPED"      # by its user: no more trials, and its live ones were stopped
+
+    @property
+    def ended(self) -> bool:
+        return self != SweepState.RUNNING
+
+
 class NodeState(StrEnum):
     READY = "READY"  # its agent is connected and heard from
     LOST = "LOST"    # not heard from for too long: its tasks count as lost after the task grace (cluster.py)

@@ -86,6 +86,8 @@ class JobStatus:
     preempted_by: str
     preempted_by_owner: str
     preempted_at: float
+    sweep: str                     # the sweep it is a trial of; "": none
+    sweep_parameters: dict[str, str]
     wire: Any = WIRE
 
     @property
@@ -214,6 +216,59 @@ class Check:
     level: str  # ok, warn or fail
     message: str
     fix: str
+
+
+@dataclass(frozen=True)
+class SweepParameter:
+    name: str
+    values: list[str]
+
+
+@dataclass(frozen=True)
+class SweepSettings:
+    """A sweep's [sweep] table, as the coordinator keeps it."""
+    method: str
+    parameters: list[SweepParameter]
+    metric: str
+    goal: str
+    max_concurrent: int
+    trials: int
+    seed: int
+    early_stopping: str
+    min_evaluations: int
+
+
+@dataclass(frozen=True)
+class SweepTrial:
+    index: int
+    job_id: str                    # "": not submitted yet
+    parameters: dict[str, str]
+    state: str                     # its job's; "": not submitted yet
+    best: Optional[float]          # its best value of the metric; None: none reported
+    best_step: int
+    stopped_early: bool
+    message: str
+
+
+@dataclass(frozen=True)
+class SweepStatus:
+    id: str
+    name: str
+    owner: str
+    state: str                     # a states.SweepState value
+    sweep: SweepSettings
+    trials: list[SweepTrial]       # in trial order; none in a list of sweeps
+    created: float
+    finished: float
+    message: str
+    wire: Any = WIRE
+
+    def ranked(self) -> list[SweepTrial]:
+        """The trials best first by the metric (the goal says which way); those with no value yet last, in trial
+        order."""
+        sign = -1.0 if self.sweep.goal == "max" else 1.0
+        return sorted(self.trials, key=lambda t: (t.best is None, sign * t.best if t.best is not None else 0.0,
+                                                  t.index))
 
 
 @cache

@@ -59,7 +59,22 @@ def job_doc(j: control_pb2.JobStatus) -> dict[str, Any]:
             "waiting_since": j.waiting_since or None,
             "usage": {"gpu_seconds": j.gpu_seconds, "cpu_seconds": j.cpu_seconds, "peak_rss_bytes": j.peak_rss_bytes},
             "preempted_by": j.preempted_by or None, "preempted_by_owner": j.preempted_by_owner or None,
-            "preempted_at": j.preempted_at or None}
+            "preempted_at": j.preempted_at or None, "sweep": j.sweep or None,
+            "sweep_parameters": dict(j.sweep_parameters) if j.sweep else None}
+
+
+def sweep_doc(s: control_pb2.SweepStatus, order: list[int]) -> dict[str, Any]:
+    """`tfcluster sweep status --json`: the sweep, and its trials in `order` (trial indexes, best first)."""
+    settings = s.sweep
+    by_index = {t.index: t for t in s.trials}
+    trials = [{"index": t.index, "job": t.job_id or None, "parameters": dict(t.parameters), "state": t.state or None,
+               "best": t.best if t.HasField("best") else None, "best_step": t.best_step if t.HasField("best") else None,
+               "stopped_early": t.stopped_early, "message": t.message} for t in (by_index[i] for i in order)]
+    return {"id": s.id, "name": s.name, "owner": s.owner, "state": s.state, "message": s.message,
+            "created": s.created, "finished": s.finished or None,
+            "method": settings.method, "metric": settings.metric, "goal": settings.goal,
+            "max_concurrent": settings.max_concurrent, "early_stopping": settings.early_stopping or None,
+            "parameters": {p.name: list(p.values) for p in settings.parameters}, "trials": trials}
 
 
 def plan_doc(p: control_pb2.PlanJobResponse) -> dict[str, Any]:

@@ -21,8 +21,9 @@ from tfcluster.model import (MAX_CODE_SOURCES, MAX_DRAIN_REASON, MAX_GPUS_PER_NO
                              LogData, NodeInfo, Probe, ProbeAnswer, ProbeOutcome, ProbeTarget, ReadLog, Revocations,
                              ServeCode, SetPace, ShipCheckpoints, Stop, SyncCheckpoints, SyncResult, TaskExit,
                              TaskProgress, TaskReport, control_character, printable)
-from tfcluster.spec import JobSpec, RestartPolicy, RoleSpec, validate
+from tfcluster.spec import JobSpec, RestartPolicy, RoleSpec, SpecError, validate
 from tfcluster.states import JobState, Phase
+from tfcluster.sweepspec import SweepSpec, validate_sweep
 
 MAX_TEXT = 4096        # a message, a path, a name of a GPU
 MAX_LOG_TAIL_LINES = 50
@@ -397,6 +398,34 @@ def spec_from_proto(msg: pb.JobSpec) -> JobSpec:
     return validate(spec, "spec", absolute_paths=True)
 
 
+# ---- sweeps ---------------------------------------------------------------------------------------
+
+def sweep_spec_to_proto(sweep: SweepSpec) -> control_pb2.SweepSpec:
+    return control_pb2.SweepSpec(
+        method=sweep.method, metric=sweep.metric, goal=sweep.goal, max_concurrent=sweep.max_concurrent,
+        trials=sweep.trials, seed=sweep.seed, early_stopping=sweep.early_stopping,
+        min_evaluations=sweep.min_evaluations,
+        parameters=[control_pb2.SweepParameter(name=n, values=v) for n, v in sweep.parameters.items()])
+
+
+def sweep_spec_from_proto(msg: control_pb2.SweepSpec) -> SweepSpec:
+    """A sweep from the wire, validated by the same rules as a file's [sweep] table (SpecError names the field)."""
+    parameters = {p.name: tuple(p.values) for p in msg.parameters}
+    if len(parameters) != len(msg.parameters):
+        raise SpecError("spec", "sweep.parameters", "a parameter is named twice")
+    return validate_sweep(SweepSpec(method=msg.method, metric=msg.metric, parameters=parameters, goal=msg.goal,
+                                    max_concurrent=msg.max_concurrent, trials=msg.trials, seed=msg.seed,
+                                    early_stopping=msg.early_stopping, min_evaluations=msg.min_evaluations), "spec")
+
+
+def sweep_status(sweep, trials: list[dict[str, Any]] = ()) -> control_pb2.SweepStatus:
+    """A coordinator's sweep as its status; trials: each trial's SweepTrial fields (none in a list of sweeps)."""
+    return control_pb2.SweepStatus(id=sweep.id, name=sweep.spec.name, owner=sweep.owner, state=sweep.state.value,
+                                   sweep=sweep_spec_to_proto(sweep.sweep), created=sweep.created,
+                                   finished=sweep.finished, message=sweep.message,
+                                   trials=[control_pb2.SweepTrial(**t) for t in trials])
+
+
 # ---- status: the coordinator's records as messages ----------------------------------------------
 # (Job, Task and Node are the coordinator's records, read by attribute: the agent, which imports this
 # module too, imports nothing of the coordinator.)
@@ -443,7 +472,8 @@ def job_status(job, usage=None, queue_position: int = 0) -> control_pb2.JobStatu
                                    priority=job.priority, queue_position=queue_position, rank=job.rank,
                                    waiting_since=max(job.created, job.not_before) if job.state == JobState.PENDING
                                    else 0, preempted_by=job.preempted_by,
-                                   preempted_by_owner=job.preempted_by_owner, preempted_at=job.preempted_at)
+                                   preempted_by_owner=job.preempted_by_owner, preempted_at=job.preempted_at,
+                                   sweep=job.sweep, sweep_parameters=job.sweep_parameters)
     usage = usage or job.usage
     status.gpu_seconds, status.cpu_seconds = usage.gpu_seconds, usage.cpu_seconds
     status.peak_rss_bytes = usage.peak_rss_bytes

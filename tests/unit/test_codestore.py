@@ -145,7 +145,8 @@ def test_the_coordinator_sweeps_what_its_kept_jobs_no_longer_name(store, monkeyp
     store.now[0] = os.stat(store.path(SHA)).st_mtime + 120  # both past their grace
     job = SimpleNamespace(spec=SimpleNamespace(code_sha256=SHA))  # an ended job that is still kept counts too
     shared = SimpleNamespace(spec=SimpleNamespace(code_sha256=""))
-    coordinator = SimpleNamespace(code=store, cluster=SimpleNamespace(jobs={"a-1": job, "b-2": shared}))
+    coordinator = SimpleNamespace(code=store, cluster=SimpleNamespace(jobs={"a-1": job, "b-2": shared},
+                                                                     sweeps=SimpleNamespace(by_id={})))
     monkeypatch.setattr(codeservice, "SWEEP_SECONDS", 0.01)
 
     async def sweep_once():

@@ -33,7 +33,7 @@ FENCE = re.compile(r"^(```|~~~).*?^\1", re.M | re.S)
 HEADING = re.compile(r"^#{1,6}\s+(.*?)\s*$", re.M)
 # Names a user's own files go by in the manual's examples (a job spec, a training script), not files of this
 # repository.
-USER_FILES = {"job.toml", "spec.toml", "SPEC.toml", "policy.toml", "train.py", "main.py"}
+USER_FILES = {"job.toml", "spec.toml", "SPEC.toml", "policy.toml", "sweep.toml", "train.py", "main.py"}
 
 
 def repo_files(root: Path) -> list[str]:

@@ -78,7 +78,7 @@ def agent(*parts: str) -> tuple[str, ...]:
 
 NO_IO = ("grpc", "asyncio", "aiohttp", "sqlite3", "urllib3", "socket", "threading", "subprocess", "tfcluster.security",
          "tfcluster.client")
-CORE_TOP = ("core.cluster", "core.node_events", "core.scheduling_pass", "core.status")
+CORE_TOP = ("core.cluster", "core.node_events", "core.scheduling_pass", "core.status", "core.sweep_events")
 API = ("tfcluster.cluster", "tfcluster.codeship", "tfcluster.statuses", "tfcluster.errors", "tfcluster.client")
 # (who, what they may not import, why): each rule as the package docstrings state it.
 RULES = [

@@ -282,7 +282,14 @@ class Failure(_message.Message):
     def __init__(self, task: _Optional[str] = ..., node: _Optional[str] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., message: _Optional[str] = ..., log_tail: _Optional[_Iterable[str]] = ..., time: _Optional[float] = ..., description: _Optional[str] = ...) -> None: ...
 
 class JobStatus(_message.Message):
-    __slots__ = ("id", "name", "state", "strategy", "restarts", "tasks", "message", "created", "finished", "last_evaluation", "evaluations", "last_failure", "evaluator_restarts", "preemptions", "uid", "owner", "priority", "gpu_seconds", "cpu_seconds", "peak_rss_bytes", "queue_position", "waiting_since", "rank", "preempted_by", "preempted_by_owner", "preempted_at")
+    __slots__ = ("id", "name", "state", "strategy", "restarts", "tasks", "message", "created", "finished", "last_evaluation", "evaluations", "last_failure", "evaluator_restarts", "preemptions", "uid", "owner", "priority", "gpu_seconds", "cpu_seconds", "peak_rss_bytes", "queue_position", "waiting_since", "rank", "preempted_by", "preempted_by_owner", "preempted_at", "sweep", "sweep_parameters")
+    class SweepParametersEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -309,6 +316,8 @@ class JobStatus(_message.Message):
     PREEMPTED_BY_FIELD_NUMBER: _ClassVar[int]
     PREEMPTED_BY_OWNER_FIELD_NUMBER: _ClassVar[int]
     PREEMPTED_AT_FIELD_NUMBER: _ClassVar[int]
+    SWEEP_FIELD_NUMBER: _ClassVar[int]
+    SWEEP_PARAMETERS_FIELD_NUMBER: _ClassVar[int]
     id: str
     name: str
     state: str
@@ -335,7 +344,9 @@ class JobStatus(_message.Message):
     preempted_by: str
     preempted_by_owner: str
     preempted_at: float
-    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[str] = ..., strategy: _Optional[str] = ..., restarts: _Optional[int] = ..., tasks: _Optional[_Iterable[_Union[TaskStatus, _Mapping]]] = ..., message: _Optional[str] = ..., created: _Optional[float] = ..., finished: _Optional[float] = ..., last_evaluation: _Optional[_Union[EvaluationResult, _Mapping]] = ..., evaluations: _Optional[_Iterable[_Union[EvaluationResult, _Mapping]]] = ..., last_failure: _Optional[_Union[Failure, _Mapping]] = ..., evaluator_restarts: _Optional[int] = ..., preemptions: _Optional[int] = ..., uid: _Optional[int] = ..., owner: _Optional[str] = ..., priority: _Optional[str] = ..., gpu_seconds: _Optional[float] = ..., cpu_seconds: _Optional[float] = ..., peak_rss_bytes: _Optional[int] = ..., queue_position: _Optional[int] = ..., waiting_since: _Optional[float] = ..., rank: _Optional[int] = ..., preempted_by: _Optional[str] = ..., preempted_by_owner: _Optional[str] = ..., preempted_at: _Optional[float] = ...) -> None: ...
+    sweep: str
+    sweep_parameters: _containers.ScalarMap[str, str]
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[str] = ..., strategy: _Optional[str] = ..., restarts: _Optional[int] = ..., tasks: _Optional[_Iterable[_Union[TaskStatus, _Mapping]]] = ..., message: _Optional[str] = ..., created: _Optional[float] = ..., finished: _Optional[float] = ..., last_evaluation: _Optional[_Union[EvaluationResult, _Mapping]] = ..., evaluations: _Optional[_Iterable[_Union[EvaluationResult, _Mapping]]] = ..., last_failure: _Optional[_Union[Failure, _Mapping]] = ..., evaluator_restarts: _Optional[int] = ..., preemptions: _Optional[int] = ..., uid: _Optional[int] = ..., owner: _Optional[str] = ..., priority: _Optional[str] = ..., gpu_seconds: _Optional[float] = ..., cpu_seconds: _Optional[float] = ..., peak_rss_bytes: _Optional[int] = ..., queue_position: _Optional[int] = ..., waiting_since: _Optional[float] = ..., rank: _Optional[int] = ..., preempted_by: _Optional[str] = ..., preempted_by_owner: _Optional[str] = ..., preempted_at: _Optional[float] = ..., sweep: _Optional[str] = ..., sweep_parameters: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class GetStatusResponse(_message.Message):
     __slots__ = ("nodes", "jobs", "summary")
@@ -592,3 +603,134 @@ class UploadCodeResponse(_message.Message):
     complete: bool
     received: int
     def __init__(self, complete: _Optional[bool] = ..., received: _Optional[int] = ...) -> None: ...
+
+class SweepParameter(_message.Message):
+    __slots__ = ("name", "values")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    values: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., values: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class SweepSpec(_message.Message):
+    __slots__ = ("method", "parameters", "metric", "goal", "max_concurrent", "trials", "seed", "early_stopping", "min_evaluations")
+    METHOD_FIELD_NUMBER: _ClassVar[int]
+    PARAMETERS_FIELD_NUMBER: _ClassVar[int]
+    METRIC_FIELD_NUMBER: _ClassVar[int]
+    GOAL_FIELD_NUMBER: _ClassVar[int]
+    MAX_CONCURRENT_FIELD_NUMBER: _ClassVar[int]
+    TRIALS_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    EARLY_STOPPING_FIELD_NUMBER: _ClassVar[int]
+    MIN_EVALUATIONS_FIELD_NUMBER: _ClassVar[int]
+    method: str
+    parameters: _containers.RepeatedCompositeFieldContainer[SweepParameter]
+    metric: str
+    goal: str
+    max_concurrent: int
+    trials: int
+    seed: int
+    early_stopping: str
+    min_evaluations: int
+    def __init__(self, method: _Optional[str] = ..., parameters: _Optional[_Iterable[_Union[SweepParameter, _Mapping]]] = ..., metric: _Optional[str] = ..., goal: _Optional[str] = ..., max_concurrent: _Optional[int] = ..., trials: _Optional[int] = ..., seed: _Optional[int] = ..., early_stopping: _Optional[str] = ..., min_evaluations: _Optional[int] = ...) -> None: ...
+
+class StartSweepRequest(_message.Message):
+    __slots__ = ("spec", "sweep", "client_request_id")
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    SWEEP_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    spec: _types_pb2.JobSpec
+    sweep: SweepSpec
+    client_request_id: str
+    def __init__(self, spec: _Optional[_Union[_types_pb2.JobSpec, _Mapping]] = ..., sweep: _Optional[_Union[SweepSpec, _Mapping]] = ..., client_request_id: _Optional[str] = ...) -> None: ...
+
+class StartSweepResponse(_message.Message):
+    __slots__ = ("sweep_id", "state")
+    SWEEP_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    sweep_id: str
+    state: str
+    def __init__(self, sweep_id: _Optional[str] = ..., state: _Optional[str] = ...) -> None: ...
+
+class SweepTrial(_message.Message):
+    __slots__ = ("index", "job_id", "parameters", "state", "best", "best_step", "stopped_early", "message")
+    class ParametersEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    PARAMETERS_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    BEST_FIELD_NUMBER: _ClassVar[int]
+    BEST_STEP_FIELD_NUMBER: _ClassVar[int]
+    STOPPED_EARLY_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    job_id: str
+    parameters: _containers.ScalarMap[str, str]
+    state: str
+    best: float
+    best_step: int
+    stopped_early: bool
+    message: str
+    def __init__(self, index: _Optional[int] = ..., job_id: _Optional[str] = ..., parameters: _Optional[_Mapping[str, str]] = ..., state: _Optional[str] = ..., best: _Optional[float] = ..., best_step: _Optional[int] = ..., stopped_early: _Optional[bool] = ..., message: _Optional[str] = ...) -> None: ...
+
+class SweepStatus(_message.Message):
+    __slots__ = ("id", "name", "owner", "state", "sweep", "trials", "created", "finished", "message")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    SWEEP_FIELD_NUMBER: _ClassVar[int]
+    TRIALS_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    name: str
+    owner: str
+    state: str
+    sweep: SweepSpec
+    trials: _containers.RepeatedCompositeFieldContainer[SweepTrial]
+    created: float
+    finished: float
+    message: str
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., owner: _Optional[str] = ..., state: _Optional[str] = ..., sweep: _Optional[_Union[SweepSpec, _Mapping]] = ..., trials: _Optional[_Iterable[_Union[SweepTrial, _Mapping]]] = ..., created: _Optional[float] = ..., finished: _Optional[float] = ..., message: _Optional[str] = ...) -> None: ...
+
+class GetSweepRequest(_message.Message):
+    __slots__ = ("sweep_id",)
+    SWEEP_ID_FIELD_NUMBER: _ClassVar[int]
+    sweep_id: str
+    def __init__(self, sweep_id: _Optional[str] = ...) -> None: ...
+
+class GetSweepResponse(_message.Message):
+    __slots__ = ("sweep",)
+    SWEEP_FIELD_NUMBER: _ClassVar[int]
+    sweep: SweepStatus
+    def __init__(self, sweep: _Optional[_Union[SweepStatus, _Mapping]] = ...) -> None: ...
+
+class ListSweepsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListSweepsResponse(_message.Message):
+    __slots__ = ("sweeps",)
+    SWEEPS_FIELD_NUMBER: _ClassVar[int]
+    sweeps: _containers.RepeatedCompositeFieldContainer[SweepStatus]
+    def __init__(self, sweeps: _Optional[_Iterable[_Union[SweepStatus, _Mapping]]] = ...) -> None: ...
+
+class StopSweepRequest(_message.Message):
+    __slots__ = ("sweep_id",)
+    SWEEP_ID_FIELD_NUMBER: _ClassVar[int]
+    sweep_id: str
+    def __init__(self, sweep_id: _Optional[str] = ...) -> None: ...
+
+class StopSweepResponse(_message.Message):
+    __slots__ = ("state",)
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    state: str
+    def __init__(self, state: _Optional[str] = ...) -> None: ...

@@ -131,6 +131,26 @@ class ControlServiceStub:
                 request_serializer=tfcluster_dot_v1_dot_types__pb2.CodeChunk.SerializeToString,
                 response_deserializer=tfcluster_dot_v1_dot_control__pb2.UploadCodeResponse.FromString,
                 _registered_method=True)
+        self.StartSweep = channel.unary_unary(
+                '/tfcluster.v1.ControlService/StartSweep',
+                request_serializer=tfcluster_dot_v1_dot_control__pb2.StartSweepRequest.SerializeToString,
+                response_deserializer=tfcluster_dot_v1_dot_control__pb2.StartSweepResponse.FromString,
+                _registered_method=True)
+        self.GetSweep = channel.unary_unary(
+                '/tfcluster.v1.ControlService/GetSweep',
+                request_serializer=tfcluster_dot_v1_dot_control__pb2.GetSweepRequest.SerializeToString,
+                response_deserializer=tfcluster_dot_v1_dot_control__pb2.GetSweepResponse.FromString,
+                _registered_method=True)
+        self.ListSweeps = channel.unary_unary(
+                '/tfcluster.v1.ControlService/ListSweeps',
+                request_serializer=tfcluster_dot_v1_dot_control__pb2.ListSweepsRequest.SerializeToString,
+                response_deserializer=tfcluster_dot_v1_dot_control__pb2.ListSweepsResponse.FromString,
+                _registered_method=True)
+        self.StopSweep = channel.unary_unary(
+                '/tfcluster.v1.ControlService/StopSweep',
+                request_serializer=tfcluster_dot_v1_dot_control__pb2.StopSweepRequest.SerializeToString,
+                response_deserializer=tfcluster_dot_v1_dot_control__pb2.StopSweepResponse.FromString,
+                _registered_method=True)
 
 
 class ControlServiceServicer:
@@ -271,6 +291,31 @@ class ControlServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StartSweep(self, request, context):
+        """Sweeps: one spec run as many trials (jobs of the caller's), kept by the coordinator.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetSweep(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListSweeps(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StopSweep(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControlServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -368,6 +413,26 @@ def add_ControlServiceServicer_to_server(servicer, server):
                     servicer.UploadCode,
                     request_deserializer=tfcluster_dot_v1_dot_types__pb2.CodeChunk.FromString,
                     response_serializer=tfcluster_dot_v1_dot_control__pb2.UploadCodeResponse.SerializeToString,
+            ),
+            'StartSweep': grpc.unary_unary_rpc_method_handler(
+                    servicer.StartSweep,
+                    request_deserializer=tfcluster_dot_v1_dot_control__pb2.StartSweepRequest.FromString,
+                    response_serializer=tfcluster_dot_v1_dot_control__pb2.StartSweepResponse.SerializeToString,
+            ),
+            'GetSweep': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetSweep,
+                    request_deserializer=tfcluster_dot_v1_dot_control__pb2.GetSweepRequest.FromString,
+                    response_serializer=tfcluster_dot_v1_dot_control__pb2.GetSweepResponse.SerializeToString,
+            ),
+            'ListSweeps': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSweeps,
+                    request_deserializer=tfcluster_dot_v1_dot_control__pb2.ListSweepsRequest.FromString,
+                    response_serializer=tfcluster_dot_v1_dot_control__pb2.ListSweepsResponse.SerializeToString,
+            ),
+            'StopSweep': grpc.unary_unary_rpc_method_handler(
+                    servicer.StopSweep,
+                    request_deserializer=tfcluster_dot_v1_dot_control__pb2.StopSweepRequest.FromString,
+                    response_serializer=tfcluster_dot_v1_dot_control__pb2.StopSweepResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -883,6 +948,114 @@ class ControlService:
             '/tfcluster.v1.ControlService/UploadCode',
             tfcluster_dot_v1_dot_types__pb2.CodeChunk.SerializeToString,
             tfcluster_dot_v1_dot_control__pb2.UploadCodeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StartSweep(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tfcluster.v1.ControlService/StartSweep',
+            tfcluster_dot_v1_dot_control__pb2.StartSweepRequest.SerializeToString,
+            tfcluster_dot_v1_dot_control__pb2.StartSweepResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetSweep(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tfcluster.v1.ControlService/GetSweep',
+            tfcluster_dot_v1_dot_control__pb2.GetSweepRequest.SerializeToString,
+            tfcluster_dot_v1_dot_control__pb2.GetSweepResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSweeps(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tfcluster.v1.ControlService/ListSweeps',
+            tfcluster_dot_v1_dot_control__pb2.ListSweepsRequest.SerializeToString,
+            tfcluster_dot_v1_dot_control__pb2.ListSweepsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StopSweep(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tfcluster.v1.ControlService/StopSweep',
+            tfcluster_dot_v1_dot_control__pb2.StopSweepRequest.SerializeToString,
+            tfcluster_dot_v1_dot_control__pb2.StopSweepResponse.FromString,
             options,
             channel_credentials,
             insecure,

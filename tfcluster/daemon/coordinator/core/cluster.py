@@ -29,12 +29,14 @@ from tfcluster.daemon.coordinator.core.model.job_table import KEEP_FINISHED_JOBS
 from tfcluster.daemon.coordinator.core.node_events import NodeEvents
 from tfcluster.daemon.coordinator.core.model.node import Node
 from tfcluster.daemon.coordinator.core.model.node_table import Nodes, Pace
+from tfcluster.daemon.coordinator.core.model.sweep import Sweeps
 from tfcluster.daemon.coordinator.core.model.observer import Observer
 from tfcluster.daemon.coordinator.core.scheduling import preemption
 from tfcluster.daemon.coordinator.core.scheduling import queue
 from tfcluster.daemon.coordinator.core.scheduling.placement import NodeCapacity, TaskPlacement, Unfit, place
-from tfcluster.daemon.coordinator.core.scheduling.policy import NO_POLICY, Policy
+from tfcluster.daemon.coordinator.core.scheduling.policy import NO_POLICY, ClassRefused, Policy
 from tfcluster.daemon.coordinator.core.scheduling_pass import SchedulePass
+from tfcluster.daemon.coordinator.core.sweep_events import SweepEvents
 from tfcluster.daemon.logformat import fields
 from tfcluster.model import Attempt, Command, Evaluation, NodeInfo, Stop, TaskExit, TaskProgress, TaskReport
 from tfcluster.roles.tfconfig import build_tf_configs
@@ -66,9 +68,10 @@ class Plan:
     spec: JobSpec | None = None  # with `auto` resolved
 
 
-class Cluster(NodeEvents):
+class Cluster(NodeEvents, SweepEvents):
     """The nodes (core/model/node_table.py) and the jobs (core/model/job_table.py), each keeping its own indexes, and the events that change
-    them together."""
+    them together; the sweeps (core/sweep_events.py), whose trials are its jobs."""
+    refusals = (Unplaceable, ClassRefused)  # what submit raises for a job it refuses
 
     def __init__(self, lost_after_seconds: float = DEFAULT_LOST_AFTER_SECONDS,
                  resend_after_seconds: float = RESEND_AFTER_SECONDS, keep_finished_jobs: int = KEEP_FINISHED_JOBS,
@@ -81,6 +84,7 @@ class Cluster(NodeEvents):
         self.nodes = Nodes(Pace(heartbeat_interval_seconds, lost_after_seconds, max_heartbeats_per_second),
                            self.changes)
         self.jobs = Jobs(task_uids, keep_finished_jobs, keep_finished_seconds, self.changes)
+        self.sweeps = Sweeps()
         self.usage = accounting.Ledger(keep_usage_seconds, lambda entry, recorded: self.changes.append(
             UsageRecorded(entry) if recorded else UsageDropped(entry.job_id)))
         self.resend_after = resend_after_seconds
@@ -299,6 +303,7 @@ class Cluster(NodeEvents):
             # Whatever an event forgot to say about freed resources, every waiting job is tried again now and then.
             self.nodes.resources_changed()
             self.full_schedule_at = now
+        commands += self.advance_sweeps(now)
         commands += self.schedule(now)
         self.prune(now)
         return commands

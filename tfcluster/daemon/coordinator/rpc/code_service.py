@@ -102,10 +102,13 @@ def _uploader(who: Identity | None) -> str:
 
 
 async def sweep_code(coordinator) -> None:
-    """Every SWEEP_SECONDS, removes the archives no kept job names (the jobs' own retention decides)."""
+    """Every SWEEP_SECONDS, removes the archives no kept job or running sweep names (the jobs' own retention
+    decides)."""
     while True:
         await asyncio.sleep(SWEEP_SECONDS)
         in_use = {job.spec.code_sha256 for job in coordinator.cluster.jobs.values() if job.spec.code_sha256}
+        in_use |= {s.spec.code_sha256 for s in coordinator.cluster.sweeps.by_id.values()  # trials still to submit
+                   if s.spec.code_sha256 and not s.state.ended}
         try:
             await asyncio.to_thread(coordinator.code.sweep, in_use)
         except OSError as e:

@@ -26,6 +26,7 @@ from tfcluster.daemon.coordinator.core.scheduling.policy import ClassRefused
 from tfcluster.daemon.coordinator.rpc import doctor
 from tfcluster.daemon.coordinator.rpc.code_service import CodeServicer
 from tfcluster.daemon.coordinator.rpc.coordinator import Coordinator
+from tfcluster.daemon.coordinator.rpc.sweep_service import SweepServicer
 from tfcluster.daemon.coordinator.rpc.watchers import TooManyWatchers
 from tfcluster.daemon.logformat import fields
 from tfcluster.model import NODE_NAME_RE, drain_reason_problem
@@ -35,9 +36,12 @@ from tfcluster.states import JobState
 log = logging.getLogger("tfcluster.coordinator")
 
 
-class ControlServicer(CodeServicer, control_pb2_grpc.ControlServiceServicer):
+class ControlServicer(CodeServicer, SweepServicer, control_pb2_grpc.ControlServiceServicer):
     def __init__(self, coordinator: Coordinator):
         self.c = coordinator
+
+    async def _acknowledged(self, write: asyncio.Future, context) -> None:
+        await _stored(write, context)
 
     async def SubmitJob(self, request, context):
         try:

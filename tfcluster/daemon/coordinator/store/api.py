@@ -1,7 +1,7 @@
 """The store as a contract in documents, and an in-memory store (open.py opens the one --store names).
 
 A document is one of the coordinator's records (a job, a task, an evaluation, a node, a join token, a
-certificate holder, a removal, a counter, an entry of the usage ledger) as JSON text, named by its kind and key; what the text says is
+certificate holder, a removal, a counter, an entry of the usage ledger, a sweep) as JSON text, named by its kind and key; what the text says is
 records.py's business, not the store's. The store gives each document a revision whenever it writes it,
 and never gives the same revision twice. The coordinator writes with the revision it expects each document
 to have (0: it must not exist yet): when any expectation fails the store refuses the whole write with
@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, Union
 
-KINDS = ("job", "task", "evaluation", "node", "token", "removal", "holder", "counter", "usage")
+KINDS = ("job", "task", "evaluation", "node", "token", "removal", "holder", "counter", "usage", "sweep")
 
 
 @dataclass(frozen=True)

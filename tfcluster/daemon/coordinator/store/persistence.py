@@ -57,6 +57,8 @@ class Persistence:
             self.cluster.add_node(node)
         self.cluster.nodes.await_return(now, reconnect_grace)
         self.cluster.usage.load(state.usage)
+        for sweep in state.sweeps:
+            self.cluster.add_sweep(sweep)
         self.cluster.jobs.continue_numbering(state.next_job_number)
         self.cluster.jobs.cluster_tag = migrate.base36(state.cluster_tag)
         self.trust = state.trust

@@ -15,14 +15,16 @@ from typing import Any
 
 from tfcluster.daemon.coordinator.core.model.accounting import Entry, Usage
 from tfcluster.daemon.coordinator.core.model.changelog import (Change, ChangeLog, JobAdded, JobEnded, JobRemoved, JobsNumbered,
-                                                    NodeAdded, NodeRemoved, TokenDropped, TrustAdded, UsageDropped,
-                                                    UsageRecorded)
+                                                    NodeAdded, NodeRemoved, SweepAdded, TokenDropped, TrustAdded,
+                                                    UsageDropped, UsageRecorded)
 from tfcluster.daemon.coordinator.core.access.trust import Holder, JoinToken, Removal, Trust
 from tfcluster.daemon.coordinator.core.model.job import Failure, Job, Record, Task
 from tfcluster.daemon.coordinator.core.model.node import Drain, Node
+from tfcluster.daemon.coordinator.core.model.sweep import Sweep
 from tfcluster.daemon.coordinator.store.api import Delete, Document, Put, Revisions, Write
 from tfcluster.model import Evaluation, Gpu, NodeInfo, TaskExit
 from tfcluster.spec import EnvironmentSpec, JobSpec, RestartPolicy, RoleSpec
+from tfcluster.sweepspec import SweepSpec
 
 NEXT_JOB_NUMBER = "next_job_number"  # counters
 CLUSTER_TAG = "cluster_tag"
@@ -45,6 +47,7 @@ class State:
     next_job_number: int = 1
     cluster_tag: int = 0  # chosen once for a state dir (migrate.py)
     usage: list[Entry] = field(default_factory=list)  # the usage ledger (accounting.py)
+    sweeps: list[Sweep] = field(default_factory=list)  # oldest first
 
 
 def from_documents(documents: list[Document]) -> State:
@@ -62,7 +65,8 @@ def from_documents(documents: list[Document]) -> State:
                  trust=trust_from_docs([(d.kind, d.body) for k in ("token", "removal", "holder")
                                         for d in by_kind.get(k, [])]),
                  next_job_number=counters.get(NEXT_JOB_NUMBER, 1), cluster_tag=counters.get(CLUSTER_TAG, 0),
-                 usage=[usage_from_doc(d.body) for d in by_kind.get("usage", [])])
+                 usage=[usage_from_doc(d.body) for d in by_kind.get("usage", [])],
+                 sweeps=sorted((sweep_from_doc(d.body) for d in by_kind.get("sweep", [])), key=lambda s: s.number))
 
 
 @dataclass
@@ -97,6 +101,7 @@ class Writer:
         self.jobs: dict[str, Job] = {}  # jobs whose documents may change: live, or ended and not written since
         self.nodes: dict[str, Node] = {}
         self.trust: dict[tuple[str, str], Record] = {}  # (kind, key) -> a join token, holder or removal
+        self.sweeps: dict[str, Record] = {}
         self.evaluations: dict[str, dict[str, float]] = {}  # job id -> checkpoint -> time of the stored one
         # job id -> its spec and the spec's document: a spec never changes, and converting it again on each of
         # its job's writes was a tenth of the coordinator's work per job
@@ -113,7 +118,7 @@ class Writer:
             for task in job.tasks:
                 task.saved()
             self.evaluations[job.id] = {e.checkpoint: e.time for e in job.evaluations}
-        for record in [*self.nodes.values(), *self.trust.values()]:
+        for record in [*self.nodes.values(), *self.trust.values(), *self.sweeps.values()]:
             record.saved()
         stored = [d.body for d in documents if (d.kind, d.key) == ("counter", NEXT_JOB_NUMBER)]
         self.next_job_number = json.loads(stored[0]) if stored else 0
@@ -133,6 +138,9 @@ class Writer:
         for (kind, key), record in self.trust.items():
             if record.unsaved:
                 self._put(batch, record, kind, key, plain(record))
+        for key, sweep in self.sweeps.items():
+            if sweep.unsaved:
+                self._put(batch, sweep, "sweep", key, plain(sweep))
         if batch.next_job_number > self.next_job_number:
             batch.put("counter", NEXT_JOB_NUMBER, batch.next_job_number, self._revision("counter", NEXT_JOB_NUMBER))
             self.next_job_number = batch.next_job_number
@@ -150,6 +158,8 @@ class Writer:
         elif isinstance(change, NodeRemoved):
             self.nodes.pop(change.name, None)
             batch.delete("node", change.name, self._revision("node", change.name))
+        elif isinstance(change, SweepAdded):
+            self.sweeps[change.sweep.id] = change.sweep
         elif isinstance(change, TrustAdded):
             self.trust[(change.kind, change.key)] = change.record
         elif isinstance(change, TokenDropped):
@@ -296,6 +306,15 @@ def job_from_docs(job_text: str, task_texts: list[str], evaluation_texts: list[s
                   "groups": tuple(doc.get("groups", ())), "usage": Usage(**doc.get("usage", {})),
                   "tasks": [tasks[key] for key in order], "evaluations": evaluations,
                   "last_failure": Failure(**{**failure, "exit": _exit(failure["exit"])}) if failure else None})
+
+
+def sweep_from_doc(text: str) -> Sweep:
+    doc = json.loads(text)
+    sweep = doc["sweep"]
+    return Sweep(**{**doc, "spec": spec_from_doc(doc["spec"]), "parameters": tuple(doc["parameters"]),
+                    "groups": tuple(doc["groups"]), "jobs": tuple(doc["jobs"]),
+                    "stopped_early": tuple(doc["stopped_early"]),
+                    "sweep": SweepSpec(**{**sweep, "parameters": {k: tuple(v) for k, v in sweep["parameters"].items()}})})
 
 
 def trust_from_docs(docs: list[tuple[str, str]]) -> Trust:

@@ -2,7 +2,7 @@
 
 The tables are this module's own affair: one per kind of record (the trust kinds share one, the counters hold
 integers), each row with its revision, and one row holding the last revision given. A file of a release without
-the usage ledger gets its table on open. The file of a 0.2 or 0.3 coordinator is the same but for the revisions,
+the usage ledger gets its table on open, and one without sweeps their table (with no change of layout). The file of a 0.2 or 0.3 coordinator is the same but for the revisions,
 added on open (its rows start at revision 1, and that release can still open the file); a 0.1 file's jobs table is reshaped to hold the same documents it held, which
 migrate.py then brings to this release's shape. WAL mode with synchronous=FULL: once `write` returns, the
 batch survives a kill -9 and a power cut.
@@ -59,17 +59,24 @@ CREATE TABLE IF NOT EXISTS usage (
     job_id TEXT PRIMARY KEY,
     doc TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS sweeps (
+    id TEXT PRIMARY KEY,
+    doc TEXT NOT NULL,
+    revision INTEGER NOT NULL DEFAULT 1
+);
 CREATE TABLE IF NOT EXISTS store_revision (
     value INTEGER NOT NULL
 );
 """
+SWEEPS_TABLE = TABLES[TABLES.index("CREATE TABLE IF NOT EXISTS sweeps"):].partition(";")[0]
 # table -> its key columns, and the column that holds the document
 KEY_COLUMNS = {"jobs": ("id",), "tasks": ("job_id", "key"), "evaluations": ("job_id", "checkpoint"),
-               "nodes": ("name",), "counters": ("name",), "trust": ("kind", "key"), "usage": ("job_id",)}
+               "nodes": ("name",), "counters": ("name",), "trust": ("kind", "key"), "usage": ("job_id",),
+               "sweeps": ("id",)}
 TABLE_OF = {"job": "jobs", "task": "tasks", "evaluation": "evaluations", "node": "nodes", "counter": "counters",
-            "token": "trust", "removal": "trust", "holder": "trust", "usage": "usage"}
+            "token": "trust", "removal": "trust", "holder": "trust", "usage": "usage", "sweep": "sweeps"}
 KIND_OF = {"jobs": "job", "tasks": "task", "evaluations": "evaluation", "nodes": "node", "counters": "counter",
-           "usage": "usage"}
+           "usage": "usage", "sweeps": "sweep"}
 
 
 def _row(w: Write) -> tuple[str, tuple]:
@@ -143,9 +150,11 @@ class SqliteStore:
                 raise RuntimeError(f"{self.path}: written by a newer tfcluster (store layout {version}; this release "
                                    f"reads up to {LAYOUT_VERSION}): run that release, or restore a backup made "
                                    f"before the upgrade")
-            if version < LAYOUT_VERSION:
-                with self._transaction():
+            with self._transaction():
+                if version < LAYOUT_VERSION:
                     self._upgrade_layout(version)
+                # Sweeps came without a new layout: a release before them opens the file as it was, ignoring them.
+                self._db.execute(SWEEPS_TABLE)
 
     def _upgrade_layout(self, version: int) -> None:
         db = self._db

@@ -2,7 +2,7 @@
 
 The core appends to one log: a job added, ended or removed, a node added or removed, a trust record
 (join token, certificate holder, removal) added, a join token dropped, job numbers issued, a usage ledger entry
-recorded or dropped. A change to a field of a stored record needs no entry: the record marks
+recorded or dropped, a sweep added. A change to a field of a stored record needs no entry: the record marks
 itself unsaved (job.py's Record), and the writer looks at every record the log says is still stored.
 The writer (records.py) drains the log into store documents; the store is written before the commands
 the same changes produced are sent.
@@ -66,12 +66,17 @@ class UsageRecorded:
 
 
 @dataclass(frozen=True)
+class SweepAdded:
+    sweep: Record  # started or loaded (model/sweep.py): the writer writes it whenever it is unsaved
+
+
+@dataclass(frozen=True)
 class UsageDropped:
     job_id: str  # its ledger entry is older than the ledger keeps
 
 
 Change = Union[JobAdded, JobEnded, JobRemoved, NodeAdded, NodeRemoved, TrustAdded, TokenDropped, JobsNumbered,
-               UsageRecorded, UsageDropped]
+               UsageRecorded, UsageDropped, SweepAdded]
 
 
 class ChangeLog:

@@ -198,6 +198,8 @@ class Job(StateRecord):
     sync_until: float = 0.0
     syncs: int = 0
     evaluations: list[Evaluation] = field(default_factory=list)
+    sweep: str = ""           # the sweep it is a trial of; "": none
+    sweep_parameters: dict[str, str] = field(default_factory=dict)  # the trial's parameters
     seen: JobSeen = field(default_factory=JobSeen, repr=False)
 
     def __str__(self) -> str:

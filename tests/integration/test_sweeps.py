@@ -1,0 +1,117 @@
+"""Sweeps on a real coordinator and agent over mutual TLS: `tfcluster sweep start` runs a grid of four trials, never
+more than max_concurrent at once, each a job with its parameters in its environment and command, each reporting an
+evaluation through its events file; the coordinator is killed and started again on its state dir mid-sweep and the
+sweep carries on; `sweep status` is sorted by the metric; `sweep stop` stops the running trials and starts no more;
+another user may not see the sweep."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from harness import LocalCluster, job_processes, wait_until
+from tfcluster import Cluster, PermissionDenied, Sweep
+from tfcluster.states import ENDED_JOB_STATES
+
+# One trial: its A from the command, its B from the environment; reports accuracy = A * B / 100, then lingers so
+# that trials overlap (and, in the first test, outlive the coordinator's restart: results an agent sends again after
+# it registers anew are taken only for jobs that have not ended).
+TRIAL = ('import json, os, sys, time\n'
+         'a = float(sys.argv[1].split("=")[1]); b = float(os.environ["B"])\n'
+         'with open(os.environ["TFCLUSTER_EVENTS_FILE"], "a") as f:\n'
+         '    f.write(json.dumps({"kind": "evaluation", "checkpoint": "ckpt-1", "step": 1, "time": time.time(),\n'
+         '                        "metrics": {"accuracy": a * b / 100}}) + "\\n")\n'
+         'time.sleep(float(os.environ["LINGER"]))\n')
+
+
+def sweep_file(tmp_path: Path, name: str, linger: float, b_values: str) -> Path:
+    workdir = tmp_path / name
+    workdir.mkdir()
+    (workdir / "trial.py").write_text(TRIAL)
+    spec = workdir / "sweep.toml"
+    spec.write_text(f'name = "{name}"\nstrategy = "mirrored"\ncommand = ["python3", "trial.py", "--a={{A}}"]\n'
+                    f'env = {{ LINGER = "{linger}" }}\n'
+                    f'[sweep]\nmethod = "grid"\nmax_concurrent = 2\nmetric = "accuracy"\ngoal = "max"\n'
+                    f'[sweep.parameters]\nA = [1, 2]\nB = {b_values}\n')
+    return spec
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    cluster = LocalCluster(root=tmp_path_factory.mktemp("sweeps"))
+    try:
+        cluster.start_coordinator()
+        cluster.start_agents({"a": {}, "b": {}})
+        yield cluster
+    finally:
+        cluster.teardown()
+
+
+def live_trials(c: Cluster, sweep_id: str) -> list:
+    return [j for j in c.jobs() if j.sweep == sweep_id and j.state not in ENDED_JOB_STATES]
+
+
+def test_a_grid_sweep_runs_two_at_a_time_survives_a_coordinator_restart_and_is_sorted_by_its_metric(
+        cluster, tmp_path):
+    env = {"XDG_CACHE_HOME": str(tmp_path / "cache")}
+    sweep_id = cluster.cli("sweep", "start", str(sweep_file(tmp_path, "grid", 6, "[10, 30]")), check=True,
+                           env=env).stdout.strip()
+    most, restarted = 0, False
+    with Cluster(cluster.address, cluster.admin_dir) as c:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            live = live_trials(c, sweep_id)
+            most = max(most, len(live))
+            if not restarted and any(j.state == "RUNNING" for j in live):
+                cluster.coordinator.kill()  # kill -9 mid-sweep; the same state dir
+                cluster.start_coordinator()
+                restarted = True
+                continue
+            if Sweep(c, sweep_id).status().state != "RUNNING" and not live:
+                break
+            time.sleep(0.2)
+        assert restarted
+        ended = Sweep(c, sweep_id).wait(timeout=60)
+        trial_jobs = {t.job_id: c.job(t.job_id).status() for t in ended.trials}
+    assert most == 2, f"at most max_concurrent trials live at once, and two did run together (saw {most})"
+    assert ended.state == "SUCCEEDED" and [t.state for t in ended.trials] == ["SUCCEEDED"] * 4, ended
+    assert len(trial_jobs) == 4, "each trial submitted once, the restart notwithstanding"
+    assert {j.sweep for j in trial_jobs.values()} == {sweep_id}
+    assert sorted((j.sweep_parameters["A"], j.sweep_parameters["B"]) for j in trial_jobs.values()) == \
+        [("1", "10"), ("1", "30"), ("2", "10"), ("2", "30")]
+    shown = cluster.cli("sweep", "status", sweep_id, check=True).stdout.splitlines()
+    rows = [line.split() for line in shown[2:]]
+    assert [(r[1], r[2], r[4]) for r in rows] == [("2", "30", "0.6"), ("1", "30", "0.3"), ("2", "10", "0.2"),
+                                                  ("1", "10", "0.1")], shown
+    doc = json.loads(cluster.cli("sweep", "status", sweep_id, "--json", check=True).stdout)
+    assert [t["best"] for t in doc["trials"]] == [0.6, 0.3, 0.2, 0.1] and doc["state"] == "SUCCEEDED"
+    job = json.loads(cluster.cli("status", doc["trials"][0]["job"], "--json", check=True).stdout)["jobs"][0]
+    assert (job["sweep"], job["sweep_parameters"]) == (sweep_id, {"A": "2", "B": "30"})
+
+
+def test_sweep_stop_stops_the_running_trials_and_starts_no_more_and_others_may_not_see_it(cluster, tmp_path):
+    env = {"XDG_CACHE_HOME": str(tmp_path / "cache")}
+    sweep_id = cluster.cli("sweep", "start", str(sweep_file(tmp_path, "long", 300, "[10, 30]")), check=True,
+                           env=env).stdout.strip()
+    with Cluster(cluster.address, cluster.admin_dir) as c:
+        wait_until(lambda: [j.state for j in live_trials(c, sweep_id)] == ["RUNNING", "RUNNING"], 60,
+                   what="both trials to run")
+        running = [j.id for j in live_trials(c, sweep_id)]
+        bob = cluster.root / "people" / "bob"
+        cluster.cli("ca", "issue", "--dir", str(cluster.ca_dir), "--role", "user", "--name", "bob", "--out",
+                    str(bob), check=True)
+        with Cluster(cluster.address, bob) as as_bob:
+            for refused in (lambda: Sweep(as_bob, sweep_id).status(), lambda: Sweep(as_bob, sweep_id).stop()):
+                with pytest.raises(PermissionDenied, match=f"sweep {sweep_id} belongs to admin"):
+                    refused()
+            assert as_bob.sweeps() == []
+        stopped = cluster.cli("sweep", "stop", sweep_id, check=True)
+        assert "STOPPED" in stopped.stdout
+        ended = Sweep(c, sweep_id).wait(timeout=60)
+    assert ended.state == "STOPPED"
+    assert [t.state for t in ended.trials] == ["STOPPED", "STOPPED", "", ""], "no trial started after the stop"
+    for job_id in running:
+        assert job_processes(job_id) == [], f"{job_id}'s processes are gone"
