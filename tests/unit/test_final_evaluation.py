@@ -132,3 +132,21 @@ def test_the_evaluator_is_told_where_its_summaries_go():
     assert layout.SUMMARY_DIR not in launch(job, job.task("worker", 0)).env
     _, job = start(summary_dir="/logs/sidecar")
     assert launch(job, job.evaluator()).env[layout.SUMMARY_DIR] == "/logs/sidecar"
+
+
+def test_an_ended_jobs_late_evaluation_is_kept_and_written_again():
+    """An agent back from a reconnect resends its evaluator's exit before the results it reported just before
+    it: the job has ended by then, and the results are kept all the same (a sweep ranks its trials by them)."""
+    from tfcluster.daemon.coordinator.core.model.changelog import EndedJobAmended
+
+    sim, job = start()
+    finish_training(sim, job)
+    report(sim, job, "ckpt-3", 120)
+    sim.exit(job, "evaluator:0", 0)
+    assert job.state == JobState.SUCCEEDED
+    sim.c.jobs.changes.drain()
+    assert report(sim, job, "ckpt-4", 160) == [], "an ended job is told nothing more"
+    assert [e.step for e in job.evaluations] == [120, 160]
+    assert [type(c) for c in sim.c.jobs.changes.drain()] == [EndedJobAmended], "the store writes it again"
+    stale = report(sim, job, "ckpt-5", 200, attempt=job.evaluator().attempt + 1)
+    assert stale == [] and [e.step for e in job.evaluations] == [120, 160], "another attempt's result is not its"

@@ -112,6 +112,23 @@ def test_trimmed_and_replaced_evaluations(store, monkeypatch):
     assert [(e.checkpoint, e.metrics["m"]) for e in back.evaluations] == [("ckpt-2", 2), ("ckpt-4", 4), ("ckpt-3", 33)]
 
 
+def test_an_ended_jobs_late_evaluation_is_stored(store):
+    """A result that reaches the core after its job ended (an agent's resends after a reconnect) is kept, and the
+    store has it after the job's end was written."""
+    sim = Sim(info("n1"))
+    job, actions = sim.submit(make_spec(strategy="mirrored", worker=1, evaluator={"count": 1, "gpus": 0}))
+    sim.running(job, actions)
+    writer = Writer()
+    sim.exit(job, "worker:0", 0, final_checkpoint="ckpt-1")
+    sim.exit(job, "evaluator:0", 0)
+    assert job.ended
+    write(store, writer, collect(writer, sim.c))
+    evaluator = job.evaluator()
+    sim.c.evaluation(evaluator.node, job.attempt_of(evaluator), Evaluation("ckpt-1", 1, {"m": 1}, 5.0), sim.now)
+    write(store, writer, collect(writer, sim.c))
+    assert [e.checkpoint for e in load(store).jobs[job.id].evaluations] == ["ckpt-1"]
+
+
 def test_retention_removes_the_oldest_ended_jobs_with_their_rows(store):
     sim = Sim(info("n1"))
     sim.c.jobs.keep_finished_jobs = 2

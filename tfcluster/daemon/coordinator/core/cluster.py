@@ -280,13 +280,18 @@ class Cluster(NodeEvents, SweepEvents):
         return self.settle(job, lifecycle.sync_done(job, sync_id, ok, message, now))
 
     def evaluation(self, node_name: str, attempt: Attempt, result: Evaluation, now: float) -> list[Command]:
-        """An evaluator's result, kept when it comes from the job's current evaluator (the job has not ended: its
-        evaluator's last results arrive before its exit). The final checkpoint's lets a finished job end."""
-        job = self.jobs.live.get(attempt.job_id)
+        """An evaluator's result, kept when it comes from the job's current evaluator. The final checkpoint's lets
+        a finished job end. An ended job keeps its evaluator's late results too: an agent back from a reconnect
+        resends its tasks' exits before the results reported just before them, and an acknowledged result is
+        never dropped (a sweep ranks its trials by them)."""
+        job = self.jobs.get(attempt.job_id)
         task = job.task(attempt.type, attempt.index) if job else None
         if task is None or task.node != node_name or task.attempt != attempt.number:
             return []
         job.add_evaluation(result)
+        if job.ended:
+            self.jobs.amended(job)
+            return []
         return self.settle(job, lifecycle.evaluated(job, now))
 
     def tick(self, now: float) -> list[Command]:

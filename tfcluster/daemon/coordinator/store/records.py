@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tfcluster.daemon.coordinator.core.model.accounting import Entry, Usage
-from tfcluster.daemon.coordinator.core.model.changelog import (Change, ChangeLog, JobAdded, JobEnded, JobRemoved, JobsNumbered,
-                                                    NodeAdded, NodeRemoved, SweepAdded, TokenDropped, TrustAdded,
-                                                    UsageDropped, UsageRecorded)
+from tfcluster.daemon.coordinator.core.model.changelog import (Change, ChangeLog, EndedJobAmended, JobAdded, JobEnded,
+                                                               JobRemoved, JobsNumbered, NodeAdded, NodeRemoved,
+                                                               SweepAdded, TokenDropped, TrustAdded, UsageDropped,
+                                                               UsageRecorded)
 from tfcluster.daemon.coordinator.core.access.trust import Holder, JoinToken, Removal, Trust
 from tfcluster.daemon.coordinator.core.model.job import Failure, Job, Record, Task
 from tfcluster.daemon.coordinator.core.model.node import Drain, Node
@@ -148,9 +149,9 @@ class Writer:
 
     def _follow(self, change: Change, batch: Batch) -> Job | None:
         """Follows one entry of the change log; the job when it ended."""
-        if isinstance(change, (JobAdded, JobEnded)):
+        if isinstance(change, (JobAdded, JobEnded, EndedJobAmended)):
             self.jobs[change.job.id] = change.job
-            return change.job if isinstance(change, JobEnded) else None
+            return None if isinstance(change, JobAdded) else change.job
         if isinstance(change, JobRemoved):
             self._remove(change.job, batch)
         elif isinstance(change, NodeAdded):

@@ -1,6 +1,6 @@
 """What the core changed that the store has not written yet, as domain changes. Pure.
 
-The core appends to one log: a job added, ended or removed, a node added or removed, a trust record
+The core appends to one log: a job added, ended, amended after its end or removed, a node added or removed, a trust record
 (join token, certificate holder, removal) added, a join token dropped, job numbers issued, a usage ledger entry
 recorded or dropped, a sweep added. A change to a field of a stored record needs no entry: the record marks
 itself unsaved (job.py's Record), and the writer looks at every record the log says is still stored.
@@ -26,6 +26,11 @@ class JobAdded:
 @dataclass(frozen=True)
 class JobEnded:
     job: Job  # its documents change no more once written: the writer stops looking at it after that
+
+
+@dataclass(frozen=True)
+class EndedJobAmended:
+    job: Job  # an ended job took one more change (a late evaluation): written once more, then left again
 
 
 @dataclass(frozen=True)
@@ -75,7 +80,7 @@ class UsageDropped:
     job_id: str  # its ledger entry is older than the ledger keeps
 
 
-Change = Union[JobAdded, JobEnded, JobRemoved, NodeAdded, NodeRemoved, TrustAdded, TokenDropped, JobsNumbered,
+Change = Union[JobAdded, JobEnded, EndedJobAmended, JobRemoved, NodeAdded, NodeRemoved, TrustAdded, TokenDropped, JobsNumbered,
                UsageRecorded, UsageDropped, SweepAdded]
 
 

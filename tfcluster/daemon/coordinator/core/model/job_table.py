@@ -13,7 +13,8 @@ from types import MappingProxyType
 
 from tfcluster.daemon.coordinator.core.model import task_uids as taskusers
 from tfcluster.daemon.coordinator.core.model.capacity import task_list
-from tfcluster.daemon.coordinator.core.model.changelog import ChangeLog, JobAdded, JobEnded, JobRemoved, JobsNumbered
+from tfcluster.daemon.coordinator.core.model.changelog import (ChangeLog, EndedJobAmended, JobAdded, JobEnded, JobRemoved,
+                                                            JobsNumbered)
 from tfcluster.daemon.coordinator.core.model.job import Job, Task
 from tfcluster.daemon.coordinator.core.model.registry import Registry
 from tfcluster.spec import JobSpec
@@ -116,6 +117,11 @@ class Jobs(Registry[Job]):
         self._ended[job.id] = job
         self.changes.append(JobEnded(job))
         return True
+
+    def amended(self, job: Job) -> None:
+        """An ended job changed once more (a late evaluation): the writer writes it again."""
+        if job.id in self._ended:
+            self.changes.append(EndedJobAmended(job))
 
     def prune(self, now: float) -> list[Job]:
         """Removes the oldest ended jobs beyond keep_finished_jobs, and those ended longer ago than
