@@ -102,6 +102,14 @@ class NodeDrain:
 
 
 @dataclass(frozen=True)
+class NodeCondition:
+    gpu: Optional[int]  # None: the node as a whole
+    kind: str  # tfcluster/conditions.py
+    message: str
+    since: float
+
+
+@dataclass(frozen=True)
 class NodeStatus:
     name: str
     address: str
@@ -116,6 +124,7 @@ class NodeStatus:
     running_tasks: int
     condition: str
     drain: Optional[NodeDrain]
+    conditions: list[NodeCondition]
     wire: Any = WIRE
 
 

@@ -93,6 +93,9 @@ class Owner:
     def health(self):
         return ""
 
+    def conditions(self):
+        return ()
+
     def on_register(self):
         pass
 
