@@ -11,6 +11,7 @@ import threading
 
 import pytest
 
+from fleet import IdleOwner
 from harness import wait_until
 from tfcluster import __version__, pki
 from tfcluster.conditions import ECC_UNCORRECTABLE, THROTTLED, NodeCondition
@@ -22,11 +23,12 @@ ECC = NodeCondition(1, ECC_UNCORRECTABLE, "uncorrectable ECC errors: 2 since the
 HOT = NodeCondition(0, THROTTLED, "clocks throttled: HW thermal slowdown", 1767000001.0)
 
 
-class GpuNode:
+class GpuNode(IdleOwner):
     """What the agent gives its session: a node of two GPUs whose last GPU check found `conditions`."""
 
     def __init__(self, credentials, conditions):
-        self.credentials, self.found = credentials, tuple(conditions)
+        super().__init__(credentials)
+        self.found = tuple(conditions)
         self.launched = threading.Event()
 
     def node_info(self):
@@ -34,23 +36,8 @@ class GpuNode:
                         gpus=tuple(Gpu(i, uuid=f"GPU-b-{i}", name="Test GPU", memory_mib=1024) for i in range(2)),
                         state_dir="/var/lib/tfcluster/b")
 
-    def task_reports(self):
-        return []
-
-    def progress(self):
-        return []
-
-    def condition(self):
-        return ""
-
-    def health(self):
-        return ""
-
     def conditions(self):
         return self.found
-
-    def on_register(self):
-        pass
 
     def handle(self, message):
         if message.WhichOneof("kind") == "launch":
