@@ -68,6 +68,38 @@ def node_info(index: int) -> NodeInfo:
                     state_dir=f"/var/lib/tfcluster/{name}")
 
 
+class IdleOwner:
+    """What a real agent's session (tfcluster/daemon/agent/session/session.py) asks of its agent, for a node that
+    runs nothing and has nothing to say: tests give the session one, changing what they test."""
+
+    def __init__(self, credentials):
+        self.credentials = credentials
+
+    def node_info(self) -> NodeInfo:
+        return node_info(1)
+
+    def task_reports(self):
+        return []
+
+    def progress(self):
+        return []
+
+    def condition(self):
+        return ""
+
+    def health(self):
+        return ""
+
+    def conditions(self):
+        return ()
+
+    def on_register(self):
+        pass
+
+    def handle(self, message):
+        pass
+
+
 class Stalled(Exception):
     """The coordinator serving the stream gave no pulse in time (paused, cut off, or far behind)."""
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from typing import Optional
 
+from tfcluster.conditions import EXCLUDING
 from tfcluster.columns import Painted, paint, table
 from tfcluster.model import exit_words
 from tfcluster.states import JobState, NodeState, TaskState
@@ -73,6 +74,12 @@ def _node_note(n, now: float) -> str:
     return f"* {n.name} takes no new tasks: {n.condition}"
 
 
+def _gpus_cell(n) -> str:
+    """Its GPUs, each one its agent found a problem on marked ! (the footnotes say what)."""
+    marked = {c.gpu for c in n.conditions if c.HasField("gpu")}
+    return ", ".join(f"{g.index}:{g.name or 'gpu'}{'!' if g.index in marked else ''}" for g in n.gpus) or "-"
+
+
 def _nodes_table(nodes_shown, colour_on: bool) -> list[str]:
     rows = []
     for n in nodes_shown:
@@ -80,12 +87,23 @@ def _nodes_table(nodes_shown, colour_on: bool) -> list[str]:
         if n.memory_allocated_bytes:  # what tasks' limits hold of it
             memory = f"{n.memory_allocated_bytes / 2**30:.1f} of {memory}"
         rows.append([n.name, n.address, _node_state(n),
-                     ", ".join(f"{g.index}:{g.name or 'gpu'}" for g in n.gpus) or "-", str(n.cpu_count), memory,
+                     _gpus_cell(n), str(n.cpu_count), memory,
                      str(n.running_tasks), n.agent_version, _ago(n.last_seen_seconds_ago)])
     headers = ("node", "address", "state", "GPUs", "CPUs", "memory", "tasks", "agent", "heartbeat")
+    now = time.time()
     return [table(headers, rows, "nodes", colour_on),
-            *(paint(_node_note(n, time.time()), "yellow", colour_on)
-              for n in nodes_shown if n.condition or n.HasField("drain"))]
+            *(paint(_node_note(n, now), "yellow", colour_on)
+              for n in nodes_shown if n.condition or n.HasField("drain")),
+            *(paint(_condition_note(n.name, c, now), "red" if c.kind in EXCLUDING else "yellow", colour_on)
+              for n in nodes_shown for c in n.conditions)]
+
+
+def _condition_note(node: str, c, now: float) -> str:
+    """The footnote of a GPU marked !: what its agent found, and whether placement leaves it out."""
+    where = f"GPU {c.gpu}" if c.HasField("gpu") else "node"
+    excluded = c.HasField("gpu") and c.kind in EXCLUDING
+    return (f"! {node} {where}: {c.message} ({c.kind}, for {how_long(now - c.since)}; "
+            f"{'left out of placement' if excluded else 'still placed on'})")
 
 
 def _jobs_table(jobs_shown, colour_on: bool) -> str:

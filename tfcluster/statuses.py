@@ -104,6 +104,14 @@ class NodeDrain:
 
 
 @dataclass(frozen=True)
+class NodeCondition:
+    gpu: Optional[int]  # None: the node as a whole
+    kind: str  # tfcluster/conditions.py
+    message: str
+    since: float
+
+
+@dataclass(frozen=True)
 class NodeStatus:
     name: str
     address: str
@@ -118,6 +126,7 @@ class NodeStatus:
     running_tasks: int
     condition: str
     drain: Optional[NodeDrain]
+    conditions: list[NodeCondition]
     wire: Any = WIRE
 
 

@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 from tfcluster.api.v1 import control_pb2
+from tfcluster.conditions import EXCLUDING
 from tfcluster.model import exit_words, is_training
 from tfcluster.roles.tfconfig import build_tf_configs
 from tfcluster.states import NodeState
@@ -25,7 +26,16 @@ def node_doc(n: control_pb2.NodeStatus) -> dict[str, Any]:
             "agent_version": n.agent_version, "last_seen_seconds_ago": round(n.last_seen_seconds_ago, 3),
             "port_range": [n.port_range_start, n.port_range_end], "running_tasks": n.running_tasks,
             "condition": n.condition, "schedulable": n.state == NodeState.READY and not n.condition and not drained,
-            "drain": {"reason": d.reason, "by": d.by, "since": d.since, "state": d.state} if drained else None}
+            "drain": {"reason": d.reason, "by": d.by, "since": d.since, "state": d.state} if drained else None,
+            "conditions": [condition_doc(c) for c in n.conditions]}
+
+
+def condition_doc(c) -> dict[str, Any]:
+    """One problem the node's agent found on a GPU (gpu null: on the node); excludes: the GPU is left out of
+    placement while it holds."""
+    gpu = c.gpu if c.HasField("gpu") else None
+    return {"gpu": gpu, "kind": c.kind, "message": c.message, "since": c.since,
+            "excludes": gpu is not None and c.kind in EXCLUDING}
 
 
 def evaluation_doc(e) -> dict[str, Any]:

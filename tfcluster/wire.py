@@ -11,10 +11,12 @@ import ipaddress
 import math
 import os
 import posixpath
+from collections.abc import Sequence
 from typing import Any
 
 from tfcluster.api.v1 import agent_pb2, control_pb2
 from tfcluster.api.v1 import types_pb2 as pb
+from tfcluster.conditions import MAX_CONDITION_MESSAGE, MAX_CONDITIONS, NodeCondition
 from tfcluster.model import CHIEF, DEFAULT_STOP_SIGNAL, STOP_SIGNALS, WORKER
 from tfcluster.model import (MAX_CODE_SOURCES, MAX_DRAIN_REASON, MAX_GPUS_PER_NODE, NODE_NAME_RE, Attempt,
                              CancelLog, Command, EnvironmentSpec, Evaluation, ExpectFiles, FinishTraining, Gpu, Launch,
@@ -137,9 +139,10 @@ def task_report_from_proto(msg: pb.TaskReport) -> TaskReport:
 
 
 def heartbeat_to_proto(session_id: str, progress: list[TaskProgress], condition: str = "",
-                       health_failure: str = "") -> agent_pb2.AgentMessage:
+                       health_failure: str = "", conditions: Sequence[NodeCondition] = ()) -> agent_pb2.AgentMessage:
     return agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat(
-        session_id=session_id, condition=condition, health_failure=health_failure, progress=[
+        session_id=session_id, condition=condition, health_failure=health_failure,
+        conditions=conditions_to_proto(conditions), progress=[
         agent_pb2.TaskProgress(**_attempt_fields(p.attempt), output_bytes=p.output_bytes, checkpoint=p.checkpoint,
                                cpu_seconds=p.cpu_seconds, rss_bytes=p.rss_bytes, peak_rss_bytes=p.peak_rss_bytes,
                                phase_detail=p.phase_detail)
@@ -167,6 +170,25 @@ def condition_from_proto(msg: agent_pb2.Heartbeat) -> str:
 def health_from_proto(msg: agent_pb2.Heartbeat | agent_pb2.RegisterRequest) -> str:
     """The agent's failed health check's line ("" when it passed or none runs), made a safe drain reason."""
     return printable(msg.health_failure.strip()[:MAX_DRAIN_REASON])
+
+
+def conditions_to_proto(conditions: Sequence[NodeCondition]) -> list[pb.NodeCondition]:
+    return [pb.NodeCondition(gpu=c.gpu, kind=c.kind, message=c.message, since=c.since) for c in conditions]
+
+
+def conditions_from_proto(msg: agent_pb2.Heartbeat | agent_pb2.RegisterRequest) -> tuple[NodeCondition, ...]:
+    """What the agent's GPU check found, each made one safe line. A kind this coordinator does not know (a newer
+    agent's) is shown and excludes nothing."""
+    if len(msg.conditions) > MAX_CONDITIONS:
+        raise ValueError(f"conditions: at most {MAX_CONDITIONS}, got {len(msg.conditions)}")
+    found = []
+    for c in msg.conditions:
+        if c.HasField("gpu") and c.gpu >= MAX_GPUS_PER_NODE:
+            raise ValueError(f"conditions.gpu: expected a GPU index below {MAX_GPUS_PER_NODE}, got {c.gpu}")
+        found.append(NodeCondition(gpu=c.gpu if c.HasField("gpu") else None, kind=printable(c.kind[:40]),
+                                   message=printable(c.message[:MAX_CONDITION_MESSAGE]),
+                                   since=c.since if math.isfinite(c.since) else 0.0))
+    return tuple(found)
 
 
 def progress_from_proto(msg: agent_pb2.Heartbeat) -> list[TaskProgress]:
@@ -444,7 +466,7 @@ def node_status(node, running_tasks: int, now: float, memory_allocated: int = 0,
         hostname=i.hostname, cpu_count=i.cpu_count, memory_bytes=i.memory_bytes, agent_version=i.agent_version,
         last_seen_seconds_ago=max(0.0, now - node.seen.last_seen), port_range_start=i.port_range[0],
         port_range_end=i.port_range[1], running_tasks=running_tasks, condition=node.condition,
-        memory_allocated_bytes=memory_allocated)
+        memory_allocated_bytes=memory_allocated, conditions=conditions_to_proto(node.seen.conditions))
     if node.drain is not None:
         d = node.drain
         status.drain.CopyFrom(control_pb2.NodeDrain(reason=d.reason, by=d.by, since=d.since, state=drain_state))

@@ -15,7 +15,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from fleet import node_info
+from fleet import IdleOwner
 from harness import free_port, wait_until
 from tfcluster import pki
 from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc
@@ -74,32 +74,6 @@ class Standby:
         self.loop.call_soon_threadsafe(self.loop.stop)
 
 
-class Owner:
-    def __init__(self, credentials: Credentials):
-        self.credentials = credentials
-
-    def node_info(self):
-        return node_info(1)
-
-    def task_reports(self):
-        return []
-
-    def progress(self):
-        return []
-
-    def condition(self):
-        return ""
-
-    def health(self):
-        return ""
-
-    def on_register(self):
-        pass
-
-    def handle(self, message):
-        pass
-
-
 @pytest.fixture
 def cluster(tmp_path, monkeypatch):
     """A leader and a standby naming it, over TLS, and an agent's session given both (the standby listed first)."""
@@ -116,7 +90,7 @@ def cluster(tmp_path, monkeypatch):
     standby = Standby(standby_address, server_credentials)
     standby.named = leader_address
     stopped = threading.Event()
-    session = Session(f"{standby_address},{leader_address}", Owner(Credentials.from_dir(tmp_path / "ca" / "admin")),
+    session = Session(f"{standby_address},{leader_address}", IdleOwner(Credentials.from_dir(tmp_path / "ca" / "admin")),
                       stopped, Liveness(["connection"]), on_refused=lambda why: None)
     running = threading.Thread(target=session.run, daemon=True)
     running.start()

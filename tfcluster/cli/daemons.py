@@ -364,6 +364,12 @@ def agent(
                                    "passing again lifts that drain [default: none]."),
     health_check_interval: str = typer.Option("5m", metavar="DURATION",
                                               help="How often --health-check-program runs, e.g. 30s or 5m."),
+    gpu_check_interval: str = typer.Option("1m", metavar="DURATION",
+                                           help="How often the agent checks its GPUs through NVML (Xid errors, "
+                                                "uncorrectable ECC, pages or rows pending retirement, GPUs lost, "
+                                                "throttling), after a first check before registering; 0 turns "
+                                                "the checks off. GPUs declared by --gpu-inventory are not "
+                                                "checked."),
     log_level: str = LogLevelOpt,
     log_format: str = LogFormatOpt,
 ) -> None:
@@ -392,7 +398,8 @@ def agent(
                            private_tmp=private_tmp, task_user=task_user,
                            cache_bytes=parse_size(cache_bytes, "--cache-bytes"),
                            max_code_unpacked_bytes=parse_size(max_code_unpacked_bytes, "--max-code-unpacked-bytes"),
-                           health=_health_check(health_check_program, health_check_interval))
+                           health=_health_check(health_check_program, health_check_interval),
+                           gpu_check_seconds=parse_duration(gpu_check_interval, "--gpu-check-interval"))
     except SettingsError as e:
         fail(str(e), 2)
     try:

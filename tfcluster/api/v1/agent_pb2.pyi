@@ -85,14 +85,16 @@ class EndedJobsResponse(_message.Message):
     def __init__(self, ended_job_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("node", "tasks", "health_failure")
+    __slots__ = ("node", "tasks", "health_failure", "conditions")
     NODE_FIELD_NUMBER: _ClassVar[int]
     TASKS_FIELD_NUMBER: _ClassVar[int]
     HEALTH_FAILURE_FIELD_NUMBER: _ClassVar[int]
+    CONDITIONS_FIELD_NUMBER: _ClassVar[int]
     node: _types_pb2.NodeInfo
     tasks: _containers.RepeatedCompositeFieldContainer[_types_pb2.TaskReport]
     health_failure: str
-    def __init__(self, node: _Optional[_Union[_types_pb2.NodeInfo, _Mapping]] = ..., tasks: _Optional[_Iterable[_Union[_types_pb2.TaskReport, _Mapping]]] = ..., health_failure: _Optional[str] = ...) -> None: ...
+    conditions: _containers.RepeatedCompositeFieldContainer[_types_pb2.NodeCondition]
+    def __init__(self, node: _Optional[_Union[_types_pb2.NodeInfo, _Mapping]] = ..., tasks: _Optional[_Iterable[_Union[_types_pb2.TaskReport, _Mapping]]] = ..., health_failure: _Optional[str] = ..., conditions: _Optional[_Iterable[_Union[_types_pb2.NodeCondition, _Mapping]]] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
     __slots__ = ("session_id", "heartbeat_interval_seconds")
@@ -103,16 +105,18 @@ class RegisterResponse(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., heartbeat_interval_seconds: _Optional[float] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
-    __slots__ = ("session_id", "progress", "condition", "health_failure")
+    __slots__ = ("session_id", "progress", "condition", "health_failure", "conditions")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
     CONDITION_FIELD_NUMBER: _ClassVar[int]
     HEALTH_FAILURE_FIELD_NUMBER: _ClassVar[int]
+    CONDITIONS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     progress: _containers.RepeatedCompositeFieldContainer[TaskProgress]
     condition: str
     health_failure: str
-    def __init__(self, session_id: _Optional[str] = ..., progress: _Optional[_Iterable[_Union[TaskProgress, _Mapping]]] = ..., condition: _Optional[str] = ..., health_failure: _Optional[str] = ...) -> None: ...
+    conditions: _containers.RepeatedCompositeFieldContainer[_types_pb2.NodeCondition]
+    def __init__(self, session_id: _Optional[str] = ..., progress: _Optional[_Iterable[_Union[TaskProgress, _Mapping]]] = ..., condition: _Optional[str] = ..., health_failure: _Optional[str] = ..., conditions: _Optional[_Iterable[_Union[_types_pb2.NodeCondition, _Mapping]]] = ...) -> None: ...
 
 class TaskProgress(_message.Message):
     __slots__ = ("job_id", "task_type", "task_index", "attempt", "output_bytes", "checkpoint", "cpu_seconds", "rss_bytes", "peak_rss_bytes", "phase_detail")

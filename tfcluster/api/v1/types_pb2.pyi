@@ -31,6 +31,18 @@ class Gpu(_message.Message):
     memory_mib: int
     def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., name: _Optional[str] = ..., memory_mib: _Optional[int] = ...) -> None: ...
 
+class NodeCondition(_message.Message):
+    __slots__ = ("gpu", "kind", "message", "since")
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    gpu: int
+    kind: str
+    message: str
+    since: float
+    def __init__(self, gpu: _Optional[int] = ..., kind: _Optional[str] = ..., message: _Optional[str] = ..., since: _Optional[float] = ...) -> None: ...
+
 class NodeInfo(_message.Message):
     __slots__ = ("name", "hostname", "address", "port_range_start", "port_range_end", "cpu_count", "memory_bytes", "gpus", "agent_version", "state_dir", "peer_port")
     NAME_FIELD_NUMBER: _ClassVar[int]

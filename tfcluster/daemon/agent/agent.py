@@ -26,6 +26,7 @@ from tfcluster.daemon.agent.hooks.copies import CopiesHook
 from tfcluster.daemon.agent.hooks.events import EventsHook
 from tfcluster.daemon.agent.hooks.shipping import ShippingHook
 from tfcluster.daemon.agent.hooks.summaries import SummariesHook
+from tfcluster.daemon.agent.node.gpu_health import GpuHealth
 from tfcluster.daemon.agent.node.health import HealthCheck
 from tfcluster.daemon.agent.node.logs import LogServer
 from tfcluster.daemon.agent.node.metrics import AgentMetrics
@@ -78,6 +79,7 @@ class AgentConfig:
     cache_bytes: int = DEFAULT_CACHE_BYTES  # the most the node keeps of jobs' code (code/cache.py)
     max_code_unpacked_bytes: int = DEFAULT_MAX_UNPACKED_BYTES  # one archive's files together, unpacked (unpack.py)
     health: HealthCheck | None = None  # the operator's health check program (node/health.py); None: none runs
+    gpu_health: GpuHealth | None = None  # the NVML checks of its GPUs (node/gpu_health.py); None: none run
 
     def node_info(self) -> NodeInfo:
         return NodeInfo(name=self.name, address=self.address, port_range=self.port_range, gpus=self.gpus,
@@ -150,10 +152,11 @@ class Agent:
             threading.Thread(target=self._renew_certificate, name="renew", daemon=True).start()
         if self.config.peer_port and self.peer_server is None:
             self.serve_peers()
-        health = self.config.health
-        if health is not None:  # before registering: a node found sick gets nothing placed on it, not even once
-            health.check()
-            threading.Thread(target=health.run, args=(self._stop,), name="health", daemon=True).start()
+        # Before registering: a node (or a GPU) found sick gets nothing placed on it, not even once.
+        for name, check in (("health", self.config.health), ("gpu-health", self.config.gpu_health)):
+            if check is not None:
+                check.check()
+                threading.Thread(target=check.run, args=(self._stop,), name=name, daemon=True).start()
         self.session.run()
 
     def serve_peers(self) -> None:
@@ -225,6 +228,10 @@ class Agent:
     def health(self) -> str:
         """The health check's last failure ("" while the node passes, or when none runs)."""
         return self.config.health.failure if self.config.health is not None else ""
+
+    def conditions(self) -> tuple:
+        """What the last GPU check found (none when no check runs)."""
+        return self.config.gpu_health.conditions if self.config.gpu_health is not None else ()
 
     def on_register(self) -> None:
         for hook in self.hooks:

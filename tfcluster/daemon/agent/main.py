@@ -11,7 +11,10 @@ import threading
 from pathlib import Path
 
 from tfcluster import __version__, leaders
+from tfcluster.daemon.agent.node.gpu_health import DEFAULT_INTERVAL_SECONDS as DEFAULT_GPU_CHECK_SECONDS
+from tfcluster.daemon.agent.node.gpu_health import GpuHealth
 from tfcluster.daemon.agent.node.health import HealthCheck
+from tfcluster.daemon.agent.node.nvml_health import NvmlReader
 from tfcluster.daemon.agent.agent import Agent, AgentConfig
 from tfcluster.daemon.agent.code.cache import DEFAULT_CACHE_BYTES
 from tfcluster.daemon.agent.code.unpack import DEFAULT_MAX_BYTES as DEFAULT_MAX_UNPACKED_BYTES
@@ -45,7 +48,8 @@ def configure(coordinator: str, name: str | None, address: str | None, port_rang
               private_tmp: bool = False, task_user: str = PER_JOB,
               cache_bytes: int = DEFAULT_CACHE_BYTES,
               max_code_unpacked_bytes: int = DEFAULT_MAX_UNPACKED_BYTES,
-              health: HealthCheck | None = None) -> AgentConfig:
+              health: HealthCheck | None = None,
+              gpu_check_seconds: float = DEFAULT_GPU_CHECK_SECONDS) -> AgentConfig:
     """The agent's settings from its flags, with the node's GPUs, host and address discovered, and its
     certificate: the one it has, or one it gets by joining with a token."""
     try:
@@ -102,7 +106,18 @@ def configure(coordinator: str, name: str | None, address: str | None, port_rang
                        credentials=credentials, identity=identity, peer_quota_bytes=peer_quota,
                        http_listen=http_listen, retention=retention, task_log_bytes=task_log_bytes,
                        allow_root_tasks=allow_root_tasks, private_tmp=private_tmp, task_user=task_user,
-                       cache_bytes=cache_bytes, max_code_unpacked_bytes=max_code_unpacked_bytes, health=health)
+                       cache_bytes=cache_bytes, max_code_unpacked_bytes=max_code_unpacked_bytes, health=health,
+                       gpu_health=_gpu_health(gpus, gpu_inventory, gpu_check_seconds))
+
+
+def _gpu_health(gpus: list, gpu_inventory: str | None, interval: float) -> GpuHealth | None:
+    """The NVML checks of the GPUs NVML found; none for GPUs declared by inventory (NVML may not know them), for
+    a node without GPUs, or when turned off (interval 0)."""
+    if gpu_inventory is not None or not gpus or interval <= 0:
+        return None
+    if interval < 1:
+        raise SettingsError(f"--gpu-check-interval: expected 0 (off) or 1s or more, got {interval:g} s")
+    return GpuHealth(NvmlReader(tuple(gpus)), interval)
 
 
 def _check_task_user(task_user: str, insecure: bool, allow_root_tasks: bool) -> None:

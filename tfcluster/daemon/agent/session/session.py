@@ -58,6 +58,7 @@ class Owner(Protocol):
     def progress(self) -> list[TaskProgress]: ...
     def condition(self) -> str: ...
     def health(self) -> str: ...  # the health check's failure; "": it passes, or none runs
+    def conditions(self) -> tuple: ...  # what the GPU check found (tfcluster/conditions.py)
     def on_register(self) -> None: ...
     def handle(self, message: agent_pb2.CoordinatorMessage) -> None: ...
 
@@ -167,7 +168,8 @@ class Session:
         info = self.owner.node_info()
         reply = stub.Register(agent_pb2.RegisterRequest(node=wire.node_info_to_proto(info),
                                                         tasks=self.owner.task_reports(),
-                                                        health_failure=self.owner.health()),
+                                                        health_failure=self.owner.health(),
+                                                        conditions=wire.conditions_to_proto(self.owner.conditions())),
                               timeout=REGISTER_TIMEOUT_SECONDS)
         self.owner.on_register()
         log.info("registered with %s as %s (%s)", self.coordinator, info.name, info.address)
@@ -238,7 +240,8 @@ class Session:
 
     def _heartbeat(self, session_id: str) -> agent_pb2.AgentMessage:
         owner = self.owner
-        return wire.heartbeat_to_proto(session_id, owner.progress(), owner.condition(), owner.health())
+        return wire.heartbeat_to_proto(session_id, owner.progress(), owner.condition(), owner.health(),
+                                       owner.conditions())
 
     def _messages(self, node_name: str, session_id: str):
         """The stream up: its opening, then heartbeats every self.interval and queued messages as they come."""

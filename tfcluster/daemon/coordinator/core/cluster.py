@@ -17,6 +17,7 @@ import logging
 from dataclasses import dataclass, field
 
 from tfcluster import strategies
+from tfcluster.conditions import NodeCondition
 from tfcluster.daemon.coordinator.core.lifecycle import checkpoint_copies
 from tfcluster.daemon.coordinator.core.lifecycle import transitions as lifecycle
 from tfcluster.daemon.coordinator.core.lifecycle.launch import launch_commands
@@ -109,12 +110,14 @@ class Cluster(NodeEvents, SweepEvents):
     # ---- nodes -------------------------------------------------------------------------------
 
     def register(self, info: NodeInfo, reports: list[TaskReport], session_id: str, now: float,
-                 health_failure: str = "") -> list[Command]:
-        """Adds or refreshes a node, with what its agent runs and what its health check said. Raises NameTaken
+                 health_failure: str = "", conditions: tuple[NodeCondition, ...] = ()) -> list[Command]:
+        """Adds or refreshes a node, with what its agent runs, what its health check said and what its GPU check
+        found (conditions: a sick GPU is left out of placement). Raises NameTaken
         (core/model/node_table.py) when another live agent holds the name, ValueError when the node would share
         ports with another agent on its address."""
         self.nodes.register(info, session_id, now)
         self._health(info.name, health_failure, now)
+        self.nodes.set_conditions(info.name, conditions)
         commands: list[Command] = []
         reported = {r.attempt for r in reports}
         for report in reports:
@@ -135,14 +138,16 @@ class Cluster(NodeEvents, SweepEvents):
         return commands + self.schedule(now)
 
     def heartbeat(self, name: str, session_id: str, now: float, progress: list[TaskProgress] = (),
-                  condition: str = "", health_failure: str = "") -> list[Command] | None:
+                  condition: str = "", health_failure: str = "",
+                  conditions: tuple[NodeCondition, ...] = ()) -> list[Command] | None:
         """The node's agent is alive, runs what `progress` lists, and takes new tasks unless `condition` says
-        why not; health_failure: its health check's failure, if it failed. Returns what reconcile sends, or None
-        when the agent must register again."""
+        why not; health_failure: its health check's failure, if it failed; conditions: what its GPU check found.
+        Returns what reconcile sends, or None when the agent must register again."""
         if not self.nodes.alive(name, session_id, now):
             return None
         self.nodes.set_condition(name, condition)
         self._health(name, health_failure, now)
+        self.nodes.set_conditions(name, conditions)
         if not progress and not self.nodes.has_placed(name):
             return []
         for p in progress:

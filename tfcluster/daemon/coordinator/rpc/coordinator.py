@@ -159,7 +159,8 @@ class Coordinator:
             raise ValueError(f"tasks: at most {wire.MAX_TASKS_PER_NODE} per node, got {len(request.tasks)}")
         reports = [wire.task_report_from_proto(t) for t in request.tasks]
         session = uuid.uuid4().hex
-        commands = self.cluster.register(info, reports, session, self.clock(), wire.health_from_proto(request))
+        commands = self.cluster.register(info, reports, session, self.clock(), wire.health_from_proto(request),
+                                         wire.conditions_from_proto(request))
         if self.streams.pop(info.name, None) is not None:  # the agent came back: its old stream is over
             self.outboxes[info.name].take_over()
         self.outboxes[info.name].items.clear()  # what was queued for the old session is stale
@@ -199,8 +200,10 @@ class Coordinator:
         now = self.clock()
         if kind == "heartbeat":  # the hot path: thousands a second
             progress = wire.progress_from_proto(msg.heartbeat) if msg.heartbeat.progress else []
-            commands = self.cluster.heartbeat(node, session, now, progress, wire.condition_from_proto(msg.heartbeat),
-                                              wire.health_from_proto(msg.heartbeat))
+            beat = msg.heartbeat
+            commands = self.cluster.heartbeat(node, session, now, progress, wire.condition_from_proto(beat),
+                                              wire.health_from_proto(beat),
+                                              wire.conditions_from_proto(beat) if beat.conditions else ())
             if commands:
                 self.apply(commands)
             return commands is not None

@@ -121,6 +121,7 @@ class ModelCollector(Collector):
                 age.add_metric([node.name], max(0.0, now - node.seen.last_seen))
         yield age
         yield self._drains(nodes)
+        yield self._conditions(nodes)
 
     def _drains(self, nodes) -> GaugeMetricFamily:
         """One series per drained node (a handful at most): an alert can say who drained what, why and since."""
@@ -132,6 +133,18 @@ class ModelCollector(Collector):
                 state = self.cluster.nodes.drain_state(node.name)
                 drained.add_metric([node.name, state.value, node.drain.by, node.drain.reason], node.drain.since)
         return drained
+
+    @staticmethod
+    def _conditions(nodes) -> GaugeMetricFamily:
+        """One series per condition an agent found (none on a healthy cluster): 1 where it keeps the GPU out of
+        placement, 0 where it is only shown (throttling)."""
+        family = GaugeMetricFamily("tfcluster_gpu_conditions", "Problems the agents found on their GPUs (gpu "
+                                   "\"\": the node): 1 while the GPU is left out of placement, 0 when only shown.",
+                                   labels=["node", "gpu", "kind"])
+        for node in nodes:
+            for c in node.seen.conditions:
+                family.add_metric([node.name, "" if c.gpu is None else str(c.gpu), c.kind], 1.0 if c.excludes else 0.0)
+        return family
 
     def _jobs(self):
         jobs = Counter((j.state, j.strategy) for j in self.cluster.jobs.values())

@@ -22,6 +22,8 @@ class NodeCapacity:
     memory_bytes: int = 0  # the node's memory, which tasks with a memory limit are placed against
     used_memory: int = 0   # what the limits of tasks placed here add up to
     fetches_code: bool = True  # its agent fetches jobs' packed code (NodeInfo.fetches_code)
+    # GPUs its agent found sick (tfcluster/conditions.py), left out of placement: (index, why), by index
+    excluded_gpus: tuple[tuple[int, str], ...] = ()
 
     def idle(self) -> "NodeCapacity":
         return NodeCapacity(self.name, self.address, self.gpus, self.port_range, memory_bytes=self.memory_bytes,
@@ -34,7 +36,14 @@ class NodeCapacity:
 
     @property
     def free_gpus(self) -> int:
-        return 0 if self.unavailable else len(self.gpus) - len(self.used_gpus)
+        if self.unavailable:
+            return 0
+        return len(self.usable_gpus()) if self.excluded_gpus else len(self.gpus) - len(self.used_gpus)
+
+    def usable_gpus(self) -> list[Gpu]:
+        """Its GPUs neither held by a task nor excluded as sick."""
+        excluded = {index for index, _ in self.excluded_gpus}
+        return [g for g in self.gpus if g.index not in self.used_gpus and g.index not in excluded]
 
     @property
     def free_ports(self) -> int:

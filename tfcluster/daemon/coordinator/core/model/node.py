@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tfcluster.conditions import NodeCondition
 from tfcluster.daemon.coordinator.core.model.job import Record
 from tfcluster.model import Attempt, NodeInfo
 from tfcluster.states import NodeState
@@ -19,6 +20,7 @@ class NodeSeen:
     stops_sent: dict[Attempt, float] = field(default_factory=dict)  # reconcile: unwanted attempts told to stop
     condition: str = ""  # why its agent takes no new tasks now (low disk), from its heartbeats; "": it takes them
     leaving: bool = False  # its agent said it stops and leaves its tasks running (a restart), until it registers
+    conditions: tuple[NodeCondition, ...] = ()  # what its agent's GPU check found, from its latest message
 
 
 # Who drained a node its agent's health check found sick (Drain.by): no certificate's name has a space, so no admin's

@@ -16,6 +16,7 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import replace
 
+from tfcluster.conditions import NodeCondition, excluded_gpus
 from tfcluster.daemon.coordinator.core.model.capacity import NodeCapacity
 from tfcluster.daemon.coordinator.core.model.changelog import ChangeLog, NodeAdded, NodeRemoved
 from tfcluster.daemon.coordinator.core.model.job import Job, Task
@@ -138,14 +139,15 @@ class Nodes(Registry[Node]):
             if n.state != NodeState.READY:
                 continue
             busy = {p for p, until in n.seen.busy_ports.items() if until > now} if n.seen.busy_ports else ()
+            sick = tuple(sorted(excluded_gpus(n.seen.conditions).items())) if n.seen.conditions else ()
             if name not in used_gpus and name not in used_ports and name not in used_memory and not busy \
-                    and not n.unschedulable:
+                    and not n.unschedulable and not sick:
                 capacity.append(self._idle[name])
             else:
                 capacity.append(replace(self._idle[name], used_gpus=frozenset(used_gpus.get(name, ())),
                                         used_ports=frozenset(used_ports.get(name, set()) | set(busy)),
                                         used_memory=used_memory.get(name, 0),
-                                        unavailable=n.unschedulable))
+                                        unavailable=n.unschedulable, excluded_gpus=sick))
         return capacity
 
     def idle(self, name: str) -> NodeCapacity:
@@ -222,6 +224,14 @@ class Nodes(Registry[Node]):
             seen.condition = condition
             self.capacity_version += 1
 
+    def set_conditions(self, name: str, conditions: tuple[NodeCondition, ...]) -> None:
+        """What the node's agent found on its GPUs now (all of it: one no longer listed has cleared)."""
+        seen = self._nodes[name].seen
+        if seen.conditions != conditions:
+            if excluded_gpus(seen.conditions).keys() != excluded_gpus(conditions).keys():
+                self.capacity_version += 1  # a GPU left out, or back: jobs that did not fit are tried again
+            seen.conditions = conditions
+
     def set_drain(self, name: str, drain: Drain | None) -> None:
         """Drains the node (nothing new is placed there), or resumes it with None. KeyError when unknown."""
         node = self._nodes[name]
@@ -297,7 +307,8 @@ class Nodes(Registry[Node]):
         for node in silent:
             del self._heard[node.name]
             self._returning.discard(node.name)
-            node.state, node.seen.condition = NodeState.LOST, ""  # what its heartbeats said no longer holds
+            # What its heartbeats said no longer holds; its agent says it again when it registers.
+            node.state, node.seen.condition, node.seen.conditions = NodeState.LOST, "", ()
         if silent:
             self.capacity_version += 1
         return silent

@@ -37,7 +37,7 @@ class _Slot:
     """What is still free on one node during one placement."""
 
     def __init__(self, node: NodeCapacity):
-        self.gpus = [g for g in node.gpus if g.index not in node.used_gpus] if not node.unavailable else []
+        self.gpus = node.usable_gpus() if not node.unavailable else []
         self.first, self.last = node.port_range if not node.unavailable else (1, 0)  # no port to take
         self.taken = {p for p in node.used_ports if self.first <= p <= self.last}
         self.memory = node.free_memory
@@ -254,9 +254,11 @@ def _no_room_reason(spec: JobSpec, task: tuple[str, int], nodes: list[NodeCapaci
 
 
 def _unavailable(nodes: list[NodeCapacity]) -> str:
-    """The nodes among these that take no new tasks, and why."""
+    """The nodes among these that take no new tasks, and the GPUs left out as sick, and why."""
     shown = [n for n in nodes if n.unavailable][:SHOWN_NODES]
-    return "".join(f"; {n.name} takes no new tasks: {n.unavailable}" for n in shown)
+    sick = [(n.name, index, why) for n in nodes if not n.unavailable for index, why in n.excluded_gpus]
+    return "".join(f"; {n.name} takes no new tasks: {n.unavailable}" for n in shown) + "".join(
+        f"; GPU {index} of node {name} excluded: {why}" for name, index, why in sick[:SHOWN_NODES])
 
 
 def _listed(items: list[str]) -> str:
