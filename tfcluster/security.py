@@ -67,6 +67,7 @@ POLICY: dict[str, Rule] = {
     CONTROL + "ListNodes": Rule(READERS, NAMES),
     CONTROL + "ListJobs": Rule(READERS, NAMES),
     CONTROL + "StreamLogs": Rule(READERS, NAMES),
+    CONTROL + "ReadSummaries": Rule(READERS, ENDED),  # names every event file the client holds, with its size
     CONTROL + "WatchJob": Rule(READERS, NAMES),
     CONTROL + "PlanJob": Rule(READERS, SPEC),
     CONTROL + "SubmitJob": Rule(SUBMITTERS, SPEC),
