@@ -23,6 +23,7 @@ from tfcluster.states import ENDED_JOB_STATES, TaskState
 
 if TYPE_CHECKING:  # a spec is read by the calls that send one: `tfcluster status` starts without it
     from tfcluster.spec import JobSpec
+    from tfcluster.summaries import SummaryChunk
 
 SpecLike = Union["JobSpec", dict, str, os.PathLike]
 RETRY_AFTER_SECONDS = 2.0  # a watch whose connection broke is taken up again after this
@@ -288,6 +289,12 @@ class Job:
 
     def dashboard_link(self) -> tuple[str, float]:
         return self.cluster.dashboard_link(self.id)
+
+    def summaries(self, have: Optional[dict[str, int]] = None) -> Iterator["SummaryChunk"]:
+        """The bytes of the TensorBoard event files the job's tasks wrote (each task's TFCLUSTER_SUMMARY_DIR), as
+        the coordinator holds them, past what `have` says the caller has (SummaryChunk.key -> size). One call
+        sends a bounded amount; tensorboard.py's SummaryMirror keeps a logdir up to date with it."""
+        return self.cluster.client.summaries(self.id, dict(have or {}))
 
 
 def _primary(job: statuses.JobStatus) -> Optional[statuses.TaskStatus]:
