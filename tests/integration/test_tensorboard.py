@@ -13,11 +13,10 @@ import subprocess
 import time
 import urllib.parse
 import urllib.request
-from pathlib import Path
 
 import pytest
 
-from harness import PYTHON, LocalCluster, kill_group, wait_until
+from harness import PYTHON, LocalCluster, kill_group, running_cluster, wait_until
 from tfcluster import Cluster
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("tensorboard") is None, reason="needs the tf extra")
@@ -40,21 +39,8 @@ for step in range(1000):
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    cluster = LocalCluster(root=tmp_path_factory.mktemp("tensorboard"))
-    try:
-        cluster.start_coordinator()
-        cluster.start_agents({"a": {}})
+    with running_cluster(tmp_path_factory.mktemp("tensorboard"), {"a": {}}) as cluster:
         yield cluster
-    finally:
-        cluster.teardown()
-
-
-def user(cluster: LocalCluster, name: str) -> Path:
-    out = cluster.root / "people" / name
-    if not out.exists():
-        cluster.cli("ca", "issue", "--dir", str(cluster.ca_dir), "--role", "user", "--name", name, "--out", str(out),
-                    check=True)
-    return out
 
 
 def stored_steps(cluster: LocalCluster, job_id: str) -> dict[int, float]:
@@ -81,7 +67,7 @@ def scalars(url: str, run: str, tag: str) -> list:
 
 
 def test_a_scalar_written_on_a_node_is_served_by_tensorboard_to_its_owner_alone(cluster):
-    with Cluster(cluster.address, user(cluster, "alice")) as alice:
+    with Cluster(cluster.address, cluster.person("alice")) as alice:
         job = alice.start({"name": "curves", "strategy": "mirrored", "workdir": "/",
                            "command": ["python3", "-c", WRITER]})
         wait_until(lambda: len(stored_steps(cluster, job.id)) >= 2, 30, what="the summaries at the coordinator")
@@ -96,7 +82,7 @@ def test_a_scalar_written_on_a_node_is_served_by_tensorboard_to_its_owner_alone(
         board = subprocess.Popen([PYTHON, "-m", "tfcluster.cli", "tensorboard", job.id, "--no-browser"],
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
                                  env={**os.environ, **cluster.client_env(),
-                                      "TFCLUSTER_TLS_DIR": str(user(cluster, "alice"))})
+                                      "TFCLUSTER_TLS_DIR": str(cluster.person("alice"))})
         try:
             url = board.stdout.readline().strip()
             if not url.startswith("http://127.0.0.1:"):
@@ -118,7 +104,7 @@ def test_a_scalar_written_on_a_node_is_served_by_tensorboard_to_its_owner_alone(
                   f"{[round(x, 2) for x in served]} s")
 
             refused = cluster.cli("tensorboard", job.id, "--no-browser", timeout=60,
-                                  env={"TFCLUSTER_TLS_DIR": str(user(cluster, "bob"))})
+                                  env={"TFCLUSTER_TLS_DIR": str(cluster.person("bob"))})
             assert refused.returncode != 0 and f"job {job.id} belongs to alice" in refused.stderr, refused
             assert refused.stdout == "", "no URL for another user's job"
         finally:
