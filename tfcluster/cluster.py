@@ -293,7 +293,7 @@ class Job:
     def summaries(self, have: Optional[dict[str, int]] = None) -> Iterator["SummaryChunk"]:
         """The bytes of the TensorBoard event files the job's tasks wrote (each task's TFCLUSTER_SUMMARY_DIR), as
         the coordinator holds them, past what `have` says the caller has (SummaryChunk.key -> size). One call
-        sends a bounded amount; tensorboard.py's SummaryMirror keeps a logdir up to date with it."""
+        sends a bounded amount; summary_mirror.py's SummaryMirror keeps a logdir up to date with it."""
         return self.cluster.client.summaries(self.id, dict(have or {}))
 
 
