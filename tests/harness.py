@@ -248,6 +248,15 @@ class LocalCluster:
             response = client.status(job_id or "")
             return status_doc(response.nodes, response.jobs, response.summary)
 
+    def person(self, name: str, role: str = "user") -> Path:
+        """A CLI credentials dir (TFCLUSTER_TLS_DIR) of someone of this cluster, issued by `tfcluster ca issue`
+        the first time."""
+        out = self.root / "people" / name
+        if not out.exists():
+            self.cli("ca", "issue", "--dir", str(self.ca_dir), "--role", role, "--name", name, "--out", str(out),
+                     check=True)
+        return out
+
     def credentials(self, role: str = "admin", name: str = "admin", valid_hours: float = 1.0):
         """Credentials of this cluster's CA for anyone: the admin's by default, else made now (with
         valid_hours < 0, expired). With tls=False: none, and the token if there is one."""

@@ -22,6 +22,7 @@ from tfcluster.leaders import Coordinators, is_standby
 
 if TYPE_CHECKING:  # the spec and its conversion are imported by the calls that send one: status starts without
     from tfcluster.spec import JobSpec
+    from tfcluster.summaries import SummaryChunk
     from tfcluster.sweepspec import SweepSpec
 
 RPC_TIMEOUT_SECONDS = 10.0
@@ -365,3 +366,19 @@ class Client:
                     raise self._error(e) from None
             finally:
                 call.cancel()
+
+    def summaries(self, job_id: str, have: dict[str, int]) -> Iterator[SummaryChunk]:
+        """The bytes of the job's TensorBoard event files that the coordinator holds past what `have` says the caller
+        has (SummaryChunk.key -> size); one call sends a bounded amount, so a caller that wants all calls again."""
+        from tfcluster import wire
+
+        call = self.stub.ReadSummaries(control_pb2.ReadSummariesRequest(job_id=job_id, have=have), timeout=120.0)
+        try:
+            for msg in call:
+                yield wire.summary_from_proto(msg)
+        except grpc.RpcError as e:
+            raise self._error(e) from None
+        except ValueError as e:
+            raise InvalidRequest(f"the coordinator sent summaries this client cannot take: {e}") from None
+        finally:
+            call.cancel()

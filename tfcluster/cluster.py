@@ -23,6 +23,7 @@ from tfcluster.states import ENDED_JOB_STATES, SweepState, TaskState
 
 if TYPE_CHECKING:  # a spec is read by the calls that send one: `tfcluster status` starts without it
     from tfcluster.spec import JobSpec
+    from tfcluster.summaries import SummaryChunk
     from tfcluster.sweepspec import SweepSpec
 
 SpecLike = Union["JobSpec", dict, str, os.PathLike]
@@ -327,6 +328,12 @@ class Job:
 
     def dashboard_link(self) -> tuple[str, float]:
         return self.cluster.dashboard_link(self.id)
+
+    def summaries(self, have: Optional[dict[str, int]] = None) -> Iterator["SummaryChunk"]:
+        """The bytes of the TensorBoard event files the job's tasks wrote (each task's TFCLUSTER_SUMMARY_DIR), as
+        the coordinator holds them, past what `have` says the caller has (SummaryChunk.key -> size). One call
+        sends a bounded amount; summary_mirror.py's SummaryMirror keeps a logdir up to date with it."""
+        return self.cluster.client.summaries(self.id, dict(have or {}))
 
 
 class Sweep:

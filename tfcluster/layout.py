@@ -26,7 +26,7 @@ MODEL_DIR = "TFCLUSTER_MODEL_DIR"
 CODE_DIR = "TFCLUSTER_CODE_DIR"  # the job's code as fetched, read-only: the task's cwd is a writable dir over it
 EVENTS_FILE = "TFCLUSTER_EVENTS_FILE"    # the task appends its events (evaluations) here
 CONTROL_FILE = "TFCLUSTER_CONTROL_FILE"  # the agent tells the task that training has finished here
-SUMMARY_DIR = "TFCLUSTER_SUMMARY_DIR"    # evaluator: where it writes TensorBoard summaries (its agent reads them)
+SUMMARY_DIR = "TFCLUSTER_SUMMARY_DIR"    # where the task writes TensorBoard summaries (its agent sends them up)
 STOP_SIGNAL = "TFCLUSTER_STOP_SIGNAL"    # the signal a stop, preemption or drain sends first ("SIGTERM")
 STOP_GRACE = "TFCLUSTER_STOP_GRACE_SECONDS"  # and how long after it SIGKILL follows
 # The evaluator's summary dir unless its role sets summary_dir: this folder under the model dir.
@@ -48,6 +48,7 @@ DEFAULT_COORDINATOR = "localhost:7070"
 # <state>/.overlay-probe/                                   made and removed at start: can overlays be mounted?
 # <state>/jobs/<job>/checkpoints/                         host-local checkpoint dir of the job
 # <state>/jobs/<job>/.incoming-<id>/                      checkpoint files being received from a peer
+# <state>/jobs/<job>/summaries/<type>-<index>/            a task's TFCLUSTER_SUMMARY_DIR (not the evaluator's)
 # <state>/jobs/<job>/tasks/<type>-<index>/attempt-<n>/    one attempt: the files below
 LAUNCH_FILE = "launch.json"    # what to run (written by the agent)
 STATUS_FILE = "status.json"    # pids, phase, exit (written by the shim)
@@ -69,6 +70,8 @@ ATTEMPT_DIR_GLOB = "jobs/*/tasks/*/attempt-*"
 
 # ---- files of the coordinator (under its state dir) ---------------------------------------------
 COORDINATOR_DB = "coordinator.sqlite3"
+# <state>/summaries/<job>/<type>-<index>/<path>: the event files the job's tasks wrote, as their agents sent them
+SUMMARIES_NAME = "summaries"
 
 
 def jobs_dir(state_dir: str | Path) -> Path:
@@ -87,7 +90,17 @@ def host_checkpoint_dir(state_dir: str, job_id: str) -> str:
 
 
 def attempt_dir(state_dir: str | Path, job_id: str, task_type: str, task_index: int, attempt: int) -> Path:
-    return tasks_dir(state_dir, job_id) / f"{task_type}-{task_index}" / f"{ATTEMPT_DIR_PREFIX}{attempt}"
+    return tasks_dir(state_dir, job_id) / task_name(task_type, task_index) / f"{ATTEMPT_DIR_PREFIX}{attempt}"
+
+
+def task_summary_dir(state_dir: str | Path, job_id: str, task_type: str, task_index: int) -> str:
+    """A task's TFCLUSTER_SUMMARY_DIR on its node (every attempt's): the evaluator's is its role's own instead."""
+    return posixpath.join(str(state_dir), "jobs", job_id, SUMMARIES_NAME, task_name(task_type, task_index))
+
+
+def task_name(task_type: str, task_index: int) -> str:
+    """A task's folder name, on a node and in the coordinator's summaries: `<type>-<index>`."""
+    return f"{task_type}-{task_index}"
 
 
 def tasks_dir(state_dir: str | Path, job_id: str) -> Path:

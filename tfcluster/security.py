@@ -67,6 +67,7 @@ POLICY: dict[str, Rule] = {
     CONTROL + "ListNodes": Rule(READERS, NAMES),
     CONTROL + "ListJobs": Rule(READERS, NAMES),
     CONTROL + "StreamLogs": Rule(READERS, NAMES),
+    CONTROL + "ReadSummaries": Rule(READERS, ENDED),  # names every event file the client holds, with its size
     CONTROL + "WatchJob": Rule(READERS, NAMES),
     CONTROL + "PlanJob": Rule(READERS, SPEC),
     CONTROL + "SubmitJob": Rule(SUBMITTERS, SPEC),
@@ -89,7 +90,8 @@ POLICY: dict[str, Rule] = {
 }
 # The calls a client may keep open as long as it likes (following a job or a log, sending code): the coordinator
 # bounds how many each caller holds at once (coordinator/rpc/stream_limits.py). An agent's own streams are not here.
-LONG_LIVED = frozenset({CONTROL + "StreamLogs", CONTROL + "WatchJob", CONTROL + "UploadCode"})
+LONG_LIVED = frozenset({CONTROL + "StreamLogs", CONTROL + "WatchJob", CONTROL + "UploadCode",
+                        CONTROL + "ReadSummaries"})
 HEALTH_MAX_BYTES = 4 * KIB  # a health check names a service
 # What a server that serves these methods must let gRPC take in at all; the bound per method is checked after.
 MAX_REQUEST_BYTES = max(rule.max_request_bytes for rule in POLICY.values())

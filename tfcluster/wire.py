@@ -14,6 +14,7 @@ import posixpath
 from collections.abc import Sequence
 from typing import Any
 
+from tfcluster import summaries
 from tfcluster.api.v1 import agent_pb2, control_pb2
 from tfcluster.api.v1 import types_pb2 as pb
 from tfcluster.conditions import MAX_CONDITION_MESSAGE, MAX_CONDITIONS, NodeCondition
@@ -25,6 +26,7 @@ from tfcluster.model import (MAX_CODE_SOURCES, MAX_DRAIN_REASON, MAX_GPUS_PER_NO
                              TaskProgress, TaskReport, control_character, printable)
 from tfcluster.spec import JobSpec, RestartPolicy, RoleSpec, SpecError, validate
 from tfcluster.states import JobState, Phase
+from tfcluster.summaries import SummaryChunk
 from tfcluster.sweepspec import SweepSpec, validate_sweep
 
 MAX_TEXT = 4096        # a message, a path, a name of a GPU
@@ -227,6 +229,21 @@ def sync_result_from_proto(msg: agent_pb2.SyncDone) -> SyncResult:
 def log_data_to_proto(d: LogData) -> agent_pb2.AgentMessage:
     return agent_pb2.AgentMessage(log=agent_pb2.LogData(request_id=d.request_id, data=d.data, eof=d.eof,
                                                         error=d.error))
+
+
+def summary_to_proto(c: SummaryChunk) -> pb.SummaryData:
+    return pb.SummaryData(job_id=c.job_id, task_type=c.task_type, task_index=c.task_index, path=c.path,
+                          offset=c.offset, data=c.data)
+
+
+def summary_from_proto(msg: pb.SummaryData) -> SummaryChunk:
+    problem = summaries.path_problem(msg.path)
+    if problem:
+        raise ValueError(f"summary.path: {problem}")
+    if len(msg.data) > summaries.MAX_CHUNK_BYTES:
+        raise ValueError(f"summary.data: at most {summaries.MAX_CHUNK_BYTES} bytes, got {len(msg.data)}")
+    return SummaryChunk(_text(msg.job_id, "summary.job_id", 256), _text(msg.task_type, "summary.task_type", 32),
+                        msg.task_index, msg.path, msg.offset, msg.data)
 
 
 def log_data_from_proto(msg: agent_pb2.LogData) -> LogData:

@@ -32,11 +32,7 @@ def cluster(tmp_path_factory):
 
 
 def user(cluster: LocalCluster, name: str) -> Path:
-    out = cluster.root / "people" / name
-    if not out.exists():
-        cluster.cli("ca", "issue", "--dir", str(cluster.ca_dir), "--role", "user", "--name", name, "--out", str(out),
-                    check=True)
-    return out
+    return cluster.person(name)
 
 
 def test_a_job_from_toml_text_runs_its_shipped_code_to_success(cluster, tmp_path, monkeypatch, capfd):

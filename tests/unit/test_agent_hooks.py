@@ -17,6 +17,7 @@ from tfcluster.daemon.agent.hooks.copies import CopiesHook
 from tfcluster.daemon.agent.hooks.events import EventsHook
 from tfcluster.daemon.agent.hooks.shipping import ShippingHook
 from tfcluster.daemon.agent.hooks.summaries import SummariesHook
+from tfcluster.daemon.agent.hooks.summary_upload import SummaryUploadHook
 from tfcluster.daemon.agent.session.discovery import HostInfo
 from tfcluster.daemon.agent.tasks.record import TaskRecord
 from tfcluster.model import Attempt, Phase, SetPace, ShipCheckpoints, SyncCheckpoints, SyncResult, TaskExit
@@ -96,8 +97,8 @@ def test_an_ended_attempts_events_file_is_read_once_a_registration(tmp_path, mon
     assert opened == [record.events_path] and [m.evaluation.checkpoint for m in messages] == ["ckpt-1", "ckpt-1"]
 
 def test_every_feature_is_a_hook_listed_once_and_commands_go_to_their_hook(agent):
-    assert [type(h) for h in agent.hooks] == [EventsHook, SummariesHook, ShippingHook, CopiesHook]
-    assert agent.commands == {ShipCheckpoints: agent.hooks[2], SyncCheckpoints: agent.hooks[3]}
+    assert [type(h) for h in agent.hooks] == [EventsHook, SummariesHook, SummaryUploadHook, ShippingHook, CopiesHook]
+    assert agent.commands == {ShipCheckpoints: agent.hooks[3], SyncCheckpoints: agent.hooks[4]}
     calls = []
     agent.commands[SyncCheckpoints] = Recording(calls)
     order = SyncCheckpoints("n1", "job-1", 3, ("10.0.0.2:7001",), ("n2",))

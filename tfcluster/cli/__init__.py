@@ -19,10 +19,10 @@ os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 COMMAND_MODULES = {
     "dashboard": "cluster", "ca": "cluster", "token": "cluster", "node": "cluster", "doctor": "cluster",
     "up": "bringup", "down": "bringup", "gc": "node", "coordinator": "daemons", "agent": "daemons",
-    "start": "jobs", "plan": "jobs", "status": "jobs", "stop": "jobs", "logs": "jobs",
+    "start": "jobs", "plan": "jobs", "status": "jobs", "stop": "jobs", "logs": "jobs", "tensorboard": "board",
     "sweep": "sweeps", "usage": "usage", "queue": "queue", "policy": "queue", "demo": "misc", "version": "misc",
 }
-MODULE_ORDER = ("bringup", "cluster", "node", "daemons", "jobs", "sweeps", "usage", "queue", "misc")
+MODULE_ORDER = ("bringup", "cluster", "node", "daemons", "jobs", "board", "sweeps", "usage", "queue", "misc")
 
 
 def load_commands(argv: list[str]):

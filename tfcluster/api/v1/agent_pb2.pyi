@@ -163,7 +163,7 @@ class LogData(_message.Message):
     def __init__(self, request_id: _Optional[int] = ..., data: _Optional[bytes] = ..., eof: _Optional[bool] = ..., error: _Optional[str] = ...) -> None: ...
 
 class AgentMessage(_message.Message):
-    __slots__ = ("open", "heartbeat", "task", "log", "evaluation", "sync_done", "leaving", "probe_answer")
+    __slots__ = ("open", "heartbeat", "task", "log", "evaluation", "sync_done", "leaving", "probe_answer", "summary")
     OPEN_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
@@ -172,6 +172,7 @@ class AgentMessage(_message.Message):
     SYNC_DONE_FIELD_NUMBER: _ClassVar[int]
     LEAVING_FIELD_NUMBER: _ClassVar[int]
     PROBE_ANSWER_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
     open: StreamOpen
     heartbeat: Heartbeat
     task: _types_pb2.TaskReport
@@ -180,7 +181,8 @@ class AgentMessage(_message.Message):
     sync_done: SyncDone
     leaving: Leaving
     probe_answer: ProbeAnswer
-    def __init__(self, open: _Optional[_Union[StreamOpen, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., task: _Optional[_Union[_types_pb2.TaskReport, _Mapping]] = ..., log: _Optional[_Union[LogData, _Mapping]] = ..., evaluation: _Optional[_Union[_types_pb2.Evaluation, _Mapping]] = ..., sync_done: _Optional[_Union[SyncDone, _Mapping]] = ..., leaving: _Optional[_Union[Leaving, _Mapping]] = ..., probe_answer: _Optional[_Union[ProbeAnswer, _Mapping]] = ...) -> None: ...
+    summary: _types_pb2.SummaryData
+    def __init__(self, open: _Optional[_Union[StreamOpen, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., task: _Optional[_Union[_types_pb2.TaskReport, _Mapping]] = ..., log: _Optional[_Union[LogData, _Mapping]] = ..., evaluation: _Optional[_Union[_types_pb2.Evaluation, _Mapping]] = ..., sync_done: _Optional[_Union[SyncDone, _Mapping]] = ..., leaving: _Optional[_Union[Leaving, _Mapping]] = ..., probe_answer: _Optional[_Union[ProbeAnswer, _Mapping]] = ..., summary: _Optional[_Union[_types_pb2.SummaryData, _Mapping]] = ...) -> None: ...
 
 class ProbeTarget(_message.Message):
     __slots__ = ("node", "address", "port", "what")

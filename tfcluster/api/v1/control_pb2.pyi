@@ -458,6 +458,21 @@ class StreamLogsRequest(_message.Message):
     node: str
     def __init__(self, job_id: _Optional[str] = ..., task_type: _Optional[str] = ..., task_index: _Optional[int] = ..., follow: _Optional[bool] = ..., tail_lines: _Optional[int] = ..., attempt: _Optional[int] = ..., environment: _Optional[bool] = ..., node: _Optional[str] = ...) -> None: ...
 
+class ReadSummariesRequest(_message.Message):
+    __slots__ = ("job_id", "have")
+    class HaveEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    HAVE_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    have: _containers.ScalarMap[str, int]
+    def __init__(self, job_id: _Optional[str] = ..., have: _Optional[_Mapping[str, int]] = ...) -> None: ...
+
 class LogChunk(_message.Message):
     __slots__ = ("data",)
     DATA_FIELD_NUMBER: _ClassVar[int]

@@ -71,6 +71,11 @@ class ControlServiceStub:
                 request_serializer=tfcluster_dot_v1_dot_control__pb2.StreamLogsRequest.SerializeToString,
                 response_deserializer=tfcluster_dot_v1_dot_control__pb2.LogChunk.FromString,
                 _registered_method=True)
+        self.ReadSummaries = channel.unary_stream(
+                '/tfcluster.v1.ControlService/ReadSummaries',
+                request_serializer=tfcluster_dot_v1_dot_control__pb2.ReadSummariesRequest.SerializeToString,
+                response_deserializer=tfcluster_dot_v1_dot_types__pb2.SummaryData.FromString,
+                _registered_method=True)
         self.WatchJob = channel.unary_stream(
                 '/tfcluster.v1.ControlService/WatchJob',
                 request_serializer=tfcluster_dot_v1_dot_control__pb2.WatchJobRequest.SerializeToString,
@@ -198,6 +203,14 @@ class ControlServiceServicer:
 
     def StreamLogs(self, request, context):
         """The bytes of one task's log, exactly as written; with follow, until the task ends.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReadSummaries(self, request, context):
+        """The TensorBoard event files the job's tasks wrote, as the coordinator holds them: the bytes past what the
+        client says it has of each file, then the call ends (a client follows by calling again).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -353,6 +366,11 @@ def add_ControlServiceServicer_to_server(servicer, server):
                     servicer.StreamLogs,
                     request_deserializer=tfcluster_dot_v1_dot_control__pb2.StreamLogsRequest.FromString,
                     response_serializer=tfcluster_dot_v1_dot_control__pb2.LogChunk.SerializeToString,
+            ),
+            'ReadSummaries': grpc.unary_stream_rpc_method_handler(
+                    servicer.ReadSummaries,
+                    request_deserializer=tfcluster_dot_v1_dot_control__pb2.ReadSummariesRequest.FromString,
+                    response_serializer=tfcluster_dot_v1_dot_types__pb2.SummaryData.SerializeToString,
             ),
             'WatchJob': grpc.unary_stream_rpc_method_handler(
                     servicer.WatchJob,
@@ -624,6 +642,33 @@ class ControlService:
             '/tfcluster.v1.ControlService/StreamLogs',
             tfcluster_dot_v1_dot_control__pb2.StreamLogsRequest.SerializeToString,
             tfcluster_dot_v1_dot_control__pb2.LogChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReadSummaries(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/tfcluster.v1.ControlService/ReadSummaries',
+            tfcluster_dot_v1_dot_control__pb2.ReadSummariesRequest.SerializeToString,
+            tfcluster_dot_v1_dot_types__pb2.SummaryData.FromString,
             options,
             channel_credentials,
             insecure,

@@ -295,3 +295,19 @@ class Evaluation(_message.Message):
     metrics: _containers.ScalarMap[str, float]
     time: float
     def __init__(self, job_id: _Optional[str] = ..., task_type: _Optional[str] = ..., task_index: _Optional[int] = ..., attempt: _Optional[int] = ..., checkpoint: _Optional[str] = ..., step: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ..., time: _Optional[float] = ...) -> None: ...
+
+class SummaryData(_message.Message):
+    __slots__ = ("job_id", "task_type", "task_index", "path", "offset", "data")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_TYPE_FIELD_NUMBER: _ClassVar[int]
+    TASK_INDEX_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    task_type: str
+    task_index: int
+    path: str
+    offset: int
+    data: bytes
+    def __init__(self, job_id: _Optional[str] = ..., task_type: _Optional[str] = ..., task_index: _Optional[int] = ..., path: _Optional[str] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...

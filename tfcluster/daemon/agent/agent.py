@@ -26,6 +26,7 @@ from tfcluster.daemon.agent.hooks.copies import CopiesHook
 from tfcluster.daemon.agent.hooks.events import EventsHook
 from tfcluster.daemon.agent.hooks.shipping import ShippingHook
 from tfcluster.daemon.agent.hooks.summaries import SummariesHook
+from tfcluster.daemon.agent.hooks.summary_upload import SummaryUploadHook
 from tfcluster.daemon.agent.node.gpu_health import GpuHealth
 from tfcluster.daemon.agent.node.health import HealthCheck
 from tfcluster.daemon.agent.node.logs import LogServer
@@ -117,6 +118,7 @@ class Agent:
         # Every per-task feature, in the order each is called (an attempt's own events before its summaries).
         self.hooks: list[TaskHook] = [
             EventsHook(send, reports_itself=summaries.reports_itself), summaries,
+            SummaryUploadHook(send, self.session.outbound.qsize),
             ShippingHook(self.supervisor.current, credentials, self.metrics),
             CopiesHook(config.state_dir, send, credentials, self.metrics)]
         self.commands = {kind: hook for hook in self.hooks for kind in hook.commands}

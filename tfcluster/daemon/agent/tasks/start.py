@@ -28,7 +28,7 @@ from tfcluster.daemon.agent.tasks.launcher import ForkedShim, Launcher
 from tfcluster.daemon.agent.tasks.record import TaskRecord
 from tfcluster.daemon.agent.tasks.users import (JOB_READABLE_FILE_MODE, PRIVATE_FILE_MODE, JobPaths, TaskUser,
                                              TaskUserError, TaskUsers, create_file, prepare_attempt, prepare_job,
-                                             private_tmp_problem)
+                                             prepare_summary_dir, private_tmp_problem)
 from tfcluster.daemon.logformat import fields
 from tfcluster.model import Launch
 
@@ -122,6 +122,8 @@ class TaskStarter:
             start.user = self.task_users.for_launch(order.uid, order.gid, order.owner, order.node)
             start.paths = prepare_job(self.state_dir, record.attempt.job_id, start.user)
             prepare_attempt(record.dir, start.user)
+            if not order.env.get(layout.SUMMARY_DIR):
+                prepare_summary_dir(Path(record.summary_dir), start.user)
         except TaskUserError as e:
             raise StartError(str(e)) from None
         record.group = start.user.owner(private=False)[1]  # the job's group, whoever the task runs as
@@ -224,4 +226,4 @@ class TaskStarter:
         if user.switches:
             own.update(USER=user.name, LOGNAME=user.name)
         return {**inherited, **own, **order.env, layout.EVENTS_FILE: str(record.events_path),
-                layout.CONTROL_FILE: str(record.control_path)}
+                layout.CONTROL_FILE: str(record.control_path), layout.SUMMARY_DIR: record.summary_dir}

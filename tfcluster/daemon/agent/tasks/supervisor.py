@@ -88,7 +88,9 @@ class Supervisor:
                     current.exited.set()
             record = TaskRecord(a, layout.attempt_dir(self.state_dir, a.job_id, a.type, a.index, a.number),
                                 port=order.port, gpus=order.env.get(layout.CUDA_VISIBLE_DEVICES, ""),
-                                summary_dir=order.env.get(layout.SUMMARY_DIR, ""),
+                                # The evaluator's is its role's; every other task's is its own on this node.
+                                summary_dir=order.env.get(layout.SUMMARY_DIR) or
+                                layout.task_summary_dir(self.state_dir, a.job_id, a.type, a.index),
                                 # Known before the task starts: a shipping order may come while its code is fetched.
                                 checkpoint_dir=order.env.get(layout.CHECKPOINT_DIR, ""))
             if order.environment:

@@ -179,6 +179,13 @@ def prepare_job(state_dir: Path, job_id: str, user: TaskUser) -> JobPaths:
     return paths
 
 
+def prepare_summary_dir(summary_dir: Path, user: TaskUser) -> None:
+    """A task's own summary dir (layout.task_summary_dir), the task user's, in a folder of the job's that only
+    root writes: the task cannot swap its summary dir for a link."""
+    make_dir(summary_dir.parent, JOB_DIR_MODE, *user.owner(private=False))
+    make_dir(summary_dir, PRIVATE_DIR_MODE, *user.owner(private=True))
+
+
 def hand_over(directory: Path, user: TaskUser) -> None:
     """Gives the owner's account what lies in the job's checkpoint dir under any other user: copies other
     agents sent before the task started here were given to the job's UID (peers/files.py). Walked through dir

@@ -101,6 +101,16 @@ def _uploader(who: Identity | None) -> str:
     return who.name if who is not None else ""
 
 
+async def sweep_summaries(coordinator) -> None:
+    """Every SWEEP_SECONDS, removes the summaries of the jobs retention let go (store/summaries.py)."""
+    while True:
+        await asyncio.sleep(SWEEP_SECONDS)
+        try:
+            await asyncio.to_thread(coordinator.summaries.sweep, set(coordinator.cluster.jobs))
+        except OSError as e:
+            log.warning("summaries not swept: %s", e)
+
+
 async def sweep_code(coordinator) -> None:
     """Every SWEEP_SECONDS, removes the archives no kept job or running sweep names (the jobs' own retention
     decides)."""

@@ -232,6 +232,19 @@ class ControlServicer(CodeServicer, SweepServicer, control_pb2_grpc.ControlServi
         except TooManyWatchers as e:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
 
+    async def ReadSummaries(self, request, context):
+        """The job's event files past what the client holds (store/summaries.py), read off the event loop."""
+        await self._readable_job(request.job_id, context)
+        if self.c.summaries is None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "this coordinator keeps no summaries")
+        have = dict(request.have)
+        try:
+            chunks = await asyncio.to_thread(lambda: list(self.c.summaries.read(request.job_id, have)))
+        except OSError as e:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"the summaries cannot be read: {e}")
+        for chunk in chunks:
+            yield wire.summary_to_proto(chunk)
+
     async def _readable_job(self, job_id: str, context) -> Job:
         """The job, once the caller may read all of it (its logs, its progress, its dashboard page)."""
         job = self.c.cluster.jobs.get(job_id)

@@ -30,7 +30,7 @@ from tfcluster.daemon.coordinator.core.access.trust import Trust
 from tfcluster.daemon.coordinator.core.cluster import Cluster
 from tfcluster.daemon.coordinator.core.model.node import Drain
 from tfcluster.daemon.coordinator.core.model.task_uids import UidRange
-from tfcluster.daemon.coordinator.rpc.code_service import sweep_code
+from tfcluster.daemon.coordinator.rpc.code_service import sweep_code, sweep_summaries
 from tfcluster.daemon.coordinator.rpc.outbox import LogWaiter, Outbox, StreamEnded
 from tfcluster.daemon.coordinator.rpc.probes import Probes
 from tfcluster.daemon.coordinator.rpc.watchers import Watchers
@@ -40,6 +40,7 @@ from tfcluster.daemon.coordinator.store.code_archives import DEFAULT_STORE_BYTES
 from tfcluster.daemon.coordinator.store.code_archives import CodeStore
 from tfcluster.daemon.coordinator.store.open import open_store
 from tfcluster.daemon.coordinator.store.persistence import Persistence
+from tfcluster.daemon.coordinator.store.summaries import SummaryError, SummaryStore
 from tfcluster.daemon.logformat import fields
 from tfcluster.model import Attempt, CancelLog, Command, Probe, ReadLog, Revocations, SetPace
 from tfcluster.pki import Identity, PkiError
@@ -60,9 +61,10 @@ class Coordinator:
     """The model and everything around it that runs on the event loop."""
 
     def __init__(self, store: Store, cluster: Cluster, clock: Callable[[], float] = time.time, authority: pki.Authority | None = None,
-                 code: CodeStore | None = None):
+                 code: CodeStore | None = None, summaries: SummaryStore | None = None):
         self.cluster, self.clock = cluster, clock
         self.code = code  # the jobs' code archives; None: none kept (a job that names one is refused)
+        self.summaries = summaries  # the jobs' TensorBoard event files; None: none kept
         self.authority = authority  # the CA that signs node certificates; None: no TLS (--insecure)
         self.node_cert_lifetime = datetime.timedelta(hours=pki.NODE_HOURS)
         self.persistence = Persistence(store, cluster, self._stored)
@@ -97,6 +99,8 @@ class Coordinator:
                       asyncio.create_task(self._tick_loop(), name="ticker")]
         if self.code is not None:
             self.tasks.append(asyncio.create_task(sweep_code(self), name="code sweeper"))
+        if self.summaries is not None:
+            self.tasks.append(asyncio.create_task(sweep_summaries(self), name="summaries sweeper"))
 
     async def close(self) -> None:
         for task in self.tasks[1:]:
@@ -224,12 +228,25 @@ class Coordinator:
         elif kind == "evaluation":
             attempt, result = wire.evaluation_from_proto(msg.evaluation)
             self.apply(self.cluster.evaluation(node, attempt, result, now))
+        elif kind == "summary":
+            self._keep_summary(node, wire.summary_from_proto(msg.summary))
         elif kind == "log":
             data = wire.log_data_from_proto(msg.log)
             waiter = self.log_waiters.get(data.request_id)
             if waiter is not None and waiter.node == node and not waiter.put(data):
                 self.send([CancelLog(node, data.request_id)])
         return True
+
+    def _keep_summary(self, node: str, chunk) -> None:
+        """Event file bytes of a task that ran on the node sending them; any other is dropped."""
+        job = self.cluster.jobs.get(chunk.job_id)
+        task = job.task(chunk.task_type, chunk.task_index) if job else None
+        if self.summaries is None or task is None or task.node != node:
+            return
+        try:
+            self.summaries.write(chunk)
+        except (SummaryError, OSError) as e:
+            log.debug("summary bytes of %s from %s not kept: %s", chunk.key, node, e, extra=fields(job=chunk.job_id))
 
     # ---- clients -------------------------------------------------------------------------------
 
@@ -410,7 +427,8 @@ def build(state_dir: Path, lost_after_seconds: float, heartbeat_interval_seconds
     store = store if store is not None else open_store(store_url, Path(state_dir), etcd_tls)
     code = CodeStore(layout.code_cache_dir(state_dir), max_code_bytes, store_bytes=code_store_bytes,
                      max_unpacked_bytes=max_code_unpacked_bytes)
-    coordinator = Coordinator(store, cluster, authority=authority, code=code)
+    coordinator = Coordinator(store, cluster, authority=authority, code=code,
+                              summaries=SummaryStore(Path(state_dir) / layout.SUMMARIES_NAME))
     coordinator.load(reconnect_grace_seconds)
     return coordinator
 
