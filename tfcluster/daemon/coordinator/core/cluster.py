@@ -32,11 +32,13 @@ from tfcluster.daemon.coordinator.core.model.node_table import Nodes, Pace
 from tfcluster.daemon.coordinator.core.model.observer import Observer
 from tfcluster.daemon.coordinator.core.scheduling import preemption
 from tfcluster.daemon.coordinator.core.scheduling import queue
-from tfcluster.daemon.coordinator.core.scheduling.placement import NodeCapacity, TaskPlacement, Unfit, place
+from tfcluster.daemon.coordinator.core.scheduling import elastic
+from tfcluster.daemon.coordinator.core.scheduling.elastic import place_sized
+from tfcluster.daemon.coordinator.core.scheduling.placement import NodeCapacity, TaskPlacement, Unfit
 from tfcluster.daemon.coordinator.core.scheduling.policy import NO_POLICY, Policy
 from tfcluster.daemon.coordinator.core.scheduling_pass import SchedulePass
 from tfcluster.daemon.logformat import fields
-from tfcluster.model import Attempt, Command, Evaluation, NodeInfo, Stop, TaskExit, TaskProgress, TaskReport
+from tfcluster.model import WORKER, Attempt, Command, Evaluation, NodeInfo, Stop, TaskExit, TaskProgress, TaskReport
 from tfcluster.roles.tfconfig import build_tf_configs
 from tfcluster.spec import JobSpec
 from tfcluster.states import JobState, Phase, TaskState
@@ -88,6 +90,7 @@ class Cluster(NodeEvents):
         self.unfit_at: dict[str, int] = {}  # PENDING job -> capacity version at which it last did not fit
         self.policy: Policy = NO_POLICY  # classes and quotas (policy.py); none: first come, first placed
         self.holds: dict[str, queue.Hold] = {}  # waiting job at the head of its class -> what it holds
+        self.no_growth_at: dict[str, int] = {}  # elastic job -> capacity version at which it could not grow
         self.full_schedule_at = 0.0
         self.observer = Observer()  # the metrics, when the daemon serves them
 
@@ -165,7 +168,7 @@ class Cluster(NodeEvents):
     def plan(self, spec: JobSpec, now: float) -> Plan:
         capacity = self.capacity(now)
         spec = strategies.resolve(spec, {n.name: n.free_gpus for n in capacity} if spec.strategy == "auto" else None)
-        result = place(spec, capacity)
+        result = place_sized(spec, capacity)
         if isinstance(result, Unfit):
             return Plan(spec.strategy, None, result.reason, spec=spec)
         return Plan(spec.strategy, result, spec=spec,
@@ -182,7 +185,7 @@ class Cluster(NodeEvents):
         capacity = self.capacity(now)
         spec = strategies.resolve(spec, {n.name: n.free_gpus for n in capacity} if spec.strategy == "auto" else None)
         chosen = self.policy.resolve(spec.priority, owner, groups)
-        never = place(spec, [self.nodes.idle(n.name) for n in capacity])
+        never = place_sized(spec, [self.nodes.idle(n.name) for n in capacity])
         if isinstance(never, Unfit):
             raise Unplaceable(never.reason)
         over = queue.never_within_quota(spec, self.policy.subjects(owner, groups))
@@ -300,7 +303,30 @@ class Cluster(NodeEvents):
             self.nodes.resources_changed()
             self.full_schedule_at = now
         commands += self.schedule(now)
+        commands += self._grow(now)
         self.prune(now)
+        return commands
+
+    def _grow(self, now: float) -> list[Command]:
+        """Elastic jobs that more workers fit for now grow (scheduling/elastic.py); one that does not is looked at
+        again once the capacity changed."""
+        version, waiting, free, commands = self.nodes.capacity_version, None, None, []
+        for job in [j for j in self.jobs.live.values() if j.state == JobState.RUNNING and j.spec.role(WORKER).elastic]:
+            if self.no_growth_at.get(job.id) == version:
+                continue
+            if waiting is None:
+                waiting = [j for j in self.jobs.live.values() if j.state == JobState.PENDING]
+            if not elastic.may_grow(job, waiting, now):
+                continue
+            if free is None:  # what is kept for a preemptor is not free
+                live = self.jobs.live.values()
+                free = preemption.free_for(None, {n.name: n for n in self.capacity(now)}, preemption.holdings(live))
+            workers = elastic.grow_to(job, free)
+            if workers:
+                commands += self.settle(job, lifecycle.grow(job, workers, now))
+                free = None
+            else:
+                self.no_growth_at[job.id] = version
         return commands
 
     def _resend(self, job: Job, now: float) -> list[Command]:
@@ -365,6 +391,7 @@ class Cluster(NodeEvents):
             self.observer.ended(job)
             self.unfit_at.pop(job.id, None)
             self.holds.pop(job.id, None)
+            self.no_growth_at.pop(job.id, None)
             preemption.release(job.id, self.jobs.live.values())  # what was kept for it, if it preempted
             self.nodes.resources_changed()
         self.nodes.track(job)
