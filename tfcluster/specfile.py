@@ -176,7 +176,7 @@ def _read_count(r: _Reader, value: Any, key: str) -> tuple[int, int, int]:
     if isinstance(value, str):
         match = RANGE_RE.fullmatch(value)
         if not match:
-            raise r.fail(key, f"expected an integer, or \"MIN..MAX\" for an elastic worker count, got {value[:40]!r}")
+            raise r.fail(key, f"expected an integer, or \"MIN..MAX\" for an elastic worker count, got {_describe(value)}")
         low, high = int(match[1]), int(match[2])
         return high, low, high
     return r.integer(value, key), 0, 0

@@ -61,6 +61,14 @@ class Failure:
 
 
 @dataclass(frozen=True)
+class WorkerRange:
+    min: int
+    max: int
+    current: int
+    resizes: int
+
+
+@dataclass(frozen=True)
 class JobStatus:
     id: str
     name: str
@@ -86,6 +94,7 @@ class JobStatus:
     preempted_by: str
     preempted_by_owner: str
     preempted_at: float
+    workers: Optional[WorkerRange]  # an elastic job's sizes; None: a fixed worker count
     wire: Any = WIRE
 
     @property

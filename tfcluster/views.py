@@ -59,7 +59,9 @@ def job_doc(j: control_pb2.JobStatus) -> dict[str, Any]:
             "waiting_since": j.waiting_since or None,
             "usage": {"gpu_seconds": j.gpu_seconds, "cpu_seconds": j.cpu_seconds, "peak_rss_bytes": j.peak_rss_bytes},
             "preempted_by": j.preempted_by or None, "preempted_by_owner": j.preempted_by_owner or None,
-            "preempted_at": j.preempted_at or None}
+            "preempted_at": j.preempted_at or None,
+            "workers": {"min": j.workers.min, "max": j.workers.max, "current": j.workers.current,
+                        "resizes": j.workers.resizes} if j.HasField("workers") else None}
 
 
 def plan_doc(p: control_pb2.PlanJobResponse) -> dict[str, Any]:

@@ -448,6 +448,10 @@ def job_status(job, usage=None, queue_position: int = 0) -> control_pb2.JobStatu
                                    waiting_since=max(job.created, job.not_before) if job.state == JobState.PENDING
                                    else 0, preempted_by=job.preempted_by,
                                    preempted_by_owner=job.preempted_by_owner, preempted_at=job.preempted_at)
+    role = job.spec.role(WORKER)
+    if role.elastic:
+        status.workers.CopyFrom(control_pb2.WorkerRange(min=role.min_count, max=role.max_count, current=role.count,
+                                                        resizes=job.resizes))
     usage = usage or job.usage
     status.gpu_seconds, status.cpu_seconds = usage.gpu_seconds, usage.cpu_seconds
     status.peak_rss_bytes = usage.peak_rss_bytes

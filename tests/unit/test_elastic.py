@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 from coresim import Sim, info, launches, make_spec, stops
 
-from tfcluster import layout, wire
+from tfcluster import layout, statuses, views, wire
 from tfcluster.daemon.coordinator.core.model.elastic import at_size, resize
 from tfcluster.daemon.coordinator.store import records
 from tfcluster.spec import DEFAULT_RESIZE_INTERVAL_SECONDS, SpecError
@@ -215,3 +215,14 @@ def test_resizing_keeps_attempt_numbers_rising_for_every_index():
     resize(job, 1)
     resize(job, 3)
     assert [t.attempt for t in job.tasks] == [1, 7, 7] and job.top_attempt == 7 and job.spec == at_size(spec, 3)
+
+
+def test_its_sizes_are_in_status_and_json_and_a_fixed_job_has_none():
+    sim = three_nodes()
+    job, _ = start(sim, elastic_spec("1..4"))
+    message = wire.job_status(job)
+    assert (message.workers.min, message.workers.max, message.workers.current) == (1, 4, 3)
+    assert views.job_doc(message)["workers"] == {"min": 1, "max": 4, "current": 3, "resizes": 0}
+    assert statuses.read(statuses.JobStatus, message).workers == statuses.WorkerRange(1, 4, 3, 0)
+    fixed, _ = sim.submit(make_spec(strategy="multi_worker_mirrored", worker=1), "fixed")
+    assert not wire.job_status(fixed).HasField("workers") and views.job_doc(wire.job_status(fixed))["workers"] is None
