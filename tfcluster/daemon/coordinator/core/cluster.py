@@ -32,13 +32,12 @@ from tfcluster.daemon.coordinator.core.model.node_table import Nodes, Pace
 from tfcluster.daemon.coordinator.core.model.observer import Observer
 from tfcluster.daemon.coordinator.core.scheduling import preemption
 from tfcluster.daemon.coordinator.core.scheduling import queue
-from tfcluster.daemon.coordinator.core.scheduling import elastic
 from tfcluster.daemon.coordinator.core.scheduling.elastic import place_sized
 from tfcluster.daemon.coordinator.core.scheduling.placement import NodeCapacity, TaskPlacement, Unfit
 from tfcluster.daemon.coordinator.core.scheduling.policy import NO_POLICY, Policy
-from tfcluster.daemon.coordinator.core.scheduling_pass import SchedulePass
+from tfcluster.daemon.coordinator.core.scheduling_pass import SchedulePass, grow_elastic
 from tfcluster.daemon.logformat import fields
-from tfcluster.model import WORKER, Attempt, Command, Evaluation, NodeInfo, Stop, TaskExit, TaskProgress, TaskReport
+from tfcluster.model import Attempt, Command, Evaluation, NodeInfo, Stop, TaskExit, TaskProgress, TaskReport
 from tfcluster.roles.tfconfig import build_tf_configs
 from tfcluster.spec import JobSpec
 from tfcluster.states import JobState, Phase, TaskState
@@ -303,30 +302,8 @@ class Cluster(NodeEvents):
             self.nodes.resources_changed()
             self.full_schedule_at = now
         commands += self.schedule(now)
-        commands += self._grow(now)
+        commands += grow_elastic(self, now)
         self.prune(now)
-        return commands
-
-    def _grow(self, now: float) -> list[Command]:
-        """Elastic jobs that more workers fit for now grow (scheduling/elastic.py); one that does not is looked at
-        again once the capacity changed."""
-        version, waiting, free, commands = self.nodes.capacity_version, None, None, []
-        for job in [j for j in self.jobs.live.values() if j.state == JobState.RUNNING and j.spec.role(WORKER).elastic]:
-            if self.no_growth_at.get(job.id) == version:
-                continue
-            if waiting is None:
-                waiting = [j for j in self.jobs.live.values() if j.state == JobState.PENDING]
-            if not elastic.may_grow(job, waiting, now):
-                continue
-            if free is None:  # what is kept for a preemptor is not free
-                live = self.jobs.live.values()
-                free = preemption.free_for(None, {n.name: n for n in self.capacity(now)}, preemption.holdings(live))
-            workers = elastic.grow_to(job, free)
-            if workers:
-                commands += self.settle(job, lifecycle.grow(job, workers, now))
-                free = None
-            else:
-                self.no_growth_at[job.id] = version
         return commands
 
     def _resend(self, job: Job, now: float) -> list[Command]:
