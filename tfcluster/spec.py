@@ -11,10 +11,11 @@ import re
 from dataclasses import dataclass, field
 
 from tfcluster import layout, strategies
-from tfcluster.model import (CHIEF, DEFAULT_STOP_SIGNAL, EVALUATOR, NODE_NAME_RE, ROLE_TYPES, STOP_SIGNALS,
+from tfcluster.model import (CHIEF, DEFAULT_STOP_SIGNAL, EVALUATOR, WORKER, NODE_NAME_RE, ROLE_TYPES, STOP_SIGNALS,
                              EnvironmentSpec, control_character)
 
 STRATEGIES = strategies.NAMES
+ELASTIC_STRATEGY = "multi_worker_mirrored"  # the one strategy whose workers may be elastic
 TRAINING_ROLES = strategies.TRAINING_ROLES
 
 NAME_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
@@ -28,6 +29,7 @@ MAX_ENV = 1024
 DEFAULT_MAX_RESTARTS = 3
 DEFAULT_STOP_GRACE_SECONDS = 30.0
 DEFAULT_EVALUATOR_DEADLINE_SECONDS = 600.0
+DEFAULT_RESIZE_INTERVAL_SECONDS = 300.0  # [elastic] resize_interval_seconds: a job grows at most this often
 MAX_TASKS_PER_ROLE = 10_000
 MAX_GPUS_PER_TASK = 64
 MAX_MEMORY_BYTES = 1 << 50        # a petabyte: far above any node, far below a number that overflows
@@ -56,6 +58,15 @@ class RoleSpec:
     entrypoint: str = ""
     summary_dir: str = ""  # evaluator: where it writes TensorBoard summaries; "": <model dir>/eval
     memory: int | None = None  # bytes each task may use; None: the job's memory
+    # Elastic (multi_worker_mirrored workers only, `count = "MIN..MAX"`): the sizes the role may run at; `count`
+    # is then the size it runs at now (the coordinator changes it on each placement: core/scheduling/elastic.py).
+    # 0: a fixed count.
+    min_count: int = 0
+    max_count: int = 0
+
+    @property
+    def elastic(self) -> bool:
+        return self.max_count > 0
 
 
 @dataclass(frozen=True)
@@ -86,6 +97,7 @@ class JobSpec:
     code_sha256: str = ""  # the packed workdir the client uploaded ("sha256:<hex>"); "": workdir on shared storage
     shared_workdir: bool = False  # the spec says its workdir is on storage every node shares: not packed
     environment: EnvironmentSpec = field(default_factory=EnvironmentSpec)
+    resize_interval_seconds: float = DEFAULT_RESIZE_INTERVAL_SECONDS  # [elastic]: at most one growth this often
 
     def role(self, role_type: str) -> RoleSpec:
         return self.roles.get(role_type, RoleSpec())
@@ -149,6 +161,7 @@ def validate(spec: JobSpec, source: str = "<spec>", absolute_paths: bool = False
     if spec.stop_signal not in STOP_SIGNALS:
         raise fail("preemption.signal", f"expected one of: {', '.join(STOP_SIGNALS)}, got {spec.stop_signal!r}")
     _check_number(spec.evaluator_deadline_seconds, "evaluator_deadline_seconds", 1, fail)
+    _check_number(spec.resize_interval_seconds, "elastic.resize_interval_seconds", 0, fail)
     _check_code(spec, fail)
     _check_roles(spec, fail)
     return spec
@@ -187,9 +200,24 @@ def _check_role(role_type: str, role: RoleSpec, fail, absolute_paths: bool) -> N
         raise fail(f"{key}.entrypoint", "only the evaluator takes an entrypoint")
     if role.entrypoint and not ENTRYPOINT_RE.fullmatch(role.entrypoint):
         raise fail(f"{key}.entrypoint", f"expected \"module:function\", got {role.entrypoint!r}")
+    if role.elastic or role.min_count:
+        _check_elastic(role_type, role, fail)
     if role.summary_dir and role_type != EVALUATOR:
         raise fail(f"{key}.summary_dir", "only the evaluator takes a summary_dir")
     _check_path(role.summary_dir, f"{key}.summary_dir", fail, absolute_paths, required=False)
+
+
+def _check_elastic(role_type: str, role: RoleSpec, fail) -> None:
+    """An elastic role's range (the strategy is checked in _check_roles, once `auto` is known)."""
+    key = f"roles.{role_type}.count"
+    if role_type != WORKER:
+        raise fail(key, f"only the worker role of a multi_worker_mirrored job may be elastic (\"MIN..MAX\"), not "
+                        f"the {role_type} role")
+    if not 1 <= role.min_count <= role.max_count <= MAX_TASKS_PER_ROLE:
+        raise fail(key, f"expected \"MIN..MAX\" with 1 <= MIN <= MAX <= {MAX_TASKS_PER_ROLE}, got "
+                        f"\"{role.min_count}..{role.max_count}\"")
+    if not role.min_count <= role.count <= role.max_count:
+        raise fail(key, f"the size it runs at ({role.count}) must lie within \"{role.min_count}..{role.max_count}\"")
 
 
 def _check_roles(spec: JobSpec, fail) -> None:
@@ -201,6 +229,9 @@ def _check_roles(spec: JobSpec, fail) -> None:
         raise fail("roles.evaluator.count", f"at most one evaluator, got {evaluators}")
     if spec.training_task_count == 0:
         raise fail("roles", "expected at least one training task ([roles.worker] count >= 1, or a [roles.chief])")
+    if spec.role(WORKER).elastic and spec.strategy != ELASTIC_STRATEGY:
+        raise fail("roles.worker.count", f"an elastic worker count (\"MIN..MAX\") needs strategy = "
+                                         f"\"{ELASTIC_STRATEGY}\", got {spec.strategy!r}")
     profile = strategies.profile(strategies.by_roles(spec))  # `auto` is checked as the strategy it becomes
     problem = profile.check_roles(spec) or profile.check_keras(spec)
     if problem:

@@ -6,6 +6,7 @@ was written on.
 
 from __future__ import annotations
 
+import re
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -17,19 +18,22 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from tfcluster.model import CHIEF, EVALUATOR, PS, ROLE_TYPES, WORKER, EnvironmentSpec
-from tfcluster.spec import (DEFAULT_EVALUATOR_DEADLINE_SECONDS, DEFAULT_MAX_RESTARTS, DEFAULT_STOP_GRACE_SECONDS,
+from tfcluster.spec import (DEFAULT_EVALUATOR_DEADLINE_SECONDS, DEFAULT_MAX_RESTARTS, DEFAULT_RESIZE_INTERVAL_SECONDS,
+                            DEFAULT_STOP_GRACE_SECONDS,
                             DEFAULT_STOP_SIGNAL, SIZE_RE, STRATEGIES, JobSpec, RestartPolicy, RoleSpec, SpecError, validate)
 from tfcluster.sweepspec import DEFAULT_MIN_EVALUATIONS, SweepSpec, validate_sweep
 
 JOB_KEYS = ("name", "strategy", "command", "workdir", "checkpoint_dir", "model_dir", "env", "gpus",
             "roles", "restart", "stop_grace_seconds", "evaluator_deadline_seconds", "priority", "memory",
-            "shared_workdir", "environment", "preemption")
+            "shared_workdir", "environment", "preemption", "elastic")
 ROLE_KEYS = ("count", "gpus", "command", "env", "nodes", "entrypoint", "summary_dir", "memory")
 RESTART_KEYS = ("max_restarts", "backoff_seconds", "permanent_exit_codes", "hang_seconds")
 ENVIRONMENT_KEYS = ("requirements", "isolated", "project")
 PREEMPTION_KEYS = ("signal", "grace_seconds")
 SWEEP_KEYS = ("method", "trials", "seed", "max_concurrent", "metric", "goal", "early_stopping", "min_evaluations",
               "parameters")
+ELASTIC_KEYS = ("resize_interval_seconds",)
+RANGE_RE = re.compile(r"\s*(\d+)\s*\.\.\s*(\d+)\s*")  # an elastic count, "MIN..MAX"
 
 
 class _Reader:
@@ -159,6 +163,7 @@ def parse_spec(data: Any, source: str = "<spec>") -> JobSpec:
         memory=r.size(data.get("memory", 0), "memory"),
         shared_workdir=r.boolean(data.get("shared_workdir", False), "shared_workdir"),
         environment=_read_environment(r, data.get("environment", {})),
+        resize_interval_seconds=_read_elastic(r, data.get("elastic", {})),
     )
     return validate(spec, source)
 
@@ -198,6 +203,23 @@ def _value_text(value: str | int | float) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value)
+def _read_elastic(r: _Reader, table: Any) -> float:
+    """[elastic] resize_interval_seconds: how often at most an elastic job grows."""
+    table = r.table(table, "elastic", ELASTIC_KEYS)
+    return r.number(table.get("resize_interval_seconds", DEFAULT_RESIZE_INTERVAL_SECONDS),
+                    "elastic.resize_interval_seconds")
+
+
+def _read_count(r: _Reader, value: Any, key: str) -> tuple[int, int, int]:
+    """count = N, or "MIN..MAX" (elastic): (count, min_count, max_count); an elastic role starts out asking for
+    MAX, and runs at as many as fit."""
+    if isinstance(value, str):
+        match = RANGE_RE.fullmatch(value)
+        if not match:
+            raise r.fail(key, f"expected an integer, or \"MIN..MAX\" for an elastic worker count, got {_describe(value)}")
+        low, high = int(match[1]), int(match[2])
+        return high, low, high
+    return r.integer(value, key), 0, 0
 
 
 def _read_preemption(r: _Reader, data: dict[str, Any]) -> tuple[str, float]:
@@ -225,8 +247,9 @@ def _read_environment(r: _Reader, table: Any) -> EnvironmentSpec:
 def _read_role(r: _Reader, role_type: str, table: Any) -> RoleSpec:
     key = f"roles.{role_type}"
     table = r.table(table, key, ROLE_KEYS)
+    count, min_count, max_count = _read_count(r, table.get("count", 1), f"{key}.count")
     return RoleSpec(
-        count=r.integer(table.get("count", 1), f"{key}.count"),
+        count=count, min_count=min_count, max_count=max_count,
         gpus=r.integer(table["gpus"], f"{key}.gpus") if "gpus" in table else None,
         command=r.command(table["command"], f"{key}.command") if "command" in table else (),
         env=r.env(table.get("env", {}), f"{key}.env"),

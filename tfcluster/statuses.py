@@ -61,6 +61,14 @@ class Failure:
 
 
 @dataclass(frozen=True)
+class WorkerRange:
+    min: int
+    max: int
+    current: int
+    resizes: int
+
+
+@dataclass(frozen=True)
 class JobStatus:
     id: str
     name: str
@@ -88,6 +96,7 @@ class JobStatus:
     preempted_at: float
     sweep: str                     # the sweep it is a trial of; "": none
     sweep_parameters: dict[str, str]
+    workers: Optional[WorkerRange]  # an elastic job's sizes; None: a fixed worker count
     wire: Any = WIRE
 
     @property

@@ -70,7 +70,9 @@ def job_doc(j: control_pb2.JobStatus) -> dict[str, Any]:
             "usage": {"gpu_seconds": j.gpu_seconds, "cpu_seconds": j.cpu_seconds, "peak_rss_bytes": j.peak_rss_bytes},
             "preempted_by": j.preempted_by or None, "preempted_by_owner": j.preempted_by_owner or None,
             "preempted_at": j.preempted_at or None, "sweep": j.sweep or None,
-            "sweep_parameters": dict(j.sweep_parameters) if j.sweep else None}
+            "sweep_parameters": dict(j.sweep_parameters) if j.sweep else None,
+            "workers": {"min": j.workers.min, "max": j.workers.max, "current": j.workers.current,
+                        "resizes": j.workers.resizes} if j.HasField("workers") else None}
 
 
 def sweep_doc(s: control_pb2.SweepStatus, order: list[int]) -> dict[str, Any]:

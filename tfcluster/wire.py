@@ -402,11 +402,13 @@ def spec_to_proto(spec: JobSpec) -> pb.JobSpec:
                      stop_grace_seconds=spec.stop_grace_seconds,
                      evaluator_deadline_seconds=spec.evaluator_deadline_seconds, priority=spec.priority,
                      memory_bytes=spec.memory, code_sha256=spec.code_sha256, shared_workdir=spec.shared_workdir,
-                     environment=environment_to_proto(spec.environment), stop_signal=spec.stop_signal)
+                     environment=environment_to_proto(spec.environment), stop_signal=spec.stop_signal,
+                     resize_interval_seconds=spec.resize_interval_seconds)
     for role_type, role in spec.roles.items():
         msg.roles[role_type].CopyFrom(pb.RoleSpec(count=role.count, gpus=role.gpus, command=role.command,
                                                   env=role.env, nodes=role.nodes, entrypoint=role.entrypoint,
-                                                  summary_dir=role.summary_dir, memory_bytes=role.memory))
+                                                  summary_dir=role.summary_dir, memory_bytes=role.memory,
+                                                  min_count=role.min_count, max_count=role.max_count))
     r = spec.restart
     msg.restart.CopyFrom(pb.RestartPolicy(max_restarts=r.max_restarts, backoff_seconds=r.backoff_seconds,
                                           permanent_exit_codes=r.permanent_exit_codes, hang_seconds=r.hang_seconds))
@@ -418,7 +420,8 @@ def spec_from_proto(msg: pb.JobSpec) -> JobSpec:
     must be absolute: the client resolved them where the spec was written."""
     roles = {t: RoleSpec(count=r.count, gpus=r.gpus if r.HasField("gpus") else None, command=tuple(r.command),
                          env=dict(r.env), nodes=tuple(r.nodes), entrypoint=r.entrypoint, summary_dir=r.summary_dir,
-                         memory=r.memory_bytes if r.HasField("memory_bytes") else None)
+                         memory=r.memory_bytes if r.HasField("memory_bytes") else None,
+                         min_count=r.min_count, max_count=r.max_count)
              for t, r in msg.roles.items()}
     if CHIEF not in roles and WORKER not in roles:
         roles[WORKER] = RoleSpec(count=1)  # as in a file: the plain case is one training task
@@ -426,7 +429,8 @@ def spec_from_proto(msg: pb.JobSpec) -> JobSpec:
     if msg.HasField("restart"):
         r = msg.restart
         restart = RestartPolicy(r.max_restarts, r.backoff_seconds, tuple(r.permanent_exit_codes), r.hang_seconds)
-    optional = {k: getattr(msg, k) for k in ("stop_grace_seconds", "evaluator_deadline_seconds") if msg.HasField(k)}
+    optional = {k: getattr(msg, k) for k in ("stop_grace_seconds", "evaluator_deadline_seconds", "resize_interval_seconds")
+                if msg.HasField(k)}
     spec = JobSpec(name=msg.name, strategy=msg.strategy, command=tuple(msg.command), workdir=msg.workdir,
                    checkpoint_dir=msg.checkpoint_dir, model_dir=msg.model_dir, env=dict(msg.env), gpus=msg.gpus,
                    roles=roles, restart=restart, priority=msg.priority, memory=msg.memory_bytes,
@@ -513,6 +517,10 @@ def job_status(job, usage=None, queue_position: int = 0) -> control_pb2.JobStatu
                                    else 0, preempted_by=job.preempted_by,
                                    preempted_by_owner=job.preempted_by_owner, preempted_at=job.preempted_at,
                                    sweep=job.sweep, sweep_parameters=job.sweep_parameters)
+    role = job.spec.role(WORKER)
+    if role.elastic:
+        status.workers.CopyFrom(control_pb2.WorkerRange(min=role.min_count, max=role.max_count, current=role.count,
+                                                        resizes=job.resizes))
     usage = usage or job.usage
     status.gpu_seconds, status.cpu_seconds = usage.gpu_seconds, usage.cpu_seconds
     status.peak_rss_bytes = usage.peak_rss_bytes

@@ -284,7 +284,7 @@ class Failure(_message.Message):
     def __init__(self, task: _Optional[str] = ..., node: _Optional[str] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., message: _Optional[str] = ..., log_tail: _Optional[_Iterable[str]] = ..., time: _Optional[float] = ..., description: _Optional[str] = ...) -> None: ...
 
 class JobStatus(_message.Message):
-    __slots__ = ("id", "name", "state", "strategy", "restarts", "tasks", "message", "created", "finished", "last_evaluation", "evaluations", "last_failure", "evaluator_restarts", "preemptions", "uid", "owner", "priority", "gpu_seconds", "cpu_seconds", "peak_rss_bytes", "queue_position", "waiting_since", "rank", "preempted_by", "preempted_by_owner", "preempted_at", "sweep", "sweep_parameters")
+    __slots__ = ("id", "name", "state", "strategy", "restarts", "tasks", "message", "created", "finished", "last_evaluation", "evaluations", "last_failure", "evaluator_restarts", "preemptions", "uid", "owner", "priority", "gpu_seconds", "cpu_seconds", "peak_rss_bytes", "queue_position", "waiting_since", "rank", "preempted_by", "preempted_by_owner", "preempted_at", "sweep", "sweep_parameters", "workers")
     class SweepParametersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -320,6 +320,7 @@ class JobStatus(_message.Message):
     PREEMPTED_AT_FIELD_NUMBER: _ClassVar[int]
     SWEEP_FIELD_NUMBER: _ClassVar[int]
     SWEEP_PARAMETERS_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
     id: str
     name: str
     state: str
@@ -348,7 +349,20 @@ class JobStatus(_message.Message):
     preempted_at: float
     sweep: str
     sweep_parameters: _containers.ScalarMap[str, str]
-    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[str] = ..., strategy: _Optional[str] = ..., restarts: _Optional[int] = ..., tasks: _Optional[_Iterable[_Union[TaskStatus, _Mapping]]] = ..., message: _Optional[str] = ..., created: _Optional[float] = ..., finished: _Optional[float] = ..., last_evaluation: _Optional[_Union[EvaluationResult, _Mapping]] = ..., evaluations: _Optional[_Iterable[_Union[EvaluationResult, _Mapping]]] = ..., last_failure: _Optional[_Union[Failure, _Mapping]] = ..., evaluator_restarts: _Optional[int] = ..., preemptions: _Optional[int] = ..., uid: _Optional[int] = ..., owner: _Optional[str] = ..., priority: _Optional[str] = ..., gpu_seconds: _Optional[float] = ..., cpu_seconds: _Optional[float] = ..., peak_rss_bytes: _Optional[int] = ..., queue_position: _Optional[int] = ..., waiting_since: _Optional[float] = ..., rank: _Optional[int] = ..., preempted_by: _Optional[str] = ..., preempted_by_owner: _Optional[str] = ..., preempted_at: _Optional[float] = ..., sweep: _Optional[str] = ..., sweep_parameters: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    workers: WorkerRange
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[str] = ..., strategy: _Optional[str] = ..., restarts: _Optional[int] = ..., tasks: _Optional[_Iterable[_Union[TaskStatus, _Mapping]]] = ..., message: _Optional[str] = ..., created: _Optional[float] = ..., finished: _Optional[float] = ..., last_evaluation: _Optional[_Union[EvaluationResult, _Mapping]] = ..., evaluations: _Optional[_Iterable[_Union[EvaluationResult, _Mapping]]] = ..., last_failure: _Optional[_Union[Failure, _Mapping]] = ..., evaluator_restarts: _Optional[int] = ..., preemptions: _Optional[int] = ..., uid: _Optional[int] = ..., owner: _Optional[str] = ..., priority: _Optional[str] = ..., gpu_seconds: _Optional[float] = ..., cpu_seconds: _Optional[float] = ..., peak_rss_bytes: _Optional[int] = ..., queue_position: _Optional[int] = ..., waiting_since: _Optional[float] = ..., rank: _Optional[int] = ..., preempted_by: _Optional[str] = ..., preempted_by_owner: _Optional[str] = ..., preempted_at: _Optional[float] = ..., sweep: _Optional[str] = ..., sweep_parameters: _Optional[_Mapping[str, str]] = ..., workers: _Optional[_Union[WorkerRange, _Mapping]] = ...) -> None: ...
+
+class WorkerRange(_message.Message):
+    __slots__ = ("min", "max", "current", "resizes")
+    MIN_FIELD_NUMBER: _ClassVar[int]
+    MAX_FIELD_NUMBER: _ClassVar[int]
+    CURRENT_FIELD_NUMBER: _ClassVar[int]
+    RESIZES_FIELD_NUMBER: _ClassVar[int]
+    min: int
+    max: int
+    current: int
+    resizes: int
+    def __init__(self, min: _Optional[int] = ..., max: _Optional[int] = ..., current: _Optional[int] = ..., resizes: _Optional[int] = ...) -> None: ...
 
 class GetStatusResponse(_message.Message):
     __slots__ = ("nodes", "jobs", "summary")

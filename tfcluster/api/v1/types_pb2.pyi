@@ -70,7 +70,7 @@ class NodeInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., hostname: _Optional[str] = ..., address: _Optional[str] = ..., port_range_start: _Optional[int] = ..., port_range_end: _Optional[int] = ..., cpu_count: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., agent_version: _Optional[str] = ..., state_dir: _Optional[str] = ..., peer_port: _Optional[int] = ...) -> None: ...
 
 class RoleSpec(_message.Message):
-    __slots__ = ("count", "gpus", "command", "env", "nodes", "entrypoint", "summary_dir", "memory_bytes")
+    __slots__ = ("count", "gpus", "command", "env", "nodes", "entrypoint", "summary_dir", "memory_bytes", "min_count", "max_count")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -86,6 +86,8 @@ class RoleSpec(_message.Message):
     ENTRYPOINT_FIELD_NUMBER: _ClassVar[int]
     SUMMARY_DIR_FIELD_NUMBER: _ClassVar[int]
     MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MIN_COUNT_FIELD_NUMBER: _ClassVar[int]
+    MAX_COUNT_FIELD_NUMBER: _ClassVar[int]
     count: int
     gpus: int
     command: _containers.RepeatedScalarFieldContainer[str]
@@ -94,7 +96,9 @@ class RoleSpec(_message.Message):
     entrypoint: str
     summary_dir: str
     memory_bytes: int
-    def __init__(self, count: _Optional[int] = ..., gpus: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., nodes: _Optional[_Iterable[str]] = ..., entrypoint: _Optional[str] = ..., summary_dir: _Optional[str] = ..., memory_bytes: _Optional[int] = ...) -> None: ...
+    min_count: int
+    max_count: int
+    def __init__(self, count: _Optional[int] = ..., gpus: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., nodes: _Optional[_Iterable[str]] = ..., entrypoint: _Optional[str] = ..., summary_dir: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., min_count: _Optional[int] = ..., max_count: _Optional[int] = ...) -> None: ...
 
 class RestartPolicy(_message.Message):
     __slots__ = ("max_restarts", "backoff_seconds", "permanent_exit_codes", "hang_seconds")
@@ -109,7 +113,7 @@ class RestartPolicy(_message.Message):
     def __init__(self, max_restarts: _Optional[int] = ..., backoff_seconds: _Optional[float] = ..., permanent_exit_codes: _Optional[_Iterable[int]] = ..., hang_seconds: _Optional[float] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("name", "strategy", "command", "workdir", "checkpoint_dir", "model_dir", "env", "gpus", "roles", "restart", "stop_grace_seconds", "evaluator_deadline_seconds", "priority", "memory_bytes", "code_sha256", "shared_workdir", "environment", "stop_signal")
+    __slots__ = ("name", "strategy", "command", "workdir", "checkpoint_dir", "model_dir", "env", "gpus", "roles", "restart", "stop_grace_seconds", "evaluator_deadline_seconds", "priority", "memory_bytes", "code_sha256", "shared_workdir", "environment", "stop_signal", "resize_interval_seconds")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -142,6 +146,7 @@ class JobSpec(_message.Message):
     SHARED_WORKDIR_FIELD_NUMBER: _ClassVar[int]
     ENVIRONMENT_FIELD_NUMBER: _ClassVar[int]
     STOP_SIGNAL_FIELD_NUMBER: _ClassVar[int]
+    RESIZE_INTERVAL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     name: str
     strategy: str
     command: _containers.RepeatedScalarFieldContainer[str]
@@ -160,7 +165,8 @@ class JobSpec(_message.Message):
     shared_workdir: bool
     environment: EnvironmentSpec
     stop_signal: str
-    def __init__(self, name: _Optional[str] = ..., strategy: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., workdir: _Optional[str] = ..., checkpoint_dir: _Optional[str] = ..., model_dir: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., gpus: _Optional[int] = ..., roles: _Optional[_Mapping[str, RoleSpec]] = ..., restart: _Optional[_Union[RestartPolicy, _Mapping]] = ..., stop_grace_seconds: _Optional[float] = ..., evaluator_deadline_seconds: _Optional[float] = ..., priority: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., code_sha256: _Optional[str] = ..., shared_workdir: _Optional[bool] = ..., environment: _Optional[_Union[EnvironmentSpec, _Mapping]] = ..., stop_signal: _Optional[str] = ...) -> None: ...
+    resize_interval_seconds: float
+    def __init__(self, name: _Optional[str] = ..., strategy: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., workdir: _Optional[str] = ..., checkpoint_dir: _Optional[str] = ..., model_dir: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., gpus: _Optional[int] = ..., roles: _Optional[_Mapping[str, RoleSpec]] = ..., restart: _Optional[_Union[RestartPolicy, _Mapping]] = ..., stop_grace_seconds: _Optional[float] = ..., evaluator_deadline_seconds: _Optional[float] = ..., priority: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., code_sha256: _Optional[str] = ..., shared_workdir: _Optional[bool] = ..., environment: _Optional[_Union[EnvironmentSpec, _Mapping]] = ..., stop_signal: _Optional[str] = ..., resize_interval_seconds: _Optional[float] = ...) -> None: ...
 
 class EnvironmentSpec(_message.Message):
     __slots__ = ("requirements", "isolated", "project")

@@ -34,9 +34,10 @@ from tfcluster.daemon.coordinator.core.model.sweep import Sweeps
 from tfcluster.daemon.coordinator.core.model.observer import Observer
 from tfcluster.daemon.coordinator.core.scheduling import preemption
 from tfcluster.daemon.coordinator.core.scheduling import queue
-from tfcluster.daemon.coordinator.core.scheduling.placement import NodeCapacity, TaskPlacement, Unfit, place
+from tfcluster.daemon.coordinator.core.scheduling.elastic import place_sized
+from tfcluster.daemon.coordinator.core.scheduling.placement import NodeCapacity, TaskPlacement, Unfit
 from tfcluster.daemon.coordinator.core.scheduling.policy import NO_POLICY, ClassRefused, Policy
-from tfcluster.daemon.coordinator.core.scheduling_pass import SchedulePass
+from tfcluster.daemon.coordinator.core.scheduling_pass import SchedulePass, grow_elastic
 from tfcluster.daemon.coordinator.core.sweep_events import SweepEvents
 from tfcluster.daemon.logformat import fields
 from tfcluster.model import Attempt, Command, Evaluation, NodeInfo, Stop, TaskExit, TaskProgress, TaskReport
@@ -93,6 +94,7 @@ class Cluster(NodeEvents, SweepEvents):
         self.unfit_at: dict[str, int] = {}  # PENDING job -> capacity version at which it last did not fit
         self.policy: Policy = NO_POLICY  # classes and quotas (policy.py); none: first come, first placed
         self.holds: dict[str, queue.Hold] = {}  # waiting job at the head of its class -> what it holds
+        self.no_growth_at: dict[str, int] = {}  # elastic job -> capacity version at which it could not grow
         self.full_schedule_at = 0.0
         self.observer = Observer()  # the metrics, when the daemon serves them
 
@@ -174,7 +176,7 @@ class Cluster(NodeEvents, SweepEvents):
     def plan(self, spec: JobSpec, now: float) -> Plan:
         capacity = self.capacity(now)
         spec = strategies.resolve(spec, {n.name: n.free_gpus for n in capacity} if spec.strategy == "auto" else None)
-        result = place(spec, capacity)
+        result = place_sized(spec, capacity)
         if isinstance(result, Unfit):
             return Plan(spec.strategy, None, result.reason, spec=spec)
         return Plan(spec.strategy, result, spec=spec,
@@ -191,7 +193,7 @@ class Cluster(NodeEvents, SweepEvents):
         capacity = self.capacity(now)
         spec = strategies.resolve(spec, {n.name: n.free_gpus for n in capacity} if spec.strategy == "auto" else None)
         chosen = self.policy.resolve(spec.priority, owner, groups)
-        never = place(spec, [self.nodes.idle(n.name) for n in capacity])
+        never = place_sized(spec, [self.nodes.idle(n.name) for n in capacity])
         if isinstance(never, Unfit):
             raise Unplaceable(never.reason)
         over = queue.never_within_quota(spec, self.policy.subjects(owner, groups))
@@ -315,6 +317,7 @@ class Cluster(NodeEvents, SweepEvents):
             self.full_schedule_at = now
         commands += self.advance_sweeps(now)
         commands += self.schedule(now)
+        commands += grow_elastic(self, now)
         self.prune(now)
         return commands
 
@@ -380,6 +383,7 @@ class Cluster(NodeEvents, SweepEvents):
             self.observer.ended(job)
             self.unfit_at.pop(job.id, None)
             self.holds.pop(job.id, None)
+            self.no_growth_at.pop(job.id, None)
             preemption.release(job.id, self.jobs.live.values())  # what was kept for it, if it preempted
             self.nodes.resources_changed()
         self.nodes.track(job)

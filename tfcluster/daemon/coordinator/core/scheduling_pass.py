@@ -17,12 +17,13 @@ from tfcluster.daemon.coordinator.core.model.job import Job
 from tfcluster.daemon.coordinator.core.model.job_table import Jobs
 from tfcluster.daemon.coordinator.core.model.node_table import Nodes
 from tfcluster.daemon.coordinator.core.model.observer import Observer
-from tfcluster.daemon.coordinator.core.scheduling import avoidance, preemption
+from tfcluster.daemon.coordinator.core.scheduling import avoidance, elastic, preemption
 from tfcluster.daemon.coordinator.core.scheduling import queue
 from tfcluster.daemon.coordinator.core.scheduling.placement import NodeCapacity, TaskPlacement, Unfit
 from tfcluster.daemon.coordinator.core.scheduling.policy import Policy
 from tfcluster.daemon.logformat import fields
-from tfcluster.model import Command
+from tfcluster.model import WORKER, Command
+from tfcluster.states import JobState
 
 log = logging.getLogger("tfcluster.coordinator")
 
@@ -33,6 +34,7 @@ class Scheduled(Protocol):
     jobs: Jobs
     unfit_at: dict[str, int]  # PENDING job -> capacity version at which it last did not fit
     holds: dict[str, queue.Hold]
+    no_growth_at: dict[str, int]  # elastic job -> capacity version at which it could not grow
     policy: Policy
     observer: Observer
 
@@ -160,3 +162,26 @@ class SchedulePass:
                 self.held[job.id] = preemption.held_by(victims)
                 log.info("%s preempts %s", job.id, ", ".join(v.id for v in victims), extra=fields(job=job.id))
         return commands
+
+
+def grow_elastic(cluster: Scheduled, now: float) -> list[Command]:
+    """Elastic jobs that more workers fit for now grow (scheduling/elastic.py); one that does not is looked at
+    again once the capacity changed."""
+    version, waiting, free, commands = cluster.nodes.capacity_version, None, None, []
+    live = cluster.jobs.live.values()
+    for job in [j for j in live if j.state == JobState.RUNNING and j.spec.role(WORKER).elastic]:
+        if cluster.no_growth_at.get(job.id) == version:
+            continue
+        if waiting is None:
+            waiting = [j for j in live if j.state == JobState.PENDING]
+        if not elastic.may_grow(job, waiting, now):
+            continue
+        if free is None:  # what is kept for a preemptor is not free
+            free = preemption.free_for(None, {n.name: n for n in cluster.capacity(now)}, preemption.holdings(live))
+        workers = elastic.grow_to(job, free)
+        if workers:
+            commands += cluster.settle(job, lifecycle.grow(job, workers, now))
+            free = None
+        else:
+            cluster.no_growth_at[job.id] = version
+    return commands

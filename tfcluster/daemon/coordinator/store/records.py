@@ -23,7 +23,7 @@ from tfcluster.daemon.coordinator.core.model.job import Failure, Job, Record, Ta
 from tfcluster.daemon.coordinator.core.model.node import Drain, Node
 from tfcluster.daemon.coordinator.core.model.sweep import Sweep
 from tfcluster.daemon.coordinator.store.api import Delete, Document, Put, Revisions, Write
-from tfcluster.model import Evaluation, Gpu, NodeInfo, TaskExit
+from tfcluster.model import WORKER, Evaluation, Gpu, NodeInfo, TaskExit
 from tfcluster.spec import EnvironmentSpec, JobSpec, RestartPolicy, RoleSpec
 from tfcluster.sweepspec import SweepSpec
 
@@ -179,8 +179,7 @@ class Writer:
         self.jobs.pop(job.id, None)
         self.spec_docs.pop(job.id, None)
         batch.delete("job", job.id, self._revision("job", job.id))
-        for task in job.tasks:
-            key = task_key(job.id, task.key)
+        for key in [task_key(job.id, task.key) for task in job.tasks] + self._dropped_workers(job):
             batch.delete("task", key, self._revision("task", key))
         for checkpoint in self.evaluations.pop(job.id, {}):
             key = evaluation_key(job.id, checkpoint)
@@ -190,9 +189,17 @@ class Writer:
         if job.unsaved:
             self._put(batch, job, "job", job.id, job_doc(job, self._spec_doc(job)))
             self._evaluations(job, batch)
+            for key in self._dropped_workers(job):
+                batch.delete("task", key, self._revision("task", key))
         for task in job.tasks:
             if task.unsaved:
                 self._put(batch, task, "task", task_key(job.id, task.key), task_doc(task))
+
+    def _dropped_workers(self, job: Job) -> list[str]:
+        """The stored tasks of workers an elastic job no longer has (it shrank: core/model/elastic.py)."""
+        role = job.spec.role(WORKER)
+        keys = (task_key(job.id, f"{WORKER}:{i}") for i in range(role.count, role.max_count))
+        return [key for key in keys if ("task", key) in self.revisions]
 
     def _evaluations(self, job: Job, batch: Batch) -> None:
         stored = self.evaluations.setdefault(job.id, {})

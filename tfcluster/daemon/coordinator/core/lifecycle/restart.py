@@ -29,6 +29,10 @@ The rules, in order:
    stops gracefully (its programs save on SIGTERM) and waits in the queue again, at once, its restart
    budget untouched; it counts as a preemption, like a preemption save. So does a job on a node an admin
    drains with --requeue.
+8. An elastic job (core/model/elastic.py) above its smallest size absorbs a lost node: the group restarts at
+   no cost and is placed again at the size that fits, smaller if need be; so does a failure of its tasks
+   while one of its nodes is lost (peers of a vanished worker fail their collectives first). Growing is
+   no failure either: the group stops with its preemption signal and is placed again larger, uncharged.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from dataclasses import dataclass
 
 from tfcluster import strategies
 from tfcluster.daemon.coordinator.core.model.job import Failure, Job
-from tfcluster.model import is_training
+from tfcluster.model import WORKER, is_training
 from tfcluster.states import JobState, TaskState
 
 # What restarts (Decision.scope).
@@ -55,8 +59,9 @@ BUDGET, PREEMPTION, EVALUATOR_BUDGET, NO_CHARGE = "budget", "preemption", "evalu
 # Why something restarted, as operators count it (the metrics' `cause` label).
 # "preempted": stopped for a job of a higher class; "preemption": the program's own preemption save (exit 42).
 # "drained": requeued off a node an admin drained (`node drain --requeue`).
-CAUSES = ("failure", "preemption", "port_conflict", "node_lost", "hang", "preempted", "drained")
-PREEMPTED, DRAINED = "preempted", "drained"
+# "resized": an elastic job stopped to grow (rule 8).
+CAUSES = ("failure", "preemption", "port_conflict", "node_lost", "hang", "preempted", "drained", "resized")
+PREEMPTED, DRAINED, RESIZED = "preempted", "drained", "resized"
 
 WATCHDOG = "job"  # the task type the hang watchdog's failures are decided under
 
@@ -91,7 +96,7 @@ def decide(job: Job, failure: Failure, task_type: str) -> Decision:
         return Decision(FAIL, NO_CHARGE, 0.0, "not restarted: no restart would change that")
     if failure.lost and failure.task in job.restarting:
         return _restart(job, failure, GROUP, NO_CHARGE, "it cannot restart in place: restarting the training group")
-    charge = PREEMPTION if exit.preempted else NO_CHARGE if exit.busy_port else BUDGET
+    charge = PREEMPTION if exit.preempted else NO_CHARGE if exit.busy_port or _shrinks(job, failure) else BUDGET
     if charge == BUDGET and job.restarts >= restart.max_restarts:
         return Decision(FAIL, NO_CHARGE, 0.0, f"restart budget spent ({job.restarts} of {restart.max_restarts})")
     scope = _scope_in_place(job, failure, task_type)
@@ -101,7 +106,9 @@ def decide(job: Job, failure: Failure, task_type: str) -> Decision:
         return _restart(job, failure, TASKS, charge, f"restarting {' and '.join(scope)}",
                         tuple(t.key for t in job.tasks if t.type in scope))
     saved = "preemption checkpoint saved" + ("" if exit.saved_step is None else f" at step {exit.saved_step}")
-    reason = {PREEMPTION: saved, NO_CHARGE: "placing the group again"}.get(charge, "restarting the training group")
+    free = "restarting the group at the size that fits, smaller if need be (uncharged: elastic)" \
+        if _shrinks(job, failure) else "placing the group again"
+    reason = {PREEMPTION: saved, NO_CHARGE: free}.get(charge, "restarting the training group")
     if job.restarting:
         reason += f" (it was restarting {', '.join(job.restarting)} in place)"
     return _restart(job, failure, GROUP, charge, reason)
@@ -115,6 +122,22 @@ def preempted(job: Job, note: str) -> Decision:
     if job.final_evaluation_until:
         return Decision(NOTHING, NO_CHARGE, 0.0, "training is over; not preempted")
     return Decision(GROUP, PREEMPTION, 0.0, note)
+
+
+def resized(job: Job, reason: str) -> Decision:
+    """An elastic job grows (rule 8): the whole group stops, uncharged, and is placed again at once."""
+    if job.state != JobState.RUNNING or job.final_evaluation_until:
+        return Decision(NOTHING, NO_CHARGE, 0.0, f"not resized while {job.state}")
+    return Decision(GROUP, NO_CHARGE, 0.0, reason)
+
+
+def _shrinks(job: Job, failure: Failure) -> bool:
+    """A node of the elastic job is lost (this task's, or another's within the task grace), and the job may
+    run smaller (rule 8)."""
+    role = job.spec.role(WORKER)
+    if not role.elastic or role.count <= role.min_count:
+        return False
+    return failure.lost or any(t.seen.node_silent for t in job.tasks if t.live)
 
 
 def book(job: Job, decision: Decision, failure: Failure | None, now: float, why: str = PREEMPTED) -> None:

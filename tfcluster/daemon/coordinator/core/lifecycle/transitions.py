@@ -18,11 +18,11 @@ from tfcluster.daemon.coordinator.core.lifecycle import checkpoint_copies
 from tfcluster.daemon.coordinator.core.lifecycle import completion
 from tfcluster.daemon.coordinator.core.lifecycle import restart
 from tfcluster.daemon.coordinator.core.lifecycle.launch import launch_commands
-from tfcluster.daemon.coordinator.core.model import accounting
+from tfcluster.daemon.coordinator.core.model import accounting, elastic
 from tfcluster.daemon.coordinator.core.model.capacity import TaskPlacement
 from tfcluster.daemon.coordinator.core.model.job import Failure, Job, Task, describe_preemption, preemption_note
 from tfcluster.daemon.logformat import fields
-from tfcluster.model import EVALUATOR, Command, FinishTraining, NodeInfo, Stop, TaskExit, is_training
+from tfcluster.model import EVALUATOR, WORKER, Command, FinishTraining, NodeInfo, Stop, TaskExit, is_training
 from tfcluster.roles.tfconfig import cluster_json
 from tfcluster.states import JobState, TaskState
 
@@ -37,12 +37,15 @@ def place(job: Job, placement: list[TaskPlacement], info_of: NodeLookup, now: fl
     """PENDING -> STARTING: tasks get nodes, GPUs and ports; the first wave launches (after the chief's
     checkpoints were copied to the group's nodes, when they are host-local)."""
     assert job.state == JobState.PENDING, job.state
+    resized = elastic.take_size(job, sum(1 for p in placement if p.type == WORKER))
+    if resized:
+        log.info("%s: %s", job.id, resized, extra=fields(job=job.id))
     job.cluster_json = cluster_json((p.type, p.index, p.address) for p in placement)
     for p in placement:
         _put(job, job.task(p.type, p.index), p, info_of(p.node))
     job.final_evaluation_until = 0.0
     job.move(JobState.STARTING)
-    job.message, job.placed, job.held_for = "", now, ""
+    job.message, job.placed, job.held_for = resized, now, ""
     return checkpoint_copies.restore(job, info_of, now) + advance(job, now)
 
 
@@ -328,6 +331,20 @@ def requeue(job: Job, why: str, now: float) -> list[Command]:
     log.warning("%s: %s", job.id, decision.reason, extra=fields(job=job.id))
     restart.book(job, decision, None, now, restart.DRAINED)
     return wind_down(job, restart.RESTART, decision.reason, now)
+
+
+def grow(job: Job, workers: int, now: float) -> list[Command]:
+    """More workers fit for an elastic job (core/scheduling/elastic.py): the whole group stops with the job's
+    preemption signal, so its programs save first, and goes back to the queue at once, which places it at the
+    largest size that fits then. No restart is charged."""
+    reason = (f"growing {elastic.size(job.spec)} \u2192 {workers} workers: stopping the group with "
+              f"{job.spec.stop_signal} to save, then restarting it from the checkpoint")
+    decision = restart.resized(job, reason)
+    if decision.scope == restart.NOTHING:
+        return []
+    log.info("%s: %s", job.id, reason, extra=fields(job=job.id))
+    restart.book(job, decision, None, now, restart.RESIZED)
+    return wind_down(job, restart.RESTART, reason, now)
 
 
 def wind_down(job: Job, outcome: str, message: str, now: float, grace: float | None = None,

@@ -173,6 +173,8 @@ class Job(StateRecord):
     tasks: list[Task] = field(default_factory=list)
     restarts: int = 0
     preemptions: int = 0      # preemption saves (exit 42) and stops for a job of a higher class
+    resizes: int = 0          # elastic: placements at a size other than the one before (core/model/elastic.py)
+    top_attempt: int = 0      # elastic: the highest attempt of a worker it dropped (a new one starts above it)
     placed: float = 0.0       # when it was last placed: the most recently started jobs are preempted first
     # Its last preemption by a job of a higher class (preemption.py): which job, whose, and when.
     preempted_by: str = ""

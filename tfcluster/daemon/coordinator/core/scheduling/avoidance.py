@@ -11,7 +11,8 @@ from dataclasses import replace
 
 from tfcluster.daemon.coordinator.core.model.capacity import NodeCapacity
 from tfcluster.daemon.coordinator.core.model.job import Job
-from tfcluster.daemon.coordinator.core.scheduling.placement import TaskPlacement, Unfit, place
+from tfcluster.daemon.coordinator.core.scheduling.elastic import place_sized
+from tfcluster.daemon.coordinator.core.scheduling.placement import TaskPlacement, Unfit
 
 AVOID_AFTER_FAILURES = 3
 
@@ -22,14 +23,15 @@ def avoided(job: Job) -> dict[str, int]:
 
 
 def place_avoiding(job: Job, capacity: list[NodeCapacity], **how) -> list[TaskPlacement] | Unfit:
-    """place() for the job, away from the nodes it avoids when it fits elsewhere."""
+    """place() for the job (an elastic one at the largest size that fits: elastic.py), away from the nodes it
+    avoids when it fits elsewhere."""
     avoid = avoided(job)
     if avoid:
-        elsewhere = place(job.spec, [replace(n, unavailable=_why(avoid[n.name])) if n.name in avoid else n
+        elsewhere = place_sized(job.spec, [replace(n, unavailable=_why(avoid[n.name])) if n.name in avoid else n
                                      for n in capacity], **how)
         if not isinstance(elsewhere, Unfit):
             return elsewhere
-    return place(job.spec, capacity, **how)
+    return place_sized(job.spec, capacity, **how)
 
 
 def note(job: Job) -> str:

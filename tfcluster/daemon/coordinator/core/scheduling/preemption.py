@@ -16,6 +16,7 @@ import itertools
 from collections.abc import Iterable
 from dataclasses import replace
 
+from tfcluster.daemon.coordinator.core.model.elastic import smallest
 from tfcluster.daemon.coordinator.core.model.job import Job
 from tfcluster.daemon.coordinator.core.scheduling.placement import NodeCapacity, Unfit, place
 from tfcluster.states import JobState
@@ -71,7 +72,8 @@ def _greedy(waiting: Job, candidates: list[Job], capacity: list[NodeCapacity]) -
 
 
 def _fits(waiting: Job, capacity: list[NodeCapacity], victims: Iterable[Job]) -> bool:
-    return not isinstance(place(waiting.spec, adjust(capacity, held_by(victims), give_back=True)), Unfit)
+    # an elastic job preempts only what it needs to start
+    return not isinstance(place(smallest(waiting.spec), adjust(capacity, held_by(victims), give_back=True)), Unfit)
 
 
 def held_by(jobs: Iterable[Job]) -> Holdings:

@@ -15,6 +15,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
+from tfcluster.daemon.coordinator.core.model.elastic import smallest
 from tfcluster.daemon.coordinator.core.model.job import Job
 from tfcluster.daemon.coordinator.core.scheduling.avoidance import place_avoiding
 from tfcluster.daemon.coordinator.core.scheduling.placement import NodeCapacity, TaskPlacement, Unfit, place, task_list
@@ -40,6 +41,8 @@ def order(jobs: Iterable[Job], shares: Mapping[str, float]) -> list[Job]:
 
 
 def gpus_asked(spec: JobSpec) -> int:
+    """The GPUs the job needs to run at all (an elastic one: at its smallest size)."""
+    spec = smallest(spec)
     return sum(spec.gpus_for(t) for t, _ in task_list(spec))
 
 
@@ -154,7 +157,8 @@ class QueuePass:
             return result
         reason = f"waiting for resources: {result.reason}"
         # Held GPUs that are free now are all that sets the two apart: without any, it would not fit anyway.
-        if self.held_free and not isinstance(place(job.spec, list(self.free.values()), previous=previous), Unfit):
+        if self.held_free and not isinstance(place(smallest(job.spec), list(self.free.values()), previous=previous),
+                                             Unfit):
             reason = f"waiting: what is free is held for {', '.join(self.holders[:3])}, ahead of it in the queue"
         if job.rank not in self.held_ranks:
             hold = self._hold_for(job)
@@ -191,7 +195,7 @@ class QueuePass:
             gpus = sorted(now.gpus, key=lambda g: (g.index in now.used_gpus, g.index))
             nodes.append(replace(self.idle(name), gpus=tuple(gpus), used_gpus=held, unavailable=now.unavailable))
             prefer[name] = now.free_gpus
-        result = place(job.spec, nodes, prefer=prefer)
+        result = place(smallest(job.spec), nodes, prefer=prefer)  # an elastic job holds what it needs to start
         if isinstance(result, Unfit):
             return None
         gpus: dict[str, set[int]] = {}
