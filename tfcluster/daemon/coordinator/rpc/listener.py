@@ -25,14 +25,12 @@ MAX_MESSAGE_BYTES = 64 << 20  # sent: one job's status with thousands of tasks s
 MAX_RECEIVE_BYTES = security.MAX_REQUEST_BYTES
 # Calls open at once on one connection (HTTP/2's SETTINGS_MAX_CONCURRENT_STREAMS, unbounded in gRPC by default):
 # a client's calls past it wait in the client for one to end. Every call gRPC takes in waits its turn on the
-# event loop (about 0.35 ms each) ahead of the calls that come after it from anyone, before anything of ours
-# knows who made it: a client that opens all the places of many connections at once keeps everyone's calls
-# waiting that long times the places (64 connections of 64 places: status answers 0.6 s late; of 16: 0.06 s,
-# bench/streams.py). Half the default share of open streams per caller (counted over all its connections): a
-# `tfcluster` command holds at most two on its one connection; a client that keeps more than 15 open uses a
-# second connection for its other calls. An agent's session stream and its few other calls travel on a
-# connection of its own, which no client's calls share.
-STREAMS_PER_CONNECTION = DEFAULT_PER_CALLER // 2
+# event loop (about 0.3 ms each), ahead of the calls that come after it from anyone: a lower bound keeps fewer
+# of one client's calls ahead of everyone else's. Twice the default share of open streams per caller (counted
+# over all its connections), so that a client holding all of its share on one connection has as many places
+# left for its other calls. An agent's session stream and its few other calls travel on a connection of its
+# own, which no client's calls share.
+STREAMS_PER_CONNECTION = 2 * DEFAULT_PER_CALLER
 # No BDP probing: it grows a connection's receive window to megabytes, and a message refused for its size from
 # its length prefix would still come in up to that window (a 60 MB one cost 80 MB at a time). gRPC's 64 KiB
 # window is ample for a LAN; what the coordinator sends is not affected. Pings without calls are allowed: an

@@ -38,9 +38,9 @@ DEFAULT_PER_CALLER = 32  # `tfcluster start --follow` holds two; a person with a
 FLAG = "--max-streams-per-caller"
 # About 0.3 ms of the event loop each: 200 a second cost it 6 %, whatever the caller spreads them over.
 REFUSALS_PER_SECOND = 200.0
-# Refusals one caller may have held at once: every place on 256 connections (listener.STREAMS_PER_CONNECTION
+# Refusals one caller may have held at once: every place on 16 connections (listener.STREAMS_PER_CONNECTION
 # each), a few kilobytes each. Past it a refusal is answered at once.
-MOST_HELD = 256 * DEFAULT_PER_CALLER // 2
+MOST_HELD = 16 * 2 * DEFAULT_PER_CALLER
 
 
 class TooManyStreams(Exception):
