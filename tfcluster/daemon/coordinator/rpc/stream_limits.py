@@ -36,10 +36,11 @@ from tfcluster.pki import Identity
 
 DEFAULT_PER_CALLER = 32  # `tfcluster start --follow` holds two; a person with a few terminals open, a dozen
 FLAG = "--max-streams-per-caller"
-# About 0.3 ms of the event loop each: 200 a second cost it 6 %, whatever the caller spreads them over.
+# About 0.35 ms of the event loop each: 200 a second cost it 7 %, whatever the caller spreads them over.
 REFUSALS_PER_SECOND = 200.0
 # Refusals one caller may have held at once: every place on 16 connections (listener.STREAMS_PER_CONNECTION
-# each), a few kilobytes each. Past it a refusal is answered at once.
+# each), a few kilobytes each. Past it a refusal is answered at once: holding all the places of 64 connections
+# left 4,000 calls open at once in one run of bench/streams.py, and gRPC cancelled some of the admin's calls.
 MOST_HELD = 16 * 2 * DEFAULT_PER_CALLER
 
 
