@@ -15,7 +15,7 @@ import functools
 import inspect
 import socket
 import ssl
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import grpc
@@ -107,11 +107,12 @@ def caller() -> Identity | None:
 
 
 class Refused(Exception):
-    """The caller may not make this call: why, in one line."""
+    """The caller may not make this call: why, in one line. delay, if given, is awaited before the refusal is
+    answered (a caller's refusals paced: coordinator/rpc/stream_limits.py)."""
 
-    def __init__(self, code: grpc.StatusCode, message: str):
+    def __init__(self, code: grpc.StatusCode, message: str, delay: Callable[[], Awaitable[None]] | None = None):
         super().__init__(message)
-        self.code = code
+        self.code, self.delay = code, delay
 
 
 # ---- who calls ----------------------------------------------------------------------------------
@@ -216,13 +217,17 @@ def _guarded(handler, method: str, check: Callable, admit: Callable | None):
     messages = Messages(method, handler.request_deserializer)
     if inspect.isasyncgenfunction(behaviour):
         async def run(request, context):
-            request, context = _enter(check, admit, messages, streaming, request, context)
+            request, context, delay = _enter(check, admit, messages, streaming, request, context)
+            if delay is not None:
+                await delay()
             if context is not None:
                 async for item in behaviour(request, context):
                     yield item
     else:
         async def run(request, context):
-            request, context = _enter(check, admit, messages, streaming, request, context)
+            request, context, delay = _enter(check, admit, messages, streaming, request, context)
+            if delay is not None:
+                await delay()
             return None if context is None else await behaviour(request, context)
     return getattr(grpc, f"{kind}_rpc_method_handler")(
         run, request_deserializer=None, response_serializer=handler.response_serializer)
@@ -230,24 +235,25 @@ def _guarded(handler, method: str, check: Callable, admit: Callable | None):
 
 def _enter(check: Callable, admit: Callable | None, messages: Messages, streaming: bool, request, context):
     """The gate, then admit (the join port's rate, a caller's open calls), then the request's size: the request
-    decoded (on a stream, an iterator and a context that decode each message) and the context; (None, None) once
-    refused."""
+    decoded (on a stream, an iterator and a context that decode each message), the context and None; once
+    refused, (None, None, what to await before the refusal is answered, or None)."""
+    delay = None
     try:
         _caller.set(check(context.auth_context()))
         if admit is not None:
             admit(context)
     except Refused as e:
-        refused = e
+        refused, delay = e, e.delay
     else:
         if streaming:
             reading = _Reading(context, messages)
-            return reading.requests(request), reading
+            return reading.requests(request), reading, None
         request, refused = messages.take(request)
         if not refused:
-            return request, context
+            return request, context, None
     context.set_code(refused.code)
     context.set_details(str(refused))
-    return None, None
+    return None, None, delay
 
 
 class AsyncGuard(grpc.aio.ServerInterceptor):

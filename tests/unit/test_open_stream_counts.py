@@ -11,7 +11,7 @@ import pytest
 
 from tfcluster import security
 from tfcluster.api.v1 import agent_pb2, control_pb2
-from tfcluster.daemon.coordinator.rpc.stream_limits import StreamLimits, TooManyStreams, caller_name
+from tfcluster.daemon.coordinator.rpc.stream_limits import RefusalPace, StreamLimits, TooManyStreams, caller_name
 from tfcluster.pki import ADMIN, USER, VIEWER, Identity
 
 PEOPLE = {ADMIN, USER, VIEWER}
@@ -120,3 +120,53 @@ def test_the_guard_counts_only_the_long_lived_calls_after_its_own_admit():
     seen.clear()
     served = asyncio.run(call(security.AGENT + "FetchCode"))
     assert seen == ["admit", "handler"] and served.code is None
+
+
+def test_a_callers_refusals_come_back_one_at_once_then_paced_and_no_more_are_held_than_the_bound():
+    pace = StreamLimits(1, RefusalPace(rate=10, most_held=3)).pace
+    bob, alice = caller_name(Identity(USER, "bob"), ""), caller_name(Identity(USER, "alice"), "")
+    assert pace.hold(bob, 100.0) == 0.0  # someone past the share by one learns it at once
+    assert [pace.hold(bob, 100.0) for _ in range(3)] == pytest.approx([0.1, 0.2, 0.3])  # the rest, 10 a second
+    assert pace.hold(bob, 100.0) == 0.0, "past the bound of held refusals: answered at once"
+    assert pace.held == {bob: 3}
+    assert pace.hold(alice, 100.0) == 0.0, "another caller's first refusal is not held behind bob's"
+    pace.release(bob)
+    assert pace.hold(bob, 100.05) == pytest.approx(0.35), "the pace stays: nothing answered before its turn"
+    for _ in range(3):
+        pace.release(bob)
+    assert pace.held == {}
+    assert pace.hold(bob, 101.0) == 0.0, "once the pace has caught up, the next refusal is answered at once"
+    assert pace.hold(bob, 101.0) == pytest.approx(0.1)
+
+
+def test_a_held_refusal_is_answered_after_its_hold_and_gives_its_place_back_even_when_cancelled():
+    limits = StreamLimits(1, RefusalPace(rate=20, most_held=10))
+
+    class Call:
+        def peer(self) -> str:
+            return "ipv4:10.0.0.9:4242"
+
+        def add_done_callback(self, release) -> None:
+            pass
+
+    async def scenario():
+        limits.admit(Call())  # the share of one, taken
+        for held in (False, True):  # the first refusal at once, the next held
+            with pytest.raises(security.Refused) as refused:
+                limits.admit(Call())
+            assert refused.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert (refused.value.delay is not None) == held
+        started = asyncio.get_running_loop().time()
+        await refused.value.delay()
+        assert asyncio.get_running_loop().time() - started >= 0.04
+        assert limits.pace.held == {}
+        with pytest.raises(security.Refused) as refused:
+            limits.admit(Call())
+        waiting = asyncio.create_task(refused.value.delay())
+        await asyncio.sleep(0)
+        assert limits.pace.held == {"the address 10.0.0.9": 1}
+        waiting.cancel()  # the client went away while its refusal was held
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        assert limits.pace.held == {}
+    asyncio.run(scenario())
