@@ -1,7 +1,8 @@
 """An elastic multi_worker_mirrored job on a real cluster: three agents with one GPU each, a job with
 `count = "2..3"` starts at 2 while another job holds the third GPU, grows to 3 once that job is stopped (every
-task's TF_CONFIG and TFCLUSTER_NUM_WORKERS then say 3, uncharged), and shrinks back to 2, uncharged, when an
-agent is killed. The program is plain Python: it prints the size it was started at and sleeps.
+task's TF_CONFIG and TFCLUSTER_NUM_WORKERS then say 3, uncharged), shrinks back to 2, uncharged, when an agent
+is killed, and grows again when that agent comes back. The program is plain Python: it prints the size it was
+started at and sleeps.
 
 The job has no restart budget (max_restarts = 0): a resize charged to it would fail the job."""
 
@@ -128,5 +129,10 @@ def test_elastic_job_starts_small_grows_when_capacity_frees_and_shrinks_when_a_n
     assert "resized 3 \u2192 2 workers" in job["message"]
     assert nodes_of(cluster, elastic) == {"a", "b"}
     print(f"capacity freed -> running at 3: {grown:.1f} s; agent killed -> running at 2: {shrunk:.1f} s")
+
+    cluster.start_agent("c", gpus=1)  # the node comes back: the job grows onto it again
+    wait_until(lambda: runs_at(cluster, elastic, 3), 30, what="the job to run at 3 workers once c is back")
+    job = cluster.job(elastic)
+    assert job["workers"]["resizes"] == 3 and job["restarts"] == 0
 
     cluster.cli("stop", elastic, check=True)
