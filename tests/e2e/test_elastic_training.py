@@ -12,6 +12,7 @@ import textwrap
 
 import pytest
 
+from gpuholder import hold_gpu
 from harness import finish, wait_until
 
 pytestmark = [pytest.mark.e2e,
@@ -32,19 +33,7 @@ def epochs_begun(log: str) -> list[int]:
 def test_elastic_keras_job_grows_from_two_to_three_workers_and_resumes_at_the_next_epoch(make_cluster, tmp_path):
     cluster = make_cluster()
     cluster.start_agents({name: {"gpus": 1} for name in ("a", "b", "c")})
-    blocker_spec = tmp_path / "blocker.toml"
-    blocker_spec.write_text(textwrap.dedent("""
-        name = "blocker"
-        strategy = "mirrored"
-        command = ["sleep", "600"]
-        stop_grace_seconds = 0
-        [roles.worker]
-        count = 1
-        gpus = 1
-        nodes = ["c"]
-    """))
-    blocker = cluster.cli("start", str(blocker_spec), check=True).stdout.strip()
-    cluster.wait_job(blocker, states=("RUNNING",), timeout=30)
+    blocker = hold_gpu(cluster, tmp_path, "c")
 
     checkpoints = tmp_path / "ckpt"
     spec = tmp_path / "elastic.toml"

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuholder import hold_gpu
 from harness import kill_group, running_cluster, wait_until
 
 PROGRAM = """\
@@ -63,6 +64,18 @@ def nodes_of(cluster, job_id: str) -> set[str]:
     return {t["node"] for t in cluster.job(job_id)["tasks"]}
 
 
+def resized_to(cluster, job_id: str, workers: int, resizes: int, note: str, nodes: set[str]) -> None:
+    """Waits until every worker runs at that size, then checks what status says of it: nothing charged (the job
+    has no budget: it would have failed), the resize counted and noted, the workers on those nodes."""
+    wait_until(lambda: runs_at(cluster, job_id, workers), 30, what=f"the job to run at {workers} workers")
+    job = cluster.job(job_id)
+    assert job["state"] == "RUNNING"
+    assert job["workers"] == {"min": 2, "max": 3, "current": workers, "resizes": resizes}
+    assert job["restarts"] == 0 and job["preemptions"] == 0
+    assert note in job["message"]
+    assert nodes_of(cluster, job_id) == nodes
+
+
 def kill_node(cluster, name: str) -> None:
     """The node is lost as a machine is: its agent killed -9, and the tasks it ran with it."""
     cluster.agents[name].kill()
@@ -75,17 +88,7 @@ def kill_node(cluster, name: str) -> None:
 
 def test_elastic_job_starts_small_grows_when_capacity_frees_and_shrinks_when_a_node_is_lost(cluster, tmp_path):
     program = write(tmp_path / "sizes.py", PROGRAM)
-    blocker = start(cluster, write(tmp_path / "blocker.toml", f"""
-        name = "blocker"
-        strategy = "mirrored"
-        command = ["sleep", "600"]
-        stop_grace_seconds = 0
-        [roles.worker]
-        count = 1
-        gpus = 1
-        nodes = ["c"]
-    """))
-    cluster.wait_job(blocker, states=("RUNNING",), timeout=30)
+    blocker = hold_gpu(cluster, tmp_path, "c")
     elastic = start(cluster, write(tmp_path / "elastic.toml", f"""
         name = "elastic"
         strategy = "multi_worker_mirrored"
@@ -100,39 +103,21 @@ def test_elastic_job_starts_small_grows_when_capacity_frees_and_shrinks_when_a_n
         resize_interval_seconds = {INTERVAL}
     """))
 
-    wait_until(lambda: runs_at(cluster, elastic, 2), 30, what="the job to run at 2 workers")
-    job = cluster.job(elastic)
-    assert job["workers"] == {"min": 2, "max": 3, "current": 2, "resizes": 0}
-    assert "started with 2 workers (elastic 2..3)" in job["message"]
-    assert nodes_of(cluster, elastic) == {"a", "b"}
+    resized_to(cluster, elastic, 2, resizes=0, note="started with 2 workers (elastic 2..3)", nodes={"a", "b"})
 
     time.sleep(INTERVAL)  # it may grow as soon as the capacity frees
     freed = time.monotonic()
     cluster.cli("stop", blocker, check=True)
-    wait_until(lambda: runs_at(cluster, elastic, 3), 30, what="the job to run at 3 workers")
+    resized_to(cluster, elastic, 3, resizes=1, note="resized 2 \u2192 3 workers", nodes={"a", "b", "c"})
     grown = time.monotonic() - freed
-    job = cluster.job(elastic)
-    assert job["state"] == "RUNNING"
-    assert job["workers"] == {"min": 2, "max": 3, "current": 3, "resizes": 1}
-    assert job["restarts"] == 0 and job["preemptions"] == 0
-    assert "resized 2 \u2192 3 workers" in job["message"]
-    assert nodes_of(cluster, elastic) == {"a", "b", "c"}
 
     lost = time.monotonic()
-    kill_node(cluster, "c")
-    wait_until(lambda: runs_at(cluster, elastic, 2), 30, what="the job to run at 2 workers again")
+    kill_node(cluster, "c")  # a shrink above the smallest size is not charged
+    resized_to(cluster, elastic, 2, resizes=2, note="resized 3 \u2192 2 workers", nodes={"a", "b"})
     shrunk = time.monotonic() - lost
-    job = cluster.job(elastic)
-    assert job["state"] == "RUNNING"
-    assert job["workers"] == {"min": 2, "max": 3, "current": 2, "resizes": 2}
-    assert job["restarts"] == 0, "a shrink above the smallest size is not charged"
-    assert "resized 3 \u2192 2 workers" in job["message"]
-    assert nodes_of(cluster, elastic) == {"a", "b"}
     print(f"capacity freed -> running at 3: {grown:.1f} s; agent killed -> running at 2: {shrunk:.1f} s")
 
     cluster.start_agent("c", gpus=1)  # the node comes back: the job grows onto it again
-    wait_until(lambda: runs_at(cluster, elastic, 3), 30, what="the job to run at 3 workers once c is back")
-    job = cluster.job(elastic)
-    assert job["workers"]["resizes"] == 3 and job["restarts"] == 0
+    resized_to(cluster, elastic, 3, resizes=3, note="resized 2 \u2192 3 workers", nodes={"a", "b", "c"})
 
     cluster.cli("stop", elastic, check=True)
