@@ -13,6 +13,7 @@ from coresim import Sim, info, launches, make_spec, stops
 from tfcluster import layout, statuses, views, wire
 from tfcluster.daemon.coordinator.core.model.elastic import at_size, resize
 from tfcluster.daemon.coordinator.store import records
+from tfcluster.model import SyncCheckpoints
 from tfcluster.spec import DEFAULT_RESIZE_INTERVAL_SECONDS, SpecError
 from tfcluster.specfile import parse_spec
 from tfcluster.states import JobState, TaskState
@@ -135,6 +136,20 @@ def test_it_grows_once_the_resize_interval_has_passed_saving_first_and_uncharged
     assert job.state == JobState.RUNNING and job.message == "resized 2 \u2192 3 workers, resuming from the checkpoint"
     assert (job.resizes, job.restarts, job.preemptions) == (1, 0, 0)
     assert later(sim, INTERVAL * 2) == []  # at its largest size: nothing more
+
+
+def test_a_grow_that_copies_host_local_checkpoints_to_the_new_node_still_says_it_resized():
+    sim = Sim(*(replace(info(n, 1), peer_port=19999) for n in ("n1", "n2", "n3")))  # agents that copy checkpoints
+    [other] = busy(sim)
+    job, _ = start(sim)
+    sim.exit(other, "worker:0", 0)
+    stop = later(sim, INTERVAL)
+    copying = sim.exit_stopped(job, stop) + sim.c.schedule(sim.now)
+    [sync] = [c for c in copying if isinstance(c, SyncCheckpoints)]
+    assert job.message.startswith("resized 2 \u2192 3 workers, resuming from the checkpoint; copying checkpoints")
+    relaunch = sim.c.sync_done(sync.node, job.id, sync.sync_id, True, "", sim.now)
+    sim.running(job, relaunch)
+    assert job.state == JobState.RUNNING and job.message == "resized 2 \u2192 3 workers, resuming from the checkpoint"
 
 
 def test_it_does_not_grow_past_a_waiting_job_of_its_class_but_does_past_a_lower_one():

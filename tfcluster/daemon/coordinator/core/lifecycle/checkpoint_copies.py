@@ -23,24 +23,36 @@ def restore(job: Job, info_of: Callable[[str], NodeInfo | None], now: float) -> 
     if not job.host_local or not source:
         return []
     if info_of(source) is None:
-        job.message = f"the checkpoints were on {source}, which is gone; training starts over"
+        job.message = _noted(job.message, f"the checkpoints were on {source}, which is gone; training starts over")
         return []
-    peers = {t.node: t.peer for t in job.tasks if t.type in (CHIEF, WORKER, EVALUATOR) and t.node != source}
-    nodes = sorted(n for n, peer in peers.items() if peer)
-    if not nodes:
+    if not _targets(job, source):
         return []
     job.syncs += 1
     job.syncing, job.sync_source, job.sync_until = job.syncs, source, now + SYNC_DEADLINE_SECONDS
-    job.message = f"copying checkpoints from {source} to {', '.join(nodes)}"
+    job.message = _noted(job.message, _copying(job))
     return sync_commands(job, now)
+
+
+def _targets(job: Job, source: str) -> dict[str, str]:
+    """The group's nodes other than source that a copy reaches: node -> its peer address."""
+    return {t.node: t.peer for t in job.tasks
+            if t.type in (CHIEF, WORKER, EVALUATOR) and t.node != source and t.peer}
+
+
+def _copying(job: Job) -> str:
+    return f"copying checkpoints from {job.sync_source} to {', '.join(sorted(_targets(job, job.sync_source)))}"
+
+
+def _noted(message: str, note: str) -> str:
+    """The job's message with note after it: what placing it said (an elastic job's resize) stays in status."""
+    return f"{message}; {note}" if message else note
 
 
 def sync_commands(job: Job, now: float) -> list[Command]:
     """The copy under way, its targets told to expect it first (sent again until its answer arrives: the
     agent keeps the answer)."""
     job.seen.sync_sent_at = now
-    targets = {t.node: t.peer for t in job.tasks if t.type in (CHIEF, WORKER, EVALUATOR)
-               and t.node != job.sync_source and t.peer}
+    targets = _targets(job, job.sync_source)
     nodes = sorted(targets)
     expect = [ExpectFiles(node, job.id, sender=job.sync_source, uid=job.uid, gid=job.uid) for node in nodes]
     return [*expect, SyncCheckpoints(node=job.sync_source, job_id=job.id, sync_id=job.syncing,
@@ -51,8 +63,10 @@ def sync_finished(job: Job, sync_id: int, ok: bool, message: str) -> bool:
     """True when this answer ends the copy the job waits for (then the group may start)."""
     if sync_id != job.syncing or job.state != JobState.STARTING:
         return False
+    copying = _copying(job)
+    before = "" if job.message == copying else job.message.removesuffix(f"; {copying}")
     job.syncing = 0
-    job.message = "" if ok else f"copying the checkpoints failed ({message}); starting without them"
+    job.message = before if ok else _noted(before, f"copying the checkpoints failed ({message}); starting without them")
     return True
 
 

@@ -1,0 +1,75 @@
+"""End to end: an elastic tf-keras MultiWorkerMirroredStrategy job (`count = "2..3"`) with BackupAndRestore
+starts at 2 workers while another job holds the third GPU, grows to 3 once that job stops, and resumes at 3
+from the epoch after the last one it backed up at 2; it ends SUCCEEDED with every epoch trained."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import sys
+import textwrap
+
+import pytest
+
+from gpuholder import hold_gpu
+from harness import finish, wait_until
+
+pytestmark = [pytest.mark.e2e,
+              pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="needs the tf extra")]
+
+EPOCHS = 6
+
+
+def epochs_saved(log: str) -> list[int]:
+    """The epochs the chief said it saved (the demo's SaveEveryEpoch, after BackupAndRestore's backup)."""
+    return [int(n) for n in re.findall(r"^saved .* \(epoch (\d+)\)$", log, re.MULTILINE)]
+
+
+def epochs_begun(log: str) -> list[int]:
+    return [int(n) for n in re.findall(rf"^Epoch (\d+)/{EPOCHS}$", log, re.MULTILINE)]
+
+
+def test_elastic_keras_job_grows_from_two_to_three_workers_and_resumes_at_the_next_epoch(make_cluster, tmp_path):
+    cluster = make_cluster()
+    cluster.start_agents({name: {"gpus": 1} for name in ("a", "b", "c")})
+    blocker = hold_gpu(cluster, tmp_path, "c")
+
+    checkpoints = tmp_path / "ckpt"
+    spec = tmp_path / "elastic.toml"
+    # tf-keras MWMS workers swallow SIGTERM: the grow's stop ends them at the grace's SIGKILL, during the pause
+    # after an epoch, and BackupAndRestore resumes after the last epoch it backed up.
+    spec.write_text(textwrap.dedent(f"""
+        name = "elastic-digits"
+        strategy = "multi_worker_mirrored"
+        command = ["{sys.executable}", "-m", "tfcluster.demo.train_digits"]
+        checkpoint_dir = "{checkpoints}"
+        env = {{ EPOCHS = "{EPOCHS}", EPOCH_PAUSE_SECONDS = "3" }}
+        stop_grace_seconds = 1
+        [roles.worker]
+        count = "2..3"
+        gpus = 1
+        [restart]
+        max_restarts = 0
+        [elastic]
+        resize_interval_seconds = 1
+    """))
+    job_id = cluster.cli("start", str(spec), check=True).stdout.strip()
+    assert cluster.job(job_id)["workers"]["current"] == 2
+
+    def chief_log(attempt: int = 0) -> str:
+        return cluster.cli("logs", job_id, "worker:0", *(["--attempt", str(attempt)] if attempt else [])).stdout
+
+    wait_until(lambda: 2 in epochs_saved(chief_log()), 180, interval=0.5, what="two epochs trained at 2 workers")
+    cluster.cli("stop", blocker, check=True)
+
+    job = finish(cluster, job_id, timeout=240)
+    assert job["workers"] == {"min": 2, "max": 3, "current": 3, "resizes": 1}
+    assert job["restarts"] == 0 and job["preemptions"] == 0
+    assert {t["node"] for t in job["tasks"]} == {"a", "b", "c"}
+    at_two, at_three = chief_log(1), chief_log(2)
+    backed_up = max(epochs_saved(at_two))
+    assert epochs_begun(at_three)[0] == backed_up + 1, f"resumed at the wrong epoch:\n{at_three}"
+    assert sorted(set(epochs_saved(at_two)) | set(epochs_saved(at_three))) == list(range(1, EPOCHS + 1))
+    metrics = json.loads((checkpoints / "metrics.json").read_text())
+    assert metrics["replicas"] == 3, "it finished training with 3 workers in one synchronous group"
