@@ -70,7 +70,11 @@ def env_file(inventory: Inventory, host: Host, etcd_ca: bytes) -> bytes:
               "ETCD_INITIAL_CLUSTER_STATE": "new",
               # Unique to this cluster's etcd CA: members of another cluster never take these for peers.
               "ETCD_INITIAL_CLUSTER_TOKEN": "tfcluster-" + hashlib.sha256(etcd_ca).hexdigest()[:16],
-              **tls, **{k.replace("ETCD_", "ETCD_PEER_", 1): v for k, v in tls.items()}}
+              **tls, **{k.replace("ETCD_", "ETCD_PEER_", 1): v for k, v in tls.items()},
+              # etcd would also check that a peer connects from an address its certificate names; a host with
+              # several addresses may pick another. etcd's CA signs members' certificates alone, so the
+              # signature already says a member connects.
+              "ETCD_EXPERIMENTAL_PEER_SKIP_CLIENT_SAN_VERIFICATION": "true"}
     lines = ["# Written by `tfcluster up` from its inventory: the next `tfcluster up` puts back what is changed here."]
     lines += [f"{name}={value}" for name, value in values.items()]
     return ("\n".join(lines) + "\n").encode()
