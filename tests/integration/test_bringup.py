@@ -229,7 +229,8 @@ def test_up_brings_three_coordinators_up_on_etcd_and_a_standby_takes_over(tmp_pa
     with SshHosts(tmp_path, HA_HOSTS) as hosts:
         cluster = tmp_path / "cluster.toml"
         text = inventory(hosts.key, ["node1"])
-        cluster.write_text(text + "".join(f'\n[[coordinators]]\nhost = "{HA_HOSTS[n]}"\n' for n in ("coord2", "coord3")))
+        cluster.write_text(text + "".join(f'\n[[coordinators]]\nhost = "{HA_HOSTS[n]}"\n'
+                                          for n in ("coord2", "coord3")))
 
         def tfcluster(*args: str, **env: str) -> subprocess.CompletedProcess:
             return hosts.operator([TFCLUSTER, *args], capture_output=True, text=True, timeout=400,
@@ -239,17 +240,20 @@ def test_up_brings_three_coordinators_up_on_etcd_and_a_standby_takes_over(tmp_pa
         first = tfcluster("up", str(cluster))
         took = time.monotonic() - started
         assert first.returncode == 0, first.stdout + first.stderr + logs(hosts)
-        rows = [r for r in (line.split() for line in first.stdout.splitlines()) if len(r) == 6 and r[0] in HA_HOSTS.values()]
+        rows = [r for r in (line.split() for line in first.stdout.splitlines())
+                if len(r) == 6 and r[0] in HA_HOSTS.values()]
         assert [(r[0], r[1], r[2]) for r in rows] == [(HA_HOSTS[n], "coordinator", "SERVING")
                                                       for n in ("coord", "coord2", "coord3")] + \
             [(HA_HOSTS["node1"], "agent", "READY")], first.stdout
         addresses = ",".join(f"{HA_HOSTS[n]}:7070" for n in ("coord", "coord2", "coord3"))
         assert f"TFCLUSTER_COORDINATOR={addresses}" in first.stdout
         for name in ("coord", "coord2", "coord3"):
-            modes = hosts.on(name, ["stat", "-c", "%a", "/etc/tfcluster/ca/ca.key", "/etc/tfcluster/etcd/member.key",
-                                    "/var/lib/tfcluster/etcd"], capture_output=True, text=True).stdout.split()
+            modes = hosts.on(name, ["stat", "-c", "%a", "/etc/tfcluster/ca/ca.key",
+                                    "/etc/tfcluster/etcd/member.key", "/var/lib/tfcluster/etcd"],
+                             capture_output=True, text=True).stdout.split()
             assert modes == ["600", "600", "700"], (name, modes)
-        agent_env = hosts.on("node1", ["cat", "/etc/tfcluster/tfcluster.env"], capture_output=True, text=True).stdout
+        agent_env = hosts.on("node1", ["cat", "/etc/tfcluster/tfcluster.env"], capture_output=True,
+                             text=True).stdout
         assert f"TFCLUSTER_COORDINATOR={addresses}" in agent_env
 
         admin = {"TFCLUSTER_TLS_DIR": str(tmp_path / "cluster.tfcluster" / "ca" / "admin"),

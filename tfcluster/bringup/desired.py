@@ -4,49 +4,19 @@ unit templates shipped in this package."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from importlib import resources
-
+from tfcluster.bringup import etcd
+from tfcluster.bringup.hostfiles import ENV_FILE, ETC, STATE_DIR, UNIT_DIR, Desired, File, Service, unit_text
 from tfcluster.bringup.inventory import COORDINATOR_PORT, Host, Inventory
 from tfcluster.credentials import CA_CERT, CA_KEY, NODE_CERT, SERVER_CERT, SERVER_KEY
 
-ETC = "/etc/tfcluster"
-ENV_FILE = f"{ETC}/tfcluster.env"
 CA_DIR = f"{ETC}/ca"                          # a coordinator's: the CA's key and the coordinator's certificate
 AGENT_CA_CERT = f"{ETC}/{CA_CERT}"            # an agent's: trusts the coordinator it joins
 JOIN_TOKEN_FILE = f"{ETC}/join-token"         # an agent's single-use token until it has joined (root-only)
-UNIT_DIR = "/etc/systemd/system"
-STATE_DIR = "/var/lib/tfcluster"
 AGENT_STATE_DIR = f"{STATE_DIR}/agent"        # as the agent unit names it
 NODE_CERT_PATH = f"{AGENT_STATE_DIR}/tls/{NODE_CERT}"
 WHEELHOUSE_DIR = "/var/cache/tfcluster-wheelhouse"   # on a host while it installs; removed after
 COORDINATOR_UNIT, AGENT_UNIT = "tfcluster-coordinator.service", "tfcluster-agent.service"
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-
-
-@dataclass(frozen=True)
-class File:
-    data: bytes
-    mode: int
-
-
-@dataclass(frozen=True)
-class Service:
-    reads: tuple[str, ...]              # the files whose change restarts it
-    env_file: str = ENV_FILE            # its EnvironmentFile (for hosts without systemd)
-    uses_software: bool = True          # restarted when tfcluster's software changes (etcd is the host's own)
-    ready: dict | None = None           # a step that waits until it serves, before the next service starts
-
-
-@dataclass
-class Desired:
-    """One host's wanted state; `services` in the order they start."""
-    files: dict[str, File] = field(default_factory=dict)
-    services: dict[str, Service] = field(default_factory=dict)
-
-
-def unit_text(name: str) -> bytes:
-    return resources.files("tfcluster.bringup").joinpath("units", name).read_bytes()
 
 
 def desired(inventory: Inventory, host: Host, ca_files: dict[str, bytes],
@@ -56,8 +26,6 @@ def desired(inventory: Inventory, host: Host, ca_files: dict[str, bytes],
     wanted = Desired()
     wanted.files[ENV_FILE] = File(env_file(inventory, host), 0o600)
     if host.coordinator and inventory.on_etcd:
-        from tfcluster.bringup import etcd   # etcd.py builds on this module
-
         etcd.add_member(wanted, inventory, host, etcd_tls)
     if host.coordinator:
         for name in (CA_CERT, CA_KEY, SERVER_CERT, SERVER_KEY):
@@ -81,8 +49,6 @@ def env_file(inventory: Inventory, host: Host) -> bytes:
     if host.coordinator:
         values |= {"TFCLUSTER_LISTEN": f"0.0.0.0:{COORDINATOR_PORT}", "TFCLUSTER_CA_DIR": CA_DIR}
         if inventory.on_etcd:
-            from tfcluster.bringup import etcd
-
             values["TFCLUSTER_COORDINATOR_ARGS"] = etcd.coordinator_args(inventory, host)
     if host.agent:
         values |= {"TFCLUSTER_PORT_RANGE": host.port_range,
@@ -98,15 +64,11 @@ def env_file(inventory: Inventory, host: Host) -> bytes:
 
 def services(inventory: Inventory, host: Host) -> list[str]:
     """The units `up` runs on host, in the order they start (`down` stops them the other way round)."""
-    from tfcluster.bringup.etcd import ETCD_UNIT
-
-    return [s for s, on in ((ETCD_UNIT, host.coordinator and inventory.on_etcd), (COORDINATOR_UNIT, host.coordinator),
-                            (AGENT_UNIT, host.agent)) if on]
+    return [s for s, on in ((etcd.ETCD_UNIT, host.coordinator and inventory.on_etcd),
+                            (COORDINATOR_UNIT, host.coordinator), (AGENT_UNIT, host.agent)) if on]
 
 
 def owned_paths(inventory: Inventory, host: Host) -> list[str]:
     """Every file `up` may write on host, for the probe to hash."""
-    from tfcluster.bringup.etcd import owned_paths as etcd_paths
-
-    return [*etcd_paths(), ENV_FILE, f"{CA_DIR}/{CA_CERT}", f"{CA_DIR}/{CA_KEY}", f"{CA_DIR}/{SERVER_CERT}", f"{CA_DIR}/{SERVER_KEY}",
+    return [*etcd.owned_paths(), ENV_FILE, *(f"{CA_DIR}/{n}" for n in (CA_CERT, CA_KEY, SERVER_CERT, SERVER_KEY)),
             AGENT_CA_CERT, JOIN_TOKEN_FILE, f"{UNIT_DIR}/{COORDINATOR_UNIT}", f"{UNIT_DIR}/{AGENT_UNIT}"]

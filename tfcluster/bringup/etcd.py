@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 
-from tfcluster.bringup.desired import ETC, STATE_DIR, UNIT_DIR, Desired, File, Service, unit_text
+from tfcluster.bringup.hostfiles import ETC, STATE_DIR, UNIT_DIR, Desired, File, Service, unit_text
 from tfcluster.bringup.inventory import Host, Inventory, with_port
 from tfcluster.credentials import CA_CERT
 
@@ -66,7 +66,8 @@ def env_file(inventory: Inventory, host: Host, etcd_ca: bytes) -> bytes:
               "ETCD_ADVERTISE_CLIENT_URLS": _url(host, CLIENT_PORT),
               "ETCD_LISTEN_PEER_URLS": _url(host, PEER_PORT),
               "ETCD_INITIAL_ADVERTISE_PEER_URLS": _url(host, PEER_PORT),
-              "ETCD_INITIAL_CLUSTER": ",".join(f"{member_name(h)}={_url(h, PEER_PORT)}" for h in inventory.coordinators),
+              "ETCD_INITIAL_CLUSTER": ",".join(f"{member_name(h)}={_url(h, PEER_PORT)}"
+                                               for h in inventory.coordinators),
               "ETCD_INITIAL_CLUSTER_STATE": "new",
               # Unique to this cluster's etcd CA: members of another cluster never take these for peers.
               "ETCD_INITIAL_CLUSTER_TOKEN": "tfcluster-" + hashlib.sha256(etcd_ca).hexdigest()[:16],

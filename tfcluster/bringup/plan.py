@@ -12,7 +12,8 @@ import base64
 import hashlib
 from dataclasses import dataclass, field
 
-from tfcluster.bringup.desired import AGENT_UNIT, ETC, JOIN_TOKEN_FILE, STATE_DIR, UNIT_DIR, WHEELHOUSE_DIR, Desired
+from tfcluster.bringup.desired import AGENT_UNIT, JOIN_TOKEN_FILE, WHEELHOUSE_DIR
+from tfcluster.bringup.hostfiles import ETC, STATE_DIR, UNIT_DIR, Desired
 from tfcluster.bringup.inventory import Host, Software
 
 LOG_DIR = "/var/log/tfcluster"
