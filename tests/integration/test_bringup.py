@@ -218,3 +218,69 @@ def test_upgrade_rolls_a_new_release_out_while_a_job_keeps_running(tmp_path, bui
         assert "nothing was stopped" in back.stderr + back.stdout
         assert agent_pid_on(hosts, "node1") == upgraded_pid and job() == after
         assert tfcluster("down", str(cluster), newer=True).returncode == 0
+
+
+HA_HOSTS = {"coord": HOSTS["coord"], "coord2": "10.77.0.2", "coord3": "10.77.0.3", "node1": HOSTS["node1"]}
+LEADER = ("from tfcluster import Cluster\nwith Cluster() as c:\n"
+          "    print(c.status().summary.leader, sum(n.state == 'READY' for n in c.nodes()))")
+
+
+def test_up_brings_three_coordinators_up_on_etcd_and_a_standby_takes_over(tmp_path, built_wheelhouse):
+    with SshHosts(tmp_path, HA_HOSTS) as hosts:
+        cluster = tmp_path / "cluster.toml"
+        text = inventory(hosts.key, ["node1"])
+        cluster.write_text(text + "".join(f'\n[[coordinators]]\nhost = "{HA_HOSTS[n]}"\n'
+                                          for n in ("coord2", "coord3")))
+
+        def tfcluster(*args: str, **env: str) -> subprocess.CompletedProcess:
+            return hosts.operator([TFCLUSTER, *args], capture_output=True, text=True, timeout=400,
+                                  env={**os.environ, "NO_COLOR": "1", **env})
+
+        started = time.monotonic()
+        first = tfcluster("up", str(cluster))
+        took = time.monotonic() - started
+        assert first.returncode == 0, first.stdout + first.stderr + logs(hosts)
+        rows = [r for r in (line.split() for line in first.stdout.splitlines())
+                if len(r) == 6 and r[0] in HA_HOSTS.values()]
+        assert [(r[0], r[1], r[2]) for r in rows] == [(HA_HOSTS[n], "coordinator", "SERVING")
+                                                      for n in ("coord", "coord2", "coord3")] + \
+            [(HA_HOSTS["node1"], "agent", "READY")], first.stdout
+        addresses = ",".join(f"{HA_HOSTS[n]}:7070" for n in ("coord", "coord2", "coord3"))
+        assert f"TFCLUSTER_COORDINATOR={addresses}" in first.stdout
+        for name in ("coord", "coord2", "coord3"):
+            modes = hosts.on(name, ["stat", "-c", "%a", "/etc/tfcluster/ca/ca.key",
+                                    "/etc/tfcluster/etcd/member.key", "/var/lib/tfcluster/etcd"],
+                             capture_output=True, text=True).stdout.split()
+            assert modes == ["600", "600", "700"], (name, modes)
+        agent_env = hosts.on("node1", ["cat", "/etc/tfcluster/tfcluster.env"], capture_output=True,
+                             text=True).stdout
+        assert f"TFCLUSTER_COORDINATOR={addresses}" in agent_env
+
+        admin = {"TFCLUSTER_TLS_DIR": str(tmp_path / "cluster.tfcluster" / "ca" / "admin"),
+                 "TFCLUSTER_COORDINATOR": addresses}
+        job = tfcluster("start", "--name", "hello", "--strategy", "multi_worker_mirrored", "--workers", "1", "--wait",
+                        "--", "python", "-c", "print(1)", **admin)
+        assert job.returncode == 0 and "SUCCEEDED" in job.stdout + job.stderr, job.stdout + job.stderr
+
+        again = tfcluster("up", str(cluster))
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert "nothing to change: 4 host(s)" in again.stdout, again.stdout
+
+        leader = tfcluster_python(hosts, LEADER, admin).stdout.split()[0]
+        name = next(n for n, address in HA_HOSTS.items() if leader == f"{address}:7070")
+        pid = hosts.on(name, ["cat", "/run/tfcluster/tfcluster-coordinator.service.pid"], capture_output=True,
+                       text=True).stdout.strip()
+        killed = time.monotonic()
+        os.kill(int(pid), 9)
+
+        def answered() -> list[str]:
+            done = hosts.operator([sys.executable, "-c", LEADER], capture_output=True, text=True, timeout=30,
+                                  env={**os.environ, **admin})
+            return done.stdout.split() if done.returncode == 0 else []
+        wait_until(lambda: (answered() or [leader])[0] != leader, 60, what="another coordinator to lead")
+        took_over = time.monotonic() - killed
+        wait_until(lambda: answered()[1:] == ["1"], 60, what="node1 READY with the new leader")
+        status = tfcluster("status", **admin)
+        assert status.returncode == 0, status.stdout + status.stderr
+        print(f"\nup of 3 coordinators on etcd and 1 agent: {took:.1f} s; after kill -9 of the leader {leader} "
+              f"another led within {took_over:.1f} s")

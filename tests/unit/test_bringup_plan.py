@@ -71,9 +71,9 @@ def test_the_coordinator_alone_gets_the_ca_key_and_files_are_root_only():
 
 def test_down_stops_removes_and_keeps_the_state_unless_purged():
     facts = settled(AGENT)
-    kept = plan_down(AGENT, facts, INVENTORY.software, purge=False)
+    kept = plan_down(AGENT, [AGENT_UNIT], facts, INVENTORY.software, purge=False)
     assert kept.changes == [f"stop {AGENT_UNIT}", f"remove {UNIT_DIR}/{AGENT_UNIT}, /opt/tfcluster"]
-    purged = plan_down(AGENT, facts, INVENTORY.software, purge=True)
+    purged = plan_down(AGENT, [AGENT_UNIT], facts, INVENTORY.software, purge=True)
     assert purged.steps[-1].action["paths"][-3:] == ["/etc/tfcluster", "/var/lib/tfcluster", "/var/log/tfcluster"]
     gone = {"files": {}, "running": {}, "dirs": {}}
-    assert plan_down(AGENT, gone, INVENTORY.software, purge=True).changes == []
+    assert plan_down(AGENT, [AGENT_UNIT], gone, INVENTORY.software, purge=True).changes == []

@@ -36,7 +36,9 @@ def test_a_coordinator_listed_as_a_node_is_one_host_with_both_roles():
     (base(nodes=[{"host": "n1", "advertise_address": "n1.lan"}]), "nodes[0].advertise_address: n1: expected an IP"),
     (base(nodes=[{"host": "n1"}, {"host": "n1"}]), "nodes[1].host: n1 is listed twice"),
     (base(nodes=[{"port_range": "1-2"}]), "nodes[0].host: missing"),
-    (base(coordinators=[{"host": "a"}, {"host": "b"}]), "coordinators: expected one coordinator, or three"),
+    (base(coordinators=[{"host": "a"}, {"host": "b"}]), "got 2: the etcd members on two hosts keep no quorum"),
+    (base(coordinators=[{"host": "a"}] * 4), "coordinators: expected one coordinator, or three (on etcd), got 4"),
+    (base(coordinators=[{"host": "a"}, {"host": "b"}, {"host": "a"}]), "coordinators[2].host: a is listed twice"),
     (base(coordinators=[]), "coordinators: expected a non-empty array"),
     (base(software={"source": "index"}), "software.index_url: source = \"index\" needs"),
     (base(software={"prefix": "/usr"}), "software.prefix: expected an absolute path of a directory of its own"),
@@ -49,3 +51,10 @@ def test_a_mistake_is_refused_naming_its_key(data, said):
     with pytest.raises(InventoryError) as refused:
         parse(data)
     assert said in str(refused.value)
+
+
+def test_three_coordinators_run_on_etcd_and_agents_are_given_all_three():
+    inv = parse({"coordinators": [{"host": "c1"}, {"host": "c2"}, {"host": "c3"}], "nodes": [{"host": "n1"}]})
+    assert inv.on_etcd and [h.roles for h in inv.hosts] == ["coordinator"] * 3 + ["agent"]
+    assert inv.coordinator_address == "c1:7070,c2:7070,c3:7070"
+    assert not parse({"coordinators": [{"host": "c1"}]}).on_etcd

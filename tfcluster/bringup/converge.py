@@ -15,7 +15,8 @@ from typing import Callable
 from tfcluster.bringup import plan as planning
 from tfcluster.bringup import upgrade
 from tfcluster.bringup.desired import AGENT_UNIT, COORDINATOR_UNIT, JOIN_TOKEN_FILE, NODE_CERT_PATH, WHEELHOUSE_DIR
-from tfcluster.bringup.desired import desired, owned_paths
+from tfcluster.bringup.desired import desired, owned_paths, services
+from tfcluster.bringup.etcd import ETCD_BINARY, INSTALL_REMEDY
 from tfcluster.bringup.inventory import Host, Inventory
 from tfcluster.bringup.ssh import Connections, SshError
 from tfcluster.bringup.wheelhouse import WheelhouseError, cache_dir, checkout, software_id, wheelhouse
@@ -67,9 +68,19 @@ def probe(run: Run, ssh: Connections) -> None:
     inv = run.inventory
     run.facts = run.each(inv.hosts, lambda h: ssh.helper(h, {
         "op": "probe", "prefix": inv.software.prefix, "files": owned_paths(inv, h), "node_cert": NODE_CERT_PATH,
-        "services": [s for s, on in ((COORDINATOR_UNIT, h.coordinator), (AGENT_UNIT, h.agent)) if on],
-        "dirs": planning.probed_dirs(inv.software)}))
+        "services": services(inv, h), "dirs": planning.probed_dirs(inv.software),
+        "programs": [ETCD_BINARY] if h.coordinator and inv.on_etcd else []}))
     run.stop_on_failures("probing (step: ssh and python3)")
+
+
+def check_programs(run: Run) -> None:
+    """Refuses, before anything changes, coordinator hosts without etcd when there are three."""
+    missing = [h.host for h in run.inventory.coordinators
+               if not run.facts[h.host].get("programs", {}).get(ETCD_BINARY, True)]
+    if missing:
+        raise Failed(f"{', '.join(missing)}: step check etcd: three coordinators keep the cluster on etcd, and "
+                     f"there is no {ETCD_BINARY}; nothing was changed; remedy: {INSTALL_REMEDY} on each, then run "
+                     f"`tfcluster up` again")
 
 
 def node_name(run: Run, host: Host) -> str:
@@ -78,10 +89,11 @@ def node_name(run: Run, host: Host) -> str:
 
 def with_addresses(inv: Inventory) -> Inventory:
     """The inventory with each agent's advertise address filled in where it was left out: the address its host
-    resolves to here (the agent's own guess, the interface towards the coordinator, can be another one)."""
+    resolves to here (the agent's own guess, the interface towards the coordinator, can be another one). With
+    three coordinators, theirs too: their etcd members listen on it."""
     hosts = []
     for h in inv.hosts:
-        if h.agent and h.advertise_address is None:
+        if (h.agent or (h.coordinator and inv.on_etcd)) and h.advertise_address is None:
             try:
                 h = replace(h, advertise_address=socket.getaddrinfo(h.host, None)[0][4][0])
             except OSError as e:
@@ -97,10 +109,12 @@ def up(run: Run) -> list[list[str]] | None:
     inv = run.inventory = with_addresses(run.inventory)
     with Connections(inv.ssh) as ssh:
         probe(run, ssh)
+        check_programs(run)
         ca_files = ca.files(run.operator_dir, inv, create=not run.check)
+        etcd_files = ca.etcd_files(run.operator_dir, inv, create=not run.check)
         ids = software_ids(run)
-        plans = {h.host: planning.plan_up(h, desired(inv, h, ca_files), run.facts[h.host], inv.software,
-                                          ids[h.host]) for h in inv.hosts}
+        plans = {h.host: planning.plan_up(h, desired(inv, h, ca_files, etcd_files.get(h.host)), run.facts[h.host],
+                                          inv.software, ids[h.host]) for h in inv.hosts}
         for h in inv.hosts:
             changes = plans[h.host].changes
             run.say(f"{h.host} ({h.roles}): " + ("as it should be" if not changes else "\n  " + "\n  ".join(changes)))
@@ -336,7 +350,8 @@ def down(run: Run, purge: bool) -> int:
     inv = run.inventory
     with Connections(inv.ssh) as ssh:
         probe(run, ssh)
-        plans = {h.host: planning.plan_down(h, run.facts[h.host], inv.software, purge) for h in inv.hosts}
+        plans = {h.host: planning.plan_down(h, services(inv, h), run.facts[h.host], inv.software, purge)
+                 for h in inv.hosts}
         for h in inv.hosts:
             changes = plans[h.host].changes
             run.say(f"{h.host} ({h.roles}): " + ("nothing of tfcluster there" if not changes

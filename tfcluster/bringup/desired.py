@@ -4,19 +4,14 @@ unit templates shipped in this package."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from importlib import resources
-
+from tfcluster.bringup import etcd
+from tfcluster.bringup.hostfiles import ENV_FILE, ETC, STATE_DIR, UNIT_DIR, Desired, File, Service, unit_text
 from tfcluster.bringup.inventory import COORDINATOR_PORT, Host, Inventory
 from tfcluster.credentials import CA_CERT, CA_KEY, NODE_CERT, SERVER_CERT, SERVER_KEY
 
-ETC = "/etc/tfcluster"
-ENV_FILE = f"{ETC}/tfcluster.env"
 CA_DIR = f"{ETC}/ca"                          # a coordinator's: the CA's key and the coordinator's certificate
 AGENT_CA_CERT = f"{ETC}/{CA_CERT}"            # an agent's: trusts the coordinator it joins
 JOIN_TOKEN_FILE = f"{ETC}/join-token"         # an agent's single-use token until it has joined (root-only)
-UNIT_DIR = "/etc/systemd/system"
-STATE_DIR = "/var/lib/tfcluster"
 AGENT_STATE_DIR = f"{STATE_DIR}/agent"        # as the agent unit names it
 NODE_CERT_PATH = f"{AGENT_STATE_DIR}/tls/{NODE_CERT}"
 WHEELHOUSE_DIR = "/var/cache/tfcluster-wheelhouse"   # on a host while it installs; removed after
@@ -24,37 +19,25 @@ COORDINATOR_UNIT, AGENT_UNIT = "tfcluster-coordinator.service", "tfcluster-agent
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
-@dataclass(frozen=True)
-class File:
-    data: bytes
-    mode: int
-
-
-@dataclass
-class Desired:
-    """One host's wanted state. `services` maps each unit to the files whose change restarts it."""
-    files: dict[str, File] = field(default_factory=dict)
-    services: dict[str, tuple[str, ...]] = field(default_factory=dict)
-
-
-def unit_text(name: str) -> bytes:
-    return resources.files("tfcluster.bringup").joinpath("units", name).read_bytes()
-
-
-def desired(inventory: Inventory, host: Host, ca_files: dict[str, bytes]) -> Desired:
-    """ca_files: the CA directory's ca.crt, ca.key, coordinator.crt and coordinator.key, by name."""
+def desired(inventory: Inventory, host: Host, ca_files: dict[str, bytes],
+            etcd_tls: dict[str, bytes] | None = None) -> Desired:
+    """ca_files: the CA directory's ca.crt, ca.key, coordinator.crt and coordinator.key, by name; etcd_tls: with
+    three coordinators, a coordinator host's etcd files (etcd.add_member)."""
     wanted = Desired()
     wanted.files[ENV_FILE] = File(env_file(inventory, host), 0o600)
+    if host.coordinator and inventory.on_etcd:
+        etcd.add_member(wanted, inventory, host, etcd_tls)
     if host.coordinator:
         for name in (CA_CERT, CA_KEY, SERVER_CERT, SERVER_KEY):
             wanted.files[f"{CA_DIR}/{name}"] = File(ca_files[name], 0o600)
         wanted.files[f"{UNIT_DIR}/{COORDINATOR_UNIT}"] = File(unit_text(COORDINATOR_UNIT), 0o644)
-        wanted.services[COORDINATOR_UNIT] = (ENV_FILE, f"{UNIT_DIR}/{COORDINATOR_UNIT}",
-                                             *(f"{CA_DIR}/{n}" for n in (CA_CERT, CA_KEY, SERVER_CERT, SERVER_KEY)))
+        wanted.services[COORDINATOR_UNIT] = Service((ENV_FILE, f"{UNIT_DIR}/{COORDINATOR_UNIT}",
+                                                     *(f"{CA_DIR}/{n}" for n in (CA_CERT, CA_KEY, SERVER_CERT,
+                                                                                 SERVER_KEY))))
     if host.agent:
         wanted.files[AGENT_CA_CERT] = File(ca_files[CA_CERT], 0o644)
         wanted.files[f"{UNIT_DIR}/{AGENT_UNIT}"] = File(unit_text(AGENT_UNIT), 0o644)
-        wanted.services[AGENT_UNIT] = (ENV_FILE, f"{UNIT_DIR}/{AGENT_UNIT}", AGENT_CA_CERT)
+        wanted.services[AGENT_UNIT] = Service((ENV_FILE, f"{UNIT_DIR}/{AGENT_UNIT}", AGENT_CA_CERT))
     return wanted
 
 
@@ -65,6 +48,8 @@ def env_file(inventory: Inventory, host: Host) -> bytes:
               "TFCLUSTER_COORDINATOR": inventory.coordinator_address}
     if host.coordinator:
         values |= {"TFCLUSTER_LISTEN": f"0.0.0.0:{COORDINATOR_PORT}", "TFCLUSTER_CA_DIR": CA_DIR}
+        if inventory.on_etcd:
+            values["TFCLUSTER_COORDINATOR_ARGS"] = etcd.coordinator_args(inventory, host)
     if host.agent:
         values |= {"TFCLUSTER_PORT_RANGE": host.port_range,
                    "TFCLUSTER_ADVERTISE_ADDRESS": host.advertise_address or "",
@@ -77,7 +62,13 @@ def env_file(inventory: Inventory, host: Host) -> bytes:
     return ("\n".join(lines) + "\n").encode()
 
 
+def services(inventory: Inventory, host: Host) -> list[str]:
+    """The units `up` runs on host, in the order they start (`down` stops them the other way round)."""
+    return [s for s, on in ((etcd.ETCD_UNIT, host.coordinator and inventory.on_etcd),
+                            (COORDINATOR_UNIT, host.coordinator), (AGENT_UNIT, host.agent)) if on]
+
+
 def owned_paths(inventory: Inventory, host: Host) -> list[str]:
     """Every file `up` may write on host, for the probe to hash."""
-    return [ENV_FILE, f"{CA_DIR}/{CA_CERT}", f"{CA_DIR}/{CA_KEY}", f"{CA_DIR}/{SERVER_CERT}", f"{CA_DIR}/{SERVER_KEY}",
+    return [*etcd.owned_paths(), ENV_FILE, *(f"{CA_DIR}/{n}" for n in (CA_CERT, CA_KEY, SERVER_CERT, SERVER_KEY)),
             AGENT_CA_CERT, JOIN_TOKEN_FILE, f"{UNIT_DIR}/{COORDINATOR_UNIT}", f"{UNIT_DIR}/{AGENT_UNIT}"]

@@ -92,12 +92,17 @@ class Inventory:
         return tuple(h for h in self.hosts if h.agent)
 
     @property
+    def on_etcd(self) -> bool:
+        """Three coordinators keep the cluster's records in an etcd cluster of their three hosts (etcd.py)."""
+        return len(self.coordinators) == 3
+
+    @property
     def coordinator_address(self) -> str:
         """What agents and the operator dial: every coordinator, comma-separated."""
-        return ",".join(_with_port(h.host, COORDINATOR_PORT) for h in self.coordinators)
+        return ",".join(with_port(h.host, COORDINATOR_PORT) for h in self.coordinators)
 
 
-def _with_port(host: str, port: int) -> str:
+def with_port(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
@@ -117,16 +122,19 @@ def parse(data: dict[str, Any], source: str = "cluster.toml") -> Inventory:
     ssh = _ssh(reader, data.get("ssh", {}))
     software = _software(reader, data.get("software", {}))
     coordinators = reader.array(data.get("coordinators"), "coordinators")
+    if len(coordinators) == 2:
+        raise reader.fail("coordinators", "expected one coordinator, or three (on etcd), got 2: the etcd members "
+                                          "on two hosts keep no quorum when either goes (a majority of two is "
+                                          "both), so two are no safer than one; list one, or three")
     if len(coordinators) not in (1, 3):
         raise reader.fail("coordinators", f"expected one coordinator, or three (on etcd), got {len(coordinators)}")
-    if len(coordinators) == 3:
-        raise reader.fail("coordinators", "three coordinators on etcd are not brought up by `tfcluster up` yet: "
-                                          "list one, and see docs/ha.md to add the others by hand")
     hosts: dict[str, Host] = {}
     for i, entry in enumerate(coordinators):
         key = f"coordinators[{i}]"
         reader.table(entry, key, COORDINATOR_KEYS)
         host = _host_name(reader, entry, key)
+        if host in hosts:
+            raise reader.fail(f"{key}.host", f"{host} is listed twice in [[coordinators]]")
         hosts[host] = Host(host, _port(reader, entry.get("ssh_port", ssh.port), f"{key}.ssh_port"),
                            coordinator=True, name=_name(reader, entry, key))
     for i, entry in enumerate(reader.array(data.get("nodes", []), "nodes", allow_empty=True)):

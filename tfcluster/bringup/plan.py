@@ -12,8 +12,8 @@ import base64
 import hashlib
 from dataclasses import dataclass, field
 
-from tfcluster.bringup.desired import (AGENT_UNIT, COORDINATOR_UNIT, JOIN_TOKEN_FILE, STATE_DIR, UNIT_DIR,
-                                       WHEELHOUSE_DIR, Desired, ETC)
+from tfcluster.bringup.desired import AGENT_UNIT, JOIN_TOKEN_FILE, WHEELHOUSE_DIR
+from tfcluster.bringup.hostfiles import ETC, STATE_DIR, UNIT_DIR, Desired
 from tfcluster.bringup.inventory import Host, Software
 
 LOG_DIR = "/var/log/tfcluster"
@@ -59,16 +59,18 @@ def plan_up(host: Host, wanted: Desired, facts: dict, software: Software, softwa
             plan.steps.append(Step(f"{verb} {path} ({file.mode:o})", write_action(path, file.data, file.mode)))
     plan.needs_token = host.agent and not facts.get("joined")
     running = facts.get("running", {})
-    for service, reads in wanted.services.items():
-        changed = sorted(written.intersection(reads))
-        why = ("it was not running" if not running.get(service) else
-               "the software changed" if plan.installs else
+    for name, service in wanted.services.items():
+        changed = sorted(written.intersection(service.reads))
+        why = ("it was not running" if not running.get(name) else
+               "the software changed" if plan.installs and service.uses_software else
                f"{', '.join(changed)} changed" if changed else
-               "it joins the cluster" if service == AGENT_UNIT and plan.needs_token else None)
+               "it joins the cluster" if name == AGENT_UNIT and plan.needs_token else None)
         if why:
-            plan.steps.append(Step(f"start {service} ({why})", {"kind": "start", "service": service,
-                                                                 "unit": f"{UNIT_DIR}/{service}",
-                                                                 "env_file": f"{ETC}/tfcluster.env"}))
+            plan.steps.append(Step(f"start {name} ({why})", {"kind": "start", "service": name,
+                                                              "unit": f"{UNIT_DIR}/{name}",
+                                                              "env_file": service.env_file}))
+            if service.ready:
+                plan.steps.append(Step(f"wait until {name} serves", service.ready))
     return plan
 
 
@@ -94,11 +96,11 @@ def probed_dirs(software: Software) -> list[str]:
     return [software.prefix, ETC, STATE_DIR, LOG_DIR]
 
 
-def plan_down(host: Host, facts: dict, software: Software, purge: bool) -> HostPlan:
-    """Stops the services and removes the units, the token and the virtualenv; with purge also the state, the
-    certificates and the logs."""
+def plan_down(host: Host, services: list[str], facts: dict, software: Software, purge: bool) -> HostPlan:
+    """Stops the services (given in the order they start) and removes the units, the token and the virtualenv;
+    with purge also the state (etcd's data with it), the certificates and the logs."""
     plan = HostPlan(host)
-    services = [s for s, on in ((AGENT_UNIT, host.agent), (COORDINATOR_UNIT, host.coordinator)) if on]
+    services = services[::-1]
     for service in services:
         if facts.get("running", {}).get(service):
             plan.steps.append(Step(f"stop {service}", {"kind": "stop", "service": service}))

@@ -63,6 +63,7 @@ def probe(request):
             "files": {path: sha256(path) for path in request["files"]},
             "running": {name: running(name) for name in request["services"]},
             "joined": os.path.exists(request["node_cert"]),
+            "programs": {path: os.access(path, os.X_OK) for path in request.get("programs", [])},
             "dirs": {path: os.path.isdir(path) for path in request["dirs"]}}
 
 
@@ -200,6 +201,29 @@ def stop(name):
         pass
 
 
+def wait_etcd(step):
+    """Until the etcd member says its cluster has a leader and commits: the members of a new cluster start on
+    their hosts in parallel, and the coordinator started next needs the quorum."""
+    import ssl
+    import urllib.request
+
+    context = ssl.create_default_context(cafile=step["ca"])
+    context.load_cert_chain(step["cert"], step["key"])
+    deadline, said = time.monotonic() + step["seconds"], "no answer"
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(step["url"], timeout=2, context=context) as response:
+                said = response.read().decode(errors="replace").strip()
+            if json.loads(said).get("health") == "true":
+                return
+        except (OSError, ValueError) as e:
+            said = str(e)
+        time.sleep(0.5)
+    raise StepFailed("etcd at %s not healthy after %d s (%s): are the other coordinator hosts' members up? See "
+                     "journalctl -u tfcluster-etcd, or %s/tfcluster-etcd.service.log" % (step["url"], step["seconds"],
+                                                                                         said, LOG_DIR))
+
+
 def remove(step):
     for path in step["paths"]:
         if os.path.isdir(path) and not os.path.islink(path):
@@ -209,7 +233,7 @@ def remove(step):
 
 
 ACTIONS = {"write": write_file, "install": install, "start": start, "stop": lambda step: stop(step["service"]),
-           "remove": remove}
+           "remove": remove, "wait_etcd": wait_etcd}
 
 
 def apply(request):

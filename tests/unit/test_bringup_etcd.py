@@ -1,0 +1,78 @@
+"""What `tfcluster up` puts on three coordinator hosts for etcd: a member on each, with TLS for clients and peers,
+the initial cluster from the inventory, and coordinators on that store; a second `up` and a software change leave
+a running member alone."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import replace
+
+from tfcluster.bringup.desired import COORDINATOR_UNIT, ENV_FILE, UNIT_DIR, desired, owned_paths, services
+from tfcluster.bringup.etcd import ETCD_ENV_FILE, ETCD_UNIT, TLS_DIR
+from tfcluster.bringup.inventory import parse
+from tfcluster.bringup.plan import plan_down, plan_up, probed_dirs
+
+PARSED = parse({"software": {"extras": []}, "coordinators": [{"host": f"c{i}"} for i in (1, 2, 3)],
+                "nodes": [{"host": "n1", "advertise_address": "10.0.0.11"}]})
+INVENTORY = replace(PARSED, hosts=tuple(replace(h, advertise_address=h.advertise_address or f"10.0.0.{i + 1}")
+                                        for i, h in enumerate(PARSED.hosts)))
+C1, C2, C3, N1 = INVENTORY.hosts
+CA = {name: name.encode() for name in ("ca.crt", "ca.key", "coordinator.crt", "coordinator.key")}
+ETCD_TLS = {"ca.crt": b"etcd ca", "member.crt": b"cert", "member.key": b"key"}
+SOFTWARE = "0.8.0+abc"
+
+
+def env(path: str, host) -> dict[str, str]:
+    text = desired(INVENTORY, host, CA, ETCD_TLS).files[path].data.decode()
+    return dict(line.split("=", 1) for line in text.splitlines() if not line.startswith("#"))
+
+
+def settled(host) -> dict:
+    wanted = desired(INVENTORY, host, CA, ETCD_TLS)
+    return {"software": SOFTWARE, "files": {p: hashlib.sha256(f.data).hexdigest() for p, f in wanted.files.items()},
+            "running": {s: True for s in wanted.services}, "joined": True,
+            "dirs": {d: True for d in probed_dirs(INVENTORY.software)}}
+
+
+def test_each_coordinator_host_runs_a_member_of_one_cluster_over_tls():
+    member = env(ETCD_ENV_FILE, C2)
+    assert member["ETCD_NAME"] == "c2" and member["ETCD_LISTEN_CLIENT_URLS"] == "https://10.0.0.2:2379"
+    assert member["ETCD_INITIAL_CLUSTER"] == ("c1=https://10.0.0.1:2380,c2=https://10.0.0.2:2380,"
+                                              "c3=https://10.0.0.3:2380")
+    assert member["ETCD_CLIENT_CERT_AUTH"] == member["ETCD_PEER_CLIENT_CERT_AUTH"] == "true"
+    assert member["ETCD_PEER_TRUSTED_CA_FILE"] == f"{TLS_DIR}/ca.crt"
+    assert env(ETCD_ENV_FILE, C1)["ETCD_INITIAL_CLUSTER_TOKEN"] == member["ETCD_INITIAL_CLUSTER_TOKEN"]
+    wanted = desired(INVENTORY, C2, CA, ETCD_TLS)
+    assert wanted.files[f"{TLS_DIR}/member.key"].mode == 0o600 and wanted.files[ETCD_ENV_FILE].mode == 0o600
+    assert list(wanted.services) == [ETCD_UNIT, COORDINATOR_UNIT] == services(INVENTORY, C2)
+    assert set(wanted.files) <= set(owned_paths(INVENTORY, C2))
+
+
+def test_coordinators_use_the_three_members_and_advertise_their_host():
+    args = env(ENV_FILE, C3)["TFCLUSTER_COORDINATOR_ARGS"].split()
+    assert args[args.index("--store") + 1] == "etcd://10.0.0.1:2379,10.0.0.2:2379,10.0.0.3:2379/tfcluster"
+    assert args[args.index("--advertise-address") + 1] == "c3"
+    assert args[args.index("--etcd-key") + 1] == f"{TLS_DIR}/member.key"
+    assert env(ENV_FILE, N1)["TFCLUSTER_COORDINATOR"] == "c1:7070,c2:7070,c3:7070"
+    assert not any("etcd" in path for path in desired(INVENTORY, N1, CA).files)
+
+
+def test_a_bare_coordinator_host_starts_etcd_and_waits_for_its_quorum_before_the_coordinator():
+    p = plan_up(C1, desired(INVENTORY, C1, CA, ETCD_TLS), {"files": {}, "running": {}}, INVENTORY.software,
+                SOFTWARE)
+    kinds = [(s.action["kind"], s.action.get("service")) for s in p.steps if s.action["kind"] != "write"]
+    assert kinds == [("install", None), ("start", ETCD_UNIT), ("wait_etcd", None), ("start", COORDINATOR_UNIT)]
+    start = next(s for s in p.steps if s.action.get("service") == ETCD_UNIT)
+    assert start.action["env_file"] == ETCD_ENV_FILE
+
+
+def test_a_second_up_or_a_new_release_leaves_a_running_member_alone():
+    assert plan_up(C1, desired(INVENTORY, C1, CA, ETCD_TLS), settled(C1), INVENTORY.software, SOFTWARE).changes == []
+    upgrade = plan_up(C1, desired(INVENTORY, C1, CA, ETCD_TLS), settled(C1), INVENTORY.software, "0.9.0+def")
+    assert [s.action.get("service") for s in upgrade.steps if s.action["kind"] == "start"] == [COORDINATOR_UNIT]
+
+
+def test_down_stops_the_coordinator_before_its_member():
+    p = plan_down(C1, services(INVENTORY, C1), settled(C1), INVENTORY.software, purge=False)
+    assert p.changes[:2] == [f"stop {COORDINATOR_UNIT}", f"stop {ETCD_UNIT}"]
+    assert f"{UNIT_DIR}/{ETCD_UNIT}" in p.steps[-1].action["paths"]
