@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # tfcluster on a real NVIDIA GPU: one coordinator and one agent on this machine, started the way the README's
 # Quick start starts them (a CA, a join token, mutual TLS), then:
-#   1. the agent's NVML discovery: the GPU's UUID and memory in `status --json`, against nvidia-smi's;
+#   1. the agent's NVML discovery: the GPU's UUID and memory in `status --json`, against nvidia-smi's, and its
+#      GPU health checks (what NVML could read, no condition on a healthy GPU);
 #   2. a job with `gpus = 1` whose task runs under the job's own UID, sees exactly that GPU through
 #      CUDA_VISIBLE_DEVICES and multiplies matrices on it (PyTorch: the task's program is any program);
 #   3. the agent's /metrics while it runs: the GPU held by that task, its utilisation and memory;
@@ -64,7 +65,8 @@ done
 [ -s "$work/join-token" ] || { say "FAILED  no join token: $(tail -n 3 "$OUT/token.err")"; exit 1; }
 "$PY" -m tfcluster.cli agent --name gpu-node --coordinator 127.0.0.1:17070 --join-address 127.0.0.1:17071 \
     --join-token-file "$work/join-token" --ca-cert "$work/ca/ca.crt" --advertise-address 127.0.0.1 \
-    --port-range 21000-21199 --state-dir "$work/agent" --http-listen 127.0.0.1:19101 ${AGENT_ARGS:-} \
+    --port-range 21000-21199 --state-dir "$work/agent" --http-listen 127.0.0.1:19101 --gpu-check-interval 5s \
+    ${AGENT_ARGS:-} \
     >"$OUT/agent.log" 2>&1 &
 pids+=($!)
 
@@ -92,6 +94,14 @@ assert abs(found[0]["memory_mib"] - mib) <= 1, f"{found[0]['memory_mib']} MiB ag
 print(f"status --json: {found[0]['name']} {uuid}, {found[0]['memory_mib']} MiB = nvidia-smi's")
 EOF
 check "NVML discovery" $? "$(tail -n 1 "$OUT/discovery.txt")"
+
+# 1b. The agent's GPU health checks through NVML: what the board let it read, and no condition on a healthy GPU.
+first_check=$(grep -o 'GPU health: first check: .*' "$OUT/agent.log" | head -n 1)
+"$PY" -c 'import json,sys; n=json.load(open(sys.argv[1]))["nodes"][0]; sys.exit(1 if any(c.get("excludes") for c in n.get("conditions") or []) else 0)' \
+    "$OUT/status-ready.json"
+healthy=$?
+[ -n "$first_check" ] || first_check="no first check in the agent log"
+check "GPU health" $([ $healthy = 0 ] && [ "${first_check#GPU health}" != "$first_check" ]; echo $?) "$first_check"
 
 # 2. A job with one GPU: its task prints who it is and what it sees, then multiplies matrices on the GPU.
 cat >"$work/gpu_task.py" <<EOF
@@ -159,6 +169,7 @@ check "GPU busy on /metrics" $? "${util:-no tfcluster_gpu_utilization sample}"
 
 # 4. A second job with one GPU waits while the first holds it.
 tfc status --json >"$OUT/status-running.json"
+say "info    conditions while busy: $("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["nodes"][0].get("conditions"))' "$OUT/status-running.json")"
 second=$(tfc start "$work/second.toml" 2>"$OUT/start-second.err" | head -n 1)
 sleep 3
 tfc status >"$OUT/status-both.txt" 2>&1

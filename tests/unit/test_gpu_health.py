@@ -108,3 +108,20 @@ def test_nvml_that_stops_answering_is_a_node_condition_that_keeps_what_the_gpus_
 def test_a_message_is_one_printable_line_of_bounded_length():
     [found] = assess({0: GpuReading(lost="lost\n" + "x" * 500)}, [], 0.0)
     assert "\n" not in found.message and len(found.message) == kinds.MAX_CONDITION_MESSAGE
+
+
+def test_the_first_check_says_what_the_board_lets_nvml_tell(caplog):
+    from tfcluster.daemon.agent.node.gpu_health import GpuHealth, GpuReading
+
+    class Board:
+        def read(self):
+            return {0: GpuReading(ecc_volatile_uncorrected=0, ecc_aggregate_uncorrected=0, retired_pages_pending=None,
+                                  row_remap_pending=False, row_remap_failed=False, throttle_reasons=1)}
+
+    health = GpuHealth(Board(), clock=lambda: 100.0)
+    with caplog.at_level("INFO"):
+        health.check()
+        health.check()
+    firsts = [r.getMessage() for r in caplog.records if "first check" in r.getMessage()]
+    assert firsts == ["GPU health: first check: GPU 0: Xid errors none, ECC uncorrected 0 (0 in its life), retired "
+                      "pages pending n/a, row remap pending no, failed no, clock throttle reasons 0x1"]

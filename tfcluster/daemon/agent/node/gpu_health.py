@@ -111,6 +111,22 @@ def assess(readings: Mapping[int, GpuReading], previous: Sequence[NodeCondition]
     return sorted(now_found.values(), key=lambda c: (c.gpu if c.gpu is not None else -1, c.kind))
 
 
+def describe(reading: GpuReading) -> str:
+    """A reading in words: "ECC uncorrected 0 (0 in its life), retired pages pending no, ..."; "n/a" where the
+    board cannot tell."""
+    if reading.lost:
+        return f"lost ({reading.lost})"
+
+    def told(value) -> str:
+        return "n/a" if value is None else ("yes" if value is True else "no" if value is False else str(value))
+
+    throttle = "n/a" if reading.throttle_reasons is None else f"{reading.throttle_reasons:#x}"
+    return (f"Xid errors {list(reading.xids) or 'none'}, ECC uncorrected {told(reading.ecc_volatile_uncorrected)} "
+            f"({told(reading.ecc_aggregate_uncorrected)} in its life), retired pages pending "
+            f"{told(reading.retired_pages_pending)}, row remap pending {told(reading.row_remap_pending)}, failed "
+            f"{told(reading.row_remap_failed)}, clock throttle reasons {throttle}")
+
+
 def _line(message: str) -> str:
     return printable(message)[:MAX_CONDITION_MESSAGE]
 
@@ -123,6 +139,7 @@ class GpuHealth:
                  clock: Callable[[], float] = time.time):
         self.reader, self.interval, self.clock = reader, interval, clock
         self.conditions: tuple[NodeCondition, ...] = ()
+        self.checked = 0  # checks made
 
     def check(self) -> tuple[NodeCondition, ...]:
         try:
@@ -130,8 +147,11 @@ class GpuHealth:
         except Unreadable as e:
             readings, unreadable = {}, str(e)
         found = tuple(assess(readings, self.conditions, self.clock(), unreadable))
+        if not self.checked:  # once: what this board lets NVML tell, for an operator reading the agent's log
+            log.info("GPU health: first check: %s", "; ".join(f"GPU {i}: {describe(r)}" for i, r in readings.items())
+                     or f"nothing read ({unreadable})")
         self._log_changes(found)
-        self.conditions = found
+        self.conditions, self.checked = found, self.checked + 1
         return found
 
     def run(self, stopped: threading.Event) -> None:
