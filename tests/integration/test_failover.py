@@ -54,7 +54,8 @@ def test_kill_9_of_the_leader_loses_nothing_and_launches_nothing_twice(ha, tmp_p
     assert json.loads(asked.result(timeout=30).stdout)["summary"]["leader"] == new
     job = ha.wait_job(job_id, timeout=60)
     assert job["state"] == "SUCCEEDED" and job["restarts"] == 0, job
-    assert all(t["attempt"] == 1 for t in job["tasks"]), "no task was launched again"
+    assert all(t["attempt"] == 1 for t in job["tasks"]), \
+        f"no task was launched again: {[(t['type'], t['index'], t['attempt'], t['message']) for t in job['tasks']]}"
     assert launches.read_text().count("launched") == 2, "each task process started once"
     assert ha.job(doomed)["state"] == "STOPPED"
     assert ha.wait_job(quick, timeout=30)["state"] == "SUCCEEDED"
