@@ -101,7 +101,7 @@ first_check=$(grep -o 'GPU health: first check: .*' "$OUT/agent.log" | head -n 1
     "$OUT/status-ready.json"
 healthy=$?
 [ -n "$first_check" ] || first_check="no first check in the agent log"
-check "GPU health" $([ $healthy = 0 ] && [ "${first_check#GPU health}" != "$first_check" ]; echo $?) "$first_check"
+check "GPU health" $([ $healthy = 0 ] && [ "${first_check#GPU health: }" != "$first_check" ]; echo $?) "${first_check#GPU health: }"
 
 # 2. A job with one GPU: its task prints who it is and what it sees, then multiplies matrices on the GPU.
 cat >"$work/gpu_task.py" <<EOF
