@@ -15,7 +15,7 @@ import ipaddress
 import os
 import re
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from cryptography import x509
@@ -51,6 +51,7 @@ class Identity:
     name: str
     issued: float = 0.0
     groups: tuple[str, ...] = ()
+    expires: float = field(default=0.0, compare=False)  # when the certificate ends: not who the holder is
 
     def __str__(self) -> str:
         return f"{self.role} {self.name}"
@@ -221,7 +222,8 @@ def identity(cert: x509.Certificate) -> Identity:
         return str(values[0].value) if values else ""
     groups = tuple(sorted(str(a.value) for a in cert.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)))
     return Identity(role=first(NameOID.ORGANIZATIONAL_UNIT_NAME), name=first(NameOID.COMMON_NAME),
-                    issued=(cert.not_valid_before_utc + BACKDATE).timestamp(), groups=groups)
+                    issued=(cert.not_valid_before_utc + BACKDATE).timestamp(), groups=groups,
+                    expires=cert.not_valid_after_utc.timestamp())
 
 
 def ca_hash(cert: x509.Certificate) -> str:

@@ -35,6 +35,24 @@ def test_a_healthy_cluster_passes_every_check_with_real_connects_between_its_age
     assert "OK    ports       b -> a" in table and table.rstrip().endswith("checks, 0 failed")
 
 
+def test_a_node_whose_agent_renews_its_certificate_in_time_is_never_flagged(make_cluster):
+    """Certificates of 12 s: the agent renews at 8 s and the coordinator counts the renewal, so past 10 s (five
+    sixths of the first certificate's life) the doctor says nothing of it (test_diagnosis.py has the verdicts on a
+    certificate not renewed in time)."""
+    cluster = make_cluster(3.0, "--node-cert-lifetime", "12s")
+    cluster.start_agents({"a": {}})
+    wait_until(lambda: "renewed the node's certificate" in cluster.agents["a"].log(), 20, what="a renewal")
+    _, report = doctor(cluster)
+    tls = [c for c in report["checks"] if c["name"] == "tls" and c["subject"] == "a"]
+    assert tls == [], "renewed in time: nothing to say"
+    wait_until(lambda: any(c["name"] == "tls" and c["subject"] == "a" and c["level"] != "ok"
+                           for c in doctor(cluster)[1]["checks"]) or
+               cluster.agents["a"].log().count("renewed the node's certificate") >= 2, 20,
+               what="a second renewal, or a warning")
+    _, report = doctor(cluster)
+    assert [c for c in report["checks"] if c["name"] == "tls" and c["subject"] == "a"] == [], report["checks"]
+
+
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("iptables"), reason="needs root and iptables")
 def test_a_firewalled_task_range_a_lost_node_and_a_drained_one_are_named_with_the_fix(make_cluster):
     cluster = make_cluster()

@@ -41,3 +41,25 @@ def test_verdicts_name_what_is_wrong_and_the_fix():
     port = checks[("ports", f"n0 -> n1 {b.address}:20050")]
     assert port.level == FAIL and "TCP ports 20000-20099" in port.fix and "--advertise-address" in port.fix
     assert checks[("nccl", "n0")].message.startswith("NCCL_SOCKET_IFNAME=eth0")
+
+
+def test_a_sick_gpu_and_a_certificate_not_renewed_in_time_are_named_with_their_fix():
+    from tfcluster.conditions import NodeCondition
+    from tfcluster.daemon.coordinator.core.model.node import Node
+    from tfcluster.states import NodeState
+
+    now = 1_000_000.0
+    sick, late, gone, fine = (Node(info(name), state=NodeState.READY) for name in ("sick", "late", "gone", "fine"))
+    sick.seen.conditions = (NodeCondition(1, "ecc-uncorrectable", "uncorrectable ECC errors: 2", now - 60),
+                            NodeCondition(0, "throttled", "HW thermal slowdown", now - 60))
+    day = 86400
+    late.seen.cert_issued, late.seen.cert_expires = now - 29 * day + 2 * 3600, now + 2 * 3600  # past 5/6 of 30 days
+    gone.seen.cert_issued, gone.seen.cert_expires = now - 30 * day, now - 1
+    fine.seen.cert_issued, fine.seen.cert_expires = now - 21 * day, now + 9 * day  # due to renew: not yet overdue
+    checks = diagnosis.node_checks([sick, late, gone, fine], fine.info.agent_version, now)
+    found = [(c.name, c.subject, c.level) for c in checks if c.level != OK]
+    assert found == [("gpu", "sick", "warn"), ("tls", "late", "warn"), ("tls", "gone", FAIL)]
+    gpu = next(c for c in checks if c.name == "gpu")
+    assert "GPU 1 of node sick" in gpu.message and "nvidia-smi -r" in gpu.fix, "throttling alone is not a problem"
+    late_check = next(c for c in checks if c.subject == "late")
+    assert "expires in 2 h" in late_check.message and "journalctl -u tfcluster-agent" in late_check.fix

@@ -1,5 +1,5 @@
 """`tfcluster doctor`'s verdicts, one Check each with the exact fix: what the model says of every node (lost,
-drained, low on disk, another version), and what the agents' probes found (rpc/doctor.py asks them): clock skew,
+drained, low on disk, another version, a sick GPU, a certificate its agent failed to renew), and what the agents' probes found (rpc/doctor.py asks them): clock skew,
 a task port each node could open, real TCP connects between the nodes' peer ports and task ranges, the interface
 NCCL will use. Pure: the answers and the time are passed in.
 """
@@ -16,6 +16,8 @@ OK, WARN, FAIL = "ok", "warn", "fail"
 CLOCK_SKEW_LIMIT_SECONDS = 1.0  # certificates, leases and the evaluator's checkpoint times all read wall clocks
 PEERS_PROBED = 8  # each node connects to the next this many nodes (by name): the cost stays linear in the nodes
 LISTEN_SECONDS = 10.0  # how long each node keeps its probed task port open
+# Agents renew their certificates at two thirds of the life (pki.RENEW_AT): one still unrenewed at five sixths failed.
+NODE_CERT_OVERDUE_AT = 5 / 6
 
 
 @dataclass(frozen=True)
@@ -47,9 +49,30 @@ def node_checks(nodes: list[Node], version: str, now: float) -> list[Check]:
         if i.agent_version != version:
             checks.append(Check("version", node.name, WARN, f"agent {i.agent_version or 'unknown'}, coordinator "
                                 f"{version}", "upgrade the agent to the coordinator's release"))
+        checks += _sick_gpus(node) + _certificate(node, now)
         if node.drain is None and not node.condition and i.agent_version == version:
             checks.append(Check("node", node.name, OK, f"READY, {len(i.gpus)} GPUs, agent {i.agent_version}"))
     return checks
+
+
+def _sick_gpus(node: Node) -> list[Check]:
+    return [Check("gpu", node.name, WARN, f"{c.words(node.name)}: left out of placement",
+                  "service the GPU (reset it with `nvidia-smi -r` once idle, or reboot), then restart the agent")
+            for c in node.seen.conditions if c.excludes]
+
+
+def _certificate(node: Node, now: float) -> list[Check]:
+    """The certificate its agent registered with, when its agent has not renewed it in time (the renewal was
+    refused, or cannot reach the coordinator)."""
+    issued, expires = node.seen.cert_issued, node.seen.cert_expires
+    if not expires or now < issued + (expires - issued) * NODE_CERT_OVERDUE_AT:
+        return []
+    left = expires - now
+    fix = ("read the agent's log for the renewal's error (journalctl -u tfcluster-agent); if the node was removed, "
+           f"`tfcluster token create --node {node.name}` and join it again")
+    if left <= 0:
+        return [Check("tls", node.name, FAIL, "its certificate has expired: its agent cannot register again", fix)]
+    return [Check("tls", node.name, WARN, f"its certificate expires in {left / 3600:.0f} h and was not renewed", fix)]
 
 
 def targets(ready: list[NodeInfo], ports: dict[str, int]) -> dict[str, tuple[ProbeTarget, ...]]:

@@ -168,6 +168,8 @@ class Coordinator:
         if self.streams.pop(info.name, None) is not None:  # the agent came back: its old stream is over
             self.outboxes[info.name].take_over()
         self.outboxes[info.name].items.clear()  # what was queued for the old session is stale
+        if caller is not None:  # doctor warns of a certificate its agent did not renew in time
+            self._certificate_seen(info.name, caller.issued, caller.expires)
         self._fail_logs(info.name)
         self.apply(commands)
         log.info("node %s registered: %s, %d GPUs, ports %d-%d, agent %s, %d tasks", info.name, info.address,
@@ -320,7 +322,13 @@ class Coordinator:
         cert = self.trust.issue(self.authority, csr, caller.name, self.clock(), self.node_cert_lifetime,
                                 [seen_from] if seen_from else [])
         self.apply()
+        holder = self.trust.holders[caller.name]
+        self._certificate_seen(caller.name, holder.issued, holder.expires)
         return cert
+
+    def _certificate_seen(self, node: str, issued: float, expires: float) -> None:
+        if node in self.cluster.nodes:
+            self.cluster.nodes[node].seen.cert_issued, self.cluster.nodes[node].seen.cert_expires = issued, expires
 
     def create_token(self, ttl: float, node: str, reusable: bool,
                      replace: bool = False) -> tuple[str, float, asyncio.Future]:

@@ -21,6 +21,8 @@ class NodeSeen:
     condition: str = ""  # why its agent takes no new tasks now (low disk), from its heartbeats; "": it takes them
     leaving: bool = False  # its agent said it stops and leaves its tasks running (a restart), until it registers
     conditions: tuple[NodeCondition, ...] = ()  # what its agent's GPU check found, from its latest message
+    cert_issued: float = 0.0  # the life of the certificate its agent registered with (or was last renewed to);
+    cert_expires: float = 0.0  # 0: unknown
 
 
 # Who drained a node its agent's health check found sick (Drain.by): no certificate's name has a space, so no admin's
