@@ -184,10 +184,10 @@ class Agent:
                     self.credentials = identity.renew(channel)
                 if self.web is not None:
                     self.web.renew(self.credentials)
-            except grpc.RpcError as e:
+            except Exception as e:  # refused, unreachable, or its files not written: never ends the renewals
                 left = identity.expires_at() - time.time()
-                log.warning("renewing the certificate failed (%s); it expires in %.0f s; retrying",
-                            e.details() or e.code().name, left)
+                why = (e.details() or e.code().name) if isinstance(e, grpc.RpcError) else f"{type(e).__name__}: {e}"
+                log.warning("renewing the certificate failed (%s); it expires in %.0f s; retrying", why, left)
                 if self._stop.wait(min(60.0, max(1.0, left / 10))):
                     return
                 continue
