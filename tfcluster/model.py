@@ -80,6 +80,7 @@ class NodeInfo:
     agent_version: str = ""
     state_dir: str = ""               # where the agent keeps job files (host-local checkpoints)
     peer_port: int = 0                # where other agents send it checkpoints; 0: none
+    labels: tuple[str, ...] = ()      # the kinds of machine it is (--label), which roles may ask for (labels.py)
 
     @property
     def peer_address(self) -> str:

@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass, field
 
 from tfcluster import layout, strategies
+from tfcluster.labels import label_problem
 from tfcluster.model import (CHIEF, DEFAULT_STOP_SIGNAL, EVALUATOR, WORKER, NODE_NAME_RE, ROLE_TYPES, STOP_SIGNALS,
                              EnvironmentSpec, control_character)
 
@@ -56,6 +57,7 @@ class RoleSpec:
     env: dict[str, str] = field(default_factory=dict)
     nodes: tuple[str, ...] = ()
     entrypoint: str = ""
+    labels: tuple[str, ...] = ()  # its tasks go only on nodes holding every one of these (tfcluster/labels.py)
     summary_dir: str = ""  # evaluator: where it writes TensorBoard summaries; "": <model dir>/eval
     memory: int | None = None  # bytes each task may use; None: the job's memory
     # Elastic (multi_worker_mirrored workers only, `count = "MIN..MAX"`): the sizes the role may run at; `count`
@@ -196,6 +198,9 @@ def _check_role(role_type: str, role: RoleSpec, fail, absolute_paths: bool) -> N
             raise fail(f"{key}.nodes", f"expected node names (letters, digits, '.', '_' or '-'), got {node[:80]!r}")
     if len(set(role.nodes)) != len(role.nodes):
         raise fail(f"{key}.nodes", "lists a node twice")
+    problem = label_problem(role.labels)
+    if problem:
+        raise fail(f"{key}.labels", problem)
     if role.entrypoint and role_type != EVALUATOR:
         raise fail(f"{key}.entrypoint", "only the evaluator takes an entrypoint")
     if role.entrypoint and not ENTRYPOINT_RE.fullmatch(role.entrypoint):

@@ -26,7 +26,7 @@ from tfcluster.sweepspec import DEFAULT_MIN_EVALUATIONS, SweepSpec, validate_swe
 JOB_KEYS = ("name", "strategy", "command", "workdir", "checkpoint_dir", "model_dir", "env", "gpus",
             "roles", "restart", "stop_grace_seconds", "evaluator_deadline_seconds", "priority", "memory",
             "shared_workdir", "environment", "preemption", "elastic")
-ROLE_KEYS = ("count", "gpus", "command", "env", "nodes", "entrypoint", "summary_dir", "memory")
+ROLE_KEYS = ("count", "gpus", "command", "env", "nodes", "labels", "entrypoint", "summary_dir", "memory")
 RESTART_KEYS = ("max_restarts", "backoff_seconds", "permanent_exit_codes", "hang_seconds")
 ENVIRONMENT_KEYS = ("requirements", "isolated", "project")
 PREEMPTION_KEYS = ("signal", "grace_seconds")
@@ -254,6 +254,7 @@ def _read_role(r: _Reader, role_type: str, table: Any) -> RoleSpec:
         command=r.command(table["command"], f"{key}.command") if "command" in table else (),
         env=r.env(table.get("env", {}), f"{key}.env"),
         nodes=r.string_list(table.get("nodes", []), f"{key}.nodes"),
+        labels=r.string_list(table.get("labels", []), f"{key}.labels"),
         entrypoint=r.string(table.get("entrypoint", ""), f"{key}.entrypoint"),
         summary_dir=r.string(table.get("summary_dir", ""), f"{key}.summary_dir"),
         memory=r.size(table["memory"], f"{key}.memory") if "memory" in table else None,

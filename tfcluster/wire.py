@@ -18,6 +18,7 @@ from tfcluster import summaries
 from tfcluster.api.v1 import agent_pb2, control_pb2
 from tfcluster.api.v1 import types_pb2 as pb
 from tfcluster.conditions import MAX_CONDITION_MESSAGE, MAX_CONDITIONS, NodeCondition
+from tfcluster.labels import label_problem
 from tfcluster.model import CHIEF, DEFAULT_STOP_SIGNAL, STOP_SIGNALS, WORKER
 from tfcluster.model import (MAX_CODE_SOURCES, MAX_DRAIN_REASON, MAX_GPUS_PER_NODE, NODE_NAME_RE, Attempt,
                              CancelLog, Command, EnvironmentSpec, Evaluation, ExpectFiles, FinishTraining, Gpu, Launch,
@@ -66,7 +67,7 @@ def node_info_to_proto(info: NodeInfo) -> pb.NodeInfo:
                        port_range_start=info.port_range[0], port_range_end=info.port_range[1],
                        cpu_count=info.cpu_count, memory_bytes=info.memory_bytes,
                        gpus=[gpu_to_proto(g) for g in info.gpus], agent_version=info.agent_version,
-                       state_dir=info.state_dir, peer_port=info.peer_port)
+                       state_dir=info.state_dir, peer_port=info.peer_port, labels=info.labels)
 
 
 def node_info_from_proto(msg: pb.NodeInfo) -> NodeInfo:
@@ -93,11 +94,15 @@ def node_info_from_proto(msg: pb.NodeInfo) -> NodeInfo:
         raise ValueError("node.gpus: GPU indexes must be unique")
     if not os.path.isabs(msg.state_dir):
         raise ValueError(f"node.state_dir: expected an absolute path, got {msg.state_dir[:80]!r}")
+    problem = label_problem(msg.labels)
+    if problem:
+        raise ValueError(f"node.labels: {problem}")
     return NodeInfo(name=msg.name, address=str(address), port_range=(msg.port_range_start, msg.port_range_end),
                     gpus=tuple(gpu_from_proto(g) for g in msg.gpus), hostname=_text(msg.hostname, "node.hostname", 253),
                     cpu_count=msg.cpu_count, memory_bytes=msg.memory_bytes,
                     agent_version=_text(msg.agent_version, "node.agent_version", 64),
-                    state_dir=_text(msg.state_dir, "node.state_dir"), peer_port=msg.peer_port)
+                    state_dir=_text(msg.state_dir, "node.state_dir"), peer_port=msg.peer_port,
+                    labels=tuple(msg.labels))
 
 
 # ---- agent to coordinator -----------------------------------------------------------------------
@@ -406,7 +411,8 @@ def spec_to_proto(spec: JobSpec) -> pb.JobSpec:
                      resize_interval_seconds=spec.resize_interval_seconds)
     for role_type, role in spec.roles.items():
         msg.roles[role_type].CopyFrom(pb.RoleSpec(count=role.count, gpus=role.gpus, command=role.command,
-                                                  env=role.env, nodes=role.nodes, entrypoint=role.entrypoint,
+                                                  env=role.env, nodes=role.nodes, labels=role.labels,
+                                                  entrypoint=role.entrypoint,
                                                   summary_dir=role.summary_dir, memory_bytes=role.memory,
                                                   min_count=role.min_count, max_count=role.max_count))
     r = spec.restart
@@ -419,7 +425,8 @@ def spec_from_proto(msg: pb.JobSpec) -> JobSpec:
     """A spec from the wire, validated by the same rules as a file (SpecError names the field). Its paths
     must be absolute: the client resolved them where the spec was written."""
     roles = {t: RoleSpec(count=r.count, gpus=r.gpus if r.HasField("gpus") else None, command=tuple(r.command),
-                         env=dict(r.env), nodes=tuple(r.nodes), entrypoint=r.entrypoint, summary_dir=r.summary_dir,
+                         env=dict(r.env), nodes=tuple(r.nodes), labels=tuple(r.labels), entrypoint=r.entrypoint,
+                         summary_dir=r.summary_dir,
                          memory=r.memory_bytes if r.HasField("memory_bytes") else None,
                          min_count=r.min_count, max_count=r.max_count)
              for t, r in msg.roles.items()}

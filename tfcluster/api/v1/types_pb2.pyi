@@ -44,7 +44,7 @@ class NodeCondition(_message.Message):
     def __init__(self, gpu: _Optional[int] = ..., kind: _Optional[str] = ..., message: _Optional[str] = ..., since: _Optional[float] = ...) -> None: ...
 
 class NodeInfo(_message.Message):
-    __slots__ = ("name", "hostname", "address", "port_range_start", "port_range_end", "cpu_count", "memory_bytes", "gpus", "agent_version", "state_dir", "peer_port")
+    __slots__ = ("name", "hostname", "address", "port_range_start", "port_range_end", "cpu_count", "memory_bytes", "gpus", "agent_version", "state_dir", "peer_port", "labels")
     NAME_FIELD_NUMBER: _ClassVar[int]
     HOSTNAME_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -56,6 +56,7 @@ class NodeInfo(_message.Message):
     AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
     STATE_DIR_FIELD_NUMBER: _ClassVar[int]
     PEER_PORT_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
     name: str
     hostname: str
     address: str
@@ -67,10 +68,11 @@ class NodeInfo(_message.Message):
     agent_version: str
     state_dir: str
     peer_port: int
-    def __init__(self, name: _Optional[str] = ..., hostname: _Optional[str] = ..., address: _Optional[str] = ..., port_range_start: _Optional[int] = ..., port_range_end: _Optional[int] = ..., cpu_count: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., agent_version: _Optional[str] = ..., state_dir: _Optional[str] = ..., peer_port: _Optional[int] = ...) -> None: ...
+    labels: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., hostname: _Optional[str] = ..., address: _Optional[str] = ..., port_range_start: _Optional[int] = ..., port_range_end: _Optional[int] = ..., cpu_count: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., agent_version: _Optional[str] = ..., state_dir: _Optional[str] = ..., peer_port: _Optional[int] = ..., labels: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RoleSpec(_message.Message):
-    __slots__ = ("count", "gpus", "command", "env", "nodes", "entrypoint", "summary_dir", "memory_bytes", "min_count", "max_count")
+    __slots__ = ("count", "gpus", "command", "env", "nodes", "entrypoint", "summary_dir", "memory_bytes", "min_count", "max_count", "labels")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -88,6 +90,7 @@ class RoleSpec(_message.Message):
     MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     MIN_COUNT_FIELD_NUMBER: _ClassVar[int]
     MAX_COUNT_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
     count: int
     gpus: int
     command: _containers.RepeatedScalarFieldContainer[str]
@@ -98,7 +101,8 @@ class RoleSpec(_message.Message):
     memory_bytes: int
     min_count: int
     max_count: int
-    def __init__(self, count: _Optional[int] = ..., gpus: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., nodes: _Optional[_Iterable[str]] = ..., entrypoint: _Optional[str] = ..., summary_dir: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., min_count: _Optional[int] = ..., max_count: _Optional[int] = ...) -> None: ...
+    labels: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, count: _Optional[int] = ..., gpus: _Optional[int] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., nodes: _Optional[_Iterable[str]] = ..., entrypoint: _Optional[str] = ..., summary_dir: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., min_count: _Optional[int] = ..., max_count: _Optional[int] = ..., labels: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RestartPolicy(_message.Message):
     __slots__ = ("max_restarts", "backoff_seconds", "permanent_exit_codes", "hang_seconds")

@@ -24,10 +24,11 @@ class NodeCapacity:
     fetches_code: bool = True  # its agent fetches jobs' packed code (NodeInfo.fetches_code)
     # GPUs its agent found sick (tfcluster/conditions.py), left out of placement: (index, why), by index
     excluded_gpus: tuple[tuple[int, str], ...] = ()
+    labels: frozenset[str] = frozenset()  # the kinds of machine its agent says it is (NodeInfo.labels)
 
     def idle(self) -> "NodeCapacity":
         return NodeCapacity(self.name, self.address, self.gpus, self.port_range, memory_bytes=self.memory_bytes,
-                            fetches_code=self.fetches_code)
+                            fetches_code=self.fetches_code, labels=self.labels)
 
     def taking(self, p: "TaskPlacement") -> "NodeCapacity":
         """This node once the task placed here holds its GPUs, port and memory."""

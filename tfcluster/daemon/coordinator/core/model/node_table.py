@@ -172,7 +172,7 @@ class Nodes(Registry[Node]):
         self._by_address.setdefault(node.info.address, set()).add(node.name)
         i = node.info
         self._idle[node.name] = NodeCapacity(i.name, i.address, i.gpus, i.port_range, memory_bytes=i.memory_bytes,
-                                             fetches_code=i.fetches_code)
+                                             fetches_code=i.fetches_code, labels=frozenset(i.labels))
         if node.state == NodeState.READY:
             self._heard[node.name] = None
             self._heard.move_to_end(node.name)

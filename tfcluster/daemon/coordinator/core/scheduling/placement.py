@@ -17,6 +17,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from tfcluster.daemon.coordinator.core.model.capacity import NodeCapacity, TaskPlacement, task_list
+from tfcluster.labels import missing
 from tfcluster.model import ROLE_TYPES, size_text
 from tfcluster.spec import JobSpec
 
@@ -95,9 +96,9 @@ class _Search:
         self.spec, self.by_name, self.previous = spec, by_name, previous
         self.slots: dict[str, _Slot] = {}
         all_names = sorted(by_name)
-        # A pinned role goes on its nodes that are ready, none of them when none is (never elsewhere).
-        self.candidates = {r: [n for n in spec.role(r).nodes if n in by_name] if spec.role(r).nodes else all_names
-                           for r in ROLE_TYPES}
+        # A pinned role goes on its nodes that are ready, none of them when none is (never elsewhere); a role
+        # that asks for labels, only on nodes holding all of them.
+        self.candidates = {r: _allowed(spec, r, by_name, all_names) for r in ROLE_TYPES}
         self.tasks = [t for t in task_list(spec) if only is None or t in only]
         # Most constrained first: pinned roles, then GPU-hungry ones, then memory-hungry ones; keep index order
         # within a role.
@@ -111,8 +112,7 @@ class _Search:
     def run(self) -> list[TaskPlacement] | Unfit:
         for role_type in dict.fromkeys(t[0] for t in self.tasks):
             if not self.candidates[role_type]:
-                return Unfit(f"roles.{role_type}.nodes: none of {', '.join(self.spec.role(role_type).nodes)} is a "
-                             f"ready node")
+                return Unfit(_no_candidate_reason(self.spec, role_type, self.by_name))
             too_big = _too_big_reason(self.spec, role_type, [self.by_name[n] for n in self.candidates[role_type]])
             if too_big:
                 return Unfit(too_big)
@@ -174,7 +174,7 @@ class _Search:
         prefer the node with the most GPUs left (fewer strands)."""
         preferred = self.previous.get(task, ("", 0))[0]
         theirs = {n for t, (n, _) in self.previous.items() if t != task and t not in self.assignment}
-        allowed = set(self.candidates[task[0]]) if self.spec.role(task[0]).nodes else None
+        allowed = set(self.candidates[task[0]]) if _restricted(self.spec, task[0]) else None
         if preferred in self.by_name and (allowed is None or preferred in allowed):
             yield preferred
         used = {name for name, s in self.slots.items() if s.tasks and (allowed is None or name in allowed)}
@@ -213,6 +213,34 @@ class _Search:
         s.memory += p.memory
 
 
+def _restricted(spec: JobSpec, role_type: str) -> bool:
+    """The role may use only some nodes: those it names, or those holding its labels."""
+    return bool(spec.role(role_type).nodes or spec.role(role_type).labels)
+
+
+def _allowed(spec: JobSpec, role_type: str, by_name: dict[str, NodeCapacity], all_names: list[str]) -> list[str]:
+    """The ready nodes the role may use, by name: those it names (all when it names none), less those lacking
+    one of its labels."""
+    role = spec.role(role_type)
+    names = [n for n in role.nodes if n in by_name] if role.nodes else all_names
+    if role.labels:
+        names = [n for n in names if not missing(role.labels, by_name[n].labels)]
+    return names
+
+
+def _no_candidate_reason(spec: JobSpec, role_type: str, by_name: dict[str, NodeCapacity]) -> str:
+    """Why no ready node may take the role's tasks: none it names is ready, or none has all its labels."""
+    role = spec.role(role_type)
+    pinned = [n for n in role.nodes if n in by_name]
+    if role.nodes and not pinned:
+        return f"roles.{role_type}.nodes: none of {', '.join(role.nodes)} is a ready node"
+    wanted = " and ".join(role.labels) if len(role.labels) <= 1 else "all of " + ", ".join(role.labels)
+    among = f"none of {_names(pinned)} (roles.{role_type}.nodes)" if role.nodes else "no ready node"
+    held = sorted(set().union(*(by_name[n].labels for n in pinned or by_name)))
+    seen = f"labels there: {_names(held)}" if held else "none has labels"
+    return f"roles.{role_type}.labels: {among} has {wanted} ({seen})"
+
+
 def _what(spec: JobSpec, role_type: str) -> str:
     need, memory = spec.gpus_for(role_type), spec.memory_for(role_type)
     what = f"{need} GPU{'s' if need != 1 else ''}" if need else "a port"
@@ -224,7 +252,7 @@ def _too_big_reason(spec: JobSpec, role_type: str, nodes: list[NodeCapacity]) ->
     need, memory = spec.gpus_for(role_type), spec.memory_for(role_type)
     if any(len(n.gpus) >= need and n.memory_bytes >= memory for n in nodes):
         return ""
-    where = "the nodes it may use" if spec.role(role_type).nodes else "any ready node"
+    where = "the nodes it may use" if _restricted(spec, role_type) else "any ready node"
     if any(len(n.gpus) >= need for n in nodes):  # the GPUs would fit: memory is what no node has
         what, per_node, text = f"{size_text(memory)} of memory", "memory per node", size_text
         amounts = [n.memory_bytes for n in nodes]

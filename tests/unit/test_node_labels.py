@@ -1,0 +1,105 @@
+"""Node labels: the one rule (tfcluster/labels.py), a role's `labels` in a spec, their trip over the wire, and
+placement only on nodes holding all of a role's labels (and the reason when none does)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from tfcluster import wire
+from tfcluster.daemon.coordinator.core.cluster import Unplaceable
+from tfcluster.daemon.coordinator.core.scheduling.placement import Unfit, place
+from tfcluster.labels import MAX_LABELS, label_problem
+from tfcluster.spec import SpecError
+from tfcluster.specfile import parse_spec
+from tfcluster.states import JobState, NodeState
+from tests.unit.coresim import Sim, info, launches, make_spec
+from tests.unit.test_scheduler import node, spec
+
+
+@pytest.mark.parametrize("labels", [["a100"], ["gpu=a100", "rack.r12", "nv_link-4"], ["x" * 63], []])
+def test_labels_that_follow_the_rule_pass(labels):
+    assert label_problem(labels) == ""
+
+
+@pytest.mark.parametrize("labels, said", [
+    (["A100"], "'A100'"), (["-a"], "'-a'"), (["a-"], "'a-'"), (["a=b=c"], "'a=b=c'"), (["=a"], "'=a'"),
+    (["a b"], "'a b'"), ([""], "''"), (["x" * 64], "at most 63 characters"),
+    (["a", "a"], "lists a label twice"), ([f"l{i}" for i in range(MAX_LABELS + 1)], f"at most {MAX_LABELS} labels"),
+])
+def test_labels_that_break_the_rule_say_how(labels, said):
+    assert said in label_problem(labels)
+
+
+def test_a_role_asks_for_labels_in_a_spec_file():
+    s = make_spec(worker={"count": 2, "labels": ["a100", "ib"]}, evaluator={"count": 1})
+    assert s.role("worker").labels == ("a100", "ib") and s.role("evaluator").labels == ()
+    with pytest.raises(SpecError, match=r"roles\.worker\.labels: expected labels of lowercase"):
+        make_spec(worker={"count": 1, "labels": ["A100"]})
+    with pytest.raises(SpecError, match=r"roles\.worker\.labels: expected a list of non-empty strings"):
+        make_spec(worker={"count": 1, "labels": "a100"})
+
+
+def test_labels_travel_the_wire_and_bad_ones_are_refused_there():
+    s = make_spec(worker={"count": 1, "labels": ["gpu=a100"]})
+    assert wire.spec_from_proto(wire.spec_to_proto(s)).role("worker").labels == ("gpu=a100",)
+    n = replace(info("n1", 1), labels=("a100", "rack=r1"))
+    assert wire.node_info_from_proto(wire.node_info_to_proto(n)) == n
+    bad = wire.node_info_to_proto(n)
+    bad.labels.append("Not A Label")
+    with pytest.raises(ValueError, match=r"node\.labels: expected labels of"):
+        wire.node_info_from_proto(bad)
+    old = wire.node_info_to_proto(info("n2"))  # an agent from before labels sends none
+    assert wire.node_info_from_proto(old).labels == ()
+
+
+def labelled(name, *labels, gpus=0):
+    return replace(node(name, gpus=gpus), labels=frozenset(labels))
+
+
+def test_a_labelled_role_goes_only_on_nodes_holding_all_its_labels():
+    s = spec(worker={"count": 2, "labels": ["a100", "ib"]}, evaluator={"count": 1})
+    nodes = [labelled("n1", "a100"), labelled("n2", "a100", "ib"), labelled("n3", "ib"), labelled("n4")]
+    result = {(p.type, p.index): p.node for p in place(s, nodes)}
+    assert result[("worker", 0)] == result[("worker", 1)] == "n2"
+    assert result[("evaluator", 0)] != "n2", "the unlabelled role spreads where it likes"
+
+
+def test_labels_and_nodes_both_hold():
+    s = spec(worker={"count": 1, "labels": ["a100"], "nodes": ["n1", "n3"]})
+    nodes = [labelled("n1"), labelled("n2", "a100"), labelled("n3", "a100")]
+    assert [p.node for p in place(s, nodes)] == ["n3"]
+    none = place(s, [labelled("n1", "ib"), labelled("n2", "a100"), labelled("n3")])
+    assert isinstance(none, Unfit)
+    assert none.reason == "roles.worker.labels: none of n1, n3 (roles.worker.nodes) has a100 (labels there: ib)"
+
+
+def test_a_label_no_ready_node_has_is_named():
+    nodes = [labelled("n1", "v100"), labelled("n2")]
+    result = place(spec(worker={"count": 1, "labels": ["a100", "ib"]}), nodes)
+    assert isinstance(result, Unfit)
+    assert result.reason == "roles.worker.labels: no ready node has all of a100, ib (labels there: v100)"
+
+
+def test_a_labelled_role_too_big_for_its_nodes_says_the_nodes_it_may_use():
+    s = spec(gpus=4, worker={"count": 1, "labels": ["a100"]})
+    result = place(s, [labelled("n1", "a100", gpus=2), labelled("n2", gpus=8)])
+    assert isinstance(result, Unfit) and "more than the nodes it may use has (GPUs per node: n1: 2)" in result.reason
+
+
+def test_a_job_asking_for_a_label_nobody_has_is_refused_and_one_whose_labelled_node_is_gone_waits():
+    sim = Sim(replace(info("n1", 1), labels=("a100",)), info("n2", 1))
+    with pytest.raises(Unplaceable, match="roles.worker.labels: no ready node has h100"):
+        sim.submit(make_spec(gpus=1, worker={"count": 1, "labels": ["h100"]}))
+    busy, actions = sim.submit(make_spec(gpus=1, worker={"count": 1, "labels": ["a100"]}, strategy="mirrored"), "a")
+    assert [a.node for a in launches(actions)] == ["n1"]
+    waiting, actions = sim.submit(make_spec(gpus=1, worker={"count": 1, "labels": ["a100"]}, strategy="mirrored"),
+                                  "b")
+    assert actions == [] and waiting.state == JobState.PENDING, "n2 has a free GPU but not the label"
+    sim.now += 5  # n1 falls silent and is lost; n2 stays
+    sim.heartbeat_all("n1")
+    sim.c.tick(sim.now)
+    assert sim.c.nodes["n1"].state == NodeState.LOST
+    assert waiting.state == JobState.PENDING
+    assert "roles.worker.labels: no ready node has a100" in waiting.message
