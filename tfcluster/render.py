@@ -74,22 +74,33 @@ def _node_note(n, now: float) -> str:
     return f"* {n.name} takes no new tasks: {n.condition}"
 
 
+LABELS_SHOWN = 4  # labels in a node's cell of the status table
+
+
 def _gpus_cell(n) -> str:
     """Its GPUs, each one its agent found a problem on marked ! (the footnotes say what)."""
     marked = {c.gpu for c in n.conditions if c.HasField("gpu")}
     return ", ".join(f"{g.index}:{g.name or 'gpu'}{'!' if g.index in marked else ''}" for g in n.gpus) or "-"
 
 
+def _labels_cell(n) -> str:
+    """Its labels, the first few when there are many (`status --json` has them all)."""
+    shown = ",".join(n.labels[:LABELS_SHOWN])
+    return (shown + f" +{len(n.labels) - LABELS_SHOWN}" if len(n.labels) > LABELS_SHOWN else shown) or "-"
+
+
 def _nodes_table(nodes_shown, colour_on: bool) -> list[str]:
+    labelled = any(n.labels for n in nodes_shown)  # a cluster without labels keeps its table as it was
     rows = []
     for n in nodes_shown:
         memory = f"{n.memory_bytes / 2**30:.1f} GiB"
         if n.memory_allocated_bytes:  # what tasks' limits hold of it
             memory = f"{n.memory_allocated_bytes / 2**30:.1f} of {memory}"
-        rows.append([n.name, n.address, _node_state(n),
+        rows.append([n.name, n.address, _node_state(n), *([_labels_cell(n)] if labelled else []),
                      _gpus_cell(n), str(n.cpu_count), memory,
                      str(n.running_tasks), n.agent_version, _ago(n.last_seen_seconds_ago)])
-    headers = ("node", "address", "state", "GPUs", "CPUs", "memory", "tasks", "agent", "heartbeat")
+    headers = ("node", "address", "state", *(("labels",) if labelled else ()), "GPUs", "CPUs", "memory", "tasks",
+               "agent", "heartbeat")
     now = time.time()
     return [table(headers, rows, "nodes", colour_on),
             *(paint(_node_note(n, now), "yellow", colour_on)

@@ -136,6 +136,7 @@ class NodeStatus:
     condition: str
     drain: Optional[NodeDrain]
     conditions: list[NodeCondition]
+    labels: list[str]  # the kinds of machine it is (`tfcluster agent --label`)
     wire: Any = WIRE
 
 

@@ -494,7 +494,8 @@ def node_status(node, running_tasks: int, now: float, memory_allocated: int = 0,
         hostname=i.hostname, cpu_count=i.cpu_count, memory_bytes=i.memory_bytes, agent_version=i.agent_version,
         last_seen_seconds_ago=max(0.0, now - node.seen.last_seen), port_range_start=i.port_range[0],
         port_range_end=i.port_range[1], running_tasks=running_tasks, condition=node.condition,
-        memory_allocated_bytes=memory_allocated, conditions=conditions_to_proto(node.seen.conditions))
+        memory_allocated_bytes=memory_allocated, conditions=conditions_to_proto(node.seen.conditions),
+        labels=i.labels)
     if node.drain is not None:
         d = node.drain
         status.drain.CopyFrom(control_pb2.NodeDrain(reason=d.reason, by=d.by, since=d.since, state=drain_state))

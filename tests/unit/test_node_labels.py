@@ -5,17 +5,23 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import json
+from pathlib import Path
+
 import pytest
 
-from tfcluster import wire
+from tfcluster import views, wire
+from tfcluster.daemon.agent.main import SettingsError, configure
+from tfcluster.daemon.coordinator.store import records
+from tfcluster.render import render_status
 from tfcluster.daemon.coordinator.core.cluster import Unplaceable
 from tfcluster.daemon.coordinator.core.scheduling.placement import Unfit, place
 from tfcluster.labels import MAX_LABELS, label_problem
 from tfcluster.spec import SpecError
 from tfcluster.specfile import parse_spec
 from tfcluster.states import JobState, NodeState
-from tests.unit.coresim import Sim, info, launches, make_spec
-from tests.unit.test_scheduler import node, spec
+from coresim import Sim, info, launches, make_spec
+from test_scheduler import node, spec
 
 
 @pytest.mark.parametrize("labels", [["a100"], ["gpu=a100", "rack.r12", "nv_link-4"], ["x" * 63], []])
@@ -103,3 +109,32 @@ def test_a_job_asking_for_a_label_nobody_has_is_refused_and_one_whose_labelled_n
     assert sim.c.nodes["n1"].state == NodeState.LOST
     assert waiting.state == JobState.PENDING
     assert "roles.worker.labels: no ready node has a100" in waiting.message
+
+
+def test_status_json_and_table_show_labels_and_the_store_keeps_them():
+    sim = Sim(replace(info("n1", 1), labels=("a100", "ib", "rack=r1", "zone=z", "nvme")), info("n2", 1))
+    status = [wire.node_status(n, 0, sim.now) for n in sim.c.nodes.values()]
+    docs = {d["name"]: d for d in map(views.node_doc, status)}
+    assert docs["n1"]["labels"] == ["a100", "ib", "rack=r1", "zone=z", "nvme"] and docs["n2"]["labels"] == []
+    header, *rows = render_status(status, []).splitlines()[1:4]
+    assert "LABELS" in header.split()
+    assert "a100,ib,rack=r1,zone=z +1" in rows[0] and " - " in rows[1]
+    unlabelled = [wire.node_status(sim.c.nodes["n2"], 0, sim.now)]
+    assert "LABELS" not in render_status(unlabelled, []), "a cluster without labels keeps its table"
+    node = sim.c.nodes["n1"]
+    assert records.node_from_doc(json.dumps(records.node_doc(node))).info == node.info
+    old = records.plain(node.info)
+    del old["labels"]
+    assert records.node_from_doc(json.dumps({"info": old, "state": "READY"})).info.labels == ()
+
+
+def test_the_agent_refuses_a_bad_label_naming_the_flag(tmp_path: Path):
+    with pytest.raises(SettingsError, match=r"--label: expected labels of lowercase .* got 'A100'"):
+        configure("127.0.0.1:1", "n1", "127.0.0.1", "20000-20010", None, "none", tmp_path, "t", insecure=True,
+                  labels=("A100",))
+    with pytest.raises(SettingsError, match="--label: lists a label twice"):
+        configure("127.0.0.1:1", "n1", "127.0.0.1", "20000-20010", None, "none", tmp_path, "t", insecure=True,
+                  labels=("a", "a"))
+    config = configure("127.0.0.1:1", "n1", "127.0.0.1", "20000-20010", None, "none", tmp_path, "t",
+                       insecure=True, labels=("a100",))
+    assert config.node_info().labels == ("a100",)

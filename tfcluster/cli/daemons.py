@@ -289,6 +289,11 @@ def agent(
     peer_port: Optional[int] = typer.Option(None, min=1, max=65535,
                                             help="Port that receives checkpoints from other agents "
                                                  "[default: the first of --port-range]."),
+    label: list[str] = typer.Option([], "--label", metavar="NAME",
+                                    help="A kind of machine this node is (a100, gpu=a100, rack=r12), which a job's "
+                                         "role may ask for with `labels = [...]`; repeat for more (at most 32). "
+                                         "Lowercase letters, digits, '.', '_', '-', one '=' at most, up to 63 "
+                                         "characters, each part starting and ending with a letter or digit."),
     gpu_inventory: Optional[str] = typer.Option(None, metavar="FILE|none",
                                                 help="Declare GPUs from a JSON file instead of NVML; 'none' for CPU only."),
     state_dir: Optional[Path] = typer.Option(None, help="Task logs and files "
@@ -399,7 +404,8 @@ def agent(
                            cache_bytes=parse_size(cache_bytes, "--cache-bytes"),
                            max_code_unpacked_bytes=parse_size(max_code_unpacked_bytes, "--max-code-unpacked-bytes"),
                            health=_health_check(health_check_program, health_check_interval),
-                           gpu_check_seconds=parse_duration(gpu_check_interval, "--gpu-check-interval"))
+                           gpu_check_seconds=parse_duration(gpu_check_interval, "--gpu-check-interval"),
+                           labels=tuple(label))
     except SettingsError as e:
         fail(str(e), 2)
     try:

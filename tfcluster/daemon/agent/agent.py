@@ -81,12 +81,13 @@ class AgentConfig:
     max_code_unpacked_bytes: int = DEFAULT_MAX_UNPACKED_BYTES  # one archive's files together, unpacked (unpack.py)
     health: HealthCheck | None = None  # the operator's health check program (node/health.py); None: none runs
     gpu_health: GpuHealth | None = None  # the NVML checks of its GPUs (node/gpu_health.py); None: none run
+    labels: tuple[str, ...] = ()  # the kinds of machine it is (--label), sent at registration
 
     def node_info(self) -> NodeInfo:
         return NodeInfo(name=self.name, address=self.address, port_range=self.port_range, gpus=self.gpus,
                         hostname=self.host.hostname, cpu_count=self.host.cpu_count,
                         memory_bytes=self.host.memory_bytes, agent_version=__version__,
-                        state_dir=str(self.state_dir), peer_port=self.peer_port)
+                        state_dir=str(self.state_dir), peer_port=self.peer_port, labels=self.labels)
 
 
 class Agent:

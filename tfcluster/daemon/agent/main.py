@@ -27,6 +27,7 @@ from tfcluster.daemon.agent.shim.tasklog import DEFAULT_LIMIT_BYTES
 from tfcluster.daemon.agent.tasks.users import OWNER, PER_JOB, TASK_USER_MODES, TaskUserError, make_state_dir
 from tfcluster.daemon.notify import Notifier
 from tfcluster.daemon.web import HttpError, parse_listen
+from tfcluster.labels import label_problem
 from tfcluster.model import NODE_NAME_RE
 from tfcluster.security import Credentials
 
@@ -49,7 +50,8 @@ def configure(coordinator: str, name: str | None, address: str | None, port_rang
               cache_bytes: int = DEFAULT_CACHE_BYTES,
               max_code_unpacked_bytes: int = DEFAULT_MAX_UNPACKED_BYTES,
               health: HealthCheck | None = None,
-              gpu_check_seconds: float = DEFAULT_GPU_CHECK_SECONDS) -> AgentConfig:
+              gpu_check_seconds: float = DEFAULT_GPU_CHECK_SECONDS,
+              labels: tuple[str, ...] = ()) -> AgentConfig:
     """The agent's settings from its flags, with the node's GPUs, host and address discovered, and its
     certificate: the one it has, or one it gets by joining with a token."""
     try:
@@ -79,6 +81,9 @@ def configure(coordinator: str, name: str | None, address: str | None, port_rang
     name = name or socket.gethostname()
     if not NODE_NAME_RE.fullmatch(name):
         raise SettingsError(f"--name: expected letters, digits, '.', '_' or '-' (at most 253), got {name!r}")
+    problem = label_problem(labels)
+    if problem:
+        raise SettingsError(f"--label: {problem}")
     if address is not None:
         try:
             ipaddress.ip_address(address)
@@ -107,7 +112,7 @@ def configure(coordinator: str, name: str | None, address: str | None, port_rang
                        http_listen=http_listen, retention=retention, task_log_bytes=task_log_bytes,
                        allow_root_tasks=allow_root_tasks, private_tmp=private_tmp, task_user=task_user,
                        cache_bytes=cache_bytes, max_code_unpacked_bytes=max_code_unpacked_bytes, health=health,
-                       gpu_health=_gpu_health(gpus, gpu_inventory, gpu_check_seconds))
+                       gpu_health=_gpu_health(gpus, gpu_inventory, gpu_check_seconds), labels=labels)
 
 
 def _gpu_health(gpus: list, gpu_inventory: str | None, interval: float) -> GpuHealth | None:

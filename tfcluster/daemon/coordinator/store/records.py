@@ -347,7 +347,9 @@ def node_from_doc(text: str) -> Node:
     doc = json.loads(text)
     info = doc["info"]
     return Node(info=NodeInfo(**{**info, "port_range": tuple(info["port_range"]),
-                                 "gpus": tuple(Gpu(**g) for g in info["gpus"])}), state=doc["state"],
+                                 "gpus": tuple(Gpu(**g) for g in info["gpus"]),
+                                 "labels": tuple(info.get("labels", ()))}),  # none in a node stored before labels
+                state=doc["state"],
                 drain=Drain(**doc["drain"]) if doc.get("drain") else None)  # none before 0.9
 
 
@@ -360,7 +362,8 @@ def _exit(doc: dict[str, Any] | None) -> TaskExit | None:
 
 
 def spec_from_doc(doc: dict[str, Any]) -> JobSpec:
-    roles = {k: RoleSpec(**{**v, "command": tuple(v["command"]), "nodes": tuple(v["nodes"])})
+    roles = {k: RoleSpec(**{**v, "command": tuple(v["command"]), "nodes": tuple(v["nodes"]),
+                            "labels": tuple(v.get("labels", ()))})  # none in a job stored before labels
              for k, v in doc["roles"].items()}
     restart = RestartPolicy(**{**doc["restart"], "permanent_exit_codes": tuple(doc["restart"]["permanent_exit_codes"])})
     environment = EnvironmentSpec(**doc.get("environment", {}))  # none in a job stored before code travelled
