@@ -138,3 +138,34 @@ def test_the_agent_refuses_a_bad_label_naming_the_flag(tmp_path: Path):
     config = configure("127.0.0.1:1", "n1", "127.0.0.1", "20000-20010", None, "none", tmp_path, "t",
                        insecure=True, labels=("a100",))
     assert config.node_info().labels == ("a100",)
+
+
+# ---- tfcluster up ------------------------------------------------------------------------------
+
+def test_inventory_labels_follow_the_rule_and_a_changed_set_restarts_the_agent():
+    import hashlib
+
+    from tfcluster.bringup.desired import AGENT_UNIT, ENV_FILE, desired, env_file
+    from tfcluster.bringup.inventory import InventoryError, parse
+    from tfcluster.bringup.plan import plan_up, probed_dirs
+
+    def inventory(labels):
+        node = {"host": "10.0.0.11", "gpus": 0} | ({"labels": labels} if labels is not None else {})
+        return parse({"software": {"extras": []}, "coordinators": [{"host": "10.0.0.1"}], "nodes": [node]})
+
+    with pytest.raises(InventoryError, match=r"nodes\[0\]\.labels: 10\.0\.0\.11: expected labels of .* got 'A100'"):
+        inventory(["A100"])
+    with pytest.raises(InventoryError, match=r"nodes\[0\]\.labels: expected a non-empty array, got 'a100'"):
+        inventory("a100")
+    before, after = inventory(None), inventory(["a100", "rack=r1"])
+    agent = after.hosts[1]
+    assert agent.labels == ("a100", "rack=r1")
+    assert b"\nTFCLUSTER_LABELS=a100 rack=r1\n" in env_file(after, agent)
+    assert b"TFCLUSTER_LABELS" not in env_file(before, before.hosts[1]), "a node without labels gets no line"
+    ca = {name: name.encode() for name in ("ca.crt", "ca.key", "coordinator.crt", "coordinator.key")}
+    old = desired(before, before.hosts[1], ca)
+    facts = {"software": "0.8.0+abc", "files": {p: hashlib.sha256(f.data).hexdigest() for p, f in old.files.items()},
+             "running": {s: True for s in old.services}, "joined": True,
+             "dirs": {d: True for d in probed_dirs(before.software)}}
+    plan = plan_up(agent, desired(after, agent, ca), facts, after.software, "0.8.0+abc")
+    assert plan.changes == [f"rewrite {ENV_FILE} (600)", f"start {AGENT_UNIT} ({ENV_FILE} changed)"]

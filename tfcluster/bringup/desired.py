@@ -57,6 +57,8 @@ def env_file(inventory: Inventory, host: Host) -> bytes:
                    "TFCLUSTER_NODE_NAME": host.name or "",
                    "TFCLUSTER_CA_CERT": AGENT_CA_CERT,
                    "TFCLUSTER_JOIN_TOKEN_FILE": JOIN_TOKEN_FILE}
+        if host.labels:  # the agent reads them as its --label flags (a node without labels has no line)
+            values["TFCLUSTER_LABELS"] = " ".join(host.labels)
     lines = ["# Written by `tfcluster up` from its inventory: the next `tfcluster up` puts back what is changed here."]
     lines += [f"{name}={value}" for name, value in values.items()]
     return ("\n".join(lines) + "\n").encode()

@@ -15,6 +15,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
+from tfcluster.labels import label_problem
 from tfcluster.model import NODE_NAME_RE
 
 TOP_KEYS = ("ssh", "software", "coordinators", "nodes")
@@ -70,6 +71,7 @@ class Host:
     port_range: str = "20000-20999"
     advertise_address: str | None = None
     gpus: int | None = None         # None: whatever NVML finds ("auto")
+    labels: tuple[str, ...] = ()    # the node's labels (tfcluster/labels.py), given to its agent
 
     @property
     def roles(self) -> str:
@@ -187,8 +189,10 @@ def _software(reader: "_Reader", table: Any) -> Software:
 
 
 def _node(reader: "_Reader", entry: dict, key: str, host: str, ssh: Ssh, known: Host | None) -> Host:
-    if entry.get("labels"):
-        raise reader.fail(f"{key}.labels", "nodes carry no labels in this release; leave the key out")
+    labels = tuple(reader.array(entry.get("labels", []), f"{key}.labels", allow_empty=True))
+    problem = label_problem(labels)
+    if problem:
+        raise reader.fail(f"{key}.labels", f"{host}: {problem}")
     port_range = reader.string(entry.get("port_range", Host.port_range), f"{key}.port_range")
     match = re.fullmatch(r"(\d{1,5})-(\d{1,5})", port_range)
     if not match or not 1024 <= int(match[1]) < int(match[2]) <= 65535:
@@ -212,7 +216,7 @@ def _node(reader: "_Reader", entry: dict, key: str, host: str, ssh: Ssh, known: 
         raise reader.fail(f"{key}.name", f"{host} is named {known.name!r} in [[coordinators]]")
     return Host(host, _port(reader, entry.get("ssh_port", known.ssh_port if known else ssh.port), f"{key}.ssh_port"),
                 coordinator=known is not None, agent=True, name=name or (known.name if known else None),
-                port_range=port_range, advertise_address=advertise, gpus=gpus)
+                port_range=port_range, advertise_address=advertise, gpus=gpus, labels=labels)
 
 
 def _host_name(reader: "_Reader", entry: dict, key: str) -> str:

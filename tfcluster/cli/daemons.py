@@ -289,11 +289,12 @@ def agent(
     peer_port: Optional[int] = typer.Option(None, min=1, max=65535,
                                             help="Port that receives checkpoints from other agents "
                                                  "[default: the first of --port-range]."),
-    label: list[str] = typer.Option([], "--label", metavar="NAME",
+    label: list[str] = typer.Option([], "--label", envvar="TFCLUSTER_LABELS", metavar="NAME",
                                     help="A kind of machine this node is (a100, gpu=a100, rack=r12), which a job's "
                                          "role may ask for with `labels = [...]`; repeat for more (at most 32). "
                                          "Lowercase letters, digits, '.', '_', '-', one '=' at most, up to 63 "
-                                         "characters, each part starting and ending with a letter or digit."),
+                                         "characters, each part starting and ending with a letter or digit "
+                                         "[env: TFCLUSTER_LABELS, separated by spaces, as `tfcluster up` sets it]."),
     gpu_inventory: Optional[str] = typer.Option(None, metavar="FILE|none",
                                                 help="Declare GPUs from a JSON file instead of NVML; 'none' for CPU only."),
     state_dir: Optional[Path] = typer.Option(None, help="Task logs and files "
