@@ -58,3 +58,12 @@ def test_three_coordinators_run_on_etcd_and_agents_are_given_all_three():
     assert inv.on_etcd and [h.roles for h in inv.hosts] == ["coordinator"] * 3 + ["agent"]
     assert inv.coordinator_address == "c1:7070,c2:7070,c3:7070"
     assert not parse({"coordinators": [{"host": "c1"}]}).on_etcd
+
+
+def test_the_shipped_example_reads():
+    from pathlib import Path
+
+    from tfcluster.bringup.inventory import load
+
+    inventory = load(Path(__file__).resolve().parents[2] / "examples" / "cluster.toml")
+    assert [h.host for h in inventory.hosts] == ["10.0.0.1", "10.0.0.11", "10.0.0.12"]

@@ -96,18 +96,16 @@ class SaveEveryEpoch(keras.callbacks.Callback):
     """Saves a checkpoint the evaluator follows after each epoch (the `checkpoint` state file is written
     last, so a reader never sees a half-written one); paces steps when STEP_PAUSE_SECONDS is set."""
 
+    def __new__(cls, model: keras.Model):
+        # ParameterServerStrategy refuses any callback with a batch-level hook, so the step hook exists only on the
+        # paced kind, made when STEP_PAUSE_SECONDS asks for pacing.
+        if cls is SaveEveryEpoch and float(os.environ.get("STEP_PAUSE_SECONDS", "0")):
+            cls = _PacedSaveEveryEpoch
+        return super().__new__(cls)
+
     def __init__(self, model: keras.Model):
         super().__init__()
         self.manager = checkpoint_manager(model, model.optimizer.iterations)
-        self.step_pause = float(os.environ.get("STEP_PAUSE_SECONDS", "0"))
-
-    def on_train_batch_end(self, batch, logs=None):
-        # STEP_PAUSE_SECONDS paces each step as examples/mwms_preemption.py does; the chief then says each step
-        # it trained, so that a run killed mid-epoch shows how far it went (bench/preemption_save.py reads it).
-        if self.step_pause:
-            if task.is_chief:
-                print(f"trained step {int(self.model.optimizer.iterations.numpy())}", flush=True)
-            time.sleep(self.step_pause)
 
     def on_epoch_end(self, epoch, logs=None):
         path = self.manager.save(checkpoint_number=epoch + 1)
@@ -115,6 +113,19 @@ class SaveEveryEpoch(keras.callbacks.Callback):
             print(f"saved {path} (epoch {epoch + 1})", flush=True)
         # EPOCH_PAUSE_SECONDS stretches a run so that it can be watched, or disturbed on purpose.
         time.sleep(float(os.environ.get("EPOCH_PAUSE_SECONDS", "0")))
+
+
+class _PacedSaveEveryEpoch(SaveEveryEpoch):
+    def __init__(self, model: keras.Model):
+        super().__init__(model)
+        self.step_pause = float(os.environ["STEP_PAUSE_SECONDS"])
+
+    def on_train_batch_end(self, batch, logs=None):
+        # Paces each step as examples/mwms_preemption.py does; the chief then says each step it trained, so that a
+        # run killed mid-epoch shows how far it went (bench/preemption_save.py reads it).
+        if task.is_chief:
+            print(f"trained step {int(self.model.optimizer.iterations.numpy())}", flush=True)
+        time.sleep(self.step_pause)
 
 
 def write_metrics(model: keras.Model, strategy_name: str, epochs: int, replicas: int) -> dict:
