@@ -33,14 +33,19 @@ def cluster(tmp_path_factory):
 def spec_for(example: str, tmp_path: Path) -> tuple[Path, Path]:
     checkpoints = tmp_path / "ckpt"
     lines = [f'checkpoint_dir = "{checkpoints}"']  # shared: the test reads them, and a killed run resumes there
-    for line in (EXAMPLES / f"{example}.toml").read_text().splitlines():
+    text = (EXAMPLES / f"{example}.toml").read_text()
+    in_table = "grace_seconds" in text.replace("stop_grace_seconds", "")  # the example's [preemption] has its grace
+    for line in text.splitlines():
         if line.startswith("stop_grace_seconds"):
             continue  # set below: a short grace keeps restarts quick here
+        if line.startswith("grace_seconds"):
+            line = "grace_seconds = 5"
         if line.startswith("env"):
             line = f'env = {{ EPOCHS = "{EPOCHS[example]}", EPOCH_PAUSE_SECONDS = "{EPOCH_PAUSE_SECONDS}" }}'
         lines.append(line)
     spec = tmp_path / f"{example}.toml"
-    spec.write_text(f'workdir = "{EXAMPLES}"\nstop_grace_seconds = 5\n' + "\n".join(lines) + "\n")
+    grace = "" if in_table else "stop_grace_seconds = 5\n"
+    spec.write_text(f'workdir = "{EXAMPLES}"\n{grace}' + "\n".join(lines) + "\n")
     return spec, checkpoints
 
 
@@ -140,7 +145,7 @@ def preemption_spec(tmp_path: Path, max_restarts: int | None = None) -> Path:
     text = spec.read_text().replace(f'EPOCH_PAUSE_SECONDS = "{EPOCH_PAUSE_SECONDS}"', 'STEP_PAUSE_SECONDS = "0.05"')
     # Saving on SIGTERM takes both workers a second or two, more when two TensorFlow processes share two cores
     # with the test's own commands: a grace long enough to save, as the example's own is (60 s).
-    text = text.replace("stop_grace_seconds = 5\n", "stop_grace_seconds = 30\n")
+    text = text.replace("grace_seconds = 5\n", "grace_seconds = 30\n")
     if max_restarts is not None:
         text = text.replace("[roles.worker]", f"[restart]\nmax_restarts = {max_restarts}\n\n[roles.worker]")
     spec.write_text(text)
@@ -165,12 +170,14 @@ def test_graceful_stop_lets_preemption_handler_save_and_a_new_job_resumes(cluste
     assert resumed and int(resumed[0].split()[-1]) >= 22, log[-2000:]
 
 
-def test_sigterm_from_elsewhere_restarts_the_group_without_using_the_budget(cluster, tmp_path):
+def test_the_stop_signal_from_elsewhere_restarts_the_group_without_using_the_budget(cluster, tmp_path):
+    """The job's stop signal (the example's [preemption] signal) sent by something else than tfcluster, as a
+    cloud's preemption notice or an operator's kill would: the workers save, exit 42, and the group resumes."""
     spec = preemption_spec(tmp_path, max_restarts=0)
     job_id = submit(cluster, spec)
     wait_until(lambda: "epoch 1/4" in cluster.cli("logs", job_id, "worker:0").stdout, 120, interval=0.3,
                what="the first epoch")
-    os.kill(task_of(cluster, job_id, "worker", 1)["pid"], signal.SIGTERM)
+    os.kill(task_of(cluster, job_id, "worker", 1)["pid"], signal.SIGUSR1)
     job = finish(cluster, job_id)
     assert job["restarts"] == 0 and job["preemptions"] == 1
     assert all(t["attempt"] == 2 for t in job["tasks"])
