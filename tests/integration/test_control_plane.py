@@ -234,7 +234,7 @@ def test_plan_shows_placement_and_tf_configs_without_launching(shared_cluster, t
 @pytest.mark.parametrize("toml, needle", [
     ('name = "x"\nstrategy = "mirrored"\ncommand = ["true"]\ncolour = 1\n', "colour: unknown key"),
     ('name = "x"\nstrategy = "mirrored"\ncommand = ["true"]\n[roles.worker]\ncount = "two"\n',
-     "roles.worker.count: expected an integer, got a string ('two')"),
+     'roles.worker.count: expected an integer, or "MIN..MAX" for an elastic worker count, got a string (\'two\')'),
     ('name = "x"\nstrategy = "mirrored"\ncommand = ["true"]\n[roles.ps]\ncount = 1\n', "roles.ps: ps tasks only"),
     ('name = "x"\nstrategy = "nope"\n', "strategy: expected one of"),
     ('name = "x"\nstrategy = [\n', "not valid TOML"),
