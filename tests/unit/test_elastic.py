@@ -16,6 +16,7 @@ from tfcluster.daemon.coordinator.store import records
 from tfcluster.model import SyncCheckpoints
 from tfcluster.spec import DEFAULT_RESIZE_INTERVAL_SECONDS, SpecError
 from tfcluster.specfile import parse_spec
+from tfcluster.daemon.coordinator.core.scheduling.policy import parse as parse_policy
 from tfcluster.states import JobState, TaskState
 
 INTERVAL = 60.0
@@ -241,3 +242,37 @@ def test_its_sizes_are_in_status_and_json_and_a_fixed_job_has_none():
     assert statuses.read(statuses.JobStatus, message).workers == statuses.WorkerRange(1, 4, 3, 0)
     fixed, _ = sim.submit(make_spec(strategy="multi_worker_mirrored", worker=1), "fixed")
     assert not wire.job_status(fixed).HasField("workers") and views.job_doc(wire.job_status(fixed))["workers"] is None
+
+
+# ---- within the owner's GPU quota ----------------------------------------------------------------------------
+
+def quota_sim(gpus: int) -> Sim:
+    sim = Sim(info("n1", 1), info("n2", 1), info("n3", 1), info("n4", 1))
+    sim.c.set_policy(parse_policy(f"[users.alice]\ngpus = {gpus}\n", "policy.toml", sim.now))
+    return sim
+
+
+def start_as(sim, owner, spec):
+    job, commands = sim.c.submit(spec, sim.now, owner=owner)
+    sim.running(job, commands)
+    return job
+
+
+def test_it_starts_at_the_largest_size_its_owners_gpu_quota_allows_not_the_largest_that_fits():
+    sim = quota_sim(3)
+    job = start_as(sim, "alice", elastic_spec("2..4"))
+    assert job.state == JobState.RUNNING and len(job.tasks) == 3, job.message  # 4 would fit: the quota says 3
+    other = start_as(sim, "bob", replace(make_spec(strategy="mirrored", gpus=1, worker=1), name="bob"))
+    assert other.state == JobState.RUNNING  # the fourth GPU stayed free for someone else
+
+
+def test_it_grows_only_as_far_as_its_owners_gpu_quota_allows():
+    sim = quota_sim(3)
+    first = start_as(sim, "alice", replace(make_spec(strategy="mirrored", gpus=1, worker=1), name="first"))
+    job = start_as(sim, "alice", elastic_spec("2..4"))
+    assert len(job.tasks) == 2, job.message  # 1 + 2 GPUs: alice's quota of 3 is used
+    assert not later(sim, INTERVAL + 1)  # two GPUs are free, none within the quota: it stays at 2
+    sim.exit(first, "worker:0", 0)
+    stop = later(sim, 1)
+    assert len(stops(stop)) == 2, job.message  # one GPU of the quota is back: a grow to 3, not to 4
+    assert [workers_in(launch) for launch in regroup(sim, job, stop)] == [(3, 3)] * 3

@@ -116,7 +116,9 @@ class SchedulePass:
     def _place_preemptor(self, job: Job, unfit: list[Job]) -> list[Command]:
         """A job for which others were preempted, placed once what they held is free."""
         previous = {(t.type, t.index): (t.node, t.port) for t in job.tasks if t.node}
-        result = avoidance.place_avoiding(job, preemption.free_for(job, self.capacity, self.held), previous=previous)
+        quotas = queue.Holdings(self.cluster.policy, self.cluster.jobs.live.values())
+        result = avoidance.place_avoiding(job, preemption.free_for(job, self.capacity, self.held), previous=previous,
+                                          largest=quotas.largest_size(job))
         if isinstance(result, Unfit):
             self._did_not_fit(job)
             lifecycle.waits(job, f"waiting for resources: {result.reason}")
@@ -167,7 +169,7 @@ class SchedulePass:
 def grow_elastic(cluster: Scheduled, now: float) -> list[Command]:
     """Elastic jobs that more workers fit for now grow (scheduling/elastic.py); one that does not is looked at
     again once the capacity changed."""
-    version, waiting, free, commands = cluster.nodes.capacity_version, None, None, []
+    version, waiting, free, quotas, commands = cluster.nodes.capacity_version, None, None, None, []
     live = cluster.jobs.live.values()
     for job in [j for j in live if j.state == JobState.RUNNING and j.spec.role(WORKER).elastic]:
         if cluster.no_growth_at.get(job.id) == version:
@@ -178,10 +180,13 @@ def grow_elastic(cluster: Scheduled, now: float) -> list[Command]:
             continue
         if free is None:  # what is kept for a preemptor is not free
             free = preemption.free_for(None, {n.name: n for n in cluster.capacity(now)}, preemption.holdings(live))
-        workers = elastic.grow_to(job, free)
+        if quotas is None:
+            quotas = queue.Holdings(cluster.policy, live)
+        own = sum(len(t.gpus) for t in job.tasks if job.holds(t))  # given back by the group restart that grows it
+        workers = elastic.grow_to(job, free, quotas.largest_size(job, holding=own))
         if workers:
             commands += cluster.settle(job, lifecycle.grow(job, workers, now))
-            free = None
+            free = quotas = None
         else:
             cluster.no_growth_at[job.id] = version
     return commands

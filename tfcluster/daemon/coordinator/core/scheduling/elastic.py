@@ -25,10 +25,11 @@ from tfcluster.states import JobState
 Placer = Callable[..., "list[TaskPlacement] | Unfit"]
 
 
-def place_sized(spec: JobSpec, capacity: list[NodeCapacity], placer: Placer = place,
+def place_sized(spec: JobSpec, capacity: list[NodeCapacity], placer: Placer = place, largest: int | None = None,
                 **how) -> list[TaskPlacement] | Unfit:
-    """placer(spec, capacity, **how) at the largest size that fits (a fixed spec, or tasks re-placed alone
-    with `only`, at the size it has). Unfit: even the smallest size does not fit, and why."""
+    """placer(spec, capacity, **how) at the largest size that fits, and is no larger than `largest` (the owner's
+    GPU quota's bound, queue.Holdings.largest_size; None: none) (a fixed spec, or tasks re-placed alone with
+    `only`, at the size it has). Unfit: even the smallest size does not fit, and why."""
     if not elastic.is_elastic(spec) or how.get("only") is not None:
         return placer(spec, capacity, **how)
     smallest = placer(elastic.smallest(spec), capacity, **how)
@@ -37,6 +38,8 @@ def place_sized(spec: JobSpec, capacity: list[NodeCapacity], placer: Placer = pl
     for workers in elastic.sizes(spec):
         if workers == spec.role(WORKER).min_count:
             break
+        if largest is not None and workers > largest:
+            continue
         result = placer(elastic.at_size(spec, workers), capacity, **how)
         if not isinstance(result, Unfit):
             return result
@@ -54,14 +57,16 @@ def may_grow(job: Job, waiting: Iterable[Job], now: float) -> bool:
     return not any(other.rank >= job.rank for other in waiting if other is not job)
 
 
-def grow_to(job: Job, capacity: list[NodeCapacity]) -> int:
-    """The largest size above its own that the job (may_grow) fits at on capacity (what is free now) plus what
-    it holds; 0: none."""
+def grow_to(job: Job, capacity: list[NodeCapacity], largest: int | None = None) -> int:
+    """The largest size above its own, and no larger than `largest` (its owner's GPU quota's bound; None: none),
+    that the job (may_grow) fits at on capacity (what is free now) plus what it holds; 0: none."""
     spec, current = job.spec, elastic.size(job.spec)
     mine = adjust(capacity, held_by([job]), give_back=True)  # a group restart frees what it holds, too
     for workers in elastic.sizes(spec):
         if workers <= current:
             return 0
+        if largest is not None and workers > largest:
+            continue
         if not isinstance(place(elastic.at_size(spec, workers), mine), Unfit):
             return workers
     return 0

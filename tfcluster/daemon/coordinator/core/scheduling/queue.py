@@ -15,11 +15,12 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
-from tfcluster.daemon.coordinator.core.model.elastic import smallest
+from tfcluster.daemon.coordinator.core.model.elastic import at_size, is_elastic, sizes, smallest
 from tfcluster.daemon.coordinator.core.model.job import Job
 from tfcluster.daemon.coordinator.core.scheduling.avoidance import place_avoiding
 from tfcluster.daemon.coordinator.core.scheduling.placement import NodeCapacity, TaskPlacement, Unfit, place, task_list
 from tfcluster.daemon.coordinator.core.scheduling.policy import Policy, Subject
+from tfcluster.model import WORKER
 from tfcluster.spec import JobSpec
 
 SECONDS_PER_HOUR = 3600.0
@@ -40,9 +41,9 @@ def order(jobs: Iterable[Job], shares: Mapping[str, float]) -> list[Job]:
     return sorted(jobs, key=lambda j: (-j.rank, shares.get(j.owner, 0.0), j.number))
 
 
-def gpus_asked(spec: JobSpec) -> int:
-    """The GPUs the job needs to run at all (an elastic one: at its smallest size)."""
-    spec = smallest(spec)
+def gpus_asked(spec: JobSpec, exact: bool = False) -> int:
+    """The GPUs the job needs to run at all (an elastic one: at its smallest size; exact: at the size it says)."""
+    spec = spec if exact else smallest(spec)
     return sum(spec.gpus_for(t) for t, _ in task_list(spec))
 
 
@@ -66,6 +67,23 @@ class Holdings:
         for subject in self.policy.subjects(job.owner, job.groups):
             self.gpus[subject.key] += gpus
             self.running[subject.key] += 1
+
+    def largest_size(self, job: Job, holding: int = 0) -> int | None:
+        """The most workers an elastic job may run at within its owner's GPU quotas, with `holding` GPUs of its own
+        counted among those held (a RUNNING job that grows gives them back); None: no quota bounds it. The
+        queue admits a job at its smallest size (quota_reason), so without this bound the largest size that
+        fits would take up to MAX-MIN workers' GPUs past the quota."""
+        if not is_elastic(job.spec):
+            return None
+        room = None
+        for subject in self.policy.subjects(job.owner, job.groups):
+            if subject.limits.gpus is not None:
+                left = subject.limits.gpus - self.gpus[subject.key] + holding
+                room = left if room is None else min(room, left)
+        if room is None:
+            return None
+        within = [w for w in sizes(job.spec) if gpus_asked(at_size(job.spec, w), exact=True) <= room]
+        return max(within, default=job.spec.role(WORKER).min_count)
 
 
 def quota_reason(job: Job, holdings: Holdings, used_gpu_hours: Mapping[str, float]) -> str:
@@ -152,7 +170,8 @@ class QueuePass:
         if reason:
             return Waiting(reason, for_resources=False)
         previous = {(t.type, t.index): (t.node, t.port) for t in job.tasks if t.node}
-        result = place_avoiding(job, list(self.view.values()), previous=previous)
+        result = place_avoiding(job, list(self.view.values()), previous=previous,
+                                largest=self.holdings.largest_size(job))
         if not isinstance(result, Unfit):
             return result
         reason = f"waiting for resources: {result.reason}"
