@@ -312,10 +312,16 @@ class LocalCluster:
         return wait_until(lambda: (lambda j: j if j["state"] in states else None)(self.job(job_id)), timeout,
                           what=f"{job_id} to reach {'/'.join(states)}")
 
-    def task_groups(self) -> list[int]:
-        """Process groups of every task (and shim) the agents ever started."""
+    def lose_node(self, name: str) -> None:
+        """The node is lost as a machine is: its agent killed -9, and the tasks it ran with it."""
+        self.agents[name].kill()
+        for group in self.task_groups(name):
+            kill_group(group)
+
+    def task_groups(self, agent: str = "*") -> list[int]:
+        """Process groups of every task (and shim) the agents (or that one) ever started."""
         groups = []
-        for status in self.root.glob("agents/*/jobs/*/tasks/*/attempt-*/status.json"):
+        for status in self.root.glob(f"agents/{agent}/jobs/*/tasks/*/attempt-*/status.json"):
             try:
                 data = json.loads(status.read_text())
             except (OSError, ValueError):

@@ -8,7 +8,6 @@ The job has no restart budget (max_restarts = 0): a resize charged to it would f
 
 from __future__ import annotations
 
-import json
 import sys
 import textwrap
 import time
@@ -17,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from gpuholder import hold_gpu
-from harness import kill_group, running_cluster, wait_until
+from harness import running_cluster, wait_until
 
 PROGRAM = """\
 import json, os, time
@@ -76,16 +75,6 @@ def resized_to(cluster, job_id: str, workers: int, resizes: int, note: str, node
     assert nodes_of(cluster, job_id) == nodes
 
 
-def kill_node(cluster, name: str) -> None:
-    """The node is lost as a machine is: its agent killed -9, and the tasks it ran with it."""
-    cluster.agents[name].kill()
-    for status in cluster.agent_state_dir(name).glob("jobs/*/tasks/*/attempt-*/status.json"):
-        data = json.loads(status.read_text())
-        for group in (data.get("pgid"), data.get("shim_pid")):
-            if group:
-                kill_group(group)
-
-
 def test_elastic_job_starts_small_grows_when_capacity_frees_and_shrinks_when_a_node_is_lost(cluster, tmp_path):
     program = write(tmp_path / "sizes.py", PROGRAM)
     blocker = hold_gpu(cluster, tmp_path, "c")
@@ -112,7 +101,7 @@ def test_elastic_job_starts_small_grows_when_capacity_frees_and_shrinks_when_a_n
     grown = time.monotonic() - freed
 
     lost = time.monotonic()
-    kill_node(cluster, "c")  # a shrink above the smallest size is not charged
+    cluster.lose_node("c")  # a shrink above the smallest size is not charged
     resized_to(cluster, elastic, 2, resizes=2, note="resized 3 \u2192 2 workers", nodes={"a", "b"})
     shrunk = time.monotonic() - lost
     print(f"capacity freed -> running at 3: {grown:.1f} s; agent killed -> running at 2: {shrunk:.1f} s")
