@@ -177,13 +177,15 @@ class LocalCluster:
 
     def start_agent(self, name: str, gpus: int = 0, ports: tuple[int, int] | None = None,
                     extra: list[str] | None = None, wait: bool = True, host_prefix: list[str] | None = None,
-                    python: str = PYTHON) -> Daemon:
-        """An agent on loopback, or (host_prefix) on a test host, where it finds its own address."""
+                    python: str = PYTHON, driver: str = "") -> Daemon:
+        """An agent on loopback, or (host_prefix) on a test host, where it finds its own address. Its GPUs are
+        declared (with that NVIDIA driver version, when given)."""
         state = self.agent_state_dir(name)
         state.mkdir(parents=True, exist_ok=True)
         inventory = state.parent / f"{name}-gpus.json"
-        inventory.write_text(json.dumps([{"index": i, "uuid": f"GPU-{name}-{i}", "name": "Test GPU",
-                                          "memory_mib": 16384} for i in range(gpus)]))
+        declared = [{"index": i, "uuid": f"GPU-{name}-{i}", "name": "Test GPU", "memory_mib": 16384}
+                    for i in range(gpus)]
+        inventory.write_text(json.dumps({"driver": driver, "cuda": "13.0", "gpus": declared} if driver else declared))
         base = port_block()
         # A restarted agent keeps its node's port range, as a systemd unit with the same env file would.
         first, last = ports or self.port_ranges.get(name) or (base, base + 99)

@@ -81,6 +81,8 @@ class NodeInfo:
     state_dir: str = ""               # where the agent keeps job files (host-local checkpoints)
     peer_port: int = 0                # where other agents send it checkpoints; 0: none
     labels: tuple[str, ...] = ()      # the kinds of machine it is (--label), which roles may ask for (labels.py)
+    gpu_driver: str = ""              # the NVIDIA driver's version; "": NVML does not answer here
+    cuda_version: str = ""            # the newest CUDA that driver supports ("13.0")
 
     @property
     def peer_address(self) -> str:

@@ -137,6 +137,8 @@ class NodeStatus:
     drain: Optional[NodeDrain]
     conditions: list[NodeCondition]
     labels: list[str]  # the kinds of machine it is (`tfcluster agent --label`)
+    gpu_driver: str  # the NVIDIA driver's version; "": none read
+    cuda_version: str  # the newest CUDA that driver supports
     wire: Any = WIRE
 
 

@@ -27,7 +27,8 @@ def node_doc(n: control_pb2.NodeStatus) -> dict[str, Any]:
             "port_range": [n.port_range_start, n.port_range_end], "running_tasks": n.running_tasks,
             "condition": n.condition, "schedulable": n.state == NodeState.READY and not n.condition and not drained,
             "drain": {"reason": d.reason, "by": d.by, "since": d.since, "state": d.state} if drained else None,
-            "conditions": [condition_doc(c) for c in n.conditions], "labels": list(n.labels)}
+            "conditions": [condition_doc(c) for c in n.conditions], "labels": list(n.labels),
+            "gpu_driver": n.gpu_driver, "cuda_version": n.cuda_version}
 
 
 def condition_doc(c) -> dict[str, Any]:

@@ -67,7 +67,8 @@ def node_info_to_proto(info: NodeInfo) -> pb.NodeInfo:
                        port_range_start=info.port_range[0], port_range_end=info.port_range[1],
                        cpu_count=info.cpu_count, memory_bytes=info.memory_bytes,
                        gpus=[gpu_to_proto(g) for g in info.gpus], agent_version=info.agent_version,
-                       state_dir=info.state_dir, peer_port=info.peer_port, labels=info.labels)
+                       state_dir=info.state_dir, peer_port=info.peer_port, labels=info.labels,
+                       gpu_driver=info.gpu_driver, cuda_version=info.cuda_version)
 
 
 def node_info_from_proto(msg: pb.NodeInfo) -> NodeInfo:
@@ -102,7 +103,8 @@ def node_info_from_proto(msg: pb.NodeInfo) -> NodeInfo:
                     cpu_count=msg.cpu_count, memory_bytes=msg.memory_bytes,
                     agent_version=_text(msg.agent_version, "node.agent_version", 64),
                     state_dir=_text(msg.state_dir, "node.state_dir"), peer_port=msg.peer_port,
-                    labels=tuple(msg.labels))
+                    labels=tuple(msg.labels), gpu_driver=_text(msg.gpu_driver, "node.gpu_driver", 64),
+                    cuda_version=_text(msg.cuda_version, "node.cuda_version", 16))
 
 
 # ---- agent to coordinator -----------------------------------------------------------------------
@@ -495,7 +497,7 @@ def node_status(node, running_tasks: int, now: float, memory_allocated: int = 0,
         last_seen_seconds_ago=max(0.0, now - node.seen.last_seen), port_range_start=i.port_range[0],
         port_range_end=i.port_range[1], running_tasks=running_tasks, condition=node.condition,
         memory_allocated_bytes=memory_allocated, conditions=conditions_to_proto(node.seen.conditions),
-        labels=i.labels)
+        labels=i.labels, gpu_driver=i.gpu_driver, cuda_version=i.cuda_version)
     if node.drain is not None:
         d = node.drain
         status.drain.CopyFrom(control_pb2.NodeDrain(reason=d.reason, by=d.by, since=d.since, state=drain_state))

@@ -35,6 +35,22 @@ def test_a_healthy_cluster_passes_every_check_with_real_connects_between_its_age
     assert "OK    ports       b -> a" in table and table.rstrip().endswith("checks, 0 failed")
 
 
+def test_gpu_nodes_on_different_drivers_are_shown_in_status_and_named_by_the_doctor(make_cluster):
+    cluster = make_cluster()
+    cluster.start_agents({"a": {"gpus": 1, "driver": "580.159.04"}, "b": {"gpus": 1, "driver": "580.159.04"},
+                          "c": {"gpus": 1, "driver": "570.86.10"}})
+    nodes = {n["name"]: n for n in cluster.status()["nodes"]}
+    assert (nodes["a"]["gpu_driver"], nodes["a"]["cuda_version"], nodes["c"]["gpu_driver"]) == \
+        ("580.159.04", "13.0", "570.86.10")
+    result, report = doctor(cluster)
+    assert result.returncode == 0 and report["failed"] == 0, "a warning, not a failure: jobs still run"
+    drivers = [c for c in report["checks"] if c["name"] == "gpu-driver"]
+    assert [(c["level"], c["message"]) for c in drivers] == \
+        [("warn", "2 NVIDIA driver versions: 580.159.04 on a, b; 570.86.10 on c")]
+    node_a = next(c for c in report["checks"] if c["name"] == "node" and c["subject"] == "a")
+    assert "(driver 580.159.04, CUDA 13.0)" in node_a["message"]
+
+
 def test_a_node_whose_agent_renews_its_certificate_in_time_is_never_flagged(make_cluster):
     """Certificates of 12 s: the agent renews at 8 s and the coordinator counts the renewal, so past 10 s (five
     sixths of the first certificate's life) the doctor says nothing of it (test_diagnosis.py has the verdicts on a

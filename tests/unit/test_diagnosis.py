@@ -63,3 +63,22 @@ def test_a_sick_gpu_and_a_certificate_not_renewed_in_time_are_named_with_their_f
     assert "GPU 1 of node sick" in gpu.message and "nvidia-smi -r" in gpu.fix, "throttling alone is not a problem"
     late_check = next(c for c in checks if c.subject == "late")
     assert "expires in 2 h" in late_check.message and "journalctl -u tfcluster-agent" in late_check.fix
+
+
+def test_gpu_nodes_on_different_nvidia_drivers_are_one_warning_naming_each_version_and_its_nodes():
+    from tfcluster.daemon.coordinator.core.model.node import Node
+    from tfcluster.states import NodeState
+
+    def node(name, driver, gpus=1, state=NodeState.READY):
+        return Node(replace(info(name, gpus), gpu_driver=driver, cuda_version="13.0" if driver else ""), state=state)
+
+    same = [node("a", "580.159.04"), node("b", "580.159.04"), node("cpu", "", gpus=0)]
+    checks = diagnosis.node_checks(same, same[0].info.agent_version, 0.0)
+    assert [c.level for c in checks] == [OK, OK, OK]
+    assert "READY, 1 GPUs (driver 580.159.04, CUDA 13.0), agent" in checks[0].message
+    mixed = same + [node("c", "570.86.10"), node("lost", "550.1", state=NodeState.LOST)]
+    checks = diagnosis.node_checks(mixed, same[0].info.agent_version, 0.0)
+    drivers = [c for c in checks if c.name == "gpu-driver"]
+    assert len(drivers) == 1 and drivers[0].level == "warn", "a LOST node's driver is not counted"
+    assert drivers[0].message == "2 NVIDIA driver versions: 580.159.04 on a, b; 570.86.10 on c"
+    assert "install one driver version (580.159.04)" in drivers[0].fix

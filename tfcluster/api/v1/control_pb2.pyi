@@ -169,7 +169,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ...) -> None: ...
 
 class NodeStatus(_message.Message):
-    __slots__ = ("name", "address", "state", "gpus", "hostname", "cpu_count", "memory_bytes", "agent_version", "last_seen_seconds_ago", "port_range_start", "port_range_end", "running_tasks", "condition", "memory_allocated_bytes", "drain", "conditions", "labels")
+    __slots__ = ("name", "address", "state", "gpus", "hostname", "cpu_count", "memory_bytes", "agent_version", "last_seen_seconds_ago", "port_range_start", "port_range_end", "running_tasks", "condition", "memory_allocated_bytes", "drain", "conditions", "labels", "gpu_driver", "cuda_version")
     NAME_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -187,6 +187,8 @@ class NodeStatus(_message.Message):
     DRAIN_FIELD_NUMBER: _ClassVar[int]
     CONDITIONS_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
+    GPU_DRIVER_FIELD_NUMBER: _ClassVar[int]
+    CUDA_VERSION_FIELD_NUMBER: _ClassVar[int]
     name: str
     address: str
     state: str
@@ -204,7 +206,9 @@ class NodeStatus(_message.Message):
     drain: NodeDrain
     conditions: _containers.RepeatedCompositeFieldContainer[_types_pb2.NodeCondition]
     labels: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ..., state: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[_types_pb2.Gpu, _Mapping]]] = ..., hostname: _Optional[str] = ..., cpu_count: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., agent_version: _Optional[str] = ..., last_seen_seconds_ago: _Optional[float] = ..., port_range_start: _Optional[int] = ..., port_range_end: _Optional[int] = ..., running_tasks: _Optional[int] = ..., condition: _Optional[str] = ..., memory_allocated_bytes: _Optional[int] = ..., drain: _Optional[_Union[NodeDrain, _Mapping]] = ..., conditions: _Optional[_Iterable[_Union[_types_pb2.NodeCondition, _Mapping]]] = ..., labels: _Optional[_Iterable[str]] = ...) -> None: ...
+    gpu_driver: str
+    cuda_version: str
+    def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ..., state: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[_types_pb2.Gpu, _Mapping]]] = ..., hostname: _Optional[str] = ..., cpu_count: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., agent_version: _Optional[str] = ..., last_seen_seconds_ago: _Optional[float] = ..., port_range_start: _Optional[int] = ..., port_range_end: _Optional[int] = ..., running_tasks: _Optional[int] = ..., condition: _Optional[str] = ..., memory_allocated_bytes: _Optional[int] = ..., drain: _Optional[_Union[NodeDrain, _Mapping]] = ..., conditions: _Optional[_Iterable[_Union[_types_pb2.NodeCondition, _Mapping]]] = ..., labels: _Optional[_Iterable[str]] = ..., gpu_driver: _Optional[str] = ..., cuda_version: _Optional[str] = ...) -> None: ...
 
 class NodeDrain(_message.Message):
     __slots__ = ("reason", "by", "since", "state")

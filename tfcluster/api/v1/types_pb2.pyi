@@ -44,7 +44,7 @@ class NodeCondition(_message.Message):
     def __init__(self, gpu: _Optional[int] = ..., kind: _Optional[str] = ..., message: _Optional[str] = ..., since: _Optional[float] = ...) -> None: ...
 
 class NodeInfo(_message.Message):
-    __slots__ = ("name", "hostname", "address", "port_range_start", "port_range_end", "cpu_count", "memory_bytes", "gpus", "agent_version", "state_dir", "peer_port", "labels")
+    __slots__ = ("name", "hostname", "address", "port_range_start", "port_range_end", "cpu_count", "memory_bytes", "gpus", "agent_version", "state_dir", "peer_port", "labels", "gpu_driver", "cuda_version")
     NAME_FIELD_NUMBER: _ClassVar[int]
     HOSTNAME_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -57,6 +57,8 @@ class NodeInfo(_message.Message):
     STATE_DIR_FIELD_NUMBER: _ClassVar[int]
     PEER_PORT_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
+    GPU_DRIVER_FIELD_NUMBER: _ClassVar[int]
+    CUDA_VERSION_FIELD_NUMBER: _ClassVar[int]
     name: str
     hostname: str
     address: str
@@ -69,7 +71,9 @@ class NodeInfo(_message.Message):
     state_dir: str
     peer_port: int
     labels: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, name: _Optional[str] = ..., hostname: _Optional[str] = ..., address: _Optional[str] = ..., port_range_start: _Optional[int] = ..., port_range_end: _Optional[int] = ..., cpu_count: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., agent_version: _Optional[str] = ..., state_dir: _Optional[str] = ..., peer_port: _Optional[int] = ..., labels: _Optional[_Iterable[str]] = ...) -> None: ...
+    gpu_driver: str
+    cuda_version: str
+    def __init__(self, name: _Optional[str] = ..., hostname: _Optional[str] = ..., address: _Optional[str] = ..., port_range_start: _Optional[int] = ..., port_range_end: _Optional[int] = ..., cpu_count: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., agent_version: _Optional[str] = ..., state_dir: _Optional[str] = ..., peer_port: _Optional[int] = ..., labels: _Optional[_Iterable[str]] = ..., gpu_driver: _Optional[str] = ..., cuda_version: _Optional[str] = ...) -> None: ...
 
 class RoleSpec(_message.Message):
     __slots__ = ("count", "gpus", "command", "env", "nodes", "entrypoint", "summary_dir", "memory_bytes", "min_count", "max_count", "labels")

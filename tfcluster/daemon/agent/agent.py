@@ -87,7 +87,8 @@ class AgentConfig:
         return NodeInfo(name=self.name, address=self.address, port_range=self.port_range, gpus=self.gpus,
                         hostname=self.host.hostname, cpu_count=self.host.cpu_count,
                         memory_bytes=self.host.memory_bytes, agent_version=__version__,
-                        state_dir=str(self.state_dir), peer_port=self.peer_port, labels=self.labels)
+                        state_dir=str(self.state_dir), peer_port=self.peer_port, labels=self.labels,
+                        gpu_driver=self.host.gpu_driver, cuda_version=self.host.cuda_version)
 
 
 class Agent:

@@ -91,6 +91,7 @@ def configure(coordinator: str, name: str | None, address: str | None, port_rang
             raise SettingsError(f"--advertise-address: expected an IP address, got {address!r}") from None
     try:
         gpus = discover_gpus(gpu_inventory)
+        host = host_info(gpu_inventory)
         address = address or advertise_address(first_coordinator)
     except (InventoryError, OSError) as e:
         raise SettingsError(str(e)) from None
@@ -107,7 +108,7 @@ def configure(coordinator: str, name: str | None, address: str | None, port_rang
     else:
         credentials = _node_credentials(identity, coordinator, join, ca_cert, ca_hash, join_address)
     return AgentConfig(coordinator=coordinator, name=name, address=address, port_range=(first, last),
-                       gpus=tuple(gpus), host=host_info(), state_dir=state_dir, peer_port=peer_port,
+                       gpus=tuple(gpus), host=host, state_dir=state_dir, peer_port=peer_port,
                        credentials=credentials, identity=identity, peer_quota_bytes=peer_quota,
                        http_listen=http_listen, retention=retention, task_log_bytes=task_log_bytes,
                        allow_root_tasks=allow_root_tasks, private_tmp=private_tmp, task_user=task_user,

@@ -29,11 +29,38 @@ class HostInfo:
     hostname: str
     cpu_count: int
     memory_bytes: int
+    gpu_driver: str = ""    # the NVIDIA driver's version; "": none read (gpu_driver())
+    cuda_version: str = ""  # the newest CUDA that driver supports
 
 
-def host_info() -> HostInfo:
+def host_info(inventory: str | None = "none") -> HostInfo:
+    """The host, with its GPU driver read as its GPUs are (gpu_driver(inventory); the default: none)."""
+    driver, cuda = gpu_driver(inventory)
     return HostInfo(hostname=socket.gethostname(), cpu_count=psutil.cpu_count(logical=True) or 1,
-                    memory_bytes=psutil.virtual_memory().total)
+                    memory_bytes=psutil.virtual_memory().total, gpu_driver=driver, cuda_version=cuda)
+
+
+def gpu_driver(inventory: str | None = None) -> tuple[str, str]:
+    """(driver version, CUDA version) from NVML, or as an inventory declares them; ("", "") when unknown. A
+    cluster whose nodes run different drivers is what `tfcluster doctor` warns of: NCCL across them may fail."""
+    if inventory is not None:
+        if inventory.lower() == "none":
+            return "", ""
+        _, driver, cuda = _read_inventory(Path(inventory))
+        return driver, cuda
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+    except Exception:  # no library, no driver: discover_gpus has said so
+        return "", ""
+    try:
+        cuda = pynvml.nvmlSystemGetCudaDriverVersion()  # e.g. 13000
+        return _text(pynvml.nvmlSystemGetDriverVersion()), f"{cuda // 1000}.{cuda % 1000 // 10}"
+    except Exception as e:
+        log.info("NVML does not say the driver's version (%s)", _nvml_reason(e))
+        return "", ""
+    finally:
+        pynvml.nvmlShutdown()
 
 
 def discover_gpus(inventory: str | None = None, environ: dict[str, str] | None = None) -> list[Gpu]:
@@ -95,16 +122,35 @@ def filter_visible(gpus: list[Gpu], visible: str | None) -> list[Gpu]:
     return chosen
 
 
-def load_inventory(path: Path) -> list[Gpu]:
-    """A JSON list of {index, uuid, name, memory_mib}: GPUs declared instead of discovered."""
+def _read_inventory(path: Path) -> tuple[list, str, str]:
+    """The inventory's GPU entries, driver and CUDA version. A JSON list of GPUs, or an object
+    {"driver": "...", "cuda": "...", "gpus": [...]} that declares the driver too."""
     try:
         data = json.loads(path.read_text())
     except OSError as e:
         raise InventoryError(f"{path}: cannot read GPU inventory: {e.strerror or e}") from None
     except json.JSONDecodeError as e:
         raise InventoryError(f"{path}: not valid JSON: {e}") from None
-    if not isinstance(data, list):
-        raise InventoryError(f"{path}: expected a JSON list of GPUs, got {type(data).__name__}")
+    if isinstance(data, list):
+        return data, "", ""
+    if not isinstance(data, dict):
+        raise InventoryError(f"{path}: expected a JSON list of GPUs or an object with gpus, got "
+                             f"{type(data).__name__}")
+    unknown = set(data) - {"driver", "cuda", "gpus"}
+    if unknown:
+        raise InventoryError(f"{path}: unknown key {sorted(unknown)[0]!r} (expected driver, cuda, gpus)")
+    for key, limit in (("driver", 64), ("cuda", 16)):
+        if not isinstance(data.get(key, ""), str) or len(data.get(key, "")) > limit:
+            raise InventoryError(f"{path}: {key}: expected a string of at most {limit} characters")
+    if not isinstance(data.get("gpus", []), list):
+        raise InventoryError(f"{path}: gpus: expected a JSON list of GPUs, got {type(data['gpus']).__name__}")
+    return data.get("gpus", []), data.get("driver", ""), data.get("cuda", "")
+
+
+def load_inventory(path: Path) -> list[Gpu]:
+    """A JSON list of {index, uuid, name, memory_mib} (or an object with it as `gpus`): GPUs declared instead of
+    discovered."""
+    data, _, _ = _read_inventory(path)
     gpus = []
     for i, item in enumerate(data):
         where = f"{path}: [{i}]"

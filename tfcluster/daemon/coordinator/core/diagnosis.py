@@ -1,5 +1,6 @@
 """`tfcluster doctor`'s verdicts, one Check each with the exact fix: what the model says of every node (lost,
-drained, low on disk, another version, a sick GPU, a certificate its agent failed to renew), and what the agents' probes found (rpc/doctor.py asks them): clock skew,
+drained, low on disk, another version, a sick GPU, a certificate its agent failed to renew, GPU nodes on
+different NVIDIA drivers), and what the agents' probes found (rpc/doctor.py asks them): clock skew,
 a task port each node could open, real TCP connects between the nodes' peer ports and task ranges, the interface
 NCCL will use. Pure: the answers and the time are passed in.
 """
@@ -51,8 +52,31 @@ def node_checks(nodes: list[Node], version: str, now: float) -> list[Check]:
                                 f"{version}", "upgrade the agent to the coordinator's release"))
         checks += _sick_gpus(node) + _certificate(node, now)
         if node.drain is None and not node.condition and i.agent_version == version:
-            checks.append(Check("node", node.name, OK, f"READY, {len(i.gpus)} GPUs, agent {i.agent_version}"))
-    return checks
+            checks.append(Check("node", node.name, OK, f"READY, {len(i.gpus)} GPUs{_driver(i)}, "
+                                f"agent {i.agent_version}"))
+    return checks + _drivers(nodes)
+
+
+def _driver(info: NodeInfo) -> str:
+    if not info.gpu_driver:
+        return ""
+    return f" (driver {info.gpu_driver}" + (f", CUDA {info.cuda_version})" if info.cuda_version else ")")
+
+
+def _drivers(nodes: list[Node]) -> list[Check]:
+    """One warning when the READY GPU nodes run more than one NVIDIA driver: a job across them may fail in NCCL,
+    or run where its CUDA build is too new for the driver."""
+    versions: dict[str, list[str]] = {}
+    for node in nodes:
+        if node.state == NodeState.READY and node.info.gpus and node.info.gpu_driver:
+            versions.setdefault(node.info.gpu_driver, []).append(node.name)
+    if len(versions) < 2:
+        return []
+    ranked = sorted(versions.items(), key=lambda kv: (-len(kv[1]), kv[0]))  # the most common first
+    shown = "; ".join(f"{v} on {', '.join(sorted(names)[:4])}{' ...' if len(names) > 4 else ''}"
+                      for v, names in ranked)
+    return [Check("gpu-driver", "cluster", WARN, f"{len(versions)} NVIDIA driver versions: {shown}",
+                  f"install one driver version ({ranked[0][0]}) on every GPU node, then restart their agents")]
 
 
 def _sick_gpus(node: Node) -> list[Check]:
