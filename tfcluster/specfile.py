@@ -21,7 +21,7 @@ from tfcluster.model import CHIEF, EVALUATOR, PS, ROLE_TYPES, WORKER, Environmen
 from tfcluster.spec import (DEFAULT_EVALUATOR_DEADLINE_SECONDS, DEFAULT_MAX_RESTARTS, DEFAULT_RESIZE_INTERVAL_SECONDS,
                             DEFAULT_STOP_GRACE_SECONDS,
                             DEFAULT_STOP_SIGNAL, SIZE_RE, STRATEGIES, JobSpec, RestartPolicy, RoleSpec, SpecError, validate)
-from tfcluster.sweepspec import DEFAULT_MIN_EVALUATIONS, SweepSpec, validate_sweep
+from tfcluster.sweepspec import DEFAULT_MIN_EVALUATIONS, DEFAULT_REDUCTION_FACTOR, SweepSpec, validate_sweep
 
 JOB_KEYS = ("name", "strategy", "command", "workdir", "checkpoint_dir", "model_dir", "env", "gpus",
             "roles", "restart", "stop_grace_seconds", "evaluator_deadline_seconds", "priority", "memory",
@@ -31,6 +31,7 @@ RESTART_KEYS = ("max_restarts", "backoff_seconds", "permanent_exit_codes", "hang
 ENVIRONMENT_KEYS = ("requirements", "isolated", "project")
 PREEMPTION_KEYS = ("signal", "grace_seconds")
 SWEEP_KEYS = ("method", "trials", "seed", "max_concurrent", "metric", "goal", "early_stopping", "min_evaluations",
+              "grace_steps", "reduction_factor",
               "parameters")
 ELASTIC_KEYS = ("resize_interval_seconds",)
 RANGE_RE = re.compile(r"\s*(\d+)\s*\.\.\s*(\d+)\s*")  # an elastic count, "MIN..MAX"
@@ -194,7 +195,9 @@ def parse_sweep_spec(data: Any, source: str = "<spec>") -> tuple[JobSpec, SweepS
         trials=r.integer(table.get("trials", 0), "sweep.trials"),
         seed=r.integer(table.get("seed", 0), "sweep.seed"),
         early_stopping=r.string(table.get("early_stopping", ""), "sweep.early_stopping"),
-        min_evaluations=r.integer(table.get("min_evaluations", DEFAULT_MIN_EVALUATIONS), "sweep.min_evaluations"))
+        min_evaluations=r.integer(table.get("min_evaluations", DEFAULT_MIN_EVALUATIONS), "sweep.min_evaluations"),
+        grace_steps=r.integer(table.get("grace_steps", 0), "sweep.grace_steps"),
+        reduction_factor=r.integer(table.get("reduction_factor", DEFAULT_REDUCTION_FACTOR), "sweep.reduction_factor"))
     return spec, validate_sweep(sweep, source)
 
 

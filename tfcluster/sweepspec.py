@@ -17,7 +17,8 @@ from tfcluster.spec import ENV_NAME_RE, JobSpec, SpecError
 
 METHODS = ("grid", "random")
 GOALS = ("max", "min")
-EARLY_STOPPING = ("", "median")  # "": none
+EARLY_STOPPING = ("", "median", "asha")  # "": none
+DEFAULT_REDUCTION_FACTOR = 3  # ASHA keeps the best third of the trials at each rung
 MAX_TRIALS = 1000      # a sweep is a few dozen trials; a thousand is a mistake in the spec, not a plan
 MAX_VALUES = 1000      # values of one parameter
 MAX_VALUE_LENGTH = 4096
@@ -33,8 +34,10 @@ class SweepSpec:
     max_concurrent: int = 1                       # trials live at once
     trials: int = 0                               # random: how many trials; grid: 0 (every combination)
     seed: int = 0                                 # random: the draws'
-    early_stopping: str = ""                      # "median", or "" for none
-    min_evaluations: int = DEFAULT_MIN_EVALUATIONS  # a trial's evaluations before the rule may stop it
+    early_stopping: str = ""                      # "median", "asha", or "" for none
+    min_evaluations: int = DEFAULT_MIN_EVALUATIONS  # median: a trial's evaluations before the rule may stop it
+    grace_steps: int = 0                          # asha: the step of the first rung (rungs at grace * factor**k)
+    reduction_factor: int = DEFAULT_REDUCTION_FACTOR  # asha: 1 in this many trials goes on past each rung
 
     @property
     def trial_count(self) -> int:
@@ -57,7 +60,13 @@ def validate_sweep(sweep: SweepSpec, source: str = "<spec>") -> SweepSpec:
     if sweep.goal not in GOALS:
         raise fail("goal", f"expected one of: {', '.join(GOALS)}, got {sweep.goal!r}")
     if sweep.early_stopping not in EARLY_STOPPING:
-        raise fail("early_stopping", f"expected \"median\" (or no key for none), got {sweep.early_stopping!r}")
+        raise fail("early_stopping", f"expected \"median\" or \"asha\" (or no key for none), got "
+                                     f"{sweep.early_stopping!r}")
+    if sweep.early_stopping == "asha" and not 1 <= sweep.grace_steps <= 10**12:
+        raise fail("grace_steps", "early_stopping = \"asha\" needs the training step of its first rung, at least "
+                                  f"1 (as grace_steps = 1000), got {sweep.grace_steps}")
+    if not 2 <= sweep.reduction_factor <= 100:
+        raise fail("reduction_factor", f"expected 2 to 100, got {sweep.reduction_factor}")
     if not 1 <= sweep.max_concurrent <= MAX_TRIALS:
         raise fail("max_concurrent", f"expected 1 to {MAX_TRIALS}, got {sweep.max_concurrent}")
     if not 1 <= sweep.min_evaluations <= 1000:

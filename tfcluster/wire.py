@@ -28,7 +28,7 @@ from tfcluster.model import (MAX_CODE_SOURCES, MAX_DRAIN_REASON, MAX_GPUS_PER_NO
 from tfcluster.spec import JobSpec, RestartPolicy, RoleSpec, SpecError, validate
 from tfcluster.states import JobState, Phase
 from tfcluster.summaries import SummaryChunk
-from tfcluster.sweepspec import SweepSpec, validate_sweep
+from tfcluster.sweepspec import DEFAULT_REDUCTION_FACTOR, SweepSpec, validate_sweep
 
 MAX_TEXT = 4096        # a message, a path, a name of a GPU
 MAX_LOG_TAIL_LINES = 50
@@ -456,7 +456,8 @@ def sweep_spec_to_proto(sweep: SweepSpec) -> control_pb2.SweepSpec:
     return control_pb2.SweepSpec(
         method=sweep.method, metric=sweep.metric, goal=sweep.goal, max_concurrent=sweep.max_concurrent,
         trials=sweep.trials, seed=sweep.seed, early_stopping=sweep.early_stopping,
-        min_evaluations=sweep.min_evaluations,
+        min_evaluations=sweep.min_evaluations, grace_steps=sweep.grace_steps,
+        reduction_factor=sweep.reduction_factor,
         parameters=[control_pb2.SweepParameter(name=n, values=v) for n, v in sweep.parameters.items()])
 
 
@@ -467,7 +468,9 @@ def sweep_spec_from_proto(msg: control_pb2.SweepSpec) -> SweepSpec:
         raise SpecError("spec", "sweep.parameters", "a parameter is named twice")
     return validate_sweep(SweepSpec(method=msg.method, metric=msg.metric, parameters=parameters, goal=msg.goal,
                                     max_concurrent=msg.max_concurrent, trials=msg.trials, seed=msg.seed,
-                                    early_stopping=msg.early_stopping, min_evaluations=msg.min_evaluations), "spec")
+                                    early_stopping=msg.early_stopping, min_evaluations=msg.min_evaluations,
+                                    grace_steps=msg.grace_steps,
+                                    reduction_factor=msg.reduction_factor or DEFAULT_REDUCTION_FACTOR), "spec")
 
 
 def sweep_status(sweep, trials: list[dict[str, Any]] = ()) -> control_pb2.SweepStatus:

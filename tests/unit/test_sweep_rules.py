@@ -50,7 +50,9 @@ def test_each_trial_gets_its_parameters_as_env_and_in_its_commands():
 @pytest.mark.parametrize("table, key, words", [
     ({"method": "bayes"}, "sweep.method", "grid, random"),
     ({"goal": "up"}, "sweep.goal", "max, min"),
-    ({"early_stopping": "asha"}, "sweep.early_stopping", "median"),
+    ({"early_stopping": "hyperband"}, "sweep.early_stopping", "\"median\" or \"asha\""),
+    ({"early_stopping": "asha"}, "sweep.grace_steps", "training step of its first rung"),
+    ({"early_stopping": "asha", "grace_steps": 100, "reduction_factor": 1}, "sweep.reduction_factor", "2 to 100"),
     ({"max_concurrent": 0}, "sweep.max_concurrent", "1 to"),
     ({"max_concurrent": "2"}, "sweep.max_concurrent", "expected an integer"),
     ({"method": "random"}, "sweep.trials", "random sweep"),
@@ -125,3 +127,40 @@ def test_with_goal_min_lower_is_better_for_the_rule_and_for_the_best_value():
     assert decide(spec, [*ended, high, low]).stop == ("c",)
     assert best(spec, low) == (0.3, 200) and best(SPEC, low) == (0.5, 100)
     assert best(spec, Trial(4)) is None
+
+
+
+
+def asha(**changes):
+    from dataclasses import replace
+    return replace(SPEC, early_stopping="asha", grace_steps=100, reduction_factor=3, **changes)
+
+
+def test_asha_stops_a_trial_reaching_a_rung_outside_the_best_third_of_those_that_reached_it():
+    others = [Trial(0, "a", evaluations=curve(0.5, 0.6, 0.7)), Trial(1, "b", live=True, evaluations=curve(0.8)),
+              Trial(2, "c", evaluations=curve(0.6))]
+    low = Trial(3, "d", live=True, evaluations=curve(0.55))   # rung 100: 0.55 is not in the best third of 4
+    high = Trial(4, "e", live=True, evaluations=curve(0.9))    # the best at rung 100
+    decision = decide(asha(), [*others, low, high])
+    assert decision.stop == ("d",)
+    assert decision.why == ("stopped early: its best accuracy at step 100 was not in the best 1/3 of the 5 trials "
+                            "that reached that step",)
+
+
+def test_asha_judges_a_trial_only_as_it_reaches_a_rung_and_lets_the_first_there_go_on():
+    assert decide(asha(), [Trial(0, "a", live=True, evaluations=curve(0.1))]).stop == (), "first at its rung"
+    passed = Trial(0, "a", live=True, evaluations=curve(0.5, 0.5))  # step 200: past rung 100, before rung 300
+    better = [Trial(i, f"o{i}", evaluations=curve(0.9)) for i in range(1, 4)]
+    assert decide(asha(), [passed, *better]).stop == (), "judged at rung 100 when it got there, not again"
+    early = Trial(0, "a", live=True, evaluations=((50, 0.0),))
+    assert decide(asha(), [early, *better]).stop == (), "before the first rung nothing is judged"
+    at_300 = Trial(0, "a", live=True, evaluations=curve(0.95, 0.95, 0.2))  # its best up to 300 is still 0.95
+    rivals = [Trial(i, f"o{i}", evaluations=curve(0.1, 0.1, 0.9)) for i in range(1, 3)]
+    assert decide(asha(), [at_300, *rivals]).stop == (), "its best up to the rung counts, not its latest value"
+
+
+def test_asha_with_goal_min_keeps_the_lowest():
+    spec = asha(goal="min", metric="loss")
+    trials = [Trial(0, "a", evaluations=curve(0.2)), Trial(1, "b", evaluations=curve(0.3)),
+              Trial(2, "c", live=True, evaluations=curve(0.9)), Trial(3, "d", live=True, evaluations=curve(0.1))]
+    assert decide(spec, trials).stop == ("c",)

@@ -650,7 +650,7 @@ class SweepParameter(_message.Message):
     def __init__(self, name: _Optional[str] = ..., values: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SweepSpec(_message.Message):
-    __slots__ = ("method", "parameters", "metric", "goal", "max_concurrent", "trials", "seed", "early_stopping", "min_evaluations")
+    __slots__ = ("method", "parameters", "metric", "goal", "max_concurrent", "trials", "seed", "early_stopping", "min_evaluations", "grace_steps", "reduction_factor")
     METHOD_FIELD_NUMBER: _ClassVar[int]
     PARAMETERS_FIELD_NUMBER: _ClassVar[int]
     METRIC_FIELD_NUMBER: _ClassVar[int]
@@ -660,6 +660,8 @@ class SweepSpec(_message.Message):
     SEED_FIELD_NUMBER: _ClassVar[int]
     EARLY_STOPPING_FIELD_NUMBER: _ClassVar[int]
     MIN_EVALUATIONS_FIELD_NUMBER: _ClassVar[int]
+    GRACE_STEPS_FIELD_NUMBER: _ClassVar[int]
+    REDUCTION_FACTOR_FIELD_NUMBER: _ClassVar[int]
     method: str
     parameters: _containers.RepeatedCompositeFieldContainer[SweepParameter]
     metric: str
@@ -669,7 +671,9 @@ class SweepSpec(_message.Message):
     seed: int
     early_stopping: str
     min_evaluations: int
-    def __init__(self, method: _Optional[str] = ..., parameters: _Optional[_Iterable[_Union[SweepParameter, _Mapping]]] = ..., metric: _Optional[str] = ..., goal: _Optional[str] = ..., max_concurrent: _Optional[int] = ..., trials: _Optional[int] = ..., seed: _Optional[int] = ..., early_stopping: _Optional[str] = ..., min_evaluations: _Optional[int] = ...) -> None: ...
+    grace_steps: int
+    reduction_factor: int
+    def __init__(self, method: _Optional[str] = ..., parameters: _Optional[_Iterable[_Union[SweepParameter, _Mapping]]] = ..., metric: _Optional[str] = ..., goal: _Optional[str] = ..., max_concurrent: _Optional[int] = ..., trials: _Optional[int] = ..., seed: _Optional[int] = ..., early_stopping: _Optional[str] = ..., min_evaluations: _Optional[int] = ..., grace_steps: _Optional[int] = ..., reduction_factor: _Optional[int] = ...) -> None: ...
 
 class StartSweepRequest(_message.Message):
     __slots__ = ("spec", "sweep", "client_request_id")

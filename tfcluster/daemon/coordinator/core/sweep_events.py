@@ -100,11 +100,9 @@ class SweepEvents:
     def _advance(self, sweep: Sweep, now: float) -> list[Command]:
         decision = rules.decide(sweep.sweep, self.trials_of(sweep))
         commands: list[Command] = []
-        for job_id in decision.stop:
+        for job_id, why in zip(decision.stop, decision.why):
             commands += self.stop(job_id, now)
-            worse = "below" if sweep.sweep.goal == "max" else "above"
-            self.jobs[job_id].message = f"stopped early: its best {sweep.sweep.metric} was {worse} the median of " \
-                                        f"the other trials' at the same step"
+            self.jobs[job_id].message = why
             sweep.stopped_early = (*sweep.stopped_early, job_id)
         for index in decision.submit:
             try:
