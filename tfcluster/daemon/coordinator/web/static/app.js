@@ -1,8 +1,8 @@
 /* tfcluster dashboard. Part of tfcluster, Apache License 2.0.
  *
- * One small script, no libraries (clusters are often offline; nothing comes from a CDN): it picks the view from
+ * Two small scripts, no libraries (clusters are often offline; nothing comes from a CDN): it picks the view from
  * the address, fetches one bounded page of the coordinator's JSON API, and fetches it again every few seconds.
- * The log view streams the task's log as it is written.
+ * The log view streams the task's log as it is written. training.js draws a job's curves and lists the sweeps.
  */
 "use strict";
 
@@ -156,10 +156,13 @@ function jobView(id) {
   const failure = el("div");
   const tasks = el("tbody");
   const charts = el("div", {class: "charts", id: "charts"});
+  const scalars = el("div", {class: "charts", id: "scalars"});
+  const usage = el("div", {class: "charts", id: "usage"});
   replace(head, failure, el("h2", {}, "Tasks"),
           el("table", {id: "tasks"}, el("thead", {}, el("tr", {}, ["task", "state", "node", "address", "GPUs",
             "attempt", "exit", "message", "log"].map(h => el("th", {}, h)))), tasks),
-          el("h2", {}, "Evaluation"), charts);
+          el("h2", {}, "Evaluation"), charts, el("h2", {}, "Training scalars"), scalars,
+          el("h2", {}, "Usage"), usage);
   every(async () => {
     await refreshSummary();
     const job = await api(`/api/jobs/${encodeURIComponent(id)}`);
@@ -194,6 +197,7 @@ function jobView(id) {
         el("td", {}, t.attempt ? el("a", {href: `/jobs/${encodeURIComponent(job.id)}/tasks/${key}/log`}, "log") : "-"));
     }));
     drawCharts(charts, job.evaluation.history);
+    await Promise.all([drawScalars(scalars, job.id), drawUsage(usage, job.id)]);  // training.js
   });
 }
 
@@ -355,6 +359,7 @@ function route() {
   if ((match = path.match(/^\/jobs\/([^/]+)$/))) return jobView(match[1]);
   if (path === "/nodes") return nodesView(params);
   if (path === "/queue") return queueView();
+  if (path === "/sweeps") return sweepsView();  // training.js
   return jobsView(params);
 }
 
