@@ -9,8 +9,8 @@
 const SVG = "http://www.w3.org/2000/svg";
 const COLOURS = ["#2f6fdf", "#c93434", "#1f8a4c", "#b7791f", "#7b4fd0", "#0f8b8d", "#d04f9a", "#5a6275"];
 
-// series: [{name, points: [[x, y], ...]}]; label(x) names an x on the axis.
-function multiLineChart(series, label) {
+// series: [{name, points: [[x, y], ...]}]; label(x) names an x on the axis; each point's x is in data-<xName>.
+function multiLineChart(series, label, xName = "step") {
   const W = 400, H = 190, left = 56, right = 10, top = 10, bottom = 26;
   const svg = document.createElementNS(SVG, "svg");
   svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
@@ -41,7 +41,7 @@ function multiLineChart(series, label) {
                      points: shown.map(p => `${x(p[0])},${y(p[1])}`).join(" ")});
     for (const p of shown) {
       add("circle", {class: "point", cx: x(p[0]), cy: y(p[1]), r: 1.8, fill: colour, "data-run": s.name,
-                     "data-x": p[0]}).append(Object.assign(document.createElementNS(SVG, "title"),
+                     [`data-${xName}`]: p[0]}).append(Object.assign(document.createElementNS(SVG, "title"),
                                                            {textContent: `${s.name} ${label(p[0])}: ${number(p[1])}`}));
     }
   });
@@ -52,9 +52,9 @@ function legend(names) {
   return el("div", {class: "legend"}, names.map((name, i) => el("span", {class: `key key-${i % COLOURS.length}`}, name)));
 }
 
-function chartPanel(attrs, title, series, label) {
+function chartPanel(attrs, title, series, label, xName) {
   return el("div", Object.assign({class: "panel chart"}, attrs), el("h3", {}, title),
-            multiLineChart(series, label), series.length > 1 ? legend(series.map(s => s.name)) : "");
+            multiLineChart(series, label, xName), series.length > 1 ? legend(series.map(s => s.name)) : "");
 }
 
 // ---- a job's scalar curves and usage (drawn by jobView in app.js on each refresh) --------------------
@@ -85,8 +85,8 @@ async function drawUsage(container, id) {
   const age = t => `-${ago(Math.max(0, latest - t))}`;
   const series = column => tasks.map(t => ({name: t.task, points: t.points.map(p => [p[0], p[column]])}));
   const gib = series(2).map(s => ({name: s.name, points: s.points.map(p => [p[0], p[1] / 2 ** 30])}));
-  container.replaceChildren(chartPanel({"data-usage": "cpu"}, "CPU (cores in use)", series(1), age),
-                            chartPanel({"data-usage": "memory"}, "memory (GiB resident)", gib, age));
+  container.replaceChildren(chartPanel({"data-usage": "cpu"}, "CPU (cores in use)", series(1), age, "time"),
+                            chartPanel({"data-usage": "memory"}, "memory (GiB resident)", gib, age, "time"));
 }
 
 // ---- sweeps (/sweeps) --------------------------------------------------------------------------------
