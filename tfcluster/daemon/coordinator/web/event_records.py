@@ -4,8 +4,8 @@ The coordinator does not depend on `tensorboard` (it is in the `tf` extra only: 
 a native data server with it), and it needs very little of an event file: an event file is a TFRecord file
 (each record: an 8-byte little-endian length, a 4-byte CRC of it, the bytes, a 4-byte CRC of them) whose
 records are `tensorflow.Event` messages. protobuf (already a dependency) parses them against the few fields
-declared below, with TensorFlow's own field numbers (tensorboard/compat/proto/event.proto, summary.proto,
-tensor.proto); fields not declared are skipped as unknown.
+declared below, with TensorFlow's own field numbers (the Event, Summary and TensorProto messages that
+the tensorboard package ships); fields not declared are skipped as unknown.
 
 The CRCs are not checked (CRC-32C is not in Python's standard library): the store already refuses bytes that do
 not continue a file where it ends, a record whose length cannot be right stops the file's reading with an error,
