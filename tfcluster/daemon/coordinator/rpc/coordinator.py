@@ -30,6 +30,7 @@ from tfcluster.daemon.coordinator.core.access.trust import Trust
 from tfcluster.daemon.coordinator.core.cluster import Cluster
 from tfcluster.daemon.coordinator.core.model.node import Drain
 from tfcluster.daemon.coordinator.core.model.task_uids import UidRange
+from tfcluster.daemon.coordinator.core.model.usage_history import UsageHistory
 from tfcluster.daemon.coordinator.rpc.code_service import sweep_code, sweep_summaries
 from tfcluster.daemon.coordinator.rpc.outbox import LogWaiter, Outbox, StreamEnded
 from tfcluster.daemon.coordinator.rpc.probes import Probes
@@ -79,6 +80,7 @@ class Coordinator:
         self.logins = Logins()     # the dashboard's one-time links and browser sessions
         self.watchers = Watchers()  # clients following a job (WatchJob): woken after each store write
         self.probes = Probes()      # `tfcluster doctor`'s questions to the agents, waiting for their answers
+        self.usage = UsageHistory()  # each running task's CPU and memory over time, for the dashboard
         self.dashboard_port = 0    # where the dashboard is served; 0: nowhere
         self.leader_address = ""   # where clients reach this coordinator while it leads (status says it)
         # Whether this coordinator may still act: with several coordinators, only while it holds the leadership
@@ -212,6 +214,8 @@ class Coordinator:
                                               wire.conditions_from_proto(beat) if beat.conditions else ())
             if commands:
                 self.apply(commands)
+            if progress and commands is not None:
+                self.usage.heartbeat(node, progress, now)
             return commands is not None
         if not self.cluster.nodes.alive(node, session, now):
             return False

@@ -1,7 +1,7 @@
 """The coordinator's read-only web dashboard, on the listener that serves /metrics (`--http-listen`).
 
-Pages (every view has its own address): the job list at `/`, a job at `/jobs/<id>`, the nodes at `/nodes`, the
-queue at `/queue`, a task's log at `/jobs/<id>/tasks/<type>:<index>/log`. Each is the same small page shell; its script fetches the
+Pages (every view has its own address): the job list at `/`, a job at `/jobs/<id>` (with its live curves and
+usage: training.py), the nodes at `/nodes`, the queue at `/queue`, the sweeps at `/sweeps`, a task's log at `/jobs/<id>/tasks/<type>:<index>/log`. Each is the same small page shell; its script fetches the
 JSON API below and refreshes it every few seconds. Every API answer is one bounded page (filtered, with a token
 for the next), built from the model on the event loop that owns it, in the representation `status --json`
 uses (wire.py), so the dashboard stays fast with thousands of nodes and jobs.
@@ -30,6 +30,7 @@ from tfcluster.daemon.coordinator.core.model.accounting import job_usage
 from tfcluster.daemon.coordinator.core.model.job import Job, Task
 from tfcluster.daemon.coordinator.rpc.coordinator import Coordinator
 from tfcluster.daemon.coordinator.rpc.stream_limits import StreamLimits, TooManyStreams, caller_name
+from tfcluster.daemon.coordinator.web.training import TrainingViews
 from tfcluster.daemon.web import CALLER, WebListener
 from tfcluster.pki import Identity
 from tfcluster.states import JobState, NodeState
@@ -42,7 +43,7 @@ API_MAX_PAGE = 500
 LOG_TAIL_LINES = 500  # the log view starts with this many lines, then follows
 MAX_TAIL_LINES = 100_000
 # Where a login link may lead: a page of this dashboard (a job's, or one of its tasks' logs), never another site.
-NEXT_PAGE = re.compile(r"/(nodes|queue|jobs/[A-Za-z0-9._~%-]+(/tasks/[A-Za-z0-9._~%:-]+/log)?)?")
+NEXT_PAGE = re.compile(r"/(nodes|queue|sweeps|jobs/[A-Za-z0-9._~%-]+(/tasks/[A-Za-z0-9._~%:-]+/log)?)?")
 
 
 def _finite(value):
@@ -78,6 +79,7 @@ class Dashboard:
         router.add_get("/api/nodes", self._nodes)
         router.add_get("/api/queue", self._queue)
         router.add_get("/api/jobs/{job_id}/tasks/{task}/log", self._log)
+        self.training = TrainingViews(coordinator, router, self._page, self._readable_job, json_response)
 
     # ---- getting in --------------------------------------------------------------------------------
 

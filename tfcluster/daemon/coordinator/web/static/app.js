@@ -1,8 +1,8 @@
 /* tfcluster dashboard. Part of tfcluster, Apache License 2.0.
  *
- * One small script, no libraries (clusters are often offline; nothing comes from a CDN): it picks the view from
+ * Two small scripts, no libraries (clusters are often offline; nothing comes from a CDN): it picks the view from
  * the address, fetches one bounded page of the coordinator's JSON API, and fetches it again every few seconds.
- * The log view streams the task's log as it is written.
+ * The log view streams the task's log as it is written. training.js draws a job's curves and lists the sweeps.
  */
 "use strict";
 
@@ -156,10 +156,13 @@ function jobView(id) {
   const failure = el("div");
   const tasks = el("tbody");
   const charts = el("div", {class: "charts", id: "charts"});
+  const scalars = el("div", {class: "charts", id: "scalars"});
+  const usage = el("div", {class: "charts", id: "usage"});
   replace(head, failure, el("h2", {}, "Tasks"),
           el("table", {id: "tasks"}, el("thead", {}, el("tr", {}, ["task", "state", "node", "address", "GPUs",
             "attempt", "exit", "message", "log"].map(h => el("th", {}, h)))), tasks),
-          el("h2", {}, "Evaluation"), charts);
+          el("h2", {}, "Evaluation"), charts, el("h2", {}, "Training scalars"), scalars,
+          el("h2", {}, "Usage"), usage);
   every(async () => {
     await refreshSummary();
     const job = await api(`/api/jobs/${encodeURIComponent(id)}`);
@@ -194,6 +197,7 @@ function jobView(id) {
         el("td", {}, t.attempt ? el("a", {href: `/jobs/${encodeURIComponent(job.id)}/tasks/${key}/log`}, "log") : "-"));
     }));
     drawCharts(charts, job.evaluation.history);
+    await Promise.all([drawScalars(scalars, job.id), drawUsage(usage, job.id)]);  // training.js
   });
 }
 
@@ -213,36 +217,9 @@ function drawCharts(container, history) {
   }));
 }
 
+// One series, drawn by training.js's chart: a circle per evaluated checkpoint, its step in data-step.
 function lineChart(points) {
-  const W = 400, H = 190, left = 52, right = 10, top = 10, bottom = 26;
-  const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg");
-  svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
-  const add = (tag, attrs, text) => {
-    const node = document.createElementNS("http://www.w3.org/2000/svg", tag);
-    for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, v);
-    if (text !== undefined) node.textContent = text;
-    svg.append(node);
-    return node;
-  };
-  const steps = points.map(p => p.step), values = points.map(p => p.value);
-  let [x0, x1] = [Math.min(...steps), Math.max(...steps)];
-  let [y0, y1] = [Math.min(...values), Math.max(...values)];
-  if (x0 === x1) { x0 -= 1; x1 += 1; }
-  if (y0 === y1) { const pad = Math.abs(y0) * 0.1 || 1; y0 -= pad; y1 += pad; }
-  const x = s => left + (s - x0) / (x1 - x0) * (W - left - right);
-  const y = v => top + (1 - (v - y0) / (y1 - y0)) * (H - top - bottom);
-  add("line", {class: "axis", x1: left, y1: H - bottom, x2: W - right, y2: H - bottom});
-  add("line", {class: "axis", x1: left, y1: top, x2: left, y2: H - bottom});
-  for (const v of [y0, (y0 + y1) / 2, y1]) add("text", {x: left - 6, y: y(v) + 3, "text-anchor": "end"}, number(v));
-  add("text", {x: x(x0), y: H - 8, "text-anchor": "start"}, `step ${Math.round(x0)}`);
-  add("text", {x: x(x1), y: H - 8, "text-anchor": "end"}, `step ${Math.round(x1)}`);
-  add("polyline", {class: "line", points: points.map(p => `${x(p.step)},${y(p.value)}`).join(" ")});
-  for (const p of points) {
-    add("circle", {cx: x(p.step), cy: y(p.value), r: 3.5, "data-step": p.step})
-      .append(Object.assign(document.createElementNS("http://www.w3.org/2000/svg", "title"),
-                            {textContent: `step ${p.step} (${p.checkpoint}): ${number(p.value)}`}));
-  }
-  return svg;
+  return multiLineChart([{name: "evaluator", points: points.map(p => [p.step, p.value])}], s => `step ${Math.round(s)}`);
 }
 
 // ---- nodes (/nodes) --------------------------------------------------------------------------------
@@ -355,6 +332,7 @@ function route() {
   if ((match = path.match(/^\/jobs\/([^/]+)$/))) return jobView(match[1]);
   if (path === "/nodes") return nodesView(params);
   if (path === "/queue") return queueView();
+  if (path === "/sweeps") return sweepsView();  // training.js
   return jobsView(params);
 }
 
