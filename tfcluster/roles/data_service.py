@@ -1,6 +1,6 @@
 """The tf.data service's built-in programs: `python -m tfcluster.roles.data_service dispatcher|data_worker`.
 
-The dispatcher runs `tf.data.experimental.service.DispatchServer` on the task's port, fault-tolerant, with its
+The dispatcher runs TensorFlow's tf.data service `DispatchServer` on the task's port, fault-tolerant, with its
 journal in the job's checkpoint space (TFCLUSTER_CHECKPOINT_DIR/tf_data_service): restarted on the same port
 it reads its journal back, and readers reconnect to the address they were given (TFCLUSTER_DATA_SERVICE). A
 data worker runs `WorkerServer` on its port and registers with the dispatcher under the address other tasks
