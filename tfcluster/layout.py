@@ -29,6 +29,9 @@ CONTROL_FILE = "TFCLUSTER_CONTROL_FILE"  # the agent tells the task that trainin
 SUMMARY_DIR = "TFCLUSTER_SUMMARY_DIR"    # where the task writes TensorBoard summaries (its agent sends them up)
 STOP_SIGNAL = "TFCLUSTER_STOP_SIGNAL"    # the signal a stop, preemption or drain sends first ("SIGTERM")
 STOP_GRACE = "TFCLUSTER_STOP_GRACE_SECONDS"  # and how long after it SIGKILL follows
+DATA_SERVICE = "TFCLUSTER_DATA_SERVICE"  # the tf.data service's dispatcher, "grpc://host:port" (a job with one)
+ADDRESS = "TFCLUSTER_ADDRESS"  # the task's own "host:port", as other tasks reach it
+DATA_SERVICE_SUBDIR = "tf_data_service"  # under the checkpoint dir: the dispatcher's journal (its work_dir)
 # The evaluator's summary dir unless its role sets summary_dir: this folder under the model dir.
 EVAL_SUMMARY_SUBDIR = "eval"
 # Set by tfcluster for every task; a spec may not override them.

@@ -27,7 +27,12 @@ DEFAULT_STOP_SIGNAL = "SIGTERM"  # what PreemptionCheckpointHandler watches unle
 PREEMPTION_SAVED_LINE = "tfcluster: preemption checkpoint saved at step {step}"
 _PREEMPTION_SAVED_RE = re.compile(r"tfcluster: preemption checkpoint saved at step (\d{1,19})")
 CHIEF, WORKER, PS, EVALUATOR = "chief", "worker", "ps", "evaluator"  # a task's type, as TF_CONFIG names it
-ROLE_TYPES = (CHIEF, WORKER, PS, EVALUATOR)
+# The tf.data service's roles (tfcluster/roles/data_service.py): one dispatcher and the data workers it hands input
+# pipelines to. TensorFlow knows no such job names (MWMS and PSS refuse a cluster that lists them, "Disallowed task
+# type"), so they get no TF_CONFIG; training tasks find the dispatcher through TFCLUSTER_DATA_SERVICE.
+DISPATCHER, DATA_WORKER = "dispatcher", "data_worker"
+DATA_SERVICE_TYPES = (DISPATCHER, DATA_WORKER)
+ROLE_TYPES = (CHIEF, WORKER, PS, EVALUATOR, DISPATCHER, DATA_WORKER)
 TRAINING_TYPES = (CHIEF, WORKER, PS)  # the training tasks' cluster in TF_CONFIG; the evaluator is never in it
 # A node name is a host name or something like it: it appears in logs, tables and `nodes = [...]` lists.
 NODE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
@@ -241,8 +246,14 @@ class Evaluation:
 
 
 def is_training(task_type: str) -> bool:
-    """True for a training task (chief, worker, ps): the evaluator runs beside training, never in it."""
-    return task_type != EVALUATOR
+    """True for a training task (chief, worker, ps): the evaluator and the tf.data service run beside training,
+    never in it, and the job's outcome is training's alone."""
+    return task_type != EVALUATOR and task_type not in DATA_SERVICE_TYPES
+
+
+def has_tf_config(task_type: str) -> bool:
+    """The task gets a TF_CONFIG: every type TensorFlow knows (the tf.data service's roles are not among them)."""
+    return task_type not in DATA_SERVICE_TYPES
 
 
 def size_text(size: int) -> str:

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 from tfcluster import layout, strategies
 from tfcluster.labels import label_problem
-from tfcluster.model import (CHIEF, DEFAULT_STOP_SIGNAL, EVALUATOR, WORKER, NODE_NAME_RE, ROLE_TYPES, STOP_SIGNALS,
-                             EnvironmentSpec, control_character)
+from tfcluster.model import (CHIEF, DATA_SERVICE_TYPES, DATA_WORKER, DEFAULT_STOP_SIGNAL, DISPATCHER, EVALUATOR,
+                             WORKER, NODE_NAME_RE, ROLE_TYPES, STOP_SIGNALS, EnvironmentSpec, control_character)
 
 STRATEGIES = strategies.NAMES
 ELASTIC_STRATEGY = "multi_worker_mirrored"  # the one strategy whose workers may be elastic
@@ -52,7 +52,7 @@ class SpecError(ValueError):
 @dataclass(frozen=True)
 class RoleSpec:
     count: int = 0
-    gpus: int | None = None  # None: the job's gpus
+    gpus: int | None = None  # None: the job's gpus (the tf.data service's roles: none)
     command: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
     nodes: tuple[str, ...] = ()
@@ -109,13 +109,19 @@ class JobSpec:
 
     def gpus_for(self, role_type: str) -> int:
         role = self.role(role_type)
-        return self.gpus if role.gpus is None else role.gpus
+        if role.gpus is None:  # input pipelines run on CPUs: the tf.data service takes GPUs only when asked
+            return 0 if role_type in DATA_SERVICE_TYPES else self.gpus
+        return role.gpus
 
     def memory_for(self, role_type: str) -> int:
         role = self.role(role_type)
         return self.memory if role.memory is None else role.memory
 
     def command_for(self, role_type: str) -> tuple[str, ...]:
+        """The role's own command, else the job's; the tf.data service's roles never run the job's (training)
+        program: () means tfcluster's own (tfcluster/roles/data_service.py)."""
+        if role_type in DATA_SERVICE_TYPES:
+            return self.role(role_type).command
         return self.role(role_type).command or self.command
 
     def env_for(self, role_type: str) -> dict[str, str]:
@@ -241,13 +247,29 @@ def _check_roles(spec: JobSpec, fail) -> None:
     problem = profile.check_roles(spec) or profile.check_keras(spec)
     if problem:
         raise fail(*problem)
+    _check_data_service(spec, fail)
     for role_type in ROLE_TYPES:
         if spec.count(role_type) == 0:
             continue
-        builtin = profile.runs_builtin_server(role_type, spec) or \
+        builtin = profile.runs_builtin_server(role_type, spec) or role_type in DATA_SERVICE_TYPES or \
             (role_type == EVALUATOR and spec.role(EVALUATOR).entrypoint)
         if not builtin and not spec.command_for(role_type):
             raise fail(f"roles.{role_type}.command", "missing: no command for this role and none for the job")
+
+
+def _check_data_service(spec: JobSpec, fail) -> None:
+    """The tf.data service's roles: one dispatcher and at least one data worker, or neither. Every strategy's
+    training program reads its own input, so any of them may read it through the service."""
+    dispatchers, data_workers = spec.count(DISPATCHER), spec.count(DATA_WORKER)
+    if dispatchers > 1:
+        raise fail("roles.dispatcher.count", f"the tf.data service has exactly one dispatcher, got {dispatchers}")
+    if DISPATCHER in spec.roles and dispatchers == 0 and data_workers:
+        raise fail("roles.dispatcher.count", "the tf.data service has exactly one dispatcher, got 0")
+    if data_workers and not dispatchers:
+        raise fail("roles.dispatcher", "data workers need a dispatcher: add [roles.dispatcher] (count 1)")
+    if dispatchers and not data_workers:
+        raise fail("roles.data_worker", "a dispatcher needs data workers to run the input pipelines: add "
+                                        "[roles.data_worker] with count >= 1")
 
 
 def _check_int(value: int, key: str, minimum: int, maximum: int, fail) -> None:

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
-from tfcluster.model import CHIEF, EVALUATOR, PS, WORKER
+from tfcluster.model import CHIEF, DATA_SERVICE_TYPES, DATA_WORKER, DISPATCHER, EVALUATOR, PS, WORKER
 
 NAMES = ("mirrored", "central_storage", "multi_worker_mirrored", "parameter_server", "auto")
 TRAINING_ROLES = (CHIEF, WORKER)
@@ -49,11 +49,21 @@ class Strategy:
         return False
 
     def must_listen(self, task_type: str) -> bool:
-        """The next launch wave waits until this task accepts connections on its port."""
-        return False
+        """The next launch wave waits until this task accepts connections on its port (the tf.data service's
+        tasks, whatever the strategy: data workers register with the dispatcher, training reads from both)."""
+        return task_type in DATA_SERVICE_TYPES
 
     def in_first_wave(self, task_type: str) -> bool:
         return True
+
+    def launch_wave(self, task_type: str) -> int:
+        """Tasks launch in waves, lowest first, each once every earlier task is up: the tf.data service's
+        dispatcher, its data workers, then training's first wave and the rest."""
+        if task_type == DISPATCHER:
+            return 0
+        if task_type == DATA_WORKER:
+            return 1
+        return 2 if self.in_first_wave(task_type) else 3
 
     def serves_until_stopped(self, task_type: str) -> bool:
         """The task never exits by itself: training is over without it, and it is stopped then."""
@@ -113,7 +123,7 @@ class ParameterServer(Strategy):
         return task_type in (WORKER, PS) and not spec.role(task_type).command
 
     def must_listen(self, task_type: str) -> bool:
-        return task_type in (WORKER, PS)
+        return task_type in (WORKER, PS) or super().must_listen(task_type)
 
     def in_first_wave(self, task_type: str) -> bool:
         # The chief fails at connect unless every ps and worker already listens.
@@ -161,7 +171,7 @@ def resolve(spec, free_gpus: Mapping[str, int] | None = None):
 
     By the roles (by_roles); and when the training tasks ask for GPUs and one node (one the workers may use)
     has that many free (free_gpus: node -> free GPUs), one mirrored worker with all of them, which runs the
-    worker role's command and env; the evaluator is kept."""
+    worker role's command and env; the evaluator and the tf.data service's roles are kept."""
     if spec.strategy != "auto":
         return spec
     chosen = by_roles(spec)
@@ -170,7 +180,8 @@ def resolve(spec, free_gpus: Mapping[str, int] | None = None):
         allowed = set(spec.role(WORKER).nodes) or set(free_gpus)
         if total and any(free_gpus.get(name, 0) >= total for name in allowed):
             roles = {WORKER: replace(spec.role(WORKER), count=1, gpus=total)}
-            if spec.count(EVALUATOR):
-                roles[EVALUATOR] = spec.role(EVALUATOR)
+            for kept in (EVALUATOR, *DATA_SERVICE_TYPES):
+                if spec.count(kept):
+                    roles[kept] = spec.role(kept)
             return replace(spec, strategy="mirrored", roles=roles)
     return replace(spec, strategy=chosen)

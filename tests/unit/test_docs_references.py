@@ -34,6 +34,8 @@ HEADING = re.compile(r"^#{1,6}\s+(.*?)\s*$", re.M)
 # Names a user's own files go by in the manual's examples (a job spec, a training script), not files of this
 # repository.
 USER_FILES = {"job.toml", "spec.toml", "SPEC.toml", "policy.toml", "sweep.toml", "train.py", "main.py"}
+# TensorFlow's API paths can end like a file name (tf.data.experimental.service): a module, not a file.
+TF_API = "tf."
 
 
 def repo_files(root: Path) -> list[str]:
@@ -82,7 +84,7 @@ def mentions(path: str, text: str) -> list[str]:
     else:
         prose = hash_comments(text)
     prose = URL.sub("", prose)
-    return [m for m in MENTION.findall(prose) if m not in USER_FILES]
+    return [m for m in MENTION.findall(prose) if m not in USER_FILES and not m.startswith(TF_API)]
 
 
 def markdown_links(text: str) -> list[str]:

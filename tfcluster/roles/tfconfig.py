@@ -1,5 +1,6 @@
 """TF_CONFIG for every task of a job (docs/tensorflow.md: TF_CONFIG). Pure.
 
+The tf.data service's dispatcher and data workers get no TF_CONFIG at all (TensorFlow refuses their job names).
 The evaluator is never inside the training tasks' cluster: under parameter_server an evaluator entry
 makes the chief hang at connect, and TensorFlow accepts an evaluator that is absent from the cluster.
 Every task's TF_CONFIG holds the same cluster, so it is encoded once per job (`cluster_json`) and each
@@ -11,7 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 
-from tfcluster.model import CHIEF, TRAINING_TYPES, WORKER
+from tfcluster.model import CHIEF, TRAINING_TYPES, WORKER, has_tf_config
 
 
 
@@ -44,6 +45,7 @@ def tf_config(cluster: str, task_type: str, index: int) -> str:
 
 
 def build_tf_configs(tasks: list[tuple[str, int, str]]) -> dict[tuple[str, int], str]:
-    """One TF_CONFIG JSON string per (type, index)."""
+    """One TF_CONFIG JSON string per (type, index) of the tasks that get one (not the tf.data service's)."""
     cluster = cluster_json(tasks)
-    return {(task_type, index): tf_config(cluster, task_type, index) for task_type, index, _ in tasks}
+    return {(task_type, index): tf_config(cluster, task_type, index) for task_type, index, _ in tasks
+            if has_tf_config(task_type)}

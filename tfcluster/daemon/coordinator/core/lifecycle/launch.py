@@ -11,7 +11,8 @@ import posixpath
 
 from tfcluster import layout
 from tfcluster.daemon.coordinator.core.model.job import Job, Task
-from tfcluster.model import EVALUATOR, MAX_CODE_SOURCES, WORKER, Command, Launch, ServeCode
+from tfcluster.model import (DATA_SERVICE_TYPES, DISPATCHER, EVALUATOR, MAX_CODE_SOURCES, WORKER, Command, Launch,
+                             ServeCode, has_tf_config)
 from tfcluster.roles.tfconfig import tf_config
 from tfcluster.states import TaskState
 
@@ -75,6 +76,8 @@ def command_for(job: Job, task: Task) -> tuple[str, ...]:
     role = spec.role(task.type)
     if task.type == EVALUATOR and role.entrypoint and not role.command:
         return (_python(job), "-m", "tfcluster.roles.evaluator", role.entrypoint)
+    if task.type in DATA_SERVICE_TYPES and not role.command:
+        return (_python(job), "-m", "tfcluster.roles.data_service", task.type)
     return tuple(spec.command_for(task.type))
 
 
@@ -88,8 +91,9 @@ def task_env(job: Job, task: Task) -> dict[str, str]:
     spec = job.spec
     env = {"TF_USE_LEGACY_KERAS": "1", **job.profile.env(), **spec.env_for(task.type)}
     model_dir = spec.model_dir or task.checkpoint_dir
+    if has_tf_config(task.type):
+        env[layout.TF_CONFIG] = tf_config(job.cluster_json, task.type, task.index)
     env.update({
-        layout.TF_CONFIG: tf_config(job.cluster_json, task.type, task.index),
         layout.CUDA_VISIBLE_DEVICES: ",".join(g.uuid or str(g.index) for g in task.gpus) or "-1",
         layout.JOB_ID: job.id,
         layout.JOB_NAME: spec.name,
@@ -99,11 +103,15 @@ def task_env(job: Job, task: Task) -> dict[str, str]:
         layout.ATTEMPT: str(task.attempt),
         layout.NUM_WORKERS: str(spec.count(WORKER)),
         layout.PORT: str(task.port),
+        layout.ADDRESS: f"{task.host}:{task.port}",
         layout.CHECKPOINT_DIR: task.checkpoint_dir,
         layout.MODEL_DIR: model_dir,
         layout.STOP_SIGNAL: spec.stop_signal,  # tfcluster.task's TerminationConfig watches this one
         layout.STOP_GRACE: f"{spec.stop_grace_seconds:g}",
     })
+    dispatcher = job.task(DISPATCHER, 0)
+    if dispatcher is not None:  # the address is the dispatcher's placement: the same for every attempt it makes
+        env[layout.DATA_SERVICE] = f"grpc://{dispatcher.host}:{dispatcher.port}"
     if task.type == EVALUATOR:  # its agent reads the summaries it writes there
         env[layout.SUMMARY_DIR] = spec.role(EVALUATOR).summary_dir or \
             posixpath.join(model_dir, layout.EVAL_SUMMARY_SUBDIR)

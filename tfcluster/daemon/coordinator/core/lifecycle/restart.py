@@ -10,6 +10,12 @@ The rules, in order:
    restarts: a task ending then is no failure of the job.
 2. The evaluator is never part of training: it restarts alone on a budget of its own (placed anew when its
    node or port is gone), and when that is spent training goes on without it. It never fails the job.
+2b. The tf.data service's tasks are not training either and cost training nothing: a data worker restarts alone
+   (placed anew when its node or port is gone; readers go on with the other workers meanwhile), the dispatcher
+   in place, on its port and with its journal, so readers reconnect to the address they were given. A
+   dispatcher that cannot come back there (its node lost, its port taken) restarts the whole group uncharged:
+   training must be told the new address. Each restart waits the backoff (at least DATA_SERVICE_BACKOFF_SECONDS,
+   so a crashing server does not spin); one that no restart would change fails the job, which cannot read.
 3. A training task exiting with a permanent exit code fails the job, and so does one that cannot start for a
    reason no restart would change (its program or a dir it needs out of its user's reach: TaskExit.permanent)
    or exits with code 78 (the program is set up wrong, e.g. Keras 3 under multi_worker_mirrored:
@@ -41,7 +47,7 @@ from dataclasses import dataclass
 
 from tfcluster import strategies
 from tfcluster.daemon.coordinator.core.model.job import Failure, Job
-from tfcluster.model import WORKER, is_training
+from tfcluster.model import DATA_SERVICE_TYPES, DATA_WORKER, WORKER, is_training
 from tfcluster.states import JobState, TaskState
 
 # What restarts (Decision.scope).
@@ -50,8 +56,10 @@ GROUP = "group"                            # every task of the job stops; the jo
 TASKS = "tasks"                            # `tasks` restart in place while the others run on
 EVALUATOR = "evaluator"                    # the evaluator alone restarts
 EVALUATOR_GIVEN_UP = "evaluator given up"  # the evaluator stays ended; training goes on
+DATA_SERVICE = "data service"              # a tf.data service task alone restarts (rule 2b)
 NOTHING = "nothing"                        # not a failure of the job (rule 1): nothing changes
-RESTARTS = (GROUP, TASKS, EVALUATOR)
+RESTARTS = (GROUP, TASKS, EVALUATOR, DATA_SERVICE)
+DATA_SERVICE_BACKOFF_SECONDS = 1.0  # the least wait before a tf.data service task restarts
 
 # What a decision costs (Decision.charge): one of the job's counters, or nothing.
 BUDGET, PREEMPTION, EVALUATOR_BUDGET, NO_CHARGE = "budget", "preemption", "evaluator budget", "nothing"
@@ -87,6 +95,8 @@ def decide(job: Job, failure: Failure, task_type: str) -> Decision:
         return Decision(NOTHING, NO_CHARGE, 0.0, "the job is stopping already")
     if job.final_evaluation_until:
         return Decision(NOTHING, NO_CHARGE, 0.0, "training is over; nothing restarts")
+    if task_type in DATA_SERVICE_TYPES:
+        return _data_service(job, failure, task_type)
     if not is_training(task_type):
         return _evaluator(job, failure)
     restart, exit = job.spec.restart, failure.exit
@@ -175,6 +185,23 @@ def _evaluator(job: Job, failure: Failure) -> Decision:
     anew = failure.lost or bool(failure.exit.busy_port)
     return _restart(job, failure, EVALUATOR, EVALUATOR_BUDGET,
                     "evaluator to be placed again" if anew else "evaluator restarted", (failure.task,), anew)
+
+
+def _data_service(job: Job, failure: Failure, task_type: str) -> Decision:
+    """Rule 2b: a tf.data service task restarts alone, uncharged; training runs on."""
+    exit = failure.exit
+    if exit.exit_code in job.spec.restart.permanent_exit_codes or exit.unrecoverable:
+        return Decision(FAIL, NO_CHARGE, 0.0, f"the tf.data service's {task_type} cannot run, so training cannot "
+                                              f"read its input; not restarted")
+    moves = failure.lost or bool(exit.busy_port)
+    if moves and task_type != DATA_WORKER:
+        return Decision(GROUP, NO_CHARGE, 0.0, "the dispatcher cannot come back on its address: placing the job "
+                                               "again, so training reads from the new one (uncharged)")
+    delay = max(job.spec.restart.backoff_seconds, DATA_SERVICE_BACKOFF_SECONDS)
+    where = "placed again" if moves else "restarted alone" if task_type == DATA_WORKER else \
+        "restarted on its address with its journal"
+    return Decision(DATA_SERVICE, NO_CHARGE, delay, f"{failure.task} {where} in {delay:g} s; training goes on "
+                                                    f"(uncharged)", (failure.task,), moves)
 
 
 def _restart(job: Job, failure: Failure, scope: str, charge: str, reason: str, tasks: tuple[str, ...] = (),

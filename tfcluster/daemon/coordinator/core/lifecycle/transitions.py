@@ -94,9 +94,9 @@ def advance(job: Job, now: float) -> list[Command]:
     if any(t.state == TaskState.LAUNCHING or (t.state == TaskState.RUNNING and not t.ready) for t in job.tasks):
         return []
     pending = [t for t in job.tasks if t.state == TaskState.PENDING and t.node]
-    wave = [t for t in pending if job.profile.in_first_wave(t.type)] or pending
-    if wave:
-        return launch_tasks(job, wave, now)
+    if pending:
+        first = min(job.profile.launch_wave(t.type) for t in pending)
+        return launch_tasks(job, [t for t in pending if job.profile.launch_wave(t.type) == first], now)
     job.move(JobState.RUNNING)
     job.seen.last_progress = now
     return []
@@ -185,7 +185,7 @@ def _after_task_end(job: Job, task: Task, now: float) -> list[Command]:
     if job.state == JobState.STOPPING:
         return _finish_if_quiet(job, now)
     if job.final_evaluation_until:
-        if is_training(task.type):  # training is over: a ps or worker server ending changes nothing
+        if task.type != EVALUATOR:  # training is over: a ps, worker or tf.data service server ending changes nothing
             return []
         how = "done" if task.state == TaskState.SUCCEEDED or completion.final_evaluated(job) else f"ended {task.state}"
         return wind_down(job, JobState.SUCCEEDED, f"final evaluation {how}", now)
