@@ -50,9 +50,13 @@ def train_step(inputs):
     return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(replica_step, args=inputs), axis=None)
 
 
+first_step = True
 for epoch in range(handler.total_run_calls // steps, EPOCHS):
     for _ in range(handler.total_run_calls % steps, steps):
         loss = handler.run(train_step, next(batches))
+        if first_step:  # the group is training: its collectives are up (how long a restart took ends here)
+            print(f"training at step {int(step.numpy())} with {strategy.num_replicas_in_sync} replicas", flush=True)
+            first_step = False
         time.sleep(STEP_PAUSE_SECONDS)
     print(f"epoch {epoch + 1}/{EPOCHS}: loss {float(loss):.4f} (step {int(step.numpy())})", flush=True)
 
