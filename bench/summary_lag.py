@@ -24,6 +24,7 @@ import sys
 import tempfile
 import threading
 import time
+import types
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,6 +34,8 @@ from harness import LocalCluster, free_port, wait_until  # noqa: E402
 from test_tensorboard_url import Browser  # noqa: E402
 
 from tfcluster import layout  # noqa: E402
+
+sys.modules.setdefault("tensorboard.compat.notf", types.ModuleType("tensorboard.compat.notf"))  # as the board
 
 WRITER = """
 import os, sys, time
@@ -53,15 +56,13 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def read_locally(folder: Path, poll: float, seen: dict[int, float], stop: threading.Event) -> None:
-    """Step -> when it was first read from the node's own event file, polled as TensorBoard polls."""
+    """Step -> its lag when first read from the node's own event file (the newest), polled as the URL is, with
+    the reader the board uses (TensorBoard's, without TensorFlow)."""
     from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
-    loader = None
+    loader = EventFileLoader(str(max(folder.glob("events.out.tfevents.*"))))
     while not stop.is_set():
-        if loader is None:
-            files = sorted(folder.glob("events.out.tfevents.*"))
-            loader = EventFileLoader(str(files[0])) if files else None
-        for event in loader.Load() if loader else ():
+        for event in loader.Load():
             if event.summary.value:
                 seen.setdefault(event.step, time.time() - event.wall_time)
         time.sleep(poll)
