@@ -109,7 +109,7 @@ def test_the_coordinator_serves_a_tensorboard_of_a_users_jobs_to_that_user_only(
     board = alice.open_link(link)
     assert board == f"/tensorboard/{'+'.join(sorted([training, short]))}/"
     status, headers, page = alice.get(board)  # TensorBoard's own page, started for this view
-    assert status == 200 and b"<tf-tensorboard" in page, (status, page[:300])
+    assert status == 200 and b"<tb-webapp>" in page, (status, page[:300])
     assert "frame-ancestors 'self'" in headers["Content-Security-Policy"]
 
     for task in ("worker:0", "worker:1"):  # one run per task, written on two nodes

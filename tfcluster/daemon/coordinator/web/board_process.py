@@ -2,7 +2,7 @@
 (boards.py), as `python -m tfcluster.daemon.coordinator.web.board_process LOGDIR SOCKET PATH_PREFIX`.
 
 It is TensorBoard's own WSGI application (the `tensorboard` package, its default plugins) behind werkzeug's
-threaded server. The socket lies in a folder only the coordinator's user may enter, so the board is reachable
+threaded server. The socket lies in a folder (the board's own, which it removes as it ends) only the coordinator's user may enter, so the board is reachable
 through the dashboard's access rules alone, never straight from another user of the host as a loopback port is.
 
 TensorBoard uses TensorFlow for its file reading when it finds it installed, which costs hundreds of MB and
@@ -51,6 +51,7 @@ def main(argv: list[str]) -> None:
     board.launch()  # serves from a thread of its own
     threading.Thread(target=_end_with_parent, args=(os.path.dirname(socket_path),), daemon=True).start()
     signal.sigwait({signal.SIGTERM, signal.SIGINT})  # the coordinator stops the board
+    shutil.rmtree(os.path.dirname(socket_path), ignore_errors=True)  # a coordinator killed with it cannot
 
 
 def _end_with_parent(folder: str) -> None:
