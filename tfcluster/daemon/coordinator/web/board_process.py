@@ -2,8 +2,9 @@
 (boards.py), as `python -m tfcluster.daemon.coordinator.web.board_process LOGDIR SOCKET PATH_PREFIX`.
 
 It is TensorBoard's own WSGI application (the `tensorboard` package, its default plugins) behind werkzeug's
-threaded server. The socket lies in a folder (the board's own, which it removes as it ends) only the coordinator's user may enter, so the board is reachable
-through the dashboard's access rules alone, never straight from another user of the host as a loopback port is.
+threaded server. The socket lies in a folder only the coordinator's user may enter (the board's own, which it
+removes as it ends), so the board is reachable through the dashboard's access rules alone, never straight from
+another user of the host as a loopback port is.
 
 TensorBoard uses TensorFlow for its file reading when it finds it installed, which costs hundreds of MB and
 seconds of start-up in every board; its own reader (the stub it falls back on, and which its `notf` marker
