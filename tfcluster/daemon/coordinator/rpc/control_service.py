@@ -119,8 +119,8 @@ class ControlServicer(CodeServicer, SweepServicer, control_pb2_grpc.ControlServi
         """The address of the TensorBoard over the jobs (web/boards.py), once the caller may read each; a job
         that is not there and one that is not the caller's are refused alike, as the board itself does."""
         if len(job_ids) > summaries.BOARD_MAX_JOBS:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"a TensorBoard shows at most {summaries.BOARD_MAX_JOBS} "
-                                                                  f"jobs, got {len(job_ids)}")
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"a TensorBoard shows at most {summaries.BOARD_MAX_JOBS} jobs, got {len(job_ids)}")
         for job_id in job_ids:
             job = self.c.cluster.jobs.get(job_id)
             if job is None or not access.may_read(security.caller(), job):
