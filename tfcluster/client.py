@@ -224,9 +224,11 @@ class Client:
         host = self.address.rsplit(":", 1)[0]
         return f"{'http' if insecure else 'https'}://{host}:{port}"
 
-    def dashboard_login(self, job_id: str = "") -> tuple[str, float]:
-        """A one-time link that logs a browser in to the dashboard (at the job's page), and when it expires."""
-        reply = self._call("CreateDashboardLogin", control_pb2.CreateDashboardLoginRequest(job_id=job_id))
+    def dashboard_login(self, job_id: str = "", tensorboard_jobs: tuple[str, ...] = ()) -> tuple[str, float]:
+        """A one-time link that logs a browser in to the dashboard (at the job's page, or at a TensorBoard over
+        tensorboard_jobs), and when it expires."""
+        reply = self._call("CreateDashboardLogin", control_pb2.CreateDashboardLoginRequest(
+            job_id=job_id, tensorboard_jobs=tensorboard_jobs))
         insecure = self.credentials.insecure
         return self.dashboard_url(reply.port, insecure) + reply.path, reply.expires
 

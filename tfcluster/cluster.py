@@ -213,6 +213,11 @@ class Cluster:
         """A one-time link that logs a browser in to the dashboard (at the job's page), and when it expires."""
         return self.client.dashboard_login(job_id)
 
+    def tensorboard_link(self, job_ids: list[str]) -> tuple[str, float]:
+        """A one-time link that logs a browser in to the coordinator's TensorBoard over the jobs' summaries (runs
+        named JOB/TASK), and when it expires. ClusterError when the caller may not read one of them."""
+        return self.client.dashboard_login(tensorboard_jobs=tuple(job_ids))
+
     def dashboard_address(self, summary: statuses.ClusterSummary) -> str:
         """The dashboard's address as this connection reaches the coordinator's host ("": none served)."""
         port = summary.dashboard_port

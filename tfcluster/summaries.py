@@ -2,8 +2,9 @@
 
 A task writes summaries into its summary dir (TFCLUSTER_SUMMARY_DIR); its agent sends each event file's new
 bytes up as they are written (agent/hooks/summary_upload.py), the coordinator keeps them per job and task
-(coordinator/store/summaries.py), and `tfcluster tensorboard` reads them back (ReadSummaries) into a TensorBoard
-logdir where each task is the run `JOB/TASK`. Event files only grow, so a file is carried as (offset, bytes).
+(coordinator/store/summaries.py) and serves them through a TensorBoard of its own at `/tensorboard/<JOB>[+<JOB>...]/`
+(coordinator/web/boards.py), where each task is the run `JOB/TASK`; `tfcluster tensorboard --local` reads them
+back instead (ReadSummaries) into a logdir of the caller's. Event files only grow, so a file is carried as (offset, bytes).
 Standard library only: the agent, the coordinator and the CLI all use it.
 """
 
@@ -18,6 +19,14 @@ MAX_DEPTH = 8  # TensorBoard's Keras callback writes train/ and validation/ belo
 # What a job's summaries may take at the coordinator, all its tasks together: the agents send no more, and the
 # coordinator keeps no more. Kept until retention lets the job go.
 MAX_JOB_BYTES = 256 * 1024 * 1024
+BOARD_PREFIX = "/tensorboard/"
+BOARD_MAX_JOBS = 50  # shown side by side by one TensorBoard
+
+
+def board_path(job_ids: list[str]) -> str:
+    """The address of the coordinator's TensorBoard over these jobs: one per set of jobs, whatever their order
+    (job ids hold no `+`)."""
+    return f"{BOARD_PREFIX}{'+'.join(sorted(set(job_ids)))}/"
 
 
 @dataclass(frozen=True)

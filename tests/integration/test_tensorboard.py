@@ -1,8 +1,8 @@
-"""Summaries travel from a task's node to the coordinator as they are written, and `tfcluster tensorboard`
-serves them through a real TensorBoard, on a real LocalCluster over mutual TLS: a task writes a scalar with
-tensorboard's own event writer into TFCLUSTER_SUMMARY_DIR; the coordinator holds it within seconds; the URL the
-command prints answers TensorBoard's scalars API with it under the run JOB/worker:0; another user is refused;
-the summaries stay after the job has ended."""
+"""Summaries travel from a task's node to the coordinator as they are written, and `tfcluster tensorboard --local`
+serves them through a real TensorBoard on the caller's machine, on a real LocalCluster over mutual TLS: a task
+writes a scalar with tensorboard's own event writer into TFCLUSTER_SUMMARY_DIR; the coordinator holds it within
+seconds; the URL the command prints answers TensorBoard's scalars API with it under the run JOB/worker:0;
+another user is refused; the summaries stay after the job has ended."""
 
 from __future__ import annotations
 
@@ -79,7 +79,7 @@ def test_a_scalar_written_on_a_node_is_served_by_tensorboard_to_its_owner_alone(
         assert max(lags) < 5, lags
         assert "summary dir" in job.log_text("worker:0")
 
-        board = subprocess.Popen([PYTHON, "-m", "tfcluster.cli", "tensorboard", job.id, "--no-browser"],
+        board = subprocess.Popen([PYTHON, "-m", "tfcluster.cli", "tensorboard", job.id, "--local", "--no-browser"],
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
                                  env={**os.environ, **cluster.client_env(),
                                       "TFCLUSTER_TLS_DIR": str(cluster.person("alice"))})
@@ -103,7 +103,7 @@ def test_a_scalar_written_on_a_node_is_served_by_tensorboard_to_its_owner_alone(
             print(f"lag to the coordinator: {[round(x, 2) for x in lags]} s; through the URL: "
                   f"{[round(x, 2) for x in served]} s")
 
-            refused = cluster.cli("tensorboard", job.id, "--no-browser", timeout=60,
+            refused = cluster.cli("tensorboard", job.id, "--local", "--no-browser", timeout=60,
                                   env={"TFCLUSTER_TLS_DIR": str(cluster.person("bob"))})
             assert refused.returncode != 0 and f"job {job.id} belongs to alice" in refused.stderr, refused
             assert refused.stdout == "", "no URL for another user's job"

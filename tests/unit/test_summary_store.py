@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tfcluster.daemon.coordinator.store.summaries import SummaryError, SummaryStore
-from tfcluster.summaries import SummaryChunk, path_problem, split_key
+from tfcluster.summaries import SummaryChunk, board_path, path_problem, split_key
 
 NAME = "events.out.tfevents.1.host"
 
@@ -51,3 +51,16 @@ def test_the_sweep_removes_the_jobs_retention_let_go(tmp_path):
     store.write(chunk(0, b"b", job="gone"))
     store.sweep({"kept"})
     assert sorted(p.name for p in tmp_path.iterdir()) == ["kept"]
+
+
+def test_the_task_folders_a_board_links_are_those_that_sent_summaries(tmp_path):
+    store = SummaryStore(tmp_path)
+    for task_type, task_index in (("worker", 1), ("evaluator", 0)):
+        store.write(SummaryChunk("j1", task_type, task_index, NAME, 0, b"x"))
+    (tmp_path / "j1" / "not-a-task").mkdir()
+    assert [(t, i) for t, i, _ in store.task_folders("j1")] == [("evaluator", 0), ("worker", 1)]
+    assert list(store.task_folders("j2")) == [] and list(store.task_folders("../j1")) == []
+
+
+def test_a_board_has_one_address_per_set_of_jobs():
+    assert board_path(["b-2", "a-1", "b-2"]) == board_path(["a-1", "b-2"]) == "/tensorboard/a-1+b-2/"

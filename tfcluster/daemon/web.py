@@ -186,8 +186,10 @@ class WebListener:
 
 
 async def _add_security_headers(request: web.Request, response: web.StreamResponse) -> None:
-    """Every answer, refusals and errors included, before its headers go out."""
-    response.headers.update(SECURITY_HEADERS)
+    """Every answer, refusals and errors included, before its headers go out. A header the handler set stays (a
+    TensorBoard's page, passed on by the coordinator, needs a policy of its own)."""
+    for name, value in SECURITY_HEADERS.items():
+        response.headers.setdefault(name, value)
 
 
 class Collected:

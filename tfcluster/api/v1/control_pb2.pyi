@@ -512,10 +512,12 @@ class WatchJobResponse(_message.Message):
     def __init__(self, job: _Optional[_Union[JobStatus, _Mapping]] = ...) -> None: ...
 
 class CreateDashboardLoginRequest(_message.Message):
-    __slots__ = ("job_id",)
+    __slots__ = ("job_id", "tensorboard_jobs")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    TENSORBOARD_JOBS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
-    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+    tensorboard_jobs: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, job_id: _Optional[str] = ..., tensorboard_jobs: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class CreateDashboardLoginResponse(_message.Message):
     __slots__ = ("port", "path", "expires")

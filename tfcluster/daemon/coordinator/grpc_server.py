@@ -32,6 +32,7 @@ from tfcluster.daemon.coordinator.rpc.stream_limits import DEFAULT_PER_CALLER, S
 from tfcluster.daemon.coordinator.store.api import Store
 from tfcluster.daemon.coordinator.store.code_archives import DEFAULT_MAX_BYTES as DEFAULT_MAX_CODE_BYTES
 from tfcluster.daemon.coordinator.store.code_archives import DEFAULT_STORE_BYTES as DEFAULT_CODE_STORE_BYTES
+from tfcluster.daemon.coordinator.web.boards import Boards
 from tfcluster.daemon.coordinator.web.dashboard import Dashboard
 from tfcluster.daemon.coordinator.web.metrics import CoordinatorMetrics
 from tfcluster.daemon.web import WebListener, parse_listen
@@ -99,6 +100,7 @@ class CoordinatorServer:
             web_credentials = self.credentials if tls_dir else security.Credentials(token=token)
             self.web = WebListener(http_listen, web_credentials, self.metrics.registry, self._refusal)
             Dashboard(self.coordinator, self.web, self.streams)
+            Boards(self.coordinator, self.web)
 
     def reload_policy(self) -> bool:
         """Reads the policy file again (SIGHUP). One with a mistake is logged and the policy in force stays."""

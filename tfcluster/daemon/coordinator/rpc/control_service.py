@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import logging
 import urllib.parse
 
 import grpc
 
-from tfcluster import security, wire
+from tfcluster import security, summaries, wire
 from tfcluster.api.v1 import control_pb2, control_pb2_grpc
 from tfcluster.daemon.coordinator.core import status
 from tfcluster.daemon.coordinator.core.access import rules as access
@@ -104,12 +105,32 @@ class ControlServicer(CodeServicer, SweepServicer, control_pb2_grpc.ControlServi
         if not self.c.dashboard_port:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "the coordinator serves no dashboard: start it "
                                                                      "with --http-listen HOST:PORT")
-        if request.job_id:
-            await self._readable_job(request.job_id, context)
+        if request.tensorboard_jobs:
+            page = await self._tensorboard_page(list(request.tensorboard_jobs), context)
+        else:
+            if request.job_id:
+                await self._readable_job(request.job_id, context)
+            page = f"/jobs/{urllib.parse.quote(request.job_id)}" if request.job_id else "/"
         token, expires = self.c.logins.create_link(security.caller(), self.c.clock())
-        page = f"/jobs/{urllib.parse.quote(request.job_id)}" if request.job_id else "/"
         path = f"/login?{urllib.parse.urlencode({'token': token, 'next': page})}"
         return control_pb2.CreateDashboardLoginResponse(port=self.c.dashboard_port, path=path, expires=expires)
+
+    async def _tensorboard_page(self, job_ids: list[str], context) -> str:
+        """The address of the TensorBoard over the jobs (web/boards.py), once the caller may read each; a job
+        that is not there and one that is not the caller's are refused alike, as the board itself does."""
+        if len(job_ids) > summaries.BOARD_MAX_JOBS:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"a TensorBoard shows at most {summaries.BOARD_MAX_JOBS} jobs, got {len(job_ids)}")
+        for job_id in job_ids:
+            job = self.c.cluster.jobs.get(job_id)
+            if job is None or not access.may_read(security.caller(), job):
+                await context.abort(grpc.StatusCode.NOT_FOUND, access.unreadable(job_id))
+        if self.c.summaries is None:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "this coordinator keeps no summaries")
+        if importlib.util.find_spec("tensorboard") is None:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "the coordinator's host lacks the tensorboard "
+                                                                     "package (pip install 'tfcluster[tf]' there)")
+        return summaries.board_path(job_ids)
 
     async def GetUsage(self, request, context):
         window = request.window_seconds

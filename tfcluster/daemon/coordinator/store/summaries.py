@@ -84,6 +84,16 @@ class SummaryStore:
                 self.job_bytes.pop(entry.name, None)
                 log.info("summaries of job %s removed: the job is no longer kept", entry.name)
 
+    def task_folders(self, job_id: str) -> Iterator[tuple[str, int, str]]:
+        """(task type, task index, folder) of each task of the job that sent summaries."""
+        job_dir = self.directory / job_id
+        if "/" in job_id or not job_dir.is_dir():
+            return
+        for task in sorted(os.scandir(job_dir), key=lambda e: e.name):
+            task_type, _, index = task.name.rpartition("-")
+            if task.is_dir(follow_symlinks=False) and index.isdigit():
+                yield task_type, int(index), task.path
+
     def _held(self, job_id: str) -> int:
         if job_id not in self.job_bytes:
             self.job_bytes[job_id] = sum(os.lstat(path).st_size for *_, path in self._files(job_id))
@@ -96,17 +106,11 @@ class SummaryStore:
 
     def _files(self, job_id: str) -> Iterator[tuple[str, int, str, str]]:
         """(task type, task index, path below the task's folder, full path) of the job's event files, in order."""
-        job_dir = self.directory / job_id
-        if "/" in job_id or not job_dir.is_dir():
-            return
-        for task in sorted(os.scandir(job_dir), key=lambda e: e.name):
-            task_type, _, index = task.name.rpartition("-")
-            if not task.is_dir(follow_symlinks=False) or not index.isdigit():
-                continue
-            for folder, dirs, names in os.walk(task.path):
+        for task_type, task_index, task_folder in self.task_folders(job_id):
+            for folder, dirs, names in os.walk(task_folder):
                 dirs.sort()
                 for name in sorted(names):
                     path = os.path.join(folder, name)
-                    relative = os.path.relpath(path, task.path)
+                    relative = os.path.relpath(path, task_folder)
                     if not summaries.path_problem(relative) and os.path.isfile(path) and not os.path.islink(path):
-                        yield task_type, int(index), relative, path
+                        yield task_type, task_index, relative, path

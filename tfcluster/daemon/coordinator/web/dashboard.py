@@ -43,7 +43,8 @@ API_MAX_PAGE = 500
 LOG_TAIL_LINES = 500  # the log view starts with this many lines, then follows
 MAX_TAIL_LINES = 100_000
 # Where a login link may lead: a page of this dashboard (a job's, or one of its tasks' logs), never another site.
-NEXT_PAGE = re.compile(r"/(nodes|queue|sweeps|jobs/[A-Za-z0-9._~%-]+(/tasks/[A-Za-z0-9._~%:-]+/log)?)?")
+NEXT_PAGE = re.compile(r"/(nodes|queue|sweeps|jobs/[A-Za-z0-9._~%-]+(/tasks/[A-Za-z0-9._~%:-]+/log)?"
+                       r"|tensorboard/[a-z0-9_+-]+/)?")  # or a TensorBoard over jobs (boards.py)
 
 
 def _finite(value):

@@ -47,6 +47,12 @@ def refusal(job) -> str:
     return f"job {job.id} belongs to {job.owner}"
 
 
+def unreadable(job_id: str) -> str:
+    """The one answer for a job that is not there and for one the caller may not read (the TensorBoard's): it
+    tells no one which jobs exist."""
+    return f"no job {job_id[:100]!r} that you may read"
+
+
 def redact(status: control_pb2.JobStatus) -> control_pb2.JobStatus:
     """Another person's job as a user sees it: its state, owner, size, class and placement stay; every text the
     job's program, command or environment could have put in is cleared (messages, the failure's message and log
