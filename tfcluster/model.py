@@ -1,7 +1,7 @@
 """What both daemons speak of: a node and its GPUs, one attempt of a task, how it runs and how it ended,
 and the commands the coordinator gives agents.
 
-Plain frozen values without I/O. wire.py turns them into protobuf messages and back, so the agent and
+Plain frozen values without I/O. wire/ turns them into protobuf messages and back, so the agent and
 the coordinator share these and import nothing from each other.
 """
 
@@ -141,7 +141,7 @@ class TaskExit:
     """How an attempt ended. exit_code and signal both None: it never started (message says why).
 
     The same value all the way: the shim records it in the attempt's status file (taskfiles.ShimStatus), its
-    agent sends it in a TaskReport (wire.py), the coordinator keeps it as the task's exit and in the job's last
+    agent sends it in a TaskReport (wire/nodes.py), the coordinator keeps it as the task's exit and in the job's last
     failure, and the status views show it (wire.job_status, views.job_doc)."""
     exit_code: int | None = None
     signal: int | None = None

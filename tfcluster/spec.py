@@ -1,6 +1,6 @@
 """The job spec: what a JobSpec holds, and `validate`, which checks its values once, the same for every
 source: the CLI runs it on what it reads from a file or flags (specfile.py), the coordinator on what arrives
-over the wire (wire.py builds the JobSpec straight from the message). Errors name the source, the key and
+over the wire (wire/specs.py builds the JobSpec straight from the message). Errors name the source, the key and
 what was expected. Pure: no sockets, no processes.
 """
 

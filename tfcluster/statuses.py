@@ -3,7 +3,7 @@ status message of the wire (tfcluster.api.v1.control), with the same field names
 unset (an exit code, a drain, a last failure) is None when it is.
 
 The conversion is read-only and generic (read from the dataclasses' own field types), kept here rather than in
-wire.py, whose checks and spec conversions `tfcluster status` must start without. The top-level values keep
+wire/, whose checks and spec conversions `tfcluster status` must start without. The top-level values keep
 the message they were read from (`wire`, out of repr and comparisons): the CLI renders it with render.py and
 views.py, as the dashboard renders its own, so that every view of a status is drawn from one message.
 """

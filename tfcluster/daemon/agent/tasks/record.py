@@ -77,7 +77,7 @@ class TaskRecord:
                    group=-1 if launch.file_group is None else launch.file_group, uid=launch.uid)
 
     def report(self) -> TaskReport:
-        """The attempt's report to the coordinator (wire.py sends it)."""
+        """The attempt's report to the coordinator (wire/nodes.py sends it)."""
         return TaskReport(self.attempt, self.phase, pid=self.pid, listening=self.listening, exit=self.exit)
 
 

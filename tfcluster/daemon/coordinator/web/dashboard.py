@@ -4,7 +4,7 @@ Pages (every view has its own address): the job list at `/`, a job at `/jobs/<id
 usage: training.py), the nodes at `/nodes`, the queue at `/queue`, the sweeps at `/sweeps`, a task's log at `/jobs/<id>/tasks/<type>:<index>/log`. Each is the same small page shell; its script fetches the
 JSON API below and refreshes it every few seconds. Every API answer is one bounded page (filtered, with a token
 for the next), built from the model on the event loop that owns it, in the representation `status --json`
-uses (wire.py), so the dashboard stays fast with thousands of nodes and jobs.
+uses (wire/status.py), so the dashboard stays fast with thousands of nodes and jobs.
 
 A browser gets in with a one-time link (`tfcluster dashboard`, see logins.py) that sets a session cookie;
 scrapers and scripts use a client certificate, as for /metrics.
