@@ -234,6 +234,7 @@ class TaskProgress:
     rss_bytes: int = 0        # its process tree's resident memory now
     peak_rss_bytes: int = 0   # ... and the most it has held
     phase_detail: str = ""    # what a starting task waits for ("building environment (12 s)")
+    gpu_utilization: float | None = None  # its GPUs' mean utilisation now, 0..1 (NVML); None: not read
 
 
 @dataclass(frozen=True)

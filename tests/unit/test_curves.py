@@ -77,9 +77,18 @@ def test_only_the_jobs_looked_at_last_are_kept(tmp_path):
 def test_usage_history_turns_cpu_seconds_into_cores_and_stays_bounded():
     history = UsageHistory(sample_seconds=5, max_tasks=2)
     attempt = Attempt("j", "worker", 0, 1)
-    for second, cpu in ((0, 10.0), (1, 11.0), (5, 20.0), (10, 30.0)):
-        history.heartbeat("a", [TaskProgress(attempt, cpu_seconds=cpu, rss_bytes=1 << 20)], second)
-    assert list(history.of_job("j")["worker:0"].samples) == [(5, 2.0, 1 << 20), (10, 2.0, 1 << 20)]
+    for second, cpu, gpu in ((0, 10.0, 0.5), (1, 11.0, 0.5), (5, 20.0, 0.9), (10, 30.0, None)):
+        history.heartbeat("a", [TaskProgress(attempt, cpu_seconds=cpu, rss_bytes=1 << 20, gpu_utilization=gpu)], second)
+    assert list(history.of_job("j")["worker:0"].samples) == [(5, 2.0, 1 << 20, 0.9), (10, 2.0, 1 << 20, None)]
     for index in (1, 2):
         history.heartbeat("a", [TaskProgress(Attempt("k", "worker", index, 1))], 11)
     assert list(history.of_job("j")) == [] and len(history.tasks) == 2
+
+
+def test_a_tasks_gpu_use_crosses_the_wire_checked_and_is_absent_where_nvml_does_not_read_it():
+    from tfcluster import wire
+    attempt = Attempt("j", "worker", 0, 1)
+    sent = [TaskProgress(attempt, gpu_utilization=0.73), TaskProgress(attempt), TaskProgress(attempt, gpu_utilization=7.0),
+            TaskProgress(attempt, gpu_utilization=float("nan"))]
+    received = wire.progress_from_proto(wire.heartbeat_to_proto("s", sent).heartbeat)
+    assert [p.gpu_utilization for p in received] == [0.73, None, 1.0, None]

@@ -116,7 +116,7 @@ def heartbeat_to_proto(session_id: str, progress: list[TaskProgress], condition:
         conditions=conditions_to_proto(conditions), progress=[
         agent_pb2.TaskProgress(**attempt_fields(p.attempt), output_bytes=p.output_bytes, checkpoint=p.checkpoint,
                                cpu_seconds=p.cpu_seconds, rss_bytes=p.rss_bytes, peak_rss_bytes=p.peak_rss_bytes,
-                               phase_detail=p.phase_detail)
+                               phase_detail=p.phase_detail, gpu_utilization=p.gpu_utilization)
         for p in progress]))
 
 
@@ -166,9 +166,15 @@ def progress_from_proto(msg: agent_pb2.Heartbeat) -> list[TaskProgress]:
     if len(msg.progress) > MAX_TASKS_PER_NODE:
         raise ValueError(f"heartbeat.progress: at most {MAX_TASKS_PER_NODE} tasks, got {len(msg.progress)}")
     return [TaskProgress(attempt_from(p, "progress"), p.output_bytes, p.checkpoint[:MAX_TEXT],
-                         cpu_seconds=measured_seconds(p.cpu_seconds), rss_bytes=p.rss_bytes, peak_rss_bytes=p.peak_rss_bytes,
-                         phase_detail=printable(p.phase_detail[:MAX_TEXT]))
+                         cpu_seconds=measured_seconds(p.cpu_seconds), rss_bytes=p.rss_bytes,
+                         peak_rss_bytes=p.peak_rss_bytes, phase_detail=printable(p.phase_detail[:MAX_TEXT]),
+                         gpu_utilization=_ratio(p.gpu_utilization) if p.HasField("gpu_utilization") else None)
             for p in msg.progress]
+
+
+def _ratio(value: float) -> float | None:
+    """A utilisation an agent read: 0 to 1, or None when it is not a number."""
+    return min(1.0, max(0.0, value)) if math.isfinite(value) else None
 
 
 def evaluation_to_proto(attempt: Attempt, e: Evaluation) -> agent_pb2.AgentMessage:

@@ -119,7 +119,7 @@ class Heartbeat(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., progress: _Optional[_Iterable[_Union[TaskProgress, _Mapping]]] = ..., condition: _Optional[str] = ..., health_failure: _Optional[str] = ..., conditions: _Optional[_Iterable[_Union[_types_pb2.NodeCondition, _Mapping]]] = ...) -> None: ...
 
 class TaskProgress(_message.Message):
-    __slots__ = ("job_id", "task_type", "task_index", "attempt", "output_bytes", "checkpoint", "cpu_seconds", "rss_bytes", "peak_rss_bytes", "phase_detail")
+    __slots__ = ("job_id", "task_type", "task_index", "attempt", "output_bytes", "checkpoint", "cpu_seconds", "rss_bytes", "peak_rss_bytes", "phase_detail", "gpu_utilization")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     TASK_TYPE_FIELD_NUMBER: _ClassVar[int]
     TASK_INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -130,6 +130,7 @@ class TaskProgress(_message.Message):
     RSS_BYTES_FIELD_NUMBER: _ClassVar[int]
     PEAK_RSS_BYTES_FIELD_NUMBER: _ClassVar[int]
     PHASE_DETAIL_FIELD_NUMBER: _ClassVar[int]
+    GPU_UTILIZATION_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     task_type: str
     task_index: int
@@ -140,7 +141,8 @@ class TaskProgress(_message.Message):
     rss_bytes: int
     peak_rss_bytes: int
     phase_detail: str
-    def __init__(self, job_id: _Optional[str] = ..., task_type: _Optional[str] = ..., task_index: _Optional[int] = ..., attempt: _Optional[int] = ..., output_bytes: _Optional[int] = ..., checkpoint: _Optional[str] = ..., cpu_seconds: _Optional[float] = ..., rss_bytes: _Optional[int] = ..., peak_rss_bytes: _Optional[int] = ..., phase_detail: _Optional[str] = ...) -> None: ...
+    gpu_utilization: float
+    def __init__(self, job_id: _Optional[str] = ..., task_type: _Optional[str] = ..., task_index: _Optional[int] = ..., attempt: _Optional[int] = ..., output_bytes: _Optional[int] = ..., checkpoint: _Optional[str] = ..., cpu_seconds: _Optional[float] = ..., rss_bytes: _Optional[int] = ..., peak_rss_bytes: _Optional[int] = ..., phase_detail: _Optional[str] = ..., gpu_utilization: _Optional[float] = ...) -> None: ...
 
 class StreamOpen(_message.Message):
     __slots__ = ("node_name", "session_id")

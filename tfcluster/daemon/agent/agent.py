@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import grpc
@@ -222,7 +222,9 @@ class Agent:
         return [wire.task_report_to_proto(r.report()) for r in self.supervisor.snapshot() if r.phase != Phase.STARTING]
 
     def progress(self) -> list[TaskProgress]:
-        return self.supervisor.progress()
+        progress = self.supervisor.progress()
+        gpu_use = self.metrics.gpus.task_utilization(self.supervisor.snapshot())
+        return [replace(p, gpu_utilization=gpu_use[p.attempt]) if p.attempt in gpu_use else p for p in progress]
 
     def condition(self) -> str:
         """Why this node takes no new tasks now ("" while it takes them): its free disk is below the floor."""

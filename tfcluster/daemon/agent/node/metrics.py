@@ -22,7 +22,7 @@ from prometheus_client.registry import Collector
 from tfcluster.daemon.agent.node.retention import measure
 from tfcluster.daemon.agent.tasks.record import TaskRecord
 from tfcluster.daemon.agent.tasks.supervisor import Supervisor
-from tfcluster.model import Gpu
+from tfcluster.model import Attempt, Gpu
 from tfcluster.states import Phase
 log = logging.getLogger("tfcluster.agent")
 
@@ -49,7 +49,8 @@ class AgentMetrics:
                 metric.labels(kind)
         ProcessCollector(registry=r)
         r.register(TaskCollector(supervisor))
-        r.register(GpuCollector(gpus, supervisor))
+        self.gpus = GpuCollector(gpus, supervisor)
+        r.register(self.gpus)
         r.register(DiskCollector(state_dir))
 
     def shipped(self, kind: str, size: int, seconds: float) -> None:
@@ -141,6 +142,19 @@ class GpuCollector(Collector):
                 families[name].add_metric(values, value)
         yield info
         yield from families.values()
+
+    def task_utilization(self, records: list[TaskRecord]) -> dict[Attempt, float]:
+        """Each running task's GPUs' mean utilisation now (sent with the heartbeats, for the dashboard's usage
+        charts); empty where NVML does not read the GPUs."""
+        if self.nvml is None or self.nvml.pynvml is None:
+            return {}
+        holders = gpu_holders(self.gpus, records)
+        readings = self.nvml.read(sorted(holders))
+        per_task: dict[Attempt, list[float]] = {}
+        for index, record in holders.items():
+            if index in readings:
+                per_task.setdefault(record.attempt, []).append(readings[index]["utilization_ratio"])
+        return {attempt: sum(values) / len(values) for attempt, values in per_task.items()}
 
 
 def gpu_holders(gpus: Iterable[Gpu], records: list[TaskRecord]) -> dict[int, TaskRecord]:

@@ -1,10 +1,10 @@
 """The dashboard's views of training as it happens: a job's scalar curves (from its summaries), its tasks' CPU
-and memory over time (from heartbeats), and the sweeps.
+memory and GPU use over time (from heartbeats), and the sweeps.
 
   GET /api/jobs/<id>/scalars  every scalar tag of every task's event files: {"series": [{"run", "tag", "points":
                               [[step, value, wall time], ...], "written", "stride"}], "problems", "skipped"}
   GET /api/jobs/<id>/usage    {"interval": s, "tasks": [{"task", "node", "attempt", "points": [[time, CPU cores,
-                              RSS bytes], ...]}]}
+                              RSS bytes, GPU utilisation 0..1 or null], ...]}]}
   GET /api/sweeps             the sweeps the caller may see, newest first, each with its trials' jobs
   /sweeps                     the page that lists them
 

@@ -1,5 +1,6 @@
 """What each running task has used lately, over time, as its agent's heartbeats tell it: CPU (cores in use,
-from the CPU seconds of the task's process tree between two samples) and resident memory. The dashboard draws
+from the CPU seconds of the task's process tree between two samples), resident memory, and its GPUs' mean
+utilisation (0 to 1, from NVML; None where the agent does not read its GPUs). The dashboard draws
 it; nothing is stored, and a coordinator that starts (or takes over) starts with empty histories.
 
 Bounded: a sample per task at most every SAMPLE_SECONDS (heartbeats come every second from every node: most
@@ -23,7 +24,7 @@ MAX_TASKS = 4096
 class TaskHistory:
     node: str
     attempt: int
-    samples: deque = field(default_factory=lambda: deque(maxlen=SAMPLES))  # (time, CPU cores, RSS bytes)
+    samples: deque = field(default_factory=lambda: deque(maxlen=SAMPLES))  # (time, CPU cores, RSS bytes, GPU use)
     cpu_seconds: float = 0.0  # at the last sample, to turn the next into cores in use
     at: float = 0.0
 
@@ -46,7 +47,8 @@ class UsageHistory:
                 continue
             elapsed = now - history.at
             cores = max(0.0, p.cpu_seconds - history.cpu_seconds) / elapsed if elapsed > 0 else 0.0
-            history.samples.append((now, round(cores, 3), p.rss_bytes))
+            gpu = None if p.gpu_utilization is None else round(p.gpu_utilization, 3)
+            history.samples.append((now, round(cores, 3), p.rss_bytes, gpu))
             history.cpu_seconds, history.at = p.cpu_seconds, now
             self.tasks.move_to_end(key)
 

@@ -1,7 +1,7 @@
 /* tfcluster dashboard: training as it happens. Part of tfcluster, Apache License 2.0.
  *
  * A job's scalar curves (every tag its tasks write to their summaries: one chart per tag, a line per task) and
- * its tasks' CPU and memory over time, redrawn on each refresh of the job page; and the sweeps page. Charts are
+ * its tasks' CPU, memory and GPU use over time, redrawn on each refresh of the job page; and the sweeps page. Charts are
  * drawn as SVG here, as app.js draws the evaluation charts, with the helpers app.js defines (el, api, number...).
  */
 "use strict";
@@ -85,8 +85,14 @@ async function drawUsage(container, id) {
   const age = t => `-${ago(Math.max(0, latest - t))}`;
   const series = column => tasks.map(t => ({name: t.task, points: t.points.map(p => [p[0], p[column]])}));
   const gib = series(2).map(s => ({name: s.name, points: s.points.map(p => [p[0], p[1] / 2 ** 30])}));
+  // GPU use where the agents read their GPUs through NVML (null elsewhere, and for tasks without GPUs)
+  const gpu = series(3).map(s => ({name: s.name, points: s.points.filter(p => p[1] !== null && p[1] !== undefined)
+                                                               .map(p => [p[0], p[1] * 100])}))
+                       .filter(s => s.points.length);
   container.replaceChildren(chartPanel({"data-usage": "cpu"}, "CPU (cores in use)", series(1), age, "time"),
-                            chartPanel({"data-usage": "memory"}, "memory (GiB resident)", gib, age, "time"));
+                            chartPanel({"data-usage": "memory"}, "memory (GiB resident)", gib, age, "time"),
+                            ...(gpu.length ? [chartPanel({"data-usage": "gpu"}, "GPU utilisation (%)", gpu, age,
+                                                         "time")] : []));
 }
 
 // ---- sweeps (/sweeps) --------------------------------------------------------------------------------
