@@ -8,36 +8,13 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 
 import pytest
 
 from harness import LocalCluster, job_processes, wait_until
+from sweeptrials import sweep_file
 from tfcluster import Cluster, PermissionDenied, Sweep
 from tfcluster.states import ENDED_JOB_STATES
-
-# One trial: its A from the command, its B from the environment; reports accuracy = A * B / 100, then lingers so
-# that trials overlap (and, in the first test, outlive the coordinator's restart: results an agent sends again after
-# it registers anew are taken only for jobs that have not ended).
-TRIAL = ('import json, os, sys, time\n'
-         'a = float(sys.argv[1].split("=")[1]); b = float(os.environ["B"])\n'
-         'with open(os.environ["TFCLUSTER_EVENTS_FILE"], "a") as f:\n'
-         '    f.write(json.dumps({"kind": "evaluation", "checkpoint": "ckpt-1", "step": 1, "time": time.time(),\n'
-         '                        "metrics": {"accuracy": a * b / 100}}) + "\\n")\n'
-         'time.sleep(float(os.environ["LINGER"]))\n')
-
-
-def sweep_file(tmp_path: Path, name: str, linger: float, b_values: str) -> Path:
-    workdir = tmp_path / name
-    workdir.mkdir()
-    (workdir / "trial.py").write_text(TRIAL)
-    spec = workdir / "sweep.toml"
-    spec.write_text(f'name = "{name}"\nstrategy = "mirrored"\ncommand = ["python3", "trial.py", "--a={{A}}"]\n'
-                    f'env = {{ LINGER = "{linger}" }}\n'
-                    f'[sweep]\nmethod = "grid"\nmax_concurrent = 2\nmetric = "accuracy"\ngoal = "max"\n'
-                    f'[sweep.parameters]\nA = [1, 2]\nB = {b_values}\n')
-    return spec
-
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
