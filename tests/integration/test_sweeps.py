@@ -12,7 +12,7 @@ import time
 import pytest
 
 from harness import LocalCluster, job_processes, wait_until
-from sweeptrials import sweep_file
+from sweeptrials import early_stopping_file, sweep_file
 from tfcluster import Cluster, PermissionDenied, Sweep
 from tfcluster.states import ENDED_JOB_STATES
 
@@ -92,3 +92,28 @@ def test_sweep_stop_stops_the_running_trials_and_starts_no_more_and_others_may_n
     assert [t.state for t in ended.trials] == ["STOPPED", "STOPPED", "", ""], "no trial started after the stop"
     for job_id in running:
         assert job_processes(job_id) == [], f"{job_id}'s processes are gone"
+
+
+@pytest.mark.parametrize("rule, says", [
+    ('early_stopping = "median"', "was below the median of the other trials' at the same step"),
+    ('early_stopping = "asha"\ngrace_steps = 200\nreduction_factor = 2', "was not in the best 1/2 of the"),
+])
+def test_a_grid_of_six_trials_stops_the_poor_ones_early_and_ends_sorted_by_its_metric(cluster, tmp_path, rule, says):
+    """Trials in table order, two at a time: the two good ones first, then poor ones the rule stops early."""
+    name = "median" if "median" in rule else "asha"
+    spec = early_stopping_file(tmp_path, name, rule, "[9, 8, 1, 7, 2, 3]")
+    sweep_id = cluster.cli("sweep", "start", str(spec), check=True,
+                           env={"XDG_CACHE_HOME": str(tmp_path / "cache")}).stdout.strip()
+    with Cluster(cluster.address, cluster.admin_dir) as c:
+        ended = Sweep(c, sweep_id).wait(timeout=180, poll_seconds=0.5)
+        messages = {t.job_id: c.job(t.job_id).status().message for t in ended.trials}
+    assert ended.state == "SUCCEEDED" and len(ended.trials) == 6, ended
+    stopped = [t for t in ended.trials if t.stopped_early]
+    assert stopped, "a poor trial was stopped by the rule"
+    assert all(t.state == "STOPPED" and says in messages[t.job_id] for t in stopped), messages
+    assert all(t.state == "SUCCEEDED" for t in ended.trials if not t.stopped_early)
+    assert next(t for t in ended.trials if t.parameters["Q"] == "1").stopped_early, "the poorest is stopped"
+    best = [t.best for t in ended.ranked()]
+    assert best == sorted(best, reverse=True) and best[0] == pytest.approx(0.9), best
+    rows = [line.split() for line in cluster.cli("sweep", "status", sweep_id, check=True).stdout.splitlines()[2:]]
+    assert [float(r[3]) for r in rows] == pytest.approx(best, rel=1e-5), rows  # job, Q, state, best, ...
