@@ -81,8 +81,9 @@ def test_curves_and_usage_grow_while_the_job_runs_for_its_owner_and_viewers_only
         _, usage = fetch(cluster, "alice", f"/api/jobs/{job.id}/usage")
         [task] = usage["tasks"]
         assert task["task"] == "worker:0" and task["node"] == "a"
-        when, cores, rss = task["points"][-1]
+        when, cores, rss, gpu = task["points"][-1]
         assert cores >= 0 and rss > 10 << 20 and when > 0
+        assert gpu is None, "no GPU use where the agent does not read its GPUs through NVML"
 
         for path in (f"/api/jobs/{job.id}/scalars", f"/api/jobs/{job.id}/usage"):
             status, body = fetch(cluster, "bob", path)

@@ -40,6 +40,7 @@ IDLE_SECONDS = 300.0  # an open TensorBoard page asks for data every 30 s, so on
 START_SECONDS = 60.0
 TICK_SECONDS = 1.0  # how often new tasks' folders are linked, and idle boards looked for
 STOP_SECONDS = 5.0
+FOLDER_PREFIX = "tfcluster-board-"  # then the PID of the coordinator that made it
 # Hop-by-hop headers, and what must not reach the board (the session cookie) or come back unchanged.
 NOT_PASSED_ON = {"connection", "keep-alive", "transfer-encoding", "upgrade", "host", "cookie", "te", "trailer",
                  "proxy-authorization", "proxy-authenticate"}
@@ -61,6 +62,34 @@ class Board:
     @property
     def logdir(self) -> Path:
         return self.folder / "logdir"
+
+
+def remove_stale_folders(tmp: str | None = None) -> list[Path]:
+    """Removes the board folders (a socket and links) that coordinators killed with SIGKILL left behind: those of
+    this user named by a PID that no longer runs. Returns them."""
+    removed = []
+    for folder in Path(tmp or tempfile.gettempdir()).glob(f"{FOLDER_PREFIX}*-*"):
+        pid = folder.name[len(FOLDER_PREFIX):].split("-", 1)[0]
+        try:
+            mine = folder.is_dir() and not folder.is_symlink() and folder.stat().st_uid == os.geteuid()
+        except OSError:
+            continue
+        if mine and pid.isdigit() and not _running(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    if removed:
+        log.info("removed %d TensorBoard folders that stopped coordinators left", len(removed))
+    return removed
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class Boards:
@@ -117,7 +146,9 @@ class Boards:
                 await self._stop(prefix)
             while len(self.boards) >= MAX_BOARDS:
                 await self._stop(min(self.boards, key=lambda p: self.boards[p].last_used))
-            folder = Path(tempfile.mkdtemp(prefix="tfcluster-board-"))  # 0700, and a short path for the socket
+            # 0700, and a short path for the socket; named by this coordinator's PID so that a later one removes
+            # what a killed one left (remove_stale_folders)
+            folder = Path(tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{os.getpid()}-"))
             board = self.boards[prefix] = Board(job_ids, folder)
             board.started = asyncio.create_task(self._start(board, prefix))
         try:
@@ -177,6 +208,7 @@ class Boards:
         log.info("TensorBoard over %s stopped", ", ".join(board.jobs))
 
     async def _start_ticking(self, app: web.Application) -> None:
+        remove_stale_folders()
         self.ticker = asyncio.create_task(self._tick(), name="tensorboards")
 
     async def _tick(self) -> None:
