@@ -76,3 +76,48 @@ def test_down_stops_the_coordinator_before_its_member():
     p = plan_down(C1, services(INVENTORY, C1), settled(C1), INVENTORY.software, purge=False)
     assert p.changes[:2] == [f"stop {COORDINATOR_UNIT}", f"stop {ETCD_UNIT}"]
     assert f"{UNIT_DIR}/{ETCD_UNIT}" in p.steps[-1].action["paths"]
+
+
+# ---- the coordinators a cluster was made with -----------------------------------------------------------------
+
+def made_with(inventory, host_names=("c1", "c2", "c3"), sqlite=False) -> dict[str, dict]:
+    """The probe's facts of a cluster whose etcd members were made from `inventory` on those hosts."""
+    from tfcluster.bringup.etcd import DATA_DIR, initial_cluster
+    from tfcluster.bringup.membership import COORDINATOR_STORE
+    facts = {}
+    for name in host_names:
+        facts[name] = {"dirs": {DATA_DIR: True}, "exists": {COORDINATOR_STORE: sqlite},
+                       "env": {ETCD_ENV_FILE: {"ETCD_INITIAL_CLUSTER": initial_cluster(inventory)}}}
+    return facts
+
+
+def test_up_refuses_coordinators_other_than_those_etcd_was_made_with_before_writing_anything():
+    from tfcluster.bringup.membership import problems
+    assert problems(INVENTORY, made_with(INVENTORY)) == [], "the same three: nothing to say"
+    assert problems(INVENTORY, {}) == [], "a new cluster: nothing made yet"
+    moved = parse({"software": {"extras": []}, "coordinators": [{"host": h} for h in ("c1", "c2", "c4")]})
+    moved = replace(moved, hosts=tuple(replace(h, advertise_address=f"10.0.0.{h.host[1]}") for h in moved.hosts))
+    found = problems(moved, made_with(INVENTORY, ("c1", "c2")))
+    assert found == [f"{h}: its etcd member was made with the coordinators c1, c2, c3; the inventory names c1, c2, c4"
+                     for h in ("c1", "c2")]
+    one = parse({"software": {"extras": []}, "coordinators": [{"host": "c1"}]})
+    assert problems(one, made_with(INVENTORY, ("c1",))) == [
+        "c1: its etcd member was made with the coordinators c1, c2, c3; the inventory names one coordinator, "
+        "without etcd"]
+
+
+def test_up_refuses_to_put_three_coordinators_over_a_single_ones_sqlite_state():
+    from tfcluster.bringup.membership import COORDINATOR_STORE, problems
+    facts = {"c1": {"dirs": {}, "exists": {COORDINATOR_STORE: True}, "env": {}}}
+    assert problems(INVENTORY, facts) == [
+        f"c1: its coordinator keeps the cluster's state in SQLite ({COORDINATOR_STORE}); three coordinators keep it "
+        "on etcd, and `up` does not move it there"]
+
+
+def test_the_probe_reads_the_env_files_up_wrote(tmp_path):
+    from tfcluster.bringup import remote
+    written = tmp_path / "etcd.env"
+    written.write_text("# Written by `tfcluster up`\nETCD_NAME=c1\nETCD_INITIAL_CLUSTER=c1=https://a:2380,c2=https://b:2380\n")
+    assert remote.env_values(str(written)) == {"ETCD_NAME": "c1",
+                                               "ETCD_INITIAL_CLUSTER": "c1=https://a:2380,c2=https://b:2380"}
+    assert remote.env_values(str(tmp_path / "missing.env")) == {}

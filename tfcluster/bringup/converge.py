@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
+from tfcluster.bringup import etcd, membership
 from tfcluster.bringup import plan as planning
 from tfcluster.bringup import upgrade
 from tfcluster.bringup.desired import AGENT_UNIT, COORDINATOR_UNIT, JOIN_TOKEN_FILE, NODE_CERT_PATH, WHEELHOUSE_DIR
@@ -68,8 +69,8 @@ def probe(run: Run, ssh: Connections) -> None:
     inv = run.inventory
     run.facts = run.each(inv.hosts, lambda h: ssh.helper(h, {
         "op": "probe", "prefix": inv.software.prefix, "files": owned_paths(inv, h), "node_cert": NODE_CERT_PATH,
-        "services": services(inv, h), "dirs": planning.probed_dirs(inv.software),
-        "programs": [ETCD_BINARY] if h.coordinator and inv.on_etcd else []}))
+        "services": services(inv, h), "dirs": [*planning.probed_dirs(inv.software), etcd.DATA_DIR],
+        "programs": [ETCD_BINARY] if h.coordinator and inv.on_etcd else [], **membership.probe_request()}))
     run.stop_on_failures("probing (step: ssh and python3)")
 
 
@@ -110,6 +111,10 @@ def up(run: Run) -> list[list[str]] | None:
     with Connections(inv.ssh) as ssh:
         probe(run, ssh)
         check_programs(run)
+        changed = membership.problems(inv, run.facts)
+        if changed:
+            raise Failed("step check the coordinators: `up` does not add, remove or move coordinators of a cluster "
+                         "it made:\n  " + "\n  ".join(changed) + f"\n{membership.REMEDY}")
         ca_files = ca.files(run.operator_dir, inv, create=not run.check)
         etcd_files = ca.etcd_files(run.operator_dir, inv, create=not run.check)
         ids = software_ids(run)

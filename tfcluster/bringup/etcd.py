@@ -48,6 +48,11 @@ def member_name(host: Host) -> str:
     return host.host
 
 
+def initial_cluster(inventory: Inventory) -> str:
+    """ETCD_INITIAL_CLUSTER: the members etcd is made with, `name=peer URL` each."""
+    return ",".join(f"{member_name(h)}={_url(h, PEER_PORT)}" for h in inventory.coordinators)
+
+
 def coordinator_args(inventory: Inventory, host: Host) -> str:
     """The coordinator's flags for the store (TFCLUSTER_COORDINATOR_ARGS): the three members, the member's
     certificate as its client certificate, and the name agents and clients reach it by when it leads."""
@@ -66,8 +71,7 @@ def env_file(inventory: Inventory, host: Host, etcd_ca: bytes) -> bytes:
               "ETCD_ADVERTISE_CLIENT_URLS": _url(host, CLIENT_PORT),
               "ETCD_LISTEN_PEER_URLS": _url(host, PEER_PORT),
               "ETCD_INITIAL_ADVERTISE_PEER_URLS": _url(host, PEER_PORT),
-              "ETCD_INITIAL_CLUSTER": ",".join(f"{member_name(h)}={_url(h, PEER_PORT)}"
-                                               for h in inventory.coordinators),
+              "ETCD_INITIAL_CLUSTER": initial_cluster(inventory),
               "ETCD_INITIAL_CLUSTER_STATE": "new",
               # Unique to this cluster's etcd CA: members of another cluster never take these for peers.
               "ETCD_INITIAL_CLUSTER_TOKEN": "tfcluster-" + hashlib.sha256(etcd_ca).hexdigest()[:16],

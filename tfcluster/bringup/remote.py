@@ -9,7 +9,6 @@ Nothing restarts such a daemon when it dies: `tfcluster up` says so.
 """
 
 import base64
-import glob
 import hashlib
 import json
 import os
@@ -64,7 +63,19 @@ def probe(request):
             "running": {name: running(name) for name in request["services"]},
             "joined": os.path.exists(request["node_cert"]),
             "programs": {path: os.access(path, os.X_OK) for path in request.get("programs", [])},
-            "dirs": {path: os.path.isdir(path) for path in request["dirs"]}}
+            "dirs": {path: os.path.isdir(path) for path in request["dirs"]},
+            "exists": {path: os.path.exists(path) for path in request.get("exists", [])},
+            "env": {path: env_values(path) for path in request.get("env_files", [])}}
+
+
+def env_values(path):
+    """NAME=value lines of an environment file `up` wrote, by name ({} when there is none)."""
+    values = {}
+    for line in (read_text(path) or "").splitlines():
+        name, sep, value = line.partition("=")
+        if sep and not name.startswith("#"):
+            values[name.strip()] = value
+    return values
 
 
 def daemon_pid(name):
