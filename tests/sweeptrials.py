@@ -17,14 +17,18 @@ TRIAL = ('import json, os, sys, time\n'
 
 
 def sweep_file(tmp_path: Path, name: str, linger: float, b_values: str) -> Path:
-    workdir = tmp_path / name
+    return _write(tmp_path / name, TRIAL, '"--a={A}"', f'LINGER = "{linger}"', "", f"A = [1, 2]\nB = {b_values}")
+
+
+def _write(workdir: Path, program: str, args: str, env: str, rules: str, parameters: str) -> Path:
+    """A grid sweep of the program (trial.py in workdir), two at a time, maximising accuracy."""
     workdir.mkdir()
-    (workdir / "trial.py").write_text(TRIAL)
+    (workdir / "trial.py").write_text(program)
     spec = workdir / "sweep.toml"
-    spec.write_text(f'name = "{name}"\nstrategy = "mirrored"\ncommand = ["python3", "trial.py", "--a={{A}}"]\n'
-                    f'env = {{ LINGER = "{linger}" }}\n'
-                    f'[sweep]\nmethod = "grid"\nmax_concurrent = 2\nmetric = "accuracy"\ngoal = "max"\n'
-                    f'[sweep.parameters]\nA = [1, 2]\nB = {b_values}\n')
+    spec.write_text(f'name = "{workdir.name}"\nstrategy = "mirrored"\ncommand = ["python3", "trial.py"'
+                    f'{", " + args if args else ""}]\nenv = {{ {env} }}\n'
+                    f'[sweep]\nmethod = "grid"\nmax_concurrent = 2\nmetric = "accuracy"\ngoal = "max"\n{rules}\n'
+                    f'[sweep.parameters]\n{parameters}\n')
     return spec
 
 
@@ -40,12 +44,4 @@ CURVE = ('import json, os, time\n'
 
 def early_stopping_file(tmp_path: Path, name: str, rule: str, qualities: str, pace: float = 0.5) -> Path:
     """A grid sweep of CURVE over Q (its values in table order), two at a time, with that early-stopping table."""
-    workdir = tmp_path / name
-    workdir.mkdir()
-    (workdir / "curve.py").write_text(CURVE)
-    spec = workdir / "sweep.toml"
-    spec.write_text(f'name = "{name}"\nstrategy = "mirrored"\ncommand = ["python3", "curve.py"]\n'
-                    f'env = {{ PACE = "{pace}" }}\n'
-                    f'[sweep]\nmethod = "grid"\nmax_concurrent = 2\nmetric = "accuracy"\ngoal = "max"\n{rule}\n'
-                    f'[sweep.parameters]\nQ = {qualities}\n')
-    return spec
+    return _write(tmp_path / name, CURVE, "", f'PACE = "{pace}"', rule, f"Q = {qualities}")
