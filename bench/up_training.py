@@ -70,11 +70,15 @@ def main() -> None:
         _, doc = run(hosts, [TFCLUSTER, "status", job_id, "--json"], admin)
         job = json.loads(doc)["jobs"][0]
         run(hosts, [TFCLUSTER, "down", str(cluster)])
-    placed = ", ".join(f"{t['type']}:{t['index']} on {t['node']}" for t in job["tasks"])
-    evaluation = job.get("last_evaluation") or {}
+    placed = ", ".join(f"{t['type']}:{t['index']} on {t['node']} (attempt {t['attempt']})" for t in job["tasks"])
+    evaluation = (job.get("evaluation") or {}).get("latest") or {}
     print(f"{args.hosts} hosts, up with the tf extra from a wheelhouse: {up:.1f} s\n"
           f"examples/mwms_fit.toml: {job['state']} in {took:.1f} s, {job['restarts']} restarts; {placed}\n"
           f"  last evaluation: step {evaluation.get('step')}, {evaluation.get('metrics')}")
+    if job.get("last_failure"):
+        failure = job["last_failure"]
+        print(f"  last failure: {failure.get('task')} on {failure.get('node')}: {failure.get('message')}\n    "
+              + "\n    ".join(failure.get("log_tail") or []))
     if job["state"] != "SUCCEEDED":
         sys.exit(1)
 

@@ -229,8 +229,10 @@ def test_up_brings_three_coordinators_up_on_etcd_and_a_standby_takes_over(tmp_pa
     with SshHosts(tmp_path, HA_HOSTS) as hosts:
         cluster = tmp_path / "cluster.toml"
         text = inventory(hosts.key, ["node1"])
+        # coord3 is a node too: its agent joins once the coordinators serve, with the token they make
         cluster.write_text(text + "".join(f'\n[[coordinators]]\nhost = "{HA_HOSTS[n]}"\n'
-                                          for n in ("coord2", "coord3")))
+                                          for n in ("coord2", "coord3")) +
+                           f'\n[[nodes]]\nhost = "{HA_HOSTS["coord3"]}"\nport_range = "21100-21199"\ngpus = 0\n')
 
         def tfcluster(*args: str, **env: str) -> subprocess.CompletedProcess:
             return hosts.operator([TFCLUSTER, *args], capture_output=True, text=True, timeout=400,
@@ -243,8 +245,8 @@ def test_up_brings_three_coordinators_up_on_etcd_and_a_standby_takes_over(tmp_pa
         rows = [r for r in (line.split() for line in first.stdout.splitlines())
                 if len(r) == 6 and r[0] in HA_HOSTS.values()]
         assert [(r[0], r[1], r[2]) for r in rows] == [(HA_HOSTS[n], "coordinator", "SERVING")
-                                                      for n in ("coord", "coord2", "coord3")] + \
-            [(HA_HOSTS["node1"], "agent", "READY")], first.stdout
+                                                      for n in ("coord", "coord2")] + \
+            [(HA_HOSTS["coord3"], "coordinator+agent", "READY"), (HA_HOSTS["node1"], "agent", "READY")], first.stdout
         addresses = ",".join(f"{HA_HOSTS[n]}:7070" for n in ("coord", "coord2", "coord3"))
         assert f"TFCLUSTER_COORDINATOR={addresses}" in first.stdout
         for name in ("coord", "coord2", "coord3"):
@@ -279,7 +281,7 @@ def test_up_brings_three_coordinators_up_on_etcd_and_a_standby_takes_over(tmp_pa
             return done.stdout.split() if done.returncode == 0 else []
         wait_until(lambda: (answered() or [leader])[0] != leader, 60, what="another coordinator to lead")
         took_over = time.monotonic() - killed
-        wait_until(lambda: answered()[1:] == ["1"], 60, what="node1 READY with the new leader")
+        wait_until(lambda: answered()[1:] == ["2"], 60, what="node1 and coord3 READY with the new leader")
         status = tfcluster("status", **admin)
         assert status.returncode == 0, status.stdout + status.stderr
         print(f"\nup of 3 coordinators on etcd and 1 agent: {took:.1f} s; after kill -9 of the leader {leader} "

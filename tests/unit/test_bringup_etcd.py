@@ -35,6 +35,7 @@ def settled(host) -> dict:
 
 
 def test_each_coordinator_host_runs_a_member_of_one_cluster_over_tls():
+    assert env(ENV_FILE, C2)["TFCLUSTER_LISTEN"] == "10.0.0.2:7070", "on its own address, as its member"
     member = env(ETCD_ENV_FILE, C2)
     assert member["ETCD_NAME"] == "c2" and member["ETCD_LISTEN_CLIENT_URLS"] == "https://10.0.0.2:2379"
     assert member["ETCD_INITIAL_CLUSTER"] == ("c1=https://10.0.0.1:2380,c2=https://10.0.0.2:2380,"

@@ -8,7 +8,7 @@ import hashlib
 from tfcluster.bringup.desired import (AGENT_UNIT, COORDINATOR_UNIT, ENV_FILE, JOIN_TOKEN_FILE, UNIT_DIR, desired,
                                        env_file)
 from tfcluster.bringup.inventory import parse
-from tfcluster.bringup.plan import plan_down, plan_up, with_token, probed_dirs
+from tfcluster.bringup.plan import HostPlan, plan_down, plan_up, probed_dirs, with_token
 
 INVENTORY = parse({"software": {"extras": []}, "coordinators": [{"host": "10.0.0.1"}],
                    "nodes": [{"host": "10.0.0.11", "gpus": 0, "port_range": "21000-21099"}]})
@@ -77,3 +77,14 @@ def test_down_stops_removes_and_keeps_the_state_unless_purged():
     assert purged.steps[-1].action["paths"][-3:] == ["/etc/tfcluster", "/var/lib/tfcluster", "/var/log/tfcluster"]
     gone = {"files": {}, "running": {}, "dirs": {}}
     assert plan_down(AGENT, [AGENT_UNIT], gone, INVENTORY.software, purge=True).changes == []
+
+
+def test_a_coordinator_host_that_is_a_node_starts_its_agent_only_once_it_can_join():
+    from tfcluster.bringup.plan import Step, until_agent_starts  # noqa: I001
+    plan = HostPlan(None, steps=[Step("install", {"kind": "install"}), Step("write env", {"kind": "write"}),
+                                 Step("start coordinator", {"kind": "start", "service": COORDINATOR_UNIT}),
+                                 Step("start agent", {"kind": "start", "service": AGENT_UNIT})])
+    now, later = until_agent_starts(plan)
+    assert [s.name for s in now] == ["install", "write env", "start coordinator"]
+    assert [s.name for s in later] == ["start agent"]
+    assert until_agent_starts(HostPlan(None, steps=now)) == (now, [])

@@ -139,18 +139,34 @@ def up(run: Run) -> list[list[str]] | None:
             hosts = ", ".join(h.host for h in inv.hosts if not run.facts[h.host]["systemd"])
             run.say(f"no systemd runs {hosts}: the units' command lines run there as background daemons (pid files "
                     f"in /run/tfcluster, logs in /var/log/tfcluster), which nothing restarts if they die")
-        wheelhouses = build_wheelhouses(run, plans)
-        coordinators, agents = list(inv.coordinators), [h for h in inv.hosts if not h.coordinator]
-        apply(run, ssh, [h for h in coordinators if h not in rolling], plans, wheelhouses, {})
-        roll(run, ssh, [h for h in coordinators if h in rolling], plans, wheelhouses, release(ids))
-        tokens = join_tokens(run, [h for h in inv.hosts if h.agent and plans[h.host].needs_token])
-        apply(run, ssh, [h for h in agents if h not in rolling], plans, wheelhouses, tokens)
-        roll(run, ssh, [h for h in agents if h in rolling], plans, wheelhouses, release(ids))
+        tokens = converge(run, ssh, plans, rolling, release(ids))
         table = wait_ready(run)
         joined = [h for h in inv.hosts if h.host in tokens]
         run.each(joined, lambda h: apply_steps(ssh, h, [planning.Step(
             f"remove {JOIN_TOKEN_FILE}", {"kind": "remove", "paths": [JOIN_TOKEN_FILE]})]))
         return table
+
+
+def converge(run: Run, ssh: Connections, plans: dict[str, planning.HostPlan], rolling: list[Host],
+             new: str) -> dict[str, str]:
+    """Applies the plans: coordinators first (a rolling upgrade one by one), then the agents with the join tokens
+    their coordinator makes. Returns those tokens, by host."""
+    inv = run.inventory
+    wheelhouses = build_wheelhouses(run, plans)
+    coordinators, agents = list(inv.coordinators), [h for h in inv.hosts if not h.coordinator]
+    # A coordinator host that is also a node joins after its coordinator serves, with the other agents.
+    joining_later = [h for h in coordinators if h.agent and plans[h.host].needs_token and h not in rolling]
+    later = {h.host: planning.until_agent_starts(plans[h.host]) for h in joining_later}
+    for host, (now, _) in later.items():
+        plans[host].steps = now
+    apply(run, ssh, [h for h in coordinators if h not in rolling], plans, wheelhouses, {})
+    roll(run, ssh, [h for h in coordinators if h in rolling], plans, wheelhouses, new)
+    tokens = join_tokens(run, [h for h in inv.hosts if h.agent and plans[h.host].needs_token])
+    for host, (_, then) in later.items():
+        plans[host].steps, plans[host].needs_wheelhouse = then, False  # its software is installed
+    apply(run, ssh, joining_later + [h for h in agents if h not in rolling], plans, wheelhouses, tokens)
+    roll(run, ssh, [h for h in agents if h in rolling], plans, wheelhouses, new)
+    return tokens
 
 
 def software_ids(run: Run) -> dict[str, str]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from tfcluster.bringup import etcd
 from tfcluster.bringup.hostfiles import ENV_FILE, ETC, STATE_DIR, UNIT_DIR, Desired, File, Service, unit_text
-from tfcluster.bringup.inventory import COORDINATOR_PORT, Host, Inventory
+from tfcluster.bringup.inventory import COORDINATOR_PORT, Host, Inventory, with_port
 from tfcluster.credentials import CA_CERT, CA_KEY, NODE_CERT, SERVER_CERT, SERVER_KEY
 
 CA_DIR = f"{ETC}/ca"                          # a coordinator's: the CA's key and the coordinator's certificate
@@ -49,6 +49,10 @@ def env_file(inventory: Inventory, host: Host) -> bytes:
     if host.coordinator:
         values |= {"TFCLUSTER_LISTEN": f"0.0.0.0:{COORDINATOR_PORT}", "TFCLUSTER_CA_DIR": CA_DIR}
         if inventory.on_etcd:
+            # Each on the address it is known by, as its etcd member: a standby bound to every interface would
+            # share the port of any other coordinator where two share an address space (gRPC binds with
+            # SO_REUSEPORT), and answer for it.
+            values["TFCLUSTER_LISTEN"] = with_port(etcd.address(host), COORDINATOR_PORT)
             values["TFCLUSTER_COORDINATOR_ARGS"] = etcd.coordinator_args(inventory, host)
     if host.agent:
         values |= {"TFCLUSTER_PORT_RANGE": host.port_range,

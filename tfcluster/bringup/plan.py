@@ -91,6 +91,15 @@ def with_token(plan: HostPlan, token: str) -> list[Step]:
     return plan.steps[:at] + [token_step(token)] + plan.steps[at:]
 
 
+def until_agent_starts(plan: HostPlan) -> tuple[list[Step], list[Step]]:
+    """The plan's steps before its agent's start, and the agent's start with what follows it. A coordinator host
+    that is also a node runs the first part with the coordinators, the second once its join token exists (the
+    coordinator makes it)."""
+    at = next((i for i, s in enumerate(plan.steps)
+               if s.action["kind"] == "start" and s.action["service"] == AGENT_UNIT), len(plan.steps))
+    return plan.steps[:at], plan.steps[at:]
+
+
 def probed_dirs(software: Software) -> list[str]:
     """The dirs whose existence the probe reports, for `down`."""
     return [software.prefix, ETC, STATE_DIR, LOG_DIR]
