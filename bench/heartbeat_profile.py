@@ -39,33 +39,45 @@ STAGES = (
     ("tfcluster's RPC handlers and replies", ("coordinator/rpc/", "coordinator/grpc_server.py")),
 )
 GRPC = "gRPC's own work (transport, TLS, framing, parsing)"
-OTHER = "other (asyncio, logging, threads)"
-IDLE_FRAMES = ("select (selectors.py", "_worker (concurrent/futures/thread.py", "wait (threading.py")
+OTHER = "other Python (asyncio, logging)"
+# Where a thread waits: the event loop in epoll, the store's and executor's threads on their queues.
+IDLE_FRAMES = ("selectors.py", "concurrent/futures/thread.py", "threading.py:3", "queue.py")
+# Where Python calls into gRPC's core and the sample lands in native code: the event loop's callbacks into
+# gRPC (reading and writing messages, TLS records), and the thread that polls gRPC's completion queue.
+GRPC_FRAMES = ("Handle._run (asyncio/events.py", "Thread.run (threading.py")
 
 
 def stage_of(frames: list[str]) -> str | None:
     """The stage of one sampled stack (outermost frame first); None: the thread was waiting."""
-    ours = [f for f in frames if "tfcluster/" in f and "tfcluster/api/" not in f]
-    if ours:
-        innermost = ours[-1]
-        for stage, paths in STAGES:
-            if any(p in innermost for p in paths):
-                return stage
-        return OTHER
-    if frames and any(frames[-1].startswith(idle) for idle in IDLE_FRAMES):
+    innermost = frames[-1] if frames else ""
+    if any(idle in innermost for idle in IDLE_FRAMES):
         return None
-    if any("grpc" in f or f.startswith("Handle._run") for f in frames[-2:]):
+    if innermost.startswith(GRPC_FRAMES) or "grpc" in innermost:
         return GRPC
+    # The work of one event-loop callback (or thread task): the frames below the last that runs it. Above them
+    # are the process's entry frames (the CLI, asyncio.run), which are not a stage.
+    runs = [i for i, f in enumerate(frames) if f.startswith(GRPC_FRAMES) or "concurrent/futures/thread.py" in f]
+    ours = [f for f in frames[(runs[-1] + 1) if runs else 0:] if "tfcluster/" in f and "tfcluster/api/" not in f]
+    if ours:
+        for stage, paths in STAGES:
+            if any(p in ours[-1] for p in paths):
+                return stage
     return OTHER
+
+
+OTHERS: Counter = Counter()  # the innermost frames of the samples put in OTHER, for --show-other
 
 
 def split(profile: Path) -> Counter:
     stages: Counter = Counter()
     for line in profile.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
-        stage = stage_of(stack.split(";")[1:])  # the first frame is the thread
+        frames = stack.split(";")[1:]  # the first frame is the thread
+        stage = stage_of(frames)
         if stage is not None:
             stages[stage] += int(count)
+        if stage == OTHER:
+            OTHERS[" <- ".join(reversed(frames[-3:]))] += int(count)
     return stages
 
 
@@ -87,7 +99,7 @@ def coordinator(agents: int, seconds: float, tmp: Path, py_spy: str) -> dict:
         time.sleep(seconds)
         beats, cpu = fleet.total(fleet.heartbeats) - beats0, _cpu(server.pid) - cpu0
         raw = tmp / "profile.txt"
-        subprocess.run([py_spy, "record", "-p", str(server.pid), "-d", str(int(seconds)), "-r", "100",
+        subprocess.run([py_spy, "record", "-p", str(server.pid), "-d", str(int(seconds)), "-r", "250",
                         "--nonblocking", "--threads", "-f", "raw", "-o", str(raw)], check=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         return {"heartbeats": beats, "cpu_us_per_heartbeat": cpu / max(beats, 1) * 1e6, "stages": split(raw),
@@ -104,6 +116,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--agents", type=int, default=2000)
     parser.add_argument("--seconds", type=float, default=15.0)
+    parser.add_argument("--show-other", type=int, default=0, help="print the N commonest stacks put in 'other'")
     args = parser.parse_args()
     py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     if not Path(py_spy).exists():
@@ -122,6 +135,8 @@ def main() -> None:
           f"({per_beat / floor:.2f}x)")
     for stage, samples in rows:
         print(f"    {samples / busy * 100:5.1f}%  {samples / busy * per_beat:6.1f} us  {stage}")
+    for stack, samples in OTHERS.most_common(args.show_other):
+        print(f"      other {samples:5d}: {stack[:220]}")
     result = {"agents": args.agents, "cpu_us_per_heartbeat": round(per_beat, 1), "floor_tls_us": round(floor, 1),
               "ratio": round(per_beat / floor, 2),
               "stages_us": {stage: round(samples / busy * per_beat, 1) for stage, samples in rows}}

@@ -125,7 +125,9 @@ def _cpu(pid: int) -> float:
 
 
 def bare_server(address: str, ca_dir: Path) -> None:
-    """The floor: the same Register and Connect, doing nothing but count heartbeats."""
+    """The floor: the same Register and Connect, doing nothing but count heartbeats, on a server with the
+    coordinator's own options (listener.OPTIONS: without them HTTP/2's BDP probing costs the floor more than the
+    coordinator's whole work)."""
     import grpc
 
     from tfcluster import pki
@@ -144,7 +146,8 @@ def bare_server(address: str, ca_dir: Path) -> None:
                     Bare.heartbeats += 1
 
     async def main() -> None:
-        server = grpc.aio.server(options=[("grpc.keepalive_permit_without_calls", 1)])
+        from tfcluster.daemon.coordinator.rpc.listener import OPTIONS  # the coordinator's own: no BDP probing
+        server = grpc.aio.server(options=OPTIONS)
         agent_pb2_grpc.add_AgentServiceServicer_to_server(Bare(), server)
         server.add_secure_port(address, Credentials.from_dir(ca_dir, pki.SERVER_CERT, pki.SERVER_KEY).server())
         await server.start()

@@ -33,7 +33,10 @@ def inventory(key: Path, addresses: list[str]) -> str:
     options = ", ".join(f'"{o}"' for o in SSH_OPTIONS)
     text = (f'[ssh]\nidentity_file = "{key}"\noptions = [{options}]\n[software]\nextras = ["tf"]\n'
             f'[[coordinators]]\nhost = "{addresses[0]}"\n')
-    return text + "".join(f'[[nodes]]\nhost = "{a}"\ngpus = 0\n' for a in addresses)
+    # The hosts share one network namespace (tests/privatehosts.py), so their task ports must not overlap, as they
+    # may on machines of their own.
+    return text + "".join(f'[[nodes]]\nhost = "{a}"\ngpus = 0\nport_range = "{22000 + 100 * i}-{22099 + 100 * i}"\n'
+                          for i, a in enumerate(addresses))
 
 
 def run(hosts: SshHosts, argv: list[str], env: dict[str, str] | None = None) -> tuple[float, str]:
