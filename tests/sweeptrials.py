@@ -21,7 +21,7 @@ def sweep_file(tmp_path: Path, name: str, linger: float, b_values: str) -> Path:
 
 
 def _write(workdir: Path, program: str, args: str, env: str, rules: str, parameters: str) -> Path:
-    """A grid sweep of the program (trial.py in workdir), two at a time, maximising accuracy."""
+    """A grid sweep of the program (saved in workdir, the trials' command), two at a time, maximising accuracy."""
     workdir.mkdir()
     (workdir / "trial.py").write_text(program)
     spec = workdir / "sweep.toml"
