@@ -30,6 +30,10 @@ from harness import free_port, kill_group  # noqa: E402
 
 # Stages by the path of the innermost tfcluster frame of a sample (the first that matches).
 STAGES = (
+    # gRPC hands the guard the raw bytes (security.py): each message is decoded there, once within its bound
+    ("decoding each message (protobuf, within its bound)", ("Messages.take (tfcluster/security.py",
+                                                            "_Reading.read (tfcluster/security.py",
+                                                            "_Reading.requests (tfcluster/security.py")),
     ("identity and authorisation", ("tfcluster/security.py", "rpc/listener.py", "rpc/stream_limits.py",
                                     "core/access/", "rpc/join_port.py")),
     ("decoding and checks (wire)", ("tfcluster/wire/",)),
