@@ -85,6 +85,15 @@ def split(profile: Path) -> Counter:
     return stages
 
 
+def ready(client) -> int:
+    """READY nodes; 0 while a status call fails (the coordinator busy with the agents' registrations)."""
+    from tfcluster.errors import ClusterError
+    try:
+        return client.status().summary.nodes_by_state.get("READY", 0)
+    except ClusterError:
+        return 0
+
+
 def coordinator(agents: int, seconds: float, tmp: Path, py_spy: str) -> dict:
     from tfcluster.client import Client
     from tfcluster.security import Credentials
@@ -94,7 +103,7 @@ def coordinator(agents: int, seconds: float, tmp: Path, py_spy: str) -> dict:
     fleet, client = None, Client(address, Credentials.from_dir(tmp / "ca" / "admin"))
     try:
         fleet, began = Fleet(address, agents, tmp / "ca"), time.monotonic()
-        while client.status().summary.nodes_by_state.get("READY", 0) < agents:
+        while ready(client) < agents:
             if time.monotonic() - began > READY_TIMEOUT_SECONDS:
                 raise RuntimeError(f"not all {agents} agents READY")
             time.sleep(0.2)
