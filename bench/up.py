@@ -27,19 +27,28 @@ from sshhosts import SSH_OPTIONS, SshHosts, unavailable  # noqa: E402
 TFCLUSTER = str(Path(sys.executable).parent / "tfcluster")
 
 
-def inventory(key: Path, addresses: list[str]) -> str:
+def inventory(key: Path, coordinator: str, nodes: list[str], extras: tuple[str, ...] = ()) -> str:
+    """The cluster.toml of one coordinator and those nodes. The hosts share one network namespace
+    (tests/privatehosts.py), so each node gets task ports of its own, as it may not need on a machine of its own."""
     options = ", ".join(f'"{o}"' for o in SSH_OPTIONS)
-    text = (f'[ssh]\nidentity_file = "{key}"\noptions = [{options}]\n[software]\nextras = []\n'
-            f'[[coordinators]]\nhost = "{addresses[0]}"\n')
-    return text + "".join(f'[[nodes]]\nhost = "{a}"\ngpus = 0\n' for a in addresses[1:])
+    listed = ", ".join(f'"{e}"' for e in extras)
+    text = (f'[ssh]\nidentity_file = "{key}"\noptions = [{options}]\n[software]\nextras = [{listed}]\n'
+            f'[[coordinators]]\nhost = "{coordinator}"\n')
+    return text + "".join(f'[[nodes]]\nhost = "{a}"\ngpus = 0\nport_range = "{22000 + 100 * i}-{22099 + 100 * i}"\n'
+                          for i, a in enumerate(nodes))
+
+
+def run(hosts: SshHosts, argv: list[str], env: dict[str, str] | None = None) -> tuple[float, str]:
+    """Seconds the operator's command took, and what it printed; exits naming it when it fails."""
+    started = time.monotonic()
+    done = hosts.operator(argv, capture_output=True, text=True, env={**os.environ, "NO_COLOR": "1", **(env or {})})
+    if done.returncode:
+        sys.exit(f"{' '.join(argv[:3])} failed:\n{done.stdout}{done.stderr}")
+    return time.monotonic() - started, done.stdout
 
 
 def timed(hosts: SshHosts, argv: list[str]) -> float:
-    started = time.monotonic()
-    done = hosts.operator(argv, capture_output=True, text=True)
-    if done.returncode:
-        sys.exit(f"{' '.join(argv[:3])} failed:\n{done.stdout}{done.stderr}")
-    return time.monotonic() - started
+    return run(hosts, argv)[0]
 
 
 def ssh_floor(hosts: SshHosts, addresses: list[str]) -> float:
@@ -68,7 +77,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="tfcluster-bench-up-") as scratch, \
             SshHosts(Path(scratch), names) as hosts:
         cluster = Path(scratch) / "cluster.toml"
-        cluster.write_text(inventory(hosts.key, list(names.values())))
+        addresses = list(names.values())
+        cluster.write_text(inventory(hosts.key, addresses[0], addresses[1:]))
         floor = ssh_floor(hosts, list(names.values()))
         first = timed(hosts, [TFCLUSTER, "up", str(cluster)])
         second = timed(hosts, [TFCLUSTER, "up", str(cluster)])

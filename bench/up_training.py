@@ -18,33 +18,13 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from sshhosts import SSH_OPTIONS, SshHosts, unavailable  # noqa: E402
-
-TFCLUSTER = str(Path(sys.executable).parent / "tfcluster")
-
-
-def inventory(key: Path, addresses: list[str]) -> str:
-    options = ", ".join(f'"{o}"' for o in SSH_OPTIONS)
-    text = (f'[ssh]\nidentity_file = "{key}"\noptions = [{options}]\n[software]\nextras = ["tf"]\n'
-            f'[[coordinators]]\nhost = "{addresses[0]}"\n')
-    # The hosts share one network namespace (tests/privatehosts.py), so their task ports must not overlap, as they
-    # may on machines of their own.
-    return text + "".join(f'[[nodes]]\nhost = "{a}"\ngpus = 0\nport_range = "{22000 + 100 * i}-{22099 + 100 * i}"\n'
-                          for i, a in enumerate(addresses))
-
-
-def run(hosts: SshHosts, argv: list[str], env: dict[str, str] | None = None) -> tuple[float, str]:
-    started = time.monotonic()
-    done = hosts.operator(argv, capture_output=True, text=True, env={**os.environ, "NO_COLOR": "1", **(env or {})})
-    if done.returncode:
-        sys.exit(f"{' '.join(argv[:3])} failed:\n{done.stdout}{done.stderr}")
-    return time.monotonic() - started, done.stdout
+from sshhosts import SshHosts, unavailable  # noqa: E402
+from up import TFCLUSTER, inventory, run  # noqa: E402  (bench/up.py: the same hosts and inventory)
 
 
 def main() -> None:
@@ -64,7 +44,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="tfcluster-bench-up-tf-") as scratch, \
             SshHosts(Path(scratch), names) as hosts:
         cluster = Path(scratch) / "cluster.toml"
-        cluster.write_text(inventory(hosts.key, list(names.values())))
+        addresses = list(names.values())  # the coordinator's host is a node too
+        cluster.write_text(inventory(hosts.key, addresses[0], addresses, extras=("tf",)))
         up, _ = run(hosts, [TFCLUSTER, "up", str(cluster)])
         admin = {"TFCLUSTER_TLS_DIR": str(Path(scratch) / "cluster.tfcluster" / "ca" / "admin"),
                  "TFCLUSTER_COORDINATOR": f"{names['h0']}:7070"}

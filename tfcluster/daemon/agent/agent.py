@@ -223,7 +223,7 @@ class Agent:
 
     def progress(self) -> list[TaskProgress]:
         progress = self.supervisor.progress()
-        gpu_use = self.metrics.gpus.task_utilization(self.supervisor.snapshot())
+        gpu_use = self.metrics.gpus.task_utilization()
         return [replace(p, gpu_utilization=gpu_use[p.attempt]) if p.attempt in gpu_use else p for p in progress]
 
     def condition(self) -> str:

@@ -143,12 +143,12 @@ class GpuCollector(Collector):
         yield info
         yield from families.values()
 
-    def task_utilization(self, records: list[TaskRecord]) -> dict[Attempt, float]:
+    def task_utilization(self) -> dict[Attempt, float]:
         """Each running task's GPUs' mean utilisation now (sent with the heartbeats, for the dashboard's usage
-        charts); empty where NVML does not read the GPUs."""
+        charts); empty where NVML does not read the GPUs (nothing is looked at then)."""
         if self.nvml is None or self.nvml.pynvml is None:
             return {}
-        holders = gpu_holders(self.gpus, records)
+        holders = gpu_holders(self.gpus, self.supervisor.snapshot())
         readings = self.nvml.read(sorted(holders))
         per_task: dict[Attempt, list[float]] = {}
         for index, record in holders.items():

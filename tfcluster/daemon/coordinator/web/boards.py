@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
+import psutil
 from aiohttp import web
 
 from tfcluster import summaries
@@ -74,22 +75,12 @@ def remove_stale_folders(tmp: str | None = None) -> list[Path]:
             mine = folder.is_dir() and not folder.is_symlink() and folder.stat().st_uid == os.geteuid()
         except OSError:
             continue
-        if mine and pid.isdigit() and not _running(int(pid)):
+        if mine and pid.isdigit() and not psutil.pid_exists(int(pid)):
             shutil.rmtree(folder, ignore_errors=True)
             removed.append(folder)
     if removed:
         log.info("removed %d TensorBoard folders that stopped coordinators left", len(removed))
     return removed
-
-
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class Boards:
