@@ -11,6 +11,7 @@ apt-get install openssh-server) and what PrivateHosts needs; `unavailable()` say
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -23,6 +24,17 @@ SSHD = "/usr/sbin/sshd"
 PRIVATE_DIRS = ("/etc", "/var/lib", "/var/log", "/var/cache", "/run", "/opt")
 # What the operator's ssh is told: the hosts' keys are new to it each time, and none goes to ~/.ssh.
 SSH_OPTIONS = ("StrictHostKeyChecking=no", "UserKnownHostsFile=/dev/null", "LogLevel=ERROR")
+
+
+def host_wheelhouse() -> tuple[Path, str]:
+    """The wheelhouse `up` would build for hosts of this machine's python3, built here where the operator's package
+    index is reachable (the test hosts' network reaches none) into the cache `up` looks in first."""
+    from tfcluster.bringup.inventory import Software
+    from tfcluster.bringup.wheelhouse import wheelhouse
+
+    host_python = subprocess.run(["python3", "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                                 capture_output=True, text=True, check=True).stdout.strip()
+    return wheelhouse(Software(extras=()), host_python, os.uname().machine)
 
 
 def unavailable() -> str | None:

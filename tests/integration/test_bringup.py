@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from harness import wait_until
-from sshhosts import SSH_OPTIONS, SshHosts, unavailable
+from sshhosts import SSH_OPTIONS, SshHosts, host_wheelhouse, unavailable
 
 pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="needs root (network namespaces, sshd)"),
               pytest.mark.skipif(os.geteuid() == 0 and unavailable() is not None, reason=str(unavailable())),
@@ -63,14 +63,7 @@ def tfcluster_python(hosts: SshHosts, script: str, env: dict[str, str]) -> subpr
 
 @pytest.fixture(scope="module")
 def built_wheelhouse():
-    """The wheelhouse `up` would build, built here where the operator's package index is reachable (the hosts'
-    network reaches none) into the cache `up` looks in first."""
-    from tfcluster.bringup.inventory import Software
-    from tfcluster.bringup.wheelhouse import wheelhouse
-
-    host_python = subprocess.run(["python3", "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
-                                 capture_output=True, text=True, check=True).stdout.strip()
-    return wheelhouse(Software(extras=()), host_python, os.uname().machine)
+    return host_wheelhouse()
 
 
 def test_up_brings_a_cluster_up_over_ssh_and_down_takes_it_away(tmp_path, built_wheelhouse):
