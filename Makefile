@@ -55,7 +55,10 @@ docs: $(STAMP)
 docs-check: $(STAMP)
 	@site=$$(mktemp -d) && trap 'rm -rf "$$site"' EXIT && $(PY) -m mkdocs build --strict --site-dir "$$site"
 
+# Ends with the regression guard: the bench fails when a ratio written in this run is past its target
+# (bench/targets.py); the stamp tells the guard which JSON files this run wrote.
 bench: $(STAMP)
+	@mkdir -p build && touch build/bench-started
 	$(PY) bench/run.py
 	$(PY) bench/cli.py
 	$(PY) bench/memwatch.py
@@ -68,6 +71,8 @@ bench: $(STAMP)
 	$(PY) bench/connections.py
 	$(PY) bench/streams.py
 	$(PY) bench/agent_restart.py
+	$(PY) bench/heartbeat_profile.py
+	$(PY) bench/guard.py --since build/bench-started
 
 # Regenerate tfcluster/api/v1 from protos/ (commit the result; a test checks they match).
 protos: $(STAMP)

@@ -1,88 +1,44 @@
-"""Where the coordinator's CPU per heartbeat goes (a benchmark, not a test): N fake agents (tests/fleet.py) beat at
-1 Hz against a real `tfcluster coordinator` over mutual TLS. Measured in one run:
+"""Where the coordinator's CPU per heartbeat goes, beside two floors (a benchmark, not a test): N fake agents
+(tests/fleet.py) beat at 1 Hz against a real `tfcluster coordinator`. For each N, measured in one run, in the
+order coordinator over TLS, TLS floor, plain floor, coordinator over plain TCP (so that a change in the machine's
+load touches both sides of each ratio):
 
-  1. its CPU per heartbeat over a window, with nothing attached;
-  2. a sampling profile of the same process over a second window (py-spy, --nonblocking, every thread), each
-     sample put in a stage by the innermost tfcluster frame of its stack (STAGES), or, with none, in gRPC's own
-     work (the event loop's callbacks into gRPC's core: transport, TLS records, framing, protobuf parsing);
-  3. the floor: the bare grpc.aio server of bench/scale.py over the same TLS, which only counts the heartbeats.
+  - the coordinator over mutual TLS (a certificate per agent) and over plain TCP (--insecure, no token): its CPU
+    per heartbeat over a window with nothing attached, then a sampling profile of the same process over a second
+    window (bench/profile_stages.py: py-spy, from the dev extra; skipped, saying so, when it is not installed);
+  - the floors: the bare grpc.aio server of bench/scale.py, with the coordinator's own server options, which only
+    counts the same heartbeats: over the same mutual TLS (the TLS floor) and over plain TCP (the plain floor).
 
-It prints the CPU per heartbeat split by stage (each stage's share of the busy samples times the CPU measured in
-window 1) beside the floor, and writes bench/heartbeat_profile.json.
+It prints the CPU per heartbeat of each, the ratios (coordinator over TLS / TLS floor, over plain / plain floor)
+and the split by stage (each stage's share of the busy samples times the CPU of the window before), with the
+load average, and writes bench/heartbeat_profile.json (bench/guard.py checks its ratios against
+bench/targets.py).
 
-    python bench/heartbeat_profile.py [--agents 2000] [--seconds 15]     (py-spy: the dev extra; root or ptrace)
+    python bench/heartbeat_profile.py [--agents 2000 5000] [--seconds 15]     (py-spy: root or ptrace)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import shutil
-import subprocess
-import sys
+import os
 import tempfile
 import time
-from collections import Counter
+from contextlib import contextmanager
 from pathlib import Path
 
-from scale import READY_TIMEOUT_SECONDS, Fleet, _cpu, measure, start_server  # puts tests/ and the repo on the path
+from scale import READY_TIMEOUT_SECONDS, Fleet, _cpu, start_server  # puts tests/ and the repo on the path
 from harness import free_port, kill_group  # noqa: E402
+from profile_stages import OTHERS, find_py_spy, stages_us  # noqa: E402
 
-# Stages by the path of the innermost tfcluster frame of a sample (the first that matches).
-STAGES = (
-    # gRPC hands the guard the raw bytes (security.py): each message is decoded there, once within its bound
-    ("decoding each message (protobuf, within its bound)", ("Messages.take (tfcluster/security.py",
-                                                            "_Reading.read (tfcluster/security.py",
-                                                            "_Reading.requests (tfcluster/security.py")),
-    ("identity and authorisation", ("tfcluster/security.py", "rpc/listener.py", "rpc/stream_limits.py",
-                                    "core/access/", "rpc/join_port.py")),
-    ("decoding and checks (wire)", ("tfcluster/wire/",)),
-    ("metrics", ("web/metrics.py",)),
-    ("store and change log", ("coordinator/store/", "core/model/changelog.py")),
-    ("the core's handling", ("coordinator/core/",)),
-    ("tfcluster's RPC handlers and replies", ("coordinator/rpc/", "coordinator/grpc_server.py")),
-)
-GRPC = "gRPC's own work (transport, TLS, framing, parsing)"
-OTHER = "other Python (asyncio, logging)"
-# Where a thread waits: the event loop in epoll, the store's and executor's threads on their queues.
-IDLE_FRAMES = ("selectors.py", "concurrent/futures/thread.py", "threading.py:3", "queue.py")
-# Where Python calls into gRPC's core and the sample lands in native code: the event loop's callbacks into
-# gRPC (reading and writing messages, TLS records), and the thread that polls gRPC's completion queue.
-GRPC_FRAMES = ("Handle._run (asyncio/events.py", "Thread.run (threading.py")
+SETTLE_SECONDS = 3.0  # after the last agent counts: every stream up and beating
+# Each run: (server, over TLS); the order alternates the coordinator and the floors, see the docstring.
+RUNS = (("coordinator", True), ("bare", True), ("bare", False), ("coordinator", False))
+FLOOR = {True: "TLS floor (bare server, mutual TLS)", False: "plain floor (bare server, plain TCP)"}
 
 
-def stage_of(frames: list[str]) -> str | None:
-    """The stage of one sampled stack (outermost frame first); None: the thread was waiting."""
-    innermost = frames[-1] if frames else ""
-    if any(idle in innermost for idle in IDLE_FRAMES):
-        return None
-    if innermost.startswith(GRPC_FRAMES) or "grpc" in innermost:
-        return GRPC
-    # The work of one event-loop callback (or thread task): the frames below the last that runs it. Above them
-    # are the process's entry frames (the CLI, asyncio.run), which are not a stage.
-    runs = [i for i, f in enumerate(frames) if f.startswith(GRPC_FRAMES) or "concurrent/futures/thread.py" in f]
-    ours = [f for f in frames[(runs[-1] + 1) if runs else 0:] if "tfcluster/" in f and "tfcluster/api/" not in f]
-    if ours:
-        for stage, paths in STAGES:
-            if any(p in ours[-1] for p in paths):
-                return stage
-    return OTHER
-
-
-OTHERS: Counter = Counter()  # the innermost frames of the samples put in OTHER, for --show-other
-
-
-def split(profile: Path) -> Counter:
-    stages: Counter = Counter()
-    for line in profile.read_text().splitlines():
-        stack, _, count = line.rpartition(" ")
-        frames = stack.split(";")[1:]  # the first frame is the thread
-        stage = stage_of(frames)
-        if stage is not None:
-            stages[stage] += int(count)
-        if stage == OTHER:
-            OTHERS[" <- ".join(reversed(frames[-3:]))] += int(count)
-    return stages
+def load_average() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def ready(client) -> int:
@@ -94,66 +50,99 @@ def ready(client) -> int:
         return 0
 
 
-def coordinator(agents: int, seconds: float, tmp: Path, py_spy: str) -> dict:
+@contextmanager
+def serving(kind: str, tls: bool, agents: int, tmp: Path):
+    """A server of that kind with every fake agent counted (READY at the coordinator, registered at the bare
+    server) and beating: yields (server process, fleet, the coordinator's client or None)."""
     from tfcluster.client import Client
-    from tfcluster.security import Credentials
-    address, state = f"127.0.0.1:{free_port()}", tmp / "coordinator"
-    state.mkdir()
-    server = start_server("coordinator", address, state, tmp / "ca", f"127.0.0.1:{free_port()}")
-    fleet, client = None, Client(address, Credentials.from_dir(tmp / "ca" / "admin"))
+    from tfcluster.credentials import Credentials
+    ca_dir = tmp / "ca" if tls else None
+    address = f"127.0.0.1:{free_port()}"
+    state = Path(tempfile.mkdtemp(prefix=f"{kind}-", dir=tmp))
+    server = start_server(kind, address, state, ca_dir)
+    fleet = client = None
     try:
-        fleet, began = Fleet(address, agents, tmp / "ca"), time.monotonic()
-        while ready(client) < agents:
+        fleet, began = Fleet(address, agents, ca_dir), time.monotonic()
+        if kind == "coordinator":
+            client = Client(address, Credentials.from_dir(ca_dir / "admin") if tls else Credentials())
+        while (ready(client) if client else fleet.total(fleet.registered)) < agents:
             if time.monotonic() - began > READY_TIMEOUT_SECONDS:
-                raise RuntimeError(f"not all {agents} agents READY")
+                raise RuntimeError(f"{kind}: not all {agents} agents counted in {READY_TIMEOUT_SECONDS} s")
             time.sleep(0.2)
-        time.sleep(3.0)
-        beats0, cpu0 = fleet.total(fleet.heartbeats), _cpu(server.pid)
-        time.sleep(seconds)
-        beats, cpu = fleet.total(fleet.heartbeats) - beats0, _cpu(server.pid) - cpu0
-        raw = tmp / "profile.txt"
-        subprocess.run([py_spy, "record", "-p", str(server.pid), "-d", str(int(seconds)), "-r", "250",
-                        "--nonblocking", "--threads", "-f", "raw", "-o", str(raw)], check=True,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        return {"heartbeats": beats, "cpu_us_per_heartbeat": cpu / max(beats, 1) * 1e6, "stages": split(raw),
-                "lost": client.status().summary.nodes_by_state.get("LOST", 0)}
+        time.sleep(SETTLE_SECONDS)
+        yield server, fleet, client
     finally:
-        client.close()
+        if client is not None:
+            client.close()
         if fleet is not None:
             fleet.stop()
         kill_group(server.pid)
         server.wait()
 
 
+def measure(kind: str, tls: bool, agents: int, seconds: float, tmp: Path, py_spy: str | None) -> dict:
+    """CPU per heartbeat of one server over a window; for the coordinator, the stages from a second window's
+    profile and the nodes LOST by the end."""
+    with serving(kind, tls, agents, tmp) as (server, fleet, client):
+        beats0, cpu0 = fleet.total(fleet.heartbeats), _cpu(server.pid)
+        time.sleep(seconds)
+        beats, cpu = fleet.total(fleet.heartbeats) - beats0, _cpu(server.pid) - cpu0
+        result = {"heartbeats": beats, "cpu_us_per_heartbeat": round(cpu / max(beats, 1) * 1e6, 1)}
+        if client is not None:
+            if py_spy:
+                result["stages_us"] = stages_us(py_spy, server.pid, seconds, tmp / "profile.txt",
+                                                result["cpu_us_per_heartbeat"])
+            result["lost"] = client.status().summary.nodes_by_state.get("LOST", 0)
+        return result
+
+
+def one_size(agents: int, seconds: float, tmp: Path, py_spy: str | None) -> dict:
+    """The four runs at one fleet size, and the two ratios."""
+    before = load_average()
+    runs = {(kind, tls): measure(kind, tls, agents, seconds, tmp, py_spy) for kind, tls in RUNS}
+    result = {"load_average_before": before, "load_average_after": load_average()}
+    for tls, transport in ((True, "tls"), (False, "plain")):
+        ours, floor = runs[("coordinator", tls)], runs[("bare", tls)]["cpu_us_per_heartbeat"]
+        result[transport] = {**ours, "floor_us_per_heartbeat": floor}
+        result[f"coordinator_vs_{transport}_floor"] = round(ours["cpu_us_per_heartbeat"] / max(floor, 1e-9), 2)
+    return result
+
+
+def report(agents: int, seconds: float, result: dict, show_other: int) -> None:
+    print(f"{agents} agents at 1 Hz, {seconds:g} s windows; load average {result['load_average_before']} before, "
+          f"{result['load_average_after']} after (1, 5, 15 min)")
+    for tls, transport, label in ((True, "tls", "mutual TLS"), (False, "plain", "plain TCP")):
+        r = result[transport]
+        print(f"  coordinator over {label}: {r['cpu_us_per_heartbeat']:.0f} us of CPU per heartbeat "
+              f"({r['heartbeats']} heartbeats, {r['lost']} nodes LOST); {FLOOR[tls]}: "
+              f"{r['floor_us_per_heartbeat']:.0f} us; {result[f'coordinator_vs_{transport}_floor']:.2f}x")
+        if "stages_us" not in r:
+            print("    (no split by stage: py-spy is not installed; pip install -e '.[dev]')")
+        for stage, us in r.get("stages_us", {}).items():
+            print(f"    {us / max(r['cpu_us_per_heartbeat'], 1e-9) * 100:5.1f}%  {us:6.1f} us  {stage}")
+    for stack, samples in OTHERS.most_common(show_other):
+        print(f"      other {samples:5d}: {stack[:220]}")
+    OTHERS.clear()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--agents", type=int, default=2000)
-    parser.add_argument("--seconds", type=float, default=15.0)
+    parser.add_argument("--agents", type=int, nargs="+", default=[2000, 5000], help="fleet sizes, one run each")
+    parser.add_argument("--seconds", type=float, default=15.0, help="each window (the profile takes another)")
     parser.add_argument("--show-other", type=int, default=0, help="print the N commonest stacks put in 'other'")
     args = parser.parse_args()
-    py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-    if not Path(py_spy).exists():
-        sys.exit("py-spy is not installed: pip install -e '.[dev]'")
+    py_spy = find_py_spy()
+    if py_spy is None:
+        print("py-spy is not installed (pip install -e '.[dev]'): measuring the coordinator and the floors "
+              "without the split by stage")
     from tfcluster import pki
+    results = {"seconds": args.seconds, "sizes": {}}
     with tempfile.TemporaryDirectory(prefix="tfcluster-profile-") as tmp:
         pki.init_ca(Path(tmp) / "ca", [])
-        ours = coordinator(args.agents, args.seconds, Path(tmp), py_spy)
-        floor = measure("bare", args.agents, Path(tmp))["cpu_us_per_heartbeat"]
-    busy = sum(ours["stages"].values()) or 1
-    per_beat = ours["cpu_us_per_heartbeat"]
-    rows = sorted(ours["stages"].items(), key=lambda kv: -kv[1])
-    print(f"{args.agents} agents at 1 Hz over mutual TLS, {ours['heartbeats']} heartbeats in {args.seconds:g} s; "
-          f"{ours['lost']} nodes LOST")
-    print(f"  coordinator: {per_beat:.0f} us of CPU per heartbeat; the bare TLS server (floor): {floor:.0f} us "
-          f"({per_beat / floor:.2f}x)")
-    for stage, samples in rows:
-        print(f"    {samples / busy * 100:5.1f}%  {samples / busy * per_beat:6.1f} us  {stage}")
-    for stack, samples in OTHERS.most_common(args.show_other):
-        print(f"      other {samples:5d}: {stack[:220]}")
-    result = {"agents": args.agents, "cpu_us_per_heartbeat": round(per_beat, 1), "floor_tls_us": round(floor, 1),
-              "ratio": round(per_beat / floor, 2),
-              "stages_us": {stage: round(samples / busy * per_beat, 1) for stage, samples in rows}}
-    (Path(__file__).parent / "heartbeat_profile.json").write_text(json.dumps(result, indent=2) + "\n")
+        for agents in args.agents:
+            results["sizes"][str(agents)] = result = one_size(agents, args.seconds, Path(tmp), py_spy)
+            report(agents, args.seconds, result, args.show_other)
+    (Path(__file__).parent / "heartbeat_profile.json").write_text(json.dumps(results, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -42,9 +42,11 @@ WEB_READS = 20
 
 
 class Fleet:
-    """Client processes of fake agents, and what they report on stdout. address: HOST:PORT[,HOST:PORT...]."""
+    """Client processes of fake agents, and what they report on stdout. address: HOST:PORT[,HOST:PORT...];
+    ca_dir None: plain text, to a coordinator run with --insecure (no token) or a bare server without TLS."""
 
-    def __init__(self, address: str, size: int, ca_dir: Path, per_process: int = AGENTS_PER_CLIENT, nice: int = 0):
+    def __init__(self, address: str, size: int, ca_dir: Path | None, per_process: int = AGENTS_PER_CLIENT,
+                 nice: int = 0):
         self.lock = threading.Lock()
         self.registered: dict[int, int] = {}
         self.registered_with: dict[int, dict[str, int]] = {}  # process -> coordinator -> its agents registered last there
@@ -58,7 +60,8 @@ class Fleet:
             # process, which has threads, can deadlock the child before it ever runs the fleet.
             proc = subprocess.Popen([*(["nice", "-n", str(nice)] if nice else []), sys.executable,
                                      str(ROOT / "tests" / "fleet.py"), address, str(first),
-                                     str(min(per, size - first)), "--exit-after", "0.5", "--ca-dir", str(ca_dir)],
+                                     str(min(per, size - first)), "--exit-after", "0.5",
+                                     *(["--ca-dir", str(ca_dir)] if ca_dir else [])],
                                     stdout=subprocess.PIPE, text=True, start_new_session=True)
             if nice:
                 lower_group_priority(proc.pid, nice)
@@ -124,10 +127,10 @@ def _cpu(pid: int) -> float:
     return t.user + t.system
 
 
-def bare_server(address: str, ca_dir: Path) -> None:
+def bare_server(address: str, ca_dir: Path | None) -> None:
     """The floor: the same Register and Connect, doing nothing but count heartbeats, on a server with the
     coordinator's own options (listener.OPTIONS: without them HTTP/2's BDP probing costs the floor more than the
-    coordinator's whole work)."""
+    coordinator's whole work), over mutual TLS with the CA in ca_dir, or plain TCP with none."""
     import grpc
 
     from tfcluster import pki
@@ -149,7 +152,10 @@ def bare_server(address: str, ca_dir: Path) -> None:
         from tfcluster.daemon.coordinator.rpc.listener import OPTIONS  # the coordinator's own: no BDP probing
         server = grpc.aio.server(options=OPTIONS)
         agent_pb2_grpc.add_AgentServiceServicer_to_server(Bare(), server)
-        server.add_secure_port(address, Credentials.from_dir(ca_dir, pki.SERVER_CERT, pki.SERVER_KEY).server())
+        if ca_dir is None:
+            server.add_insecure_port(address)
+        else:
+            server.add_secure_port(address, Credentials.from_dir(ca_dir, pki.SERVER_CERT, pki.SERVER_KEY).server())
         await server.start()
         await server.wait_for_termination()
 
@@ -158,13 +164,15 @@ def bare_server(address: str, ca_dir: Path) -> None:
     asyncio.run(main())
 
 
-def start_server(kind: str, address: str, state: Path, ca_dir: Path, http: str = "") -> subprocess.Popen:
+def start_server(kind: str, address: str, state: Path, ca_dir: Path | None, http: str = "") -> subprocess.Popen:
+    """The coordinator or the bare server (kind "bare"), over mutual TLS with the CA in ca_dir, or plain TCP with
+    none (the coordinator with --insecure and no token)."""
     if kind == "bare":
-        argv = [sys.executable, __file__, "--bare", address, str(ca_dir)]
+        argv = [sys.executable, __file__, "--bare", address, *([str(ca_dir)] if ca_dir else [])]
     else:
+        trust = ["--tls-dir", str(ca_dir), "--join-listen", f"127.0.0.1:{free_port()}"] if ca_dir else ["--insecure"]
         argv = [sys.executable, "-m", "tfcluster.cli", "coordinator", "--listen", address, "--state-dir", str(state),
-                "--tls-dir", str(ca_dir), "--join-listen", f"127.0.0.1:{free_port()}", "--log-level", "warning",
-                "--http-listen", http,
+                *trust, "--log-level", "warning", *(["--http-listen", http] if http else []),
                 # Every agent at 1 Hz, as the bare server is measured: the cost per heartbeat, not the bound on them.
                 "--max-heartbeats-per-second", "0"]
     proc = subprocess.Popen(argv, start_new_session=True, stdout=subprocess.DEVNULL,
@@ -319,6 +327,6 @@ def main(sizes: tuple[int, ...]) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--bare"]:
-        bare_server(sys.argv[2], Path(sys.argv[3]))
+        bare_server(sys.argv[2], Path(sys.argv[3]) if sys.argv[3:] else None)
     else:
         main(tuple(int(n) for n in sys.argv[1:]) or SIZES)

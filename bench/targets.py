@@ -1,0 +1,26 @@
+"""The ratio targets of `make bench`, in one place: bench/guard.py, run last, fails the bench when a ratio written
+in this run is past its target. docs/benchmarks.md states each target where its bench is described.
+
+A target names a bench's JSON file and a key; every value under that key, at any depth of the file (one per
+fleet size, say), is held to the target.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Target:
+    file: str    # the bench's JSON, in bench/
+    key: str     # a ratio the bench writes there: measured / its floor, measured in the same run
+    most: float  # the largest the ratio may be
+    what: str    # what the ratio compares, for the guard's message
+
+
+TARGETS = (
+    Target("heartbeat_profile.json", "coordinator_vs_plain_floor", 1.3,
+           "the coordinator's CPU per heartbeat over plain TCP / the bare server's (plain floor)"),
+    Target("heartbeat_profile.json", "coordinator_vs_tls_floor", 1.1,
+           "the coordinator's CPU per heartbeat over mutual TLS / the bare server's (TLS floor)"),
+)
