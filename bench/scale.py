@@ -164,9 +164,11 @@ def bare_server(address: str, ca_dir: Path | None) -> None:
     asyncio.run(main())
 
 
-def start_server(kind: str, address: str, state: Path, ca_dir: Path | None, http: str = "") -> subprocess.Popen:
+def start_server(kind: str, address: str, state: Path, ca_dir: Path | None, http: str = "",
+                 paced: bool = False) -> subprocess.Popen:
     """The coordinator or the bare server (kind "bare"), over mutual TLS with the CA in ca_dir, or plain TCP with
-    none (the coordinator with --insecure and no token)."""
+    none (the coordinator with --insecure and no token). paced: the coordinator with its default bound on
+    heartbeats a second (as operators run it), not every agent at 1 Hz."""
     if kind == "bare":
         argv = [sys.executable, __file__, "--bare", address, *([str(ca_dir)] if ca_dir else [])]
     else:
@@ -174,7 +176,7 @@ def start_server(kind: str, address: str, state: Path, ca_dir: Path | None, http
         argv = [sys.executable, "-m", "tfcluster.cli", "coordinator", "--listen", address, "--state-dir", str(state),
                 *trust, "--log-level", "warning", *(["--http-listen", http] if http else []),
                 # Every agent at 1 Hz, as the bare server is measured: the cost per heartbeat, not the bound on them.
-                "--max-heartbeats-per-second", "0"]
+                *([] if paced else ["--max-heartbeats-per-second", "0"])]
     proc = subprocess.Popen(argv, start_new_session=True, stdout=subprocess.DEVNULL,
                             stderr=open(state.parent / f"{kind}.log", "ab"))
     host, port = address.rsplit(":", 1)

@@ -81,10 +81,11 @@ class Cluster(NodeEvents, SweepEvents):
                  task_uids: taskusers.UidRange = taskusers.UidRange(),
                  keep_usage_seconds: float = accounting.DEFAULT_KEEP_USAGE_SECONDS,
                  heartbeat_interval_seconds: float = DEFAULT_HEARTBEAT_INTERVAL_SECONDS,
-                 max_heartbeats_per_second: float = 0.0, task_grace_seconds: float = DEFAULT_TASK_GRACE_SECONDS):
+                 max_heartbeats_per_second: float = 0.0, task_grace_seconds: float = DEFAULT_TASK_GRACE_SECONDS,
+                 startup_grace_seconds: float = 0.0):
         self.changes = ChangeLog()  # what the store has yet to write: nodes and jobs append to it
         self.nodes = Nodes(Pace(heartbeat_interval_seconds, lost_after_seconds, max_heartbeats_per_second),
-                           self.changes)
+                           self.changes, startup_grace_seconds)
         self.jobs = Jobs(task_uids, keep_finished_jobs, keep_finished_seconds, self.changes)
         self.sweeps = Sweeps()
         self.usage = accounting.Ledger(keep_usage_seconds, lambda entry, recorded: self.changes.append(

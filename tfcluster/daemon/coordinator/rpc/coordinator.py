@@ -29,6 +29,7 @@ from tfcluster.daemon.coordinator.core.access.logins import Logins
 from tfcluster.daemon.coordinator.core.access.trust import Trust
 from tfcluster.daemon.coordinator.core.cluster import Cluster
 from tfcluster.daemon.coordinator.core.model.node import Drain
+from tfcluster.daemon.coordinator.core.model.node_table import STARTUP_GRACE_SECONDS
 from tfcluster.daemon.coordinator.core.model.task_uids import UidRange
 from tfcluster.daemon.coordinator.core.model.usage_history import UsageHistory
 from tfcluster.daemon.coordinator.rpc.code_service import sweep_code, sweep_summaries
@@ -435,7 +436,8 @@ def build(state_dir: Path, lost_after_seconds: float, heartbeat_interval_seconds
     cluster = Cluster(lost_after_seconds, resend_after_seconds=max(3 * heartbeat_interval_seconds, 1.0),
                       keep_finished_jobs=keep_finished_jobs, keep_finished_seconds=keep_finished_seconds,
                       task_uids=task_uids, heartbeat_interval_seconds=heartbeat_interval_seconds,
-                      max_heartbeats_per_second=max_heartbeats_per_second)
+                      max_heartbeats_per_second=max_heartbeats_per_second,
+                      startup_grace_seconds=STARTUP_GRACE_SECONDS)
     store = store if store is not None else open_store(store_url, Path(state_dir), etcd_tls)
     code = CodeStore(layout.code_cache_dir(state_dir), max_code_bytes, store_bytes=code_store_bytes,
                      max_unpacked_bytes=max_code_unpacked_bytes)

@@ -35,6 +35,13 @@ MASS_SILENCE_PATIENCE_SECONDS = 30.0
 # again. While they still come back, one that has not yet is more likely queued behind the others than gone: it is
 # given longer, up to this long after the start (Nomad's failover heartbeat TTL, for the same storm, is as long).
 RETURN_PATIENCE_CAP_SECONDS = 300.0
+# A node is heard from when it registers; its heartbeats come on its session stream, which it opens next, and
+# which waits its turn behind every other call gRPC has taken in (it takes them one at a time, in order of arrival).
+# When thousands of agents register at once that wait outlasts --lost-after, and hundreds of nodes that never
+# fell silent were declared lost in each cold start of 5,000 (bench/storm.py). So the coordinator counts a node's
+# silence from the first message of its session, or from this long after its registration (Kubernetes gives a
+# starting node the same kind of grace, --node-startup-grace-period).
+STARTUP_GRACE_SECONDS = 30.0
 # Agents already registered are told a stretched pace once it grew by this factor, or this long after it grew at all:
 # a handful of messages to each while thousands of nodes register, rather than one per registration.
 PACE_TELL_FACTOR = 1.25
@@ -82,9 +89,12 @@ class Pace:
 class Nodes(Registry[Node]):
     """The registry, read as a mapping of name -> Node; changed only through its methods."""
 
-    def __init__(self, pace: Pace, changes: ChangeLog | None = None):
+    def __init__(self, pace: Pace, changes: ChangeLog | None = None, startup_grace: float = 0.0):
         self.changes = changes if changes is not None else ChangeLog()  # told of every node added or removed
         self.pace = pace
+        # A registered node's silence counts only after this long, or from its session's first message (the
+        # coordinator gives STARTUP_GRACE_SECONDS; 0: from its registration)
+        self.startup_grace = startup_grace
         self._nodes: dict[str, Node] = {}
         super().__init__(self._nodes)
         self._names: list[str] = []  # sorted: placement and status pages go in this order
@@ -200,7 +210,10 @@ class Nodes(Registry[Node]):
         if node.info != info or node.state != NodeState.READY:  # a Record: assigning marks it for the store
             self._discard_address(node.info.address, node.name)
             node.info, node.state = info, NodeState.READY
-        node.seen.last_seen, node.seen.session_id, node.seen.leaving = now, session_id, False
+        # In the future with a startup grace: expiry skips it until then, or until its session's first message
+        # says it is alive.
+        node.seen.last_seen = now + max(0.0, self.startup_grace - self.lost_after)
+        node.seen.session_id, node.seen.leaving = session_id, False
         if info.name in self._returning:
             self._returning.discard(info.name)
             self._last_return = now
