@@ -51,6 +51,21 @@ def unavailable() -> str | None:
 
 
 
+def pids_in(netns: str) -> list[int]:
+    return [int(p) for p in ip("netns", "pids", netns, check=False).stdout.split()]
+
+
+def kill_all_in(netns: str) -> list[int]:
+    """Sends SIGKILL to every process in the network namespace; returns those it found."""
+    found = pids_in(netns)
+    for pid in found:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return found
+
+
 class PrivateHosts:
     __test__ = False  # not a pytest test class
 
@@ -127,17 +142,10 @@ class PrivateHosts:
         return Path(f"/proc/{holder.pid}/comm").read_text().strip() == "sleep"
 
     def pids(self) -> list[int]:
-        return [int(p) for p in ip("netns", "pids", self.netns, check=False).stdout.split()]
+        return pids_in(self.netns)
 
     def _kill_all(self) -> list[int]:
-        """Sends SIGKILL to every process in the hosts' network namespace; returns those it found."""
-        found = self.pids()
-        for pid in found:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        return found
+        return kill_all_in(self.netns)
 
     def down(self) -> None:
         # Until none is left: a daemon killed in this pass may have started a process just before.

@@ -26,6 +26,7 @@ import subprocess
 from pathlib import Path
 
 from harness import wait_until
+from privatehosts import kill_all_in
 from sshhosts import SSH_OPTIONS
 from tfcluster.demo.hosts import ip
 from tfcluster.demo.hosts import unavailable as netns_unavailable
@@ -129,9 +130,6 @@ class SystemdHost:
             return False
         return state in ("running", "degraded")
 
-    def pids(self) -> list[int]:
-        return [int(p) for p in ip("netns", "pids", self.netns, check=False).stdout.split()]
-
     def _down(self) -> None:
         try:
             if self.container is not None and self.container.poll() is None:
@@ -140,19 +138,10 @@ class SystemdHost:
                     self.container.wait(timeout=30)
                 except subprocess.TimeoutExpired:
                     pass
-            wait_until(lambda: not self._kill_all(), 30, what=f"every process in {self.netns} killed")
+            wait_until(lambda: not kill_all_in(self.netns), 30, what=f"every process in {self.netns} killed")
             if self.container is not None:
                 self.container.wait(timeout=10)
         finally:
             if self.merged.is_mount():
                 subprocess.run(["umount", "--lazy", str(self.merged)], check=False)
             ip("netns", "del", self.netns, check=False)
-
-    def _kill_all(self) -> list[int]:
-        found = self.pids()
-        for pid in found:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        return found

@@ -22,6 +22,7 @@ from tfcluster.daemon.coordinator.core.model.changelog import ChangeLog, NodeAdd
 from tfcluster.daemon.coordinator.core.model.job import Job, Task
 from tfcluster.daemon.coordinator.core.model.node import Drain, Node, ports_overlap
 from tfcluster.daemon.coordinator.core.model.registry import Registry
+from tfcluster.daemon.coordinator.core.model.storms import RegistrationStorm
 from tfcluster.model import NodeInfo
 from tfcluster.states import DrainState, NodeState
 
@@ -95,6 +96,8 @@ class Nodes(Registry[Node]):
         # A registered node's silence counts only after this long, or from its session's first message (the
         # coordinator gives STARTUP_GRACE_SECONDS; 0: from its registration)
         self.startup_grace = startup_grace
+        self.storm = RegistrationStorm()
+        self._expired_at: float | None = None  # when expire last ran
         self._nodes: dict[str, Node] = {}
         super().__init__(self._nodes)
         self._names: list[str] = []  # sorted: placement and status pages go in this order
@@ -214,6 +217,7 @@ class Nodes(Registry[Node]):
         # says it is alive.
         node.seen.last_seen = now + max(0.0, self.startup_grace - self.lost_after)
         node.seen.session_id, node.seen.leaving = session_id, False
+        self.storm.registered(now)
         if info.name in self._returning:
             self._returning.discard(info.name)
             self._last_return = now
@@ -302,7 +306,11 @@ class Nodes(Registry[Node]):
     def expire(self, now: float) -> list[Node]:
         """Nodes silent for longer than the timeout become LOST; returns them (their tasks count as lost). When most
         of a large cluster falls silent at once, the coordinator itself (its network, its overloaded loop) is the
-        likelier cause: nothing is declared lost for a while, so one stall does not restart every job."""
+        likelier cause: nothing is declared lost for a while, so one stall does not restart every job; nor does the
+        time a registration storm lasts count as anyone's silence (storms.py)."""
+        if self.storm.under_way(now, self.lost_after) and self._expired_at is not None:
+            self.forgive_silence(now - self._expired_at)
+        self._expired_at = now
         silent = []
         still_returning = self._returning and now - self._last_return <= self.lost_after and \
             now - self._returns_began < RETURN_PATIENCE_CAP_SECONDS
