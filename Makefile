@@ -72,6 +72,7 @@ bench: $(STAMP)
 	$(PY) bench/streams.py
 	$(PY) bench/agent_restart.py
 	$(PY) bench/heartbeat_profile.py
+	$(PY) bench/storm.py
 	$(PY) bench/guard.py --since build/bench-started
 
 # Regenerate tfcluster/api/v1 from protos/ (commit the result; a test checks they match).
