@@ -126,14 +126,20 @@ def test_bobs_thousands_of_watches_are_refused_past_his_share_while_everyone_els
     # counted with them; once he lets them go, the view is his again.
     held: list[grpc.Channel] = []
 
+    tries: list[dict] = []
+
     def whole_share_again() -> bool:
         channel, ended = hold_watches(cluster, bob, bob_job, DEFAULT_PER_CALLER + 1)
-        held.append(channel)
-        if len(ended.get("OK", [])) == DEFAULT_PER_CALLER:
-            return ended.get("RESOURCE_EXHAUSTED") == [REFUSAL]
-        held.pop().close()
+        tries.append(ended)
+        if len(ended.get("OK", [])) == DEFAULT_PER_CALLER and ended.get("RESOURCE_EXHAUSTED") == [REFUSAL]:
+            held.append(channel)
+            return True
+        channel.close()  # a try that did not get exactly his share lets go of what it got, for the next try
         return False
-    wait_until(whole_share_again, 20, interval=0.5, what="bob's calls to be given back")
+    try:
+        wait_until(whole_share_again, 30, interval=0.5, what="bob's calls to be given back")
+    except AssertionError as e:
+        raise AssertionError(f"{e}; the last tries: {tries[-3:]}") from None
     log_view = f"/api/jobs/{bob_job}/tasks/worker:0/log?tail=5"
     assert fetch(cluster, bob, log_view) == (429, REFUSAL + "\n")
     held[0].close()
