@@ -213,7 +213,13 @@ def test_upgrade_rolls_a_new_release_out_while_a_job_keeps_running(tmp_path, bui
         assert tfcluster("down", str(cluster), newer=True).returncode == 0
 
 
-HA_HOSTS = {"coord": HOSTS["coord"], "coord2": "10.77.0.2", "coord3": "10.77.0.3", "node1": HOSTS["node1"]}
+HA_HOSTS = {"coord": HOSTS["coord"], "coord2": "10.77.0.2", "coord3": "10.77.0.3", "node1": HOSTS["node1"],
+            "coord4": "10.77.0.4", "coord5": "10.77.0.5"}
+MEMBERS = ("import json, ssl, urllib.request\n"
+           "tls = ssl.create_default_context(cafile='/etc/tfcluster/etcd/ca.crt')\n"
+           "tls.load_cert_chain('/etc/tfcluster/etcd/member.crt', '/etc/tfcluster/etcd/member.key')\n"
+           "ask = urllib.request.Request('https://{address}:2379/v3/cluster/member/list', data=b'{{}}', method='POST')\n"
+           "print(json.dumps(sorted(m['name'] for m in json.load(urllib.request.urlopen(ask, context=tls))['members'])))")
 LEADER = ("from tfcluster import Cluster\nwith Cluster() as c:\n"
           "    print(c.status().summary.leader, sum(n.state == 'READY' for n in c.nodes()))")
 
@@ -279,3 +285,67 @@ def test_up_brings_three_coordinators_up_on_etcd_and_a_standby_takes_over(tmp_pa
         assert status.returncode == 0, status.stdout + status.stderr
         print(f"\nup of 3 coordinators on etcd and 1 agent: {took:.1f} s; after kill -9 of the leader {leader} "
               f"another led within {took_over:.1f} s")
+        replace_a_coordinator(hosts, cluster, tfcluster, admin)
+
+
+def replace_a_coordinator(hosts: SshHosts, cluster: Path, tfcluster, admin: dict[str, str]) -> None:
+    """coord2 replaced by coord4 in the inventory while a job runs: `up` adds coord4's etcd member and starts it,
+    removes coord2's and clears that host, and the job keeps its tasks; the new three then elect a leader."""
+    start = tfcluster("start", "--name", "sleeper", "--strategy", "multi_worker_mirrored", "--workers", "2", "--",
+                      "python", "-c", SLEEPER, **admin)
+    assert start.returncode == 0, start.stdout + start.stderr
+    job = lambda: json.loads(tfcluster_python(hosts, JOB_STATE, admin).stdout)  # noqa: E731
+    wait_until(lambda: job()["state"] == "RUNNING" and all(t[1] == "RUNNING" for t in job()["tasks"]), 60,
+               what="the job RUNNING")
+    before = job()
+    cluster.write_text(cluster.read_text().replace(f'"{HA_HOSTS["coord2"]}"', f'"{HA_HOSTS["coord4"]}"'))
+    c1, c2, c3, c4 = (HA_HOSTS[n] for n in ("coord", "coord2", "coord3", "coord4"))
+
+    def members(on: str = "coord") -> list[str]:
+        done = hosts.on(on, ["python3", "-c", MEMBERS.format(address=HA_HOSTS[on])], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    check = tfcluster("up", "--check", str(cluster))
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert f"add {c4}'s member (https://{c4}:2380) through {c1}, then start it" in check.stdout, check.stdout
+    assert members() == sorted([c1, c2, c3]), "--check changed etcd's members"
+
+    started = time.monotonic()
+    moved = tfcluster("up", str(cluster))
+    took = time.monotonic() - started
+    assert moved.returncode == 0, moved.stdout + moved.stderr + logs(hosts)
+    assert f"{c4}: its etcd member joined and its coordinator serves as a standby" in moved.stdout, moved.stdout
+    assert f"{c2}: its etcd member was removed, and etcd, the coordinator and the CA's key are off it" in moved.stdout
+    assert members() == sorted([c1, c3, c4])
+    for path in ("/etc/tfcluster/ca", "/etc/tfcluster/etcd", "/var/lib/tfcluster/etcd",
+                 "/run/tfcluster/tfcluster-coordinator.service.pid", "/run/tfcluster/tfcluster-etcd.service.pid"):
+        assert hosts.on("coord2", ["test", "-e", path]).returncode == 1, f"{path} is still on coord2"
+    after = job()
+    assert after["state"] == "RUNNING" and after["restarts"] == 0 and after["tasks"] == before["tasks"], (before, after)
+    addresses = ",".join(f"{a}:7070" for a in (c1, c4, c3))   # coord4 where coord2 was in the inventory
+    node_env = hosts.on("node1", ["cat", "/etc/tfcluster/tfcluster.env"], capture_output=True, text=True).stdout
+    assert f"TFCLUSTER_COORDINATOR={addresses}" in node_env
+
+    again = tfcluster("up", str(cluster))
+    assert again.returncode == 0 and "nothing to change" in again.stdout, again.stdout + again.stderr
+    print(f"coord2 replaced by coord4 with a 2-task job running: {took:.1f} s, the job kept its tasks\n{moved.stdout}")
+
+    # coord's server dies (its sshd, etcd and coordinator killed) and coord5 replaces it: its member goes first
+    for unit in ("tfcluster-coordinator.service", "tfcluster-etcd.service"):
+        pid = hosts.on("coord", ["cat", f"/run/tfcluster/{unit}.pid"], capture_output=True, text=True).stdout
+        os.kill(int(pid), 9)
+    hosts.sshd["coord"].kill()
+    hosts.sshd["coord"].wait()
+    c5 = HA_HOSTS["coord5"]
+    cluster.write_text(cluster.read_text().replace(f'"{c1}"', f'"{c5}"'))
+    started = time.monotonic()
+    moved = tfcluster("up", str(cluster))
+    took = time.monotonic() - started
+    assert moved.returncode == 0, moved.stdout + moved.stderr + logs(hosts)
+    assert f"warning: {c1}: its etcd member was removed, but the host could not be cleared" in moved.stdout
+    assert f"{c5}: its etcd member joined and its coordinator serves as a standby" in moved.stdout, moved.stdout
+    assert members("coord3") == sorted([c3, c4, c5])
+    after = job()
+    assert after["state"] == "RUNNING" and after["restarts"] == 0 and after["tasks"] == before["tasks"], (before, after)
+    print(f"dead coord replaced by coord5 with the job running: {took:.1f} s, the job kept its tasks\n{moved.stdout}")

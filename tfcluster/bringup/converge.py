@@ -14,7 +14,7 @@ from typing import Callable
 
 from tfcluster.bringup import etcd, membership
 from tfcluster.bringup import plan as planning
-from tfcluster.bringup import upgrade
+from tfcluster.bringup import reconfigure, upgrade
 from tfcluster.bringup.desired import AGENT_UNIT, COORDINATOR_UNIT, JOIN_TOKEN_FILE, NODE_CERT_PATH, WHEELHOUSE_DIR
 from tfcluster.bringup.desired import desired, owned_paths, services
 from tfcluster.bringup.etcd import ETCD_BINARY, INSTALL_REMEDY
@@ -70,7 +70,7 @@ def probe(run: Run, ssh: Connections) -> None:
     run.facts = run.each(inv.hosts, lambda h: ssh.helper(h, {
         "op": "probe", "prefix": inv.software.prefix, "files": owned_paths(inv, h), "node_cert": NODE_CERT_PATH,
         "services": services(inv, h), "dirs": [*planning.probed_dirs(inv.software), etcd.DATA_DIR],
-        "programs": [ETCD_BINARY] if h.coordinator and inv.on_etcd else [], **membership.probe_request()}))
+        "programs": [ETCD_BINARY] if h.coordinator and inv.on_etcd else [], **membership.probe_request(inv, h)}))
     run.stop_on_failures("probing (step: ssh and python3)")
 
 
@@ -111,15 +111,19 @@ def up(run: Run) -> list[list[str]] | None:
     with Connections(inv.ssh) as ssh:
         probe(run, ssh)
         check_programs(run)
-        changed = membership.problems(inv, run.facts)
-        if changed:
-            raise Failed("step check the coordinators: `up` does not add, remove or move coordinators of a cluster "
-                         "it made:\n  " + "\n  ".join(changed) + f"\n{membership.REMEDY}")
+        refused = membership.problems(inv, run.facts)
+        if refused:
+            raise Failed("step check the coordinators: `up` cannot make the inventory's coordinators the "
+                         "cluster's:\n  " + "\n  ".join(refused) + f"\n{membership.REMEDY}")
+        change = reconfigure.with_dead_members(inv, ssh, membership.change(inv, run.facts))
+        initial = membership.initial(inv, run.facts, change)
         ca_files = ca.files(run.operator_dir, inv, create=not run.check)
         etcd_files = ca.etcd_files(run.operator_dir, inv, create=not run.check)
         ids = software_ids(run)
-        plans = {h.host: planning.plan_up(h, desired(inv, h, ca_files, etcd_files.get(h.host)), run.facts[h.host],
-                                          inv.software, ids[h.host]) for h in inv.hosts}
+        plans = {h.host: planning.plan_up(h, desired(inv, h, ca_files, etcd_files.get(h.host), initial.get(h.host)),
+                                          run.facts[h.host], inv.software, ids[h.host]) for h in inv.hosts}
+        if change:
+            run.say("the coordinators change:\n  " + "\n  ".join(change.describe()))
         for h in inv.hosts:
             changes = plans[h.host].changes
             run.say(f"{h.host} ({h.roles}): " + ("as it should be" if not changes else "\n  " + "\n  ".join(changes)))
@@ -139,7 +143,7 @@ def up(run: Run) -> list[list[str]] | None:
             hosts = ", ".join(h.host for h in inv.hosts if not run.facts[h.host]["systemd"])
             run.say(f"no systemd runs {hosts}: the units' command lines run there as background daemons (pid files "
                     f"in /run/tfcluster, logs in /var/log/tfcluster), which nothing restarts if they die")
-        tokens = converge(run, ssh, plans, rolling, release(ids))
+        tokens = converge(run, ssh, plans, rolling, release(ids), change)
         table = wait_ready(run)
         joined = [h for h in inv.hosts if h.host in tokens]
         run.each(joined, lambda h: apply_steps(ssh, h, [planning.Step(
@@ -148,8 +152,9 @@ def up(run: Run) -> list[list[str]] | None:
 
 
 def converge(run: Run, ssh: Connections, plans: dict[str, planning.HostPlan], rolling: list[Host],
-             new: str) -> dict[str, str]:
-    """Applies the plans: coordinators first (a rolling upgrade one by one), then the agents with the join tokens
+             new: str, change: membership.Change | None = None) -> dict[str, str]:
+    """Applies the plans: coordinators first (a rolling upgrade one by one; with a change of the coordinators,
+    the joining hosts, the departing ones, then those that stay one by one), then the agents with the join tokens
     their coordinator makes. Returns those tokens, by host."""
     inv = run.inventory
     wheelhouses = build_wheelhouses(run, plans)
@@ -159,14 +164,34 @@ def converge(run: Run, ssh: Connections, plans: dict[str, planning.HostPlan], ro
     later = {h.host: planning.until_agent_starts(plans[h.host]) for h in joining_later}
     for host, (now, _) in later.items():
         plans[host].steps = now
-    apply(run, ssh, [h for h in coordinators if h not in rolling], plans, wheelhouses, {})
-    roll(run, ssh, [h for h in coordinators if h in rolling], plans, wheelhouses, new)
+    joining = change.joining if change else ()
+    restarting = [h for h in coordinators if change and h not in joining and h.host not in later
+                  and plans[h.host].steps and any(run.facts[h.host]["running"].values())]
+    apply(run, ssh, [h for h in coordinators if h not in rolling and h not in joining and h not in restarting],
+          plans, wheelhouses, {})
+    if change:
+        change_members(run, ssh, change, plans, wheelhouses)
+    roll(run, ssh, [h for h in coordinators if h in rolling or h in restarting], plans, wheelhouses, new)
     tokens = join_tokens(run, [h for h in inv.hosts if h.agent and plans[h.host].needs_token])
     for host, (_, then) in later.items():
         plans[host].steps, plans[host].needs_wheelhouse = then, False  # its software is installed
     apply(run, ssh, joining_later + [h for h in agents if h not in rolling], plans, wheelhouses, tokens)
     roll(run, ssh, [h for h in agents if h in rolling], plans, wheelhouses, new)
     return tokens
+
+
+def change_members(run: Run, ssh: Connections, change: membership.Change, plans: dict[str, planning.HostPlan],
+                   wheelhouses: dict[tuple[str, str], Path]) -> None:
+    """The change of the coordinators carried out (reconfigure.py), each joining host brought up by its plan."""
+    def steps_on(host: Host, steps: list[planning.Step]) -> None:
+        try:
+            apply_steps(ssh, host, steps)
+        except (SshError, Failed) as e:
+            raise Failed(f"{host.host}: {e}") from None
+
+    bring_up = lambda host: apply(run, ssh, [host], plans, wheelhouses, {})  # noqa: E731
+    for warning in reconfigure.change_members(run.inventory, change, steps_on, bring_up, (Failed,), run.say):
+        run.say(f"warning: {warning}")
 
 
 def software_ids(run: Run) -> dict[str, str]:
@@ -243,8 +268,10 @@ def roll(run: Run, ssh: Connections, hosts: list[Host], plans: dict[str, plannin
                              f"old release: {', '.join(left) or 'none'}\n    remedy: read the logs there (journalctl "
                              f"-u {AGENT_UNIT} / {COORDINATOR_UNIT}, or /var/log/tfcluster), then run the upgrade "
                              f"again: it goes on with the hosts left") from None
-            run.say(f"upgraded {names} ({group[0].roles}) to {new}: installed, restarted and back in "
-                    f"{time.monotonic() - stopped:.1f} s; {len(tasks)} running task(s) kept running")
+            done = (f"upgraded {names} ({group[0].roles}) to {new}: installed, restarted" if plans[group[0].host].installs
+                    else f"restarted {names} ({group[0].roles}) with its new configuration")
+            run.say(f"{done} and back in {time.monotonic() - stopped:.1f} s; {len(tasks)} running task(s) kept "
+                    f"running")
 
 
 def build_wheelhouses(run: Run, plans: dict[str, planning.HostPlan]) -> dict[tuple[str, str], Path]:
@@ -364,23 +391,3 @@ def client_version() -> str:
     from tfcluster import __version__
 
     return __version__
-
-
-def down(run: Run, purge: bool) -> int:
-    """Stops and removes what `up` installed on each host; the number of hosts changed."""
-    inv = run.inventory
-    with Connections(inv.ssh) as ssh:
-        probe(run, ssh)
-        plans = {h.host: planning.plan_down(h, services(inv, h), run.facts[h.host], inv.software, purge)
-                 for h in inv.hosts}
-        for h in inv.hosts:
-            changes = plans[h.host].changes
-            run.say(f"{h.host} ({h.roles}): " + ("nothing of tfcluster there" if not changes
-                                                 else "\n  " + "\n  ".join(changes)))
-        if run.check:
-            return 0
-        agents_first = [h for h in inv.hosts if not h.coordinator] + list(inv.coordinators)
-        for group in (agents_first[:len(inv.hosts) - len(inv.coordinators)], list(inv.coordinators)):
-            run.each(group, lambda h: apply_steps(ssh, h, plans[h.host].steps))
-        run.stop_on_failures("down")
-    return sum(1 for p in plans.values() if p.steps)

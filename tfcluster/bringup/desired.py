@@ -20,13 +20,14 @@ SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 def desired(inventory: Inventory, host: Host, ca_files: dict[str, bytes],
-            etcd_tls: dict[str, bytes] | None = None) -> Desired:
+            etcd_tls: dict[str, bytes] | None = None, etcd_initial: tuple[str, str] | None = None) -> Desired:
     """ca_files: the CA directory's ca.crt, ca.key, coordinator.crt and coordinator.key, by name; etcd_tls: with
-    three coordinators, a coordinator host's etcd files (etcd.add_member)."""
+    three coordinators, a coordinator host's etcd files (etcd.add_member); etcd_initial: its member's initial
+    cluster and state, where membership.initial says other than the inventory's."""
     wanted = Desired()
     wanted.files[ENV_FILE] = File(env_file(inventory, host), 0o600)
     if host.coordinator and inventory.on_etcd:
-        etcd.add_member(wanted, inventory, host, etcd_tls)
+        etcd.add_member(wanted, inventory, host, etcd_tls, etcd_initial)
     if host.coordinator:
         for name in (CA_CERT, CA_KEY, SERVER_CERT, SERVER_KEY):
             wanted.files[f"{CA_DIR}/{name}"] = File(ca_files[name], 0o600)

@@ -48,9 +48,35 @@ def member_name(host: Host) -> str:
     return host.host
 
 
+def peer_url(host: Host) -> str:
+    """What etcd knows a member by: membership.py tells the inventory's hosts from etcd's members with it."""
+    return _url(host, PEER_PORT)
+
+
 def initial_cluster(inventory: Inventory) -> str:
     """ETCD_INITIAL_CLUSTER: the members etcd is made with, `name=peer URL` each."""
-    return ",".join(f"{member_name(h)}={_url(h, PEER_PORT)}" for h in inventory.coordinators)
+    return ",".join(f"{member_name(h)}={peer_url(h)}" for h in inventory.coordinators)
+
+
+def client(host: Host) -> dict:
+    """What remote.py needs to call the member on host as its own client (its URL, etcd's CA, its certificate)."""
+    return {"client_url": _url(host, CLIENT_PORT), "ca": f"{TLS_DIR}/{CA_CERT}", "cert": f"{TLS_DIR}/{MEMBER_CERT}",
+            "key": f"{TLS_DIR}/{MEMBER_KEY}"}
+
+
+def members_probe(host: Host) -> dict:
+    """The probe's request for the member list (answered where the host holds a member's data)."""
+    return {**client(host), "data_dir": DATA_DIR}
+
+
+def member_add(through: Host, host: Host) -> dict:
+    """remote.py's action that adds host's member, made through the member on `through`."""
+    return {"kind": "etcd_member", **client(through), "path": "/v3/cluster/member/add",
+            "body": {"peerURLs": [peer_url(host)]}}
+
+
+def member_remove(through: Host, member_id: str) -> dict:
+    return {"kind": "etcd_member", **client(through), "path": "/v3/cluster/member/remove", "body": {"ID": member_id}}
 
 
 def coordinator_args(inventory: Inventory, host: Host) -> str:
@@ -60,10 +86,12 @@ def coordinator_args(inventory: Inventory, host: Host) -> str:
             f"--etcd-key {TLS_DIR}/{MEMBER_KEY} --advertise-address {host.host}")
 
 
-def env_file(inventory: Inventory, host: Host, etcd_ca: bytes) -> bytes:
+def env_file(inventory: Inventory, host: Host, etcd_ca: bytes, initial: tuple[str, str] | None = None) -> bytes:
     """etcd's configuration, as the ETCD_* variables etcd reads (the data dir is on the unit's command line).
-    The initial cluster and its state `new` count only at a member's first start: a member whose data dir
-    exists joins with what it holds, so a second `up`, or a restart, never initialises it again."""
+    The initial cluster and its state count only at a member's first start: a member whose data dir exists
+    joins with what it holds, so a second `up`, or a restart, never initialises it again. initial: (cluster,
+    state) where they are not the inventory's coordinators and `new` (membership.initial says which)."""
+    cluster, state = initial or (initial_cluster(inventory), "new")
     tls = {"ETCD_CERT_FILE": f"{TLS_DIR}/{MEMBER_CERT}", "ETCD_KEY_FILE": f"{TLS_DIR}/{MEMBER_KEY}",
            "ETCD_TRUSTED_CA_FILE": f"{TLS_DIR}/{CA_CERT}", "ETCD_CLIENT_CERT_AUTH": "true"}
     values = {"ETCD_NAME": member_name(host),
@@ -71,8 +99,8 @@ def env_file(inventory: Inventory, host: Host, etcd_ca: bytes) -> bytes:
               "ETCD_ADVERTISE_CLIENT_URLS": _url(host, CLIENT_PORT),
               "ETCD_LISTEN_PEER_URLS": _url(host, PEER_PORT),
               "ETCD_INITIAL_ADVERTISE_PEER_URLS": _url(host, PEER_PORT),
-              "ETCD_INITIAL_CLUSTER": initial_cluster(inventory),
-              "ETCD_INITIAL_CLUSTER_STATE": "new",
+              "ETCD_INITIAL_CLUSTER": cluster,
+              "ETCD_INITIAL_CLUSTER_STATE": state,
               # Unique to this cluster's etcd CA: members of another cluster never take these for peers.
               "ETCD_INITIAL_CLUSTER_TOKEN": "tfcluster-" + hashlib.sha256(etcd_ca).hexdigest()[:16],
               **tls, **{k.replace("ETCD_", "ETCD_PEER_", 1): v for k, v in tls.items()},
@@ -85,19 +113,20 @@ def env_file(inventory: Inventory, host: Host, etcd_ca: bytes) -> bytes:
     return ("\n".join(lines) + "\n").encode()
 
 
-def add_member(wanted: Desired, inventory: Inventory, host: Host, tls: dict[str, bytes]) -> None:
+def add_member(wanted: Desired, inventory: Inventory, host: Host, tls: dict[str, bytes],
+               initial: tuple[str, str] | None = None) -> None:
     """The member's files and its service, to start before the coordinator. tls: ca.crt, member.crt, member.key."""
     wanted.files[f"{TLS_DIR}/{CA_CERT}"] = File(tls[CA_CERT], 0o644)
     wanted.files[f"{TLS_DIR}/{MEMBER_CERT}"] = File(tls[MEMBER_CERT], 0o644)
     wanted.files[f"{TLS_DIR}/{MEMBER_KEY}"] = File(tls[MEMBER_KEY], 0o600)
-    wanted.files[ETCD_ENV_FILE] = File(env_file(inventory, host, tls[CA_CERT]), 0o600)
+    wanted.files[ETCD_ENV_FILE] = File(env_file(inventory, host, tls[CA_CERT], initial), 0o600)
     wanted.files[f"{UNIT_DIR}/{ETCD_UNIT}"] = File(unit_text(ETCD_UNIT), 0o644)
     wanted.services[ETCD_UNIT] = Service(
         reads=(ETCD_ENV_FILE, f"{UNIT_DIR}/{ETCD_UNIT}", *(f"{TLS_DIR}/{n}" for n in (CA_CERT, MEMBER_CERT,
                                                                                         MEMBER_KEY))),
         env_file=ETCD_ENV_FILE, uses_software=False,
-        ready={"kind": "wait_etcd", "url": f"{_url(host, CLIENT_PORT)}/health", "ca": f"{TLS_DIR}/{CA_CERT}",
-               "cert": f"{TLS_DIR}/{MEMBER_CERT}", "key": f"{TLS_DIR}/{MEMBER_KEY}", "seconds": READY_SECONDS})
+        ready={"kind": "wait_etcd", "url": f"{_url(host, CLIENT_PORT)}/health", **client(host),
+               "seconds": READY_SECONDS})
 
 
 def owned_paths() -> list[str]:

@@ -1,45 +1,187 @@
-"""Whether the inventory's coordinators are the ones the cluster was made with. `up` makes etcd's members once,
-from the inventory (ETCD_INITIAL_CLUSTER counts only at a member's first start), and a single coordinator keeps
-the cluster's state in SQLite on its host. So a coordinator added to, removed from or moved in the inventory of
-a running cluster would leave a member that never joins, or a new etcd beside the old state. `up` does not change
-etcd's membership or move a SQLite store onto etcd: it refuses such a change before anything is written, saying
-what the cluster was made with and how to change it by hand (docs/operators.md#changing-the-coordinators).
+"""Whether the inventory's coordinators are the cluster's etcd members, and how `up` makes them so: the desired
+membership (the inventory's three coordinator hosts) against the actual one (what a live member lists).
 
-Pure: the probe's facts come in (remote.probe: `dirs`, `exists`, `env`), the problems go out.
+etcd's members change one at a time at runtime, through a live member, and a new member starts with the members
+it joins (ETCD_INITIAL_CLUSTER, ETCD_INITIAL_CLUSTER_STATE=existing): ETCD_INITIAL_CLUSTER counts only at a
+member's first start. So `up` replaces a coordinator host by adding the new host's member first and starting it
+(the cluster keeps its quorum while it grows), then stopping the departing host's coordinator, removing its member
+and taking etcd and the CA's key off that host. Members that stay keep the environment file they were made with:
+rewriting it would restart them for nothing.
+
+What `up` still refuses, before anything is written: moving a single coordinator's SQLite store onto etcd, going
+from three coordinators back to one, and replacing all three at once (no member would be left to add the new ones
+through, nor to hold the records). docs/operators.md#changing-the-coordinators says how.
+
+Pure: the probe's facts come in (remote.probe: `dirs`, `exists`, `env`, `etcd_members`), the problems, the
+change and the steps go out; reconfigure.py carries the steps out.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from tfcluster import layout
 from tfcluster.bringup import etcd
-from tfcluster.bringup.hostfiles import STATE_DIR
-from tfcluster.bringup.inventory import Inventory
+from tfcluster.bringup.desired import AGENT_UNIT, CA_DIR, COORDINATOR_UNIT, ENV_FILE
+from tfcluster.bringup.hostfiles import STATE_DIR, UNIT_DIR
+from tfcluster.bringup.inventory import Host, Inventory
+from tfcluster.bringup.plan import Step
 
-COORDINATOR_STORE = f"{STATE_DIR}/coordinator/{layout.COORDINATOR_DB}"  # the coordinator unit's --state-dir
+COORDINATOR_STATE = f"{STATE_DIR}/coordinator"
+COORDINATOR_STORE = f"{COORDINATOR_STATE}/{layout.COORDINATOR_DB}"  # the coordinator unit's --state-dir
 REMEDY = ("nothing was changed; remedy: list the coordinators the cluster was made with, or change them by hand "
           "first (docs/operators.md#changing-the-coordinators)")
 
 
-def probe_request() -> dict:
-    """What the probe must report for problems() (merged into each host's probe request)."""
-    return {"exists": [COORDINATOR_STORE], "env_files": [etcd.ETCD_ENV_FILE]}
+@dataclass(frozen=True)
+class Member:
+    """One of etcd's members as a member lists it; a member added but not started yet has no name."""
+    id: str
+    name: str
+    peer_url: str
+
+
+@dataclass(frozen=True)
+class Change:
+    through: Host                      # a coordinator host that stays, whose member answered: changes go through it
+    members: tuple[Member, ...]        # as it listed them before this run
+    joining: tuple[Host, ...]          # the inventory's coordinators whose member has not started, in order
+    leaving: tuple[Member, ...]        # members the inventory no longer names
+    dead: frozenset[str] = frozenset()  # ids of those whose host does not answer over SSH: removed first
+
+    def added(self, host: Host) -> bool:
+        """Whether host's member is already among etcd's (added by an earlier run that stopped before it started)."""
+        return any(m.peer_url == etcd.peer_url(host) for m in self.members)
+
+    def initial_cluster(self, host: Host) -> str:
+        """The joining host's ETCD_INITIAL_CLUSTER: every member once it is added (the hosts before it have been;
+        the dead ones were removed before any joined, the others leave after all have), each by its name."""
+        names = {etcd.peer_url(h): etcd.member_name(h) for h in self.joining}
+        urls = [m.peer_url for m in self.members if m.id not in self.dead]
+        urls += [etcd.peer_url(h) for h in self.joining[:self.joining.index(host) + 1] if etcd.peer_url(h) not in urls]
+        listed = {m.peer_url: m.name for m in self.members}
+        return ",".join(f"{names.get(url) or listed[url]}={url}" for url in urls)
+
+    def describe(self) -> list[str]:
+        return ([f"etcd's members now: {', '.join(m.name or m.peer_url for m in self.members)}"] +
+                [f"remove {m.name}'s member first: its host does not answer over SSH" for m in self.leaving
+                 if m.id in self.dead] +
+                [f"add {h.host}'s member ({etcd.peer_url(h)}) through {self.through.host}, then start it"
+                 for h in self.joining] +
+                [f"stop the coordinator on {m.name}, remove its member, take etcd and the CA's key off it"
+                 for m in self.leaving if m.id not in self.dead])
+
+
+def probe_request(inventory: Inventory, host: Host) -> dict:
+    """What the probe must report for problems() and change() (merged into each host's probe request)."""
+    request: dict = {"exists": [COORDINATOR_STORE], "env_files": [etcd.ETCD_ENV_FILE]}
+    if host.coordinator and inventory.on_etcd:
+        request["etcd_members"] = etcd.members_probe(host)
+    return request
+
+
+def _listed(inventory: Inventory, facts: dict[str, dict]) -> tuple[Host | None, list[Member], list[str]]:
+    """The first coordinator host whose member answered with its list, that list, and what the others said."""
+    errors = []
+    for host in inventory.coordinators:
+        said = facts.get(host.host, {}).get("etcd_members")
+        if said and "members" in said:
+            return host, [Member(str(m.get("ID", "")), m.get("name", ""), (m.get("peerURLs") or [""])[0])
+                          for m in said["members"]], errors
+        if said:
+            errors.append(f"{host.host}: {said['error']}")
+    return None, [], errors
+
+
+def _has_data(facts: dict[str, dict], host: Host) -> bool:
+    return bool(facts.get(host.host, {}).get("dirs", {}).get(etcd.DATA_DIR))
 
 
 def problems(inventory: Inventory, facts: dict[str, dict]) -> list[str]:
-    """One line per host whose etcd member or SQLite store says the cluster has other coordinators."""
-    wanted = etcd.initial_cluster(inventory) if inventory.on_etcd else ""
-    found = []
-    for host in inventory.hosts:
-        f = facts.get(host.host, {})
-        made = f.get("env", {}).get(etcd.ETCD_ENV_FILE, {}).get("ETCD_INITIAL_CLUSTER")
-        if f.get("dirs", {}).get(etcd.DATA_DIR) and made is not None and made != wanted:
-            found.append(f"{host.host}: its etcd member was made with the coordinators {_names(made)}; the "
-                         f"inventory names {_names(wanted) or 'one coordinator, without etcd'}")
-        elif inventory.on_etcd and host.coordinator and f.get("exists", {}).get(COORDINATOR_STORE):
-            found.append(f"{host.host}: its coordinator keeps the cluster's state in SQLite ({COORDINATOR_STORE}); "
-                         f"three coordinators keep it on etcd, and `up` does not move it there")
+    """One line per reason the inventory's coordinators cannot be made the cluster's as it stands."""
+    on_etcd = [h for h in inventory.hosts if _has_data(facts, h)
+               and facts[h.host].get("env", {}).get(etcd.ETCD_ENV_FILE, {}).get("ETCD_INITIAL_CLUSTER") is not None]
+    if not inventory.on_etcd:
+        return [f"{h.host}: holds an etcd member of the cluster; the inventory names one coordinator, without etcd, "
+                f"and `up` does not move the cluster's records off etcd" for h in on_etcd]
+    if not any(h.coordinator for h in on_etcd):
+        sqlite = [f"{h.host}: its coordinator keeps the cluster's state in SQLite ({COORDINATOR_STORE}); three "
+                  f"coordinators keep it on etcd, and `up` does not move it there"
+                  for h in inventory.coordinators if facts.get(h.host, {}).get("exists", {}).get(COORDINATOR_STORE)]
+        joined = [h.host for h in inventory.agents if facts.get(h.host, {}).get("joined")]
+        return sqlite or ([f"{', '.join(joined)}: joined a cluster none of whose coordinators the inventory names "
+                           f"(no coordinator host holds an etcd member): replace at most two coordinators at a time, "
+                           f"or `tfcluster down --purge` these nodes to make a new cluster"] if joined else [])
+    through, members, errors = _listed(inventory, facts)
+    new = [h.host for h in inventory.coordinators if not _has_data(facts, h)]
+    if through is None and new:
+        return [f"{', '.join(new)}: to add its member, `up` needs etcd's member list, and no member answered: "
+                + "; ".join(errors)]
+    if through is not None and not any(m.peer_url == etcd.peer_url(through) for m in members):
+        return [f"{through.host}: its etcd member answered but is not among the members it lists"]
+    return []
+
+
+def change(inventory: Inventory, facts: dict[str, dict]) -> Change | None:
+    """The members to add and remove, or None where etcd's members are the inventory's (or nobody can say: a
+    cluster being made, or one whose members do not answer while every coordinator host holds a member's data).
+    Call after problems() found none."""
+    through, members, _ = _listed(inventory, facts)
+    if not inventory.on_etcd or through is None:
+        return None
+    wanted = {etcd.peer_url(h) for h in inventory.coordinators}
+    if wanted == {m.peer_url for m in members}:
+        return None
+    joining = tuple(h for h in inventory.coordinators if not _has_data(facts, h))
+    return Change(through, tuple(members), joining, tuple(m for m in members if m.peer_url not in wanted))
+
+
+def initial(inventory: Inventory, facts: dict[str, dict], change: Change | None) -> dict[str, tuple[str, str]]:
+    """Each coordinator host's member's (ETCD_INITIAL_CLUSTER, ETCD_INITIAL_CLUSTER_STATE) where it is not the
+    inventory's and `new`: as it was made where its member has data (so that it is not rewritten and restarted),
+    the members it joins where it joins a running cluster."""
+    found = {}
+    for host in inventory.coordinators:
+        made = facts.get(host.host, {}).get("env", {}).get(etcd.ETCD_ENV_FILE, {})
+        if _has_data(facts, host) and made.get("ETCD_INITIAL_CLUSTER"):
+            found[host.host] = (made["ETCD_INITIAL_CLUSTER"], made.get("ETCD_INITIAL_CLUSTER_STATE", "new"))
+        elif change is not None and host in change.joining:
+            found[host.host] = (change.initial_cluster(host), "existing")
     return found
 
 
-def _names(initial_cluster: str) -> str:
-    return ", ".join(member.split("=", 1)[0] for member in initial_cluster.split(",") if member)
+def leaving_host(inventory: Inventory, member: Member) -> Host:
+    """How to reach a departing member's host: as the inventory lists it where it stays a node, else by the
+    member's name (the host it was brought up as) with the inventory's SSH settings."""
+    for host in inventory.hosts:
+        if etcd.peer_url(host) == member.peer_url or host.host == member.name:
+            return host
+    return Host(member.name, inventory.ssh.port)
+
+
+def add_step(change: Change, host: Host) -> Step:
+    return Step(f"add {host.host}'s etcd member ({etcd.peer_url(host)}) through {change.through.host}",
+                etcd.member_add(change.through, host))
+
+
+def remove_step(change: Change, member: Member) -> Step:
+    return Step(f"remove {member.name or member.peer_url}'s etcd member through {change.through.host}",
+                etcd.member_remove(change.through, member.id))
+
+
+def stop_coordinator() -> Step:
+    return Step(f"stop {COORDINATOR_UNIT}", {"kind": "stop", "service": COORDINATOR_UNIT})
+
+
+def retire_steps(inventory: Inventory, host: Host) -> list[Step]:
+    """After its member was removed: etcd stopped and its data, files and the CA's key gone from the host (a
+    removed member never rejoins with its old data). A host the inventory no longer names loses its agent and
+    tfcluster's software too; its agent's state stays, as `down` keeps it."""
+    stays = any(h.host == host.host for h in inventory.hosts)
+    steps = [Step(f"stop {etcd.ETCD_UNIT}", {"kind": "stop", "service": etcd.ETCD_UNIT})]
+    paths = [*etcd.owned_paths(), etcd.TLS_DIR, etcd.DATA_DIR, f"{UNIT_DIR}/{COORDINATOR_UNIT}", CA_DIR,
+             COORDINATOR_STATE]
+    if not stays:
+        steps.append(Step(f"stop {AGENT_UNIT}", {"kind": "stop", "service": AGENT_UNIT}))
+        paths += [f"{UNIT_DIR}/{AGENT_UNIT}", ENV_FILE, inventory.software.prefix]
+    return steps + [Step(f"remove {', '.join(paths)}", {"kind": "remove", "paths": paths})]

@@ -65,7 +65,53 @@ def probe(request):
             "programs": {path: os.access(path, os.X_OK) for path in request.get("programs", [])},
             "dirs": {path: os.path.isdir(path) for path in request["dirs"]},
             "exists": {path: os.path.exists(path) for path in request.get("exists", [])},
-            "env": {path: env_values(path) for path in request.get("env_files", [])}}
+            "env": {path: env_values(path) for path in request.get("env_files", [])},
+            "etcd_members": etcd_members(request.get("etcd_members"))}
+
+
+def etcd_members(request):
+    """The members of the etcd cluster this host's member belongs to, as that member lists them ({"members":
+    [...]}, {"error": ...} when it does not answer, None when the host has no member's data)."""
+    if not request or not os.path.isdir(request["data_dir"]):
+        return None
+    try:
+        return {"members": etcd_call(request, "/v3/cluster/member/list", {}, 3).get("members", [])}
+    except (OSError, ValueError, StepFailed) as e:
+        return {"error": str(e)}
+
+
+def etcd_call(step, path, body, timeout):
+    """POST body to path on the member's client URL (etcd's JSON gateway), with the member's certificate."""
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(step["client_url"] + path, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout, context=etcd_tls(step)) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as e:  # etcd's own reason is in the body ({"error": ..., "message": ...})
+        said = e.read().decode(errors="replace")
+        try:
+            said = json.loads(said).get("message") or said
+        except ValueError:
+            pass
+        raise StepFailed("etcd at %s: %s: %s" % (step["client_url"], path, said.strip()[:500])) from None
+
+
+def etcd_tls(step):
+    """TLS as the member's own client: etcd's CA, the member's certificate."""
+    import ssl
+
+    context = ssl.create_default_context(cafile=step["ca"])
+    context.load_cert_chain(step["cert"], step["key"])
+    return context
+
+
+def etcd_member(step):
+    """A change of etcd's membership made through this host's member (it needs the quorum: etcd refuses one
+    that would leave too few members started)."""
+    etcd_call(step, step["path"], step["body"], 10)
 
 
 def env_values(path):
@@ -215,11 +261,9 @@ def stop(name):
 def wait_etcd(step):
     """Until the etcd member says its cluster has a leader and commits: the members of a new cluster start on
     their hosts in parallel, and the coordinator started next needs the quorum."""
-    import ssl
     import urllib.request
 
-    context = ssl.create_default_context(cafile=step["ca"])
-    context.load_cert_chain(step["cert"], step["key"])
+    context = etcd_tls(step)
     deadline, said = time.monotonic() + step["seconds"], "no answer"
     while time.monotonic() < deadline:
         try:
@@ -244,7 +288,7 @@ def remove(step):
 
 
 ACTIONS = {"write": write_file, "install": install, "start": start, "stop": lambda step: stop(step["service"]),
-           "remove": remove, "wait_etcd": wait_etcd}
+           "remove": remove, "wait_etcd": wait_etcd, "etcd_member": etcd_member}
 
 
 def apply(request):

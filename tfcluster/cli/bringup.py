@@ -87,7 +87,8 @@ def down(
 ) -> None:
     """Stop the services `tfcluster up` started and remove their units and the virtualenv; each host's state and
     certificates stay unless --purge (the operator's CA stays either way)."""
-    from tfcluster.bringup.converge import Failed, down as take_down
+    from tfcluster.bringup.converge import Failed
+    from tfcluster.bringup.teardown import down as take_down
 
     run = _load(inventory, operator_dir, check)
     try:
