@@ -349,3 +349,53 @@ def replace_a_coordinator(hosts: SshHosts, cluster: Path, tfcluster, admin: dict
     after = job()
     assert after["state"] == "RUNNING" and after["restarts"] == 0 and after["tasks"] == before["tasks"], (before, after)
     print(f"dead coord replaced by coord5 with the job running: {took:.1f} s, the job kept its tasks\n{moved.stdout}")
+
+
+def test_one_coordinator_becomes_three_on_etcd_and_keeps_its_jobs(tmp_path, built_wheelhouse):
+    """A cluster of one coordinator (SQLite) and a node, a job done and one running; two coordinators added to the
+    inventory: `up` makes the three etcd members, moves the records into etcd and starts the three coordinators
+    on it; the running job keeps its task and the finished one is still there."""
+    names = ("coord", "coord2", "coord3", "node1")
+    with SshHosts(tmp_path, {n: HA_HOSTS[n] for n in names}) as hosts:
+        cluster = tmp_path / "cluster.toml"
+        cluster.write_text(inventory(hosts.key, ["node1"]))
+
+        def tfcluster(*args: str, **env: str) -> subprocess.CompletedProcess:
+            return hosts.operator([TFCLUSTER, *args], capture_output=True, text=True, timeout=400,
+                                  env={**os.environ, "NO_COLOR": "1", **env})
+        first = tfcluster("up", str(cluster))
+        assert first.returncode == 0, first.stdout + first.stderr + logs(hosts)
+        admin = {"TFCLUSTER_TLS_DIR": str(tmp_path / "cluster.tfcluster" / "ca" / "admin"),
+                 "TFCLUSTER_COORDINATOR": f"{HOSTS['coord']}:7070"}
+        done = tfcluster("start", "--name", "hello", "--strategy", "multi_worker_mirrored", "--workers", "1",
+                         "--wait", "--", "python", "-c", "print(1)", **admin)
+        assert done.returncode == 0 and "SUCCEEDED" in done.stdout + done.stderr, done.stdout + done.stderr
+        start = tfcluster("start", "--name", "sleeper", "--strategy", "multi_worker_mirrored", "--workers", "1", "--",
+                          "python", "-c", SLEEPER, **admin)
+        assert start.returncode == 0, start.stdout + start.stderr
+        job = lambda: json.loads(tfcluster_python(hosts, JOB_STATE, admin).stdout)  # noqa: E731
+        wait_until(lambda: job()["state"] == "RUNNING" and all(t[1] == "RUNNING" for t in job()["tasks"]), 60,
+                   what="the job RUNNING")
+        before = job()
+
+        cluster.write_text(cluster.read_text() + "".join(f'\n[[coordinators]]\nhost = "{HA_HOSTS[n]}"\n'
+                                                         for n in ("coord2", "coord3")))
+        started = time.monotonic()
+        grown = tfcluster("up", str(cluster))
+        took = time.monotonic() - started
+        assert grown.returncode == 0, grown.stdout + grown.stderr + logs(hosts)
+        assert f"{HOSTS['coord']}: the cluster's records were copied from SQLite into etcd and checked" in grown.stdout
+        addresses = [HA_HOSTS[n] for n in ("coord", "coord2", "coord3")]
+        members = hosts.on("coord", ["python3", "-c", MEMBERS.format(address=addresses[0])], capture_output=True,
+                           text=True)
+        assert json.loads(members.stdout) == sorted(addresses), members.stdout + members.stderr
+        admin["TFCLUSTER_COORDINATOR"] = ",".join(f"{a}:7070" for a in addresses)
+        after = job()
+        assert after["state"] == "RUNNING" and after["restarts"] == 0 and after["tasks"] == before["tasks"], (before, after)
+        hello = tfcluster_python(hosts, "from tfcluster import Cluster\nwith Cluster() as c:\n"
+                                        "    print(c.jobs(name='hello')[-1].state)", admin)
+        assert hello.stdout.strip() == "SUCCEEDED", hello.stdout
+        again = tfcluster("up", str(cluster))
+        assert again.returncode == 0 and "nothing to change" in again.stdout, again.stdout + again.stderr
+        print(f"\none coordinator became three on etcd with a job running: {took:.1f} s, the job kept its task\n"
+              f"{grown.stdout}")

@@ -102,14 +102,6 @@ def test_up_refuses_to_take_a_cluster_off_etcd_before_writing_anything():
         "not move the cluster's records off etcd"]
 
 
-def test_up_refuses_to_put_three_coordinators_over_a_single_ones_sqlite_state():
-    from tfcluster.bringup.membership import COORDINATOR_STORE, problems
-    facts = {"c1": {"dirs": {}, "exists": {COORDINATOR_STORE: True}, "env": {}}}
-    assert problems(INVENTORY, facts) == [
-        f"c1: its coordinator keeps the cluster's state in SQLite ({COORDINATOR_STORE}); three coordinators keep it "
-        "on etcd, and `up` does not move it there"]
-
-
 def test_the_probe_reads_the_env_files_up_wrote(tmp_path):
     from tfcluster.bringup import remote
     written = tmp_path / "etcd.env"

@@ -137,8 +137,8 @@ def test_replacing_all_three_is_refused_once_nodes_have_joined():
     seen["n1"] = {"joined": True}
     assert membership.problems(moved, seen) == [
         "n1: joined a cluster none of whose coordinators the inventory names (no coordinator host holds an etcd "
-        "member): replace at most two coordinators at a time, or `tfcluster down --purge` these nodes to make a "
-        "new cluster"]
+        "member or the cluster's SQLite store): replace at most two coordinators at a time, or `tfcluster down "
+        "--purge` these nodes to make a new cluster"]
 
 
 class Unreachable(Exception):
@@ -189,3 +189,25 @@ def test_a_host_lost_during_the_change_leaves_etcd_after_the_new_member_joined()
     done, warnings = carried_out(dead=set(), lost={"c3"})
     assert done == ["c1: add c4's etcd member", "c4: bring up", "c1: remove c3's etcd member through c1"]
     assert len(warnings) == 1 and "Connection refused" in warnings[0]
+
+
+def test_one_coordinator_becoming_three_moves_its_sqlite_store_into_etcd_once():
+    from tfcluster.bringup.membership import COORDINATOR_STORE, MOVED_MARK
+    single = {"c1": {"dirs": {}, "exists": {COORDINATOR_STORE: True}, "env": {}}, "n1": {"joined": True}}
+    assert membership.problems(MADE, single) == []
+    assert membership.moving_store(MADE, single).host == "c1"
+    assert membership.change(MADE, single) is None, "the three members are made new"
+    steps = membership.move_steps(MADE, host(MADE, "c1"))
+    assert [s.action["kind"] for s in steps] == ["stop", "run", "write"]
+    argv = steps[1].action["argv"]
+    assert argv[:3] == ["/opt/tfcluster/bin/tfcluster", "coordinator", "migrate-store"] and "--force" not in argv
+    assert argv[argv.index("--from") + 1] == f"sqlite://{COORDINATOR_STORE}"
+    assert argv[argv.index("--to") + 1] == "etcd://10.0.0.1:2379,10.0.0.2:2379,10.0.0.3:2379/tfcluster"
+    assert steps[2].action["path"] == MOVED_MARK
+    moved = {"c1": {"dirs": {}, "exists": {COORDINATOR_STORE: True, MOVED_MARK: True}, "env": {}}}
+    assert membership.moving_store(MADE, moved) is None, "moved once: the SQLite file is a backup"
+    assert membership.moving_store(inventory("c1"), single) is None, "one coordinator stays on SQLite"
+    two = {**single, "c2": single["c1"]}
+    assert membership.problems(MADE, two) == [
+        f"c1, c2: each holds a coordinator's SQLite store ({COORDINATOR_STORE}), and only one can move to etcd: "
+        "`tfcluster down --purge` the others first"]

@@ -1,68 +1,30 @@
-"""`up` and `down` from start to end: probe every host, make the CA once, build the software, plan each host,
-apply the plans (coordinators first, then agents, each with a join token made for it), and wait until every node
-is READY. Hosts are handled in parallel; a host that fails is named with its step and what to do, and the others
-go on."""
+"""`up` from start to end: probe every host, make the CA once, build the software, plan each host, apply the plans
+(coordinators first, then agents, each with a join token made for it), and wait until every node is READY.
+Hosts are handled in parallel (applying.py); a host that fails is named with its step and what to do, and the
+others go on. A change of the coordinators goes through reconfigure.py, a new release through upgrade.py."""
 
 from __future__ import annotations
 
 import socket
 import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Callable
 
 from tfcluster.bringup import etcd, membership
 from tfcluster.bringup import plan as planning
 from tfcluster.bringup import reconfigure, upgrade
-from tfcluster.bringup.desired import AGENT_UNIT, COORDINATOR_UNIT, JOIN_TOKEN_FILE, NODE_CERT_PATH, WHEELHOUSE_DIR
+from tfcluster.bringup.applying import Failed, Run, apply, apply_steps
+from tfcluster.bringup.desired import AGENT_UNIT, COORDINATOR_UNIT, JOIN_TOKEN_FILE, NODE_CERT_PATH
 from tfcluster.bringup.desired import desired, owned_paths, services
 from tfcluster.bringup.etcd import ETCD_BINARY, INSTALL_REMEDY
 from tfcluster.bringup.inventory import Host, Inventory
-from tfcluster.bringup.ssh import Connections, SshError
+from tfcluster.bringup.ssh import Connections
 from tfcluster.bringup.wheelhouse import WheelhouseError, cache_dir, checkout, software_id, wheelhouse
 from tfcluster.errors import ClusterError
 
 JOIN_TOKEN_TTL_SECONDS = 3600
 READY_TIMEOUT_SECONDS = 180
 POLL_SECONDS = 0.5
-
-
-class Failed(Exception):
-    """`up` or `down` could not finish; the message names the host, the step and the remedy."""
-
-
-@dataclass
-class Run:
-    inventory: Inventory
-    operator_dir: Path                 # the CA and the admin's credentials live here
-    say: Callable[[str], None]
-    check: bool = False
-    batch: int = upgrade.DEFAULT_BATCH  # agents upgraded at a time (upgrade.py)
-    upgrade_only: bool = False         # `tfcluster upgrade`: every host must be up already
-    started: float = field(default_factory=time.monotonic)
-    facts: dict[str, dict] = field(default_factory=dict)
-    failures: list[str] = field(default_factory=list)
-
-    def elapsed(self) -> float:
-        return time.monotonic() - self.started
-
-    def each(self, hosts, work: Callable[[Host], object]) -> dict[str, object]:
-        """work(host) for each host in parallel; a host whose work raised SshError/Failed is recorded as failed."""
-        results: dict[str, object] = {}
-
-        def guarded(host: Host):
-            try:
-                results[host.host] = work(host)
-            except (SshError, Failed) as e:
-                self.failures.append(f"{host.host}: {e}")
-        with ThreadPoolExecutor(max_workers=max(1, min(32, len(hosts)))) as pool:
-            list(pool.map(guarded, hosts))
-        return results
-
-    def stop_on_failures(self, during: str) -> None:
-        if self.failures:
-            raise Failed(f"{during} failed on {len(self.failures)} host(s):\n  " + "\n  ".join(self.failures))
 
 
 def probe(run: Run, ssh: Connections) -> None:
@@ -127,7 +89,11 @@ def up(run: Run) -> list[list[str]] | None:
         for h in inv.hosts:
             changes = plans[h.host].changes
             run.say(f"{h.host} ({h.roles}): " + ("as it should be" if not changes else "\n  " + "\n  ".join(changes)))
-        rolling = rolling_hosts(run, plans)
+        moving = membership.moving_store(inv, run.facts)
+        if moving:
+            run.say(f"one coordinator becomes three: {moving.host}'s records move from SQLite to etcd once the "
+                    f"three members serve, then the three coordinators start on etcd")
+        rolling = [h for h in rolling_hosts(run, plans) if h != moving]  # its coordinator stops anyway
         if run.upgrade_only:
             refuse_bare_hosts(run)
         if rolling:
@@ -143,7 +109,7 @@ def up(run: Run) -> list[list[str]] | None:
             hosts = ", ".join(h.host for h in inv.hosts if not run.facts[h.host]["systemd"])
             run.say(f"no systemd runs {hosts}: the units' command lines run there as background daemons (pid files "
                     f"in /run/tfcluster, logs in /var/log/tfcluster), which nothing restarts if they die")
-        tokens = converge(run, ssh, plans, rolling, release(ids), change)
+        tokens = converge(run, ssh, plans, rolling, release(ids), change, moving)
         table = wait_ready(run)
         joined = [h for h in inv.hosts if h.host in tokens]
         run.each(joined, lambda h: apply_steps(ssh, h, [planning.Step(
@@ -152,7 +118,7 @@ def up(run: Run) -> list[list[str]] | None:
 
 
 def converge(run: Run, ssh: Connections, plans: dict[str, planning.HostPlan], rolling: list[Host],
-             new: str, change: membership.Change | None = None) -> dict[str, str]:
+             new: str, change: membership.Change | None = None, moving: Host | None = None) -> dict[str, str]:
     """Applies the plans: coordinators first (a rolling upgrade one by one; with a change of the coordinators,
     the joining hosts, the departing ones, then those that stay one by one), then the agents with the join tokens
     their coordinator makes. Returns those tokens, by host."""
@@ -167,10 +133,13 @@ def converge(run: Run, ssh: Connections, plans: dict[str, planning.HostPlan], ro
     joining = change.joining if change else ()
     restarting = [h for h in coordinators if change and h not in joining and h.host not in later
                   and plans[h.host].steps and any(run.facts[h.host]["running"].values())]
-    apply(run, ssh, [h for h in coordinators if h not in rolling and h not in joining and h not in restarting],
-          plans, wheelhouses, {})
+    first = [h for h in coordinators if h not in rolling and h not in joining and h not in restarting]
+    if moving:
+        reconfigure.move_store(run, ssh, first, plans, wheelhouses, moving)
+    else:
+        apply(run, ssh, first, plans, wheelhouses, {})
     if change:
-        change_members(run, ssh, change, plans, wheelhouses)
+        reconfigure.carry_out(run, ssh, change, plans, wheelhouses)
     roll(run, ssh, [h for h in coordinators if h in rolling or h in restarting], plans, wheelhouses, new)
     tokens = join_tokens(run, [h for h in inv.hosts if h.agent and plans[h.host].needs_token])
     for host, (_, then) in later.items():
@@ -178,20 +147,6 @@ def converge(run: Run, ssh: Connections, plans: dict[str, planning.HostPlan], ro
     apply(run, ssh, joining_later + [h for h in agents if h not in rolling], plans, wheelhouses, tokens)
     roll(run, ssh, [h for h in agents if h in rolling], plans, wheelhouses, new)
     return tokens
-
-
-def change_members(run: Run, ssh: Connections, change: membership.Change, plans: dict[str, planning.HostPlan],
-                   wheelhouses: dict[tuple[str, str], Path]) -> None:
-    """The change of the coordinators carried out (reconfigure.py), each joining host brought up by its plan."""
-    def steps_on(host: Host, steps: list[planning.Step]) -> None:
-        try:
-            apply_steps(ssh, host, steps)
-        except (SshError, Failed) as e:
-            raise Failed(f"{host.host}: {e}") from None
-
-    bring_up = lambda host: apply(run, ssh, [host], plans, wheelhouses, {})  # noqa: E731
-    for warning in reconfigure.change_members(run.inventory, change, steps_on, bring_up, (Failed,), run.say):
-        run.say(f"warning: {warning}")
 
 
 def software_ids(run: Run) -> dict[str, str]:
@@ -285,33 +240,6 @@ def build_wheelhouses(run: Run, plans: dict[str, planning.HostPlan]) -> dict[tup
         except WheelhouseError as e:
             raise Failed(f"operator: step build the wheelhouse: {e}") from None
     return built
-
-
-def apply(run: Run, ssh: Connections, hosts: list[Host], plans: dict[str, planning.HostPlan],
-          wheelhouses: dict[tuple[str, str], Path], tokens: dict[str, str]) -> None:
-    def one(host: Host) -> None:
-        plan = plans[host.host]
-        if plan.needs_wheelhouse:
-            facts = run.facts[host.host]
-            try:
-                ssh.send_tree(host, wheelhouses[(facts["python"], facts["machine"])], WHEELHOUSE_DIR)
-            except SshError as e:
-                raise Failed(f"step copy the wheelhouse: {e}") from None
-        steps = planning.with_token(plan, tokens[host.host]) if host.host in tokens else plan.steps
-        apply_steps(ssh, host, steps)
-    run.each([h for h in hosts if plans[h.host].steps or h.host in tokens], one)
-    run.stop_on_failures("applying")
-
-
-def apply_steps(ssh: Connections, host: Host, steps: list[planning.Step]) -> None:
-    if not steps:
-        return
-    answer = ssh.helper(host, {"op": "apply", "steps": [dict(s.action, name=s.name) for s in steps]})
-    if "failed" in answer:
-        left = [s.name for s in steps][len(answer["done"]):]
-        raise Failed(f"step {answer['failed']!r} failed: {answer['error']}\n    done: {len(answer['done'])} step(s); "
-                     f"not done: {', '.join(left)}\n    remedy: fix the cause, then run `tfcluster up` again: it "
-                     f"redoes only what is not done")
 
 
 def join_tokens(run: Run, agents: list[Host]) -> dict[str, str]:

@@ -82,8 +82,13 @@ def member_remove(through: Host, member_id: str) -> dict:
 def coordinator_args(inventory: Inventory, host: Host) -> str:
     """The coordinator's flags for the store (TFCLUSTER_COORDINATOR_ARGS): the three members, the member's
     certificate as its client certificate, and the name agents and clients reach it by when it leads."""
-    return (f"--store {store_url(inventory)} --etcd-ca {TLS_DIR}/{CA_CERT} --etcd-cert {TLS_DIR}/{MEMBER_CERT} "
-            f"--etcd-key {TLS_DIR}/{MEMBER_KEY} --advertise-address {host.host}")
+    return f"--store {store_url(inventory)} {' '.join(client_flags())} --advertise-address {host.host}"
+
+
+def client_flags() -> list[str]:
+    """A coordinator host's flags for reaching etcd as a client: the member's certificate."""
+    return ["--etcd-ca", f"{TLS_DIR}/{CA_CERT}", "--etcd-cert", f"{TLS_DIR}/{MEMBER_CERT}", "--etcd-key",
+            f"{TLS_DIR}/{MEMBER_KEY}"]
 
 
 def env_file(inventory: Inventory, host: Host, etcd_ca: bytes, initial: tuple[str, str] | None = None) -> bytes:

@@ -8,9 +8,14 @@ member's first start. So `up` replaces a coordinator host by adding the new host
 and taking etcd and the CA's key off that host. Members that stay keep the environment file they were made with:
 rewriting it would restart them for nothing.
 
-What `up` still refuses, before anything is written: moving a single coordinator's SQLite store onto etcd, going
-from three coordinators back to one, and replacing all three at once (no member would be left to add the new ones
-through, nor to hold the records). docs/operators.md#changing-the-coordinators says how.
+One coordinator becoming three moves the cluster's records: the three members are made and started, the single
+coordinator is stopped, `tfcluster coordinator migrate-store` copies its SQLite store into etcd (and checks the
+copy), and only then do the three coordinators start on etcd. A mark beside the store says it moved: the SQLite
+file stays as a backup, and is never copied again.
+
+What `up` still refuses, before anything is written: going from three coordinators back to one, and replacing
+all three at once (no member would be left to add the new ones through, nor to hold the records).
+docs/operators.md#changing-the-coordinators says how.
 
 Pure: the probe's facts come in (remote.probe: `dirs`, `exists`, `env`, `etcd_members`), the problems, the
 change and the steps go out; reconfigure.py carries the steps out.
@@ -25,10 +30,11 @@ from tfcluster.bringup import etcd
 from tfcluster.bringup.desired import AGENT_UNIT, CA_DIR, COORDINATOR_UNIT, ENV_FILE
 from tfcluster.bringup.hostfiles import STATE_DIR, UNIT_DIR
 from tfcluster.bringup.inventory import Host, Inventory
-from tfcluster.bringup.plan import Step
+from tfcluster.bringup.plan import Step, write_action
 
 COORDINATOR_STATE = f"{STATE_DIR}/coordinator"
 COORDINATOR_STORE = f"{COORDINATOR_STATE}/{layout.COORDINATOR_DB}"  # the coordinator unit's --state-dir
+MOVED_MARK = f"{COORDINATOR_STATE}/moved-to-etcd"   # written once the store above was copied into etcd
 REMEDY = ("nothing was changed; remedy: list the coordinators the cluster was made with, or change them by hand "
           "first (docs/operators.md#changing-the-coordinators)")
 
@@ -74,7 +80,7 @@ class Change:
 
 def probe_request(inventory: Inventory, host: Host) -> dict:
     """What the probe must report for problems() and change() (merged into each host's probe request)."""
-    request: dict = {"exists": [COORDINATOR_STORE], "env_files": [etcd.ETCD_ENV_FILE]}
+    request: dict = {"exists": [COORDINATOR_STORE, MOVED_MARK], "env_files": [etcd.ETCD_ENV_FILE]}
     if host.coordinator and inventory.on_etcd:
         request["etcd_members"] = etcd.members_probe(host)
     return request
@@ -104,14 +110,16 @@ def problems(inventory: Inventory, facts: dict[str, dict]) -> list[str]:
     if not inventory.on_etcd:
         return [f"{h.host}: holds an etcd member of the cluster; the inventory names one coordinator, without etcd, "
                 f"and `up` does not move the cluster's records off etcd" for h in on_etcd]
-    if not any(h.coordinator for h in on_etcd):
-        sqlite = [f"{h.host}: its coordinator keeps the cluster's state in SQLite ({COORDINATOR_STORE}); three "
-                  f"coordinators keep it on etcd, and `up` does not move it there"
-                  for h in inventory.coordinators if facts.get(h.host, {}).get("exists", {}).get(COORDINATOR_STORE)]
+    sqlite = [h.host for h in inventory.coordinators if _on_sqlite(facts, h)]
+    if len(sqlite) > 1:
+        return [f"{', '.join(sqlite)}: each holds a coordinator's SQLite store ({COORDINATOR_STORE}), and only one "
+                f"can move to etcd: `tfcluster down --purge` the others first"]
+    if not any(h.coordinator for h in on_etcd):  # a new cluster, or one coordinator's becoming three
         joined = [h.host for h in inventory.agents if facts.get(h.host, {}).get("joined")]
-        return sqlite or ([f"{', '.join(joined)}: joined a cluster none of whose coordinators the inventory names "
-                           f"(no coordinator host holds an etcd member): replace at most two coordinators at a time, "
-                           f"or `tfcluster down --purge` these nodes to make a new cluster"] if joined else [])
+        return [f"{', '.join(joined)}: joined a cluster none of whose coordinators the inventory names (no "
+                f"coordinator host holds an etcd member or the cluster's SQLite store): replace at most two "
+                f"coordinators at a time, or `tfcluster down --purge` these nodes to make a new cluster"
+                ] if joined and not sqlite else []
     through, members, errors = _listed(inventory, facts)
     new = [h.host for h in inventory.coordinators if not _has_data(facts, h)]
     if through is None and new:
@@ -120,6 +128,32 @@ def problems(inventory: Inventory, facts: dict[str, dict]) -> list[str]:
     if through is not None and not any(m.peer_url == etcd.peer_url(through) for m in members):
         return [f"{through.host}: its etcd member answered but is not among the members it lists"]
     return []
+
+
+def _on_sqlite(facts: dict[str, dict], host: Host) -> bool:
+    exists = facts.get(host.host, {}).get("exists", {})
+    return bool(exists.get(COORDINATOR_STORE)) and not exists.get(MOVED_MARK)
+
+
+def moving_store(inventory: Inventory, facts: dict[str, dict]) -> Host | None:
+    """The coordinator host whose SQLite store moves to etcd in this run (one coordinator becoming three), if any.
+    Call after problems() found none."""
+    if not inventory.on_etcd:
+        return None
+    return next((h for h in inventory.coordinators if _on_sqlite(facts, h)), None)
+
+
+def move_steps(inventory: Inventory, host: Host) -> list[Step]:
+    """On the single coordinator's host, once the three members serve: its coordinator stopped, its store copied
+    into etcd (migrate-store refuses a target that holds records, and reads the copy back), and the mark written."""
+    argv = [f"{inventory.software.prefix}/bin/tfcluster", "coordinator", "migrate-store", "--from",
+            f"sqlite://{COORDINATOR_STORE}", "--to", etcd.store_url(inventory), *etcd.client_flags()]
+    return [Step(f"stop {COORDINATOR_UNIT} (its records move to etcd)", {"kind": "stop", "service": COORDINATOR_UNIT}),
+            Step(f"copy the cluster's records from {COORDINATOR_STORE} into etcd",
+                 {"kind": "run", "argv": argv, "what": "tfcluster coordinator migrate-store"}),
+            Step(f"write {MOVED_MARK}", write_action(MOVED_MARK, b"the SQLite store beside this file was copied into "
+                                                                 b"etcd by `tfcluster up`; it is kept as a backup\n",
+                                                     0o600))]
 
 
 def change(inventory: Inventory, facts: dict[str, dict]) -> Change | None:

@@ -95,8 +95,13 @@ def until_agent_starts(plan: HostPlan) -> tuple[list[Step], list[Step]]:
     """The plan's steps before its agent's start, and the agent's start with what follows it. A coordinator host
     that is also a node runs the first part with the coordinators, the second once its join token exists (the
     coordinator makes it)."""
+    return until_starts(plan, AGENT_UNIT)
+
+
+def until_starts(plan: HostPlan, service: str) -> tuple[list[Step], list[Step]]:
+    """The plan's steps before service's start, and its start with what follows it."""
     at = next((i for i, s in enumerate(plan.steps)
-               if s.action["kind"] == "start" and s.action["service"] == AGENT_UNIT), len(plan.steps))
+               if s.action["kind"] == "start" and s.action["service"] == service), len(plan.steps))
     return plan.steps[:at], plan.steps[at:]
 
 

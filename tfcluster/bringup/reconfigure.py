@@ -12,15 +12,19 @@ coordinator would still hold a certificate etcd trusts.
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 from typing import Callable
 
 from tfcluster.bringup import membership
+from tfcluster.bringup import plan as planning
+from tfcluster.bringup.applying import Failed, Run, apply, apply_steps
+from tfcluster.bringup.desired import COORDINATOR_UNIT
 from tfcluster.bringup.inventory import Host, Inventory
 from tfcluster.bringup.plan import Step
 from tfcluster.bringup.ssh import Connections, SshError
 
-ApplySteps = Callable[[Host, list[Step]], None]     # converge.apply_steps on one host, raising on a failure
-BringUp = Callable[[Host], None]                    # converge.apply of the host's whole plan
+ApplySteps = Callable[[Host, list[Step]], None]     # applying.apply_steps on one host, raising on a failure
+BringUp = Callable[[Host], None]                    # applying.apply of the host's whole plan
 
 
 def with_dead_members(inventory: Inventory, ssh: Connections,
@@ -86,3 +90,36 @@ def _unreached(host: Host, error: object) -> str:
             f"again, stop tfcluster-coordinator and tfcluster-etcd there and remove /etc/tfcluster/ca, "
             f"/etc/tfcluster/etcd and /var/lib/tfcluster/etcd (`tfcluster down --purge` with an inventory naming it "
             f"does)")
+
+
+def move_store(run: Run, ssh: Connections, hosts: list[Host], plans: dict[str, planning.HostPlan],
+               wheelhouses: dict[tuple[str, str], Path], moving: Host) -> None:
+    """One coordinator becoming three: every coordinator host brought up to its coordinator's start (etcd's three
+    members serving), the single coordinator's records moved into etcd (membership.move_steps), then the
+    coordinators started on etcd. Agents keep their tasks while no coordinator serves, as over any restart."""
+    parts = {h.host: planning.until_starts(plans[h.host], COORDINATOR_UNIT) for h in hosts}
+    for h in hosts:
+        plans[h.host].steps = parts[h.host][0]
+    apply(run, ssh, hosts, plans, wheelhouses, {})
+    try:
+        apply_steps(ssh, moving, membership.move_steps(run.inventory, moving))
+    except (SshError, Failed) as e:
+        raise Failed(f"{moving.host}: {e}") from None
+    run.say(f"{moving.host}: the cluster's records were copied from SQLite into etcd and checked")
+    for h in hosts:
+        plans[h.host].steps, plans[h.host].needs_wheelhouse = parts[h.host][1], False
+    apply(run, ssh, hosts, plans, wheelhouses, {})
+
+
+def carry_out(run: Run, ssh: Connections, change: membership.Change, plans: dict[str, planning.HostPlan],
+              wheelhouses: dict[tuple[str, str], Path]) -> None:
+    """The change of the coordinators carried out (reconfigure.py), each joining host brought up by its plan."""
+    def steps_on(host: Host, steps: list[planning.Step]) -> None:
+        try:
+            apply_steps(ssh, host, steps)
+        except (SshError, Failed) as e:
+            raise Failed(f"{host.host}: {e}") from None
+
+    bring_up = lambda host: apply(run, ssh, [host], plans, wheelhouses, {})  # noqa: E731
+    for warning in change_members(run.inventory, change, steps_on, bring_up, (Failed,), run.say):
+        run.say(f"warning: {warning}")

@@ -288,7 +288,8 @@ def remove(step):
 
 
 ACTIONS = {"write": write_file, "install": install, "start": start, "stop": lambda step: stop(step["service"]),
-           "remove": remove, "wait_etcd": wait_etcd, "etcd_member": etcd_member}
+           "remove": remove, "wait_etcd": wait_etcd, "etcd_member": etcd_member,
+           "run": lambda step: command(step["argv"], step["what"])}
 
 
 def apply(request):

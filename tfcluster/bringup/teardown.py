@@ -4,7 +4,8 @@ services in the reverse of their start order), keeping each host's state unless 
 from __future__ import annotations
 
 from tfcluster.bringup import plan as planning
-from tfcluster.bringup.converge import Run, apply_steps, probe
+from tfcluster.bringup.applying import Run, apply_steps
+from tfcluster.bringup.converge import probe
 from tfcluster.bringup.desired import services
 from tfcluster.bringup.ssh import Connections
 

@@ -21,7 +21,7 @@ BatchOpt = typer.Option(2, "--batch", min=1, metavar="N", help="Agents upgraded 
 
 
 def _load(path: Path, operator_dir: Optional[Path], check: bool, batch: int = 2, upgrade_only: bool = False):
-    from tfcluster.bringup.converge import Run
+    from tfcluster.bringup.applying import Run
     from tfcluster.bringup.inventory import InventoryError, load
 
     try:
@@ -62,7 +62,8 @@ def upgrade(
 
 def _up(run) -> None:
     from tfcluster.bringup.ca import admin_dir
-    from tfcluster.bringup.converge import Failed, up as bring_up
+    from tfcluster.bringup.applying import Failed
+    from tfcluster.bringup.converge import up as bring_up
 
     try:
         table = bring_up(run)
@@ -87,7 +88,7 @@ def down(
 ) -> None:
     """Stop the services `tfcluster up` started and remove their units and the virtualenv; each host's state and
     certificates stay unless --purge (the operator's CA stays either way)."""
-    from tfcluster.bringup.converge import Failed
+    from tfcluster.bringup.applying import Failed
     from tfcluster.bringup.teardown import down as take_down
 
     run = _load(inventory, operator_dir, check)
