@@ -288,15 +288,23 @@ def test_up_brings_three_coordinators_up_on_etcd_and_a_standby_takes_over(tmp_pa
         replace_a_coordinator(hosts, cluster, tfcluster, admin)
 
 
+def start_sleeper(hosts: SshHosts, tfcluster, admin: dict[str, str], workers: int):
+    """Starts the sleeper job and waits until its tasks run; returns a function that reads the job's state."""
+    start = tfcluster("start", "--name", "sleeper", "--strategy", "multi_worker_mirrored", "--workers", str(workers),
+                      "--", "python", "-c", SLEEPER, **admin)
+    assert start.returncode == 0, start.stdout + start.stderr
+
+    def job() -> dict:  # admin is read at each call: a test may give it new coordinators' addresses
+        return json.loads(tfcluster_python(hosts, JOB_STATE, admin).stdout)
+    wait_until(lambda: job()["state"] == "RUNNING" and all(t[1] == "RUNNING" for t in job()["tasks"]), 60,
+               what="the job RUNNING")
+    return job
+
+
 def replace_a_coordinator(hosts: SshHosts, cluster: Path, tfcluster, admin: dict[str, str]) -> None:
     """coord2 replaced by coord4 in the inventory while a job runs: `up` adds coord4's etcd member and starts it,
     removes coord2's and clears that host, and the job keeps its tasks; the new three then elect a leader."""
-    start = tfcluster("start", "--name", "sleeper", "--strategy", "multi_worker_mirrored", "--workers", "2", "--",
-                      "python", "-c", SLEEPER, **admin)
-    assert start.returncode == 0, start.stdout + start.stderr
-    job = lambda: json.loads(tfcluster_python(hosts, JOB_STATE, admin).stdout)  # noqa: E731
-    wait_until(lambda: job()["state"] == "RUNNING" and all(t[1] == "RUNNING" for t in job()["tasks"]), 60,
-               what="the job RUNNING")
+    job = start_sleeper(hosts, tfcluster, admin, workers=2)
     before = job()
     cluster.write_text(cluster.read_text().replace(f'"{HA_HOSTS["coord2"]}"', f'"{HA_HOSTS["coord4"]}"'))
     c1, c2, c3, c4 = (HA_HOSTS[n] for n in ("coord", "coord2", "coord3", "coord4"))
@@ -370,12 +378,7 @@ def test_one_coordinator_becomes_three_on_etcd_and_keeps_its_jobs(tmp_path, buil
         done = tfcluster("start", "--name", "hello", "--strategy", "multi_worker_mirrored", "--workers", "1",
                          "--wait", "--", "python", "-c", "print(1)", **admin)
         assert done.returncode == 0 and "SUCCEEDED" in done.stdout + done.stderr, done.stdout + done.stderr
-        start = tfcluster("start", "--name", "sleeper", "--strategy", "multi_worker_mirrored", "--workers", "1", "--",
-                          "python", "-c", SLEEPER, **admin)
-        assert start.returncode == 0, start.stdout + start.stderr
-        job = lambda: json.loads(tfcluster_python(hosts, JOB_STATE, admin).stdout)  # noqa: E731
-        wait_until(lambda: job()["state"] == "RUNNING" and all(t[1] == "RUNNING" for t in job()["tasks"]), 60,
-                   what="the job RUNNING")
+        job = start_sleeper(hosts, tfcluster, admin, workers=1)
         before = job()
 
         cluster.write_text(cluster.read_text() + "".join(f'\n[[coordinators]]\nhost = "{HA_HOSTS[n]}"\n'
