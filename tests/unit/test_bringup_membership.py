@@ -211,3 +211,12 @@ def test_one_coordinator_becoming_three_moves_its_sqlite_store_into_etcd_once():
     assert membership.problems(MADE, two) == [
         f"c1, c2: each holds a coordinator's SQLite store ({COORDINATOR_STORE}), and only one can move to etcd: "
         "`tfcluster down --purge` the others first"]
+
+
+def test_a_host_back_with_the_data_of_a_removed_member_is_refused_until_cleared():
+    moved = inventory("c1", "c2", "c3")
+    seen = facts(listed("c1", "c2", "c4"))  # c3 was replaced by c4 while it was away, and now is listed again
+    assert membership.problems(moved, seen) == [
+        f"c3: holds etcd data ({DATA_DIR}) but is not among etcd's members: a member removed while its host was "
+        "away; clear it first (`tfcluster down --purge` with an inventory naming only that host), then run `up` "
+        "again"]

@@ -127,7 +127,11 @@ def problems(inventory: Inventory, facts: dict[str, dict]) -> list[str]:
                 + "; ".join(errors)]
     if through is not None and not any(m.peer_url == etcd.peer_url(through) for m in members):
         return [f"{through.host}: its etcd member answered but is not among the members it lists"]
-    return []
+    started = {m.peer_url for m in members if m.name}
+    return [f"{h.host}: holds etcd data ({etcd.DATA_DIR}) but is not among etcd's members: a member removed "
+            f"while its host was away; clear it first (`tfcluster down --purge` with an inventory naming only that "
+            f"host), then run `up` again" for h in inventory.coordinators
+            if through is not None and _has_data(facts, h) and etcd.peer_url(h) not in started]
 
 
 def _on_sqlite(facts: dict[str, dict], host: Host) -> bool:
