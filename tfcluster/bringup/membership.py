@@ -35,8 +35,8 @@ from tfcluster.bringup.plan import Step, write_action
 COORDINATOR_STATE = f"{STATE_DIR}/coordinator"
 COORDINATOR_STORE = f"{COORDINATOR_STATE}/{layout.COORDINATOR_DB}"  # the coordinator unit's --state-dir
 MOVED_MARK = f"{COORDINATOR_STATE}/moved-to-etcd"   # written once the store above was copied into etcd
-REMEDY = ("nothing was changed; remedy: list the coordinators the cluster was made with, or change them by hand "
-          "first (docs/operators.md#changing-the-coordinators)")
+REMEDY = ("nothing was changed; remedy: see docs/operators.md#changing-the-coordinators for the changes `up` "
+          "makes, and how to make the others")
 
 
 @dataclass(frozen=True)
