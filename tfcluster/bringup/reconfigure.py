@@ -1,8 +1,13 @@
-"""Carries out a change of the coordinators (membership.Change) during `up`: each departing host's coordinator
-stopped; each joining host's member added through a member that stays and the host brought up (its etcd healthy,
-its coordinator a standby), one host at a time; then each departing host's member removed and etcd taken off it.
-The coordinators that stay are restarted afterwards with the new members, one by one (converge.roll), and the
-agents with the new coordinators' addresses.
+"""Carries out a change of the coordinators during `up`.
+
+One coordinator becoming three (move_store): the three etcd members started, the single coordinator's records
+copied into etcd, then the three coordinators started on it.
+
+A change of the three (membership.Change, carry_out): each departing host's coordinator stopped; each joining
+host's member added through a member that stays and the host brought up (its etcd healthy, its coordinator a
+standby), one host at a time; then each departing host's member removed and etcd taken off it. The coordinators
+that stay are restarted afterwards with the new members, one by one (converge.roll), and the agents with the new
+coordinators' addresses.
 
 A departing host that cannot be reached (a dead server being replaced) still has its member removed, first: the
 others keep their quorum without it. `up` then says what to do on that host before it comes back, since its
@@ -40,6 +45,39 @@ def with_dead_members(inventory: Inventory, ssh: Connections,
         except SshError:
             return False
     return replace(change, dead=frozenset(m.id for m in change.leaving if not answers(m)))
+
+
+def move_store(run: Run, ssh: Connections, hosts: list[Host], plans: dict[str, planning.HostPlan],
+               wheelhouses: dict[tuple[str, str], Path], moving: Host) -> None:
+    """One coordinator becoming three: every coordinator host brought up to its coordinator's start (etcd's three
+    members serving), the single coordinator's records moved into etcd (membership.move_steps), then the
+    coordinators started on etcd. Agents keep their tasks while no coordinator serves, as over any restart."""
+    parts = {h.host: planning.until_starts(plans[h.host], COORDINATOR_UNIT) for h in hosts}
+    for h in hosts:
+        plans[h.host].steps = parts[h.host][0]
+    apply(run, ssh, hosts, plans, wheelhouses, {})
+    try:
+        apply_steps(ssh, moving, membership.move_steps(run.inventory, moving))
+    except (SshError, Failed) as e:
+        raise Failed(f"{moving.host}: {e}") from None
+    run.say(f"{moving.host}: the cluster's records were copied from SQLite into etcd and checked")
+    for h in hosts:
+        plans[h.host].steps, plans[h.host].needs_wheelhouse = parts[h.host][1], False
+    apply(run, ssh, hosts, plans, wheelhouses, {})
+
+
+def carry_out(run: Run, ssh: Connections, change: membership.Change, plans: dict[str, planning.HostPlan],
+              wheelhouses: dict[tuple[str, str], Path]) -> None:
+    """The change of the three carried out (change_members), each joining host brought up by its plan."""
+    def steps_on(host: Host, steps: list[planning.Step]) -> None:
+        try:
+            apply_steps(ssh, host, steps)
+        except (SshError, Failed) as e:
+            raise Failed(f"{host.host}: {e}") from None
+
+    bring_up = lambda host: apply(run, ssh, [host], plans, wheelhouses, {})  # noqa: E731
+    for warning in change_members(run.inventory, change, steps_on, bring_up, (Failed,), run.say):
+        run.say(f"warning: {warning}")
 
 
 def change_members(inventory: Inventory, change: membership.Change, apply_steps: ApplySteps, bring_up: BringUp,
@@ -90,36 +128,3 @@ def _unreached(host: Host, error: object) -> str:
             f"again, stop tfcluster-coordinator and tfcluster-etcd there and remove /etc/tfcluster/ca, "
             f"/etc/tfcluster/etcd and /var/lib/tfcluster/etcd (`tfcluster down --purge` with an inventory naming it "
             f"does)")
-
-
-def move_store(run: Run, ssh: Connections, hosts: list[Host], plans: dict[str, planning.HostPlan],
-               wheelhouses: dict[tuple[str, str], Path], moving: Host) -> None:
-    """One coordinator becoming three: every coordinator host brought up to its coordinator's start (etcd's three
-    members serving), the single coordinator's records moved into etcd (membership.move_steps), then the
-    coordinators started on etcd. Agents keep their tasks while no coordinator serves, as over any restart."""
-    parts = {h.host: planning.until_starts(plans[h.host], COORDINATOR_UNIT) for h in hosts}
-    for h in hosts:
-        plans[h.host].steps = parts[h.host][0]
-    apply(run, ssh, hosts, plans, wheelhouses, {})
-    try:
-        apply_steps(ssh, moving, membership.move_steps(run.inventory, moving))
-    except (SshError, Failed) as e:
-        raise Failed(f"{moving.host}: {e}") from None
-    run.say(f"{moving.host}: the cluster's records were copied from SQLite into etcd and checked")
-    for h in hosts:
-        plans[h.host].steps, plans[h.host].needs_wheelhouse = parts[h.host][1], False
-    apply(run, ssh, hosts, plans, wheelhouses, {})
-
-
-def carry_out(run: Run, ssh: Connections, change: membership.Change, plans: dict[str, planning.HostPlan],
-              wheelhouses: dict[tuple[str, str], Path]) -> None:
-    """The change of the coordinators carried out (reconfigure.py), each joining host brought up by its plan."""
-    def steps_on(host: Host, steps: list[planning.Step]) -> None:
-        try:
-            apply_steps(ssh, host, steps)
-        except (SshError, Failed) as e:
-            raise Failed(f"{host.host}: {e}") from None
-
-    bring_up = lambda host: apply(run, ssh, [host], plans, wheelhouses, {})  # noqa: E731
-    for warning in change_members(run.inventory, change, steps_on, bring_up, (Failed,), run.say):
-        run.say(f"warning: {warning}")
