@@ -70,6 +70,14 @@ def apply(run: Run, ssh: Connections, hosts: list[Host], plans: dict[str, planni
     run.stop_on_failures("applying")
 
 
+def apply_steps_on(ssh: Connections, host: Host, steps: list[planning.Step]) -> None:
+    """apply_steps outside run.each (which names the host itself): a failure, even to reach the host, says which."""
+    try:
+        apply_steps(ssh, host, steps)
+    except (SshError, Failed) as e:
+        raise Failed(f"{host.host}: {e}") from None
+
+
 def apply_steps(ssh: Connections, host: Host, steps: list[planning.Step]) -> None:
     if not steps:
         return

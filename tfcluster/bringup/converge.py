@@ -120,8 +120,8 @@ def up(run: Run) -> list[list[str]] | None:
 def converge(run: Run, ssh: Connections, plans: dict[str, planning.HostPlan], rolling: list[Host],
              new: str, change: membership.Change | None = None, moving: Host | None = None) -> dict[str, str]:
     """Applies the plans: coordinators first (a rolling upgrade one by one; with a change of the coordinators,
-    the joining hosts, the departing ones, then those that stay one by one), then the agents with the join tokens
-    their coordinator makes. Returns those tokens, by host."""
+    reconfigure.py's order, then those that stay one by one), then the agents with the join tokens their
+    coordinator makes. Returns those tokens, by host."""
     inv = run.inventory
     wheelhouses = build_wheelhouses(run, plans)
     coordinators, agents = list(inv.coordinators), [h for h in inv.hosts if not h.coordinator]

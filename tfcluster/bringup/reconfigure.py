@@ -22,13 +22,13 @@ from typing import Callable
 
 from tfcluster.bringup import membership
 from tfcluster.bringup import plan as planning
-from tfcluster.bringup.applying import Failed, Run, apply, apply_steps
+from tfcluster.bringup.applying import Failed, Run, apply, apply_steps_on
 from tfcluster.bringup.desired import COORDINATOR_UNIT
 from tfcluster.bringup.inventory import Host, Inventory
 from tfcluster.bringup.plan import Step
 from tfcluster.bringup.ssh import Connections, SshError
 
-ApplySteps = Callable[[Host, list[Step]], None]     # applying.apply_steps on one host, raising on a failure
+ApplySteps = Callable[[Host, list[Step]], None]     # applying.apply_steps_on one host, raising Failed
 BringUp = Callable[[Host], None]                    # applying.apply of the host's whole plan
 
 
@@ -56,10 +56,7 @@ def move_store(run: Run, ssh: Connections, hosts: list[Host], plans: dict[str, p
     for h in hosts:
         plans[h.host].steps = parts[h.host][0]
     apply(run, ssh, hosts, plans, wheelhouses, {})
-    try:
-        apply_steps(ssh, moving, membership.move_steps(run.inventory, moving))
-    except (SshError, Failed) as e:
-        raise Failed(f"{moving.host}: {e}") from None
+    apply_steps_on(ssh, moving, membership.move_steps(run.inventory, moving))
     run.say(f"{moving.host}: the cluster's records were copied from SQLite into etcd and checked")
     for h in hosts:
         plans[h.host].steps, plans[h.host].needs_wheelhouse = parts[h.host][1], False
@@ -69,12 +66,7 @@ def move_store(run: Run, ssh: Connections, hosts: list[Host], plans: dict[str, p
 def carry_out(run: Run, ssh: Connections, change: membership.Change, plans: dict[str, planning.HostPlan],
               wheelhouses: dict[tuple[str, str], Path]) -> None:
     """The change of the three carried out (change_members), each joining host brought up by its plan."""
-    def steps_on(host: Host, steps: list[planning.Step]) -> None:
-        try:
-            apply_steps(ssh, host, steps)
-        except (SshError, Failed) as e:
-            raise Failed(f"{host.host}: {e}") from None
-
+    steps_on = lambda host, steps: apply_steps_on(ssh, host, steps)  # noqa: E731
     bring_up = lambda host: apply(run, ssh, [host], plans, wheelhouses, {})  # noqa: E731
     for warning in change_members(run.inventory, change, steps_on, bring_up, (Failed,), run.say):
         run.say(f"warning: {warning}")
