@@ -17,7 +17,8 @@ from tfcluster.daemon.coordinator.ha import key_watch as keywatch
 from tfcluster.daemon.coordinator.ha.key_watch import Moved
 from tfcluster.daemon.coordinator.ha.leadership import RENEW_EVERY_SECONDS, LeaderInfo, Leadership
 from tfcluster.daemon.coordinator.ha.lease_keeper import ACK_TTLS, Renewing, parent_stopped
-from tfcluster.daemon.coordinator.store.etcd_gateway import b64, unb64
+from tfcluster.daemon.coordinator.store.api import StoreUnavailable
+from tfcluster.daemon.coordinator.store.etcd_gateway import NO_QUORUM, b64, unb64
 
 ME = LeaderInfo("10.0.0.1:7070", "10.0.0.1:7071")
 OTHER = LeaderInfo("10.0.0.2:7070", "10.0.0.2:7071")
@@ -143,6 +144,56 @@ def test_a_renewal_that_came_late_and_that_etcd_no_longer_knows_steps_down():
         wait_for(lambda: leadership.lost)
         assert not leadership.holds()
         assert "its lease ran out" in lost[0] and "etcd no longer knows its lease" in lost[0], lost
+    finally:
+        leadership.step_down()
+
+
+def failing_renewals(etcd: ScriptedEtcd, errors: list[str], clock: Clock | None = None, step: float = 0.0):
+    """From now on each renewal fails with the next of errors, advancing clock by step; once they are spent,
+    etcd grants the lease again."""
+    def keepalive():
+        if clock is not None:
+            clock.skew += step
+        if errors:
+            raise StoreUnavailable(errors.pop(0))
+    etcd.on_keepalive = keepalive
+
+
+UNREACHABLE_ETCD = "cannot reach etcd at 127.0.0.1:2379: no answer, not even to a status request"
+
+
+def losing_quorum(errors: list[str], step: float = 0.0) -> tuple[ScriptedEtcd, Leadership, list[str]]:
+    """A leader whose renewals fail with errors from now on (see failing_renewals), its lease run out on its
+    clock; and the reasons it gave for losing the leadership."""
+    clock, etcd = Clock(), ScriptedEtcd()
+    leadership = leading(etcd, clock)
+    lost: list[str] = []
+    leadership.on_lost = lost.append
+    wait_for(etcd.kept_alive.is_set)
+    failing_renewals(etcd, errors, clock, step)
+    clock.skew += 5.0
+    return etcd, leadership, lost
+
+
+def test_a_leader_suspended_for_want_of_quorum_waits_out_members_that_do_not_answer_while_it_comes_back():
+    errors = [f"{NO_QUORUM} (etcd 127.0.0.1:2379)", UNREACHABLE_ETCD, UNREACHABLE_ETCD]
+    etcd, leadership, lost = losing_quorum(errors)
+    try:
+        wait_for(lambda: not errors, 5)  # then etcd, with a leader again, still holds the lease
+        wait_for(leadership.holds, 5)
+        assert not lost and not leadership.suspended, lost
+    finally:
+        leadership.step_down()
+
+
+def test_a_suspended_leader_that_cannot_reach_etcd_for_long_steps_down():
+    etcd, leadership, lost = losing_quorum([f"{NO_QUORUM} (etcd 127.0.0.1:2379)"] + [UNREACHABLE_ETCD] * 20,
+                                           step=3.0)
+    try:
+        wait_for(lambda: leadership.lost, 5)
+        unanswered = etcd.paths().count("/v3/lease/keepalive")
+        assert unanswered >= 5, "members restarting are waited out for a while"  # 3 s apart, 10 s of grace
+        assert "cut off from etcd" in lost[0], lost
     finally:
         leadership.step_down()
 

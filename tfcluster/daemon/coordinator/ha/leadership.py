@@ -41,6 +41,9 @@ TTL_SECONDS = 2            # how long a leader that stopped renewing still holds
 # A keeper that reported nothing for this long after the lease ran out on this clock: this process was paused (the
 # keeper does not renew while it is), or the keeper is stuck
 KEEPER_SILENCE_SECONDS = 3 * TTL_SECONDS
+# While etcd regains its quorum, members that restart answer late or not at all: a suspended leader that cannot
+# reach etcd for this long after it last heard "no quorum" takes itself for cut off, and steps down
+QUORUM_RETURN_SECONDS = 5 * TTL_SECONDS
 POLL_SECONDS = 0.2         # how often a standby looks whether the key is free
 
 
@@ -76,6 +79,7 @@ class Leadership:
         self.valid_until = 0.0            # on self.clock: the lease may be gone after this
         self.no_quorum = False            # the last renewal failed because etcd had no quorum
         self.suspended = False            # the lease ran out on this clock while etcd had no quorum
+        self.no_quorum_at = 0.0           # on self.clock: when a renewal last failed for want of a quorum
         self.on_lost: Callable[[str], None] = lambda why: None
         self._lost = threading.Event()
         self._term_lock = threading.Lock()  # a term's end, against the start of the next one
@@ -200,7 +204,11 @@ class Leadership:
         moment, may still hold it: a renewal it grants then means no other coordinator can have held the key."""
         ran_out = sent >= self.valid_until
         if error:
-            self.no_quorum = NO_QUORUM in error
+            if NO_QUORUM in error:
+                self.no_quorum, self.no_quorum_at = True, sent
+            else:  # no answer: while suspended, still the quorum coming back for a while (a safe wait: holds() is
+                # False, and etcd extends every lease once it has a leader again)
+                self.no_quorum = self.suspended and sent - self.no_quorum_at < QUORUM_RETURN_SECONDS
             log.warning("renewing the leader lease failed: %s", error)
             if ran_out and not self._suspend():
                 self._lose(self._ran_out(sent) + " (was this process paused, or cut off from etcd?)")

@@ -84,7 +84,10 @@ class LeaseKeeper:
         self.process.stdin.flush()
 
     def close(self) -> None:
-        self.process.stdin.close()  # it exits at once
+        try:
+            self.process.stdin.close()  # it exits at once
+        except OSError:  # it is gone already: what a failed write left buffered cannot be flushed
+            pass
         try:
             self.process.wait(timeout=5)
         except subprocess.TimeoutExpired:

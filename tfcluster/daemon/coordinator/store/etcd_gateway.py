@@ -96,19 +96,24 @@ class EtcdGateway:
         """One request, to the first endpoint that answers; StoreUnavailable when none does or etcd cannot
         commit. Any other error etcd gives (a malformed request, a limit) is a RuntimeError naming it.
         within: the seconds the whole call may take (every endpoint tried included), when an answer that comes
-        later is of no use; None: REQUEST_SECONDS for each endpoint."""
+        later is of no use, shared among the endpoints not yet tried (a member that restarts, and hangs until it
+        caught up, must not spend the time another would answer in); None: REQUEST_SECONDS for each endpoint."""
         failures = []
         deadline = None if within is None else time.monotonic() + within
         for offset in range(len(self.endpoints)):
             index = (self.preferred + offset) % len(self.endpoints)
             endpoint = self.endpoints[index]
             limit: dict[str, Any] = {}  # none: the pool's own timeouts
+            probe = PROBE_SECONDS
             if deadline is not None:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     failures.append(f"{endpoint}: not tried, the {within:.1f} s given were spent")
                     break
-                limit["timeout"] = urllib3.Timeout(connect=min(CONNECT_SECONDS, left), read=left)
+                # A member with a leader answers in milliseconds; one without answers a status request as fast
+                share = left / (len(self.endpoints) - offset)
+                limit["timeout"] = urllib3.Timeout(connect=min(CONNECT_SECONDS, share), read=share * 3 / 4)
+                probe = min(PROBE_SECONDS, share / 4)
             try:
                 response = self.pool.request("POST", f"{self.scheme}://{endpoint}{path}", body=json.dumps(body),
                                              headers={"Content-Type": "application/json"}, **limit)
@@ -116,7 +121,7 @@ class EtcdGateway:
                 # A member without a leader holds the request until the client gives up, yet answers a status
                 # request at once: that is no quorum. One that answers neither is stopped or cut off from us,
                 # and the other members may well have a quorum (a leader must not take it for no quorum).
-                failures.append(f"{endpoint}: {_reason(e)}" if self._status(endpoint) is not None else
+                failures.append(f"{endpoint}: {_reason(e)}" if self._status(endpoint, probe) is not None else
                                 f"{endpoint}: no answer, not even to a status request")
                 continue
             except urllib3.exceptions.HTTPError as e:
@@ -150,11 +155,11 @@ class EtcdGateway:
                 return LEADER
         return NO_LEADER if answered else UNREACHABLE
 
-    def _status(self, endpoint: str) -> dict[str, Any] | None:
-        """The member's status (it gives one without a leader); None when it does not answer within a second."""
+    def _status(self, endpoint: str, seconds: float = PROBE_SECONDS) -> dict[str, Any] | None:
+        """The member's status (it gives one without a leader); None when it does not answer within seconds."""
         try:
             response = self.pool.request("POST", f"{self.scheme}://{endpoint}/v3/maintenance/status", body="{}",
-                                         timeout=urllib3.Timeout(connect=PROBE_SECONDS, read=PROBE_SECONDS))
+                                         timeout=urllib3.Timeout(connect=seconds, read=seconds))
         except urllib3.exceptions.HTTPError:
             return None
         return _json(response.data) if response.status == 200 else None
