@@ -16,8 +16,10 @@ from __future__ import annotations
 import functools
 
 import grpc
+from grpc_health.v1 import health_pb2_grpc
 
 from tfcluster import security
+from tfcluster.api.v1 import agent_pb2_grpc, control_pb2_grpc
 from tfcluster.daemon.coordinator.rpc.stream_limits import DEFAULT_PER_CALLER
 
 MAX_MESSAGE_BYTES = 64 << 20  # sent: one job's status with thousands of tasks still fits
@@ -25,12 +27,16 @@ MAX_MESSAGE_BYTES = 64 << 20  # sent: one job's status with thousands of tasks s
 MAX_RECEIVE_BYTES = security.MAX_REQUEST_BYTES
 # Calls open at once on one connection (HTTP/2's SETTINGS_MAX_CONCURRENT_STREAMS, unbounded in gRPC by default):
 # a client's calls past it wait in the client for one to end. Every call gRPC takes in waits its turn on the
-# event loop (about 0.3 ms each), ahead of the calls that come after it from anyone: a lower bound keeps fewer
-# of one client's calls ahead of everyone else's. Twice the default share of open streams per caller (counted
+# event loop (about 0.3 ms each), ahead of the calls of the same method that come after it: a lower bound keeps
+# fewer of one client's calls ahead of everyone else's. Twice the default share of open streams per caller (counted
 # over all its connections), so that a client holding all of its share on one connection has as many places
 # left for its other calls. An agent's session stream and its few other calls travel on a connection of its
 # own, which no client's calls share.
 STREAMS_PER_CONNECTION = 2 * DEFAULT_PER_CALLER
+# Calls of one method waiting to be taken in (each method has a queue of its own, see _register_methods): past
+# gRPC's default of 1,000 it drops calls at random with a bare CANCELLED, which would cost agents registering at once
+# after a failover their calls. Every connection's streams bound the calls it may have waiting.
+MAX_WAITING_CALLS = 100_000
 # No BDP probing: it grows a connection's receive window to megabytes, and a message refused for its size from
 # its length prefix would still come in up to that window (a 60 MB one cost 80 MB at a time). gRPC's 64 KiB
 # window is ample for a LAN; what the coordinator sends is not affected. Pings without calls are allowed: an
@@ -38,7 +44,9 @@ STREAMS_PER_CONNECTION = 2 * DEFAULT_PER_CALLER
 OPTIONS = [("grpc.keepalive_permit_without_calls", 1), ("grpc.http2.min_ping_interval_without_data_ms", 5000),
            ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES), ("grpc.http2.bdp_probe", 0),
            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-           ("grpc.max_concurrent_streams", STREAMS_PER_CONNECTION)]
+           ("grpc.max_concurrent_streams", STREAMS_PER_CONNECTION),
+           ("grpc.server.max_pending_requests", MAX_WAITING_CALLS),
+           ("grpc.server.max_pending_requests_hard_limit", MAX_WAITING_CALLS)]
 
 
 class Services:
@@ -47,12 +55,13 @@ class Services:
 
     def __init__(self) -> None:
         self.generic: list[grpc.GenericRpcHandler] = []
+        self.registered: dict[str, dict[str, grpc.RpcMethodHandler]] = {}  # by service, by method
 
     def add_generic_rpc_handlers(self, handlers) -> None:
         self.generic.extend(handlers)
 
     def add_registered_method_handlers(self, service: str, handlers: dict) -> None:
-        """The same handlers as the generic ones just given: nothing more to keep."""
+        self.registered[service] = dict(handlers)
 
     def handler(self, details) -> grpc.RpcMethodHandler | None:
         for generic in self.generic:
@@ -71,6 +80,7 @@ class Listener(grpc.aio.ServerInterceptor):
         self.refusal = refusal
         self.term: tuple[Services, list[grpc.aio.ServerInterceptor]] | None = None
         self.server = grpc.aio.server(interceptors=[self], options=OPTIONS if options is None else options)
+        _register_methods(self.server)
         self.port = self.server.add_secure_port(listen, credentials) if credentials is not None else \
             self.server.add_insecure_port(listen)
         if self.port == 0:
@@ -91,3 +101,18 @@ class Listener(grpc.aio.ServerInterceptor):
                 return services.handler(details)
             return await interceptors[index].intercept_service(functools.partial(through, index + 1), details)
         return await through(0, details)
+
+
+def _register_methods(server: grpc.aio.Server) -> None:
+    """Registers every method the port serves by name, before the server starts. gRPC then takes in the calls of
+    each method through a queue of its own, each with a call asked for ahead: a status call is taken in at the
+    event loop's next turn, not behind the thousands of streams or registrations that came in before it (an
+    unregistered method's calls all wait in one queue, taken in one per turn). The handlers given here are the
+    generated servicers' own, which answer UNIMPLEMENTED: each call still goes through intercept_service, which
+    hands it to the term's services or to the refusal."""
+    services = Services()
+    agent_pb2_grpc.add_AgentServiceServicer_to_server(agent_pb2_grpc.AgentServiceServicer(), services)
+    control_pb2_grpc.add_ControlServiceServicer_to_server(control_pb2_grpc.ControlServiceServicer(), services)
+    health_pb2_grpc.add_HealthServicer_to_server(health_pb2_grpc.HealthServicer(), services)
+    for service, handlers in services.registered.items():
+        server.add_registered_method_handlers(service, handlers)
