@@ -30,7 +30,7 @@ from tfcluster.bringup import etcd
 from tfcluster.bringup.desired import AGENT_UNIT, CA_DIR, COORDINATOR_UNIT, ENV_FILE
 from tfcluster.bringup.hostfiles import STATE_DIR, UNIT_DIR
 from tfcluster.bringup.inventory import Host, Inventory
-from tfcluster.bringup.plan import Step, write_action
+from tfcluster.bringup.plan import Step, stop_step, write_action
 
 COORDINATOR_STATE = f"{STATE_DIR}/coordinator"
 COORDINATOR_STORE = f"{COORDINATOR_STATE}/{layout.COORDINATOR_DB}"  # the coordinator unit's --state-dir
@@ -152,7 +152,7 @@ def move_steps(inventory: Inventory, host: Host) -> list[Step]:
     into etcd (migrate-store refuses a target that holds records, and reads the copy back), and the mark written."""
     argv = [f"{inventory.software.prefix}/bin/tfcluster", "coordinator", "migrate-store", "--from",
             f"sqlite://{COORDINATOR_STORE}", "--to", etcd.store_url(inventory), *etcd.client_flags()]
-    return [Step(f"stop {COORDINATOR_UNIT} (its records move to etcd)", {"kind": "stop", "service": COORDINATOR_UNIT}),
+    return [stop_step(COORDINATOR_UNIT, "its records move to etcd"),
             Step(f"copy the cluster's records from {COORDINATOR_STORE} into etcd",
                  {"kind": "run", "argv": argv, "what": "tfcluster coordinator migrate-store"}),
             Step(f"write {MOVED_MARK}", write_action(MOVED_MARK, b"the SQLite store beside this file was copied into "
@@ -208,7 +208,7 @@ def remove_step(change: Change, member: Member) -> Step:
 
 
 def stop_coordinator() -> Step:
-    return Step(f"stop {COORDINATOR_UNIT}", {"kind": "stop", "service": COORDINATOR_UNIT})
+    return stop_step(COORDINATOR_UNIT)
 
 
 def retire_steps(inventory: Inventory, host: Host) -> list[Step]:
@@ -216,10 +216,10 @@ def retire_steps(inventory: Inventory, host: Host) -> list[Step]:
     removed member never rejoins with its old data). A host the inventory no longer names loses its agent and
     tfcluster's software too; its agent's state stays, as `down` keeps it."""
     stays = any(h.host == host.host for h in inventory.hosts)
-    steps = [Step(f"stop {etcd.ETCD_UNIT}", {"kind": "stop", "service": etcd.ETCD_UNIT})]
+    steps = [stop_step(etcd.ETCD_UNIT)]
     paths = [*etcd.owned_paths(), etcd.TLS_DIR, etcd.DATA_DIR, f"{UNIT_DIR}/{COORDINATOR_UNIT}", CA_DIR,
              COORDINATOR_STATE]
     if not stays:
-        steps.append(Step(f"stop {AGENT_UNIT}", {"kind": "stop", "service": AGENT_UNIT}))
+        steps.append(stop_step(AGENT_UNIT))
         paths += [f"{UNIT_DIR}/{AGENT_UNIT}", ENV_FILE, inventory.software.prefix]
     return steps + [Step(f"remove {', '.join(paths)}", {"kind": "remove", "paths": paths})]

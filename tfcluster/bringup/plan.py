@@ -110,6 +110,10 @@ def probed_dirs(software: Software) -> list[str]:
     return [software.prefix, ETC, STATE_DIR, LOG_DIR]
 
 
+def stop_step(service: str, why: str = "") -> Step:
+    return Step(f"stop {service}" + (f" ({why})" if why else ""), {"kind": "stop", "service": service})
+
+
 def plan_down(host: Host, services: list[str], facts: dict, software: Software, purge: bool) -> HostPlan:
     """Stops the services (given in the order they start) and removes the units, the token and the virtualenv;
     with purge also the state (etcd's data with it), the certificates and the logs."""
@@ -117,7 +121,7 @@ def plan_down(host: Host, services: list[str], facts: dict, software: Software, 
     services = services[::-1]
     for service in services:
         if facts.get("running", {}).get(service):
-            plan.steps.append(Step(f"stop {service}", {"kind": "stop", "service": service}))
+            plan.steps.append(stop_step(service))
     have = facts.get("files", {})
     paths = [p for p in (f"{UNIT_DIR}/{s}" for s in services) if have.get(p)]
     if have.get(JOIN_TOKEN_FILE):

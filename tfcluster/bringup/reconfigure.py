@@ -20,10 +20,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
-from tfcluster.bringup import membership
+from tfcluster.bringup import etcd, membership
 from tfcluster.bringup import plan as planning
 from tfcluster.bringup.applying import Failed, Run, apply, apply_steps_on
-from tfcluster.bringup.desired import COORDINATOR_UNIT
+from tfcluster.bringup.desired import CA_DIR, COORDINATOR_UNIT
 from tfcluster.bringup.inventory import Host, Inventory
 from tfcluster.bringup.plan import Step
 from tfcluster.bringup.ssh import Connections, SshError
@@ -117,6 +117,5 @@ def join(change: membership.Change, apply_steps: ApplySteps, bring_up: BringUp, 
 
 def _unreached(host: Host, error: object) -> str:
     return (f"{host.host}: its etcd member was removed, but the host could not be cleared ({error}); before it runs "
-            f"again, stop tfcluster-coordinator and tfcluster-etcd there and remove /etc/tfcluster/ca, "
-            f"/etc/tfcluster/etcd and /var/lib/tfcluster/etcd (`tfcluster down --purge` with an inventory naming it "
-            f"does)")
+            f"again, stop {COORDINATOR_UNIT} and {etcd.ETCD_UNIT} there and remove {CA_DIR}, {etcd.TLS_DIR} and "
+            f"{etcd.DATA_DIR} (`tfcluster down --purge` with an inventory naming it does)")

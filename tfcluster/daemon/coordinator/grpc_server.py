@@ -13,11 +13,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 from grpc_health.v1._async import HealthServicer
 
 from tfcluster import __version__, pki, security
-from tfcluster.api.v1 import agent_pb2_grpc, control_pb2_grpc
 from tfcluster.auth import async_server_interceptors
 from tfcluster.daemon.coordinator.core.cluster import DEFAULT_TASK_GRACE_SECONDS
 from tfcluster.daemon.coordinator.core.model import accounting
@@ -27,7 +26,7 @@ from tfcluster.daemon.coordinator.rpc.agent_service import AgentServicer, JoinSe
 from tfcluster.daemon.coordinator.rpc.control_service import ControlServicer
 from tfcluster.daemon.coordinator.rpc.coordinator import build
 from tfcluster.daemon.coordinator.rpc.join_port import JoinLimiter, join_server
-from tfcluster.daemon.coordinator.rpc.listener import Listener, Services
+from tfcluster.daemon.coordinator.rpc.listener import Listener, served
 from tfcluster.daemon.coordinator.rpc.stream_limits import DEFAULT_PER_CALLER, StreamLimits
 from tfcluster.daemon.coordinator.store.api import Store
 from tfcluster.daemon.coordinator.store.code_archives import DEFAULT_MAX_BYTES as DEFAULT_MAX_CODE_BYTES
@@ -135,10 +134,7 @@ class CoordinatorServer:
 
     async def start(self, listener: Listener | None = None) -> "CoordinatorServer":
         """Serves on listener (a standby's, which won: its connections carry over) or on a server of its own."""
-        services = Services()
-        agent_pb2_grpc.add_AgentServiceServicer_to_server(AgentServicer(self.coordinator), services)
-        control_pb2_grpc.add_ControlServiceServicer_to_server(ControlServicer(self.coordinator), services)
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, services)
+        services = served(AgentServicer(self.coordinator), ControlServicer(self.coordinator), self.health)
         started = listener is not None
         if listener is None:
             listener = Listener(self.listen, None if self.credentials.insecure else self.credentials.server())

@@ -71,6 +71,15 @@ class Services:
         return None
 
 
+def served(agent, control, health) -> Services:
+    """The services of the coordinator's port, each given by its servicer."""
+    services = Services()
+    agent_pb2_grpc.add_AgentServiceServicer_to_server(agent, services)
+    control_pb2_grpc.add_ControlServiceServicer_to_server(control, services)
+    health_pb2_grpc.add_HealthServicer_to_server(health, services)
+    return services
+
+
 class Listener(grpc.aio.ServerInterceptor):
     """A gRPC server on listen (credentials None: plain text) serving either refusals (refusal answers every
     method) or a term's services behind the term's interceptors. Not started here."""
@@ -110,9 +119,7 @@ def _register_methods(server: grpc.aio.Server) -> None:
     unregistered method's calls all wait in one queue, taken in one per turn). The handlers given here are the
     generated servicers' own, which answer UNIMPLEMENTED: each call still goes through intercept_service, which
     hands it to the term's services or to the refusal."""
-    services = Services()
-    agent_pb2_grpc.add_AgentServiceServicer_to_server(agent_pb2_grpc.AgentServiceServicer(), services)
-    control_pb2_grpc.add_ControlServiceServicer_to_server(control_pb2_grpc.ControlServiceServicer(), services)
-    health_pb2_grpc.add_HealthServicer_to_server(health_pb2_grpc.HealthServicer(), services)
+    services = served(agent_pb2_grpc.AgentServiceServicer(), control_pb2_grpc.ControlServiceServicer(),
+                      health_pb2_grpc.HealthServicer())
     for service, handlers in services.registered.items():
         server.add_registered_method_handlers(service, handlers)
