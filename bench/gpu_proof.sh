@@ -7,7 +7,10 @@
 #      CUDA_VISIBLE_DEVICES and multiplies matrices on it (PyTorch: the task's program is any program);
 #   3. the agent's /metrics while it runs: the GPU held by that task, its utilisation and memory;
 #   4. a second `gpus = 1` job waiting (PENDING, with its reason) while the first holds the GPU, and running
-#      once it is free.
+#      once it is free;
+#   5. the agent killed (-9) and started again while the first job runs: the task goes on (same PID, the GPU
+#      still held, the second job still waiting) and the job succeeds;
+#   6. `tfcluster doctor` passing on the GPU node, and `tfcluster usage` charging the GPU-time the jobs held.
 # Needs root (tasks run under per-job UIDs), nvidia-smi, and a Python with tfcluster's dependencies and PyTorch:
 #   PYTHON=/path/to/python3 bench/gpu_proof.sh            (OUT=dir keeps status, metrics and logs there)
 # AGENT_ARGS adds flags to the agent's command line; TASK_FILES names a dir copied beside the task's program.
@@ -17,7 +20,7 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-$(command -v python3)}
 OUT=${OUT:-$(mktemp -d)}
 mkdir -p "$OUT"
-SECONDS_OF_WORK=${SECONDS_OF_WORK:-40}
+SECONDS_OF_WORK=${SECONDS_OF_WORK:-50}
 work=$(mktemp -d /var/tmp/tfcluster-gpu.XXXXXX)
 chmod 711 "$work"
 failed=0
@@ -63,12 +66,16 @@ for _ in $(seq 60); do
     sleep 0.5
 done
 [ -s "$work/join-token" ] || { say "FAILED  no join token: $(tail -n 3 "$OUT/token.err")"; exit 1; }
-"$PY" -m tfcluster.cli agent --name gpu-node --coordinator 127.0.0.1:17070 --join-address 127.0.0.1:17071 \
-    --join-token-file "$work/join-token" --ca-cert "$work/ca/ca.crt" --advertise-address 127.0.0.1 \
-    --port-range 21000-21199 --state-dir "$work/agent" --http-listen 127.0.0.1:19101 --gpu-check-interval 5s \
-    ${AGENT_ARGS:-} \
-    >"$OUT/agent.log" 2>&1 &
-pids+=($!)
+start_agent() {  # the same command line each time: a restarted agent finds its tasks in its state dir
+    "$PY" -m tfcluster.cli agent --name gpu-node --coordinator 127.0.0.1:17070 --join-address 127.0.0.1:17071 \
+        --join-token-file "$work/join-token" --ca-cert "$work/ca/ca.crt" --advertise-address 127.0.0.1 \
+        --port-range 21000-21199 --state-dir "$work/agent" --http-listen 127.0.0.1:19101 --gpu-check-interval 5s \
+        ${AGENT_ARGS:-} \
+        >>"$OUT/agent.log" 2>&1 &
+    agent=$!
+    pids+=($agent)
+}
+start_agent
 
 ready=1
 for _ in $(seq 120); do
@@ -153,13 +160,15 @@ sleep 8  # the task has started its products: the GPU is busy
 
 # 3. /metrics while it runs.
 # HTTPS with the node's certificate; the admin's client certificate may read it, as a scraper's would.
-admin=$work/ca/admin
-"$PY" - "$admin" >"$OUT/metrics-running.txt" 2>"$OUT/metrics.err" <<'EOF'
+fetch_metrics() {
+    "$PY" - "$work/ca/admin" <<'EOF'
 import ssl, sys, urllib.request
 context = ssl.create_default_context(cafile=f"{sys.argv[1]}/ca.crt")
 context.load_cert_chain(f"{sys.argv[1]}/client.crt", f"{sys.argv[1]}/client.key")
 print(urllib.request.urlopen("https://127.0.0.1:19101/metrics", context=context, timeout=10).read().decode())
 EOF
+}
+fetch_metrics >"$OUT/metrics-running.txt" 2>"$OUT/metrics.err"
 grep '^tfcluster_gpu_' "$OUT/metrics-running.txt" >"$OUT/gpu-metrics.txt"
 grep -q "tfcluster_gpu_allocated{.*job_id=\"$first\"" "$OUT/gpu-metrics.txt"
 check "GPU held on /metrics" $? "$(grep "tfcluster_gpu_allocated{" "$OUT/gpu-metrics.txt" | head -n 1)"
@@ -176,6 +185,31 @@ tfc status >"$OUT/status-both.txt" 2>&1
 state=$(job_field "$second" "job.get('state')")
 reason=$(job_field "$second" "job.get('message', '')")
 check "second job waits" $([ "$state" = PENDING ]; echo $?) "$second $state: $reason"
+
+# 5. The agent dies and comes back while the first job's task runs on the GPU: the task must not notice.
+task_pid() { job_field "$1" "(job.get('tasks') or [{}])[0].get('pid')"; }
+pid_before=$(task_pid "$first")
+kill -KILL "$agent"
+wait "$agent" 2>/dev/null
+kill -0 "$pid_before" 2>/dev/null
+check "task outlives its agent" $? "pid $pid_before still running after kill -9 of the agent"
+registrations=$(grep -c 'registered with' "$OUT/agent.log")
+restarted_at=$(date +%s.%N)
+start_agent
+for _ in $(seq 300); do  # the new agent has registered (the node never went LOST: it was gone under 15 s)
+    [ "$(grep -c 'registered with' "$OUT/agent.log")" -gt "$registrations" ] && break
+    sleep 0.1
+done
+back_in=$("$PY" -c "import time; print(f'{time.time() - $restarted_at:.1f}')")
+pid_after=$(task_pid "$first")
+state_after=$(job_field "$first" "job.get('state')")
+second_after=$(job_field "$second" "job.get('state')")
+check "agent restart costs no job" \
+    $([ "$pid_after" = "$pid_before" ] && [ "$state_after" = RUNNING ] && [ "$second_after" = PENDING ]; echo $?) \
+    "registered again ${back_in} s after the new agent started; $first $state_after, pid $pid_after; $second $second_after"
+fetch_metrics >"$OUT/metrics-restarted.txt" 2>>"$OUT/metrics.err"
+grep -q "^tfcluster_gpu_allocated{.*job_id=\"$first\"" "$OUT/metrics-restarted.txt"
+check "GPU held after the restart" $? "$(grep '^tfcluster_gpu_allocated{' "$OUT/metrics-restarted.txt" | head -n 1)"
 
 for _ in $(seq 240); do
     case "$(job_field "$first" "job.get('state')")" in SUCCEEDED|FAILED|STOPPED) break;; esac; sleep 0.5
@@ -197,5 +231,18 @@ second_state=$(job_field "$second" "job.get('state')")
 check "second job after the first" $([ "$second_state" = SUCCEEDED ]; echo $?) \
     "$second_state; $(grep -h TFLOP "$OUT/second-task.log")"
 tfc status --json >"$OUT/status-end.json" 2>&1
+
+# 6. The operator's checks on a GPU node.
+tfc doctor >"$OUT/doctor.txt" 2>&1
+check "doctor" $? "$(grep -c . "$OUT/doctor.txt") checks printed; $(tail -n 1 "$OUT/doctor.txt")"
+tfc usage --since 1h --json >"$OUT/usage.json" 2>&1
+"$PY" - "$OUT/usage.json" >"$OUT/usage.txt" 2>&1 <<'EOF'
+import json, sys
+users = json.load(open(sys.argv[1]))["users"]
+gpu_seconds = sum(u["gpu_seconds"] for u in users)
+assert gpu_seconds > 0, f"no GPU-time charged: {users}"
+print(f"{gpu_seconds:.0f} GPU-seconds charged to {', '.join(u['name'] for u in users)}")
+EOF
+check "usage" $? "$(tail -n 1 "$OUT/usage.txt")"
 say "artifacts: $OUT"
 exit $failed
