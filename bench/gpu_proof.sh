@@ -10,7 +10,10 @@
 #      once it is free;
 #   5. the agent killed (-9) and started again while the first job runs: the task goes on (same PID, the GPU
 #      still held, the second job still waiting) and the job succeeds;
-#   6. `tfcluster doctor` passing on the GPU node, and `tfcluster usage` charging the GPU-time the jobs held.
+#   6. preemption that saves first: a `high` job preempts a `low` one that holds 20 GiB of the GPU; the low job's
+#      task saves its step on SIGTERM and exits 42, the high job finds the GPU's memory given back, and the low
+#      job resumes from the step it saved;
+#   7. `tfcluster doctor` passing on the GPU node, and `tfcluster usage` charging the GPU-time the jobs held.
 # Needs root (tasks run under per-job UIDs), nvidia-smi, and a Python with tfcluster's dependencies and PyTorch:
 #   PYTHON=/path/to/python3 bench/gpu_proof.sh            (OUT=dir keeps status, metrics and logs there)
 # AGENT_ARGS adds flags to the agent's command line; TASK_FILES names a dir copied beside the task's program.
@@ -52,10 +55,19 @@ smi_mib=$(head -n 1 "$OUT/nvidia-smi.csv" | cut -d, -f3 | tr -d ' ')
 gpu_count=$(wc -l <"$OUT/nvidia-smi.csv")
 
 # The cluster, as the Quick start makes it.
+cat >"$work/policy.toml" <<EOF
+[classes]
+low = { value = 0, preemptible = true }
+high = { value = 10, preemptible = false }
+[defaults]
+class = "low"
+max_class = "high"
+EOF
 tfc ca init --dir "$work/ca" --san 127.0.0.1 >"$OUT/ca-init.txt" 2>&1
 export TFCLUSTER_COORDINATOR=127.0.0.1:17070 TFCLUSTER_TLS_DIR=$work/ca/admin
 "$PY" -m tfcluster.cli coordinator --listen 127.0.0.1:17070 --join-listen 127.0.0.1:17071 --tls-dir "$work/ca" \
-    --state-dir "$work/coordinator" --http-listen 127.0.0.1:19100 >"$OUT/coordinator.log" 2>&1 &
+    --state-dir "$work/coordinator" --http-listen 127.0.0.1:19100 --policy "$work/policy.toml" \
+    >"$OUT/coordinator.log" 2>&1 &
 coordinator=$!
 pids+=($coordinator)
 # The token goes to a file only root reads, never on a command line.
@@ -230,9 +242,78 @@ tfc logs "$second" worker:0 >"$OUT/second-task.log" 2>&1
 second_state=$(job_field "$second" "job.get('state')")
 check "second job after the first" $([ "$second_state" = SUCCEEDED ]; echo $?) \
     "$second_state; $(grep -h TFLOP "$OUT/second-task.log")"
-tfc status --json >"$OUT/status-end.json" 2>&1
 
-# 6. The operator's checks on a GPU node.
+# 6. Preemption that saves first, on the GPU: a `low` job holds the GPU (20 GiB of its memory) and trains; a `high`
+# job arrives. The low job's task gets SIGTERM, saves its step and exits 42; the high job starts on the freed GPU
+# and finds its memory given back; the low job then resumes from the step it saved.
+cat >"$work/gpu_saver.py" <<EOF
+import os, signal, sys, time, torch
+checkpoint = os.path.join(os.environ["TFCLUSTER_CHECKPOINT_DIR"], "step.pt")
+step = torch.load(checkpoint)["step"] if os.path.exists(checkpoint) else 0
+print("resumed from step", step, flush=True) if step else None
+stopping = []
+signal.signal(signal.SIGTERM, lambda *_: stopping.append(time.time()))
+hold = torch.empty(20 << 30, dtype=torch.uint8, device="cuda")
+a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+print("holding", hold.numel() >> 30, "GiB", flush=True)
+while step < ${SAVER_STEPS:-400}:
+    for _ in range(50):
+        c = a @ a
+    torch.cuda.synchronize()
+    step += 1
+    if stopping:
+        torch.save({"step": step}, checkpoint)
+        print(f"tfcluster: preemption checkpoint saved at step {step}, {time.time() - stopping[0]:.2f} s after SIGTERM", flush=True)
+        sys.exit(42)
+print("done at step", step, flush=True)
+EOF
+cat >"$work/gpu_urgent.py" <<EOF
+import time, torch
+free, total = torch.cuda.mem_get_info()
+print(f"free {free / 2**30:.1f} of {total / 2**30:.1f} GiB", flush=True)
+a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+end = time.time() + 10
+while time.time() < end:
+    c = a @ a
+torch.cuda.synchronize()
+EOF
+chmod 644 "$work/gpu_saver.py" "$work/gpu_urgent.py"
+spec_for() {  # spec_for NAME PROGRAM PRIORITY
+    job_spec "$1" | sed "s|$work/gpu_task.py|$work/$2|; s|^stop_grace_seconds = .*|stop_grace_seconds = 30\npriority = \"$3\"|"
+}
+spec_for gpu-saver gpu_saver.py low >"$work/saver.toml"
+spec_for gpu-urgent gpu_urgent.py high >"$work/urgent.toml"
+saver=$(tfc start "$work/saver.toml" 2>"$OUT/start-saver.err" | head -n 1)
+for _ in $(seq 240); do tfc logs "$saver" worker:0 2>/dev/null | grep -q holding && break; sleep 0.5; done
+sleep 5
+submitted=$(date +%s.%N)
+urgent=$(tfc start "$work/urgent.toml" 2>"$OUT/start-urgent.err" | head -n 1)
+for _ in $(seq 600); do [ "$(job_field "$urgent" "job.get('state')")" = RUNNING ] && break; sleep 0.1; done
+took=$("$PY" -c "import time; print(f'{time.time() - $submitted:.1f}')")
+saver_message=$(job_field "$saver" "job.get('message', '')")
+tfc logs "$saver" worker:0 --attempt 1 >"$OUT/saver-1.log" 2>&1
+saved=$(grep -o 'saved at step [0-9]*' "$OUT/saver-1.log" | grep -o '[0-9]*$')
+check "preemption saves first" $([ -n "$saved" ] && [ "$(job_field "$urgent" "job.get('state')")" = RUNNING ]; echo $?) \
+    "$urgent RUNNING ${took} s after its submission; $(grep 'saved at' "$OUT/saver-1.log"); $saver: $saver_message"
+for _ in $(seq 240); do
+    case "$(job_field "$urgent" "job.get('state')")" in SUCCEEDED|FAILED|STOPPED) break;; esac; sleep 0.5
+done
+tfc logs "$urgent" worker:0 >"$OUT/urgent.log" 2>&1
+free_gib=$(grep -o 'free [0-9.]*' "$OUT/urgent.log" | grep -o '[0-9.]*$')
+"$PY" -c "import sys; sys.exit(0 if float('${free_gib:-0}') > 70 else 1)"
+check "GPU memory given back" $? "$(cat "$OUT/urgent.log") (the preempted task held 20 GiB)"
+for _ in $(seq 240); do
+    case "$(job_field "$saver" "job.get('state')")" in SUCCEEDED|FAILED|STOPPED) break;; esac; sleep 0.5
+done
+tfc logs "$saver" worker:0 >"$OUT/saver-2.log" 2>&1
+saver_state=$(job_field "$saver" "job.get('state')")
+preemptions=$(job_field "$saver" "job.get('preemptions')")
+restarts=$(job_field "$saver" "job.get('restarts')")
+check "preempted job resumes" \
+    $([ "$saver_state" = SUCCEEDED ] && [ "$restarts" = 0 ] && grep -q "resumed from step $saved\$" "$OUT/saver-2.log"; echo $?) \
+    "$saver $saver_state, preemptions $preemptions, restarts charged $restarts; $(tr '\n' ';' <"$OUT/saver-2.log")"
+
+# 7. The operator's checks on a GPU node.
 tfc doctor >"$OUT/doctor.txt" 2>&1
 check "doctor" $? "$(grep -c . "$OUT/doctor.txt") checks printed; $(tail -n 1 "$OUT/doctor.txt")"
 tfc usage --since 1h --json >"$OUT/usage.json" 2>&1
@@ -244,5 +325,6 @@ assert gpu_seconds > 0, f"no GPU-time charged: {users}"
 print(f"{gpu_seconds:.0f} GPU-seconds charged to {', '.join(u['name'] for u in users)}")
 EOF
 check "usage" $? "$(tail -n 1 "$OUT/usage.txt")"
+tfc status --json >"$OUT/status-end.json" 2>&1
 say "artifacts: $OUT"
 exit $failed
