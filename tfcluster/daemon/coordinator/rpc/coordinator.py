@@ -33,7 +33,7 @@ from tfcluster.daemon.coordinator.core.model.node_table import STARTUP_GRACE_SEC
 from tfcluster.daemon.coordinator.core.model.task_uids import UidRange
 from tfcluster.daemon.coordinator.core.model.usage_history import UsageHistory
 from tfcluster.daemon.coordinator.rpc.code_service import sweep_code, sweep_summaries
-from tfcluster.daemon.coordinator.rpc.outbox import LogWaiter, Outbox, StreamEnded
+from tfcluster.daemon.coordinator.rpc.outbox import LogWaiter, Outbox, StreamEnded, tell_all
 from tfcluster.daemon.coordinator.rpc.probes import Probes
 from tfcluster.daemon.coordinator.rpc.watchers import Watchers
 from tfcluster.daemon.coordinator.store.api import Store
@@ -77,6 +77,7 @@ class Coordinator:
         self.log_waiters: dict[int, LogWaiter] = {}
         self.log_ids = itertools.count(1)
         self.tasks: list[asyncio.Task] = []
+        self.telling_pace: asyncio.Task | None = None  # a new heartbeat interval on its way to every agent
         self.started = self.clock()
         self.logins = Logins()     # the dashboard's one-time links and browser sessions
         self.watchers = Watchers()  # clients following a job (WatchJob): woken after each store write
@@ -106,9 +107,10 @@ class Coordinator:
             self.tasks.append(asyncio.create_task(sweep_summaries(self), name="summaries sweeper"))
 
     async def close(self) -> None:
-        for task in self.tasks[1:]:
+        background = [*self.tasks[1:], *([self.telling_pace] if self.telling_pace else [])]
+        for task in background:
             task.cancel()
-        await asyncio.gather(*self.tasks[1:], return_exceptions=True)
+        await asyncio.gather(*background, return_exceptions=True)
         await self.persistence.close(self.tasks[0] if self.tasks else None)
 
     # ---- sending what the stored changes decided -----------------------------------------------
@@ -153,7 +155,11 @@ class Coordinator:
         (nodes.Pace). Nothing to store: an agent registering again is given it anyway."""
         interval = self.cluster.nodes.pace.to_tell(now)
         if interval is not None:
-            self.send([SetPace(node, interval) for node in self.streams])
+            if self.telling_pace is not None:
+                self.telling_pace.cancel()  # the longer interval supersedes one not yet told to every agent
+            self.telling_pace = asyncio.create_task(tell_all(self.send, list(self.streams),
+                                                             lambda node: SetPace(node, interval),
+                                                             self.streams.__contains__))
 
     # ---- agents --------------------------------------------------------------------------------
 
