@@ -34,7 +34,7 @@ from pathlib import Path
 import grpc
 import psutil
 
-from scale import Fleet, _cpu  # bench/scale.py: puts tests/ and the repository on the path
+from scale import FLEET_NICE, Fleet, _cpu  # bench/scale.py: puts tests/ and the repository on the path
 from harness import Daemon, free_port, scrape, value  # noqa: E402
 from tfcluster import pki  # noqa: E402
 from tfcluster.api.v1 import control_pb2, control_pb2_grpc  # noqa: E402
@@ -54,10 +54,6 @@ POLL_SECONDS = 0.02    # how often a surviving coordinator is asked whether it s
 # coordinator rightly declared hundreds of nodes lost. Real agents are one process each; more processes than
 # this (250 each: 20 for 5,000) overload a small machine with their threads.
 AGENTS_PER_PROCESS = 500
-# The fake agents stand for thousands of hosts but share this machine's cores with the coordinators and etcd: run
-# at their default priority, their processes and threads outnumber the coordinators' and the kernel gives the
-# leader a tenth of a core while they wait on it. Real agents run on hosts of their own.
-FLEET_NICE = 10
 # etcd's counters (one member's: every member applies every write): keys put and deleted, WAL bytes, proposals.
 # Family names as prometheus-client's parser gives them: etcd declares the last two gauges, so they keep "_total".
 COUNTERS = {"keys": ("etcd_mvcc_put", "etcd_mvcc_delete"), "wal_bytes": ("etcd_disk_wal_write_bytes_total",),

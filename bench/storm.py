@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -24,7 +23,7 @@ from pathlib import Path
 
 import psutil
 
-from scale import Fleet, start_server  # puts tests/ and the repo on the path
+from scale import FLEET_NICE, Fleet, start_server  # puts tests/ and the repo on the path
 from harness import free_port, kill_group  # noqa: E402
 from streamflood import percentile  # noqa: E402
 
@@ -79,7 +78,7 @@ def cold_start(size: int, tmp: Path, paced: bool) -> dict:
         client.status()
         sampler = Sampler(client)
         began = time.monotonic()
-        fleet = Fleet(address, size, tmp / "ca")
+        fleet = Fleet(address, size, tmp / "ca", nice=FLEET_NICE)
         while not sampler.samples or sampler.samples[-1][2] < size:
             if time.monotonic() - began > READY_TIMEOUT_SECONDS:
                 raise RuntimeError(f"not all {size} agents READY in {READY_TIMEOUT_SECONDS:g} s")
