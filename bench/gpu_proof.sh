@@ -167,6 +167,12 @@ jobs=[j for j in json.load(sys.stdin)['jobs'] if j['id']=='$1']
 job=jobs[0] if jobs else {}
 print($2)"
 }
+wait_ended() {  # wait_ended JOB: until it has SUCCEEDED, FAILED or STOPPED (two minutes at most)
+    for _ in $(seq 240); do
+        case "$(job_field "$1" "job.get('state')")" in SUCCEEDED|FAILED|STOPPED) return;; esac; sleep 0.5
+    done
+}
+seconds_since() { "$PY" -c "import time; print(f'{time.time() - $1:.1f}')"; }  # seconds_since UNIX-TIME
 for _ in $(seq 120); do [ "$(job_field "$first" "job.get('state')")" = RUNNING ] && break; sleep 0.5; done
 sleep 8  # the task has started its products: the GPU is busy
 
@@ -212,7 +218,7 @@ for _ in $(seq 300); do  # the new agent has registered (the node never went LOS
     [ "$(grep -c 'registered with' "$OUT/agent.log")" -gt "$registrations" ] && break
     sleep 0.1
 done
-back_in=$("$PY" -c "import time; print(f'{time.time() - $restarted_at:.1f}')")
+back_in=$(seconds_since "$restarted_at")
 pid_after=$(task_pid "$first")
 state_after=$(job_field "$first" "job.get('state')")
 second_after=$(job_field "$second" "job.get('state')")
@@ -223,9 +229,7 @@ fetch_metrics >"$OUT/metrics-restarted.txt" 2>>"$OUT/metrics.err"
 grep -q "^tfcluster_gpu_allocated{.*job_id=\"$first\"" "$OUT/metrics-restarted.txt"
 check "GPU held after the restart" $? "$(grep '^tfcluster_gpu_allocated{' "$OUT/metrics-restarted.txt" | head -n 1)"
 
-for _ in $(seq 240); do
-    case "$(job_field "$first" "job.get('state')")" in SUCCEEDED|FAILED|STOPPED) break;; esac; sleep 0.5
-done
+wait_ended "$first"
 tfc logs "$first" worker:0 >"$OUT/first-task.log" 2>&1
 first_state=$(job_field "$first" "job.get('state')")
 check "first job" $([ "$first_state" = SUCCEEDED ]; echo $?) "$first_state; $(tr '\n' ';' <"$OUT/first-task.log")"
@@ -235,9 +239,7 @@ check "task's own UID" $([ -n "$task_uid" ] && [ "$task_uid" != 0 ]; echo $?) "u
 sees=$(grep -c "torch sees 1 GPU(s):.*uuid $smi_uuid" "$OUT/first-task.log")
 check "exactly that GPU" $([ "$sees" = 1 ]; echo $?) "CUDA_VISIBLE_DEVICES=$visible; $(grep 'torch sees' "$OUT/first-task.log")"
 
-for _ in $(seq 240); do
-    case "$(job_field "$second" "job.get('state')")" in SUCCEEDED|FAILED|STOPPED) break;; esac; sleep 0.5
-done
+wait_ended "$second"
 tfc logs "$second" worker:0 >"$OUT/second-task.log" 2>&1
 second_state=$(job_field "$second" "job.get('state')")
 check "second job after the first" $([ "$second_state" = SUCCEEDED ]; echo $?) \
@@ -289,22 +291,18 @@ sleep 5
 submitted=$(date +%s.%N)
 urgent=$(tfc start "$work/urgent.toml" 2>"$OUT/start-urgent.err" | head -n 1)
 for _ in $(seq 600); do [ "$(job_field "$urgent" "job.get('state')")" = RUNNING ] && break; sleep 0.1; done
-took=$("$PY" -c "import time; print(f'{time.time() - $submitted:.1f}')")
+took=$(seconds_since "$submitted")
 saver_message=$(job_field "$saver" "job.get('message', '')")
 tfc logs "$saver" worker:0 --attempt 1 >"$OUT/saver-1.log" 2>&1
 saved=$(grep -o 'saved at step [0-9]*' "$OUT/saver-1.log" | grep -o '[0-9]*$')
 check "preemption saves first" $([ -n "$saved" ] && [ "$(job_field "$urgent" "job.get('state')")" = RUNNING ]; echo $?) \
     "$urgent RUNNING ${took} s after its submission; $(grep 'saved at' "$OUT/saver-1.log"); $saver: $saver_message"
-for _ in $(seq 240); do
-    case "$(job_field "$urgent" "job.get('state')")" in SUCCEEDED|FAILED|STOPPED) break;; esac; sleep 0.5
-done
+wait_ended "$urgent"
 tfc logs "$urgent" worker:0 >"$OUT/urgent.log" 2>&1
 free_gib=$(grep -o 'free [0-9.]*' "$OUT/urgent.log" | grep -o '[0-9.]*$')
 "$PY" -c "import sys; sys.exit(0 if float('${free_gib:-0}') > 70 else 1)"
 check "GPU memory given back" $? "$(cat "$OUT/urgent.log") (the preempted task held 20 GiB)"
-for _ in $(seq 240); do
-    case "$(job_field "$saver" "job.get('state')")" in SUCCEEDED|FAILED|STOPPED) break;; esac; sleep 0.5
-done
+wait_ended "$saver"
 tfc logs "$saver" worker:0 >"$OUT/saver-2.log" 2>&1
 saver_state=$(job_field "$saver" "job.get('state')")
 preemptions=$(job_field "$saver" "job.get('preemptions')")
