@@ -19,6 +19,9 @@ pytestmark = [pytest.mark.e2e,
               pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="needs the tf extra")]
 
 GRACE_SECONDS = 60
+# The preemptor holds its GPU this long, so that the victim is still waiting, its exits and message those of the
+# preemption, when the test reads it; a 2 s preemptor could end and let the victim run again first on a slow box.
+PREEMPTOR_SECONDS = 20
 
 
 def test_a_preempted_mwms_job_saves_on_its_signal_frees_its_gpus_at_once_and_resumes_at_that_step(cluster, tmp_path):
@@ -27,7 +30,8 @@ def test_a_preempted_mwms_job_saves_on_its_signal_frees_its_gpus_at_once_and_res
     log = lambda attempt: cluster.cli("logs", victim, "worker:0", "--attempt", str(attempt)).stdout  # noqa: E731
     wait_until(lambda: "epoch 1/4" in log(1), 240, interval=0.3, what="the first epoch")
     submitted = time.monotonic()
-    preemptor = cluster.cli("start", str(preemptor_spec(tmp_path)), check=True).stdout.strip()
+    preemptor_toml = preemptor_spec(tmp_path, seconds=PREEMPTOR_SECONDS)
+    preemptor = cluster.cli("start", str(preemptor_toml), check=True).stdout.strip()
     wait_until(lambda: cluster.job(preemptor)["state"] in ("RUNNING", "SUCCEEDED"), GRACE_SECONDS, interval=0.2,
                what="the preemptor to run")
     took = time.monotonic() - submitted

@@ -49,7 +49,7 @@ def test_a_high_job_preempts_a_low_mwms_job_which_resumes_and_ends_as_if_undistu
     low_id = submit(cluster, spec)
     wait_until(lambda: (checkpoints / "ckpt-2.index").exists(), 240, interval=0.2, what="checkpoint 2")
     submitted = time.monotonic()
-    high_id = submit(cluster, preemptor_spec(tmp_path, seconds=3))
+    high_id = submit(cluster, preemptor_spec(tmp_path, seconds=10))  # long enough to read low while it waits
     wait_until(lambda: cluster.job(high_id)["state"] in ("RUNNING", "SUCCEEDED"), GRACE_SECONDS + 30, interval=0.2,
                what=f"{high_id} to run")
     took = time.monotonic() - submitted
