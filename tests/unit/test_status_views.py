@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import replace
 
 from coresim import Sim, info, make_spec
@@ -84,3 +85,34 @@ def test_the_line_for_systemctl_status_counts_nodes_and_live_jobs():
     assert status.one_line(sim.c) == "2 nodes READY, 1 LOST, 1 job running, 1 pending, 1 starting"
     sim.exit(job, "worker:0", 0)
     assert "0 jobs running" in status.one_line(sim.c), "ended jobs are not counted"
+
+
+def walked(sim: Sim) -> dict:
+    """The summary's counts as a walk over every node and job finds them: what the kept counts must equal."""
+    nodes = Counter(n.state.value for n in sim.c.nodes.values())
+    jobs = Counter(j.state.value for j in sim.c.jobs.values())
+    return {"nodes_by_state": dict(nodes), "jobs_by_state": dict(jobs),
+            "gpus_total": sum(len(n.info.gpus) for n in sim.c.nodes.values() if n.state == NodeState.READY)}
+
+
+def test_the_counts_status_keeps_agree_with_a_walk_through_losses_returns_removals_and_pruning():
+    sim = big_cluster(12)
+    counted = lambda: {k: v for k, v in status.summary(sim.c).items() if k != "gpus_allocated"}  # noqa: E731
+    assert counted() == walked(sim) == {"nodes_by_state": {"READY": 12}, "jobs_by_state": {}, "gpus_total": 12}
+    sim.now += 10
+    sim.heartbeat_all("n003", "n007")
+    sim.c.tick(sim.now)
+    assert counted() == walked(sim) and counted()["nodes_by_state"] == {"READY": 10, "LOST": 2}
+    assert [n.name for n in status.overview_nodes(sim.c)][:3] == ["n003", "n007", "n000"]
+    sim.c.register(replace(info("n003", 4), address="10.1.0.3"), [], "session-n003-again", sim.now)
+    assert counted() == walked(sim) and counted()["gpus_total"] == 14, "it came back with 4 GPUs"
+    sim.c.remove_node("n007", sim.now)
+    assert counted() == walked(sim) and counted()["nodes_by_state"] == {"READY": 11}
+    sim.c.jobs.keep_finished_jobs = 2
+    for _ in range(3):
+        job, actions = sim.submit(make_spec(strategy="mirrored", worker=1, gpus=1), name="done")
+        sim.running(job, actions)
+        sim.exit(job, "worker:0", 0)
+    sim.submit(make_spec(strategy="mirrored", worker=1, gpus=1), name="live")
+    sim.c.prune(sim.now)
+    assert counted() == walked(sim) and sum(counted()["jobs_by_state"].values()) == 3, "one ended job pruned"

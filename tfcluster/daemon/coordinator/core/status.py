@@ -9,6 +9,7 @@ key of the last entry (a node's name, a job's number), so pages stay right while
 from __future__ import annotations
 
 import bisect
+import heapq
 import itertools
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
@@ -56,9 +57,11 @@ def nodes(cluster: Cluster, after: str = "", state: str = "", prefix: str = "") 
 
 
 def overview_nodes(cluster: Cluster) -> list[Node]:
-    """The nodes the overview lists: LOST ones first (they need attention), then by name."""
-    lost = [cluster.nodes[n] for n in cluster.nodes.names if cluster.nodes[n].state == NodeState.LOST][:OVERVIEW_NODES]
-    ready = (cluster.nodes[n] for n in cluster.nodes.names if cluster.nodes[n].state != NodeState.LOST)
+    """The nodes the overview lists: LOST ones first (they need attention), then by name. It reads no more nodes
+    than it shows (and the LOST ones), so `status` stays cheap however large the cluster."""
+    lost_names = cluster.nodes.lost()
+    lost = [cluster.nodes[name] for name in heapq.nsmallest(OVERVIEW_NODES, lost_names)]
+    ready = (cluster.nodes[name] for name in cluster.nodes.names if name not in lost_names)
     return lost + list(itertools.islice(ready, OVERVIEW_NODES - len(lost)))
 
 
@@ -81,20 +84,20 @@ def overview_jobs(cluster: Cluster) -> list[Job]:
 
 
 def summary(cluster: Cluster) -> dict:
-    """Counts over the whole cluster: nodes by state, GPUs on READY nodes and held by live tasks, jobs by state."""
-    by_state = Counter(n.state for n in cluster.nodes.values())
-    gpus_total = sum(len(n.info.gpus) for n in cluster.nodes.values() if n.state == NodeState.READY)
+    """Counts over the whole cluster: nodes by state, GPUs on READY nodes and held by live tasks, jobs by state.
+    From the counts the registries keep, and the live tasks: no walk over every node or every ended job."""
+    ready, lost = cluster.nodes.ready(), len(cluster.nodes) - cluster.nodes.ready()
     allocated = sum(len(t.gpus) for j in cluster.jobs.live.values() for t in j.tasks if t.live)
-    jobs_by_state = Counter(j.state for j in cluster.jobs.values())
-    return {"nodes_by_state": {s.value: by_state[s] for s in NodeState if by_state[s]},
-            "gpus_total": gpus_total, "gpus_allocated": allocated,
+    jobs_by_state = cluster.jobs.by_state()
+    return {"nodes_by_state": {s.value: n for s, n in ((NodeState.READY, ready), (NodeState.LOST, lost)) if n},
+            "gpus_total": cluster.nodes.ready_gpus(), "gpus_allocated": allocated,
             "jobs_by_state": {s.value: jobs_by_state[s] for s in JobState if jobs_by_state[s]}}
 
 
 def one_line(cluster: Cluster) -> str:
     """The cluster in one line, for `systemctl status`: "12 nodes READY, 1 LOST, 3 jobs running, 1 pending".
     Counted from the nodes and the live jobs only (never the ended ones), so it stays cheap with thousands."""
-    lost = sum(1 for node in cluster.nodes.values() if node.state == NodeState.LOST)
+    lost = len(cluster.nodes) - cluster.nodes.ready()
     jobs_by_state = Counter(job.state for job in cluster.jobs.live.values())
     parts = [_count(len(cluster.nodes) - lost, "node", NodeState.READY)] + \
         ([f"{lost} {NodeState.LOST}"] if lost else [])

@@ -1,13 +1,14 @@
 """The cluster's jobs: every job kept, the live ones in order, the ended ones until retention lets them go. Pure.
 
-Jobs owns the registry and its indexes: the live jobs oldest first, the ended ones in the order they ended,
-each submission's request id, the holder of each task UID, and the counter that numbers jobs. A job enters
+Jobs owns the registry and its indexes: the live jobs oldest first, the ended ones in the order they ended (and
+how many ended in each state), each submission's request id, the holder of each task UID, and the counter that numbers jobs. A job enters
 through add (loaded, or made by new), leaves the live ones through settle once it has ended, and leaves for
 good through prune; each of these changes every index with it, so none holds a job that is not kept.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from types import MappingProxyType
 
@@ -18,6 +19,7 @@ from tfcluster.daemon.coordinator.core.model.changelog import (ChangeLog, EndedJ
 from tfcluster.daemon.coordinator.core.model.job import Job, Task
 from tfcluster.daemon.coordinator.core.model.registry import Registry
 from tfcluster.spec import JobSpec
+from tfcluster.states import JobState
 
 KEEP_FINISHED_JOBS = 1000
 KEEP_FINISHED_SECONDS = 7 * 86400.0
@@ -37,6 +39,7 @@ class Jobs(Registry[Job]):
         super().__init__(self._jobs)
         self._live: dict[str, Job] = {}   # jobs not ended, oldest first
         self._ended: dict[str, Job] = {}  # ended jobs, in the order they ended (retention removes from the front)
+        self._ended_states: Counter[JobState] = Counter()  # how many of them ended in each state (it never changes)
         self.live: Mapping[str, Job] = MappingProxyType(self._live)
         self.ended: Mapping[str, Job] = MappingProxyType(self._ended)
         self._requests: dict[str, str] = {}  # a submission's client request id -> its job
@@ -56,6 +59,10 @@ class Jobs(Registry[Job]):
         """The job a submission with this client request id made, while it is kept."""
         job_id = self._requests.get(request_id) if request_id else None
         return self._jobs[job_id] if job_id is not None else None
+
+    def by_state(self) -> Counter[JobState]:
+        """How many kept jobs are in each state: the live ones counted now, the ended ones as they ended."""
+        return self._ended_states + Counter(job.state for job in self._live.values())
 
     def in_use(self) -> tuple[dict[str, set[int]], dict[str, set[int]], dict[str, int]]:
         """Node -> the GPU indices, node -> the ports, and node -> the bytes of memory limits, that tasks hold: live
@@ -80,6 +87,8 @@ class Jobs(Registry[Job]):
         self._hold_uid(job)
         self._jobs[job.id] = job
         (self._ended if job.ended else self._live)[job.id] = job
+        if job.ended:
+            self._ended_states[job.state] += 1
         if job.request_id:
             self._requests[job.request_id] = job.id
         self._next_number = max(self._next_number, job.number + 1)
@@ -115,6 +124,7 @@ class Jobs(Registry[Job]):
             return False
         del self._live[job.id]
         self._ended[job.id] = job
+        self._ended_states[job.state] += 1
         self.changes.append(JobEnded(job))
         return True
 
@@ -132,6 +142,7 @@ class Jobs(Registry[Job]):
             if len(self._ended) <= self.keep_finished_jobs and now - job.finished <= self.keep_finished_seconds:
                 break
             del self._ended[job.id], self._jobs[job.id]
+            self._ended_states[job.state] -= 1
             if self._requests.get(job.request_id) == job.id:
                 del self._requests[job.request_id]
             holders = self._by_uid.get(job.uid, {})

@@ -2,7 +2,8 @@
 Pure.
 
 Nodes owns the registry and every index over it: the names in order, the nodes of each address, each node's
-capacity when idle, the READY nodes in the order they were last heard from, and the tasks placed on each node.
+capacity when idle, the READY nodes in the order they were last heard from (with their GPUs counted), the LOST
+ones, and the tasks placed on each node.
 Every method that changes a node changes its indexes with it, so a reader never meets a stale entry. Nodes
 knows jobs only through their tasks' placements: the cluster (cluster.py) hands it each job after a change
 (track), and it indexes the tasks of jobs that have not ended by the node they are placed on.
@@ -103,8 +104,10 @@ class Nodes(Registry[Node]):
         self._names: list[str] = []  # sorted: placement and status pages go in this order
         self._by_address: dict[str, set[str]] = {}
         self._idle: dict[str, NodeCapacity] = {}  # each node's capacity when nothing runs on it
-        # READY nodes, the one heard from longest ago first: expiry looks at the front only.
-        self._heard: OrderedDict[str, None] = OrderedDict()
+        # READY nodes (-> their GPUs), the one heard from longest ago first: expiry looks at the front only.
+        self._heard: OrderedDict[str, int] = OrderedDict()
+        self._lost: set[str] = set()  # the other nodes: LOST is the only other state
+        self._ready_gpus = 0  # the GPUs of the READY nodes: `status` counts them on every call
         self._placed: dict[str, Placed] = {}  # node -> the tasks of jobs not ended placed there (never empty)
         self._placements: dict[str, dict[str, str]] = {}  # job id -> task key -> node: what _placed holds of it
         self.capacity_version = 0  # bumped whenever resources may have been freed or added
@@ -125,6 +128,14 @@ class Nodes(Registry[Node]):
     def ready(self) -> int:
         """How many nodes are READY."""
         return len(self._heard)
+
+    def ready_gpus(self) -> int:
+        """How many GPUs the READY nodes have."""
+        return self._ready_gpus
+
+    def lost(self) -> frozenset[str]:
+        """The names of the LOST nodes."""
+        return frozenset(self._lost)
 
     def info_of(self, name: str) -> NodeInfo | None:
         """A READY node's description; None when it is not READY (or unknown)."""
@@ -186,11 +197,7 @@ class Nodes(Registry[Node]):
         i = node.info
         self._idle[node.name] = NodeCapacity(i.name, i.address, i.gpus, i.port_range, memory_bytes=i.memory_bytes,
                                              fetches_code=i.fetches_code, labels=frozenset(i.labels))
-        if node.state == NodeState.READY:
-            self._heard[node.name] = None
-            self._heard.move_to_end(node.name)
-        else:
-            self._heard.pop(node.name, None)
+        self._index_state(node.name, node)
         self.capacity_version += 1
         self.changes.append(NodeAdded(node))
 
@@ -277,13 +284,24 @@ class Nodes(Registry[Node]):
         jobs move them: the caller declares them lost."""
         node = self._nodes.pop(name)
         self._names.remove(name)
-        self._heard.pop(name, None)
+        self._index_state(name, None)
         self._returning.discard(name)
         del self._idle[name]
         self._discard_address(node.info.address, name)
         self.capacity_version += 1
         self.changes.append(NodeRemoved(name))
         return node
+
+    def _index_state(self, name: str, node: Node | None) -> None:
+        """The node now has its state (or is gone, with None): the READY and LOST indexes follow it. A READY node
+        goes to the end of the heard order, as one just heard from."""
+        self._ready_gpus -= self._heard.pop(name, 0)
+        self._lost.discard(name)
+        if node is not None and node.state == NodeState.READY:
+            self._heard[name] = len(node.info.gpus)
+            self._ready_gpus += len(node.info.gpus)
+        elif node is not None:
+            self._lost.add(name)
 
     def _discard_address(self, address: str, name: str) -> None:
         names = self._by_address.get(address)
@@ -326,10 +344,10 @@ class Nodes(Registry[Node]):
         if self._mass_silence(len(silent), now):
             return []
         for node in silent:
-            del self._heard[node.name]
             self._returning.discard(node.name)
             # What its heartbeats said no longer holds; its agent says it again when it registers.
             node.state, node.seen.condition, node.seen.conditions = NodeState.LOST, "", ()
+            self._index_state(node.name, node)
         if silent:
             self.capacity_version += 1
         return silent
