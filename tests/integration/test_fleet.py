@@ -154,8 +154,8 @@ def test_a_fleet_past_the_heartbeat_bound_beats_less_often_and_stays_ready(make_
         def beats() -> tuple[float, int]:
             return time.monotonic(), [e["heartbeats"] for e in list(events) if "heartbeats" in e][-1]
         told = "agents heartbeat every 2.5 s from now on, and a node is lost after 7.5 s"
-        # The coordinator tells the agents registered before the last stretch within 10 s of it; each then keeps
-        # the new interval from its next heartbeat on.
+        # The coordinator tells the agents registered before each stretch to a longer step at its next tick; each
+        # then keeps the new interval from its next heartbeat on.
         wait_until(lambda: told in cluster.coordinator.log(), 20, interval=0.2, what="the agents told 2.5 s")
         time.sleep(3)
         began, first = beats()

@@ -662,7 +662,7 @@ def test_after_a_takeover_nodes_still_queued_to_come_back_are_not_lost_while_the
 def test_a_cluster_past_its_heartbeat_bound_beats_less_often_and_waits_as_much_longer_before_a_node_is_lost():
     from tfcluster.daemon.coordinator.core.cluster import Cluster
     c = Cluster(lost_after_seconds=3.0, heartbeat_interval_seconds=1.0, max_heartbeats_per_second=10)
-    nodes = [replace(info(f"n{i:02d}", 1), address=f"10.0.1.{i}") for i in range(25)]
+    nodes = [replace(info(f"n{i:02d}", 1), address=f"10.0.1.{i}") for i in range(30)]
     now = 100.0
 
     def beat_all_but(*silent: str) -> None:
@@ -673,35 +673,49 @@ def test_a_cluster_past_its_heartbeat_bound_beats_less_often_and_waits_as_much_l
     for n in nodes[:10]:
         c.register(n, [], f"s-{n.name}", now)
     assert (c.nodes.pace.interval, c.nodes.lost_after) == (1.0, 3.0)  # 10 nodes at 1 Hz: within the bound
-    for n in nodes[10:]:
+    for n in nodes[10:25]:
         c.register(n, [], f"s-{n.name}", now)
     assert (c.nodes.pace.interval, c.nodes.lost_after) == (2.5, 7.5)  # 25 nodes: 10 heartbeats a second
-    # The agents registered before are told, once: a quarter longer at once, any longer after 10 s.
+    # The agents registered before are told, once.
     pace = c.nodes.pace
-    assert pace.to_tell(now) == 2.5 and pace.to_tell(now + 1) is None
-    c.register(replace(info("n25", 1), address="10.0.1.25"), [], "s-n25", now)
-    assert pace.interval == 2.6 and pace.to_tell(now + 9) is None and pace.to_tell(now + 10) == 2.6
-    c.remove_node("n25", now)
-    now += 5.0  # two of the longer intervals without a word from n00: not lost
+    assert pace.to_tell() == 2.5 and pace.to_tell() is None
+    # One more node outgrows the step: the next one, 3 s, told at once; the nodes that join within it change nothing.
+    c.register(nodes[25], [], "s-n25", now)
+    assert (pace.interval, c.nodes.lost_after, pace.to_tell()) == (3.0, 9.0, 3.0)
+    for n in nodes[26:]:
+        c.register(n, [], f"s-{n.name}", now)
+    assert (pace.interval, pace.to_tell()) == (3.0, None)
+    for n in nodes[25:]:
+        c.remove_node(n.name, now)
+    now += 6.0  # two of the longer intervals without a word from n00: not lost
     beat_all_but("n00")
     c.tick(now)
     assert c.nodes["n00"].state == NodeState.READY
-    now += 3.0  # 8 s
+    now += 3.5  # 9.5 s
     beat_all_but("n00")
     c.tick(now)
     assert c.nodes["n00"].state == NodeState.LOST
-    # Fewer nodes do not shorten it again: the agents told 2.5 s keep that interval until they register again.
+    # Fewer nodes do not shorten it again: the agents told 3 s keep that interval until they register again.
     for n in nodes[:20]:
         c.remove_node(n.name, now)
-    now += 4.0
+    now += 8.0
     beat_all_but(*(n.name for n in nodes[20:22]))
     c.tick(now)
-    assert c.nodes.lost_after == pytest.approx(7.8) and c.nodes["n20"].state == NodeState.READY
+    assert c.nodes.lost_after == 9.0 and c.nodes["n20"].state == NodeState.READY
 
-    unbounded = Cluster(lost_after_seconds=3.0, heartbeat_interval_seconds=1.0)
-    for n in nodes:
-        unbounded.register(n, [], f"s-{n.name}", now)
-    assert (unbounded.nodes.pace.interval, unbounded.nodes.lost_after) == (1.0, 3.0)
+
+def test_the_pace_keeps_under_its_bound_at_every_size_and_is_told_only_when_the_cluster_outgrows_a_step():
+    from tfcluster.daemon.coordinator.core.model.node_table import Pace
+    pace, told = Pace(interval=1.0, lost_after=3.0, max_per_second=1000), []
+    for nodes in range(1, 20_001):
+        pace.fit(nodes)
+        assert nodes / pace.interval <= 1000, f"{nodes} nodes every {pace.interval} s: over the bound"
+        assert pace.interval <= max(1.0, nodes / 1000) * 4 / 3, f"{nodes} nodes: {pace.interval} s is a step too far"
+        if pace.to_tell() is not None:
+            told.append((nodes, pace.interval))
+    assert told == [(1001, 1.25), (1251, 1.5), (1501, 2.0), (2001, 2.5), (2501, 3.0), (3001, 4.0), (4001, 5.0),
+                    (5001, 6.0), (6001, 8.0), (8001, 10.0), (10001, 12.5), (12501, 15.0), (15001, 20.0)]
+    assert (pace.interval, pace.lost_after) == (20.0, 60.0)
 
 
 def test_silence_while_the_coordinator_could_not_listen_does_not_count():

@@ -146,14 +146,14 @@ class Coordinator:
                 now = self.clock()
                 self.trust.expire(now)
                 self.apply(self.cluster.tick(now))
-                self._tell_pace(now)
+                self._tell_pace()
             except Exception:  # a bug in one tick must not stop the next
                 log.exception("tick failed")
 
-    def _tell_pace(self, now: float) -> None:
+    def _tell_pace(self) -> None:
         """The cluster grew past the heartbeat bound: the agents registered meanwhile are told the longer interval
         (nodes.Pace). Nothing to store: an agent registering again is given it anyway."""
-        interval = self.cluster.nodes.pace.to_tell(now)
+        interval = self.cluster.nodes.pace.to_tell()
         if interval is not None:
             if self.telling_pace is not None:
                 self.telling_pace.cancel()  # the longer interval supersedes one not yet told to every agent
