@@ -1,9 +1,10 @@
 """The cluster's jobs: every job kept, the live ones in order, the ended ones until retention lets them go. Pure.
 
 Jobs owns the registry and its indexes: the live jobs oldest first, the ended ones in the order they ended (and
-how many ended in each state), each submission's request id, the holder of each task UID, and the counter that numbers jobs. A job enters
-through add (loaded, or made by new), leaves the live ones through settle once it has ended, and leaves for
-good through prune; each of these changes every index with it, so none holds a job that is not kept.
+how many ended in each state), each submission's request id, the holder of each task UID, and the counter that
+numbers jobs. A job enters through add (loaded, or made by new), leaves the live ones through settle once it has
+ended, and leaves for good through prune; each of these changes every index with it, so none holds a job that is
+not kept.
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ STARTUP_GRACE_SECONDS = 30.0
 # The intervals a stretched pace takes, as multiples of the configured one (and ten, a hundred... times these): each
 # at most a third longer than the one before. The agents already registered are told a new pace only when the
 # cluster outgrows a step: a handful of messages to each while thousands of nodes register, none for a node that
-# joins within a step, and none once the cluster stops growing. A pace fitted to the node exactly was told to every
+# joins within a step, and none once the cluster stops growing. A pace fitted to each node was told to every
 # agent again 10 s after the last node joined: 5,000 messages within a second, which held up `status` after each
 # cold start of 5,000 (bench/storm.py).
 PACE_STEPS = (1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0)
