@@ -71,6 +71,11 @@ class RoleSpec:
         return self.max_count > 0
 
 
+# A role the spec does not name: no tasks. One shared instance, since placement asks for absent roles on every
+# try (a new one cost a dataclass's construction each time); frozen, and nothing writes into its env.
+_NO_ROLE = RoleSpec()
+
+
 @dataclass(frozen=True)
 class RestartPolicy:
     max_restarts: int = DEFAULT_MAX_RESTARTS
@@ -102,7 +107,7 @@ class JobSpec:
     resize_interval_seconds: float = DEFAULT_RESIZE_INTERVAL_SECONDS  # [elastic]: at most one growth this often
 
     def role(self, role_type: str) -> RoleSpec:
-        return self.roles.get(role_type, RoleSpec())
+        return self.roles.get(role_type, _NO_ROLE)
 
     def count(self, role_type: str) -> int:
         return self.role(role_type).count

@@ -224,3 +224,27 @@ def test_the_queue_shows_the_schedulers_reasons_and_nothing_a_job_printed():
     assert queued_job(held, 1, sim.now).reason == "restarting: not placed again for 30 s (backoff)"
     held.not_before = 0.0
     assert queued_job(held, 1, sim.now).reason == "waiting to be placed"
+
+
+def test_a_long_queue_of_look_alike_jobs_costs_one_search_a_pass(monkeypatch):
+    """Hundreds of equal jobs wait (a sweep, a burst of tiny jobs): a pass searches once for those that do not fit
+    and tells them all the same reason, since what is free only shrinks during a pass; the queue still goes in
+    order as capacity frees."""
+    sim = sim_with("", info("n1", 2))
+    running = submit(sim, "bob", gpus=2)
+    waiting = [submit(sim, "carol", gpus=2) for _ in range(200)]
+    assert all(j.state == JobState.PENDING for j in waiting)
+    searches = []
+    real = queue.place_avoiding
+    monkeypatch.setattr(queue, "place_avoiding", lambda job, *a, **kw: searches.append(job.id) or real(job, *a, **kw))
+    finish(sim, running)
+    # The oldest is placed; the next one is searched for and does not fit; the 198 behind it are not searched.
+    assert searches == [waiting[0].id, waiting[1].id]
+    assert waiting[0].state == JobState.STARTING
+    reasons = {j.message for j in waiting[1:]}
+    assert len(reasons) == 1 and reasons.pop().startswith("waiting for resources: ")
+    searches.clear()
+    sim.report(waiting[0], "worker", 0, "RUNNING")
+    finish(sim, waiting[0])
+    assert waiting[1].state == JobState.STARTING and searches == [waiting[1].id, waiting[2].id]
+    assert all(j.state == JobState.PENDING for j in waiting[2:])

@@ -191,10 +191,11 @@ class Cluster(NodeEvents, SweepEvents):
         earlier = self.jobs.by_request(request_id)
         if earlier is not None:
             return earlier, []
-        capacity = self.capacity(now)
-        spec = strategies.resolve(spec, {n.name: n.free_gpus for n in capacity} if spec.strategy == "auto" else None)
+        # What the tasks hold is read only where the strategy depends on it: the schedule below reads it anyway.
+        free = {n.name: n.free_gpus for n in self.capacity(now)} if spec.strategy == "auto" else None
+        spec = strategies.resolve(spec, free)
         chosen = self.policy.resolve(spec.priority, owner, groups)
-        never = place_sized(spec, [self.nodes.idle(n.name) for n in capacity])
+        never = place_sized(spec, self.nodes.idle_ready())
         if isinstance(never, Unfit):
             raise Unplaceable(never.reason)
         over = queue.never_within_quota(spec, self.policy.subjects(owner, groups))

@@ -143,6 +143,7 @@ class SchedulePass:
         classes where that makes them fit (preemption.py)."""
         live = self.cluster.jobs.live.values()
         takeable: list[Job] | None = None  # worked out once, when some job may preempt
+        lowest: int | None = None  # the lowest class among them
         commands: list[Command] = []
         for job in sorted(unfit, key=lambda j: -j.rank):
             if job.id in self.held:  # its victims are stopping; once they are gone and it still does not fit (a node
@@ -152,13 +153,16 @@ class SchedulePass:
                 continue
             if takeable is None:
                 takeable = [j for j in live if preemption.may_take_from(j)]
-            if not takeable or job.rank <= min(j.rank for j in takeable):
+                lowest = min((j.rank for j in takeable), default=None)  # a queue of hundreds asks it of each
+            if lowest is None or job.rank <= lowest:
                 continue
             victims = preemption.choose_victims(job, preemption.candidates(job, takeable),
                                                 preemption.free_for(job, capacity, self.held))
             for victim in victims:
                 commands += self.cluster.settle(victim, lifecycle.preempt(victim, job, self.now))
                 takeable.remove(victim)
+            if victims:
+                lowest = min((j.rank for j in takeable), default=None)
             victims = [v for v in victims if v.held_for == job.id]  # those restart.preempted did not refuse
             if victims:
                 self.held[job.id] = preemption.held_by(victims)

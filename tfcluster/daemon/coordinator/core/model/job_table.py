@@ -73,7 +73,7 @@ class Jobs(Registry[Job]):
         memory: dict[str, int] = {}
         for job in self._live.values():
             for task in job.tasks:
-                if job.holds(task):
+                if task.node and job.holds(task):  # only a placed task holds: a queued job's tasks cost no call
                     gpus.setdefault(task.node, set()).update(g.index for g in task.gpus)
                     ports.setdefault(task.node, set()).add(task.port)
                     limit = job.spec.memory_for(task.type)

@@ -191,6 +191,10 @@ class Nodes(Registry[Node]):
         """The node's capacity when nothing runs on it."""
         return self._idle[name]
 
+    def idle_ready(self) -> list[NodeCapacity]:
+        """Every READY node, by name, as if nothing ran on it: what a job could ever be placed on."""
+        return [self._idle[name] for name in self._names if self._nodes[name].state == NodeState.READY]
+
     # ---- membership ----------------------------------------------------------------------------
 
     @property

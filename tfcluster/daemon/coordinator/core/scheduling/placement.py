@@ -85,6 +85,14 @@ def place(spec: JobSpec, nodes: list[NodeCapacity],
     return _Search(spec, nodes, by_name, previous or {}, only, prefer).run()
 
 
+def needs(spec: JobSpec) -> tuple:
+    """What place() reads of a spec, as one value: two specs with equal needs place alike on the same nodes (the
+    queue tries a long run of look-alike jobs once: queue.QueuePass)."""
+    roles = tuple((t, r.count, r.gpus, r.memory, r.nodes, r.labels, r.min_count, r.max_count)
+                  for t, r in sorted(spec.roles.items()))
+    return spec.gpus, spec.memory, bool(spec.code_sha256 or spec.environment), roles
+
+
 class _Search:
     """A depth-first search over the tasks, most constrained first, each on the first node in its preference
     order that has room; a task that fits nowhere sends the search back to move the one before it. Bounded by

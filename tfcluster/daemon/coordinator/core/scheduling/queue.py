@@ -17,8 +17,9 @@ from dataclasses import dataclass, field, replace
 
 from tfcluster.daemon.coordinator.core.model.elastic import at_size, is_elastic, sizes, smallest
 from tfcluster.daemon.coordinator.core.model.job import Job
-from tfcluster.daemon.coordinator.core.scheduling.avoidance import place_avoiding
-from tfcluster.daemon.coordinator.core.scheduling.placement import NodeCapacity, TaskPlacement, Unfit, place, task_list
+from tfcluster.daemon.coordinator.core.scheduling.avoidance import avoided, place_avoiding
+from tfcluster.daemon.coordinator.core.scheduling.placement import (NodeCapacity, TaskPlacement, Unfit, needs, place,
+                                                                 task_list)
 from tfcluster.daemon.coordinator.core.scheduling.policy import Policy, Subject
 from tfcluster.model import WORKER
 from tfcluster.spec import JobSpec
@@ -88,8 +89,11 @@ class Holdings:
 
 def quota_reason(job: Job, holdings: Holdings, used_gpu_hours: Mapping[str, float]) -> str:
     """Why the job must wait for its owner's (or one of its groups') quota; "" when none holds it back."""
+    subjects = holdings.policy.subjects(job.owner, job.groups)
+    if not subjects:  # no quota names the owner or a group of theirs (asked of every waiting job on each pass)
+        return ""
     asked = gpus_asked(job.spec)
-    for subject in holdings.policy.subjects(job.owner, job.groups):
+    for subject in subjects:
         limits, key = subject.limits, subject.key
         if limits.gpus is not None and asked and holdings.gpus[key] + asked > limits.gpus:
             return (f"waiting: {subject} quota of {_count(limits.gpus, 'GPU')} is in use "
@@ -155,6 +159,10 @@ class QueuePass:
         self.held_gpus: dict[str, frozenset[int]] = {}  # node -> its GPUs held for jobs ahead
         self.holders: list[str] = []  # the jobs those are held for
         self.held_free = 0  # held GPUs free now
+        # What a job asked for (placement.needs, and its size bound) -> why it did not fit on the view. The view
+        # only shrinks during a pass (placed jobs take, holds are added), so a look-alike job further down does
+        # not fit either: a queue of hundreds of equal jobs costs one search per pass, not hundreds.
+        self.no_room: dict[tuple, str] = {}
 
     def skip(self, job: Job) -> None:
         """A job not tried again this pass (nothing changed since it did not fit): what it holds stays held."""
@@ -170,8 +178,7 @@ class QueuePass:
         if reason:
             return Waiting(reason, for_resources=False)
         previous = {(t.type, t.index): (t.node, t.port) for t in job.tasks if t.node}
-        result = place_avoiding(job, list(self.view.values()), previous=previous,
-                                largest=self.holdings.largest_size(job))
+        result = self._place(job, previous)
         if not isinstance(result, Unfit):
             return result
         reason = f"waiting for resources: {result.reason}"
@@ -185,6 +192,18 @@ class QueuePass:
                 self.holds[job.id] = hold
                 self._hold(hold)
         return Waiting(reason)
+
+    def _place(self, job: Job, previous: dict[tuple[str, int], tuple[str, int]]) -> list[TaskPlacement] | Unfit:
+        """The job on the view, unless a job that asked for the same did not fit on it earlier in the pass. A job
+        placed before, or avoiding nodes, is its own case and always searched."""
+        largest = self.holdings.largest_size(job)
+        asked = None if previous or avoided(job) else (needs(job.spec), largest)
+        if asked in self.no_room:
+            return Unfit(self.no_room[asked])
+        result = place_avoiding(job, list(self.view.values()), previous=previous, largest=largest)
+        if asked is not None and isinstance(result, Unfit):
+            self.no_room[asked] = result.reason
+        return result
 
     def took(self, job: Job, placement: list[TaskPlacement]) -> None:
         """The job was placed: what it took is no longer free for the jobs after it."""
