@@ -61,6 +61,7 @@ bench: $(STAMP)
 	@mkdir -p build && touch build/bench-started
 	$(PY) bench/run.py
 	$(PY) bench/cli.py
+	$(PY) bench/queue_burst.py
 	$(PY) bench/memwatch.py
 	$(PY) bench/scale.py
 	$(PY) bench/multihost.py

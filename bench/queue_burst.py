@@ -1,0 +1,102 @@
+"""What a burst of tiny jobs costs the coordinator's core when most of them wait (a benchmark, not a test).
+
+The core alone, in this process, with fake time: two nodes of 100 ports, and jobs of 2 tasks that need nothing
+but a port. Every launch reports RUNNING and then exit 0, the oldest launch first, as agents would report them.
+
+- burst: all jobs submitted at once, so hundreds wait in the queue and every task's exit runs a scheduling pass
+  over them (bench/cli.py's throughput figure submits this way, over the wire);
+- floor: the same jobs submitted one at a time, each run to its end before the next: no queue, the same
+  submissions, placements, launches, reports and ends.
+
+It prints the CPU per job of each and their ratio, and writes bench/queue_burst.json; the ratio's target is in
+bench/targets.py.
+
+Usage: python bench/queue_burst.py [--jobs N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from tfcluster import __version__  # noqa: E402
+from tfcluster.daemon.coordinator.core.cluster import Cluster  # noqa: E402
+from tfcluster.model import Launch, NodeInfo, TaskExit, TaskReport  # noqa: E402
+from tfcluster.specfile import parse_spec  # noqa: E402
+from tfcluster.states import JobState  # noqa: E402
+
+NODES = ("n1", "n2")
+PORTS = (20000, 20099)
+SPEC = parse_spec({"name": "tiny", "strategy": "multi_worker_mirrored", "command": ["true"], "workdir": "/",
+                   "roles": {"worker": {"count": 2}}}, "bench")
+
+
+class Core:
+    """A Cluster with its nodes registered, and the agents' part played: each launch reports RUNNING, then 0."""
+
+    def __init__(self) -> None:
+        self.cluster = Cluster(lost_after_seconds=3600.0)
+        self.now = 1000.0
+        for i, name in enumerate(NODES):
+            self.cluster.register(NodeInfo(name=name, address=f"10.0.0.{i + 1}", port_range=PORTS, gpus=(),
+                                           state_dir=f"/state/{name}", agent_version=__version__),
+                                  [], f"session-{name}", self.now)
+        self.launches: collections.deque[Launch] = collections.deque()
+
+    def submit(self) -> None:
+        _, commands = self.cluster.submit(SPEC, self.now)
+        self._keep(commands)
+
+    def run_launched(self) -> None:
+        """Every launch, the oldest first, runs and exits 0 (what that frees is placed meanwhile)."""
+        while self.launches:
+            launch = self.launches.popleft()
+            self.now += 0.001
+            for phase, exit in (("RUNNING", None), ("EXITED", TaskExit(exit_code=0))):
+                report = TaskReport(launch.attempt, phase, pid=1, listening=True, exit=exit)
+                self._keep(self.cluster.report(launch.node, report, self.now))
+
+    def _keep(self, commands) -> None:
+        self.launches.extend(c for c in commands if isinstance(c, Launch))
+
+
+def cpu_per_job(jobs: int, burst: bool) -> float:
+    core = Core()
+    began = time.process_time()
+    for _ in range(jobs):
+        core.submit()
+        if not burst:
+            core.run_launched()
+    core.run_launched()
+    took = time.process_time() - began
+    states = collections.Counter(job.state for job in core.cluster.jobs.values())
+    if states != {JobState.SUCCEEDED: jobs}:
+        raise SystemExit(f"not every job SUCCEEDED: {dict(states)}")
+    return took / jobs * 1000
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--jobs", type=int, default=600, help="Jobs in the burst (default 600: 500 of them wait).")
+    options = parser.parse_args()
+    cpu_per_job(50, burst=True)  # warm: imports, the first allocations
+    burst, floor = [], []
+    for _ in range(3):  # alternated, so both meet the same machine
+        burst.append(cpu_per_job(options.jobs, burst=True))
+        floor.append(cpu_per_job(options.jobs, burst=False))
+    ratio = min(burst) / min(floor)
+    results = {"jobs": options.jobs, "burst_cpu_ms_per_job": round(min(burst), 3),
+               "floor_one_at_a_time_cpu_ms_per_job": round(min(floor), 3), "burst_vs_one_at_a_time": round(ratio, 2)}
+    for key, value in results.items():
+        print(f"{key:<36}  {value}")
+    (Path(__file__).resolve().parent / "queue_burst.json").write_text(json.dumps(results, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
