@@ -26,8 +26,9 @@ demo-multihost: $(STAMP)
 demo-ha: $(STAMP)
 	$(PY) -m tfcluster.demo.ha
 
+# The slowest tests are named at the end, so that a suite that grows slow shows where.
 test: docs-check
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider --durations=25
 
 test-unit: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider tests/unit
