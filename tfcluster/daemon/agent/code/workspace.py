@@ -70,10 +70,13 @@ class Workspaces:
     def release(attempt_dir: Path) -> None:
         """Unmounts the attempt's working directory and view of the tree (where they are mounts); what the task
         wrote stays in upper/."""
+        code = attempt_dir / CODE_DIR
+        if not code.is_dir():  # the task ran in a workdir of the node's: nothing was mounted for it (most tasks)
+            return
+        mounted = set(_mount_points())  # read once, not once per name
         for name in MOUNT_NAMES:
-            mount_point = attempt_dir / CODE_DIR / name
-            if is_mount(mount_point):
-                _umount(mount_point)
+            if str(code / name) in mounted:
+                _umount(code / name)
 
     @staticmethod
     def code_of(attempt_dir: Path) -> str:
