@@ -26,9 +26,17 @@ demo-multihost: $(STAMP)
 demo-ha: $(STAMP)
 	$(PY) -m tfcluster.demo.ha
 
-# The slowest tests are named at the end, so that a suite that grows slow shows where.
+# The suite in TEST_JOBS processes, each taking whole test files (a file's tests share its clusters), then the
+# tests marked `alone` one by one with nothing beside them. The slowest tests are named at the end of each part, so
+# that a suite that grows slow shows where. TEST_JOBS=1: all of it in one process, in order.
+TEST_JOBS ?= 3
 test: docs-check
+ifeq ($(TEST_JOBS),1)
 	$(PY) -m pytest -q -p no:cacheprovider --durations=25
+else
+	$(PY) -m pytest -q -p no:cacheprovider --durations=25 -n $(TEST_JOBS) --dist loadfile -m "not alone"
+	$(PY) -m pytest -q -p no:cacheprovider --durations=5 -m alone
+endif
 
 test-unit: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider tests/unit
@@ -46,7 +54,8 @@ PYTHON_SENSITIVE := tests/unit $(wildcard tests/integration/test_code_*.py) test
 	tests/integration/test_daemons.py tests/integration/test_python_api.py tests/integration/test_task_reach.py \
 	tests/integration/test_control_plane.py
 test-python: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider $(PYTHON_SENSITIVE)
+	$(PY) -m pytest -q -p no:cacheprovider $(if $(filter-out 1,$(TEST_JOBS)),-n $(TEST_JOBS) --dist loadfile) \
+		$(PYTHON_SENSITIVE)
 
 # The manual (docs/, mkdocs.yml) as a site in build/site.
 docs: $(STAMP)

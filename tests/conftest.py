@@ -31,14 +31,20 @@ def pytest_configure(config):
     if config.option.basetemp is None and os.path.isdir(SCRATCH_PARENT):
         config.option.basetemp = tempfile.mkdtemp(prefix="tfcluster-tests-", dir=SCRATCH_PARENT)
         _made_scratch.append(config.option.basetemp)
-    plain_mktemp = TempPathFactory.mktemp
+    plain_getbasetemp, plain_mktemp = TempPathFactory.getbasetemp, TempPathFactory.mktemp
+
+    # pytest makes the base (again) 0700 when first asked for it: in the parallel run, both the run's base and
+    # each worker's base below it.
+    def shared_getbasetemp(self) -> Path:
+        path = plain_getbasetemp(self)
+        path.chmod(SCRATCH_BASE_MODE)
+        return path
 
     def shared_mktemp(self, basename: str, numbered: bool = True) -> Path:
         path = plain_mktemp(self, basename, numbered)
-        self.getbasetemp().chmod(SCRATCH_BASE_MODE)
         path.chmod(SCRATCH_DIR_MODE)
         return path
-    TempPathFactory.mktemp = shared_mktemp
+    TempPathFactory.getbasetemp, TempPathFactory.mktemp = shared_getbasetemp, shared_mktemp
 
 
 def _check_tasks_can_run_python() -> None:

@@ -31,14 +31,18 @@ PYTHON = sys.executable
 
 
 _BLOCKS = 90  # of 100 ports each, in 20000-28999
-_next_block = [random.randrange(_BLOCKS)]
+# `make test` runs the suite in several processes (pytest-xdist): each takes every n-th block, so no two give
+# agents the same ports.
+_WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:] or 0)
+_WORKERS = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+_next_block = [random.randrange(_BLOCKS // _WORKERS)]
 
 
 def port_block(size: int = 100) -> int:
     """A base port for an agent's range: successive calls never share a block (agents on one address
     must not), starting at a random one so that two runs rarely meet."""
     assert size <= 100
-    block = _next_block[0] % _BLOCKS
+    block = (_next_block[0] * _WORKERS + _WORKER) % _BLOCKS
     _next_block[0] += 1
     return 20000 + 100 * block
 
@@ -174,6 +178,18 @@ class LocalCluster:
 
     def agent_state_dir(self, name: str) -> Path:
         return self.root / "agents" / name
+
+    def task_output(self, job_id: str, task: str, attempt: int = 1) -> str:
+        """The first bytes a task attempt wrote, read from its attempt dir on whichever agent ran it: what
+        `tfcluster logs` shows, without a CLI process per look (a test that waits for a line of a job that trains
+        on must see it at once, also on a loaded machine)."""
+        from tfcluster import layout
+        kind, index = task.split(":")
+        for name in self.agents:
+            attempt_dir = layout.attempt_dir(self.agent_state_dir(name), job_id, kind, int(index), attempt)
+            with contextlib.suppress(FileNotFoundError):
+                return (attempt_dir / layout.OUTPUT_FILE).read_text(errors="replace")
+        return ""
 
     def start_agent(self, name: str, gpus: int = 0, ports: tuple[int, int] | None = None,
                     extra: list[str] | None = None, wait: bool = True, host_prefix: list[str] | None = None,

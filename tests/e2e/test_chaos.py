@@ -155,7 +155,7 @@ def preemption_spec(tmp_path: Path, max_restarts: int | None = None) -> Path:
 def test_graceful_stop_lets_preemption_handler_save_and_a_new_job_resumes(cluster, tmp_path):
     spec = preemption_spec(tmp_path)
     job_id = submit(cluster, spec)
-    wait_until(lambda: "epoch 1/4" in cluster.cli("logs", job_id, "worker:0").stdout, 120, interval=0.3,
+    wait_until(lambda: "epoch 1/4" in cluster.task_output(job_id, "worker:0"), 120, interval=0.3,
                what="the first epoch")
     result = cluster.cli("stop", job_id, check=True)
     assert "STOPPED" in result.stderr
@@ -175,7 +175,7 @@ def test_the_stop_signal_from_elsewhere_restarts_the_group_without_using_the_bud
     cloud's preemption notice or an operator's kill would: the workers save, exit 42, and the group resumes."""
     spec = preemption_spec(tmp_path, max_restarts=0)
     job_id = submit(cluster, spec)
-    wait_until(lambda: "epoch 1/4" in cluster.cli("logs", job_id, "worker:0").stdout, 120, interval=0.3,
+    wait_until(lambda: "epoch 1/4" in cluster.task_output(job_id, "worker:0"), 120, interval=0.3,
                what="the first epoch")
     os.kill(task_of(cluster, job_id, "worker", 1)["pid"], signal.SIGUSR1)
     job = finish(cluster, job_id)

@@ -28,7 +28,8 @@ def test_a_preempted_mwms_job_saves_on_its_signal_frees_its_gpus_at_once_and_res
     victim = cluster.cli("start", str(victim_spec(tmp_path / "victim", "save-first", GRACE_SECONDS, 4)),
                          check=True).stdout.strip()
     log = lambda attempt: cluster.cli("logs", victim, "worker:0", "--attempt", str(attempt)).stdout  # noqa: E731
-    wait_until(lambda: "epoch 1/4" in log(1), 240, interval=0.3, what="the first epoch")
+    wait_until(lambda: "epoch 1/4" in cluster.task_output(victim, "worker:0"), 240, interval=0.3,
+               what="the first epoch")
     submitted = time.monotonic()
     preemptor_toml = preemptor_spec(tmp_path, seconds=PREEMPTOR_SECONDS)
     preemptor = cluster.cli("start", str(preemptor_toml), check=True).stdout.strip()

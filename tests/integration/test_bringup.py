@@ -20,7 +20,8 @@ from sshhosts import SSH_OPTIONS, SshHosts, host_wheelhouse, unavailable
 
 pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="needs root (network namespaces, sshd)"),
               pytest.mark.skipif(os.geteuid() == 0 and unavailable() is not None, reason=str(unavailable())),
-              pytest.mark.timeout(600)]
+              pytest.mark.timeout(600),
+              pytest.mark.alone]
 
 TFCLUSTER = str(Path(sys.executable).parent / "tfcluster")
 HOSTS = {"coord": "10.77.0.1", "node1": "10.77.0.11", "node2": "10.77.0.12", "node3": "10.77.0.13"}

@@ -22,7 +22,8 @@ from systemdhost import SystemdHost, unavailable
 
 pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="needs root (network namespaces, systemd-nspawn)"),
               pytest.mark.skipif(os.geteuid() == 0 and unavailable() is not None, reason=str(unavailable())),
-              pytest.mark.timeout(900)]
+              pytest.mark.timeout(900),
+              pytest.mark.alone]
 
 TFCLUSTER = str(Path(sys.executable).parent / "tfcluster")
 ADDRESS = "10.79.0.2"
