@@ -720,6 +720,7 @@ def test_the_pace_keeps_under_its_bound_at_every_size_and_is_told_only_when_the_
 
 def test_silence_while_the_coordinator_could_not_listen_does_not_count():
     sim = Sim(info("n1", 1), info("n2", 1))
+    heard = {name: node.seen.last_seen for name, node in sim.c.nodes.items()}
     sim.now += 2.5
     sim.c.nodes.forgive_silence(2.0)  # its loop was blocked for 2 s: the heartbeats of that time wait unread
     sim.now += 1.5
@@ -728,6 +729,9 @@ def test_silence_while_the_coordinator_could_not_listen_does_not_count():
     sim.now += 1.1
     sim.c.tick(sim.now)
     assert all(n.state == NodeState.LOST for n in sim.c.nodes.values())
+    # A lost node keeps what it was forgiven: its tasks' grace counts from there too (node_events.py's _orphans).
+    assert {name: node.seen.last_seen for name, node in sim.c.nodes.items()} == \
+        {name: at + 2.0 for name, at in heard.items()}
 
 
 def test_lost_node_with_the_whole_job_restarts_on_tick():

@@ -10,7 +10,7 @@ from itertools import count
 from coresim import info
 
 from tfcluster.daemon.coordinator.core.cluster import Cluster
-from tfcluster.daemon.coordinator.core.model.node_table import STARTUP_GRACE_SECONDS
+from tfcluster.daemon.coordinator.core.model.node_table import MASS_SILENCE_NODES, STARTUP_GRACE_SECONDS
 from tfcluster.daemon.coordinator.core.model.storms import STORM_PATIENCE_SECONDS, STORM_REGISTRATIONS
 from tfcluster.states import NodeState
 
@@ -102,3 +102,18 @@ def test_a_few_registrations_are_no_storm():
         c.register(agent(f"n{i}"), [], f"s{i}", 1.0 + i * 0.01)
     c.tick(0.5 + LOST_AFTER + 0.5)
     assert c.nodes["old"].state == NodeState.LOST
+
+
+def test_nodes_already_found_silent_together_are_not_hidden_by_a_storm_that_follows():
+    """Most of a small cluster fell silent at once (expiry waits: the coordinator's own network is the likelier
+    cause); then a storm of new agents registers. The silent ones are lost once they are no longer most of the
+    cluster, as without the storm, and not only when the storm is over."""
+    c = cluster()
+    rack = [f"rack{i}" for i in range(MASS_SILENCE_NODES * 2)]
+    for name in rack:
+        c.register(agent(name), [], f"s-{name}", 0.0)
+        assert c.heartbeat(name, f"s-{name}", 0.5) is not None
+    c.tick(0.5 + LOST_AFTER + 1)
+    assert all(c.nodes[name].state == NodeState.READY for name in rack)  # all of them silent: it waits
+    storm(c, 6.0, 10.0, "new")  # ten seconds of a storm that lasts up to two minutes
+    assert [name for name in rack if c.nodes[name].state == NodeState.LOST] == rack

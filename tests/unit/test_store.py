@@ -12,6 +12,7 @@ from coresim import Sim, info, make_spec
 from tfcluster.daemon.coordinator.core.access.trust import Trust
 from tfcluster.daemon.coordinator.core.cluster import Cluster
 from tfcluster.daemon.coordinator.core.model import job as J
+from tfcluster.daemon.coordinator.core.model.node import Drain
 from tfcluster.daemon.coordinator.store import migrate
 from tfcluster.daemon.coordinator.store.open import open_store
 from tfcluster.daemon.coordinator.store.records import Batch, Writer, dumps, from_documents, plain
@@ -164,6 +165,28 @@ def test_a_failed_write_is_written_again_by_the_next(store, monkeypatch):
     assert again.writes == batch.writes and again.next_job_number == 2
     write(store, writer, again)
     assert set(load(store).jobs) == {job.id}
+
+
+def test_a_batch_takes_the_nodes_that_changed_and_no_node_that_left(store):
+    """Nodes tell the writer when they change (it does not look at all of them for each write): a drained node is
+    written, one removed since it changed is not, and one whose write failed is written by the next."""
+    sim = Sim(info("n1"), info("n2"), info("n3"))
+    writer = Writer()
+    write(store, writer, collect(writer, sim.c))
+    assert not collect(writer, sim.c), "nothing changed: nothing to write"
+    sim.c.drain("n1", Drain("disk", "admin", sim.now), False, sim.now)
+    sim.c.drain("n2", Drain("disk", "admin", sim.now), False, sim.now)
+    sim.c.remove_node("n2", sim.now)
+    batch = collect(writer, sim.c)
+    assert sorted(batch.writes) == [("node", "n1"), ("node", "n2")]
+    assert type(batch.writes[("node", "n2")]).__name__ == "Delete", "a node that left is deleted, not written"
+    writer.failed(batch, sim.c.changes)  # the store was away
+    again = collect(writer, sim.c)
+    assert again.writes == batch.writes
+    write(store, writer, again)
+    assert not collect(writer, sim.c)
+    back = load(store)
+    assert sorted(back.nodes) == ["n1", "n3"] and back.nodes["n1"].drain.reason == "disk"
 
 
 V1_JOB = {

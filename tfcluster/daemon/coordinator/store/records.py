@@ -103,6 +103,10 @@ class Writer:
         self.nodes: dict[str, Node] = {}
         self.trust: dict[tuple[str, str], Record] = {}  # (kind, key) -> a join token, holder or removal
         self.sweeps: dict[str, Record] = {}
+        # (kind, key, record) of the nodes, trust records and sweeps that became unsaved since the last batch: each
+        # tracks itself (job.py's Record), and a batch during a registration storm of thousands of nodes no longer
+        # looks at every node to find the few that changed
+        self.changed: list[tuple[str, str, Record]] = []
         self.evaluations: dict[str, dict[str, float]] = {}  # job id -> checkpoint -> time of the stored one
         # job id -> its spec and the spec's document: a spec never changes, and converting it again on each of
         # its job's writes was a tenth of the coordinator's work per job
@@ -121,6 +125,7 @@ class Writer:
             self.evaluations[job.id] = {e.checkpoint: e.time for e in job.evaluations}
         for record in [*self.nodes.values(), *self.trust.values(), *self.sweeps.values()]:
             record.saved()
+        self.changed.clear()
         stored = [d.body for d in documents if (d.kind, d.key) == ("counter", NEXT_JOB_NUMBER)]
         self.next_job_number = json.loads(stored[0]) if stored else 0
 
@@ -133,15 +138,12 @@ class Writer:
             if job is not None:  # written now: it changes no more
                 self.jobs.pop(job.id, None)
                 self.spec_docs.pop(job.id, None)
-        for node in self.nodes.values():
-            if node.unsaved:
-                self._put(batch, node, "node", node.name, node_doc(node))
-        for (kind, key), record in self.trust.items():
-            if record.unsaved:
-                self._put(batch, record, kind, key, plain(record))
-        for key, sweep in self.sweeps.items():
-            if sweep.unsaved:
-                self._put(batch, sweep, "sweep", key, plain(sweep))
+        changed = self.changed[:]
+        self.changed.clear()  # in place: the tracked records hold this list
+        for kind, key, record in changed:
+            # Still unsaved (it is listed once each time it becomes so), and still the one stored under that key.
+            if record.unsaved and self._tracked(kind, key) is record:
+                self._put(batch, record, kind, key, node_doc(record) if kind == "node" else plain(record))
         if batch.next_job_number > self.next_job_number:
             batch.put("counter", NEXT_JOB_NUMBER, batch.next_job_number, self._revision("counter", NEXT_JOB_NUMBER))
             self.next_job_number = batch.next_job_number
@@ -156,13 +158,16 @@ class Writer:
             self._remove(change.job, batch)
         elif isinstance(change, NodeAdded):
             self.nodes[change.node.name] = change.node
+            change.node.track(self.changed, "node", change.node.name)
         elif isinstance(change, NodeRemoved):
             self.nodes.pop(change.name, None)
             batch.delete("node", change.name, self._revision("node", change.name))
         elif isinstance(change, SweepAdded):
             self.sweeps[change.sweep.id] = change.sweep
+            change.sweep.track(self.changed, "sweep", change.sweep.id)
         elif isinstance(change, TrustAdded):
             self.trust[(change.kind, change.key)] = change.record
+            change.record.track(self.changed, change.kind, change.key)
         elif isinstance(change, TokenDropped):
             self.trust.pop(("token", change.token_id), None)
             batch.delete("token", change.token_id, self._revision("token", change.token_id))
@@ -225,6 +230,12 @@ class Writer:
         batch.records.append(record)
         record.saved()
 
+    def _tracked(self, kind: str, key: str) -> Record | None:
+        """The node, sweep or trust record the writer follows under that kind and key."""
+        if kind == "node":
+            return self.nodes.get(key)
+        return self.sweeps.get(key) if kind == "sweep" else self.trust.get((kind, key))
+
     def _revision(self, kind: str, key: str) -> int:
         return self.revisions.get((kind, key), 0)
 
@@ -239,7 +250,7 @@ class Writer:
     def failed(self, batch: Batch, log: ChangeLog) -> None:
         """The write did not happen: the next one stores all of it again."""
         for record in batch.records:
-            object.__setattr__(record, "unsaved", True)
+            record.mark_unsaved()
         for (kind, key), w in batch.writes.items():
             if kind == "evaluation":
                 job_id, _, checkpoint = key.partition("/")

@@ -22,15 +22,32 @@ _PLACED = (JobState.STARTING, JobState.RUNNING, JobState.STOPPING)  # a job's ta
 
 
 class Record:
-    """A record the store saves: any assignment marks it unsaved until the store calls saved()."""
+    """A record the store saves: any assignment marks it unsaved until the store calls saved(). A record the
+    store's writer tracks (nodes, trust records, sweeps: thousands of nodes in a large cluster) also puts itself
+    on the writer's list of changed records when it becomes unsaved, so a write looks at what changed, not at
+    every record."""
     unsaved = True
+    _tracker: tuple[list, str, str] | None = None  # (the writer's list of changed records, kind, key)
 
     def __setattr__(self, name: str, value) -> None:
         object.__setattr__(self, name, value)
+        if not self.unsaved:
+            self.mark_unsaved()
+
+    def mark_unsaved(self) -> None:
         object.__setattr__(self, "unsaved", True)
+        if self._tracker is not None:
+            changed, kind, key = self._tracker
+            changed.append((kind, key, self))
 
     def saved(self) -> None:
         object.__setattr__(self, "unsaved", False)
+
+    def track(self, changed: list, kind: str, key: str) -> None:
+        """From now on, becoming unsaved appends (kind, key, self) to changed; so does being unsaved now."""
+        object.__setattr__(self, "_tracker", (changed, kind, key))
+        if self.unsaved:
+            changed.append((kind, key, self))
 
 
 class StateRecord(Record):

@@ -15,6 +15,7 @@ from tfcluster.states import NodeState
 class NodeSeen:
     """What the coordinator observes about a node's agent; never saved."""
     last_seen: float = 0.0
+    forgiven_at: float = 0.0  # the node table's silence forgiven so far when last_seen was set (node_table.py)
     session_id: str = ""
     busy_ports: dict[int, float] = field(default_factory=dict)  # found taken by something else, until when
     stops_sent: dict[Attempt, float] = field(default_factory=dict)  # reconcile: unwanted attempts told to stop
