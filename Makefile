@@ -30,13 +30,10 @@ demo-ha: $(STAMP)
 # tests marked `alone` one by one with nothing beside them. The slowest tests are named at the end of each part, so
 # that a suite that grows slow shows where. TEST_JOBS=1: all of it in one process, in order.
 TEST_JOBS ?= 3
+SIDE_BY_SIDE = $(if $(filter-out 1,$(TEST_JOBS)),-n $(TEST_JOBS) --dist loadfile)
 test: docs-check
-ifeq ($(TEST_JOBS),1)
-	$(PY) -m pytest -q -p no:cacheprovider --durations=25
-else
-	$(PY) -m pytest -q -p no:cacheprovider --durations=25 -n $(TEST_JOBS) --dist loadfile -m "not alone"
-	$(PY) -m pytest -q -p no:cacheprovider --durations=5 -m alone
-endif
+	$(PY) -m pytest -q -p no:cacheprovider --durations=25 $(SIDE_BY_SIDE) $(if $(SIDE_BY_SIDE),-m "not alone")
+	$(if $(SIDE_BY_SIDE),$(PY) -m pytest -q -p no:cacheprovider --durations=5 -m alone)
 
 test-unit: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider tests/unit
@@ -54,8 +51,7 @@ PYTHON_SENSITIVE := tests/unit $(wildcard tests/integration/test_code_*.py) test
 	tests/integration/test_daemons.py tests/integration/test_python_api.py tests/integration/test_task_reach.py \
 	tests/integration/test_control_plane.py
 test-python: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider $(if $(filter-out 1,$(TEST_JOBS)),-n $(TEST_JOBS) --dist loadfile) \
-		$(PYTHON_SENSITIVE)
+	$(PY) -m pytest -q -p no:cacheprovider $(SIDE_BY_SIDE) $(PYTHON_SENSITIVE)
 
 # The manual (docs/, mkdocs.yml) as a site in build/site.
 docs: $(STAMP)
