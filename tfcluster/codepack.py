@@ -183,16 +183,24 @@ def collect(root: str | Path, leave_out: Iterable[str] = ()) -> list[Entry]:
 
 
 def _walk(folder: Path, rel: str, ignores: _Ignores, real_root: Path, leave_out: frozenset[str],
-          entries: list[Entry]) -> None:
+          entries: list[Entry]) -> bool:
+    """Adds what the folder holds; False when it was removed before it could be listed."""
     try:
         listing = sorted(os.scandir(folder), key=lambda d: d.name)
+    except FileNotFoundError:
+        if rel:
+            return False  # removed while the tree was walked (another job's temporary folder): not in the tree now
+        raise PackError("cannot read .: the workdir was removed while it was packed") from None
     except OSError as e:
         raise PackError(f"cannot read {rel or '.'}: {e.strerror or e}") from None
     for item in listing:
         path = f"{rel}/{item.name}" if rel else item.name
         if item.name in ALWAYS_LEFT_OUT or path in leave_out:
             continue
-        info = item.stat(follow_symlinks=False)
+        try:
+            info = item.stat(follow_symlinks=False)
+        except FileNotFoundError:
+            continue  # removed since the folder was listed
         is_dir = stat.S_ISDIR(info.st_mode)
         if ignores.ignored(path, is_dir):
             continue
@@ -200,10 +208,12 @@ def _walk(folder: Path, rel: str, ignores: _Ignores, real_root: Path, leave_out:
             entries.append(_link(Path(item.path), path, real_root))
         elif is_dir:
             entries.append(Entry(path, "dir"))
-            _walk(Path(item.path), path, ignores.below(Path(item.path), path), real_root, leave_out, entries)
+            if not _walk(Path(item.path), path, ignores.below(Path(item.path), path), real_root, leave_out, entries):
+                entries.pop()  # gone before it was listed: its entry too
         elif stat.S_ISREG(info.st_mode):
             entries.append(Entry(path, "file", info.st_size, bool(info.st_mode & 0o111), mtime_ns=info.st_mtime_ns))
         # sockets, fifos and devices are not code: left out
+    return True
 
 
 def _link(link: Path, rel: str, real_root: Path) -> Entry:
@@ -250,8 +260,7 @@ def pack(root: str | Path, max_bytes: int = DEFAULT_MAX_BYTES, entries: list[Ent
             capped = _Capped(raw, max_bytes)
             with gzip.GzipFile(filename="", mode="wb", fileobj=capped, mtime=0, compresslevel=6) as zipped, \
                     tarfile.open(fileobj=zipped, mode="w", format=tarfile.PAX_FORMAT) as tar:
-                for entry in entries:
-                    _add(tar, root, entry)
+                entries = [entry for entry in entries if _add(tar, root, entry)]
     except _Full:
         os.unlink(name)
         raise OverCap(over_cap_message(entries, max_bytes)) from None
@@ -263,7 +272,9 @@ def pack(root: str | Path, max_bytes: int = DEFAULT_MAX_BYTES, entries: list[Ent
                    sum(e.size for e in files))
 
 
-def _add(tar: tarfile.TarFile, root: Path, entry: Entry) -> None:
+def _add(tar: tarfile.TarFile, root: Path, entry: Entry) -> bool:
+    """Adds the entry; False for a file removed since the walk (a checkpoint's temporary file another job
+    deleted meanwhile), which the archive then does not hold, as if the walk had come after."""
     info = tarfile.TarInfo(entry.path)
     info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
     if entry.kind == "dir":
@@ -278,8 +289,11 @@ def _add(tar: tarfile.TarFile, root: Path, entry: Entry) -> None:
             with open(root / entry.path, "rb") as f:
                 info.size = os.fstat(f.fileno()).st_size  # what is read, if it changed since the walk
                 tar.addfile(info, f)
+        except FileNotFoundError:
+            return False
         except OSError as e:
             raise PackError(f"cannot read {entry.path}: {e.strerror or e}") from None
+    return True
 
 
 def over_cap_message(entries: list[Entry], max_bytes: int) -> str:

@@ -234,3 +234,23 @@ def test_the_files_packed_are_those_git_sees(tmp_path, packed):
     assert "sub/lib/keep.log" in seen and "sub/x.log" not in seen
     files = {name for name, m in members(packed(top / "sub")).items() if m.isfile()}
     assert files == {path.removeprefix("sub/") for path in seen}
+
+
+def test_files_and_folders_removed_while_the_tree_is_packed_are_left_out(tmp_path, packed, monkeypatch):
+    """Another job writing checkpoints under the workdir removes its temporary files and folders meanwhile (a
+    submission failed on one): what is gone is not in the archive, which is the tree as it is after."""
+    root = tree(tmp_path / "w", {"train.py": "x", "ckpt/tmp_1/part-0.tempstate": "y", "ckpt/done": "z",
+                                 "ckpt/tmp_2/part-1.tempstate": "w"})
+    entries = codepack.collect(root)
+    (root / "ckpt" / "tmp_1" / "part-0.tempstate").unlink()  # listed, then gone before it is read
+    archive = packed(root, entries=entries)
+    assert "ckpt/tmp_1/part-0.tempstate" not in members(archive) and "ckpt/done" in members(archive)
+    assert archive.files == 3, "a file that was not packed is not counted"
+    real_scandir = os.scandir
+
+    def scandir_after_removal(path):  # the folder goes between its parent's listing and its own
+        if str(path).endswith("tmp_2"):
+            shutil.rmtree(path)
+        return real_scandir(path)
+    monkeypatch.setattr(codepack.os, "scandir", scandir_after_removal)
+    assert [e.path for e in codepack.collect(root)] == ["ckpt", "ckpt/done", "ckpt/tmp_1", "train.py"]
