@@ -187,24 +187,23 @@ async def fake_agent(addresses: str, index: int, stats: Stats, exit_after: float
 
 
 class Pulse:
-    """As the real agent's (tfcluster/daemon/agent/session/session.py): watches another coordinator in turn for the
-    moment the one serving the stream no longer leads, over channels kept open; asks the others when the watched
-    one cannot tell, and that one itself only when none can."""
+    """As the real agent's (tfcluster/daemon/agent/session/session.py): asks another coordinator in turn whether the one
+    serving the stream still leads, over channels kept open; that one itself only when no other can tell."""
 
     def __init__(self, coordinators: Coordinators, channel) -> None:
         self.coordinators, self.channel = coordinators, channel  # channel(address): the agent's kept one
 
     async def until_stalled(self, channel, call, interval: list[float]) -> None:
         check = health_pb2_grpc.HealthStub(channel).Check
-        turn, wait = 0, max(PULSE_SECONDS, interval[0])
+        turn = 0
         while True:
-            await asyncio.sleep(wait)
-            began, current = time.monotonic(), self.coordinators.current
+            await asyncio.sleep(max(PULSE_SECONDS, interval[0]))
+            current = self.coordinators.current
             others = [a for a in self.coordinators.addresses if a != current]
             turn += 1
             verdict, answers = None, []
             for address in others[turn % len(others):] + others[:turn % len(others)]:
-                answers.append(await (self._check(address) if answers else self._watch(address, current)))
+                answers.append(await self._check(address))
                 verdict = says_of(current, answers[-1])
                 if verdict is not None:
                     break
@@ -214,7 +213,6 @@ class Pulse:
                     verdict = True
                 except grpc.RpcError as e:
                     verdict = e.code() != grpc.StatusCode.DEADLINE_EXCEEDED or not leads_elsewhere(current, answers)
-            wait = max(0.0, max(PULSE_SECONDS, interval[0]) - (time.monotonic() - began))
             if not verdict:
                 call.cancel()
                 return
@@ -226,18 +224,6 @@ class Pulse:
             return None
         except grpc.RpcError as e:
             return e
-
-    async def _watch(self, address: str, current: str) -> grpc.RpcError | None:
-        call = health_pb2_grpc.HealthStub(self.channel(address)).Watch(health_pb2.HealthCheckRequest(service=current))
-        try:
-            async for _ in call:
-                call.cancel()
-                return None  # it serves
-            return grpc.aio.AioRpcError(grpc.StatusCode.OK, grpc.aio.Metadata(), grpc.aio.Metadata(), "ended without a word")
-        except grpc.RpcError as e:
-            return e
-        finally:
-            call.cancel()  # the pulse was cancelled with its stream
 
 
 async def _session(channel, address: str, info: NodeInfo, running: dict, stats: Stats, exit_after: float,

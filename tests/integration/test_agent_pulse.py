@@ -1,17 +1,14 @@
-"""An agent given several coordinators watches another one for the moment the one serving its stream no longer
-leads (a standby keeps the watch open while it names that leader, and refuses it naming the new one), so a leader
-that is merely behind is not given a call per agent per pulse on top of its load, nor the standbys a health check
-per agent per pulse. It asks its own coordinator only when no other can tell, and leaves it as soon as a standby
-names another leader. Real gRPC over mutual TLS: a stand-in leader that counts the health checks it is sent, and a
+"""An agent given several coordinators checks that the one serving its stream still leads by asking another one
+(a standby names the leader), so a leader that is merely behind is not given a call per agent per pulse on top of
+its load. It asks its own coordinator only when no other can tell, and leaves it as soon as a standby names
+another leader. Real gRPC over mutual TLS: a stand-in leader that counts the health checks it is sent, and a
 real standby refusal server (tfcluster/daemon/coordinator/ha/standby.py) whose named leader the test changes."""
 
 from __future__ import annotations
 
 import asyncio
-import datetime
 import threading
 import time
-from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -21,14 +18,12 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from fleet import IdleOwner
 from harness import free_port, wait_until
 from tfcluster import pki
-from tfcluster.leaders import leader_hint
 from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc
 from tfcluster.credentials import Credentials
 from tfcluster.daemon.agent.session import session as session_module
 from tfcluster.daemon.agent.session.liveness import Liveness
 from tfcluster.daemon.agent.session.session import Session
-from tfcluster.daemon.coordinator.ha.standby import WATCH_METHOD, WATCHES_PER_CALLER, Refusal
-from tfcluster.daemon.coordinator.rpc.listener import Listener
+from tfcluster.daemon.coordinator.ha.standby import refusal_server
 
 PULSE = 0.2  # seconds between pulses in these tests (2 s in an agent)
 
@@ -60,30 +55,16 @@ class Leader(agent_pb2_grpc.AgentServiceServicer, health.HealthServicer):
         return health_pb2.HealthCheckResponse(status=health_pb2.HealthCheckResponse.SERVING)
 
 
-class CountingRefusal(Refusal):
-    """The standby's refusals, counting the calls it is given by method."""
-
-    def __init__(self, leader):
-        super().__init__(leader)
-        self.calls: Counter[str] = Counter()
-
-    def service(self, handler_call_details):
-        self.calls[handler_call_details.method] += 1
-        return super().service(handler_call_details)
-
-
 class Standby:
     """The real refusal server, on an event loop of its own, naming whichever leader `named` holds."""
 
     def __init__(self, listen: str, credentials):
-        self.named, self.address = "", listen
+        self.named = ""
         self.loop = asyncio.new_event_loop()
         threading.Thread(target=self.loop.run_forever, daemon=True).start()
 
-        self.refusal = CountingRefusal(lambda: self.named)
-
         async def start() -> grpc.aio.Server:  # made on its loop, as gRPC's aio servers must be
-            server = Listener(listen, credentials, self.refusal).server
+            server = refusal_server(listen, lambda: self.named, credentials)
             await server.start()
             return server
         self.server = asyncio.run_coroutine_threadsafe(start(), self.loop).result(10)
@@ -145,38 +126,3 @@ def test_an_agent_leaves_as_soon_as_a_standby_names_another_leader(cluster):
     wait_until(lambda: not leader.streaming.is_set(), 5, interval=0.02, what="the agent to end its stream")
     assert leader.checks == 0, "a standby naming another leader is enough: the old one need not be asked"
     assert session.coordinator != leader_address
-
-
-def test_the_standby_is_watched_not_asked_and_says_nothing_until_the_leader_changes(cluster):
-    leader, standby, session, leader_address = cluster
-    time.sleep(8 * PULSE)
-    health_calls = {m: n for m, n in standby.refusal.calls.items() if m.startswith("/grpc.health")}
-    assert health_calls == {WATCH_METHOD: 1}, "the agent asked the standby again and again"
-    assert leader.checks == 0 and leader.streaming.is_set()
-    started = time.monotonic()
-    standby.named = f"127.0.0.1:{free_port()}"
-    wait_until(lambda: not leader.streaming.is_set(), 5, interval=0.02, what="the agent to end its stream")
-    assert time.monotonic() - started < 8 * PULSE, "the agent heard of the new leader only at a later pulse"
-
-
-def test_a_certificate_holder_cannot_hold_more_watches_than_its_share_and_the_agents_watch_stays(cluster, tmp_path):
-    leader, standby, session, leader_address = cluster
-    ca = pki.Authority.load(tmp_path / "ca", with_key=True)
-    key = pki.new_key()
-    cert = pki.cert_pem(ca.sign(key.public_key(), "mallory", pki.NODE, datetime.timedelta(hours=1)))
-    channel = grpc.secure_channel(standby.address, grpc.ssl_channel_credentials(ca.pem, pki.key_pem(key), cert))
-    watch = health_pb2_grpc.HealthStub(channel).Watch
-    held = [watch(health_pb2.HealthCheckRequest(service=leader_address)) for _ in range(WATCHES_PER_CALLER)]
-    try:
-        wait_until(lambda: standby.refusal.calls[WATCH_METHOD] >= WATCHES_PER_CALLER + 1, 5,
-                   what="mallory's watches to reach the standby")
-        with pytest.raises(grpc.RpcError) as refused:
-            next(watch(health_pb2.HealthCheckRequest(service=leader_address), timeout=5))
-        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE and leader_hint(refused.value) == leader_address
-        assert all(call.running() for call in held), "the watches within its share were ended"
-        standby.named = f"127.0.0.1:{free_port()}"  # the agent's own watch still tells it
-        wait_until(lambda: not leader.streaming.is_set(), 5, interval=0.02, what="the agent to end its stream")
-    finally:
-        for call in held:
-            call.cancel()
-        channel.close()

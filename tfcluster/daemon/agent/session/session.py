@@ -186,59 +186,47 @@ class Session:
             self.outbound.put(_END)
             self._call = None
             if pulse is not None:
-                pulse.end()
+                pulse.set()
 
     def set_pace(self, interval: float) -> None:
         """The coordinator stretched the heartbeats (its cluster grew past its bound): from the next one on."""
         self.interval = interval
 
-    def _start_pulse(self, channel: grpc.Channel) -> "Pulse":
-        """With several coordinators: watches another coordinator, in turn, for the moment this one no longer
-        leads. One that is paused or cut off keeps the connection open, and the stream would wait on it for as
-        long (gRPC's keepalive pings do not fire while the agent keeps sending): once a standby names another
-        leader, the stream is ended and the session goes to the coordinator that leads now, well inside the
-        reconnect grace.
-
-        A standby keeps the watch (the health check's Watch, naming the coordinator this agent follows) open,
-        at no cost, until the leader it knows changes, then refuses it naming the new one (ha/standby.py): the
-        agent hears of a new leader the moment the standby does, and 5,000 agents no longer give the standbys a
-        thousand health checks a second. A watch that ends at once (a coordinator of an earlier release refuses
-        it as any call) is asked again a pulse later: every PULSE_SECONDS, or heartbeat interval when the
-        coordinator stretched that. When the watched one cannot tell (it no longer answers, or names no leader:
-        an election is under way) the others are asked with the health check, and the coordinator serving the
-        stream only when none of them can tell either; it is left only if it does not answer in time either
+    def _start_pulse(self, channel: grpc.Channel) -> threading.Event:
+        """With several coordinators: every PULSE_SECONDS (or heartbeat interval, when the coordinator stretched
+        that and its timeouts in step) asks another coordinator, in turn, whether this one still leads.
+        One that is paused or cut off keeps the connection open, and the stream would wait on it for as long
+        (gRPC's keepalive pings do not fire while the agent keeps sending): once a standby names another leader,
+        the stream is ended and the session goes to the coordinator that leads now, well inside the reconnect
+        grace. The coordinator serving the stream is asked itself only when no other can tell (none answers, an
+        election is under way, or another serves too), and left only if it does not answer in time either
         (leaders.leads_elsewhere). So a leader merely behind (thousands of agents registering) is not given a
         call per agent per pulse on top of its load, and is kept."""
-        pulse = Pulse()
-        call = self._call
+        ended, call = threading.Event(), self._call
         check = health_pb2_grpc.HealthStub(channel).Check
 
-        def run() -> None:
-            turn, wait = 0, max(PULSE_SECONDS, self.interval)
-            while not pulse.ended.wait(wait):
-                began, current = time.monotonic(), self.coordinator
+        def pulse() -> None:
+            turn = 0
+            while not ended.wait(max(PULSE_SECONDS, self.interval)):
+                current = self.coordinator
                 others = [a for a in self.coordinators.addresses if a != current]
                 turn += 1
                 verdict, answers = None, []
                 for address in others[turn % len(others):] + others[:turn % len(others)]:
-                    answers.append(self.channels.check(address) if answers else
-                                   self.channels.watch(address, current, pulse))
-                    if pulse.ended.is_set():
-                        return
+                    answers.append(self.channels.check(address))
                     verdict = says_of(current, answers[-1])
                     if verdict is not None:
                         break
                 if verdict is None:  # none of the others can tell: the coordinator itself
                     verdict = self._answers(check) or not leads_elsewhere(current, answers)
-                wait = max(0.0, max(PULSE_SECONDS, self.interval) - (time.monotonic() - began))
-                if verdict or pulse.ended.is_set():
+                if verdict or ended.is_set():
                     continue
                 log.warning("the coordinator at %s no longer leads (paused or cut off?); trying another", current)
                 self._stalled.set()
                 call.cancel()
                 return
-        threading.Thread(target=run, name="coordinator-pulse", daemon=True).start()
-        return pulse
+        threading.Thread(target=pulse, name="coordinator-pulse", daemon=True).start()
+        return ended
 
     @staticmethod
     def _answers(check) -> bool:
@@ -308,50 +296,11 @@ class Channels:
         except grpc.RpcError as e:
             return e
 
-    def watch(self, address: str, current: str, pulse: "Pulse") -> grpc.RpcError | None:
-        """Watches the coordinator at address until it no longer names current the leader; its answer then, as
-        check() gives it: its refusal (or its error, or its call ended without a word), or None when it serves
-        (a leader answers a watch; a standby says nothing until it refuses)."""
-        call = health_pb2_grpc.HealthStub(self.get(address)).Watch(health_pb2.HealthCheckRequest(service=current))
-        if not pulse.hold(call):  # the stream ended meanwhile
-            call.cancel()
-            return call
-        try:
-            for _ in call:
-                call.cancel()
-                return None
-            return call  # ended without a word: no answer
-        except grpc.RpcError as e:
-            return e
-        finally:
-            pulse.hold(None)
-
     def close(self) -> None:
         with self.lock:
             for _, channel in self.channels.values():
                 channel.close()
             self.channels.clear()
-
-
-class Pulse:
-    """A session stream's pulse (Session._start_pulse): ended with the stream, which also cancels its open watch."""
-
-    def __init__(self) -> None:
-        self.ended = threading.Event()
-        self._lock = threading.Lock()
-        self._watch = None
-
-    def hold(self, call) -> bool:
-        """The watch under way (None: none); False, with nothing held, once the pulse ended."""
-        with self._lock:
-            self._watch = call if not self.ended.is_set() else None
-            return call is None or self._watch is not None
-
-    def end(self) -> None:
-        with self._lock:
-            self.ended.set()
-            if self._watch is not None:
-                self._watch.cancel()
 
 
 _END = object()
