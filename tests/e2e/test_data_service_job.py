@@ -20,6 +20,9 @@ pytestmark = [pytest.mark.e2e,
               pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="needs the tf extra")]
 
 EPOCHS = 5
+# Long enough that the restarted data worker (TensorFlow's import alone takes seconds on a loaded machine) serves
+# while training still runs: with 2 s, training once ended first and the worker was stopped before it served.
+EPOCH_PAUSE_SECONDS = 5
 
 
 def task_of(job: dict, key: str) -> dict:
@@ -35,7 +38,7 @@ def test_a_data_worker_killed_mid_training_restarts_alone_and_training_succeeds(
         strategy = "mirrored"
         workdir = "{ROOT / 'examples'}"
         command = ["{sys.executable}", "data_service_fit.py"]
-        env = {{ EPOCHS = "{EPOCHS}", EPOCH_PAUSE_SECONDS = "2" }}
+        env = {{ EPOCHS = "{EPOCHS}", EPOCH_PAUSE_SECONDS = "{EPOCH_PAUSE_SECONDS}" }}
         stop_grace_seconds = 2
         [roles.worker]
         nodes = ["a"]
@@ -62,6 +65,7 @@ def test_a_data_worker_killed_mid_training_restarts_alone_and_training_succeeds(
         again = task_of(job, "data_worker:1")
         return again["attempt"] == 2 and again["state"] == "RUNNING" and job["state"] == "RUNNING"
     wait_until(restarted, 60, interval=0.5, what="the data worker restarted alone")
+    wait_until(lambda: "serving" in log("data_worker:1", 2), 60, interval=0.5, what="the restarted data worker to serve")
     assert task_of(cluster.job(job_id), "worker:0")["attempt"] == 1, "training was not restarted"
 
     job = finish(cluster, job_id, timeout=240)
