@@ -8,6 +8,7 @@ import importlib.util
 import os
 import signal
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -121,8 +122,19 @@ def test_parameter_server_worker_killed(cluster, tmp_path, tmp_path_factory):
     os.kill(task_of(cluster, job_id, "worker", 1)["pid"], signal.SIGKILL)
     job = finish(cluster, job_id)
     tasks = {(t["type"], t["index"]): t for t in job["tasks"]}
-    assert tasks[("worker", 1)]["attempt"] == 2, "the worker was restarted"
-    assert tasks[("chief", 0)]["attempt"] == 1 and tasks[("ps", 0)]["attempt"] == 1, "alone"
+    assert tasks[("worker", 1)]["attempt"] == 2 and tasks[("worker", 0)]["attempt"] == 1, "the worker was restarted"
+    decided = [line for line in cluster.coordinator.log().splitlines() if job_id in line and "worker:1 on" in line]
+    assert any("restarting worker:1 alone" in line for line in decided), decided
+    if tasks[("chief", 0)]["attempt"] != 1:
+        # The chief hands a dead worker's work to the others, but TensorFlow's chief has been seen to fail
+        # by itself on a loaded machine after a worker's death. Then ps and chief restart for the chief's own
+        # failure (its exit, not the worker's, is the last one), and resume from the checkpoint.
+        chief_log = cluster.task_output(job_id, "chief:0")[-6000:]
+        assert job["last_failure"]["task"] == "chief:0", f"{job['last_failure']}\n{chief_log}"
+        assert tasks[("ps", 0)]["attempt"] == 2 and job["restarts"] == 2, f"{job}\n{chief_log}"
+        warnings.warn(f"the chief failed by itself after worker:1's death:\n{chief_log[-1500:]}")
+    else:
+        assert tasks[("ps", 0)]["attempt"] == 1 and job["restarts"] == 1, "alone"
     assert final_checkpoint(job) == expected
 
 
