@@ -9,8 +9,8 @@ and bench/failover.py; run as a process:
 
 Given several coordinators, each fake agent follows the leader as the real agent does (tfcluster.leaders): when
 its stream is lost or a standby refuses it, it goes to the leader the standby named, else to the next address.
-Given several, it also asks another coordinator every 2 s whether the one serving its stream still leads, as the
-real agent does (tfcluster/daemon/agent/session/session.py), and leaves it once a standby names another leader. As the real
+Given several, it also watches every other coordinator for the moment the one serving its stream no longer leads, as
+the real agent does (tfcluster/daemon/agent/session/pulse.py), and leaves it once a standby names another leader. As the real
 agent, it keeps one channel to each coordinator for its session and its pulse alike: when a standby wins, the
 agent registers with it over the connection it has.
 
@@ -47,7 +47,7 @@ from tfcluster import __version__, pki, wire  # noqa: E402
 from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
 
 from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc  # noqa: E402
-from tfcluster.daemon.agent.session.session import PULSE_SECONDS, PULSE_TIMEOUT_SECONDS  # noqa: E402
+from tfcluster.daemon.agent.session.pulse import PULSE_SECONDS, PULSE_TIMEOUT_SECONDS  # noqa: E402
 from tfcluster.leaders import Coordinators, leader_hint, leads_elsewhere, says_of  # noqa: E402
 from tfcluster.model import (Attempt, Gpu, Launch, NodeInfo, Phase, SetPace, Stop, TaskExit, TaskProgress,  # noqa: E402
                              TaskReport)
@@ -101,7 +101,8 @@ class IdleOwner:
 
 
 class Stalled(Exception):
-    """The coordinator serving the stream gave no pulse in time (paused, cut off, or far behind)."""
+    """The coordinator serving the stream no longer leads (paused, cut off, or a standby won): args[0], the answer
+    that told (a standby's names the leader)."""
 
 
 @dataclass
@@ -168,9 +169,9 @@ async def fake_agent(addresses: str, index: int, stats: Stats, exit_after: float
         try:
             await _session(channel(address), address, info, running, stats, exit_after, last, pulse)
             backoff = 0.5
-        except Stalled:  # as the real agent: as if the connection had dropped, the next coordinator at once
+        except Stalled as stalled:  # as the real agent: the leader a standby named (else the next) at once
             stats.errors["STALLED"] = stats.errors.get("STALLED", 0) + 1
-            coordinators.failed()
+            coordinators.failed(stalled.args[0])
             backoff = 0.5
         except grpc.RpcError as e:
             stats.errors[e.code().name] = stats.errors.get(e.code().name, 0) + 1
@@ -187,40 +188,71 @@ async def fake_agent(addresses: str, index: int, stats: Stats, exit_after: float
 
 
 class Pulse:
-    """As the real agent's (tfcluster/daemon/agent/session/session.py): asks another coordinator in turn whether the one
-    serving the stream still leads, over channels kept open; that one itself only when no other can tell."""
+    """As the real agent's (tfcluster/daemon/agent/session/pulse.py): watches every other coordinator at once, over
+    channels kept open, for the moment the one serving the stream no longer leads; asks the others when a watch ends
+    without telling, and that one itself only when none can."""
 
     def __init__(self, coordinators: Coordinators, channel) -> None:
         self.coordinators, self.channel = coordinators, channel  # channel(address): the agent's kept one
+        self.left = ""  # the coordinator last left because it no longer led
 
-    async def until_stalled(self, channel, call, interval: list[float]) -> None:
-        check = health_pb2_grpc.HealthStub(channel).Check
-        turn = 0
-        while True:
-            await asyncio.sleep(max(PULSE_SECONDS, interval[0]))
-            current = self.coordinators.current
-            others = [a for a in self.coordinators.addresses if a != current]
-            turn += 1
-            verdict, answers = None, []
-            for address in others[turn % len(others):] + others[:turn % len(others)]:
-                answers.append(await self._check(address))
-                verdict = says_of(current, answers[-1])
-                if verdict is not None:
-                    break
-            if verdict is None:
-                try:
-                    await check(health_pb2.HealthCheckRequest(), timeout=PULSE_TIMEOUT_SECONDS)
-                    verdict = True
-                except grpc.RpcError as e:
-                    verdict = e.code() != grpc.StatusCode.DEADLINE_EXCEEDED or not leads_elsewhere(current, answers)
-            if not verdict:
-                call.cancel()
-                return
-
-    async def _check(self, address: str) -> grpc.RpcError | None:
+    async def until_stalled(self, channel, call, interval: list[float]) -> grpc.RpcError | None:
+        """Cancels the stream's call and returns the answer that said its coordinator no longer leads."""
+        current = self.coordinators.current
+        others = [a for a in self.coordinators.addresses if a != current]
+        answers: asyncio.Queue = asyncio.Queue()
+        watching = [asyncio.create_task(self._keep_watching(a, current, answers, interval)) for a in others]
         try:
-            await health_pb2_grpc.HealthStub(self.channel(address)).Check(health_pb2.HealthCheckRequest(),
-                                                                           timeout=PULSE_TIMEOUT_SECONDS)
+            while True:
+                address, answer = await answers.get()
+                verdict = self._says(current, answer)
+                if verdict is None:
+                    verdict = await self._ask_around(channel, current, others, address, answer)
+                if not verdict:
+                    call.cancel()
+                    self.left = current
+                    return answer
+        finally:
+            for task in watching:
+                task.cancel()
+
+    async def _keep_watching(self, address: str, current: str, answers: asyncio.Queue, interval: list[float]):
+        while True:
+            opened = time.monotonic()
+            await answers.put((address, await self._watch(address, current)))
+            await asyncio.sleep(max(0.0, max(PULSE_SECONDS, interval[0]) - (time.monotonic() - opened)))
+
+    async def _watch(self, address: str, current: str) -> grpc.RpcError | None:
+        call = health_pb2_grpc.HealthStub(self.channel(address)).Watch(health_pb2.HealthCheckRequest(service=current))
+        try:
+            async for _ in call:
+                return None  # it serves
+            return grpc.aio.AioRpcError(grpc.StatusCode.OK, grpc.aio.Metadata(), grpc.aio.Metadata(),
+                                        "ended without a word")
+        except grpc.RpcError as e:
+            return e
+        finally:
+            call.cancel()
+
+    def _says(self, current: str, answer) -> bool | None:
+        verdict = says_of(current, answer)  # but old news from a standby that has not read the leader key since:
+        return None if verdict is False and leader_hint(answer) == self.left else verdict
+
+    async def _ask_around(self, channel, current: str, others: list[str], watched: str, answer) -> bool:
+        answers = [answer]
+        for address in others:
+            if address != watched:
+                answers.append(await self._check(self.channel(address)))
+                verdict = self._says(current, answers[-1])
+                if verdict is not None:
+                    return verdict
+        own = await self._check(channel)
+        return own is None or own.code() != grpc.StatusCode.DEADLINE_EXCEEDED or not leads_elsewhere(current, answers)
+
+    @staticmethod
+    async def _check(channel) -> grpc.RpcError | None:
+        try:
+            await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=PULSE_TIMEOUT_SECONDS)
             return None
         except grpc.RpcError as e:
             return e
@@ -285,7 +317,7 @@ async def _session(channel, address: str, info: NodeInfo, running: dict, stats: 
         if pulsing is not None:
             pulsing.cancel()
     if pulsing is not None and pulsing.done() and not pulsing.cancelled():
-        raise Stalled()
+        raise Stalled(pulsing.result())
 
 
 async def main(address: str, first: int, count: int, exit_after: float, ca_dir: Path | None) -> None:

@@ -63,6 +63,11 @@ def test_kill_9_of_the_leader_loses_nothing_and_launches_nothing_twice(ha, tmp_p
     ha.start_agent("d", extra=["--join-token-file", str(ha.join_token_file(token))])  # the token made before
 
 
+def new_leader_log(ha, address: str) -> str:
+    return ha.coordinators[ha.listens.index(address)].log()[-8000:] + "\n".join(
+        agent.log()[-3000:] for agent in ha.agents.values())
+
+
 def test_a_paused_leader_steps_down_without_writing_and_the_new_view_stands(ha, tmp_path):
     ha.start_agents({"a": {}, "b": {}})
     launches = tmp_path / "launches"
@@ -88,7 +93,7 @@ def test_a_paused_leader_steps_down_without_writing_and_the_new_view_stands(ha, 
     assert dict(refused.value.trailing_metadata())["tfcluster-leader"] == new
     assert refused.value.details() == f"this coordinator is a standby; the leader is at {new}"
     job = ha.wait_job(job_id, timeout=60)
-    assert job["state"] == "SUCCEEDED" and job["restarts"] == 0, job
+    assert job["state"] == "SUCCEEDED" and job["restarts"] == 0, f"{job['last_failure']}\n{new_leader_log(ha, new)}"
     assert all(t["attempt"] == 1 for t in job["tasks"]) and launches.read_text().count("launched") == 2
     assert ha.wait_job(later, timeout=30)["state"] == "SUCCEEDED"
 

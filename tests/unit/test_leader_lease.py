@@ -209,6 +209,32 @@ def test_a_standby_only_reads_the_key_while_another_coordinator_holds_it():
     assert set(etcd.paths()) == {"/v3/kv/range"} and len(etcd.paths()) >= 2, etcd.paths()
 
 
+def test_a_standby_that_cannot_read_the_key_names_no_leader_until_it_can_again():
+    etcd = ScriptedEtcd(holder=OTHER)
+    leadership = Leadership(etcd, "/t", ME, ttl=2)
+    reachable = threading.Event()
+    reachable.set()
+    answer = etcd.call
+
+    def call(path: str, body: dict, within: float | None = None) -> dict:
+        if not reachable.is_set():
+            raise StoreUnavailable("etcd: connection refused")
+        return answer(path, body, within)
+    etcd.call = call
+    stop = threading.Event()
+    campaign = threading.Thread(target=leadership.campaign, args=(stop,))
+    campaign.start()
+    try:
+        wait_for(lambda: leadership.leader == OTHER)
+        reachable.clear()  # cut off from etcd: OTHER may have lost the key to a third coordinator meanwhile
+        wait_for(lambda: leadership.leader == LeaderInfo("", ""))
+        reachable.set()
+        wait_for(lambda: leadership.leader == OTHER)
+    finally:
+        stop.set()
+        campaign.join(5)
+
+
 def test_a_standby_takes_back_the_key_an_earlier_run_of_itself_left_and_leads():
     etcd = ScriptedEtcd(holder=ME)
 

@@ -19,12 +19,12 @@ from collections.abc import Callable
 from typing import Protocol
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tfcluster import wire
 from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc
 from tfcluster.daemon.agent.session.liveness import STAMP_EVERY_SECONDS, Liveness
-from tfcluster.leaders import Coordinators, is_standby, leader_hint, leads_elsewhere, says_of
+from tfcluster.daemon.agent.session.pulse import Pulse
+from tfcluster.leaders import Coordinators, is_standby, leader_hint
 from tfcluster.model import NodeInfo, TaskProgress
 from tfcluster.security import Credentials
 
@@ -39,8 +39,6 @@ LEAVE_FLUSH_SECONDS = 0.1
 # Another agent holds this node's name: wait this long for it to turn out to be this node's own old
 # registration (it expires), then give up.
 NAME_CONFLICT_PATIENCE_SECONDS = 20.0
-PULSE_SECONDS = 2.0          # with several coordinators: how often another is asked whether this one still leads
-PULSE_TIMEOUT_SECONDS = 3.0  # how long a coordinator asked has to answer
 REFUSALS = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
 # The transport's own reconnect backoff would otherwise grow to two minutes during a long coordinator
 # outage, and the agent would come back after its node had been declared lost.
@@ -79,6 +77,8 @@ class Session:
         self._call = None
         self._renewed = threading.Event()  # the stream was ended to reconnect with a renewed certificate
         self._stalled = threading.Event()  # the stream was ended: its coordinator no longer leads
+        self._stalled_by: grpc.RpcError | None = None  # the answer that said so (a standby's names the leader)
+        self._left = ""  # the coordinator this session last left because it no longer led
         self.channels = Channels(owner)  # one kept channel to each coordinator: the session's and the pulse's
         self.interval = 1.0  # seconds between heartbeats: as the registration, or a later Pace, says
 
@@ -104,7 +104,8 @@ class Session:
                 code = e.code() if hasattr(e, "code") else None
                 if code == grpc.StatusCode.CANCELLED and self._stalled.is_set():
                     self._stalled.clear()
-                    code = grpc.StatusCode.UNAVAILABLE  # as if its connection had dropped: the next one
+                    code = grpc.StatusCode.UNAVAILABLE  # as if its connection had dropped: the next one,
+                    e = self._stalled_by or e  # or the leader a standby named
                 if code == grpc.StatusCode.CANCELLED and self._renewed.is_set():
                     self._renewed.clear()  # not a failure: the stream ended to start again with the new
                     backoff = BACKOFF_START_SECONDS  # certificate, at once (the node must not go LOST)
@@ -178,7 +179,7 @@ class Session:
         self.interval = reply.heartbeat_interval_seconds or 1.0
         self._call = stub.Connect(self._messages(info.name, reply.session_id))
         self.connected.set()
-        pulse = self._start_pulse(channel) if self.coordinators.several else None
+        pulse = self._start_pulse() if self.coordinators.several else None
         try:
             for message in self._call:
                 self.owner.handle(message)
@@ -186,57 +187,22 @@ class Session:
             self.outbound.put(_END)
             self._call = None
             if pulse is not None:
-                pulse.set()
+                pulse.end()
 
     def set_pace(self, interval: float) -> None:
         """The coordinator stretched the heartbeats (its cluster grew past its bound): from the next one on."""
         self.interval = interval
 
-    def _start_pulse(self, channel: grpc.Channel) -> threading.Event:
-        """With several coordinators: every PULSE_SECONDS (or heartbeat interval, when the coordinator stretched
-        that and its timeouts in step) asks another coordinator, in turn, whether this one still leads.
-        One that is paused or cut off keeps the connection open, and the stream would wait on it for as long
-        (gRPC's keepalive pings do not fire while the agent keeps sending): once a standby names another leader,
-        the stream is ended and the session goes to the coordinator that leads now, well inside the reconnect
-        grace. The coordinator serving the stream is asked itself only when no other can tell (none answers, an
-        election is under way, or another serves too), and left only if it does not answer in time either
-        (leaders.leads_elsewhere). So a leader merely behind (thousands of agents registering) is not given a
-        call per agent per pulse on top of its load, and is kept."""
-        ended, call = threading.Event(), self._call
-        check = health_pb2_grpc.HealthStub(channel).Check
+    def _start_pulse(self) -> Pulse:
+        """With several coordinators: watches the others for the moment this one no longer leads (pulse.py)."""
+        call, current = self._call, self.coordinator
 
-        def pulse() -> None:
-            turn = 0
-            while not ended.wait(max(PULSE_SECONDS, self.interval)):
-                current = self.coordinator
-                others = [a for a in self.coordinators.addresses if a != current]
-                turn += 1
-                verdict, answers = None, []
-                for address in others[turn % len(others):] + others[:turn % len(others)]:
-                    answers.append(self.channels.check(address))
-                    verdict = says_of(current, answers[-1])
-                    if verdict is not None:
-                        break
-                if verdict is None:  # none of the others can tell: the coordinator itself
-                    verdict = self._answers(check) or not leads_elsewhere(current, answers)
-                if verdict or ended.is_set():
-                    continue
-                log.warning("the coordinator at %s no longer leads (paused or cut off?); trying another", current)
-                self._stalled.set()
-                call.cancel()
-                return
-        threading.Thread(target=pulse, name="coordinator-pulse", daemon=True).start()
-        return ended
-
-    @staticmethod
-    def _answers(check) -> bool:
-        """Whether the coordinator serving the stream answers a health check in time (or fails at once: then its
-        stream ends by itself)."""
-        try:
-            check(health_pb2.HealthCheckRequest(), timeout=PULSE_TIMEOUT_SECONDS)
-            return True
-        except grpc.RpcError as e:
-            return e.code() != grpc.StatusCode.DEADLINE_EXCEEDED
+        def stalled(answer) -> None:
+            self._stalled_by, self._left = answer, current
+            self._stalled.set()
+            call.cancel()
+        others = [a for a in self.coordinators.addresses if a != current]
+        return Pulse(current, others, self.channels.get, lambda: self.interval, stalled, self._left).start()
 
     def _heartbeat(self, session_id: str) -> agent_pb2.AgentMessage:
         owner = self.owner
@@ -265,12 +231,13 @@ class Session:
 
 
 class Channels:
-    """One channel to each coordinator, kept: the session's calls and the pulse's health checks go over the
-    connection already open, not a TLS handshake each time. With several coordinators the pulse keeps one open to
-    each standby; when that standby wins, the agent registers with it over the same connection (the new leader
-    serves on the server that refused a moment before: tfcluster/daemon/coordinator/rpc/listener.py); thousands of
-    agents moving at once no longer make thousands of handshakes (docs/ha.md). A channel made with credentials
-    since replaced (the certificate was renewed) is made again."""
+    """One channel to each coordinator, kept: the session's calls and the pulse's watches and health checks go over
+    the connection already open, not a TLS handshake each time. With several coordinators the pulse keeps one open
+    to each standby (a watch on each); when that standby wins, the agent registers with it over the same
+    connection (the new leader serves on the server that refused a moment before:
+    tfcluster/daemon/coordinator/rpc/listener.py); thousands of agents moving at once no longer make thousands of
+    handshakes (docs/ha.md). A channel made with credentials since replaced (the certificate was renewed) is made
+    again."""
 
     def __init__(self, owner: Owner):
         self.owner = owner
@@ -286,15 +253,6 @@ class Channels:
                     kept[1].close()
                 kept = self.channels[address] = (credentials, credentials.channel(address, CHANNEL_OPTIONS))
             return kept[1]
-
-    def check(self, address: str) -> grpc.RpcError | None:
-        """The coordinator's answer to a health check: None when it serves, else its error."""
-        try:
-            health_pb2_grpc.HealthStub(self.get(address)).Check(health_pb2.HealthCheckRequest(),
-                                                                timeout=PULSE_TIMEOUT_SECONDS)
-            return None
-        except grpc.RpcError as e:
-            return e
 
     def close(self) -> None:
         with self.lock:

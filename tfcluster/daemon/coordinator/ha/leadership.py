@@ -103,6 +103,9 @@ class Leadership:
                     return True
             except StoreUnavailable as e:
                 log.warning("cannot campaign for leadership: %s", e)
+                # Who leads is no longer known here: naming the last leader seen would send agents (their pulse:
+                # tfcluster/daemon/agent/session/pulse.py) away from a coordinator that has won since.
+                self.leader = LeaderInfo("", "")
             stop.wait(POLL_SECONDS)
         return False
 

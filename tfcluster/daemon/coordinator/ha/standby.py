@@ -11,12 +11,14 @@ that the copy holds everything the old leader wrote.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
 from collections.abc import Callable
 
 import grpc
+from grpc_health.v1 import health_pb2
 
 from tfcluster.daemon.coordinator.rpc.listener import Listener
 from tfcluster.daemon.coordinator.store.api import Document, StoreUnavailable
@@ -28,15 +30,33 @@ log = logging.getLogger("tfcluster.coordinator")
 
 CATCH_UP_SECONDS = 1.0  # how long a new leader waits for its warm copy to show the last writes, then loads
 RETRY_SECONDS = 1.0
+WATCH_METHOD = "/grpc.health.v1.Health/Watch"
+LEADER_POLL_SECONDS = 0.1  # how often a standby with watchers looks whether the leader it knows changed
+# Open watches one caller may hold on a standby: an agent needs one (two while it moves between coordinators); a
+# holder of a certificate opening thousands would otherwise keep as many calls open for nothing.
+WATCHES_PER_CALLER = 4
 
 
 class Refusal(grpc.GenericRpcHandler):
-    """Every method of every service: UNAVAILABLE naming the leader (leader() gives its address, "" if none)."""
+    """Every method of every service: UNAVAILABLE naming the leader (leader() gives its address, "" if none).
+
+    The health check's Watch is refused too, but only once the leader is no longer the one the caller follows
+    (the request's `service` names its address): until then the call stays open and costs nothing. Agents watch
+    every standby this way instead of asking one every few seconds (tfcluster/daemon/agent/session/pulse.py), so
+    the standbys of 5,000 agents no longer answer a thousand health checks a second, and every agent hears of a
+    new leader the moment a standby does."""
 
     def __init__(self, leader: Callable[[], str]):
         self.leader = leader
+        self._changed: asyncio.Event | None = None  # set, and replaced, when leader() changes; None: no watcher
+        self._watchers = 0
+        self._by_caller: dict = {}  # a caller's certificate identities (its address without TLS) -> its watches
+        self._follower: asyncio.Task | None = None  # kept: the loop holds its tasks weakly
 
     def service(self, handler_call_details):
+        if handler_call_details.method == WATCH_METHOD:
+            return grpc.unary_stream_rpc_method_handler(self._watch,
+                                                        request_deserializer=health_pb2.HealthCheckRequest.FromString)
         return grpc.stream_stream_rpc_method_handler(self._refuse)
 
     async def _refuse(self, requests, context):
@@ -44,6 +64,42 @@ class Refusal(grpc.GenericRpcHandler):
         if leader:
             context.set_trailing_metadata(((LEADER_METADATA, leader),))
         await context.abort(grpc.StatusCode.UNAVAILABLE, standby_message(leader))
+
+    async def _watch(self, request, context):
+        """Open while the leader is the one the caller follows (the request names it), then refused naming the leader.
+        A caller past WATCHES_PER_CALLER open watches is refused at once (it asks again a pulse later)."""
+        caller = tuple(context.peer_identities() or ()) or context.peer().rpartition(":")[0]
+        if self._by_caller.get(caller, 0) >= WATCHES_PER_CALLER:
+            return await self._refuse(None, context)
+        self._by_caller[caller] = self._by_caller.get(caller, 0) + 1
+        self._watchers += 1
+        try:
+            if self._changed is None:
+                self._changed = asyncio.Event()
+                self._follower = asyncio.get_running_loop().create_task(self._follow_leader())
+            while True:
+                changed = self._changed
+                if self.leader() != request.service:
+                    break
+                await changed.wait()
+        finally:
+            self._watchers -= 1
+            self._by_caller[caller] -= 1
+            if not self._by_caller[caller]:
+                del self._by_caller[caller]
+        await self._refuse(None, context)
+
+    async def _follow_leader(self) -> None:
+        """While anyone watches: wakes the watchers whenever the leader this standby knows changes. One task,
+        however many watchers (the leader is read by the campaign's thread: leadership.py)."""
+        known = self.leader()
+        while self._watchers:
+            await asyncio.sleep(LEADER_POLL_SECONDS)
+            if self.leader() != known:
+                known = self.leader()
+                changed, self._changed = self._changed, asyncio.Event()
+                changed.set()
+        self._changed = None
 
 
 def refusal_server(listen: str, leader: Callable[[], str], credentials) -> grpc.aio.Server:

@@ -3,7 +3,7 @@
 A standby serves refusals naming the leader on it (standby.py). When it wins, its term's services and their
 interceptors (mutual-TLS identity checks, metrics) are served on the same server: the agents and clients already
 connected to the standby call the new leader over the connections they have. Every agent keeps one to each
-coordinator for its pulse (tfcluster/daemon/agent/session/session.py), so a failover costs no TLS handshake, when
+coordinator for its pulse (tfcluster/daemon/agent/session/pulse.py), so a failover costs no TLS handshake, when
 thousands of agents move at once: a call over a new mutual-TLS connection costs the server about seven times the
 CPU of one over an open connection (bench/connections.py). A coordinator on its own uses the same server with its
 services from the start.

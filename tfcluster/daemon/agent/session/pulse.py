@@ -1,0 +1,147 @@
+"""With several coordinators, how an agent finds out that the one serving its stream no longer leads.
+
+One that is paused or cut off keeps the connection open, and the stream would wait on it for as long (gRPC's
+keepalive pings do not fire while the agent keeps sending). So the agent watches every other coordinator: it
+opens the health check's Watch on each, naming the coordinator it follows, and a standby keeps that call open,
+saying nothing and costing nothing, while it names the same leader; when the leader it knows changes, it refuses
+the call naming the new one (tfcluster/daemon/coordinator/ha/standby.py). The agent then ends its stream and
+goes to that leader at once, well inside the reconnect grace. Every other coordinator is watched at once, so the
+agent keeps a connection to each, and whichever wins serves it over that connection (docs/ha.md).
+
+A watch that ends without telling (the coordinator no longer answers, names no leader while an election is
+under way, or serves too) has the others asked with the health check, and the coordinator serving the stream
+only when none of them can tell: it is kept if it answers in time, and left otherwise only if the others say it
+no longer leads (leaders.leads_elsewhere). So a leader merely behind (thousands of agents registering) is not
+given a call per agent per pulse on top of its load, and is kept. A watch is opened again a pulse after the last
+one opened (PULSE_SECONDS, or the heartbeat interval once the coordinator stretched that): a coordinator before
+0.8.1 refuses a watch at once, as any call, and is then asked every pulse, as agents before 0.8.1 asked it.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from tfcluster.leaders import leader_hint, leads_elsewhere, says_of
+
+log = logging.getLogger("tfcluster.agent")
+
+PULSE_SECONDS = 2.0          # the least time between two watches (or checks) of one coordinator
+PULSE_TIMEOUT_SECONDS = 3.0  # how long a coordinator asked with the health check has to answer
+
+Answer = grpc.RpcError | None  # a coordinator's answer: None when it serves, else its refusal or error
+
+
+class Pulse:
+    """The pulse of one session stream, ended with it (which cancels its open watches). `channel(address)` gives
+    the agent's kept channel to a coordinator; `interval()` the heartbeat interval now; `on_stalled(answer)` is
+    called once, with the answer that told, when the coordinator at `current` no longer leads. `left`: the
+    coordinator the agent last left because it no longer led."""
+
+    def __init__(self, current: str, others: list[str], channel: Callable[[str], grpc.Channel],
+                 interval: Callable[[], float], on_stalled: Callable[[Answer], None], left: str = ""):
+        self.current, self.others, self.left = current, others, left
+        self.channel, self.interval, self.on_stalled = channel, interval, on_stalled
+        self.ended = threading.Event()
+        self._answers: queue.Queue = queue.Queue()  # (address, answer) as each watch ends; None: ended
+        self._lock = threading.Lock()
+        self._open: set = set()  # the watches under way
+
+    def start(self) -> "Pulse":
+        for address in self.others:
+            threading.Thread(target=self._keep_watching, args=(address,), name="coordinator-watch",
+                             daemon=True).start()
+        threading.Thread(target=self._judge, name="coordinator-pulse", daemon=True).start()
+        return self
+
+    def end(self) -> None:
+        with self._lock:
+            self.ended.set()
+            for call in self._open:
+                call.cancel()
+        self._answers.put(None)
+
+    def _keep_watching(self, address: str) -> None:
+        """One watch open on the coordinator at address at a time; the answer each ends with goes to _judge."""
+        while not self.ended.is_set():
+            opened = time.monotonic()
+            answer = self._watch(address)
+            if self.ended.is_set():
+                return
+            self._answers.put((address, answer))
+            if self.ended.wait(max(0.0, max(PULSE_SECONDS, self.interval()) - (time.monotonic() - opened))):
+                return
+
+    def _watch(self, address: str) -> Answer:
+        """Open until the coordinator at address says something: its refusal (or error, or the call's end
+        without a word), or None when it serves (a leader answers a watch at once)."""
+        call = health_pb2_grpc.HealthStub(self.channel(address)).Watch(
+            health_pb2.HealthCheckRequest(service=self.current))
+        with self._lock:
+            if self.ended.is_set():
+                call.cancel()
+                return call
+            self._open.add(call)
+        try:
+            for _ in call:
+                return None
+            return call  # ended without a word: no answer
+        except grpc.RpcError as e:
+            return e
+        finally:
+            call.cancel()
+            with self._lock:
+                self._open.discard(call)
+
+    def _judge(self) -> None:
+        """Hears each watch's answer; leaves the coordinator once one says (or, asked around, all say) that it
+        no longer leads."""
+        while True:
+            heard = self._answers.get()
+            if heard is None or self.ended.is_set():
+                return
+            address, answer = heard
+            verdict = self._says(answer)
+            if verdict is None:
+                verdict = self._ask_around(address, answer)
+            if verdict or self.ended.is_set():
+                continue
+            log.warning("the coordinator at %s no longer leads (paused or cut off?); trying another", self.current)
+            self.on_stalled(answer)
+            return
+
+    def _says(self, answer: Answer) -> bool | None:
+        """What another coordinator's answer says of current on its own (leaders.says_of), but for old news:
+        the standbys read the leader key in turn, and one that has not read it since the agent moved still names
+        the leader the agent left. The others tell."""
+        verdict = says_of(self.current, answer)
+        return None if verdict is False and leader_hint(answer) == self.left else verdict
+
+    def _ask_around(self, watched: str, answer: Answer) -> bool:
+        """Whether the coordinator at current still leads, when the watched one's answer did not tell: the others
+        are asked, and current itself only when none of them can tell."""
+        answers = [answer]
+        for address in self.others:
+            if address != watched:
+                answers.append(self._check(address))
+                verdict = self._says(answers[-1])
+                if verdict is not None:
+                    return verdict
+        own = self._check(self.current)
+        if own is None or own.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+            return True  # it answers in time (or fails at once: then its stream ends by itself)
+        return not leads_elsewhere(self.current, answers)
+
+    def _check(self, address: str) -> Answer:
+        try:
+            health_pb2_grpc.HealthStub(self.channel(address)).Check(health_pb2.HealthCheckRequest(),
+                                                                    timeout=PULSE_TIMEOUT_SECONDS)
+            return None
+        except grpc.RpcError as e:
+            return e
