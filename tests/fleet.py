@@ -201,11 +201,14 @@ class Pulse:
         current = self.coordinators.current
         others = [a for a in self.coordinators.addresses if a != current]
         answers: asyncio.Queue = asyncio.Queue()
-        watching = [asyncio.create_task(self._keep_watching(a, current, answers, interval)) for a in others]
+        held: set[str] = set()  # as the real agent's: coordinators holding a watch, standbys that name current
+        watching = [asyncio.create_task(self._keep_watching(a, current, answers, interval, held)) for a in others]
         try:
             while True:
                 address, answer = await answers.get()
                 verdict = self._says(current, answer)
+                if verdict is None and held - {address}:
+                    verdict = True
                 if verdict is None:
                     verdict = await self._ask_around(channel, current, others, address, answer)
                 if not verdict:
@@ -216,15 +219,20 @@ class Pulse:
             for task in watching:
                 task.cancel()
 
-    async def _keep_watching(self, address: str, current: str, answers: asyncio.Queue, interval: list[float]):
+    async def _keep_watching(self, address: str, current: str, answers: asyncio.Queue, interval: list[float],
+                             held: set[str]):
+        await asyncio.sleep(random.uniform(0, max(PULSE_SECONDS, interval[0])))  # agents do not start in step
         while True:
             opened = time.monotonic()
-            await answers.put((address, await self._watch(address, current)))
+            await answers.put((address, await self._watch(address, current, held)))
             await asyncio.sleep(max(0.0, max(PULSE_SECONDS, interval[0]) - (time.monotonic() - opened)))
 
-    async def _watch(self, address: str, current: str) -> grpc.RpcError | None:
+    async def _watch(self, address: str, current: str, held: set[str]) -> grpc.RpcError | None:
         call = health_pb2_grpc.HealthStub(self.channel(address)).Watch(health_pb2.HealthCheckRequest(service=current))
         try:
+            await call.initial_metadata()
+            if not call.done():
+                held.add(address)
             async for _ in call:
                 return None  # it serves
             return grpc.aio.AioRpcError(grpc.StatusCode.OK, grpc.aio.Metadata(), grpc.aio.Metadata(),
@@ -232,6 +240,7 @@ class Pulse:
         except grpc.RpcError as e:
             return e
         finally:
+            held.discard(address)
             call.cancel()
 
     def _says(self, current: str, answer) -> bool | None:

@@ -138,6 +138,12 @@ def cluster(tmp_path, monkeypatch):
         server.stop(0)
 
 
+def both_held(standbys: list[Standby]) -> None:
+    """Until the agent's first watches reach the standbys (each opens within a pulse), and a pulse more."""
+    wait_until(lambda: all(s.refusal.calls[WATCH_METHOD] for s in standbys), 5, what="the agent to watch both")
+    time.sleep(PULSE)
+
+
 def test_a_leader_the_standbys_name_is_not_asked_and_is_kept(cluster):
     leader, standbys, session, leader_address = cluster
     time.sleep(8 * PULSE)
@@ -153,11 +159,14 @@ def test_during_an_election_the_coordinator_itself_is_asked_and_kept_while_it_an
     assert leader.streaming.is_set() and leader.registrations == 1, "the agent left a coordinator that answers"
 
 
-def test_one_standby_that_cannot_tell_is_answered_by_the_other(cluster):
+def test_one_standby_that_cannot_tell_is_answered_by_the_watch_the_other_holds(cluster):
     leader, standbys, session, leader_address = cluster
+    both_held(standbys)
     standbys[1].named = ""  # this one has lost sight of the leader key; the other still names the leader
     time.sleep(8 * PULSE)
-    assert standbys[0].refusal.calls["/grpc.health.v1.Health/Check"] >= 3, "the other standby was not asked"
+    assert standbys[1].refusal.calls[WATCH_METHOD] >= 4, "the standby that cannot tell was not watched again"
+    assert standbys[0].refusal.calls[WATCH_METHOD] == 1, "the watch the other standby held was ended"
+    assert standbys[0].refusal.calls["/grpc.health.v1.Health/Check"] == 0
     assert leader.checks == 0 and leader.streaming.is_set() and leader.registrations == 1
 
 
@@ -193,9 +202,12 @@ def test_every_standby_is_watched_at_once_and_neither_is_asked(cluster):
 
 def test_a_standby_that_dies_costs_the_agent_nothing_and_the_other_still_tells(cluster):
     leader, standbys, session, leader_address = cluster
+    both_held(standbys)
     standbys[0].stop()
     time.sleep(6 * PULSE)
     assert leader.streaming.is_set() and leader.registrations == 1 and leader.checks == 0
+    # The other holds a watch, so it names the leader still: the agent need not ask it either.
+    assert standbys[1].refusal.calls["/grpc.health.v1.Health/Check"] == 0
     standbys[1].named = f"127.0.0.1:{free_port()}"
     wait_until(lambda: not leader.streaming.is_set(), 5, interval=0.02, what="the agent to end its stream")
 

@@ -9,8 +9,9 @@ goes to that leader at once, well inside the reconnect grace. Every other coordi
 agent keeps a connection to each, and whichever wins serves it over that connection (docs/ha.md).
 
 A watch that ends without telling (the coordinator no longer answers, names no leader while an election is
-under way, or serves too) has the others asked with the health check, and the coordinator serving the stream
-only when none of them can tell: it is kept if it answers in time, and left otherwise only if the others say it
+under way, or serves too) is answered by another standby holding a watch, which names the same leader for as
+long as it holds it. Without one, the others are asked with the health check, and the coordinator serving the
+stream only when none of them can tell: it is kept if it answers in time, and left otherwise only if the others say it
 no longer leads (leaders.leads_elsewhere). So a leader merely behind (thousands of agents registering) is not
 given a call per agent per pulse on top of its load, and is kept. A watch is opened again a pulse after the last
 one opened (PULSE_SECONDS, or the heartbeat interval once the coordinator stretched that): a coordinator before
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -52,6 +54,7 @@ class Pulse:
         self._answers: queue.Queue = queue.Queue()  # (address, answer) as each watch ends; None: ended
         self._lock = threading.Lock()
         self._open: set = set()  # the watches under way
+        self._held: set[str] = set()  # the coordinators holding a watch: standbys that name current the leader
 
     def start(self) -> "Pulse":
         for address in self.others:
@@ -68,7 +71,11 @@ class Pulse:
         self._answers.put(None)
 
     def _keep_watching(self, address: str) -> None:
-        """One watch open on the coordinator at address at a time; the answer each ends with goes to _judge."""
+        """One watch open on the coordinator at address at a time; the answer each ends with goes to _judge.
+        The first opens within a pulse, not at once: thousands of agents registering with a new leader together
+        would otherwise open theirs together too, in the middle of that storm."""
+        if self.ended.wait(random.uniform(0, max(PULSE_SECONDS, self.interval()))):
+            return
         while not self.ended.is_set():
             opened = time.monotonic()
             answer = self._watch(address)
@@ -89,6 +96,10 @@ class Pulse:
                 return call
             self._open.add(call)
         try:
+            call.initial_metadata()  # a standby sends its headers once it holds the watch
+            if call.is_active():
+                with self._lock:
+                    self._held.add(address)
             for _ in call:
                 return None
             return call  # ended without a word: no answer
@@ -98,6 +109,7 @@ class Pulse:
             call.cancel()
             with self._lock:
                 self._open.discard(call)
+                self._held.discard(address)
 
     def _judge(self) -> None:
         """Hears each watch's answer; leaves the coordinator once one says (or, asked around, all say) that it
@@ -108,6 +120,8 @@ class Pulse:
                 return
             address, answer = heard
             verdict = self._says(answer)
+            if verdict is None and self._held - {address}:
+                verdict = True  # another standby holds a watch: it names current, and will tell when that changes
             if verdict is None:
                 verdict = self._ask_around(address, answer)
             if verdict or self.ended.is_set():

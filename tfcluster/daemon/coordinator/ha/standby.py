@@ -67,7 +67,8 @@ class Refusal(grpc.GenericRpcHandler):
 
     async def _watch(self, request, context):
         """Open while the leader is the one the caller follows (the request names it), then refused naming the leader.
-        A caller past WATCHES_PER_CALLER open watches is refused at once (it asks again a pulse later)."""
+        The call's headers tell the caller that it is held. A caller past WATCHES_PER_CALLER open watches is refused
+        at once (it asks again a pulse later)."""
         caller = tuple(context.peer_identities() or ()) or context.peer().rpartition(":")[0]
         if self._by_caller.get(caller, 0) >= WATCHES_PER_CALLER:
             return await self._refuse(None, context)
@@ -77,10 +78,14 @@ class Refusal(grpc.GenericRpcHandler):
             if self._changed is None:
                 self._changed = asyncio.Event()
                 self._follower = asyncio.get_running_loop().create_task(self._follow_leader())
+            held = False
             while True:
                 changed = self._changed
                 if self.leader() != request.service:
                     break
+                if not held:  # the caller knows from here on that this standby names its leader (pulse.py)
+                    await context.send_initial_metadata(())
+                    held = True
                 await changed.wait()
         finally:
             self._watchers -= 1
