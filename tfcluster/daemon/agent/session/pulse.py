@@ -11,9 +11,9 @@ agent keeps a connection to each, and whichever wins serves it over that connect
 A watch that ends without telling (the coordinator no longer answers, names no leader while an election is
 under way, or serves too) is answered by another standby holding a watch, which names the same leader for as
 long as it holds it. Without one, the others are asked with the health check, and the coordinator serving the
-stream only when none of them can tell: it is kept if it answers in time, and left otherwise only if the others say it
-no longer leads (leaders.leads_elsewhere). So a leader merely behind (thousands of agents registering) is not
-given a call per agent per pulse on top of its load, and is kept. A watch is opened again a pulse after the last
+stream only when none of them can tell: it is kept if it answers in time, and left otherwise only if the others
+say it no longer leads (leaders.leads_elsewhere). So a leader merely behind (thousands of agents registering) is
+not given a call per agent per pulse on top of its load, and is kept. A watch is opened again a pulse after the last
 one opened (PULSE_SECONDS, or the heartbeat interval once the coordinator stretched that): a coordinator before
 0.8.1 refuses a watch at once, as any call, and is then asked every pulse, as agents before 0.8.1 asked it.
 """

@@ -102,7 +102,8 @@ class Session:
                 if self.stopped.is_set():
                     break
                 code = e.code() if hasattr(e, "code") else None
-                if code == grpc.StatusCode.CANCELLED and self._stalled.is_set():
+                stalled = code == grpc.StatusCode.CANCELLED and self._stalled.is_set()
+                if stalled:
                     self._stalled.clear()
                     code = grpc.StatusCode.UNAVAILABLE  # as if its connection had dropped: the next one,
                     e = self._stalled_by or e  # or the leader a standby named
@@ -118,8 +119,8 @@ class Session:
                     log.error("the coordinator refused this agent: %s", self.refused)
                     self.on_refused(self.refused)
                     break
-                why = e.details() if code == grpc.StatusCode.ALREADY_EXISTS or is_standby(e) else \
-                    f"unreachable ({code.name if code else e})"
+                why = "no longer leads" if stalled else e.details() if code == grpc.StatusCode.ALREADY_EXISTS or \
+                    is_standby(e) else f"unreachable ({code.name if code else e})"
                 self.trouble = f"coordinator {self.coordinator}: {why}"
                 hinted = bool(leader_hint(e))
                 followed = 1 if self.connected.is_set() else followed + 1  # a stream that served: anew
