@@ -141,7 +141,7 @@ def test_a_renewal_that_came_late_and_that_etcd_no_longer_knows_steps_down():
     try:
         wait_for(etcd.kept_alive.is_set)
         clock.skew = 5.0
-        wait_for(lambda: leadership.lost)
+        wait_for(lambda: leadership.lost and lost)
         assert not leadership.holds()
         assert "its lease ran out" in lost[0] and "etcd no longer knows its lease" in lost[0], lost
     finally:
@@ -190,7 +190,7 @@ def test_a_suspended_leader_that_cannot_reach_etcd_for_long_steps_down():
     etcd, leadership, lost = losing_quorum([f"{NO_QUORUM} (etcd 127.0.0.1:2379)"] + [UNREACHABLE_ETCD] * 20,
                                            step=3.0)
     try:
-        wait_for(lambda: leadership.lost, 5)
+        wait_for(lambda: leadership.lost and lost, 5)
         unanswered = etcd.paths().count("/v3/lease/keepalive")
         assert unanswered >= 5, "members restarting are waited out for a while"  # 3 s apart, 10 s of grace
         assert "cut off from etcd" in lost[0], lost
@@ -297,7 +297,7 @@ def test_a_leader_whose_key_a_client_deletes_steps_down_at_once():
         wait_for(lambda: etcd.watches == [leadership.revision + 1])  # from the revision after its own put
         etcd.watched.put({"created": True})
         etcd.watched.put(key_event("DELETE", 30))
-        wait_for(lambda: leadership.lost, seconds=1.0)
+        wait_for(lambda: leadership.lost and lost, seconds=1.0)
         assert not leadership.holds()
         assert lost == ["the key /t.leader was deleted at revision 30 while its lease held: a client of etcd "
                         "deleted it"], lost
@@ -313,7 +313,7 @@ def test_a_leader_whose_key_a_client_puts_again_steps_down_at_once():
     try:
         wait_for(lambda: etcd.watches)
         etcd.watched.put(key_event("PUT", 31, OTHER, lease=0x1f))
-        wait_for(lambda: leadership.lost, seconds=1.0)
+        wait_for(lambda: leadership.lost and lost, seconds=1.0)
         assert lost == ["the key /t.leader was put again at revision 31, naming 10.0.0.2:7070 (lease 1f)"], lost
     finally:
         leadership.step_down()
@@ -332,7 +332,7 @@ def test_a_quiet_watch_is_checked_by_a_read_and_a_deletion_it_missed_ends_the_te
         assert etcd.watches[:3] == [leadership.revision + 1, 36, 36], etcd.watches
         assert not lost and leadership.holds()
         etcd.holder, etcd.revision = None, 40  # deleted where the watch did not see it (a member that went quiet)
-        wait_for(lambda: leadership.lost, seconds=1.0)
+        wait_for(lambda: leadership.lost and lost, seconds=1.0)
         assert lost == ["the key /t.leader was deleted at revision 40 while its lease held: a client of etcd "
                         "deleted it"], lost
     finally:
@@ -354,6 +354,6 @@ def test_the_watch_of_an_earlier_term_does_not_end_the_next_one():
         assert not lost and leadership.holds() and not leadership.lost
         wait_for(lambda: etcd.watches[-1] == leadership.revision + 1)
         etcd.watched.put(key_event("DELETE", 50))
-        wait_for(lambda: leadership.lost, seconds=1.0)
+        wait_for(lambda: leadership.lost and lost, seconds=1.0)
     finally:
         leadership.step_down()
