@@ -120,7 +120,9 @@ class Pulse:
                 return
             address, answer = heard
             verdict = self._says(answer)
-            if verdict is None and self._held - {address}:
+            with self._lock:  # the watching threads change the set
+                held_elsewhere = bool(self._held - {address})
+            if verdict is None and held_elsewhere:
                 verdict = True  # another standby holds a watch: it names current, and will tell when that changes
             if verdict is None:
                 verdict = self._ask_around(address, answer)
