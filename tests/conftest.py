@@ -14,6 +14,10 @@ from _pytest.tmpdir import TempPathFactory
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from tfcluster import grpc_settings  # noqa: E402
+
+grpc_settings.apply()  # the tests fork while they call, as the daemons do; the daemons they start apply their own
+
 from etcdcluster import etcd_cluster, etcd_prefix  # noqa: E402,F401  (a real etcd cluster, for the etcd store)
 from hacluster import ha  # noqa: E402,F401  (several coordinators on that etcd)
 

@@ -24,6 +24,7 @@ from pathlib import Path
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
+from tfcluster import grpc_settings
 from tfcluster.demo.etcd import free_port  # noqa: F401  (the tests' ports: never one handed out twice)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -93,7 +94,8 @@ class Daemon:
         argv = [*self.host_prefix, self.python, "-m", "tfcluster.cli", *self.args]
         # Not in the source tree: `python -m` puts the working directory first on the path, and a daemon of an
         # earlier release (another interpreter) must import its own tfcluster.
-        environment = {**os.environ, **(env or {})}
+        # The tests' own gRPC settings are not passed on: the daemon makes its own, as under systemd.
+        environment = {**{k: v for k, v in os.environ.items() if k not in grpc_settings.SETTINGS}, **(env or {})}
         if self.python != PYTHON:  # nor from PYTHONPATH, which would put this version's tree first
             environment.pop("PYTHONPATH", None)
         self.proc = subprocess.Popen(argv, stdout=log, stderr=log, cwd=self.log_path.parent,

@@ -11,6 +11,7 @@ import grpc
 import pytest
 
 from harness import job_processes, wait_until
+from tfcluster import grpc_settings
 from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc, control_pb2, control_pb2_grpc
 from tfcluster.api.v1 import types_pb2 as pb
 
@@ -58,7 +59,7 @@ def test_job_lifecycle_with_environment_and_placement(shared_cluster, tmp_path):
     spec = write_spec(tmp_path, f"""
         name = "envcheck"
         strategy = "multi_worker_mirrored"
-        command = ["{PY}", "-c", "import os, json; print(json.dumps({{k: v for k, v in os.environ.items() if k.startswith(('TF', 'CUDA', 'EXTRA'))}}))"]
+        command = ["{PY}", "-c", "import os, json; print(json.dumps({{k: v for k, v in os.environ.items() if k.startswith(('TF', 'CUDA', 'EXTRA', 'GRPC'))}}))"]
         env = {{ EXTRA = "yes" }}
         [roles.worker]
         count = 2
@@ -91,6 +92,9 @@ def test_job_lifecycle_with_environment_and_placement(shared_cluster, tmp_path):
         assert env["TFCLUSTER_CHECKPOINT_DIR"].endswith(f"/jobs/{job_id}/checkpoints")
         assert env["TFCLUSTER_MODEL_DIR"] == env["TFCLUSTER_CHECKPOINT_DIR"]
         assert env["EXTRA"] == "yes"
+        # The agent's own gRPC settings (tfcluster/grpc_settings.py) are not the task's: a program that forks
+        # without exec keeps gRPC's fork handlers.
+        assert not set(env) & set(grpc_settings.SETTINGS), env
     # Ports and GPUs are released once the tasks end.
     nodes = {n["name"]: n for n in shared_cluster.status()["nodes"]}
     assert all(n["running_tasks"] == 0 for n in nodes.values())

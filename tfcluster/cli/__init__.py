@@ -9,11 +9,11 @@ Quick to start: a run imports the module of the command it runs and nothing else
 from __future__ import annotations
 
 import importlib
-import os
 import sys
 
-# gRPC's core logs a failed TLS handshake on stderr by itself; the error a command prints says it in one line.
-os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+from tfcluster import grpc_settings
+
+grpc_settings.apply()  # before anything imports grpc
 
 # Each command's module under tfcluster.cli, in the order `tfcluster --help` lists them.
 COMMAND_MODULES = {

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tfcluster import layout
+from tfcluster import grpc_settings, layout
 from tfcluster.daemon.agent.code.environments import Environments, task_environment
 from tfcluster.daemon.agent.code.task_code import TaskCode
 from tfcluster.daemon.agent.shim.cgroups import TaskCgroups
@@ -216,10 +216,11 @@ class TaskStarter:
 
     @staticmethod
     def _environment(record: TaskRecord, order: Launch, user: TaskUser, paths: JobPaths) -> dict[str, str]:
-        """The agent's environment, less its own settings (a join token, a token file): TFCLUSTER_* in a task's
-        environment is what tfcluster sets for that task. HOME and TMPDIR are the job's own on this node (a
-        spec may set others); a task run as its owner's account has that account's home, where it exists."""
-        inherited = with_agent_python({k: v for k, v in os.environ.items()
+        """The agent's environment, less its own settings (a join token, a token file, the gRPC settings it made
+        for itself): TFCLUSTER_* in a task's environment is what tfcluster sets for that task. HOME and TMPDIR
+        are the job's own on this node (a spec may set others); a task run as its owner's account has that
+        account's home, where it exists."""
+        inherited = with_agent_python({k: v for k, v in grpc_settings.without_ours(dict(os.environ)).items()
                                        if not k.startswith(layout.RESERVED_ENV_PREFIX)})
         home = user.home if user.home and os.path.isdir(user.home) else str(paths.home)
         own = {"HOME": home, "TMPDIR": str(paths.tmp)}
