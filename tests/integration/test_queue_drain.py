@@ -148,6 +148,20 @@ def check_queue_order(cluster: LocalCluster, submitted: list[dict]) -> int:
     return len(jobs)
 
 
+class Waiting:
+    """What a wait is for, and when a message is made of it (it timed out), the jobs not ended with their tasks'
+    states: where the queue stands."""
+
+    def __init__(self, cluster: LocalCluster, what: str):
+        self.cluster, self.what = cluster, what
+
+    def __str__(self) -> str:
+        jobs = every_job(self.cluster).values()
+        not_ended = "; ".join(f"{j['id']} {j['state']} {[t['state'] for t in j['tasks']]}" for j in jobs
+                              if j["state"] not in ("SUCCEEDED", "FAILED", "STOPPED"))
+        return f"{self.what}; jobs not ended: {not_ended[:2000]}"
+
+
 def kill_and_restart_coordinator(cluster: LocalCluster) -> None:
     cluster.coordinator.kill()
     cluster.coordinator.start()
@@ -188,7 +202,7 @@ def test_two_hundred_jobs_drain_in_order_across_a_coordinator_kill(cluster):
     hold.touch()  # from now on a job keeps running (once its 0.1 s are up) until the file is gone
     time.sleep(0.5)  # the job that may have been past its check has ended: the one running now is held
     held = wait_until(lambda: [i for i, j in every_job(cluster).items() if j["state"] == "RUNNING"], 30,
-                      what="a job running when the coordinator is killed")
+                      what=Waiting(cluster, "a job running when the coordinator is killed"))
     killed_at = time.time()
     kill_and_restart_coordinator(cluster)
     hold.unlink()
