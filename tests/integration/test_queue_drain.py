@@ -150,7 +150,7 @@ def check_queue_order(cluster: LocalCluster, submitted: list[dict]) -> int:
 
 class Waiting:
     """What a wait is for, and when a message is made of it (it timed out), the jobs not ended with their tasks'
-    states: where the queue stands."""
+    states and the end of each daemon's log: where the queue stands."""
 
     def __init__(self, cluster: LocalCluster, what: str):
         self.cluster, self.what = cluster, what
@@ -159,7 +159,9 @@ class Waiting:
         jobs = every_job(self.cluster).values()
         not_ended = "; ".join(f"{j['id']} {j['state']} {[t['state'] for t in j['tasks']]}" for j in jobs
                               if j["state"] not in ("SUCCEEDED", "FAILED", "STOPPED"))
-        return f"{self.what}; jobs not ended: {not_ended[:2000]}"
+        logs = "".join(f"\n--- the end of {daemon.log_path.name}:\n" + "".join(daemon.log().splitlines(True)[-15:])
+                       for daemon in (self.cluster.coordinator, *self.cluster.agents.values()))
+        return f"{self.what}; jobs not ended: {not_ended[:2000]}{logs}"
 
 
 def kill_and_restart_coordinator(cluster: LocalCluster) -> None:
