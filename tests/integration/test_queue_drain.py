@@ -2,11 +2,12 @@
 
 Ten people with real user certificates (some in groups that raise or lower their classes) submit 200 short
 jobs through the client library while a job of a class nobody may preempt holds the only GPU. Once that job
-is stopped, the queue drains one job at a time; after about a third has run the coordinator is killed -9 and
-started again on the same store and policy, and the agent comes back by itself. Then every acknowledged job
-exists once, ran exactly once (attempt 1, no restart: a coordinator restart costs running jobs nothing),
-succeeded, and the jobs started in the documented order: class first, then fair share (the owner who has used
-the fewest GPU-seconds), then age. The start times are the agent's own (each attempt's status.json)."""
+is stopped, the queue drains one job at a time; after about a third has run (the next job holds the queue
+until told) the coordinator is killed -9 and started again on the same store and policy, and the agent comes
+back by itself. Then every acknowledged job exists once, ran exactly once (attempt 1, no restart: a coordinator
+restart costs running jobs nothing), succeeded, and the jobs started in the documented order: class first, then
+fair share (the owner who has used the fewest GPU-seconds), then age. The start times are the agent's own (each
+attempt's status.json)."""
 
 from __future__ import annotations
 
@@ -89,14 +90,17 @@ def spec(cluster: LocalCluster, name: str, command: list[str], priority: str):
     return parse_spec({**doc, "priority": priority} if priority else doc)
 
 
-def submit_all(cluster: LocalCluster, hold: Path) -> list[dict]:
-    """The 200 jobs, in a shuffled order of submission; what each submission acknowledged. Each runs 0.1 s,
-    and longer while the file hold exists."""
+def submit_all(cluster: LocalCluster, gate: Path) -> list[dict]:
+    """The 200 jobs, in a shuffled order of submission; what each submission acknowledged. Each runs 0.1 s and
+    adds a line to the file gate; the one that adds line KILL_AFTER + 1 runs on until the file gate.open exists.
+    The jobs hold the queue themselves, so that however slow this process is, the coordinator is killed while
+    that job runs with the rest of the queue behind it."""
     rng = random.Random(17)
     order = [person for person in PEOPLE for _ in range(JOBS_EACH)]
     rng.shuffle(order)
     clients = {person: client_of(cluster, person) for person in PEOPLE}
-    command = ["/bin/sh", "-c", f"sleep 0.1; while [ -e {hold} ]; do sleep 0.05; done"]
+    command = ["/bin/sh", "-c", f"sleep 0.1; echo >> {gate}; [ $(wc -l < {gate}) -ne {KILL_AFTER + 1} ] && exit; "
+                                f"while [ ! -e {gate}.open ]; do sleep 0.05; done"]
     submitted = []
     try:
         for number, person in enumerate(order):
@@ -188,8 +192,10 @@ def test_two_hundred_jobs_drain_in_order_across_a_coordinator_kill(cluster):
     blocker = ops.submit(spec(cluster, "blocker", ["sleep", "600"], "high"))
     wait_until(lambda: cluster.job(blocker)["state"] == "RUNNING", 30, what="the blocker to run")
     began = time.monotonic()
-    hold = cluster.root / "work" / "hold"
-    submitted = submit_all(cluster, hold)
+    gate = cluster.root / "work" / "gate"
+    gate.touch(mode=0o666)
+    gate.chmod(0o666)  # each job runs as a UID of its own
+    submitted = submit_all(cluster, gate)
     submit_seconds = time.monotonic() - began
     ids = [s["id"] for s in submitted]
     assert len(set(ids)) == len(ids) == len(PEOPLE) * JOBS_EACH
@@ -201,13 +207,12 @@ def test_two_hundred_jobs_drain_in_order_across_a_coordinator_kill(cluster):
     wait_until(lambda: ended() >= KILL_AFTER - 10, 120, interval=0.5, what=f"{KILL_AFTER - 10} jobs to end")
     listed = check_queue_order(cluster, submitted)
     wait_until(lambda: ended() >= KILL_AFTER, 60, interval=0.2, what=f"{KILL_AFTER} jobs to end")
-    hold.touch()  # from now on a job keeps running (once its 0.1 s are up) until the file is gone
-    time.sleep(0.5)  # the job that may have been past its check has ended: the one running now is held
     held = wait_until(lambda: [i for i, j in every_job(cluster).items() if j["state"] == "RUNNING"], 30,
                       what=Waiting(cluster, "a job running when the coordinator is killed"))
+    assert ended() == KILL_AFTER, "the job after them holds the queue"
     killed_at = time.time()
     kill_and_restart_coordinator(cluster)
-    hold.unlink()
+    Path(f"{gate}.open").touch()
     wait_until(lambda: ended() == len(ids), 240, interval=1.0, what="every job to end")
     drain_seconds = time.monotonic() - drained
 
