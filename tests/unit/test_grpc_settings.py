@@ -56,27 +56,27 @@ BUSY_FORKS = textwrap.dedent("""
 """)
 
 
-def busy_forks(settings: str) -> tuple[dict, str]:
-    """What BUSY_FORKS saw, and gRPC's own log lines; run with gRPC's info logs and nothing of ours set."""
+def busy_forks(settings: str) -> subprocess.CompletedProcess:
+    """BUSY_FORKS run with gRPC's info logs and nothing of ours set; its stdout says what it saw."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GRPC_")}
     env["GRPC_VERBOSITY"] = "INFO"  # set by the user: apply() leaves it
-    done = subprocess.run([sys.executable, "-c", BUSY_FORKS, settings, str(FORKS)], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-c", BUSY_FORKS, settings, str(FORKS)], capture_output=True, text=True,
                           env=env, timeout=180)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads(done.stdout), done.stderr
 
 
 def test_forks_while_other_threads_call_grpc_leave_children_and_calls_whole():
-    seen, log = busy_forks("tfcluster")
-    assert seen == {"failed_children": [], "failed_calls": [], "callers_left": 0}
-    assert "fork_posix" not in log, "gRPC's fork handlers ran: " + log[-1000:]
+    done = busy_forks("tfcluster")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout) == {"failed_children": [], "failed_calls": [], "callers_left": 0}
+    assert "fork_posix" not in done.stderr, "gRPC's fork handlers ran: " + done.stderr[-1000:]
 
 
-def test_without_the_settings_grpc_runs_its_fork_handlers_around_each_fork():
+def test_without_the_settings_grpc_runs_its_fork_handlers_around_the_forks():
     """The reason for the setting: if this fails, grpcio no longer runs its fork handlers by default (then
-    grpc_settings.py may drop GRPC_ENABLE_FORK_SUPPORT)."""
-    seen, log = busy_forks("grpc defaults")
-    assert log.count("fork_posix") > FORKS // 10, log[-1000:]
+    grpc_settings.py may drop GRPC_ENABLE_FORK_SUPPORT). The program may not even live to say what it saw: in
+    one run it died of a segmentation fault just after gRPC's first such line."""
+    done = busy_forks("grpc defaults")
+    assert "fork_posix" in done.stderr, (done.returncode, done.stderr[-1000:])
 
 
 def test_the_settings_leave_the_users_own_and_are_not_handed_on():
