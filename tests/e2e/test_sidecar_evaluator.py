@@ -1,7 +1,7 @@
 """End to end: a 2-worker MultiWorkerMirroredStrategy tf-keras job whose evaluator is a SidecarEvaluator with
 max_evaluations=None (examples/mwms_sidecar.py, as TensorFlow's tutorials write it). tf-keras's own never
 exits: tfcluster reads its TensorBoard summaries and stops it once the final checkpoint is evaluated.
-tfcluster's drop-in ends by itself. Either way the job succeeds seconds after training, not at the deadline,
+tfcluster's drop-in returns by itself. Either way the job succeeds seconds after training, not at the deadline,
 and `status --json` holds the evaluation of the final checkpoint."""
 
 from __future__ import annotations
@@ -9,11 +9,13 @@ from __future__ import annotations
 import importlib.util
 import json
 import textwrap
+import warnings
 from pathlib import Path
 
 import pytest
 
 from harness import ROOT, job_processes
+from tfcluster.daemon.coordinator.core.lifecycle.completion import EVALUATOR_EXIT_SECONDS
 
 pytestmark = [pytest.mark.e2e,
               pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="needs the tf extra")]
@@ -74,8 +76,18 @@ def test_sidecar_evaluator_ends_with_training_and_its_results_are_shown(make_clu
         assert evaluator["state"] == "STOPPED" and evaluator["signal"] == 15, evaluator
         assert list(summaries.glob("validation/events.out.tfevents.*")), "SidecarEvaluator wrote no summaries"
     else:
-        assert job["message"] == "final evaluation done"
-        assert evaluator["state"] == "SUCCEEDED" and evaluator["exit_code"] == 0, evaluator
+        # The drop-in returns by itself once tfcluster says training is over and the final checkpoint is evaluated.
+        # Its process then has a few seconds to exit (docs/jobs.md): unloading TensorFlow on a loaded machine
+        # took longer once, and then the evaluator is stopped, its work done.
+        log = cluster.cli("logs", job_id, "evaluator:0", check=True).stdout
+        assert "SidecarEvaluator: training finished; the final checkpoint is evaluated" in log, log[-2000:]
+        if job["message"] == "final evaluation done":
+            assert evaluator["state"] == "SUCCEEDED" and evaluator["exit_code"] == 0, evaluator
+        else:
+            assert job["message"] == f"final evaluation of {final} done; stopped the evaluator", job["message"]
+            assert evaluator["state"] == "STOPPED", evaluator
+            warnings.warn(f"the drop-in SidecarEvaluator returned but its process did not exit within "
+                          f"{EVALUATOR_EXIT_SECONDS:g} s: it was stopped")
         assert Path(latest["checkpoint"]) == shared / final
         assert list((shared / "eval" / "validation").glob("events.out.tfevents.*"))
     assert job_processes(job_id) == []
