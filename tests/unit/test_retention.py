@@ -12,6 +12,9 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
+
+from harness import wait_until
 from tfcluster import layout
 from tfcluster.daemon.agent.node.retention import (Policy, RetentionPass, disk_condition, mark_ended, plan, remove,
                                               scan)
@@ -160,6 +163,9 @@ def test_gc_beside_a_running_agent_leaves_a_job_whose_shim_is_alive(tmp_path):
     shim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
                              "tfcluster.daemon.agent.taskrunner", str(directory)], start_new_session=True)
     try:
+        # The kernel sets a new program's command line late in its exec, after Popen may have returned: read
+        # at once, it is empty now and then (31 of 1,500 tries here).
+        wait_until(lambda: str(directory) in psutil.Process(shim.pid).cmdline(), 10, what="the shim's command line")
         (directory / layout.STATUS_FILE).write_text(json.dumps({"phase": Phase.RUNNING, "shim_pid": shim.pid}))
         age(directory, 30)
         assert plan(scan(tmp_path, now=NOW), KEEP_ALL, NOW, 0) == []
