@@ -66,6 +66,16 @@ def wait_until(predicate, timeout: float, interval: float = 0.1, what: str = "co
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})")
 
 
+def old_style_shim(attempt_dir: Path, seconds: int) -> subprocess.Popen:
+    """A process that is an attempt's shim as far as anyone can tell from outside: the command line a shim of 0.7
+    or before was started with. Returned once the kernel shows that command line: it sets it late in the exec,
+    after Popen may have returned, and read at once it was empty now and then (31 of 1,500 tries)."""
+    shim = subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({seconds})",
+                             "tfcluster.daemon.agent.taskrunner", str(attempt_dir)], start_new_session=True)
+    wait_until(lambda: str(attempt_dir) in psutil.Process(shim.pid).cmdline(), 10, what="the shim's command line")
+    return shim
+
+
 def job_processes(job_id: str) -> list[psutil.Process]:
     """Live processes whose environment carries this job's id (the task and anything it started)."""
     found = []

@@ -24,6 +24,7 @@ from tfcluster import pki
 from tfcluster.client import Client
 from tfcluster.credentials import Credentials
 from tfcluster.specfile import parse_spec
+from tfcluster.states import JobState
 
 POLICY = """\
 [classes]  # nobody preempts the job holding the GPU while all are submitted: it is of the highest class
@@ -162,7 +163,7 @@ class Waiting:
     def __str__(self) -> str:
         jobs = every_job(self.cluster).values()
         not_ended = "; ".join(f"{j['id']} {j['state']} {[t['state'] for t in j['tasks']]}" for j in jobs
-                              if j["state"] not in ("SUCCEEDED", "FAILED", "STOPPED"))
+                              if not JobState(j["state"]).ended)
         logs = "".join(f"\n--- the end of {daemon.log_path.name}:\n" + "".join(daemon.log().splitlines(True)[-15:])
                        for daemon in (self.cluster.coordinator, *self.cluster.agents.values()))
         return f"{self.what}; jobs not ended: {not_ended[:2000]}{logs}"
@@ -193,7 +194,7 @@ def test_two_hundred_jobs_drain_in_order_across_a_coordinator_kill(cluster):
     wait_until(lambda: cluster.job(blocker)["state"] == "RUNNING", 30, what="the blocker to run")
     began = time.monotonic()
     gate = cluster.root / "work" / "gate"
-    gate.touch(mode=0o666)
+    gate.touch()
     gate.chmod(0o666)  # each job runs as a UID of its own
     submitted = submit_all(cluster, gate)
     submit_seconds = time.monotonic() - began

@@ -7,9 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-import psutil
-
-from harness import wait_until
+from harness import old_style_shim
 from tfcluster.daemon.agent import launcher, taskrunner
 from tfcluster.daemon.agent.shim import runner
 from tfcluster.daemon.agent.tasks import launcher as tasks_launcher
@@ -29,11 +27,8 @@ def test_the_old_module_paths_still_run_as_programs():
 
 
 def test_a_shim_started_the_old_way_is_known_by_its_command_line(tmp_path):
-    shim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "tfcluster.daemon.agent.taskrunner",
-                             str(tmp_path)], start_new_session=True)
+    shim = old_style_shim(tmp_path, 30)
     try:
-        # The kernel sets a new program's command line late in its exec, after Popen may have returned.
-        wait_until(lambda: str(tmp_path) in psutil.Process(shim.pid).cmdline(), 10, what="the shim's command line")
         assert is_shim(shim.pid, tmp_path) and not is_shim(shim.pid, tmp_path / "other")
     finally:
         shim.kill()

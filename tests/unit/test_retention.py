@@ -7,14 +7,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-import psutil
-
-from harness import wait_until
+from harness import old_style_shim
 from tfcluster import layout
 from tfcluster.daemon.agent.node.retention import (Policy, RetentionPass, disk_condition, mark_ended, plan, remove,
                                               scan)
@@ -158,14 +154,8 @@ def test_a_checkpoint_newer_than_the_committed_one_is_kept_too(tmp_path):
 def test_gc_beside_a_running_agent_leaves_a_job_whose_shim_is_alive(tmp_path):
     directory = attempt(tmp_path, "busy-1", days=30)
     mark_ended(tmp_path, "busy-1", NOW)
-    # A process that is this attempt's shim as far as anyone can tell from outside: the command line a shim of
-    # 0.7 or before was started with, whose status file says nothing of when it started.
-    shim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
-                             "tfcluster.daemon.agent.taskrunner", str(directory)], start_new_session=True)
+    shim = old_style_shim(directory, 60)  # its status file says nothing of when it started
     try:
-        # The kernel sets a new program's command line late in its exec, after Popen may have returned: read
-        # at once, it is empty now and then (31 of 1,500 tries here).
-        wait_until(lambda: str(directory) in psutil.Process(shim.pid).cmdline(), 10, what="the shim's command line")
         (directory / layout.STATUS_FILE).write_text(json.dumps({"phase": Phase.RUNNING, "shim_pid": shim.pid}))
         age(directory, 30)
         assert plan(scan(tmp_path, now=NOW), KEEP_ALL, NOW, 0) == []

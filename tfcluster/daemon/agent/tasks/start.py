@@ -220,7 +220,7 @@ class TaskStarter:
         for itself): TFCLUSTER_* in a task's environment is what tfcluster sets for that task. HOME and TMPDIR
         are the job's own on this node (a spec may set others); a task run as its owner's account has that
         account's home, where it exists."""
-        inherited = with_agent_python({k: v for k, v in grpc_settings.without_ours(dict(os.environ)).items()
+        inherited = with_agent_python({k: v for k, v in grpc_settings.without_ours(os.environ).items()
                                        if not k.startswith(layout.RESERVED_ENV_PREFIX)})
         home = user.home if user.home and os.path.isdir(user.home) else str(paths.home)
         own = {"HOME": home, "TMPDIR": str(paths.tmp)}
