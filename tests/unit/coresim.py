@@ -113,3 +113,21 @@ def stops(actions):
 
 def keys(actions):
     return sorted(a.attempt.task_key for a in actions)
+
+
+def check_held(c: Cluster) -> None:
+    """What the cluster keeps as held on each node (core/model/held.py) equals it added up from every live job's
+    tasks: those running or launching, and those placed and waiting to launch there."""
+    gpus: dict[str, list[int]] = {}
+    ports: dict[str, list[int]] = {}
+    memory: dict[str, int] = {}
+    for job in c.jobs.live.values():
+        for task in job.tasks:
+            if task.node and job.holds(task):
+                gpus.setdefault(task.node, []).extend(g.index for g in task.gpus)
+                ports.setdefault(task.node, []).append(task.port)
+                memory[task.node] = memory.get(task.node, 0) + job.spec.memory_for(task.type)
+    assert {n: sorted(held.elements()) for n, held in c.held.gpus().items()} == \
+        {n: sorted(g) for n, g in gpus.items() if g}
+    assert {n: sorted(held.elements()) for n, held in c.held.ports().items()} == {n: sorted(p) for n, p in ports.items()}
+    assert dict(c.held.memory()) == {n: m for n, m in memory.items() if m}

@@ -1,7 +1,7 @@
 """The indexes Nodes and Jobs keep (nodes by name and address, idle capacity, the order nodes were heard in, what
-is placed where, live and ended jobs, request ids, task UIDs, job numbers) always equal what they index
-recomputed from scratch, whatever happens: random registrations, heartbeats, reports, submissions, stops,
-silences, removals and retention, driven through the cluster's events."""
+is placed where, live and ended jobs, request ids, task UIDs, job numbers), and what the placed tasks hold on each
+node, always equal what they index recomputed from scratch, whatever happens: random registrations, heartbeats,
+reports, submissions, stops, silences, removals and retention, driven through the cluster's events."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from coresim import Sim, info, make_spec, report
+from coresim import Sim, check_held, info, make_spec, report
 from tfcluster.daemon.coordinator.core.cluster import Cluster, Unplaceable
 from tfcluster.daemon.coordinator.core.model.node_table import NameTaken
 from tfcluster.daemon.coordinator.core.scheduling.placement import NodeCapacity
@@ -173,6 +173,7 @@ class ClusterIndexes(RuleBasedStateMachine):
     def indexes_match_a_recomputation(self):
         check_nodes(self.c)
         check_jobs(self.c)
+        check_held(self.c)
 
 
 ClusterIndexes.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None,

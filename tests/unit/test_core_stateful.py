@@ -21,7 +21,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from coresim import info, make_spec
+from coresim import check_held, info, make_spec
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -312,6 +312,10 @@ class CoreMachine(RuleBasedStateMachine):
     def no_gpu_is_held_twice(self) -> None:
         held = [(t.node, g.index) for j in self.cluster.jobs.values() for t in j.tasks if t.live for g in t.gpus]
         assert len(held) == len(set(held)), sorted(held)
+
+    @invariant()
+    def what_nodes_hold_is_kept_as_jobs_change(self) -> None:
+        check_held(self.cluster)
 
 
     @invariant()

@@ -25,6 +25,7 @@ from tfcluster.daemon.coordinator.core.lifecycle.reconcile import reconcile_node
 from tfcluster.daemon.coordinator.core.model import accounting
 from tfcluster.daemon.coordinator.core.model import task_uids as taskusers
 from tfcluster.daemon.coordinator.core.model.changelog import ChangeLog, UsageDropped, UsageRecorded
+from tfcluster.daemon.coordinator.core.model.held import Held
 from tfcluster.daemon.coordinator.core.model.job import Job
 from tfcluster.daemon.coordinator.core.model.job_table import KEEP_FINISHED_JOBS, KEEP_FINISHED_SECONDS, Jobs
 from tfcluster.daemon.coordinator.core.node_events import NodeEvents
@@ -87,6 +88,7 @@ class Cluster(NodeEvents, SweepEvents):
         self.nodes = Nodes(Pace(heartbeat_interval_seconds, lost_after_seconds, max_heartbeats_per_second),
                            self.changes, startup_grace_seconds)
         self.jobs = Jobs(task_uids, keep_finished_jobs, keep_finished_seconds, self.changes)
+        self.held = Held()  # what the placed tasks hold on each node, kept as jobs change (settle)
         self.sweeps = Sweeps()
         self.usage = accounting.Ledger(keep_usage_seconds, lambda entry, recorded: self.changes.append(
             UsageRecorded(entry) if recorded else UsageDropped(entry.job_id)))
@@ -105,6 +107,7 @@ class Cluster(NodeEvents, SweepEvents):
         """A job from the store."""
         self.jobs.add(job)
         self.nodes.track(job)
+        self.held.track(job)
 
     def add_node(self, node: Node) -> None:
         """A node from the store."""
@@ -370,11 +373,11 @@ class Cluster(NodeEvents, SweepEvents):
     def capacity(self, now: float) -> list[NodeCapacity]:
         """Every READY node with what its tasks hold (and ports found taken), and why it takes no new tasks,
         if it does not."""
-        return self.nodes.capacity(now, *self.jobs.in_use())
+        return self.nodes.capacity(now, self.held.gpus(), self.held.ports(), self.held.memory())
 
     def settle(self, job: Job, commands: list[Command]) -> list[Command]:
         """After any change to a job: its restarts are counted; an ended job leaves the live ones and frees its
-        resources; the nodes index where its tasks are now."""
+        resources; the nodes index where its tasks are now, and what they hold there."""
         for cause in job.seen.restart_causes:
             self.observer.restarted(job, cause)
         job.seen.restart_causes.clear()
@@ -389,6 +392,7 @@ class Cluster(NodeEvents, SweepEvents):
             preemption.release(job.id, self.jobs.live.values())  # what was kept for it, if it preempted
             self.nodes.resources_changed()
         self.nodes.track(job)
+        self.held.track(job)
         return commands
 
 

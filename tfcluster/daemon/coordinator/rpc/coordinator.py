@@ -412,7 +412,7 @@ class Coordinator:
 
     def memory_allocated(self) -> dict[str, int]:
         """Node -> what the memory limits of the tasks placed there add up to."""
-        return self.cluster.jobs.in_use()[2]
+        return dict(self.cluster.held.memory())
 
     def running_tasks(self) -> dict[str, int]:
         running: dict[str, int] = collections.Counter()

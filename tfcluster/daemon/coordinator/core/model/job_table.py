@@ -65,22 +65,6 @@ class Jobs(Registry[Job]):
         """How many kept jobs are in each state: the live ones counted now, the ended ones as they ended."""
         return self._ended_states + Counter(job.state for job in self._live.values())
 
-    def in_use(self) -> tuple[dict[str, set[int]], dict[str, set[int]], dict[str, int]]:
-        """Node -> the GPU indices, node -> the ports, and node -> the bytes of memory limits, that tasks hold: live
-        ones, and those placed and waiting to launch there (a later wave, a restart in place, a backoff)."""
-        gpus: dict[str, set[int]] = {}
-        ports: dict[str, set[int]] = {}
-        memory: dict[str, int] = {}
-        for job in self._live.values():
-            for task in job.tasks:
-                if task.node and job.holds(task):  # only a placed task holds: a queued job's tasks cost no call
-                    gpus.setdefault(task.node, set()).update(g.index for g in task.gpus)
-                    ports.setdefault(task.node, set()).add(task.port)
-                    limit = job.spec.memory_for(task.type)
-                    if limit:
-                        memory[task.node] = memory.get(task.node, 0) + limit
-        return gpus, ports, memory
-
     # ---- changes -------------------------------------------------------------------------------
 
     def add(self, job: Job) -> None:

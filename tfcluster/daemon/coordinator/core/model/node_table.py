@@ -14,7 +14,7 @@ from __future__ import annotations
 import bisect
 import logging
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import replace
 
 from tfcluster.conditions import NodeCondition, excluded_gpus
@@ -170,7 +170,7 @@ class Nodes(Registry[Node]):
     def has_placed(self, name: str) -> bool:
         return name in self._placed
 
-    def capacity(self, now: float, used_gpus: Mapping[str, set[int]], used_ports: Mapping[str, set[int]],
+    def capacity(self, now: float, used_gpus: Mapping[str, Collection[int]], used_ports: Mapping[str, Collection[int]],
                  used_memory: Mapping[str, int]) -> list[NodeCapacity]:
         """Every READY node, by name, with what its tasks hold (GPUs, ports, the bytes of their memory limits; and
         ports found taken), and why it takes no new tasks, if it does not."""
@@ -186,7 +186,7 @@ class Nodes(Registry[Node]):
                 capacity.append(self._idle[name])
             else:
                 capacity.append(replace(self._idle[name], used_gpus=frozenset(used_gpus.get(name, ())),
-                                        used_ports=frozenset(used_ports.get(name, set()) | set(busy)),
+                                        used_ports=frozenset(used_ports.get(name, ())).union(busy),
                                         used_memory=used_memory.get(name, 0),
                                         unavailable=n.unschedulable, excluded_gpus=sick))
         return capacity
