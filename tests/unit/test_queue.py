@@ -3,6 +3,7 @@ capacity held for the head of a class so that small jobs backfill around it inst
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -12,6 +13,7 @@ from tfcluster.daemon.coordinator.core.cluster import Unplaceable
 from tfcluster.daemon.coordinator.core.model.job import Job
 from tfcluster.daemon.coordinator.core.scheduling import queue
 from tfcluster.daemon.coordinator.core.scheduling.policy import ClassRefused, parse
+from tfcluster.daemon.coordinator.store.records import Writer
 from tfcluster.states import JobState
 
 CLASSES = """
@@ -248,3 +250,31 @@ def test_a_long_queue_of_look_alike_jobs_costs_one_search_a_pass(monkeypatch):
     finish(sim, waiting[0])
     assert waiting[1].state == JobState.STARTING and searches == [waiting[1].id, waiting[2].id]
     assert all(j.state == JobState.PENDING for j in waiting[2:])
+
+
+def test_a_waiting_jobs_new_reason_is_shown_and_not_written_for_every_waiting_job():
+    """Why a job waits follows what is free (which task of its gang found no room): every task's exit changes it
+    for the whole queue. Status shows the new reason at once; the store does not rewrite every waiting job for it
+    (it wrote each of hundreds at every exit), and a job written for a change of its own carries it."""
+    one_port = (20000, 20000)
+    sim = Sim(info("n1", ports=one_port), info("n2", ports=one_port))
+    writer = Writer()
+    running, actions = sim.submit(make_spec(worker=2), "running")
+    sim.running(running, actions)
+    waiting = [sim.submit(make_spec(worker=2), f"w{i}")[0] for i in range(50)]
+    assert all(j.state == JobState.PENDING for j in waiting)
+    written = {key for kind, key in writer.collect(sim.c.changes).writes if kind == "job"}
+    assert {j.id for j in waiting} <= written
+    before = {j.message for j in waiting}
+    assert len(before) == 1 and "no node left for worker:0" in before.pop()
+
+    sim.exit(running, "worker:1", 0)  # one port is free: each waiting job's worker:0 fits, its worker:1 does not
+    assert {j.message for j in waiting} == {waiting[0].message} and "no node left for worker:1" in waiting[0].message
+    assert sim.c.jobs[waiting[0].id].message == waiting[0].message  # what status reads
+    written = {key for kind, key in writer.collect(sim.c.changes).writes if kind == "job"}
+    assert written.isdisjoint(j.id for j in waiting), "no waiting job is rewritten for its reason alone"
+
+    shown = waiting[-1].message
+    waiting[-1].not_before = sim.now + 5  # a change of its own: written, with the reason it shows now
+    doc = json.loads(writer.collect(sim.c.changes).writes[("job", waiting[-1].id)].body)
+    assert doc["message"] == shown and "no node left for worker:1" in shown

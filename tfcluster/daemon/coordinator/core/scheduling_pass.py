@@ -145,14 +145,16 @@ class SchedulePass:
         takeable: list[Job] | None = None  # worked out once, when some job may preempt
         lowest: int | None = None  # the lowest class among them
         commands: list[Command] = []
-        for job in sorted(unfit, key=lambda j: -j.rank):
+        ordered = sorted(unfit, key=lambda j: -j.rank)
+        top = ordered[0].rank if ordered else 0  # only jobs of a lower class than this may ever be taken from
+        for job in ordered:
             if job.id in self.held:  # its victims are stopping; once they are gone and it still does not fit (a node
                 # of theirs was lost), what they held is free for anyone again and it may preempt anew
                 if not preemption.still_stopping(job.id, live) and preemption.release(job.id, live):
                     self.cluster.nodes.resources_changed()
                 continue
             if takeable is None:
-                takeable = [j for j in live if preemption.may_take_from(j)]
+                takeable = [j for j in live if j.rank < top and preemption.may_take_from(j)]
                 lowest = min((j.rank for j in takeable), default=None)  # a queue of hundreds asks it of each
             if lowest is None or job.rank <= lowest:
                 continue

@@ -13,7 +13,8 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 MAX_WATCHERS = 10_000  # coroutines and last statuses: a few MB at most
-# A change that reaches no store write (none should) is still sent this long after it happened.
+# A change that reaches no store write (a waiting job's new reason alone: Job.show_waiting) is still sent this long
+# after it happened.
 REFRESH_SECONDS = 5.0
 
 

@@ -405,12 +405,12 @@ def unplaceable(job: Job, reason: str, never: bool, now: float) -> None:
 
 def waits(job: Job, reason: str) -> None:
     """A PENDING job stays in the queue for this reason (queue.py words it), after when it was preempted until
-    it is placed again (placing clears the message); the same reason again is not written again."""
+    it is placed again (placing clears the message). Shown, not written by itself (Job.show_waiting)."""
     message = reason
     if job.preempted_by:  # asked of every waiting job on each pass: the common case skips the wording
         preempted = preemption_note(job)
         since = describe_preemption(job.preempted_by, job.preempted_by_owner, job.preempted_at)
         message = f"{preempted}; {reason}" if job.message.startswith(since) else reason
     if job.message != message:
-        job.message = message
+        job.show_waiting(message)
 

@@ -268,6 +268,14 @@ class Job(StateRecord):
     def attempt_of(self, task: Task) -> Attempt:
         return Attempt(self.id, task.type, task.index, task.attempt)
 
+    def show_waiting(self, message: str) -> None:
+        """A waiting job's message (why it waits), set without marking the job unsaved. The reason is worked out
+        anew at every scheduling pass, after a restart too, and its words follow what is free on the nodes (which
+        task of the gang found no room, each node's free GPUs): written as a change, every task's exit rewrote
+        every waiting job's record, hundreds of writes per exit in a queue of hundreds. A write for any other
+        change of the job carries the message it shows then."""
+        object.__setattr__(self, "message", message)
+
     def add_evaluation(self, result: Evaluation) -> None:
         """One entry per checkpoint: a checkpoint evaluated again replaces its entry and moves to the end."""
         kept = [e for e in self.evaluations if e.checkpoint != result.checkpoint]

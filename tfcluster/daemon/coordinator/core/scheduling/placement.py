@@ -87,10 +87,22 @@ def place(spec: JobSpec, nodes: list[NodeCapacity],
 
 def needs(spec: JobSpec) -> tuple:
     """What place() reads of a spec, as one value: two specs with equal needs place alike on the same nodes (the
-    queue tries a long run of look-alike jobs once: queue.QueuePass)."""
+    queue tries a long run of look-alike jobs once: queue.QueuePass). Worked out once per spec: a spec never
+    changes (a resize makes a new one), and each pass asks it of every waiting job."""
+    known = _NEEDS.get(id(spec))
+    if known is not None and known[0] is spec:  # the spec itself is kept with it: its id is not reused meanwhile
+        return known[1]
     roles = tuple((t, r.count, r.gpus, r.memory, r.nodes, r.labels, r.min_count, r.max_count)
                   for t, r in sorted(spec.roles.items()))
-    return spec.gpus, spec.memory, bool(spec.code_sha256 or spec.environment), roles
+    value = spec.gpus, spec.memory, bool(spec.code_sha256 or spec.environment), roles
+    if len(_NEEDS) >= NEEDS_KEPT:
+        _NEEDS.clear()
+    _NEEDS[id(spec)] = (spec, value)
+    return value
+
+
+NEEDS_KEPT = 10_000  # specs whose needs are kept (a queue longer than this works some of them out again)
+_NEEDS: dict[int, tuple[JobSpec, tuple]] = {}
 
 
 class _Search:

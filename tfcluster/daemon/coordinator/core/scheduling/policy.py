@@ -99,6 +99,8 @@ class Policy:
 
     def subjects(self, owner: str, groups: Iterable[str]) -> list[Subject]:
         """The user and the groups whose quotas a job of this owner counts against (those the policy names)."""
+        if not self.users and not self.groups:  # no quotas at all: asked of every waiting job on each pass
+            return []
         found = [Subject("user", owner, self.users[owner])] if owner in self.users else []
         return found + [Subject("group", g, self.groups[g]) for g in dict.fromkeys(groups) if g in self.groups]
 
