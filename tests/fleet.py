@@ -38,10 +38,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # as the CLI: not a line per connection the coordinator ends
-import grpc  # noqa: E402
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tfcluster import grpc_settings  # noqa: E402
+
+grpc_settings.apply()  # as every tfcluster process: before gRPC is imported (no line per connection that ends)
+import grpc  # noqa: E402
 
 from tfcluster import __version__, pki, wire  # noqa: E402
 from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
