@@ -28,6 +28,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from tfcluster.daemon.coordinator.core.cluster import Cluster, Unplaceable
 from tfcluster.daemon.coordinator.core.model.job import Job, StateRecord, Task
+from tfcluster.daemon.coordinator.store.records import Writer
 from tfcluster.model import (Attempt, Launch, PREEMPTION_EXIT_CODE, Stop, SyncCheckpoints, TaskExit, TaskProgress,
                              TaskReport)
 from tfcluster.states import JOB_TRANSITIONS, TASK_TRANSITIONS, JobState, Phase
@@ -79,6 +80,7 @@ class CoreMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.cluster = Cluster(lost_after_seconds=3.0, keep_finished_jobs=10_000, keep_finished_seconds=1e9)
+        self.writer = Writer()  # collects after every step, as the coordinator writes after every event
         self.now = 1000.0
         self.agents = {name: AgentSim() for name in NODES}
         self.sessions = itertools.count(1)
@@ -316,6 +318,15 @@ class CoreMachine(RuleBasedStateMachine):
     @invariant()
     def what_nodes_hold_is_kept_as_jobs_change(self) -> None:
         check_held(self.cluster)
+
+    @invariant()
+    def a_write_leaves_no_record_of_a_kept_job_unsaved(self) -> None:
+        """The writer looks only at the records that told it they changed: none may be missed (what it misses
+        is lost to a restart). Ended jobs are written once more when they end, then no more."""
+        self.writer.collect(self.cluster.changes)
+        for job in self.cluster.jobs.values():
+            if job.id in self.writer.jobs or not job.ended:
+                assert not job.unsaved and not [t.key for t in job.tasks if t.unsaved], job
 
 
     @invariant()

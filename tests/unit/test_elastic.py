@@ -13,6 +13,7 @@ from coresim import Sim, info, launches, make_spec, stops
 from tfcluster import layout, statuses, views, wire
 from tfcluster.daemon.coordinator.core.model.elastic import at_size, resize
 from tfcluster.daemon.coordinator.store import records
+from tfcluster.daemon.coordinator.store.records import Writer
 from tfcluster.model import SyncCheckpoints
 from tfcluster.spec import DEFAULT_RESIZE_INTERVAL_SECONDS, SpecError
 from tfcluster.specfile import parse_spec
@@ -137,6 +138,23 @@ def test_it_grows_once_the_resize_interval_has_passed_saving_first_and_uncharged
     assert job.state == JobState.RUNNING and job.message == "resized 2 \u2192 3 workers, resuming from the checkpoint"
     assert (job.resizes, job.restarts, job.preemptions) == (1, 0, 0)
     assert later(sim, INTERVAL * 2) == []  # at its largest size: nothing more
+
+
+def test_the_worker_a_grow_adds_is_written_with_each_later_change_of_its_own():
+    """The store's writer looks only at the records that tell it they changed: the worker a grow adds is a new
+    record, written with its job, and it too must tell of its changes, or a restart would miss them."""
+    sim = three_nodes()
+    [other] = busy(sim)
+    job, _ = start(sim)
+    writer = Writer()
+    writer.collect(sim.c.changes)
+    sim.exit(other, "worker:0", 0)
+    regroup(sim, job, later(sim, INTERVAL))
+    added = job.task("worker", 2)
+    assert added is not None and added.state == TaskState.RUNNING
+    assert ("task", f"{job.id}/worker:2") in writer.collect(sim.c.changes).writes
+    added.pid += 1  # a change of the new worker's alone
+    assert list(writer.collect(sim.c.changes).writes) == [("task", f"{job.id}/worker:2")]
 
 
 def test_a_grow_that_copies_host_local_checkpoints_to_the_new_node_still_says_it_resized():

@@ -49,7 +49,7 @@ def comparable(job: J.Job) -> dict:
                                         "evaluator_restarts", "message", "created", "finished", "outcome",
                                         "restarting", "not_before", "last_failure", "final_evaluation_until",
                                         "cluster_json", "checkpoint_node", "syncing", "evaluations")}
-    keep["tasks"] = [{k: v for k, v in t.__dict__.items() if k not in ("seen", "unsaved")} for t in job.tasks]
+    keep["tasks"] = [{k: v for k, v in t.__dict__.items() if k not in ("seen", "unsaved", "_tracker")} for t in job.tasks]
     return keep
 
 

@@ -103,9 +103,9 @@ class Writer:
         self.nodes: dict[str, Node] = {}
         self.trust: dict[tuple[str, str], Record] = {}  # (kind, key) -> a join token, holder or removal
         self.sweeps: dict[str, Record] = {}
-        # (kind, key, record) of the nodes, trust records and sweeps that became unsaved since the last batch: each
-        # tracks itself (job.py's Record), and a batch during a registration storm of thousands of nodes no longer
-        # looks at every node to find the few that changed
+        # (kind, key, record) of the records that became unsaved since the last batch: each tracks itself (job.py's
+        # Record), so a batch looks at what changed, not at every record: a registration storm of thousands of nodes,
+        # a queue of thousands of jobs. A job and its tasks are listed as ("job", the job's id, the record).
         self.changed: list[tuple[str, str, Record]] = []
         self.evaluations: dict[str, dict[str, float]] = {}  # job id -> checkpoint -> time of the stored one
         # job id -> its spec and the spec's document: a spec never changes, and converting it again on each of
@@ -132,18 +132,22 @@ class Writer:
     def collect(self, log: ChangeLog) -> Batch:
         batch = Batch(entries=log.drain())
         ended = [self._follow(change, batch) for change in batch.entries]
-        for job in self.jobs.values():
-            self._job(job, batch)
+        changed = self.changed[:]
+        self.changed.clear()  # in place: the tracked records hold this list
+        jobs_seen: set[str] = set()
+        for kind, key, record in changed:
+            if kind == "job":  # the job or one of its tasks changed: the job's unsaved records are written
+                job = self.jobs.get(key)
+                if job is not None and key not in jobs_seen:
+                    jobs_seen.add(key)
+                    self._job(job, batch)
+            # Still unsaved (it is listed once each time it becomes so), and still the one stored under that key.
+            elif record.unsaved and self._tracked(kind, key) is record:
+                self._put(batch, record, kind, key, node_doc(record) if kind == "node" else plain(record))
         for job in ended:
             if job is not None:  # written now: it changes no more
                 self.jobs.pop(job.id, None)
                 self.spec_docs.pop(job.id, None)
-        changed = self.changed[:]
-        self.changed.clear()  # in place: the tracked records hold this list
-        for kind, key, record in changed:
-            # Still unsaved (it is listed once each time it becomes so), and still the one stored under that key.
-            if record.unsaved and self._tracked(kind, key) is record:
-                self._put(batch, record, kind, key, node_doc(record) if kind == "node" else plain(record))
         if batch.next_job_number > self.next_job_number:
             batch.put("counter", NEXT_JOB_NUMBER, batch.next_job_number, self._revision("counter", NEXT_JOB_NUMBER))
             self.next_job_number = batch.next_job_number
@@ -153,6 +157,7 @@ class Writer:
         """Follows one entry of the change log; the job when it ended."""
         if isinstance(change, (JobAdded, JobEnded, EndedJobAmended)):
             self.jobs[change.job.id] = change.job
+            self._track(change.job)
             return None if isinstance(change, JobAdded) else change.job
         if isinstance(change, JobRemoved):
             self._remove(change.job, batch)
@@ -191,7 +196,8 @@ class Writer:
             batch.delete("evaluation", key, self._revision("evaluation", key))
 
     def _job(self, job: Job, batch: Batch) -> None:
-        if job.unsaved:
+        changed = job.unsaved  # a resize gives the job tasks anew, which marks it unsaved
+        if changed:
             self._put(batch, job, "job", job.id, job_doc(job, self._spec_doc(job)))
             self._evaluations(job, batch)
             for key in self._dropped_workers(job):
@@ -199,6 +205,14 @@ class Writer:
         for task in job.tasks:
             if task.unsaved:
                 self._put(batch, task, "task", task_key(job.id, task.key), task_doc(task))
+        if changed:
+            self._track(job)  # the tasks a resize added, written now, tell of their next change
+
+    def _track(self, job: Job) -> None:
+        """The job and its tasks tell this writer when they change; a record unsaved now is listed at once."""
+        for record in (job, *job.tasks):
+            if not record.tracked_into(self.changed):
+                record.track(self.changed, "job", job.id)
 
     def _dropped_workers(self, job: Job) -> list[str]:
         """The stored tasks of workers an elastic job no longer has (it shrank: core/model/elastic.py)."""

@@ -3,8 +3,8 @@
 The core appends to one log: a job added, ended, amended after its end or removed, a node added or removed, a trust record
 (join token, certificate holder, removal) added, a join token dropped, job numbers issued, a usage ledger entry
 recorded or dropped, a sweep added. A change to a field of a stored record needs no entry: the record marks
-itself unsaved (job.py's Record); the writer looks at the live jobs' records, and is told by the nodes, trust
-records and sweeps it tracks when one of them changed.
+itself unsaved (job.py's Record), and tells the writer, which tracks every stored record (jobs and their tasks,
+nodes, trust records, sweeps), when it does: a write looks at what changed.
 The writer (records.py) drains the log into store documents; the store is written before the commands
 the same changes produced are sent.
 """

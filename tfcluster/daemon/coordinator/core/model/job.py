@@ -22,10 +22,10 @@ _PLACED = (JobState.STARTING, JobState.RUNNING, JobState.STOPPING)  # a job's ta
 
 
 class Record:
-    """A record the store saves: any assignment marks it unsaved until the store calls saved(). A record the
-    store's writer tracks (nodes, trust records, sweeps: thousands of nodes in a large cluster) also puts itself
-    on the writer's list of changed records when it becomes unsaved, so a write looks at what changed, not at
-    every record."""
+    """A record the store saves: any assignment marks it unsaved until the store calls saved(). The store's writer
+    tracks every record it stores (jobs and their tasks, nodes, trust records, sweeps): a record puts itself on the
+    writer's list of changed records when it becomes unsaved, so a write looks at what changed, not at every record
+    (thousands of nodes in a large cluster, thousands of jobs in a long queue)."""
     unsaved = True
     _tracker: tuple[list, str, str] | None = None  # (the writer's list of changed records, kind, key)
 
@@ -48,6 +48,10 @@ class Record:
         object.__setattr__(self, "_tracker", (changed, kind, key))
         if self.unsaved:
             changed.append((kind, key, self))
+
+    def tracked_into(self, changed: list) -> bool:
+        """Whether becoming unsaved appends to this list (a writer's: track)."""
+        return self._tracker is not None and self._tracker[0] is changed
 
 
 class StateRecord(Record):
