@@ -9,6 +9,7 @@ from dataclasses import replace
 import pytest
 from coresim import Sim, info, make_spec
 
+from tfcluster import wire
 from tfcluster.daemon.coordinator.core.cluster import Unplaceable
 from tfcluster.daemon.coordinator.core.model.job import Job
 from tfcluster.daemon.coordinator.core.scheduling import queue
@@ -270,7 +271,7 @@ def test_a_waiting_jobs_new_reason_is_shown_and_not_written_for_every_waiting_jo
 
     sim.exit(running, "worker:1", 0)  # one port is free: each waiting job's worker:0 fits, its worker:1 does not
     assert {j.message for j in waiting} == {waiting[0].message} and "no node left for worker:1" in waiting[0].message
-    assert sim.c.jobs[waiting[0].id].message == waiting[0].message  # what status reads
+    assert wire.job_status(waiting[0]).message == waiting[0].message  # what `status` shows
     written = {key for kind, key in writer.collect(sim.c.changes).writes if kind == "job"}
     assert written.isdisjoint(j.id for j in waiting), "no waiting job is rewritten for its reason alone"
 
