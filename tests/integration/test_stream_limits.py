@@ -266,10 +266,11 @@ def test_refusals_past_the_share_come_back_paced_while_the_callers_other_calls_a
                 return loop.time() - started
             refusals = [asyncio.create_task(refused_after()) for _ in range(4)]
             await held_after(limits, 1)
-            status_started = loop.time()
             assert await channel.unary_unary(STATUS)(b"", timeout=5) == b"ok"
-            assert loop.time() - status_started < 0.2, "a short call of the same caller is not held"
+            status_done = loop.time() - started
             took = sorted(await asyncio.gather(*refusals))
+            # Answered before the first refusal the pace held came back: the pace holds refusals, not the caller.
+            assert status_done < took[2], ("a short call of the same caller is not held", status_done, took)
             # One at once, two held (a quarter of a second apart), and the one past the bound of two held at once.
             assert took[0] < 0.2 and took[1] < 0.2, took
             assert 0.2 <= took[2] < 0.45 and 0.45 <= took[3] < 0.8, took
