@@ -106,8 +106,7 @@ class Cluster(NodeEvents, SweepEvents):
     def add_job(self, job: Job) -> None:
         """A job from the store."""
         self.jobs.add(job)
-        self.nodes.track(job)
-        self.held.track(job)
+        self._index(job)
 
     def add_node(self, node: Node) -> None:
         """A node from the store."""
@@ -391,9 +390,13 @@ class Cluster(NodeEvents, SweepEvents):
             self.no_growth_at.pop(job.id, None)
             preemption.release(job.id, self.jobs.live.values())  # what was kept for it, if it preempted
             self.nodes.resources_changed()
+        self._index(job)
+        return commands
+
+    def _index(self, job: Job) -> None:
+        """The job as it is now: where its tasks are placed, and what they hold there."""
         self.nodes.track(job)
         self.held.track(job)
-        return commands
 
 
 def _stop_unwanted(node: str, attempt: Attempt, job: Job | None) -> Command:

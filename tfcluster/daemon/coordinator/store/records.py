@@ -196,8 +196,8 @@ class Writer:
             batch.delete("evaluation", key, self._revision("evaluation", key))
 
     def _job(self, job: Job, batch: Batch) -> None:
-        changed = job.unsaved  # a resize gives the job tasks anew, which marks it unsaved
-        if changed:
+        job_changed = job.unsaved  # a resize gives the job tasks anew, which marks it unsaved
+        if job_changed:
             self._put(batch, job, "job", job.id, job_doc(job, self._spec_doc(job)))
             self._evaluations(job, batch)
             for key in self._dropped_workers(job):
@@ -205,7 +205,7 @@ class Writer:
         for task in job.tasks:
             if task.unsaved:
                 self._put(batch, task, "task", task_key(job.id, task.key), task_doc(task))
-        if changed:
+        if job_changed:
             self._track(job)  # the tasks a resize added, written now, tell of their next change
 
     def _track(self, job: Job) -> None:
