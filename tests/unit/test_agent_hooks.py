@@ -96,6 +96,88 @@ def test_an_ended_attempts_events_file_is_read_once_a_registration(tmp_path, mon
     hook.on_poll(record)
     assert opened == [record.events_path] and [m.evaluation.checkpoint for m in messages] == ["ckpt-1", "ckpt-1"]
 
+class Polled(TaskHook):
+    """Counts its polls of each attempt; finished with an ended one once told so."""
+
+    def __init__(self):
+        self.polls: dict[Attempt, int] = {}
+        self.done: set[Attempt] = set()
+
+    def on_poll(self, record) -> None:
+        self.polls[record.attempt] = self.polls.get(record.attempt, 0) + 1
+
+    def finished_with(self, record) -> bool:
+        return record.attempt in self.done
+
+
+def test_an_ended_attempt_is_polled_until_every_hook_is_finished_with_it_and_again_after_a_registration(agent,
+                                                                                                       tmp_path):
+    """A node that ran thousands of short tasks in the last hour keeps their records: polling every one of them
+    five times a second took most of a core at 10,000."""
+    first, second = Polled(), Polled()
+    agent.hooks = [first, second]
+    running = TaskRecord(Attempt("job-1", "worker", 0, 1), tmp_path)
+    ended = [TaskRecord(Attempt(f"job-{n}", "worker", 0, 1), tmp_path, phase=Phase.EXITED, exit=TaskExit(exit_code=0),
+                        finished_at=time.time()) for n in (2, 3)]
+    for record in ended:
+        record.exited.set()
+    for record in [running, *ended]:
+        agent.supervisor.tasks[record.key] = record
+    agent.on_register()
+    first.done = {r.attempt for r in ended}
+    second.done = {ended[0].attempt}  # still has work for the other one
+    for _ in range(3):
+        agent.poll_hooks_once()
+    assert first.polls == second.polls == {running.attempt: 3, ended[0].attempt: 1, ended[1].attempt: 3}
+    second.done.add(ended[1].attempt)
+    for _ in range(2):
+        agent.poll_hooks_once()
+    assert first.polls == {running.attempt: 5, ended[0].attempt: 1, ended[1].attempt: 4}
+    agent.on_register()  # a new coordinator may know nothing: every hook is asked for all of it again
+    for _ in range(2):
+        agent.poll_hooks_once()
+    assert first.polls == second.polls == {running.attempt: 7, ended[0].attempt: 2, ended[1].attempt: 5}
+
+
+def test_the_real_hooks_finish_with_an_ended_attempt_once_it_was_read(agent, tmp_path):
+    """Each of the agent's own hooks says when it is done with an ended attempt: the evaluator's events and
+    summaries read, its summary files sent."""
+    directory = tmp_path / "attempt"
+    directory.mkdir()
+    summary_dir = tmp_path / "summaries"
+    summary_dir.mkdir()
+    record = TaskRecord(ATTEMPT, directory, summary_dir=str(summary_dir), phase=Phase.EXITED,
+                        exit=TaskExit(exit_code=0))
+    record.events_path.write_bytes(evaluation("ckpt-1", 1))
+    agent.on_register()
+    record.exited.set()
+    assert not any(hook.finished_with(record) for hook in agent.hooks[:3])
+    agent._on_task_change(record)
+    assert all(hook.finished_with(record) for hook in agent.hooks)
+    agent.on_register()
+    assert not agent.hooks[0].finished_with(record) and not agent.hooks[2].finished_with(record)
+
+
+def test_a_tasks_next_attempt_on_the_same_node_has_its_summaries_sent(tmp_path, monkeypatch):
+    """Attempts of a task share its summary dir: the first one's end must not stop the next one's uploads."""
+    monkeypatch.setattr("tfcluster.daemon.agent.hooks.summary_upload.UPLOAD_SECONDS", 0.0)
+    messages = []
+    hook = SummaryUploadHook(messages.append, lambda: 0)
+    summary_dir = tmp_path / "summaries"
+    summary_dir.mkdir()
+    first = TaskRecord(Attempt("job-1", "chief", 0, 1), tmp_path, summary_dir=str(summary_dir), started_at=0.0)
+    (summary_dir / "events.out.tfevents.1.host").write_bytes(b"first attempt's")
+    first.exited.set()
+    hook.on_exit(first)
+    assert [m.summary.data for m in messages] == [b"first attempt's"] and hook.finished_with(first)
+    second = TaskRecord(Attempt("job-1", "chief", 0, 2), tmp_path, summary_dir=str(summary_dir), started_at=0.0)
+    (summary_dir / "events.out.tfevents.2.host").write_bytes(b"second attempt's")
+    hook.on_poll(first)  # the ended attempt's polls send nothing more
+    assert len(messages) == 1 and not hook.finished_with(second)
+    hook.on_poll(second)
+    assert [m.summary.data for m in messages] == [b"first attempt's", b"second attempt's"]
+
+
 def test_every_feature_is_a_hook_listed_once_and_commands_go_to_their_hook(agent):
     assert [type(h) for h in agent.hooks] == [EventsHook, SummariesHook, SummaryUploadHook, ShippingHook, CopiesHook]
     assert agent.commands == {ShipCheckpoints: agent.hooks[3], SyncCheckpoints: agent.hooks[4]}

@@ -124,6 +124,7 @@ class Agent:
             ShippingHook(self.supervisor.current, credentials, self.metrics),
             CopiesHook(config.state_dir, send, credentials, self.metrics)]
         self.commands = {kind: hook for hook in self.hooks for kind in hook.commands}
+        self._hook_session = 0  # registrations so far: an ended attempt is polled until its hooks finish in one
         # Jobs whose checkpoint files the peer port accepts, from the sender the coordinator named (a restarted
         # agent is told again when it registers); certificates it refuses.
         self.expected: dict[str, Expectation] = {}
@@ -242,6 +243,7 @@ class Agent:
     def on_register(self) -> None:
         for hook in self.hooks:
             hook.on_register()
+        self._hook_session += 1  # after: a poll that marks an attempt finished in this session saw the hooks reset
 
     # ---- up: reports, hooks, logs --------------------------------------------------------------
 
@@ -255,8 +257,22 @@ class Agent:
         while not self._stop.wait(POLL_SECONDS):
             self.liveness.stamp("events")
             if self.session.connected.is_set():
-                for record in self.supervisor.snapshot():
-                    self._each_hook(record, "on_poll")
+                try:
+                    self.poll_hooks_once()
+                except Exception:  # the next poll tries again; the thread must live on
+                    log.exception("polling the task hooks failed")
+
+    def poll_hooks_once(self) -> None:
+        """Polls the hooks for each running attempt, and for each ended one until every hook is finished with it
+        in this session (a registration begins another: the hooks may send it all again)."""
+        session = self._hook_session
+        for record in self.supervisor.snapshot():
+            if record.hooks_finished == session:
+                continue
+            ended = record.exited.is_set()  # before the polls: what they read of an ended attempt is all of it
+            self._each_hook(record, "on_poll")
+            if ended and all(hook.finished_with(record) for hook in self.hooks):
+                record.hooks_finished = session
 
     def _each_hook(self, record: TaskRecord, method: str) -> None:
         for hook in self.hooks:

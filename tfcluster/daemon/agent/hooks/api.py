@@ -8,7 +8,8 @@ module with a hook class added to that list.
 A hook sends what it has for the coordinator through the function it was given (the stream's queue), and
 is called:
 - on_register: a session began; the coordinator may be new (restarted) and know nothing it was sent;
-- on_poll: every POLL_SECONDS while connected, for each attempt the supervisor knows, ended ones included;
+- on_poll: every POLL_SECONDS while connected, for each running attempt, and for each ended one until every hook
+  is finished_with it (again after each registration, which may ask a hook to send it all again);
 - on_exit: an attempt ended; called before its exit is reported, so what the hook sends arrives first;
 - handle: a coordinator command of one of the types in `commands`;
 - jobs_in_use: jobs whose files retention must leave alone because of the hook's work.
@@ -40,6 +41,12 @@ class TaskHook:
 
     def on_exit(self, record) -> None:
         """The attempt of `record` ended; its exit is reported next."""
+
+    def finished_with(self, record) -> bool:
+        """Whether this hook has nothing left to do for the ended attempt of `record` until the next registration:
+        once every hook is, the attempt is not polled again. A node that ran thousands of short tasks in the last
+        hour (the supervisor keeps them that long) would otherwise poll every one of them five times a second."""
+        return True
 
     def handle(self, command) -> None:
         raise TypeError(f"{type(self).__name__} does not carry out {type(command).__name__}")

@@ -45,6 +45,10 @@ class EventsHook(TaskHook):
     def on_exit(self, record) -> None:
         self.on_poll(record)
 
+    def finished_with(self, record) -> bool:
+        with self.lock:
+            return record.attempt in self.finished
+
     def _send_new(self, record) -> None:
         key = record.attempt
         with self.lock:

@@ -161,11 +161,16 @@ class EvaluatorSummaries:
         self.readers.clear()
         self.finished.clear()
 
+    def done(self, record) -> bool:
+        """Whether a supervisor TaskRecord has no results (left) to read here."""
+        attempt = record.attempt
+        return attempt.type != EVALUATOR or not record.summary_dir or self.unavailable or \
+            attempt in self.reporting or attempt in self.finished
+
     def poll(self, record) -> list[Evaluation]:
         """New results of a supervisor TaskRecord; the last ones once when it has ended."""
         attempt = record.attempt
-        if attempt.type != EVALUATOR or not record.summary_dir or self.unavailable or \
-                attempt in self.reporting or attempt in self.finished:
+        if self.done(record):
             return []
         reader = self.readers.get(attempt)
         if reader is None:
@@ -206,6 +211,10 @@ class SummariesHook(TaskHook):
             self.send(wire.evaluation_to_proto(record.attempt, result))
 
     on_exit = on_poll  # its last results, before its exit
+
+    def finished_with(self, record) -> bool:
+        with self.lock:
+            return self.summaries.done(record)
 
 
 def _scalars(event) -> dict[str, float]:

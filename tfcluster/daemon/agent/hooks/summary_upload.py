@@ -43,7 +43,9 @@ class FileUploads:
         self.summary_dir, self.since = summary_dir, since
         self.sent: dict[str, int] = {}  # path below the summary dir -> bytes sent
         self.looked_at = float("-inf")
-        self.finished = False  # its task has ended and everything it wrote was sent
+        # The task's attempts up to this one have ended and everything they wrote was sent (0: none yet). Its next
+        # attempt on this node writes to the same dir, and is read again while it runs.
+        self.done_through = 0
 
     def new_chunks(self, key: TaskKey, owner: int | None, budget: int) -> list[SummaryChunk]:
         chunks: list[SummaryChunk] = []
@@ -102,6 +104,12 @@ class SummaryUploadHook(TaskHook):
     def on_exit(self, record) -> None:
         self._upload(record, now=True)  # what it wrote before it ended goes before its exit is reported
 
+    def finished_with(self, record) -> bool:
+        with self.lock:
+            uploads = self.tasks.get(record.key)
+            return not record.summary_dir or (uploads is not None and uploads.summary_dir == record.summary_dir
+                                              and uploads.done_through >= record.attempt.number)
+
     def _upload(self, record, now: bool) -> None:
         if not record.summary_dir or (not now and self.backlog() > BACKLOG_MESSAGES):
             return
@@ -110,14 +118,16 @@ class SummaryUploadHook(TaskHook):
             uploads = self.tasks.get(key)
             if uploads is None or uploads.summary_dir != record.summary_dir:
                 uploads = self.tasks[key] = FileUploads(record.summary_dir, record.started_at)
-            if uploads.finished or (not now and time.monotonic() - uploads.looked_at < UPLOAD_SECONDS):
+            if uploads.done_through >= record.attempt.number or \
+                    (not now and time.monotonic() - uploads.looked_at < UPLOAD_SECONDS):
                 return
             uploads.looked_at = time.monotonic()
             budget = min(POLL_BUDGET_BYTES, self.job_limit - self.job_bytes.get(job, 0))
             chunks = uploads.new_chunks(key, record.uid, budget) if budget > 0 else []
             sent = sum(len(c.data) for c in chunks)
             # An ended task's files are read to their end, over as many looks as it takes, then left alone.
-            uploads.finished = record.exited.is_set() and sent < budget
+            if record.exited.is_set() and sent < budget:
+                uploads.done_through = max(uploads.done_through, record.attempt.number)
             self.job_bytes[job] = self.job_bytes.get(job, 0) + sent
             if self.job_bytes[job] >= self.job_limit and job not in self.full:
                 self.full.add(job)

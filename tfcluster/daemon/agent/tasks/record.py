@@ -46,6 +46,7 @@ class TaskRecord:
     exit: TaskExit | None = None
     finished_at: float = 0.0
     exited: threading.Event = field(default_factory=threading.Event)
+    hooks_finished: int = -1  # the agent's session in which every hook finished with the ended attempt (agent.py)
 
     @property
     def key(self) -> TaskKey:
