@@ -20,6 +20,7 @@ from tfcluster.daemon.agent.hooks.summaries import SummariesHook
 from tfcluster.daemon.agent.hooks.summary_upload import SummaryUploadHook
 from tfcluster.daemon.agent.session.discovery import HostInfo
 from tfcluster.daemon.agent.tasks.record import TaskRecord
+from tfcluster.daemon.agent.tasks.supervisor import FINISHED_KEPT_SECONDS
 from tfcluster.model import Attempt, Phase, SetPace, ShipCheckpoints, SyncCheckpoints, SyncResult, TaskExit
 
 ATTEMPT = Attempt("job-1", "evaluator", 0, 1)
@@ -156,6 +157,29 @@ def test_the_real_hooks_finish_with_an_ended_attempt_once_it_was_read(agent, tmp
     assert all(hook.finished_with(record) for hook in agent.hooks)
     agent.on_register()
     assert not agent.hooks[0].finished_with(record) and not agent.hooks[2].finished_with(record)
+
+
+def test_what_the_hooks_keep_for_an_attempt_goes_once_the_supervisor_forgets_it(agent, tmp_path):
+    """An agent runs for months: before, each task it ran left about 500 bytes in the hooks for good."""
+    events, summaries, uploads = agent.hooks[:3]
+    agent.on_register()
+    records = []
+    for n, finished in enumerate([time.time() - FINISHED_KEPT_SECONDS - 1] * 30 + [time.time()]):
+        directory = tmp_path / f"attempt-{n}"
+        (directory / "summaries").mkdir(parents=True)
+        (directory / "summaries" / "events.out.tfevents.1.host").write_bytes(b"scalars")
+        record = TaskRecord(Attempt(f"job-{n}", "evaluator", 0, 1), directory, phase=Phase.EXITED,
+                            exit=TaskExit(exit_code=0), summary_dir=str(directory / "summaries"), finished_at=finished)
+        record.events_path.write_bytes(evaluation("ckpt-1", 1))
+        record.exited.set()
+        agent.supervisor.tasks[record.key] = record
+        agent._each_hook(record, "on_exit")
+        records.append(record)
+    assert len(events.offsets) == len(summaries.summaries.reporting) == len(uploads.tasks) == len(uploads.job_bytes) == 31
+    assert agent.supervisor.snapshot() == records[-1:]  # all but the one that ended now are forgotten
+    kept = records[-1].attempt
+    assert list(events.offsets) == list(events.finished) == list(summaries.summaries.reporting) == [kept]
+    assert list(uploads.tasks) == [records[-1].key] and list(uploads.job_bytes) == list(uploads.job_tasks) == ["job-30"]
 
 
 def test_a_tasks_next_attempt_on_the_same_node_has_its_summaries_sent(tmp_path, monkeypatch):

@@ -124,6 +124,7 @@ class Agent:
             ShippingHook(self.supervisor.current, credentials, self.metrics),
             CopiesHook(config.state_dir, send, credentials, self.metrics)]
         self.commands = {kind: hook for hook in self.hooks for kind in hook.commands}
+        self.supervisor.on_forget = lambda record: self._each_hook(record, "on_forget")
         self._hook_session = 0  # registrations so far: an ended attempt is polled until its hooks finish in one
         # Jobs whose checkpoint files the peer port accepts, from the sender the coordinator named (a restarted
         # agent is told again when it registers); certificates it refuses.

@@ -11,6 +11,8 @@ is called:
 - on_poll: every POLL_SECONDS while connected, for each running attempt, and for each ended one until every hook
   is finished_with it (again after each registration, which may ask a hook to send it all again);
 - on_exit: an attempt ended; called before its exit is reported, so what the hook sends arrives first;
+- on_forget: the supervisor no longer keeps an ended attempt (nor its task, if no later attempt came): what the hook
+  keeps for it goes too;
 - handle: a coordinator command of one of the types in `commands`;
 - jobs_in_use: jobs whose files retention must leave alone because of the hook's work.
 Hooks run on the agent's threads, so each guards its own state; one hook's failure never reaches another's.
@@ -47,6 +49,9 @@ class TaskHook:
         once every hook is, the attempt is not polled again. A node that ran thousands of short tasks in the last
         hour (the supervisor keeps them that long) would otherwise poll every one of them five times a second."""
         return True
+
+    def on_forget(self, record) -> None:
+        """The supervisor no longer keeps the ended attempt of `record`, the latest of its task on this node."""
 
     def handle(self, command) -> None:
         raise TypeError(f"{type(self).__name__} does not carry out {type(command).__name__}")

@@ -49,6 +49,11 @@ class EventsHook(TaskHook):
         with self.lock:
             return record.attempt in self.finished
 
+    def on_forget(self, record) -> None:
+        with self.lock:
+            self.offsets.pop(record.attempt, None)
+            self.finished.pop(record.attempt, None)
+
     def _send_new(self, record) -> None:
         key = record.attempt
         with self.lock:

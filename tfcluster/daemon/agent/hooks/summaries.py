@@ -161,6 +161,10 @@ class EvaluatorSummaries:
         self.readers.clear()
         self.finished.clear()
 
+    def forget(self, attempt: Attempt) -> None:
+        for kept in (self.readers, self.reporting, self.finished):
+            kept.pop(attempt, None)
+
     def done(self, record) -> bool:
         """Whether a supervisor TaskRecord has no results (left) to read here."""
         attempt = record.attempt
@@ -215,6 +219,10 @@ class SummariesHook(TaskHook):
     def finished_with(self, record) -> bool:
         with self.lock:
             return self.summaries.done(record)
+
+    def on_forget(self, record) -> None:
+        with self.lock:
+            self.summaries.forget(record.attempt)
 
 
 def _scalars(event) -> dict[str, float]:

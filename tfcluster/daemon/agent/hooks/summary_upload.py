@@ -90,6 +90,7 @@ class SummaryUploadHook(TaskHook):
         self.tasks: dict[TaskKey, FileUploads] = {}
         self.job_bytes: dict[str, int] = {}  # job -> bytes sent this session
         self.full: set[str] = set()  # jobs at their limit (told once in the log)
+        self.job_tasks: dict[str, int] = {}  # job -> its tasks in self.tasks: a job's bytes go with its last task
         self.lock = threading.Lock()
 
     def on_register(self) -> None:
@@ -97,6 +98,18 @@ class SummaryUploadHook(TaskHook):
             self.tasks.clear()
             self.job_bytes.clear()
             self.full.clear()
+            self.job_tasks.clear()
+
+    def on_forget(self, record) -> None:
+        job = record.attempt.job_id
+        with self.lock:
+            if self.tasks.pop(record.key, None) is None:
+                return
+            self.job_tasks[job] -= 1
+            if not self.job_tasks[job]:
+                del self.job_tasks[job]
+                self.job_bytes.pop(job, None)
+                self.full.discard(job)
 
     def on_poll(self, record) -> None:
         self._upload(record, now=False)
@@ -117,6 +130,8 @@ class SummaryUploadHook(TaskHook):
         with self.lock:
             uploads = self.tasks.get(key)
             if uploads is None or uploads.summary_dir != record.summary_dir:
+                if uploads is None:
+                    self.job_tasks[job] = self.job_tasks.get(job, 0) + 1
                 uploads = self.tasks[key] = FileUploads(record.summary_dir, record.started_at)
             if uploads.done_through >= record.attempt.number or \
                     (not now and time.monotonic() - uploads.looked_at < UPLOAD_SECONDS):

@@ -48,6 +48,9 @@ class Supervisor:
                  task_users: TaskUsers | None = None, environments: Environments | None = None):
         self.state_dir = state_dir
         self.on_report = on_report
+        # Told of each attempt the supervisor no longer keeps (ended FINISHED_KEPT_SECONDS ago): what others keep
+        # for it goes too, or an agent that runs for months would keep something of every task it ever ran.
+        self.on_forget: Callable[[TaskRecord], None] = lambda record: None
         self.lock = threading.Lock()
         self.tasks: dict[TaskKey, TaskRecord] = {}
         # Dirs, files, code, environment and shim of each attempt (tasks/start.py), on the attempt's own thread.
@@ -345,10 +348,12 @@ class Supervisor:
     def snapshot(self) -> list[TaskRecord]:
         now = time.time()
         with self.lock:
-            for key in [k for k, r in self.tasks.items()
-                        if r.exited.is_set() and now - r.finished_at > FINISHED_KEPT_SECONDS]:
-                del self.tasks[key]
-            return list(self.tasks.values())
+            forgotten = [self.tasks.pop(k) for k, r in list(self.tasks.items())
+                         if r.exited.is_set() and now - r.finished_at > FINISHED_KEPT_SECONDS]
+            records = list(self.tasks.values())
+        for record in forgotten:
+            self.on_forget(record)
+        return records
 
     def running_jobs(self) -> set[str]:
         """The jobs with a task on this node that has not ended."""
