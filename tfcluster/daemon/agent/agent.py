@@ -55,6 +55,11 @@ from tfcluster.states import Phase
 log = logging.getLogger("tfcluster.agent")
 
 LOG_BACKLOG_MESSAGES = 16  # log chunks of 64 KiB queued for the stream at most
+# What a registration's task reports may take (the coordinator takes 16 MiB, security.NODE_MESSAGE): the ended
+# attempts' last lines (up to 80 KB each) are sent within it, newest first; beyond it an exit goes without them
+# and with the start of its message. A node that kept hundreds of chatty exits could not register at all.
+REGISTER_REPORTS_BYTES = 4 << 20
+SHORT_MESSAGE_CHARS = 200
 LOG_BACKLOG_WAIT_SECONDS = 0.01
 
 
@@ -221,7 +226,22 @@ class Agent:
         return self.config.node_info()
 
     def task_reports(self) -> list:
-        return [wire.task_report_to_proto(r.report()) for r in self.supervisor.snapshot() if r.phase != Phase.STARTING]
+        """For a registration: every attempt the supervisor keeps (the coordinator counts a task it thinks runs here
+        and does not find lost), those still running first, ended ones newest first with their last lines while
+        they fit REGISTER_REPORTS_BYTES, without beyond: the coordinator heard of nearly all of them when they ended,
+        and one it never heard of still ends with its exit code and why (its whole output stays in its log)."""
+        records = [r for r in self.supervisor.snapshot() if r.phase != Phase.STARTING]
+        ended = sorted((r for r in records if r.exited.is_set()), key=lambda r: r.finished_at, reverse=True)
+        reports = [wire.task_report_to_proto(r.report()) for r in records if not r.exited.is_set()]
+        room = REGISTER_REPORTS_BYTES - sum(report.ByteSize() for report in reports)
+        for record in ended:
+            report = wire.task_report_to_proto(record.report())
+            room -= report.ByteSize()
+            if room < 0 and record.exit is not None:
+                short = replace(record.exit, log_tail=(), message=record.exit.message[:SHORT_MESSAGE_CHARS])
+                report = wire.task_report_to_proto(replace(record.report(), exit=short))
+            reports.append(report)
+        return reports
 
     def progress(self) -> list[TaskProgress]:
         progress = self.supervisor.progress()

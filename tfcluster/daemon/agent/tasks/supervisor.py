@@ -38,6 +38,9 @@ from tfcluster.states import Phase, check_transition
 log = logging.getLogger("tfcluster.agent")
 
 FINISHED_KEPT_SECONDS = 3600.0
+# Ended attempts kept at most, the oldest forgotten first: a node that runs many short tasks an hour (a sweep of
+# small trials) keeps what each poll, heartbeat and registration goes through bounded.
+FINISHED_KEPT = 10_000
 LISTEN_POLL_SECONDS = 0.1
 ADOPTED_POLL_SECONDS = 0.5
 
@@ -48,8 +51,9 @@ class Supervisor:
                  task_users: TaskUsers | None = None, environments: Environments | None = None):
         self.state_dir = state_dir
         self.on_report = on_report
-        # Told of each attempt the supervisor no longer keeps (ended FINISHED_KEPT_SECONDS ago): what others keep
-        # for it goes too, or an agent that runs for months would keep something of every task it ever ran.
+        # Told of each attempt the supervisor no longer keeps (ended FINISHED_KEPT_SECONDS ago, or beyond the newest
+        # FINISHED_KEPT ended): what others keep for it goes too, or an agent that runs for months would keep
+        # something of every task it ever ran.
         self.on_forget: Callable[[TaskRecord], None] = lambda record: None
         self.lock = threading.Lock()
         self.tasks: dict[TaskKey, TaskRecord] = {}
@@ -348,8 +352,12 @@ class Supervisor:
     def snapshot(self) -> list[TaskRecord]:
         now = time.time()
         with self.lock:
-            forgotten = [self.tasks.pop(k) for k, r in list(self.tasks.items())
-                         if r.exited.is_set() and now - r.finished_at > FINISHED_KEPT_SECONDS]
+            ended = [(r.finished_at, k) for k, r in self.tasks.items() if r.exited.is_set()]
+            if len(ended) > FINISHED_KEPT:
+                ended.sort()
+            gone = [k for n, (finished, k) in enumerate(ended)
+                    if now - finished > FINISHED_KEPT_SECONDS or len(ended) - n > FINISHED_KEPT]
+            forgotten = [self.tasks.pop(k) for k in gone]
             records = list(self.tasks.values())
         for record in forgotten:
             self.on_forget(record)

@@ -1,0 +1,74 @@
+"""An agent that ran many short tasks (a sweep of small trials, a crash loop): what it keeps of the ended ones, and
+what it sends of them when it registers, stay bounded, and nothing the coordinator needs is left out."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tfcluster import security, wire
+from tfcluster.api.v1 import agent_pb2
+from tfcluster.daemon.agent import agent as agent_module
+from tfcluster.daemon.agent.agent import Agent, AgentConfig
+from tfcluster.daemon.agent.session.discovery import HostInfo
+from tfcluster.daemon.agent.shim.tasklog import MAX_LINE_CHARS
+from tfcluster.daemon.agent.tasks import supervisor as supervisor_module
+from tfcluster.daemon.agent.tasks.record import TaskRecord
+from tfcluster.model import Attempt, Phase, TaskExit
+
+CHATTY_TAIL = tuple("x" * MAX_LINE_CHARS for _ in range(20))  # the most last lines an exit carries: 80 KB
+
+
+@pytest.fixture
+def agent(tmp_path):
+    return Agent(AgentConfig(coordinator="127.0.0.1:1", name="n1", address="127.0.0.1", port_range=(20000, 20099),
+                             gpus=(), host=HostInfo("n1", 1, 1 << 30), state_dir=tmp_path / "state"))
+
+
+def keep(agent, tmp_path, number: int, ended_at: float | None, message: str = "it failed") -> TaskRecord:
+    record = TaskRecord(Attempt(f"job-{number}", "worker", 0, 1), tmp_path / f"attempt-{number}")
+    if ended_at is None:
+        record.phase, record.pid = Phase.RUNNING, 1000 + number
+    else:
+        record.phase, record.finished_at = Phase.EXITED, ended_at
+        record.exit = TaskExit(exit_code=1, message=message, log_tail=CHATTY_TAIL)
+        record.exited.set()
+    agent.supervisor.tasks[record.key] = record
+    return record
+
+
+def test_a_node_that_kept_hundreds_of_chatty_exits_still_registers_and_reports_every_attempt(agent, tmp_path):
+    """300 exits of 80 KB each came to 24 MB: past the 16 MiB the coordinator takes, so the node could not
+    register again after a coordinator restart, for as long as it kept them (an hour), and its running tasks were
+    counted lost."""
+    now = time.time()
+    running = [keep(agent, tmp_path, n, None) for n in range(3)]
+    ended = [keep(agent, tmp_path, n, now - 1000 + n, message="m" * 1000) for n in range(3, 303)]
+    request = agent_pb2.RegisterRequest(node=wire.node_info_to_proto(agent.node_info()), tasks=agent.task_reports())
+    assert request.ByteSize() < security.NODE_MESSAGE
+    reports = [wire.task_report_from_proto(r) for r in request.tasks]
+    assert {r.attempt for r in reports} == {r.attempt for r in running + ended}, "every attempt, running or ended"
+    assert [r.attempt for r in reports[:3]] == [r.attempt for r in running]
+    newest_first = reports[3:]
+    assert [r.attempt for r in newest_first] == [r.attempt for r in reversed(ended)]
+    full = [r for r in newest_first if r.exit.log_tail]
+    assert 10 < len(full) < 100 and newest_first[:len(full)] == full, "the newest exits keep their last lines"
+    assert all(r.exit.log_tail == CHATTY_TAIL and r.exit.message == "m" * 1000 for r in full)
+    short = newest_first[len(full):]
+    assert all(r.exit.exit_code == 1 and r.exit.message == "m" * agent_module.SHORT_MESSAGE_CHARS and
+               not r.exit.log_tail for r in short)
+
+
+def test_the_supervisor_keeps_the_newest_ended_attempts_and_every_running_one(agent, tmp_path, monkeypatch):
+    monkeypatch.setattr(supervisor_module, "FINISHED_KEPT", 5)
+    forgotten = []
+    agent.supervisor.on_forget = forgotten.append
+    now = time.time()
+    running = keep(agent, tmp_path, 0, None)
+    for n in (4, 1, 8, 2, 6, 3, 7, 5):  # kept in another order than they ended
+        keep(agent, tmp_path, n, now - 100 + n)
+    kept = agent.supervisor.snapshot()
+    assert sorted(r.attempt.job_id for r in kept) == ["job-0", "job-4", "job-5", "job-6", "job-7", "job-8"]
+    assert running in kept and sorted(r.attempt.job_id for r in forgotten) == ["job-1", "job-2", "job-3"]
+    assert agent.supervisor.snapshot() == kept and len(forgotten) == 3
