@@ -63,7 +63,7 @@ def test_a_node_that_kept_hundreds_of_chatty_exits_still_registers_and_reports_e
 def test_the_supervisor_keeps_the_newest_ended_attempts_and_every_running_one(agent, tmp_path, monkeypatch):
     monkeypatch.setattr(supervisor_module, "FINISHED_KEPT", 5)
     forgotten = []
-    agent.supervisor.on_forget = forgotten.append
+    agent.supervisor.on_forget = lambda gone, kept: forgotten.extend(gone)
     now = time.time()
     running = keep(agent, tmp_path, 0, None)
     for n in (4, 1, 8, 2, 6, 3, 7, 5):  # kept in another order than they ended
@@ -72,3 +72,20 @@ def test_the_supervisor_keeps_the_newest_ended_attempts_and_every_running_one(ag
     assert sorted(r.attempt.job_id for r in kept) == ["job-0", "job-4", "job-5", "job-6", "job-7", "job-8"]
     assert running in kept and sorted(r.attempt.job_id for r in forgotten) == ["job-1", "job-2", "job-3"]
     assert agent.supervisor.snapshot() == kept and len(forgotten) == 3
+
+
+def test_what_the_node_keeps_for_a_job_goes_with_its_last_attempt_here(agent, tmp_path):
+    """The code this node serves its peers and the checkpoint files it expects, per job: an agent that runs for
+    months kept them for every job it ever ran."""
+    serving = agent.supervisor.code.serving
+    now = time.time()
+    old = time.time() - supervisor_module.FINISHED_KEPT_SECONDS - 1
+    for number, ended_at in ((1, old), (2, old), (3, now)):
+        record = keep(agent, tmp_path, number, ended_at)
+        serving.used_by(record.attempt.job_id, "ab" * 32)
+        serving.serve_to(record.attempt.job_id, "n2")
+        agent.expected[record.attempt.job_id] = None
+    second_task = TaskRecord(Attempt("job-2", "worker", 1, 1), tmp_path / "attempt-2b", phase=Phase.RUNNING, pid=7)
+    agent.supervisor.tasks[second_task.key] = second_task  # job-2 still runs here
+    agent.supervisor.snapshot()
+    assert set(serving.jobs) == set(serving.fetchers) == set(agent.expected) == {"job-2", "job-3"}

@@ -129,7 +129,7 @@ class Agent:
             ShippingHook(self.supervisor.current, credentials, self.metrics),
             CopiesHook(config.state_dir, send, credentials, self.metrics)]
         self.commands = {kind: hook for hook in self.hooks for kind in hook.commands}
-        self.supervisor.on_forget = lambda record: self._each_hook(record, "on_forget")
+        self.supervisor.on_forget = self._forget
         self._hook_session = 0  # registrations so far: an ended attempt is polled until its hooks finish in one
         # Jobs whose checkpoint files the peer port accepts, from the sender the coordinator named (a restarted
         # agent is told again when it registers); certificates it refuses.
@@ -301,6 +301,18 @@ class Agent:
                 getattr(hook, method)(record)
             except Exception:  # one hook's failure on one task must not stop the others, nor its exit report
                 log.exception("%s: %s failed", record.name, type(hook).__name__)
+
+    def _forget(self, forgotten: list[TaskRecord], kept: list[TaskRecord]) -> None:
+        """The supervisor no longer keeps these ended attempts: what the hooks keep for them goes, and what this
+        node keeps for their jobs once it keeps no attempt of them (the code it serves peers, the checkpoint files
+        it expects)."""
+        for record in forgotten:
+            self._each_hook(record, "on_forget")
+        jobs = {r.attempt.job_id for r in forgotten} - {r.attempt.job_id for r in kept}
+        if self.supervisor.code is not None:
+            self.supervisor.code.serving.forget(jobs)
+        for job in jobs:
+            self.expected.pop(job, None)
 
     def _jobs_in_use(self) -> set[str]:
         """Jobs whose files retention must leave alone: a task runs, a hook works on its files (checkpoints being

@@ -158,6 +158,14 @@ class CodeServing:
         with self.lock:
             self.jobs[job_id] = hex_digest
 
+    def forget(self, job_ids: set[str]) -> None:
+        """This node keeps no attempt of these jobs any more: a peer that asks for their code is told NOT_FOUND,
+        and fetches it from the coordinator."""
+        with self.lock:
+            for job_id in job_ids:
+                self.jobs.pop(job_id, None)
+                self.fetchers.pop(job_id, None)
+
     def serve_to(self, job_id: str, node: str) -> None:
         """The coordinator sent `node` here for the job's code (ServeCode)."""
         with self.lock:

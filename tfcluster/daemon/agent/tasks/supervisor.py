@@ -54,7 +54,7 @@ class Supervisor:
         # Told of each attempt the supervisor no longer keeps (ended FINISHED_KEPT_SECONDS ago, or beyond the newest
         # FINISHED_KEPT ended): what others keep for it goes too, or an agent that runs for months would keep
         # something of every task it ever ran.
-        self.on_forget: Callable[[TaskRecord], None] = lambda record: None
+        self.on_forget: Callable[[list[TaskRecord], list[TaskRecord]], None] = lambda forgotten, kept: None
         self.lock = threading.Lock()
         self.tasks: dict[TaskKey, TaskRecord] = {}
         # Dirs, files, code, environment and shim of each attempt (tasks/start.py), on the attempt's own thread.
@@ -359,8 +359,8 @@ class Supervisor:
                     if now - finished > FINISHED_KEPT_SECONDS or len(ended) - n > FINISHED_KEPT]
             forgotten = [self.tasks.pop(k) for k in gone]
             records = list(self.tasks.values())
-        for record in forgotten:
-            self.on_forget(record)
+        if forgotten:
+            self.on_forget(forgotten, records)
         return records
 
     def running_jobs(self) -> set[str]:
