@@ -300,7 +300,11 @@ class Supervisor:
         found = 0
         for directory in sorted(self.state_dir.glob(layout.ATTEMPT_DIR_GLOB)):
             try:
-                status, launch = ShimStatus.read(directory), LaunchFile.read(directory)
+                status = ShimStatus.read(directory)
+                # An attempt that ended long ago (a node keeps days of them) needs no more than its status read.
+                wanted = status is not None and (not status.ended or
+                                                 time.time() - status.finished < FINISHED_KEPT_SECONDS)
+                launch = LaunchFile.read(directory) if wanted else None
             except TaskFileError as e:
                 log.warning("not reattaching to %s: %s", directory, e)
                 continue
