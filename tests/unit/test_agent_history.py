@@ -89,3 +89,13 @@ def test_what_the_node_keeps_for_a_job_goes_with_its_last_attempt_here(agent, tm
     agent.supervisor.tasks[second_task.key] = second_task  # job-2 still runs here
     agent.supervisor.snapshot()
     assert set(serving.jobs) == set(serving.fetchers) == set(agent.expected) == {"job-2", "job-3"}
+
+
+def test_a_registration_reports_no_more_tasks_than_the_coordinator_takes_the_running_ones_first(agent, tmp_path,
+                                                                                               monkeypatch):
+    monkeypatch.setattr(wire, "MAX_TASKS_PER_NODE", 5)
+    now = time.time()
+    running = [keep(agent, tmp_path, n, None) for n in range(3)]
+    ended = [keep(agent, tmp_path, n, now - 100 + n) for n in range(3, 10)]
+    reports = [wire.task_report_from_proto(r) for r in agent.task_reports()]
+    assert [r.attempt for r in reports] == [r.attempt for r in running] + [ended[-1].attempt, ended[-2].attempt]

@@ -229,10 +229,12 @@ class Agent:
         """For a registration: every attempt the supervisor keeps (the coordinator counts a task it thinks runs here
         and does not find lost), those still running first, ended ones newest first with their last lines while
         they fit REGISTER_REPORTS_BYTES, without beyond: the coordinator heard of nearly all of them when they ended,
-        and one it never heard of still ends with its exit code and why (its whole output stays in its log)."""
+        and one it never heard of still ends with its exit code and why (its whole output stays in its log). No
+        more than the coordinator takes (wire.MAX_TASKS_PER_NODE): the oldest ended ones are left out past it."""
         records = [r for r in self.supervisor.snapshot() if r.phase != Phase.STARTING]
         ended = sorted((r for r in records if r.exited.is_set()), key=lambda r: r.finished_at, reverse=True)
         reports = [wire.task_report_to_proto(r.report()) for r in records if not r.exited.is_set()]
+        ended = ended[:max(0, wire.MAX_TASKS_PER_NODE - len(reports))]
         room = REGISTER_REPORTS_BYTES - sum(report.ByteSize() for report in reports)
         for record in ended:
             report = wire.task_report_to_proto(record.report())

@@ -40,7 +40,7 @@ log = logging.getLogger("tfcluster.agent")
 FINISHED_KEPT_SECONDS = 3600.0
 # Ended attempts kept at most, the oldest forgotten first: a node that runs many short tasks an hour (a sweep of
 # small trials) keeps what each poll, heartbeat and registration goes through bounded.
-FINISHED_KEPT = 10_000
+FINISHED_KEPT = 5_000  # within what a registration may report (wire.MAX_TASKS_PER_NODE), with the running ones
 LISTEN_POLL_SECONDS = 0.1
 ADOPTED_POLL_SECONDS = 0.5
 
