@@ -78,6 +78,7 @@ bench: $(STAMP)
 	$(PY) bench/connections.py
 	$(PY) bench/streams.py
 	$(PY) bench/agent_restart.py
+	$(PY) bench/agent_history.py
 	$(PY) bench/heartbeat_profile.py
 	$(PY) bench/storm.py
 	$(PY) bench/guard.py --since build/bench-started
