@@ -10,11 +10,13 @@ measured in the same run, on a local cluster (a real coordinator and two agents 
   alone waits a round trip per job, and would measure itself), from the first submission to the last job
   SUCCEEDED; the CPU each job costs, by process, beside the floor (its two `true` processes forked and run by
   a bare loop, nothing recorded), and the rate that CPU allows on this machine's cores
+- sustained (only when named): the throughput's jobs, SUSTAINED_JOBS of them: what a long run of tiny jobs (a sweep)
+  costs once the agents keep thousands of ended attempts
 - tf: a 2-worker MultiWorkerMirroredStrategy Keras program (TensorFlow's multi-worker tutorial, on synthetic
   data) under `tfcluster start --wait`, against the same program launched by hand with TF_CONFIG, rounds
   alternated (needs the tf extra)
 
-Usage: python bench/cli.py [--quick] [status|start|throughput|tf ...]   (all four by default)
+Usage: python bench/cli.py [--quick] [status|start|throughput|sustained|tf ...]   (all but sustained by default)
 Prints a table and writes bench/cli.json.
 """
 
@@ -42,6 +44,7 @@ from harness import PYTHON, LocalCluster, free_port, wait_until  # noqa: E402
 
 FLOOR = [PYTHON, "-c", "import grpc, typer"]
 FIGURES = ("status", "start", "throughput", "tf")
+SUSTAINED_JOBS = 10_000  # more than an agent kept ended attempts of (4,096) before it bounded its hooks' work
 TF_PROGRAM = Path(__file__).resolve().parent / "tf_main.py"
 SUBMITTING_THREADS = 4
 
@@ -126,7 +129,7 @@ def spawn_floor_ms(jobs: int) -> float:
     return max(0.0, cpu(started, after) - cpu(before, started)) / jobs * 1000
 
 
-def throughput_figures(cluster: LocalCluster, jobs: int) -> dict[str, str]:
+def throughput_figures(cluster: LocalCluster, jobs: int, name: str = "throughput") -> dict[str, str]:
     from tfcluster.specfile import parse_spec
     from tfcluster.states import ENDED_JOB_STATES, JobState
 
@@ -142,15 +145,15 @@ def throughput_figures(cluster: LocalCluster, jobs: int) -> dict[str, str]:
     failed = [j.id for j in ended if j.state != JobState.SUCCEEDED]
     elapsed = max(j.finished for j in ended) - first
     per_job, floor = sum(cpu.values()), spawn_floor_ms(jobs)
-    return {"throughput_jobs": f"{jobs} of 2 tasks running `true` ({len(failed)} not SUCCEEDED)",
-            "throughput_submit_only": f"{jobs / submitted:.0f} jobs/s",
-            "throughput_jobs_per_second": f"{jobs / elapsed:.1f} jobs/s (first submission to last SUCCEEDED: "
-                                          f"{elapsed:.2f} s)",
-            "throughput_cpu_per_job": f"{per_job:.1f} ms (" + ", ".join(f"{k} {v:.1f}" for k, v in cpu.items())
-                                      + f"; {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f})",
-            "throughput_cpu_floor_two_bare_processes": f"{floor:.1f} ms per job",
-            "throughput_cpu_bound": f"{os.cpu_count() * 1000 / per_job:.1f} jobs/s (the cores' time over the CPU per "
-                                    f"job: the rate with nothing else running)"}
+    return {f"{name}_jobs": f"{jobs} of 2 tasks running `true` ({len(failed)} not SUCCEEDED)",
+            f"{name}_submit_only": f"{jobs / submitted:.0f} jobs/s",
+            f"{name}_jobs_per_second": f"{jobs / elapsed:.1f} jobs/s (first submission to last SUCCEEDED: "
+                                       f"{elapsed:.2f} s)",
+            f"{name}_cpu_per_job": f"{per_job:.1f} ms (" + ", ".join(f"{k} {v:.1f}" for k, v in cpu.items())
+                                   + f"; {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f})",
+            f"{name}_cpu_floor_two_bare_processes": f"{floor:.1f} ms per job",
+            f"{name}_cpu_bound": f"{os.cpu_count() * 1000 / per_job:.1f} jobs/s (the cores' time over the CPU per "
+                                 f"job: the rate with nothing else running)"}
 
 
 def by_hand(workdir: Path, epochs: int) -> float:
@@ -195,7 +198,8 @@ def tf_figures(cluster: LocalCluster, rounds: int, epochs: int) -> dict[str, str
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("figures", nargs="*", choices=[*FIGURES, []], metavar="FIGURE", help=", ".join(FIGURES))
+    parser.add_argument("figures", nargs="*", choices=[*FIGURES, "sustained", []], metavar="FIGURE",
+                        help=", ".join([*FIGURES, "sustained"]))
     parser.add_argument("--quick", action="store_true", help="Fewer rounds and jobs: a smoke run.")
     options = parser.parse_args()
     figures = options.figures or FIGURES
@@ -208,7 +212,8 @@ def main() -> None:
         os.chmod(tmp, 0o711)  # tasks run as their jobs' users: they must reach what is under it
         cluster = LocalCluster(root=Path(tmp))
         try:
-            cluster.start_coordinator()
+            # Every job submitted is watched to its end: none may be forgotten before (1,000 are kept by default).
+            cluster.start_coordinator("--keep-finished-jobs", str(2 * SUSTAINED_JOBS))
             cluster.start_agents({"a": {}, "b": {}})
             if "status" in figures:
                 results.update(status_figures(cluster, rounds))
@@ -216,6 +221,8 @@ def main() -> None:
                 results.update(start_figures(cluster, rounds))
             if "throughput" in figures:
                 results.update(throughput_figures(cluster, 20 if options.quick else 200))
+            if "sustained" in figures:
+                results.update(throughput_figures(cluster, 500 if options.quick else SUSTAINED_JOBS, "sustained"))
             if "tf" in figures:
                 results.update(tf_figures(cluster, 2 if options.quick else 6, 2 if options.quick else 5))
         finally:
