@@ -43,14 +43,16 @@ PROBE = textwrap.dedent("""
             found[name] = type(e).__name__
     checkpoint = os.path.join(os.environ["TFCLUSTER_CHECKPOINT_DIR"], "probe")
     own = (("checkpoint_dir", checkpoint, "w"), ("events_file", os.environ["TFCLUSTER_EVENTS_FILE"], "a"),
-           ("control_file", os.environ["TFCLUSTER_CONTROL_FILE"], "r"), ("tmp", os.path.expandvars(sys.argv[2]), "w"))
+           ("tmp", os.path.expandvars(sys.argv[2]), "w"))
     for name, path, mode in own:
         try:
             with open(path, mode) as f:
-                f.read() if mode == "r" else f.write("")
+                f.write("")
             found[name] = "ok"
         except OSError as e:
             found[name] = type(e).__name__
+    # Written when training has finished (for an evaluator): until then there is none, which says training runs.
+    found["control_file"] = os.path.exists(os.environ["TFCLUSTER_CONTROL_FILE"])
     print(json.dumps(found), flush=True)
 """)
 
@@ -97,7 +99,8 @@ def test_a_task_reaches_nothing_but_its_own_jobs_files(cluster, tmp_path):
     results = [probe_result(cluster, probe, f"worker:{i}") for i in (0, 1)]
     for found in results:
         assert {name: found[name] for name in targets["read"]} == {name: "PermissionError" for name in targets["read"]}
-        assert (found["checkpoint_dir"], found["events_file"], found["control_file"], found["tmp"]) == ("ok",) * 4
+        assert (found["checkpoint_dir"], found["events_file"], found["tmp"]) == ("ok",) * 3
+        assert found["control_file"] is False
         assert found["groups"] == [] and found["uid"] == found["gid"] == job["uid"] != 0
     assert results[0]["home"] != results[1]["home"], "each node keeps the job's home in its own state dir"
     victim_uid = cluster.job(victim)["uid"]
@@ -125,15 +128,16 @@ def test_a_nodes_files_are_the_jobs_own_or_root_s(cluster):
     assert {str(path.relative_to(state)): owner_and_mode(path) for path in (
         state, state / "jobs", state / "tls", state / "tls" / pki.NODE_KEY, job_dir, job_dir / "checkpoints",
         job_dir / "home", job_dir / "tmp", job_dir / "tasks", attempt, attempt / layout.LAUNCH_FILE,
-        attempt / layout.STATUS_FILE, attempt / layout.OUTPUT_FILE, attempt / layout.EVENTS_NAME,
-        attempt / layout.CONTROL_NAME)} == {str(path.relative_to(state)): expected for path, expected in (
+        attempt / layout.STATUS_FILE, attempt / layout.OUTPUT_FILE, attempt / layout.EVENTS_NAME)} == {
+        str(path.relative_to(state)): expected for path, expected in (
             (state, (0, 0, "0o711")), (state / "jobs", (0, 0, "0o711")), (state / "tls", (0, 0, "0o700")),
             (state / "tls" / pki.NODE_KEY, (0, 0, "0o600")), (job_dir, (0, uid, "0o750")),
             (job_dir / "checkpoints", (uid, uid, "0o700")), (job_dir / "home", (uid, uid, "0o700")),
             (job_dir / "tmp", (uid, uid, "0o700")), (job_dir / "tasks", (0, uid, "0o750")),
             (attempt, (0, uid, "0o750")), (attempt / layout.LAUNCH_FILE, (0, 0, "0o600")),
             (attempt / layout.STATUS_FILE, (0, 0, "0o600")), (attempt / layout.OUTPUT_FILE, (0, uid, "0o640")),
-            (attempt / layout.EVENTS_NAME, (uid, uid, "0o600")), (attempt / layout.CONTROL_NAME, (0, uid, "0o640")))}
+            (attempt / layout.EVENTS_NAME, (uid, uid, "0o600")))}
+    assert not (attempt / layout.CONTROL_NAME).exists(), "written when training has finished, for an evaluator"
 
 
 def test_a_job_has_one_uid_on_every_node_and_another_job_another(cluster):

@@ -3,12 +3,14 @@ what it sends of them when it registers, stay bounded, and nothing the coordinat
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
 
-from tfcluster import security, wire
+from tfcluster import layout, security, wire
 from tfcluster.api.v1 import agent_pb2
+from tfcluster.checkpoints import final_checkpoint
 from tfcluster.daemon.agent import agent as agent_module
 from tfcluster.daemon.agent.agent import Agent, AgentConfig
 from tfcluster.daemon.agent.session.discovery import HostInfo
@@ -99,3 +101,18 @@ def test_a_registration_reports_no_more_tasks_than_the_coordinator_takes_the_run
     ended = [keep(agent, tmp_path, n, now - 100 + n) for n in range(3, 10)]
     reports = [wire.task_report_from_proto(r) for r in agent.task_reports()]
     assert [r.attempt for r in reports] == [r.attempt for r in running] + [ended[-1].attempt, ended[-2].attempt]
+
+
+def test_a_task_is_told_training_finished_through_a_control_file_its_job_reads_and_only_root_writes(agent, tmp_path,
+                                                                                                    monkeypatch):
+    """Written when there is something to say: a task's start writes none, and none says training runs."""
+    record = keep(agent, tmp_path, 1, None)
+    record.dir.mkdir(parents=True)
+    record.group = 4242 if os.geteuid() == 0 else os.getgid()  # the job's group
+    monkeypatch.setenv(layout.CONTROL_FILE, str(record.control_path))
+    checkpoints = str(tmp_path / "checkpoints")
+    assert final_checkpoint(checkpoints) is None
+    agent.supervisor.finish_training(record.attempt, "ckpt-7")
+    found = record.control_path.stat()
+    assert (found.st_uid, found.st_gid, oct(found.st_mode & 0o777)) == (os.geteuid(), record.group, "0o640")
+    assert final_checkpoint(checkpoints) == os.path.join(checkpoints, "ckpt-7")

@@ -23,10 +23,10 @@ from tfcluster import grpc_settings, layout
 from tfcluster.daemon.agent.code.environments import Environments, task_environment
 from tfcluster.daemon.agent.code.task_code import TaskCode
 from tfcluster.daemon.agent.shim.cgroups import TaskCgroups
-from tfcluster.daemon.agent.shim.taskfiles import LaunchFile, write_json_atomic
+from tfcluster.daemon.agent.shim.taskfiles import LaunchFile
 from tfcluster.daemon.agent.tasks.launcher import ForkedShim, Launcher
 from tfcluster.daemon.agent.tasks.record import TaskRecord
-from tfcluster.daemon.agent.tasks.users import (JOB_READABLE_FILE_MODE, PRIVATE_FILE_MODE, JobPaths, TaskUser,
+from tfcluster.daemon.agent.tasks.users import (PRIVATE_FILE_MODE, JobPaths, TaskUser,
                                              TaskUserError, TaskUsers, create_file, prepare_attempt, prepare_job,
                                              prepare_summary_dir, private_tmp_problem)
 from tfcluster.daemon.logformat import fields
@@ -166,15 +166,15 @@ class TaskStarter:
             raise StartError(f"port {port} is already in use on this node", busy_port=port)
 
     def _write_files(self, start: Start) -> None:
-        """The events file the task appends to and the control file it reads (the attempt dir is root's: the task
-        cannot make them), then the launch file."""
+        """The events file the task appends to (the attempt dir is root's: the task cannot make it), then the launch
+        file. The control file the task reads is written when there is something to say (supervisor.py's
+        finish_training): until then, reading it finds nothing, which says training runs (checkpoints.py)."""
         record, order, user, paths, env, workdir = (start.record, start.order, start.user, start.paths, start.env,
                                                     start.workdir)
         # Dirs the spec names are made by the task's user (in the shim), never by root here.
         task_dirs = [env[name] for name in (layout.CHECKPOINT_DIR, layout.MODEL_DIR)
                      if env.get(name) and Path(env[name]) != paths.checkpoints]
         create_file(record.events_path, PRIVATE_FILE_MODE, *user.owner(private=True))
-        write_json_atomic(record.control_path, {}, mode=JOB_READABLE_FILE_MODE, group=record.group, durable=False)
         private_tmp = self.task_users.agent_is_root and self.task_users.private_tmp
         LaunchFile(record.attempt, order.command, env, workdir, order.port, order.stop_grace_seconds,
                    self.log_limit_bytes, uid=user.uid if user.switches else None,
