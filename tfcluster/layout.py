@@ -69,7 +69,7 @@ INCOMING_PREFIX = ".incoming-"
 # <state>/jobs/<job>/ended.json: the coordinator said the job is over (so `tfcluster gc` knows it offline)
 ENDED_MARKER = "ended.json"
 ATTEMPT_DIR_PREFIX = "attempt-"
-ATTEMPT_DIR_GLOB = "jobs/*/tasks/*/attempt-*"
+TASKS_NAME = "tasks"  # a job's dir's folder of its tasks' attempts
 
 # ---- files of the coordinator (under its state dir) ---------------------------------------------
 COORDINATOR_DB = "coordinator.sqlite3"
@@ -108,7 +108,7 @@ def task_name(task_type: str, task_index: int) -> str:
 
 def tasks_dir(state_dir: str | Path, job_id: str) -> Path:
     """Where a job's attempts live on a node: one folder per task (`<type>-<index>`), one per attempt inside."""
-    return job_dir(state_dir, job_id) / "tasks"
+    return job_dir(state_dir, job_id) / TASKS_NAME
 
 
 def tls_dir(state_dir: str | Path) -> Path:

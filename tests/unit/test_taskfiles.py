@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from pathlib import Path
 
 import pytest
 
@@ -118,6 +119,24 @@ def test_an_upgraded_agent_picks_up_the_exit_a_0_3_shim_recorded(tmp_path):
     [record] = supervisor.snapshot()
     assert record.report() == TaskReport(ATTEMPT, Phase.EXITED, pid=11, exit=TaskExit(exit_code=3, log_tail=("a", "b")))
     assert (record.port, record.group) == (20001, 1500)
+
+
+def test_a_restarted_agent_leaves_the_attempts_of_jobs_marked_over_unread(tmp_path, monkeypatch):
+    """Retention marks a job the coordinator said is over once none of its tasks runs here: a node keeps days of
+    them, and a restart that read every one's files took seconds."""
+    for job_id in ("over-1", "recent-2"):
+        directory = layout.attempt_dir(tmp_path, job_id, "worker", 0, 1)
+        directory.mkdir(parents=True)
+        (directory / layout.LAUNCH_FILE).write_text(json.dumps({**LAUNCH_0_3, "job_id": job_id}))
+        (directory / layout.STATUS_FILE).write_text(json.dumps({**STATUS_0_3["exited"], "finished": time.time()}))
+    (layout.job_dir(tmp_path, "over-1") / layout.ENDED_MARKER).write_text("{}")
+    read = []
+    real_read_text = Path.read_text
+    monkeypatch.setattr(Path, "read_text", lambda path, *a, **k: read.append(path) or real_read_text(path, *a, **k))
+    supervisor = Supervisor(tmp_path, lambda record: None)
+    assert supervisor.adopt_running() == 0
+    assert [r.attempt.job_id for r in supervisor.snapshot()] == ["recent-2"]
+    assert not [path for path in read if "over-1" in str(path)]
 
 
 def test_only_the_exit_is_forced_to_disk(tmp_path, monkeypatch):

@@ -25,8 +25,9 @@ from tfcluster.codechunks import CodeError
 from tfcluster.daemon.agent.code.environments import Environments, EnvironmentProblem
 from tfcluster.daemon.agent.code.task_code import TaskCode
 from tfcluster.daemon.agent.shim.tasklog import DEFAULT_LIMIT_BYTES, total_bytes
+from tfcluster.daemon.agent.tasks import reattach
 from tfcluster.daemon.agent.tasks.launcher import ForkedShim
-from tfcluster.daemon.agent.shim.taskfiles import (LaunchFile, ShimStatus, TaskFileError, UsageFile, write_json_atomic,
+from tfcluster.daemon.agent.shim.taskfiles import (ShimStatus, TaskFileError, UsageFile, write_json_atomic,
                                               write_stop)
 from tfcluster.daemon.agent.shim.runner import group_alive, kill_group
 from tfcluster.daemon.agent.tasks.record import TaskKey, TaskRecord, exit_of, is_shim, newest_checkpoint
@@ -298,21 +299,9 @@ class Supervisor:
     def adopt_running(self) -> int:
         """Finds tasks that a previous agent process started and that still run (or ended meanwhile)."""
         found = 0
-        for directory in sorted(self.state_dir.glob(layout.ATTEMPT_DIR_GLOB)):
-            try:
-                status = ShimStatus.read(directory)
-                # An attempt that ended long ago (a node keeps days of them) needs no more than its status read.
-                wanted = status is not None and (not status.ended or
-                                                 time.time() - status.finished < FINISHED_KEPT_SECONDS)
-                launch = LaunchFile.read(directory) if wanted else None
-            except TaskFileError as e:
-                log.warning("not reattaching to %s: %s", directory, e)
-                continue
-            if status is None or launch is None:
-                continue
-            record = TaskRecord.from_files(directory, launch, status)
+        for record, status in reattach.recorded_attempts(self.state_dir, time.time() - FINISHED_KEPT_SECONDS):
             known = self.tasks.get(record.key)
-            if known is not None and known.attempt.number >= launch.attempt.number:
+            if known is not None and known.attempt.number >= record.attempt.number:
                 continue
             if status.phase == Phase.RUNNING:
                 if not is_shim(record.shim_pid, record.dir, record.shim_started):
@@ -325,7 +314,7 @@ class Supervisor:
                                  daemon=True).start()
                 found += 1
                 log.info("reattached to %s (pid %d)", record.name, record.pid, extra=fields(record.attempt))
-            elif status.ended and time.time() - status.finished < FINISHED_KEPT_SECONDS:
+            elif status.ended:
                 # It ended while no agent watched: the coordinator still needs to hear how.
                 record.phase, record.exit = status.phase, exit_of(status, record.checkpoint_dir, record.uid)
                 record.finished_at = status.finished
