@@ -203,3 +203,29 @@ def test_below_the_disk_floor_a_launch_fails_to_start_with_the_reason(tmp_path):
     report = reports[-1].report()
     assert report.phase == Phase.FAILED_TO_START and report.exit.message == condition
     assert not layout.job_dir(tmp_path, "full-1").exists()
+
+
+def test_what_a_job_marked_over_takes_is_measured_once_until_its_folder_changes(tmp_path, monkeypatch):
+    """A node keeps days of ended jobs: walking every file of each at every pass took seconds. Their sizes still
+    count, and a job that is not over is measured at every pass."""
+    from tfcluster.daemon.agent.node import retention
+    attempt(tmp_path, "over-1", size=1000, days=3)
+    attempt(tmp_path, "over-2", size=2000, days=2)
+    attempt(tmp_path, "live-3", size=3000, days=1)
+    for job in ("over-1", "over-2"):
+        mark_ended(tmp_path, job, NOW)
+    walked = []
+    real_measure = retention.measure
+    monkeypatch.setattr(retention, "measure", lambda directory, timeless=None: walked.append(Path(directory).name)
+                        or real_measure(directory, timeless))
+    measured: dict = {}
+    first = {j.id: (j.size, j.written, j.ended) for j in scan(tmp_path, now=NOW, measured=measured)}
+    assert sorted(walked) == ["live-3", "over-1", "over-2"]
+    walked.clear()
+    assert {j.id: (j.size, j.written, j.ended) for j in scan(tmp_path, now=NOW, measured=measured)} == first
+    assert walked == ["live-3"]
+    assert first["over-1"][0] > 1000 and first["over-2"][0] > 2000 and first["over-1"][1] < first["over-2"][1]
+    (job_dir(tmp_path, "over-2") / "left.bin").write_bytes(b"x" * 500)  # its folder changed: measured again
+    walked.clear()
+    again = {j.id: j.size for j in scan(tmp_path, now=NOW, measured=measured)}
+    assert sorted(walked) == ["live-3", "over-2"] and again["over-2"] == first["over-2"][0] + 500

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tfcluster import layout
-from tfcluster.daemon.agent.tasks.supervisor import Supervisor
+from tfcluster.daemon.agent.tasks.supervisor import FINISHED_KEPT_SECONDS, Supervisor
 from tfcluster.daemon.agent.shim.taskfiles import (FORMAT, LaunchFile, ShimStatus, TaskFileError, UsageFile, read_stop_grace,
                                               write_stop)
 from tfcluster.model import Attempt, Phase, TaskExit, TaskReport
@@ -121,22 +121,22 @@ def test_an_upgraded_agent_picks_up_the_exit_a_0_3_shim_recorded(tmp_path):
     assert (record.port, record.group) == (20001, 1500)
 
 
-def test_a_restarted_agent_leaves_the_attempts_of_jobs_marked_over_unread(tmp_path, monkeypatch):
-    """Retention marks a job the coordinator said is over once none of its tasks runs here: a node keeps days of
-    them, and a restart that read every one's files took seconds."""
-    for job_id in ("over-1", "recent-2"):
+def test_a_restarted_agent_reads_no_more_than_the_status_of_an_attempt_that_ended_long_ago(tmp_path, monkeypatch):
+    """A node keeps days of ended attempts: a restart that read both files of every one took seconds. One of a job
+    marked over that still runs (started as its job ended) is reattached to all the same."""
+    for job_id, finished in (("old-1", time.time() - 2 * FINISHED_KEPT_SECONDS), ("recent-2", time.time())):
         directory = layout.attempt_dir(tmp_path, job_id, "worker", 0, 1)
         directory.mkdir(parents=True)
         (directory / layout.LAUNCH_FILE).write_text(json.dumps({**LAUNCH_0_3, "job_id": job_id}))
-        (directory / layout.STATUS_FILE).write_text(json.dumps({**STATUS_0_3["exited"], "finished": time.time()}))
-    (layout.job_dir(tmp_path, "over-1") / layout.ENDED_MARKER).write_text("{}")
+        (directory / layout.STATUS_FILE).write_text(json.dumps({**STATUS_0_3["exited"], "finished": finished}))
+    (layout.job_dir(tmp_path, "old-1") / layout.ENDED_MARKER).write_text("{}")
     read = []
     real_read_text = Path.read_text
     monkeypatch.setattr(Path, "read_text", lambda path, *a, **k: read.append(path) or real_read_text(path, *a, **k))
     supervisor = Supervisor(tmp_path, lambda record: None)
     assert supervisor.adopt_running() == 0
     assert [r.attempt.job_id for r in supervisor.snapshot()] == ["recent-2"]
-    assert not [path for path in read if "over-1" in str(path)]
+    assert [path.name for path in read if "old-1" in str(path)] == [layout.STATUS_FILE]
 
 
 def test_only_the_exit_is_forced_to_disk(tmp_path, monkeypatch):

@@ -133,9 +133,12 @@ def duration(seconds: float) -> str:
 
 # ---- what is on disk ----------------------------------------------------------------------------
 
-def scan(state_dir: Path, running_jobs: Iterable[str] = (), now: float | None = None) -> list[JobOnDisk]:
+def scan(state_dir: Path, running_jobs: Iterable[str] = (), now: float | None = None,
+         measured: dict[str, tuple[int, int, float]] | None = None) -> list[JobOnDisk]:
     """The jobs under state_dir. A job runs when running_jobs (the agent's own knowledge) names it or one of its
-    attempts' shims is alive (so `tfcluster gc` beside a running agent leaves its jobs alone)."""
+    attempts' shims is alive (so `tfcluster gc` beside a running agent leaves its jobs alone). A job marked over
+    changes no more: `measured` keeps what its files take from one pass to the next (job -> its dir's mtime,
+    size, written), since a node keeps days of them and walking every file of each took seconds a pass."""
     now = time.time() if now is None else now
     running = set(running_jobs)
     jobs = []
@@ -143,17 +146,40 @@ def scan(state_dir: Path, running_jobs: Iterable[str] = (), now: float | None = 
         entries = sorted(os.scandir(layout.jobs_dir(state_dir)), key=lambda e: e.name)
     except OSError:
         return []
+    kept: dict[str, tuple[int, int, float]] = {}
     for entry in entries:
         if not entry.is_dir(follow_symlinks=False):
             continue
         directory = Path(entry.path)
-        size, written = measure(directory, timeless=directory / layout.ENDED_MARKER)
         attempts, live = _attempts(state_dir, entry.name, now)
-        jobs.append(JobOnDisk(id=entry.name, dir=directory, size=size, written=written,
-                              ended=(directory / layout.ENDED_MARKER).exists(),
+        if (directory / layout.ENDED_MARKER).exists():  # it goes whole, when it goes: no older parts to list
+            size, written = _measure_over(directory, (measured or {}).get(entry.name), kept)
+            jobs.append(JobOnDisk(id=entry.name, dir=directory, size=size, written=written, ended=True,
+                                  running=entry.name in running or live))
+            continue
+        size, written = measure(directory, timeless=directory / layout.ENDED_MARKER)
+        jobs.append(JobOnDisk(id=entry.name, dir=directory, size=size, written=written, ended=False,
                               running=entry.name in running or live,
                               older=tuple(attempts) + tuple(_older_checkpoints(state_dir, entry.name))))
+    if measured is not None:
+        measured.clear()
+        measured.update(kept)
     return jobs
+
+
+def _measure_over(directory: Path, before: tuple[int, int, float] | None,
+                  kept: dict[str, tuple[int, int, float]]) -> tuple[int, float]:
+    """What a job marked over takes: as measured before, unless its dir changed since."""
+    try:
+        changed = directory.stat().st_mtime_ns
+    except OSError:  # removed meanwhile
+        return 0, 0.0
+    if before is not None and before[0] == changed:
+        size, written = before[1], before[2]
+    else:
+        size, written = measure(directory, timeless=directory / layout.ENDED_MARKER)
+    kept[directory.name] = (changed, size, written)
+    return size, written
 
 
 def measure(directory: Path | str, timeless: Path | None = None) -> tuple[int, float]:
@@ -306,6 +332,7 @@ class RetentionPass:
         self.state_dir, self.policy = state_dir, policy
         self.running_jobs, self.ask = running_jobs, ask
         self.environments = environments  # the jobs' environments (environments.py), unused ones go too
+        self.measured: dict[str, tuple[int, int, float]] = {}  # what jobs marked over take (scan)
 
     def run(self, stop: threading.Event) -> None:
         while True:
@@ -322,7 +349,7 @@ class RetentionPass:
             for key in self.environments.sweep(running, now, self.policy.retain_for):
                 log.info("retention: removed the environment %s, unused for %s", key[:12],
                          duration(self.policy.retain_for))
-        jobs = scan(self.state_dir, running, now)
+        jobs = scan(self.state_dir, running, now, self.measured)
         unsure = [j.id for j in jobs if not j.ended and not j.running]
         over = self.ask(unsure) if unsure else set()
         for job_id in over:

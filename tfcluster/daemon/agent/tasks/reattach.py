@@ -33,16 +33,15 @@ def recorded_attempts(state_dir: Path, ended_since: float) -> Iterator[tuple[Tas
 
 
 def attempt_dirs(state_dir: Path) -> Iterator[Path]:
-    """Every attempt dir of the jobs on this node, but those of a job marked over (retention marks one the
-    coordinator said is over, once none of its tasks runs here): a node keeps days of them, and reading each one's
-    status made an agent's restart take seconds, on a cold disk long enough for its running tasks to count as
-    lost."""
+    """Every attempt dir of the jobs on this node, those of jobs marked over too: one of theirs that still runs
+    (started as its job ended) is reattached to, reported, and stopped by the coordinator, not left running
+    unwatched."""
     try:
         jobs = sorted(os.scandir(layout.jobs_dir(state_dir)), key=lambda entry: entry.name)
     except OSError:  # no jobs dir yet
         return
     for job in jobs:
-        if job.is_dir(follow_symlinks=False) and not os.path.lexists(os.path.join(job.path, layout.ENDED_MARKER)):
+        if job.is_dir(follow_symlinks=False):
             yield from sorted(_attempts_of(job.path))
 
 
