@@ -15,7 +15,6 @@ Prints a table and writes bench/agent_history.json. Run with `make bench` or `py
 from __future__ import annotations
 
 import gc
-import json
 import sys
 import tempfile
 import time
@@ -32,6 +31,7 @@ from tfcluster.daemon.agent.shim.tasklog import MAX_LINE_CHARS  # noqa: E402
 from tfcluster.daemon.agent.tasks.record import TaskRecord  # noqa: E402
 from tfcluster.daemon.agent.tasks.supervisor import FINISHED_KEPT, FINISHED_KEPT_SECONDS  # noqa: E402
 from tfcluster.model import Attempt, Phase, TaskExit  # noqa: E402
+from report import show_and_save  # noqa: E402  (bench/, the folder of the script run)
 
 RUNNING = 8
 ROUNDS = 50
@@ -120,10 +120,7 @@ def main() -> None:
         "registration_vs_limit": round(request.ByteSize() / security.NODE_MESSAGE, 3),
         f"kib_held_after_{FORGOTTEN}_more_forgotten": round(grown / 1024, 1),
     }
-    width = max(len(k) for k in results)
-    for key, value in results.items():
-        print(f"{key:<{width}}  {value}")
-    (Path(__file__).resolve().parent / "agent_history.json").write_text(json.dumps(results, indent=2) + "\n")
+    show_and_save(results, "agent_history.json")
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 from harness import PYTHON, LocalCluster, free_port, wait_until  # noqa: E402
+from report import show_and_save  # noqa: E402  (bench/, the folder of the script run)
 
 FLOOR = [PYTHON, "-c", "import grpc, typer"]
 FIGURES = ("status", "start", "throughput", "tf")
@@ -227,10 +228,7 @@ def main() -> None:
                 results.update(tf_figures(cluster, 2 if options.quick else 6, 2 if options.quick else 5))
         finally:
             cluster.teardown()
-    width = max(len(k) for k in results)
-    for key, value in results.items():
-        print(f"{key:<{width}}  {value}")
-    (Path(__file__).resolve().parent / "cli.json").write_text(json.dumps(results, indent=2) + "\n")
+    show_and_save(results, "cli.json")
 
 
 if __name__ == "__main__":

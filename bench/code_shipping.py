@@ -40,6 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 from harness import PYTHON, kill_group, running_cluster  # noqa: E402
+from report import show_and_save  # noqa: E402  (bench/, the folder of the script run)
 from tfcluster.codeship import ship_code  # noqa: E402
 from tfcluster.demo.hosts import TestHosts, unavailable  # noqa: E402
 from tfcluster.spec import JobSpec, RoleSpec  # noqa: E402
@@ -230,10 +231,7 @@ def main() -> int:
                 limit_links(hosts, args.link_mbit)
                 results.update({f"{k} ({args.link_mbit} Mbit/s links)": v for k, v in measure_size(
                     client, hosts, scratch, max(sizes), [max(host_counts)], 1).items()})
-    width = max(len(k) for k in results)
-    for key, value in results.items():
-        print(f"{key:<{width}}  {value}")
-    (ROOT / "bench" / "code_shipping.json").write_text(json.dumps(results, indent=2) + "\n")
+    show_and_save(results, "code_shipping.json")
     return 0
 
 

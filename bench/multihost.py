@@ -21,6 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 from harness import PYTHON, kill_group, running_cluster  # noqa: E402
+from report import show_and_save  # noqa: E402  (bench/, the folder of the script run)
 from tfcluster import pki  # noqa: E402
 from tfcluster.demo.hosts import TestHosts, unavailable  # noqa: E402
 
@@ -154,10 +155,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="tfcluster-bench-hosts-") as tmp, TestHosts(3) as hosts:
         results.update(shipping_throughput(hosts, Path(tmp)))
         results.update(commit_to_evaluation(hosts, Path(tmp)))
-    width = max(len(k) for k in results)
-    for key, value in results.items():
-        print(f"{key:<{width}}  {value}")
-    (ROOT / "bench" / "multihost.json").write_text(json.dumps(results, indent=2) + "\n")
+    show_and_save(results, "multihost.json")
 
 
 if __name__ == "__main__":

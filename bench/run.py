@@ -13,7 +13,6 @@ Prints a table and writes bench/results.json. Run with `make bench`.
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import subprocess
@@ -26,6 +25,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from harness import LocalCluster, wait_until  # noqa: E402
+from report import show_and_save  # noqa: E402  (bench/, the folder of the script run)
 
 AGENTS = 4
 ROUNDS = 5
@@ -101,11 +101,7 @@ def main() -> None:
         finally:
             cluster.teardown()
 
-    width = max(len(k) for k in results)
-    for key, value in results.items():
-        print(f"{key:<{width}}  {value}")
-    out = Path(__file__).resolve().parent / "results.json"
-    out.write_text(json.dumps(results, indent=2) + "\n")
+    show_and_save(results, "results.json")
 
 
 if __name__ == "__main__":
