@@ -76,9 +76,9 @@ def test_the_supervisor_keeps_the_newest_ended_attempts_and_every_running_one(ag
     assert agent.supervisor.snapshot() == kept and len(forgotten) == 3
 
 
-def test_what_the_node_keeps_for_a_job_goes_with_its_last_attempt_here(agent, tmp_path):
-    """The code this node serves its peers and the checkpoint files it expects, per job: an agent that runs for
-    months kept them for every job it ever ran."""
+def test_the_code_a_node_serves_for_a_job_goes_with_its_last_attempt_here(agent, tmp_path):
+    """An agent that runs for months kept it for every job it ever ran. What it expects of a job's checkpoint
+    files stays: it comes before the job's next task is launched here, while no attempt of the job may be kept."""
     serving = agent.supervisor.code.serving
     now = time.time()
     old = time.time() - supervisor_module.FINISHED_KEPT_SECONDS - 1
@@ -90,7 +90,8 @@ def test_what_the_node_keeps_for_a_job_goes_with_its_last_attempt_here(agent, tm
     second_task = TaskRecord(Attempt("job-2", "worker", 1, 1), tmp_path / "attempt-2b", phase=Phase.RUNNING, pid=7)
     agent.supervisor.tasks[second_task.key] = second_task  # job-2 still runs here
     agent.supervisor.snapshot()
-    assert set(serving.jobs) == set(serving.fetchers) == set(agent.expected) == {"job-2", "job-3"}
+    assert set(serving.jobs) == set(serving.fetchers) == {"job-2", "job-3"}
+    assert set(agent.expected) == {"job-1", "job-2", "job-3"}
 
 
 def test_a_registration_reports_no_more_tasks_than_the_coordinator_takes_the_running_ones_first(agent, tmp_path,

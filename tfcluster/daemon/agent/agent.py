@@ -305,16 +305,14 @@ class Agent:
                 log.exception("%s: %s failed", record.name, type(hook).__name__)
 
     def _forget(self, forgotten: list[TaskRecord], kept: list[TaskRecord]) -> None:
-        """The supervisor no longer keeps these ended attempts: what the hooks keep for them goes, and what this
-        node keeps for their jobs once it keeps no attempt of them (the code it serves peers, the checkpoint files
-        it expects)."""
+        """The supervisor no longer keeps these ended attempts: what the hooks keep for them goes, and the code this
+        node serves its peers for their jobs once it keeps no attempt of them (a peer then fetches it elsewhere).
+        What it expects of a job's checkpoint files stays: it comes before the job's next task is launched here,
+        while no attempt of the job may be kept."""
         for record in forgotten:
             self._each_hook(record, "on_forget")
-        jobs = {r.attempt.job_id for r in forgotten} - {r.attempt.job_id for r in kept}
         if self.supervisor.code is not None:
-            self.supervisor.code.serving.forget(jobs)
-        for job in jobs:
-            self.expected.pop(job, None)
+            self.supervisor.code.serving.forget({r.attempt.job_id for r in forgotten} - {r.attempt.job_id for r in kept})
 
     def _jobs_in_use(self) -> set[str]:
         """Jobs whose files retention must leave alone: a task runs, a hook works on its files (checkpoints being
