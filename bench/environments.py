@@ -24,11 +24,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
+from tfcluster.commands import Launch  # noqa: E402
 from tfcluster.daemon.agent.code.environments import Environments  # noqa: E402
 from tfcluster.daemon.agent.code.request_files import read_as, read_files  # noqa: E402
 from tfcluster.daemon.agent.tasks.supervisor import Supervisor  # noqa: E402
 from tfcluster.daemon.agent.tasks.users import TaskUsers, make_state_dir  # noqa: E402
-from tfcluster.model import Attempt, EnvironmentSpec, Launch  # noqa: E402
+from tfcluster.model import Attempt, EnvironmentSpec  # noqa: E402
 from tfcluster.states import Phase  # noqa: E402
 from wheels import write_wheel  # noqa: E402
 

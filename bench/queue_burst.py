@@ -27,9 +27,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from tfcluster import __version__  # noqa: E402
+from tfcluster.commands import Launch  # noqa: E402
 from tfcluster.daemon.coordinator.core.cluster import Cluster  # noqa: E402
 from tfcluster.daemon.coordinator.store.records import Writer  # noqa: E402
-from tfcluster.model import Launch, NodeInfo, TaskExit, TaskReport  # noqa: E402
+from tfcluster.model import NodeInfo, TaskExit, TaskReport  # noqa: E402
 from tfcluster.specfile import parse_spec  # noqa: E402
 from tfcluster.states import JobState  # noqa: E402
 

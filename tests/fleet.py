@@ -49,10 +49,10 @@ from tfcluster import __version__, pki, wire  # noqa: E402
 from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
 
 from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc  # noqa: E402
+from tfcluster.commands import Launch, SetPace, Stop  # noqa: E402
 from tfcluster.daemon.agent.session.pulse import PULSE_SECONDS, PULSE_TIMEOUT_SECONDS  # noqa: E402
 from tfcluster.leaders import Coordinators, leader_hint, leads_elsewhere, says_of  # noqa: E402
-from tfcluster.model import (Attempt, Gpu, Launch, NodeInfo, Phase, SetPace, Stop, TaskExit, TaskProgress,  # noqa: E402
-                             TaskReport)
+from tfcluster.model import Attempt, Gpu, NodeInfo, Phase, TaskExit, TaskProgress, TaskReport  # noqa: E402
 
 GPUS_PER_NODE = 8
 # As the real agent: the transport retries a lost connection as often as the agent retries its session.

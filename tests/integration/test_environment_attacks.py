@@ -27,12 +27,13 @@ import pytest
 
 from harness import wait_until
 from tfcluster import layout
+from tfcluster.commands import Launch
 from tfcluster.daemon.agent.code.environments import Environments
 from tfcluster.daemon.agent.code.request_files import RequestFileProblem, read_as
 from tfcluster.daemon.agent.tasks.record import TaskRecord
 from tfcluster.daemon.agent.tasks.supervisor import Supervisor
 from tfcluster.daemon.agent.tasks.users import TaskUsers, make_state_dir
-from tfcluster.model import Attempt, EnvironmentSpec, Launch
+from tfcluster.model import Attempt, EnvironmentSpec
 from tfcluster.states import Phase
 from wheels import write_wheel
 

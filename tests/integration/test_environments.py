@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 
 from harness import wait_until
+from tfcluster.commands import Launch
 from tfcluster.daemon.agent.code.environments import Environments
 from tfcluster.daemon.agent.tasks.supervisor import Supervisor
 from tfcluster.daemon.agent.tasks.users import TaskUsers, make_state_dir
-from tfcluster.model import Attempt, EnvironmentSpec, Launch
+from tfcluster.model import Attempt, EnvironmentSpec
 from tfcluster.states import Phase
 from wheels import write_wheel
 

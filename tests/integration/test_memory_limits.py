@@ -8,9 +8,10 @@ import sys
 import threading
 import time
 
+from tfcluster.commands import Launch
 from tfcluster.daemon.agent.shim.taskfiles import ShimStatus
 from tfcluster.daemon.agent.tasks.supervisor import Supervisor
-from tfcluster.model import Attempt, Launch
+from tfcluster.model import Attempt
 
 MIB = 1 << 20
 TASK_UID = 2_100_999_001  # the job's user, as the coordinator gives it (an agent that is not root ignores it)

@@ -17,9 +17,10 @@ import pytest
 
 from harness import running_cluster, wait_until
 from tfcluster import layout, pki
+from tfcluster.commands import Launch
 from tfcluster.daemon.agent.tasks.supervisor import Supervisor
 from tfcluster.daemon.agent.tasks.users import TaskUsers, make_state_dir
-from tfcluster.model import Attempt, Launch
+from tfcluster.model import Attempt
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="tasks switch to their job's UID only under a root agent")
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from tfcluster import __version__
+from tfcluster.commands import Launch, Stop
 from tfcluster.daemon.coordinator.core.cluster import Cluster
-from tfcluster.model import Attempt, Gpu, Launch, NodeInfo, Stop, TaskExit, TaskReport
+from tfcluster.model import Attempt, Gpu, NodeInfo, TaskExit, TaskReport
 from tfcluster.specfile import parse_spec
 
 PORTS = (20000, 20099)

@@ -11,6 +11,7 @@ import pytest
 
 from tfcluster import wire
 from tfcluster.api.v1 import agent_pb2
+from tfcluster.commands import SetPace, ShipCheckpoints, SyncCheckpoints
 from tfcluster.daemon.agent.agent import Agent, AgentConfig
 from tfcluster.daemon.agent.hooks.api import TaskHook
 from tfcluster.daemon.agent.hooks.copies import CopiesHook
@@ -21,7 +22,7 @@ from tfcluster.daemon.agent.hooks.summary_upload import SummaryUploadHook
 from tfcluster.daemon.agent.session.discovery import HostInfo
 from tfcluster.daemon.agent.tasks.record import TaskRecord
 from tfcluster.daemon.agent.tasks.supervisor import FINISHED_KEPT_SECONDS
-from tfcluster.model import Attempt, Phase, SetPace, ShipCheckpoints, SyncCheckpoints, SyncResult, TaskExit
+from tfcluster.model import Attempt, Phase, SyncResult, TaskExit
 
 ATTEMPT = Attempt("job-1", "evaluator", 0, 1)
 

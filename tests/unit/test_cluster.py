@@ -9,10 +9,10 @@ import pytest
 from coresim import PORTS, Sim, gpus, info, keys, launches, make_spec, report, stops, task_of
 
 from tfcluster import __version__
+from tfcluster.commands import ExpectFiles, FinishTraining, Launch, ShipCheckpoints, Stop, SyncCheckpoints
 from tfcluster.daemon.coordinator.core.cluster import Unplaceable
 from tfcluster.daemon.coordinator.core.lifecycle.checkpoint_copies import SYNC_DEADLINE_SECONDS
-from tfcluster.model import (Attempt, ExpectFiles, FinishTraining, Launch, NodeInfo, ShipCheckpoints, Stop, SyncCheckpoints,
-                             TaskProgress)
+from tfcluster.model import Attempt, NodeInfo, TaskProgress
 from tfcluster.states import JobState, NodeState, TaskState
 
 def three_nodes():

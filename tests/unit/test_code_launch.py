@@ -10,8 +10,9 @@ from dataclasses import replace
 
 from coresim import Sim, info, launches, make_spec
 
+from tfcluster.commands import Launch, ServeCode
 from tfcluster.daemon.coordinator.core.lifecycle.launch import CODE_FANOUT, code_sources, launch, launch_commands, relay_parent
-from tfcluster.model import EnvironmentSpec, Launch, ServeCode
+from tfcluster.model import EnvironmentSpec
 
 CODE = "sha256:" + "c0" * 32
 

@@ -26,11 +26,11 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from tfcluster.commands import Launch, Stop, SyncCheckpoints
 from tfcluster.daemon.coordinator.core.cluster import Cluster, Unplaceable
 from tfcluster.daemon.coordinator.core.model.job import Job, StateRecord, Task
 from tfcluster.daemon.coordinator.store.records import Writer
-from tfcluster.model import (Attempt, Launch, PREEMPTION_EXIT_CODE, Stop, SyncCheckpoints, TaskExit, TaskProgress,
-                             TaskReport)
+from tfcluster.model import Attempt, PREEMPTION_EXIT_CODE, TaskExit, TaskProgress, TaskReport
 from tfcluster.states import JOB_TRANSITIONS, TASK_TRANSITIONS, JobState, Phase
 
 NODES = ("n1", "n2", "n3")

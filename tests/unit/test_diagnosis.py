@@ -7,9 +7,9 @@ from dataclasses import replace
 
 from coresim import info
 
+from tfcluster.commands import ProbeAnswer, ProbeOutcome, ProbeTarget
 from tfcluster.daemon.coordinator.core import diagnosis
 from tfcluster.daemon.coordinator.core.diagnosis import FAIL, OK
-from tfcluster.model import ProbeAnswer, ProbeOutcome, ProbeTarget
 
 
 def nodes(n: int):

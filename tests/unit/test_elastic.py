@@ -11,10 +11,10 @@ import pytest
 from coresim import Sim, info, launches, make_spec, stops
 
 from tfcluster import layout, statuses, views, wire
+from tfcluster.commands import SyncCheckpoints
 from tfcluster.daemon.coordinator.core.model.elastic import at_size, resize
 from tfcluster.daemon.coordinator.store import records
 from tfcluster.daemon.coordinator.store.records import Writer
-from tfcluster.model import SyncCheckpoints
 from tfcluster.spec import DEFAULT_RESIZE_INTERVAL_SECONDS, SpecError
 from tfcluster.specfile import parse_spec
 from tfcluster.daemon.coordinator.core.scheduling.policy import parse as parse_policy

@@ -10,9 +10,10 @@ from dataclasses import replace
 from coresim import Sim, info, keys, make_spec, stops
 
 from tfcluster import layout
+from tfcluster.commands import FinishTraining
 from tfcluster.daemon.coordinator.core.lifecycle.completion import EVALUATOR_EXIT_SECONDS
 from tfcluster.daemon.coordinator.core.lifecycle.launch import launch
-from tfcluster.model import Evaluation, FinishTraining
+from tfcluster.model import Evaluation
 from tfcluster.states import JobState, TaskState
 
 DEADLINE = 600

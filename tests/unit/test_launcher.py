@@ -15,12 +15,13 @@ import psutil
 import pytest
 
 from tfcluster import layout
+from tfcluster.commands import Launch
 from tfcluster.daemon.agent.shim.runner import DRAIN_SECONDS, process_start
 from tfcluster.daemon.agent.shim.taskfiles import LaunchFile, ShimStatus
 from tfcluster.daemon.agent.tasks import launcher as launcher_module
 from tfcluster.daemon.agent.tasks.record import is_shim
 from tfcluster.daemon.agent.tasks.supervisor import Supervisor
-from tfcluster.model import Attempt, Launch, Phase
+from tfcluster.model import Attempt, Phase
 from tests.unit.taskreports import Reports
 
 TASK_UID = 2_100_999_000  # the job's user, as the coordinator gives it (an agent that is not root ignores it)

@@ -12,10 +12,10 @@ import pytest
 from coresim import Sim, info, keys, launches, make_spec, stops
 
 from tfcluster import views, wire
+from tfcluster.commands import SyncCheckpoints
 from tfcluster.daemon.coordinator.core.model.job import describe_preemption
 from tfcluster.daemon.coordinator.core.scheduling import preemption
 from tfcluster.daemon.coordinator.store import records
-from tfcluster.model import SyncCheckpoints
 from tfcluster.render import render_status
 from tfcluster.states import JobState, TaskState
 

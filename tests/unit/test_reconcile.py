@@ -6,8 +6,9 @@ from dataclasses import replace
 
 from coresim import Sim, info, keys, launches, make_spec, report, stops
 
+from tfcluster.commands import FinishTraining, Stop, SyncCheckpoints
 from tfcluster.daemon.coordinator.core.cluster import RESEND_AFTER_SECONDS
-from tfcluster.model import Attempt, FinishTraining, Stop, SyncCheckpoints, TaskProgress
+from tfcluster.model import Attempt, TaskProgress
 from tfcluster.states import JobState, TaskState
 
 

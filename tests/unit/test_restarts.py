@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from coresim import Sim, info, keys, launches, make_spec, stops
 
+from tfcluster.commands import Launch
 from tfcluster.daemon.coordinator.core.lifecycle.restart import RESTART
-from tfcluster.model import Launch
 from tfcluster.states import JobState, TaskState
 
 

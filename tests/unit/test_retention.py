@@ -12,10 +12,11 @@ from pathlib import Path
 
 from harness import old_style_shim
 from tfcluster import layout
+from tfcluster.commands import Launch
 from tfcluster.daemon.agent.node.retention import (Policy, RetentionPass, disk_condition, mark_ended, plan, remove,
                                               scan)
 from tfcluster.daemon.agent.tasks.supervisor import Supervisor
-from tfcluster.model import Attempt, Launch, Phase
+from tfcluster.model import Attempt, Phase
 
 NOW = time.time()
 DAY = 86400.0

@@ -11,9 +11,10 @@ import time
 import psutil
 import pytest
 
+from tfcluster.commands import Launch
 from tfcluster.daemon.agent.shim.taskfiles import ShimStatus
 from tfcluster.daemon.agent.tasks.supervisor import Supervisor
-from tfcluster.model import Attempt, Launch
+from tfcluster.model import Attempt
 from tfcluster.states import Phase
 from tests.unit.taskreports import Reports
 

@@ -16,12 +16,13 @@ from pathlib import Path
 import pytest
 
 from tfcluster import layout
+from tfcluster.commands import Launch, ReadLog
 from tfcluster.daemon.agent.node.logs import LogServer
 from tfcluster.daemon.agent.shim.taskfiles import LaunchFile, ShimStatus
 from tfcluster.daemon.agent.tasks.supervisor import Supervisor
 from tfcluster.daemon.agent.shim.tasklog import (MIN_LIMIT_BYTES, LastLines, OutputReader, OutputWriter, dropped_marker,
                                             total_bytes)
-from tfcluster.model import Attempt, Launch, Phase, ReadLog
+from tfcluster.model import Attempt, Phase
 
 LIMIT = MIN_LIMIT_BYTES  # 64 KiB: rotation shows with little output
 ATTEMPT = Attempt("rot-1", "worker", 0, 1)

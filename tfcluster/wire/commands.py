@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from tfcluster.api.v1 import agent_pb2
 from tfcluster.api.v1 import types_pb2 as pb
+from tfcluster.commands import (CancelLog, Command, ExpectFiles, FinishTraining, Launch, Probe, ReadLog, Revocations,
+                                ServeCode, SetPace, ShipCheckpoints, Stop, SyncCheckpoints)
 from tfcluster.model import DEFAULT_STOP_SIGNAL, STOP_SIGNALS
-from tfcluster.model import (MAX_CODE_SOURCES, NODE_NAME_RE, CancelLog, Command, ExpectFiles, FinishTraining, Launch,
-                             Probe, ReadLog, Revocations, ServeCode, SetPace, ShipCheckpoints, Stop, SyncCheckpoints)
+from tfcluster.model import MAX_CODE_SOURCES, NODE_NAME_RE
 from tfcluster.wire.fields import (MAX_HEARTBEAT_INTERVAL_SECONDS, MAX_PROBE_LISTEN_SECONDS, MAX_PROBE_TARGETS,
                                    attempt_fields, attempt_from, checked_text)
 from tfcluster.wire.nodes import (environment_from_proto, environment_to_proto, probe_target_from_proto,

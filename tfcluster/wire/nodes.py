@@ -12,11 +12,11 @@ from collections.abc import Sequence
 from tfcluster import summaries
 from tfcluster.api.v1 import agent_pb2
 from tfcluster.api.v1 import types_pb2 as pb
+from tfcluster.commands import LogData, ProbeAnswer, ProbeOutcome, ProbeTarget
 from tfcluster.conditions import MAX_CONDITION_MESSAGE, MAX_CONDITIONS, NodeCondition
 from tfcluster.labels import label_problem
 from tfcluster.model import (MAX_DRAIN_REASON, MAX_GPUS_PER_NODE, NODE_NAME_RE, Attempt, EnvironmentSpec, Evaluation,
-                             Gpu, LogData, NodeInfo, ProbeAnswer, ProbeOutcome, ProbeTarget, SyncResult, TaskExit,
-                             TaskProgress, TaskReport, printable)
+                             Gpu, NodeInfo, SyncResult, TaskExit, TaskProgress, TaskReport, printable)
 from tfcluster.states import Phase
 from tfcluster.summaries import SummaryChunk
 from tfcluster.wire.fields import (MAX_JOB_IDS, MAX_LOG_TAIL_LINES, MAX_PROBE_TARGETS, MAX_TASKS_PER_NODE, MAX_TEXT,

@@ -16,6 +16,8 @@ import grpc
 
 from tfcluster import __version__, wire
 from tfcluster.api.v1 import agent_pb2
+from tfcluster.commands import (CancelLog, ExpectFiles, FinishTraining, Launch, Probe, ReadLog, Revocations, ServeCode,
+                                SetPace, Stop)
 from tfcluster.daemon.agent.code.cache import DEFAULT_CACHE_BYTES
 from tfcluster.daemon.agent.code.fetch import Fetcher
 from tfcluster.daemon.agent.code.task_code import TaskCode
@@ -46,8 +48,7 @@ from tfcluster.daemon.agent.tasks.supervisor import Supervisor
 from tfcluster.daemon.agent.tasks.users import PER_JOB, TaskUsers, make_state_dir
 from tfcluster.daemon.web import ThreadedWebListener, WebListener
 from tfcluster.layout import INCOMING_PREFIX
-from tfcluster.model import (CancelLog, ExpectFiles, FinishTraining, Gpu, Launch, NodeInfo, Probe, ReadLog,
-                             Revocations, ServeCode, SetPace, Stop, TaskProgress)
+from tfcluster.model import Gpu, NodeInfo, TaskProgress
 from tfcluster.pki import REMOVED, REPLACED
 from tfcluster.security import Credentials
 from tfcluster.states import Phase

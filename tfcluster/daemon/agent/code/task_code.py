@@ -14,12 +14,13 @@ from pathlib import Path
 
 from tfcluster import layout
 from tfcluster.codechunks import CodeError, hex_of
+from tfcluster.commands import Launch
 from tfcluster.daemon.agent.code.cache import CodeCache, Fetch
 from tfcluster.daemon.agent.code.fetch import CodeServing
 from tfcluster.daemon.agent.code.relay import Transfer
 from tfcluster.daemon.agent.code.unpack import Bounds
 from tfcluster.daemon.agent.code.workspace import Workspaces
-from tfcluster.model import Attempt, Launch
+from tfcluster.model import Attempt
 
 log = logging.getLogger("tfcluster.agent")
 

@@ -13,10 +13,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tfcluster import wire
+from tfcluster.commands import SyncCheckpoints
 from tfcluster.daemon.agent.hooks.api import Send, TaskHook
 from tfcluster.daemon.agent.hooks.shipping import ShipError, job_checkpoint_dir, peers, sync_dir
 from tfcluster.daemon.logformat import fields
-from tfcluster.model import SyncCheckpoints, SyncResult
+from tfcluster.model import SyncResult
 from tfcluster.security import Credentials
 
 log = logging.getLogger("tfcluster.agent")

@@ -25,10 +25,11 @@ import grpc
 from tfcluster import layout, pki
 from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc
 from tfcluster.checkpoints import STATE_FILE, latest_checkpoint
+from tfcluster.commands import ShipCheckpoints
 from tfcluster.daemon.agent.hooks.api import TaskHook
 from tfcluster.daemon.agent.tasks import handback
 from tfcluster.daemon.logformat import fields
-from tfcluster.model import Attempt, ShipCheckpoints
+from tfcluster.model import Attempt
 from tfcluster.security import Credentials
 
 log = logging.getLogger("tfcluster.agent")

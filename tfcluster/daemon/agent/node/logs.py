@@ -8,9 +8,9 @@ import threading
 import time
 from collections.abc import Callable
 
+from tfcluster.commands import LogData, ReadLog
 from tfcluster.daemon.agent.shim.tasklog import OutputReader, tail_position
 from tfcluster.daemon.agent.tasks.supervisor import Supervisor
-from tfcluster.model import LogData, ReadLog
 
 LOG_CHUNK_BYTES = 64 * 1024
 FOLLOW_POLL_SECONDS = 0.1

@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import psutil
 
-from tfcluster.model import PROBE_CONNECT_SECONDS, Probe, ProbeAnswer, ProbeOutcome, ProbeTarget
+from tfcluster.commands import PROBE_CONNECT_SECONDS, Probe, ProbeAnswer, ProbeOutcome, ProbeTarget
 
 CONNECTS_AT_ONCE = 16
 

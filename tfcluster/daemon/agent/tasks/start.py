@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tfcluster import grpc_settings, layout
+from tfcluster.commands import Launch
 from tfcluster.daemon.agent.code.environments import Environments, task_environment
 from tfcluster.daemon.agent.code.task_code import TaskCode
 from tfcluster.daemon.agent.shim.cgroups import TaskCgroups
@@ -30,7 +31,6 @@ from tfcluster.daemon.agent.tasks.users import (PRIVATE_FILE_MODE, JobPaths, Tas
                                              TaskUserError, TaskUsers, create_file, prepare_attempt, prepare_job,
                                              prepare_summary_dir, private_tmp_problem)
 from tfcluster.daemon.logformat import fields
-from tfcluster.model import Launch
 
 NCCL_SOCKET_IFNAME = "NCCL_SOCKET_IFNAME"
 log = logging.getLogger("tfcluster.agent")

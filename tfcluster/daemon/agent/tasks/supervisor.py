@@ -22,6 +22,7 @@ from pathlib import Path
 
 from tfcluster import layout
 from tfcluster.codechunks import CodeError
+from tfcluster.commands import Launch
 from tfcluster.daemon.agent.code.environments import Environments, EnvironmentProblem
 from tfcluster.daemon.agent.code.task_code import TaskCode
 from tfcluster.daemon.agent.shim.tasklog import DEFAULT_LIMIT_BYTES, total_bytes
@@ -34,7 +35,7 @@ from tfcluster.daemon.agent.tasks.record import TaskKey, TaskRecord, exit_of, is
 from tfcluster.daemon.agent.tasks.start import StartError, TaskStarter
 from tfcluster.daemon.agent.tasks.users import JOB_READABLE_FILE_MODE, TaskUsers
 from tfcluster.daemon.logformat import fields
-from tfcluster.model import Attempt, Launch, TaskExit, TaskProgress
+from tfcluster.model import Attempt, TaskExit, TaskProgress
 from tfcluster.states import Phase, check_transition
 log = logging.getLogger("tfcluster.agent")
 

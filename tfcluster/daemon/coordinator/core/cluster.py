@@ -17,6 +17,7 @@ import logging
 from dataclasses import dataclass, field
 
 from tfcluster import strategies
+from tfcluster.commands import Command, Stop
 from tfcluster.conditions import NodeCondition
 from tfcluster.daemon.coordinator.core.lifecycle import checkpoint_copies
 from tfcluster.daemon.coordinator.core.lifecycle import transitions as lifecycle
@@ -41,7 +42,7 @@ from tfcluster.daemon.coordinator.core.scheduling.policy import NO_POLICY, Class
 from tfcluster.daemon.coordinator.core.scheduling_pass import SchedulePass, grow_elastic
 from tfcluster.daemon.coordinator.core.sweep_events import SweepEvents
 from tfcluster.daemon.logformat import fields
-from tfcluster.model import Attempt, Command, Evaluation, NodeInfo, Stop, TaskExit, TaskProgress, TaskReport
+from tfcluster.model import Attempt, Evaluation, NodeInfo, TaskExit, TaskProgress, TaskReport
 from tfcluster.roles.tfconfig import build_tf_configs
 from tfcluster.spec import JobSpec
 from tfcluster.states import JobState, Phase, TaskState

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tfcluster.commands import ProbeAnswer, ProbeTarget
 from tfcluster.daemon.coordinator.core.model.node import Node
-from tfcluster.model import NodeInfo, ProbeAnswer, ProbeTarget
+from tfcluster.model import NodeInfo
 from tfcluster.states import NodeState
 
 OK, WARN, FAIL = "ok", "warn", "fail"

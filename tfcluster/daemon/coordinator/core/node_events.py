@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import logging
 
+from tfcluster.commands import Command
 from tfcluster.daemon.coordinator.core.lifecycle import transitions as lifecycle
 from tfcluster.daemon.coordinator.core.model.job import Job
 from tfcluster.daemon.coordinator.core.model.node import HEALTH_CHECK, Drain
 from tfcluster.daemon.logformat import fields
-from tfcluster.model import Command
 from tfcluster.states import JobState
 
 log = logging.getLogger("tfcluster.coordinator")

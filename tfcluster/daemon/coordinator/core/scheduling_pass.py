@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from typing import Protocol
 
+from tfcluster.commands import Command
 from tfcluster.daemon.coordinator.core.lifecycle import transitions as lifecycle
 from tfcluster.daemon.coordinator.core.model.job import Job
 from tfcluster.daemon.coordinator.core.model.job_table import Jobs
@@ -22,7 +23,7 @@ from tfcluster.daemon.coordinator.core.scheduling import queue
 from tfcluster.daemon.coordinator.core.scheduling.placement import NodeCapacity, TaskPlacement, Unfit
 from tfcluster.daemon.coordinator.core.scheduling.policy import Policy
 from tfcluster.daemon.logformat import fields
-from tfcluster.model import WORKER, Command
+from tfcluster.model import WORKER
 from tfcluster.states import JobState
 
 log = logging.getLogger("tfcluster.coordinator")

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import logging
 
+from tfcluster.commands import Command
 from tfcluster.daemon.coordinator.core.model.changelog import SweepAdded
 from tfcluster.daemon.coordinator.core.model.job import Job
 from tfcluster.daemon.coordinator.core.model.sweep import Sweep, Sweeps
 from tfcluster.daemon.coordinator.core.scheduling import sweeps as rules
 from tfcluster.daemon.logformat import fields
-from tfcluster.model import Command
 from tfcluster.spec import JobSpec
 from tfcluster.states import SweepState
 from tfcluster.sweepspec import SweepSpec, expand, trial_spec

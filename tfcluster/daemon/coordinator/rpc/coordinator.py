@@ -25,6 +25,7 @@ from tfcluster import layout
 from tfcluster import pki, wire
 from tfcluster.api.v1 import agent_pb2
 from tfcluster.codechunks import CodeError, hex_of
+from tfcluster.commands import CancelLog, Command, Probe, ReadLog, Revocations, SetPace
 from tfcluster.daemon.coordinator.core.access.logins import Logins
 from tfcluster.daemon.coordinator.core.access.trust import Trust
 from tfcluster.daemon.coordinator.core.cluster import Cluster
@@ -44,7 +45,7 @@ from tfcluster.daemon.coordinator.store.open import open_store
 from tfcluster.daemon.coordinator.store.persistence import Persistence
 from tfcluster.daemon.coordinator.store.summaries import SummaryError, SummaryStore
 from tfcluster.daemon.logformat import fields
-from tfcluster.model import Attempt, CancelLog, Command, Probe, ReadLog, Revocations, SetPace
+from tfcluster.model import Attempt
 from tfcluster.pki import Identity, PkiError
 from tfcluster.pki import REMOVED, REPLACED
 from tfcluster.states import NodeState

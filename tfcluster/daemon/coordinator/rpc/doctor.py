@@ -12,9 +12,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from tfcluster import __version__
+from tfcluster.commands import PROBE_CONNECT_SECONDS, Probe
 from tfcluster.daemon.coordinator.core import diagnosis
 from tfcluster.daemon.coordinator.core.diagnosis import FAIL, OK, WARN, Check
-from tfcluster.model import PROBE_CONNECT_SECONDS, Probe
 from tfcluster.states import NodeState
 
 if TYPE_CHECKING:

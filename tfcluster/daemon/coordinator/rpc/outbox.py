@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import grpc
 
-from tfcluster.model import LogData
+from tfcluster.commands import LogData
 
 OUTBOX_LIMIT = 10_000  # commands kept for a node whose stream is away (reconcile resends what is dropped)
 TOLD_PER_TURN = 100  # nodes given a command meant for all of them in one turn of the event loop (tell_all)

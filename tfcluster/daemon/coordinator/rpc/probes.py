@@ -8,7 +8,7 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from tfcluster.model import Command, Probe, ProbeAnswer
+from tfcluster.commands import Command, Probe, ProbeAnswer
 
 
 @dataclass

@@ -16,12 +16,12 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
+from tfcluster.commands import Command
 from tfcluster.daemon.coordinator.core.access.trust import Trust
 from tfcluster.daemon.coordinator.core.cluster import Cluster
 from tfcluster.daemon.coordinator.store import migrate
 from tfcluster.daemon.coordinator.store.api import Conflict, Store
 from tfcluster.daemon.coordinator.store.records import Writer, from_documents
-from tfcluster.model import Command
 from tfcluster.states import TaskState
 
 log = logging.getLogger("tfcluster.coordinator")

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from tfcluster.commands import Command, ExpectFiles, ShipCheckpoints, SyncCheckpoints
 from tfcluster.daemon.coordinator.core.model.job import Job
-from tfcluster.model import CHIEF, EVALUATOR, WORKER, Command, ExpectFiles, NodeInfo, ShipCheckpoints, SyncCheckpoints
+from tfcluster.model import CHIEF, EVALUATOR, WORKER, NodeInfo
 from tfcluster.states import JobState
 
 SYNC_DEADLINE_SECONDS = 600.0

@@ -10,9 +10,9 @@ from __future__ import annotations
 import posixpath
 
 from tfcluster import layout
+from tfcluster.commands import Command, Launch, ServeCode
 from tfcluster.daemon.coordinator.core.model.job import Job, Task
-from tfcluster.model import (DATA_SERVICE_TYPES, DISPATCHER, EVALUATOR, MAX_CODE_SOURCES, WORKER, Command, Launch,
-                             ServeCode, has_tf_config)
+from tfcluster.model import DATA_SERVICE_TYPES, DISPATCHER, EVALUATOR, MAX_CODE_SOURCES, WORKER, has_tf_config
 from tfcluster.roles.tfconfig import tf_config
 from tfcluster.states import TaskState
 

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from tfcluster.commands import Command, Stop
 from tfcluster.daemon.coordinator.core.lifecycle import transitions as lifecycle
 from tfcluster.daemon.coordinator.core.lifecycle.launch import launch_commands
 from tfcluster.daemon.coordinator.core.model.job import Job, Task
-from tfcluster.model import Attempt, Command, Stop, TaskExit
+from tfcluster.model import Attempt, TaskExit
 from tfcluster.states import TaskState
 
 

@@ -1,6 +1,6 @@
 """The job state machine: PENDING -> STARTING -> RUNNING -> STOPPING -> SUCCEEDED | FAILED | STOPPED. Pure.
 
-Each transition changes a Job (job.py) and returns the commands (model.py) the agents must be sent. A job
+Each transition changes a Job (job.py) and returns the commands (commands.py) the agents must be sent. A job
 that must end or restart first passes through STOPPING until every task has exited, so no state says
 "done" while a process of the job is still alive. What a failure leads to is the restart policy's
 decision (restart.py); completion is explicit (an evaluator or ps left running must never hang a finished
@@ -14,6 +14,7 @@ import logging
 from collections.abc import Callable
 
 from tfcluster import layout
+from tfcluster.commands import Command, FinishTraining, Stop
 from tfcluster.daemon.coordinator.core.lifecycle import checkpoint_copies
 from tfcluster.daemon.coordinator.core.lifecycle import completion
 from tfcluster.daemon.coordinator.core.lifecycle import restart
@@ -22,7 +23,7 @@ from tfcluster.daemon.coordinator.core.model import accounting, elastic
 from tfcluster.daemon.coordinator.core.model.capacity import TaskPlacement
 from tfcluster.daemon.coordinator.core.model.job import Failure, Job, Task, describe_preemption, preemption_note
 from tfcluster.daemon.logformat import fields
-from tfcluster.model import EVALUATOR, WORKER, Command, FinishTraining, NodeInfo, Stop, TaskExit, is_training
+from tfcluster.model import EVALUATOR, WORKER, NodeInfo, TaskExit, is_training
 from tfcluster.roles.tfconfig import cluster_json
 from tfcluster.states import JobState, TaskState
 
