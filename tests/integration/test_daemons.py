@@ -38,7 +38,12 @@ def test_killed_agent_turns_lost_and_its_old_attempt_is_stopped_when_it_returns(
     assert any(p.pid == on_b["pid"] for p in job_processes(job_id))
     # ... and when b's agent comes back, the coordinator has it stopped: that attempt is stale.
     cluster.start_agent("b")
-    wait_until(lambda: job_processes(job_id) == [], 30, what="the stale task to be stopped")
+    try:
+        wait_until(lambda: job_processes(job_id) == [], 30, what="the stale task to be stopped")
+    except AssertionError as e:  # which process is left, and what b's agent and the coordinator made of it
+        left = [(p.pid, p.ppid(), p.cmdline()) for p in job_processes(job_id)]
+        raise AssertionError(f"{e}\nleft: {left}\nagent b:\n{cluster.agents['b'].log()[-6000:]}\n"
+                             f"coordinator:\n{cluster.coordinator.log()[-6000:]}") from None
 
 
 def test_an_agent_killed_and_restarted_after_its_node_was_lost_costs_its_job_nothing(make_cluster):
