@@ -238,12 +238,13 @@ class Agent:
         ended = ended[:max(0, wire.MAX_TASKS_PER_NODE - len(reports))]
         room = REGISTER_REPORTS_BYTES - sum(report.ByteSize() for report in reports)
         for record in ended:
-            report = wire.task_report_to_proto(record.report())
-            room -= report.ByteSize()
-            if room < 0 and record.exit is not None:
-                short = replace(record.exit, log_tail=(), message=record.exit.message[:SHORT_MESSAGE_CHARS])
-                report = wire.task_report_to_proto(replace(record.report(), exit=short))
-            reports.append(report)
+            report = record.report()
+            message = wire.task_report_to_proto(report)
+            room -= message.ByteSize()
+            if room < 0 and report.exit is not None:
+                short = replace(report.exit, log_tail=(), message=report.exit.message[:SHORT_MESSAGE_CHARS])
+                message = wire.task_report_to_proto(replace(report, exit=short))
+            reports.append(message)
         return reports
 
     def progress(self) -> list[TaskProgress]:

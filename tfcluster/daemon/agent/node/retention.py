@@ -151,8 +151,9 @@ def scan(state_dir: Path, running_jobs: Iterable[str] = (), now: float | None = 
         if not entry.is_dir(follow_symlinks=False):
             continue
         directory = Path(entry.path)
-        attempts, live = _attempts(state_dir, entry.name, now)
-        if (directory / layout.ENDED_MARKER).exists():  # it goes whole, when it goes: no older parts to list
+        over = (directory / layout.ENDED_MARKER).exists()  # it goes whole, when it goes: no older parts to list
+        attempts, live = _attempts(state_dir, entry.name, now, older=not over)
+        if over:
             size, written = _measure_over(directory, (measured or {}).get(entry.name), kept)
             jobs.append(JobOnDisk(id=entry.name, dir=directory, size=size, written=written, ended=True,
                                   running=entry.name in running or live))
@@ -199,9 +200,10 @@ def _measure_files(files: list[Path], timeless: Path | None = None) -> tuple[int
     return size, written
 
 
-def _attempts(state_dir: Path, job_id: str, now: float) -> tuple[list[Item], bool]:
-    """The older attempts of each task of a job (the newest of each is kept), and whether any attempt runs."""
-    older, live = [], False
+def _attempts(state_dir: Path, job_id: str, now: float, older: bool = True) -> tuple[list[Item], bool]:
+    """The older attempts of each task of a job (the newest of each is kept; none listed unless `older`), and
+    whether any attempt runs."""
+    items, live = [], False
     try:
         tasks = [Path(e.path) for e in os.scandir(layout.tasks_dir(state_dir, job_id)) if e.is_dir()]
     except OSError:
@@ -214,11 +216,11 @@ def _attempts(state_dir: Path, job_id: str, now: float) -> tuple[list[Item], boo
         numbers = [n.removeprefix(layout.ATTEMPT_DIR_PREFIX) for n in names if n.startswith(layout.ATTEMPT_DIR_PREFIX)]
         numbered = sorted((int(n), task / f"{layout.ATTEMPT_DIR_PREFIX}{n}") for n in numbers if n.isdigit())
         live = live or any(_attempt_runs(path, now) for _, path in numbered)
-        for number, path in numbered[:-1]:
+        for number, path in numbered[:-1] if older else ():
             size, written = measure(path)
-            older.append(Item(f"older attempt {number} of {task.name} (attempt {numbered[-1][0]} is kept)", str(path),
+            items.append(Item(f"older attempt {number} of {task.name} (attempt {numbered[-1][0]} is kept)", str(path),
                               (path,), size, written))
-    return older, live
+    return items, live
 
 
 def _attempt_runs(attempt_dir: Path, now: float) -> bool:

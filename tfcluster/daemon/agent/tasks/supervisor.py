@@ -347,7 +347,7 @@ class Supervisor:
         now = time.time()
         with self.lock:
             ended = [(r.finished_at, k) for k, r in self.tasks.items() if r.exited.is_set()]
-            if len(ended) > FINISHED_KEPT:
+            if len(ended) > FINISHED_KEPT:  # past the cap, the oldest go: in the order they ended
                 ended.sort()
             gone = [k for n, (finished, k) in enumerate(ended)
                     if now - finished > FINISHED_KEPT_SECONDS or len(ended) - n > FINISHED_KEPT]
