@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 
 FORKS = 300
 
@@ -73,10 +74,27 @@ def test_forks_while_other_threads_call_grpc_leave_children_and_calls_whole():
 
 def test_without_the_settings_grpc_runs_its_fork_handlers_around_the_forks():
     """The reason for the setting: if this fails, grpcio no longer runs its fork handlers by default (then
-    grpc_settings.py may drop GRPC_ENABLE_FORK_SUPPORT). The program may not even live to say what it saw: in
-    one run it died of a segmentation fault just after gRPC's first such line."""
-    done = busy_forks("grpc defaults")
-    assert "fork_posix" in done.stderr, (done.returncode, done.stderr[-1000:])
+    grpc_settings.py may drop GRPC_ENABLE_FORK_SUPPORT). The program may not live to say what it saw: in one
+    run it died of a segmentation fault just after gRPC's first such line, in another its calls wedged and it
+    never ended. So its stderr is read as it comes, and the first such line settles it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GRPC_")}
+    env["GRPC_VERBOSITY"] = "INFO"
+    program = subprocess.Popen([sys.executable, "-c", BUSY_FORKS, "grpc defaults", str(FORKS)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    seen: list[str] = []
+    timer = threading.Timer(180, program.kill)  # a wedged program ends its stderr when killed
+    timer.start()
+    try:
+        for line in program.stderr:
+            seen.append(line)
+            if "fork_posix" in line:
+                break
+    finally:
+        timer.cancel()
+        program.kill()
+        program.wait()
+        program.stderr.close()
+    assert any("fork_posix" in line for line in seen), (program.returncode, "".join(seen)[-1000:])
 
 
 def test_the_settings_leave_the_users_own_and_are_not_handed_on():
