@@ -134,6 +134,34 @@ def test_restarted_coordinator_keeps_jobs_and_tasks(make_cluster, tmp_path):
     assert job["state"] == "SUCCEEDED" and job["restarts"] == 0 and job["tasks"][0]["attempt"] == 1
 
 
+def test_a_node_lost_for_longer_than_the_setting_is_forgotten_across_a_coordinator_restart(make_cluster):
+    """`--forget-lost-nodes-after`: a LOST node leaves `status` once it has been lost that long, counted from its
+    loss even when the coordinator restarted meanwhile; one an admin drained stays; the forgotten node's agent,
+    started again, registers anew."""
+    forget = ("--forget-lost-nodes-after", "8s")
+    cluster = make_cluster(2.0, *forget)
+    cluster.start_agents({"a": {}, "b": {}, "c": {}})
+    cluster.cli("node", "drain", "c", "--reason", "PSU swap", check=True)
+    cluster.lose_node("b")
+    cluster.lose_node("c")
+    wait_until(lambda: cluster.node_state("b") == cluster.node_state("c") == "LOST", 10, interval=0.05,
+               what="b and c to be LOST")
+    lost = time.monotonic()
+    cluster.coordinator.kill()
+    cluster.start_coordinator(*forget)
+    wait_until(lambda: cluster.node_state("a") == "READY", 20, what="a to register again")
+    assert cluster.node_state("b") == "LOST", "what it knew of b outlived the restart"
+    wait_until(lambda: "b" not in {n["name"] for n in cluster.status()["nodes"]}, 20, interval=0.2,
+               what="b to be forgotten")
+    assert time.monotonic() - lost > 8 - 1, "not before its time"
+    nodes = {n["name"]: n for n in cluster.status()["nodes"]}
+    assert nodes["a"]["state"] == "READY" and nodes["c"]["state"] == "LOST", "the drained node stays"
+    assert nodes["c"]["drain"]["reason"] == "PSU swap" and nodes["c"]["last_seen_seconds_ago"] < 60
+    assert "node b forgotten: LOST for" in cluster.coordinator.log()
+    cluster.start_agent("b")
+    wait_until(lambda: cluster.node_state("b") == "READY", 20, what="b's agent to register anew")
+
+
 def test_agent_without_nvml_registers_cpu_only(make_cluster):
     cluster = make_cluster()
     state = cluster.root / "agents" / "plain"

@@ -107,6 +107,10 @@ def coordinator(
         20.0, min=0.0, help="Seconds a LOST node's tasks are given to come back with their agent (restarted, "
                             "upgraded) before they count as lost and their jobs restart; a peer task failing or a "
                             "stop does not wait for it."),
+    forget_lost_nodes_after: str = typer.Option(
+        "7d", metavar="DURATION", help="How long a node may stay LOST, with no task of a running job placed there "
+                                       "and not drained by an admin, before it is forgotten (its agent registers "
+                                       "anew when it comes back; 0: never)."),
     heartbeat_interval: float = typer.Option(1.0, min=0.1, help="Seconds between agent heartbeats."),
     max_heartbeats_per_second: float = typer.Option(
         1000.0, min=0.0, help="In a cluster so large that its heartbeats would come more often, agents heartbeat "
@@ -199,6 +203,7 @@ def coordinator(
         fail(f"--heartbeat-interval ({heartbeat_interval}) must be shorter than --lost-after ({lost_after})", 2)
     options = dict(state_dir=state_dir or default_state_dir("coordinator"), lost_after_seconds=lost_after,
                    task_grace_seconds=tasks_lost_after,
+                   forget_lost_seconds=parse_duration(forget_lost_nodes_after, "--forget-lost-nodes-after"),
                    heartbeat_interval_seconds=heartbeat_interval, max_heartbeats_per_second=max_heartbeats_per_second,
                    max_streams_per_caller=max_streams_per_caller,
                    insecure=insecure, token=token,

@@ -19,6 +19,7 @@ from grpc_health.v1._async import HealthServicer
 from tfcluster import __version__, pki, security
 from tfcluster.auth import async_server_interceptors
 from tfcluster.daemon.coordinator.core.cluster import DEFAULT_TASK_GRACE_SECONDS
+from tfcluster.daemon.coordinator.core.node_events import DEFAULT_FORGET_LOST_SECONDS
 from tfcluster.daemon.coordinator.core.model import accounting
 from tfcluster.daemon.coordinator.core.model.task_uids import UidRange
 from tfcluster.daemon.coordinator.core.scheduling.policy import Policy, PolicyError, parse
@@ -60,7 +61,8 @@ class CoordinatorServer:
                  max_code_bytes: int = DEFAULT_MAX_CODE_BYTES, code_store_bytes: int = DEFAULT_CODE_STORE_BYTES,
                  store: Store | None = None, max_heartbeats_per_second: float = 0.0,
                  max_code_unpacked_bytes: int | None = None, max_streams_per_caller: int = DEFAULT_PER_CALLER,
-                 task_grace_seconds: float = DEFAULT_TASK_GRACE_SECONDS):
+                 task_grace_seconds: float = DEFAULT_TASK_GRACE_SECONDS,
+                 forget_lost_seconds: float = DEFAULT_FORGET_LOST_SECONDS):
         if (tls_dir is None) == (not insecure):
             raise ValueError("give --tls-dir (see `tfcluster ca init`) or --insecure")
         self.listen, self.join_listen, self.token = listen, join_listen or next_port(listen), token
@@ -78,6 +80,7 @@ class CoordinatorServer:
                                  max_code_unpacked_bytes=max_code_unpacked_bytes)
         self.coordinator.cluster.usage.keep_seconds = keep_usage_seconds
         self.coordinator.cluster.task_grace = task_grace_seconds
+        self.coordinator.cluster.forget_lost_after = forget_lost_seconds
         if tls_dir:  # no node may be named as the coordinator is reached
             self.coordinator.trust.reserved = frozenset(pki.server_names(pki.load_cert(tls_dir / pki.SERVER_CERT)))
         self.coordinator.node_cert_lifetime = datetime.timedelta(seconds=node_cert_seconds)

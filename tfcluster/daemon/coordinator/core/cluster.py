@@ -29,7 +29,7 @@ from tfcluster.daemon.coordinator.core.model.changelog import ChangeLog, UsageDr
 from tfcluster.daemon.coordinator.core.model.held import Held
 from tfcluster.daemon.coordinator.core.model.job import Job
 from tfcluster.daemon.coordinator.core.model.job_table import KEEP_FINISHED_JOBS, KEEP_FINISHED_SECONDS, Jobs
-from tfcluster.daemon.coordinator.core.node_events import NodeEvents
+from tfcluster.daemon.coordinator.core.node_events import DEFAULT_FORGET_LOST_SECONDS, NodeEvents
 from tfcluster.daemon.coordinator.core.model.node import Node
 from tfcluster.daemon.coordinator.core.model.node_table import Nodes, Pace
 from tfcluster.daemon.coordinator.core.model.sweep import Sweeps
@@ -84,7 +84,7 @@ class Cluster(NodeEvents, SweepEvents):
                  keep_usage_seconds: float = accounting.DEFAULT_KEEP_USAGE_SECONDS,
                  heartbeat_interval_seconds: float = DEFAULT_HEARTBEAT_INTERVAL_SECONDS,
                  max_heartbeats_per_second: float = 0.0, task_grace_seconds: float = DEFAULT_TASK_GRACE_SECONDS,
-                 startup_grace_seconds: float = 0.0):
+                 startup_grace_seconds: float = 0.0, forget_lost_seconds: float = DEFAULT_FORGET_LOST_SECONDS):
         self.changes = ChangeLog()  # what the store has yet to write: nodes and jobs append to it
         self.nodes = Nodes(Pace(heartbeat_interval_seconds, lost_after_seconds, max_heartbeats_per_second),
                            self.changes, startup_grace_seconds)
@@ -95,6 +95,7 @@ class Cluster(NodeEvents, SweepEvents):
             UsageRecorded(entry) if recorded else UsageDropped(entry.job_id)))
         self.resend_after = resend_after_seconds
         self.task_grace = task_grace_seconds  # after its node is LOST, before a task counts as lost (_orphans)
+        self.forget_lost_after, self.forget_checked_at = forget_lost_seconds, 0.0  # node_events.forget_long_lost
         self.unfit_at: dict[str, int] = {}  # PENDING job -> capacity version at which it last did not fit
         self.policy: Policy = NO_POLICY  # classes and quotas (policy.py); none: first come, first placed
         self.holds: dict[str, queue.Hold] = {}  # waiting job at the head of its class -> what it holds
@@ -308,7 +309,7 @@ class Cluster(NodeEvents, SweepEvents):
 
     def tick(self, now: float) -> list[Command]:
         """Periodic work: node liveness, deadlines, answers that never came, jobs whose backoff has passed,
-        and retention of ended jobs."""
+        and retention of ended jobs and of nodes long lost."""
         commands = self.expire(now)
         for job in list(self.jobs.live.values()):
             try:
@@ -324,6 +325,7 @@ class Cluster(NodeEvents, SweepEvents):
         commands += self.schedule(now)
         commands += grow_elastic(self, now)
         self.prune(now)
+        self.forget_long_lost(now)
         return commands
 
     def _resend(self, job: Job, now: float) -> list[Command]:

@@ -16,6 +16,14 @@ from tfcluster.states import JobState
 
 log = logging.getLogger("tfcluster.coordinator")
 
+# A node LOST this long with nothing placed on it is forgotten (--forget-lost-nodes-after; 0: never). A fleet whose
+# machines come and go under new names (replaced hosts, autoscaled ones) would otherwise keep every one of them in
+# the coordinator's memory, its store, `status` and each scheduling pass. Nomad collects down nodes the same way
+# (its node_gc_threshold).
+DEFAULT_FORGET_LOST_SECONDS = 7 * 86400.0
+# How often the LOST nodes are looked at for that, at most (sooner for a shorter setting).
+FORGET_CHECK_SECONDS = 60.0
+
 # An agent that said it is restarting (Leaving: systemd's restart of the unit, an upgrade that installs a release
 # first) is waited for at least this long before its tasks count as lost.
 ANNOUNCED_RESTART_GRACE_SECONDS = 120.0
@@ -37,6 +45,29 @@ class NodeEvents:
                 if job.syncing and job.sync_source == node.name:
                     commands += self.settle(job, lifecycle.sync_done(job, job.syncing, False, why, now))
         return commands
+
+    def forget_long_lost(self, now: float) -> list[str]:
+        """Forgets the nodes LOST for longer than forget_lost_after (returns their names). A node keeps its place
+        while a task of a job not ended is placed there (the job still needs to hear of it), and while an admin
+        has it drained: a drain is someone's decision, which a forgotten node would lose when it came back. The
+        node's certificate stays valid: its agent, started again, registers as a new node (unlike `node
+        remove`, which revokes it)."""
+        if not self.forget_lost_after or now - self.forget_checked_at < min(FORGET_CHECK_SECONDS,
+                                                                           self.forget_lost_after / 10):
+            return []
+        self.forget_checked_at = now
+        forgotten = []
+        for name in self.nodes.lost():
+            node = self.nodes[name]
+            if not node.lost_since:  # loaded from a store written before it was kept: counted from now
+                node.lost_since = now
+            elif now - node.lost_since >= self.forget_lost_after and not self.nodes.has_placed(name) and \
+                    (node.drain is None or node.drain.by == HEALTH_CHECK):
+                self.nodes.remove(name)
+                forgotten.append(name)
+                log.info("node %s forgotten: LOST for %.0f s (--forget-lost-nodes-after); its agent registers "
+                         "anew when it comes back", name, now - node.lost_since, extra=fields(node=name))
+        return sorted(forgotten)
 
     def remove_node(self, name: str, now: float) -> list[Command]:
         """The node leaves the cluster: its tasks are lost (their jobs restart elsewhere) and it is forgotten."""

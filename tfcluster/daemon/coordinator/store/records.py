@@ -326,7 +326,8 @@ def task_doc(task: Task) -> dict[str, Any]:
 
 
 def node_doc(node: Node) -> dict[str, Any]:
-    return {"info": plain(node.info), "state": node.state, "drain": plain(node.drain) if node.drain else None}
+    return {"info": plain(node.info), "state": node.state, "drain": plain(node.drain) if node.drain else None,
+            "lost_since": node.lost_since}
 
 
 def job_from_docs(job_text: str, task_texts: list[str], evaluation_texts: list[str]) -> Job:
@@ -375,7 +376,8 @@ def node_from_doc(text: str) -> Node:
                                  "gpus": tuple(Gpu(**g) for g in info["gpus"]),
                                  "labels": tuple(info.get("labels", ()))}),  # none in a node stored before labels
                 state=doc["state"],
-                drain=Drain(**doc["drain"]) if doc.get("drain") else None)  # none before 0.9
+                drain=Drain(**doc["drain"]) if doc.get("drain") else None,  # none before 0.9
+                lost_since=doc.get("lost_since", 0.0))  # none from earlier releases: counted from loading
 
 
 def _task(doc: dict[str, Any]) -> Task:

@@ -50,6 +50,9 @@ class Node(Record):
     info: NodeInfo
     state: NodeState = NodeState.READY
     drain: Drain | None = None
+    # When it was declared LOST (0: it is READY); saved, so that how long a node has been gone outlives a restart
+    # of the coordinator, which forgets a node gone for long enough (node_events.py forget_long_lost).
+    lost_since: float = 0.0
     seen: NodeSeen = field(default_factory=NodeSeen, repr=False)
 
     def __post_init__(self) -> None:

@@ -214,6 +214,8 @@ class Nodes(Registry[Node]):
         else:
             self._discard_address(old.info.address, old.name)
         self._nodes[node.name] = node
+        if node.state == NodeState.LOST and not node.seen.last_seen:  # loaded: silent since about then, not 1970
+            node.seen.last_seen = node.lost_since
         self._by_address.setdefault(node.info.address, set()).add(node.name)
         i = node.info
         self._idle[node.name] = NodeCapacity(i.name, i.address, i.gpus, i.port_range, memory_bytes=i.memory_bytes,
@@ -240,7 +242,7 @@ class Nodes(Registry[Node]):
             node = Node(info=info)
         if node.info != info or node.state != NodeState.READY:  # a Record: assigning marks it for the store
             self._discard_address(node.info.address, node.name)
-            node.info, node.state = info, NodeState.READY
+            node.info, node.state, node.lost_since = info, NodeState.READY, 0.0
         # In the future with a startup grace: expiry skips it until then, or until its session's first message
         # says it is alive.
         self._heard_at(node, now + max(0.0, self.startup_grace - self.lost_after))
@@ -379,6 +381,7 @@ class Nodes(Registry[Node]):
             self._heard_at(node, self._silent_since(node))  # it keeps what it was forgiven
             # What its heartbeats said no longer holds; its agent says it again when it registers.
             node.state, node.seen.condition, node.seen.conditions = NodeState.LOST, "", ()
+            node.lost_since = now
             self._index_state(node.name, node)
         if silent:
             self.capacity_version += 1
