@@ -261,3 +261,43 @@ def test_a_coordinator_loading_the_store_has_the_ledger_and_counts_running_tasks
     assert restarted.usage.entries() == sim.c.usage.entries()
     assert restarted.jobs[running.id].task("worker", 0).running_since == sim.now + 10
     assert restarted.gpu_hours_since(0, sim.now + 10 + HOUR) == {"alice": pytest.approx(1), "bob": pytest.approx(1)}
+
+
+def _window_by_scan(ledger: Ledger, seconds: float, now: float) -> dict[str, float]:
+    """A quota window's GPU-seconds as a pass over every entry in it finds them (Ledger.totals)."""
+    return {k: t.gpu_seconds for k, t in ledger.totals(now - seconds, now).items() if t.gpu_seconds}
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_quota_windows_kept_sums_match_a_pass_over_every_entry(seed):
+    """GPU-hour quotas are asked on every scheduling pass: their windows' sums follow the window as time passes,
+    jobs end (short and long ones, some straddling the window's start) and the horizon drops old entries, and
+    agree with a scan of the whole window each time; a clock stepped back builds them anew."""
+    import random
+    rng = random.Random(seed)
+    ledger = Ledger(keep_seconds=3 * DAY)
+    now, number = 1_000_000.0, 0
+    for step in range(600):
+        now += rng.choice((1.0, 30.0, 600.0, HOUR))
+        if rng.random() < 0.02:
+            now -= rng.choice((5.0, HOUR))  # a clock stepped back
+        for _ in range(rng.randint(0, 4)):
+            number += 1
+            ran = rng.choice((0.0, 2.0, 60.0, HOUR, 2 * DAY))
+            groups = tuple(rng.sample(("vision", "nlp", "infra"), rng.randint(0, 2)))
+            ledger.record(Entry(f"job-{number}", rng.choice(("alice", "bob", "carol")), groups, now - ran, now,
+                                gpu_seconds=rng.choice((0.0, ran or 1.0, 8 * ran)), cpu_seconds=1.0))
+        ledger.prune(now)
+        for seconds in (HOUR, DAY, 2 * DAY):
+            kept = {k: v for k, v in ledger.gpu_seconds_within(seconds, now).items() if v}
+            scanned = _window_by_scan(ledger, seconds, now)
+            assert kept.keys() == scanned.keys(), (step, seconds)
+            assert all(kept[k] == pytest.approx(scanned[k], rel=1e-9, abs=1e-3) for k in kept), (step, seconds)
+
+
+def test_a_quota_window_counts_a_running_job_up_to_now():
+    ledger = Ledger()
+    ledger.record(Entry("done-1", "alice", ("vision",), 0.0, HOUR, gpu_seconds=2 * HOUR))
+    running = Entry("live-2", "alice", (), 2 * HOUR, 4 * HOUR, gpu_seconds=4 * HOUR)  # as of now, 4 h
+    used = ledger.gpu_seconds_within(3 * HOUR, 4 * HOUR, live=[running])
+    assert used == {"alice": pytest.approx(4 * HOUR), "group:vision": 0.0}

@@ -113,7 +113,7 @@ def test_class_resolution_user_over_groups_over_defaults():
 
 def test_without_a_policy_there_is_one_class_and_asking_for_another_is_refused():
     assert NO_POLICY.resolve("", "alice", ()).name == ""
-    assert NO_POLICY.subjects("alice", ("vision",)) == []
+    assert NO_POLICY.subjects("alice", ("vision",)) == ()
     with pytest.raises(ClassRefused, match="'high' is not a priority class: this cluster has none"):
         NO_POLICY.resolve("high", "alice", ())
 

@@ -238,6 +238,10 @@ class Cluster(NodeEvents, SweepEvents):
             used.update({key: totals.get(key, 0.0) for key, window in windows.items() if window == seconds})
         return queue.Usage(shares=self.fair_share(now, self.policy.fair_share_half_life), used_gpu_hours=used)
 
+    def holdings(self) -> queue.Holdings:
+        """What each quota's subject holds now: from what the placed tasks hold (Held), not from every live job."""
+        return queue.Holdings(self.policy, ((self.jobs.live[job_id], gpus) for job_id, gpus in self.held.jobs()))
+
     def set_policy(self, policy: Policy) -> None:
         """A policy (re)loaded: new submissions are resolved against it, and every waiting job is tried again
         under its quotas (jobs keep the class they were given)."""
@@ -359,8 +363,10 @@ class Cluster(NodeEvents, SweepEvents):
 
     def gpu_hours_since(self, since: float, now: float) -> dict[str, float]:
         """User name, and "group:NAME" for each group -> GPU-hours used between since and now (running jobs
-        up to now; a job's use taken as spread evenly over its run)."""
-        return {key: t.gpu_seconds / 3600.0 for key, t in self.usage_totals(since, now).items()}
+        up to now; a job's use taken as spread evenly over its run). Asked on every scheduling pass for each
+        quota's window: the ledger keeps sums for each window (accounting.py)."""
+        return {key: seconds / 3600.0 for key, seconds in
+                self.usage.gpu_seconds_within(now - since, now, self._live_entries(now)).items()}
 
     def usage_totals(self, since: float, now: float) -> dict[str, accounting.Totals]:
         """User name, and "group:NAME" for each group -> what their jobs used between since and now."""

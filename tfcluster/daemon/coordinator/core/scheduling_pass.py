@@ -94,7 +94,7 @@ class SchedulePass:
             commands += self._place_preemptor(job, unfit)
         kept = {n.name: n for n in preemption.free_for(None, self.capacity, self.held)}
         usage = cluster.queue_usage(self.now) if cluster.policy.source else queue.NO_USAGE
-        turn = queue.QueuePass(kept, cluster.holds, queue.Holdings(cluster.policy, cluster.jobs.live.values()), usage,
+        turn = queue.QueuePass(kept, cluster.holds, cluster.holdings(), usage,
                                cluster.nodes.idle)
         for job in queue.order([j for j in pending if j.id not in self.held], usage.shares):
             if cluster.unfit_at.get(job.id) == self.version:
@@ -117,7 +117,7 @@ class SchedulePass:
     def _place_preemptor(self, job: Job, unfit: list[Job]) -> list[Command]:
         """A job for which others were preempted, placed once what they held is free."""
         previous = {(t.type, t.index): (t.node, t.port) for t in job.tasks if t.node}
-        quotas = queue.Holdings(self.cluster.policy, self.cluster.jobs.live.values())
+        quotas = self.cluster.holdings()
         result = avoidance.place_avoiding(job, preemption.free_for(job, self.capacity, self.held), previous=previous,
                                           largest=quotas.largest_size(job))
         if isinstance(result, Unfit):
@@ -188,7 +188,7 @@ def grow_elastic(cluster: Scheduled, now: float) -> list[Command]:
         if free is None:  # what is kept for a preemptor is not free
             free = preemption.free_for(None, {n.name: n for n in cluster.capacity(now)}, preemption.holdings(live))
         if quotas is None:
-            quotas = queue.Holdings(cluster.policy, live)
+            quotas = cluster.holdings()
         own = sum(len(t.gpus) for t in job.tasks if job.holds(t))  # given back by the group restart that grows it
         workers = elastic.grow_to(job, free, quotas.largest_size(job, holding=own))
         if workers:

@@ -13,12 +13,16 @@ the job itself. Queries take the live jobs as entries made up to now, so running
   run inside the window (usage is taken as spread evenly between its first start and its end);
 - each owner's decayed GPU-hours (fair share, as Slurm's multifactor priority does): GPU-hours used at time t
   count 0.5 ** ((now - t) / half_life). Kept per half-life as running sums anchored at one time, so a
-  scheduling pass costs one pass over the live jobs, not one over the ledger.
+  scheduling pass costs one pass over the live jobs, not one over the ledger;
+- each user's and group's GPU-hours in a rolling window (GPU-hour quotas, asked on every scheduling pass): kept
+  per window as sums that follow the window's start (_Window), so a pass costs the entries that straddle that
+  start, not one pass over every job that ended within the window (a million of them is a day of short jobs).
 """
 
 from __future__ import annotations
 
 import bisect
+import heapq
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -76,6 +80,11 @@ class Totals:
         self.cpu_seconds += entry.cpu_seconds * share
         self.peak_rss_bytes = max(self.peak_rss_bytes, entry.peak_rss_bytes)
         self.jobs += 1
+
+
+def _keys(entry: Entry) -> tuple[str, ...]:
+    """Where an entry counts: its owner's name, and GROUP_PREFIX + each of its groups, once."""
+    return (entry.owner, *(GROUP_PREFIX + g for g in dict.fromkeys(entry.groups)))
 
 
 def by_user_and_group(totals: dict[str, Totals]) -> tuple[dict[str, Totals], dict[str, Totals]]:
@@ -172,6 +181,75 @@ class _Decayed:
         return {owner: value * factor for owner, value in self.by_owner.items()}
 
 
+class _Window:
+    """The ledger's GPU-seconds per user and per group in the rolling window [now - seconds, now], pro-rated as
+    Ledger.totals does, kept as the window's start (the cutoff) moves on and entries come and go. An entry that
+    began at or after the cutoff counts whole, in running sums; one that began before it and ended after it
+    straddles the cutoff and is pro-rated when asked: there are no more of those than jobs that ran across that
+    moment. Entries without GPU-seconds add nothing and are not kept."""
+
+    def __init__(self, seconds: float, cutoff: float, entries: Iterable[Entry]):
+        self.seconds, self.cutoff = seconds, cutoff
+        self._inside: dict[str, Entry] = {}  # job id -> entry: began at or after the cutoff
+        self._starts: list[tuple[float, str]] = []  # heap of (start, job id) of those, and of some since gone
+        self._sums: dict[str, float] = {}  # key -> GPU-seconds of the inside entries
+        self._counts: dict[str, int] = {}  # key -> inside entries: at 0 its sum is dropped, rounding errors too
+        self._straddling: dict[str, Entry] = {}  # job id -> entry: began before the cutoff, ended at or after it
+        for entry in entries:
+            self.add(entry)
+
+    def add(self, entry: Entry) -> None:
+        if not entry.gpu_seconds or entry.end < self.cutoff:
+            return
+        if entry.start < self.cutoff:
+            self._straddling[entry.job_id] = entry
+            return
+        self._inside[entry.job_id] = entry
+        heapq.heappush(self._starts, (entry.start, entry.job_id))
+        self._count(entry, 1)
+
+    def remove(self, entry: Entry) -> None:
+        """The entry left the ledger (its heap item goes when it reaches the top)."""
+        self._straddling.pop(entry.job_id, None)
+        if self._inside.pop(entry.job_id, None) is not None:
+            self._count(entry, -1)
+
+    def _count(self, entry: Entry, sign: int) -> None:
+        for key in _keys(entry):
+            count = self._counts.get(key, 0) + sign
+            if count:
+                self._counts[key] = count
+                self._sums[key] = max(0.0, self._sums.get(key, 0.0) + sign * entry.gpu_seconds)
+            else:
+                self._counts.pop(key, None)
+                self._sums.pop(key, None)
+
+    def move_to(self, cutoff: float) -> bool:
+        """The window now starts at cutoff; False when that is before its start (a clock stepped back): the
+        caller builds it anew."""
+        if cutoff < self.cutoff:
+            return False
+        self.cutoff = cutoff
+        while self._starts and self._starts[0][0] < cutoff:
+            _, job_id = heapq.heappop(self._starts)
+            entry = self._inside.pop(job_id, None)
+            if entry is not None:
+                self._count(entry, -1)
+                self._straddling[job_id] = entry
+        for job_id in [i for i, e in self._straddling.items() if e.end < cutoff]:
+            del self._straddling[job_id]
+        return True
+
+    def gpu_seconds(self, now: float) -> dict[str, float]:
+        """Key -> GPU-seconds of the window that ends at now (move_to its start first)."""
+        used = dict(self._sums)
+        for entry in self._straddling.values():
+            share = entry.share_between(self.cutoff, now)
+            for key in _keys(entry):
+                used[key] = used.get(key, 0.0) + entry.gpu_seconds * share
+        return used
+
+
 class Ledger:
     """The ended jobs' entries, oldest end first, for keep_seconds after each ended. Its changes go to `changed`
     (the cluster's change log) so the store keeps them: an entry recorded or dropped."""
@@ -184,6 +262,7 @@ class Ledger:
         self._ordered: list[Entry] = []
         self._ends: list[float] = []
         self._decayed: dict[float, _Decayed] = {}  # half-life -> the sums for it
+        self._windows: dict[float, _Window] = {}  # a quota's window (seconds) -> the sums for it
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -199,6 +278,7 @@ class Ledger:
         for entry in sorted(entries, key=lambda e: e.end):
             self._add(entry)
         self._decayed.clear()
+        self._windows.clear()
 
     def _add(self, entry: Entry) -> None:
         self._entries[entry.job_id] = entry
@@ -214,6 +294,8 @@ class Ledger:
         self._add(entry)
         for sums in self._decayed.values():
             sums.add(entry)
+        for window in self._windows.values():
+            window.add(entry)
         self.changed(entry, True)
 
     def prune(self, now: float) -> list[Entry]:
@@ -227,6 +309,8 @@ class Ledger:
             del self._entries[entry.job_id]
             for sums in self._decayed.values():
                 sums.add(entry, -1.0)
+            for window in self._windows.values():
+                window.remove(entry)
             self.changed(entry, False)
         return dropped
 
@@ -241,7 +325,7 @@ class Ledger:
             if entry.end < since or not (entry.start or entry.gpu_seconds or entry.cpu_seconds):
                 continue
             share = entry.share_between(since, now)
-            for key in (entry.owner, *(GROUP_PREFIX + g for g in entry.groups)):
+            for key in _keys(entry):
                 totals.setdefault(key, Totals()).add(entry, share)
         return totals
 
@@ -262,3 +346,22 @@ class Ledger:
             if gpu_seconds:
                 result[owner] = result.get(owner, 0.0) + _decayed_hours(gpu_seconds, started, now, now, half_life)
         return result
+
+    def gpu_seconds_within(self, seconds: float, now: float, live: Iterable[Entry] = ()) -> dict[str, float]:
+        """Per user and per group (keys as in totals), the GPU-seconds used in the window [now - seconds, now]:
+        the ledger's (from sums kept for that window) and the live jobs' (as entries up to now)."""
+        if self._ends and self._ends[-1] > now:  # a clock stepped back: entries end after now, each pro-rated
+            return {key: t.gpu_seconds for key, t in self.totals(now - seconds, now, live).items()}
+        window = self._windows.get(seconds)
+        if window is None or not window.move_to(now - seconds):
+            if window is None and len(self._windows) >= _DECAY_CACHES:
+                self._windows.pop(next(iter(self._windows)))
+            start = bisect.bisect_left(self._ends, now - seconds)
+            window = self._windows[seconds] = _Window(seconds, now - seconds, self._ordered[start:])
+        used = window.gpu_seconds(now)
+        for entry in live:
+            if entry.gpu_seconds and entry.end >= now - seconds:
+                share = entry.share_between(now - seconds, now)
+                for key in _keys(entry):
+                    used[key] = used.get(key, 0.0) + entry.gpu_seconds * share
+        return used

@@ -11,7 +11,7 @@ placements); what the job holds now is compared with what was recorded for it, s
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import NamedTuple
 
 from tfcluster.daemon.coordinator.core.model.job import Job
@@ -59,6 +59,11 @@ class Held:
             self._by_job[job.id] = now
         else:
             self._by_job.pop(job.id, None)
+
+    def jobs(self) -> Iterator[tuple[str, int]]:
+        """Each job that holds something: its id, and how many GPUs it holds."""
+        for job_id, holds in self._by_job.items():
+            yield job_id, sum(len(hold.gpus) for hold in holds.values())
 
     def gpus(self) -> Mapping[str, Counter[int]]:
         """Node -> its GPU indices held (a node holding none is absent)."""

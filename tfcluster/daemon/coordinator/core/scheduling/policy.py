@@ -75,6 +75,9 @@ class Subject:
 NO_CLASS = PriorityClass("", 0, True)
 
 
+MAX_SUBJECTS_KEPT = 10_000
+
+
 @dataclass(frozen=True)
 class Policy:
     classes: Mapping[str, PriorityClass] = field(default_factory=dict)
@@ -85,6 +88,8 @@ class Policy:
     text: str = ""     # the file as loaded: `tfcluster policy` shows it
     source: str = ""   # where it was loaded from; "": no policy file
     loaded_at: float = 0.0
+    # (owner, groups) -> subjects: asked for every waiting and every placed job on each pass, of a few owners
+    _subjects: dict = field(default_factory=dict, init=False, compare=False, repr=False)
 
     @property
     def fair_share(self) -> bool:
@@ -97,12 +102,18 @@ class Policy:
                 for kind, table in (("user", self.users), ("group", self.groups))
                 for name, limits in table.items() if limits.gpu_hours is not None}
 
-    def subjects(self, owner: str, groups: Iterable[str]) -> list[Subject]:
+    def subjects(self, owner: str, groups: Iterable[str]) -> tuple[Subject, ...]:
         """The user and the groups whose quotas a job of this owner counts against (those the policy names)."""
-        if not self.users and not self.groups:  # no quotas at all: asked of every waiting job on each pass
-            return []
-        found = [Subject("user", owner, self.users[owner])] if owner in self.users else []
-        return found + [Subject("group", g, self.groups[g]) for g in dict.fromkeys(groups) if g in self.groups]
+        if not self.users and not self.groups:  # no quotas at all
+            return ()
+        groups = tuple(groups)
+        found = self._subjects.get((owner, groups))
+        if found is None:
+            found = ((Subject("user", owner, self.users[owner]),) if owner in self.users else ()) + \
+                tuple(Subject("group", g, self.groups[g]) for g in dict.fromkeys(groups) if g in self.groups)
+            if len(self._subjects) < MAX_SUBJECTS_KEPT:  # owners and their groups: few, unless a flood of names
+                self._subjects[(owner, groups)] = found
+        return found
 
     def resolve(self, asked: str, owner: str, groups: Iterable[str]) -> PriorityClass:
         """The class a job gets: the one asked for, else the owner's default. Raises ClassRefused for a class

@@ -53,16 +53,15 @@ def gpus_asked(spec: JobSpec, exact: bool = False) -> int:
 class Holdings:
     """The GPUs and running jobs each quota subject (Subject.key) holds now; the pass adds what it places."""
 
-    def __init__(self, policy: Policy, jobs: Iterable[Job] = ()):
+    def __init__(self, policy: Policy, holding: Iterable[tuple[Job, int]] = ()):
+        """holding: each job that holds resources now (Job.holds), with the GPUs it holds."""
         self.policy = policy
         self.gpus: Counter[str] = Counter()
         self.running: Counter[str] = Counter()
         if not any(limits.has_quota for limits in (*policy.users.values(), *policy.groups.values())):
             return  # nothing to count against: the jobs need not be read
-        for job in jobs:
-            held = sum(len(t.gpus) for t in job.tasks if job.holds(t))
-            if held or any(job.holds(t) for t in job.tasks):
-                self.add(job, held)
+        for job, gpus in holding:
+            self.add(job, gpus)
 
     def add(self, job: Job, gpus: int) -> None:
         for subject in self.policy.subjects(job.owner, job.groups):
@@ -92,7 +91,7 @@ def quota_reason(job: Job, holdings: Holdings, used_gpu_hours: Mapping[str, floa
     subjects = holdings.policy.subjects(job.owner, job.groups)
     if not subjects:  # no quota names the owner or a group of theirs (asked of every waiting job on each pass)
         return ""
-    asked = gpus_asked(job.spec)
+    asked = _gpus_asked_by(job)
     for subject in subjects:
         limits, key = subject.limits, subject.key
         if limits.gpus is not None and asked and holdings.gpus[key] + asked > limits.gpus:
@@ -106,6 +105,16 @@ def quota_reason(job: Job, holdings: Holdings, used_gpu_hours: Mapping[str, floa
             return (f"waiting: {subject} quota of {limits.gpu_hours:g} GPU-hours per {limits.window} is used up "
                     f"({used:.1f} used)")
     return ""
+
+
+def _gpus_asked_by(job: Job) -> int:
+    """gpus_asked of the job's spec, kept on the job until its spec is replaced: asked of every waiting job on each
+    pass, and its spec's roles walked each time cost more than the rest of the quota check."""
+    kept = job.__dict__.get("_gpus_asked")
+    if kept is None or kept[0] is not job.spec:
+        kept = (job.spec, gpus_asked(job.spec))
+        object.__setattr__(job, "_gpus_asked", kept)  # not a field: the store neither sees nor saves it
+    return kept[1]
 
 
 def never_within_quota(spec: JobSpec, subjects: Iterable[Subject]) -> str:
