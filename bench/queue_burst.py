@@ -6,7 +6,10 @@ but a port. Every launch reports RUNNING and then exit 0, the oldest launch firs
 - burst: all jobs submitted at once, so hundreds wait in the queue and every task's exit runs a scheduling pass
   over them (bench/cli.py's throughput figure submits this way, over the wire);
 - floor: the same jobs submitted one at a time, each run to its end before the next: no queue, the same
-  submissions, placements, launches, reports and ends.
+  submissions, placements, launches, reports and ends;
+- burst under a quota: the burst again, under a policy with a GPU-hour quota on the jobs' owner, with the usage
+  ledger holding LEDGER ended GPU jobs inside the quota's window (a day of short trials). Each scheduling pass
+  asks how much of the quota is used: against the burst without a policy.
 
 After each event the store's writer collects what changed (encoded, not stored), as the coordinator writes before
 it sends commands. It prints the CPU per job of each and their ratio, and the job documents written per job, and
@@ -19,16 +22,18 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from report import show_and_save  # noqa: E402  (bench/report.py)
 from tfcluster import __version__  # noqa: E402
 from tfcluster.commands import Launch  # noqa: E402
 from tfcluster.daemon.coordinator.core.cluster import Cluster  # noqa: E402
+from tfcluster.daemon.coordinator.core.model.accounting import Entry  # noqa: E402
+from tfcluster.daemon.coordinator.core.scheduling import policy  # noqa: E402
 from tfcluster.daemon.coordinator.store.records import Writer  # noqa: E402
 from tfcluster.model import NodeInfo, TaskExit, TaskReport  # noqa: E402
 from tfcluster.specfile import parse_spec  # noqa: E402
@@ -36,6 +41,8 @@ from tfcluster.states import JobState  # noqa: E402
 
 NODES = ("n1", "n2")
 PORTS = (20000, 20099)
+OWNER = "alice"
+QUOTA = '[users.alice]\ngpu_hours = 1e9\nwindow = "7d"\n'
 SPEC = parse_spec({"name": "tiny", "strategy": "multi_worker_mirrored", "command": ["true"], "workdir": "/",
                    "roles": {"worker": {"count": 2}}}, "bench")
 
@@ -45,7 +52,7 @@ class Core:
     each event the store's writer collects what changed, as the coordinator writes before it sends commands (the
     writes are counted and encoded, not stored)."""
 
-    def __init__(self) -> None:
+    def __init__(self, ledger: int = 0) -> None:
         self.cluster = Cluster(lost_after_seconds=3600.0)
         self.writer = Writer()
         self.job_writes = 0
@@ -55,10 +62,14 @@ class Core:
                                            state_dir=f"/state/{name}", agent_version=__version__),
                                   [], f"session-{name}", self.now)
         self.launches: collections.deque[Launch] = collections.deque()
+        if ledger:  # ended a second apart, each having used a GPU for a minute, all within the quota's window
+            self.cluster.set_policy(policy.parse(QUOTA, "bench", self.now))
+            self.cluster.usage.load(Entry(f"trial-{i}", OWNER, ("vision",), self.now - i - 60, self.now - i, 60.0)
+                                    for i in range(ledger))
         self._write()
 
     def submit(self) -> None:
-        _, commands = self.cluster.submit(SPEC, self.now)
+        _, commands = self.cluster.submit(SPEC, self.now, owner=OWNER)
         self._keep(commands)
 
     def run_launched(self) -> None:
@@ -79,9 +90,9 @@ class Core:
         self.job_writes += sum(1 for kind, _ in batch.writes if kind == "job")  # each record is saved as collected
 
 
-def run(jobs: int, burst: bool) -> tuple[float, float]:
+def run(jobs: int, burst: bool, ledger: int = 0) -> tuple[float, float]:
     """The CPU per job (ms) and the job documents the store's writer wrote per job."""
-    core = Core()
+    core = Core(ledger)
     began = time.process_time()
     for _ in range(jobs):
         core.submit()
@@ -98,22 +109,27 @@ def run(jobs: int, burst: bool) -> tuple[float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=600, help="Jobs in the burst (default 600: 500 of them wait).")
+    parser.add_argument("--ledger", type=int, default=100_000,
+                        help="Ended GPU jobs in the quota's window, for the burst under a quota (default 100,000).")
     options = parser.parse_args()
     run(50, burst=True)  # warm: imports, the first allocations
-    burst, floor = [], []
-    for _ in range(3):  # alternated, so both meet the same machine
+    burst, floor, quota = [], [], []
+    for _ in range(3):  # alternated, so all meet the same machine
         burst.append(run(options.jobs, burst=True))
         floor.append(run(options.jobs, burst=False))
+        quota.append(run(options.jobs, burst=True, ledger=options.ledger))
     (burst_cpu, burst_writes), (floor_cpu, floor_writes) = min(burst), min(floor)
+    quota_cpu = min(quota)[0]
     results = {"jobs": options.jobs, "burst_cpu_ms_per_job": round(burst_cpu, 3),
                "floor_one_at_a_time_cpu_ms_per_job": round(floor_cpu, 3),
                "burst_vs_one_at_a_time": round(burst_cpu / floor_cpu, 2),
                "burst_job_writes_per_job": round(burst_writes, 1),
                "floor_job_writes_per_job": round(floor_writes, 1),
-               "burst_writes_vs_one_at_a_time": round(burst_writes / floor_writes, 2)}
-    for key, value in results.items():
-        print(f"{key:<36}  {value}")
-    (Path(__file__).resolve().parent / "queue_burst.json").write_text(json.dumps(results, indent=2) + "\n")
+               "burst_writes_vs_one_at_a_time": round(burst_writes / floor_writes, 2),
+               "ledger_entries_in_quota_window": options.ledger,
+               "burst_under_quota_cpu_ms_per_job": round(quota_cpu, 3),
+               "quota_burst_vs_burst": round(quota_cpu / burst_cpu, 2)}
+    show_and_save(results, "queue_burst.json")
 
 
 if __name__ == "__main__":

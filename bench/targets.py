@@ -27,4 +27,7 @@ TARGETS = (
            "the core's CPU per tiny job with hundreds waiting / the same jobs one at a time (no queue)"),
     Target("queue_burst.json", "burst_writes_vs_one_at_a_time", 1.5,
            "the job records written per tiny job with hundreds waiting / the same jobs one at a time (no queue)"),
+    Target("queue_burst.json", "quota_burst_vs_burst", 2.0,
+           "the core's CPU per tiny job in that burst under a GPU-hour quota, 100,000 ended jobs in its window / "
+           "the same burst without a policy"),
 )
