@@ -705,7 +705,7 @@ def test_a_cluster_past_its_heartbeat_bound_beats_less_often_and_waits_as_much_l
 
 
 def test_the_pace_keeps_under_its_bound_at_every_size_and_is_told_only_when_the_cluster_outgrows_a_step():
-    from tfcluster.daemon.coordinator.core.model.node_table import Pace
+    from tfcluster.daemon.coordinator.core.model.pace import Pace
     pace, told = Pace(interval=1.0, lost_after=3.0, max_per_second=1000), []
     for nodes in range(1, 20_001):
         pace.fit(nodes)

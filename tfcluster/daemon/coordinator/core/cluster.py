@@ -8,7 +8,8 @@ node (reconcile.py), so a lost message heals within a few seconds instead of wai
 The nodes (core/model/node_table.py: registry, liveness, what is placed where) and the jobs (core/model/job_table.py: live and ended ones,
 request ids, task UIDs, numbering, retention) each keep their own indexes; an event here changes both, and
 hands every job it changed to settle, which tells each of them. A scheduling pass is core/scheduling_pass.py; what
-happens to nodes besides their agents' messages (loss, removal, drain, health) is core/node_events.py.
+happens to nodes besides their agents' messages (loss, removal, drain, health) is core/node_events.py; what owners
+have used (fair share, quotas' windows, `tfcluster usage`) is core/usage_queries.py.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from tfcluster.daemon.coordinator.core.model.job import Job
 from tfcluster.daemon.coordinator.core.model.job_table import KEEP_FINISHED_JOBS, KEEP_FINISHED_SECONDS, Jobs
 from tfcluster.daemon.coordinator.core.node_events import DEFAULT_FORGET_LOST_SECONDS, NodeEvents
 from tfcluster.daemon.coordinator.core.model.node import Node
-from tfcluster.daemon.coordinator.core.model.node_table import Nodes, Pace
+from tfcluster.daemon.coordinator.core.model.node_table import Nodes
+from tfcluster.daemon.coordinator.core.model.pace import Pace
 from tfcluster.daemon.coordinator.core.model.sweep import Sweeps
 from tfcluster.daemon.coordinator.core.model.observer import Observer
 from tfcluster.daemon.coordinator.core.scheduling import preemption
@@ -41,6 +43,7 @@ from tfcluster.daemon.coordinator.core.scheduling.placement import NodeCapacity,
 from tfcluster.daemon.coordinator.core.scheduling.policy import NO_POLICY, ClassRefused, Policy
 from tfcluster.daemon.coordinator.core.scheduling_pass import SchedulePass, grow_elastic
 from tfcluster.daemon.coordinator.core.sweep_events import SweepEvents
+from tfcluster.daemon.coordinator.core.usage_queries import UsageQueries
 from tfcluster.daemon.logformat import fields
 from tfcluster.model import Attempt, Evaluation, NodeInfo, TaskExit, TaskProgress, TaskReport
 from tfcluster.roles.tfconfig import build_tf_configs
@@ -72,7 +75,7 @@ class Plan:
     spec: JobSpec | None = None  # with `auto` resolved
 
 
-class Cluster(NodeEvents, SweepEvents):
+class Cluster(NodeEvents, SweepEvents, UsageQueries):
     """The nodes (core/model/node_table.py) and the jobs (core/model/job_table.py), each keeping its own indexes, and the events that change
     them together; the sweeps (core/sweep_events.py), whose trials are its jobs."""
     refusals = (Unplaceable, ClassRefused)  # what submit raises for a job it refuses
@@ -228,20 +231,6 @@ class Cluster(NodeEvents, SweepEvents):
             return []
         return SchedulePass(self, now).run(repairs, pending)
 
-    def queue_usage(self, now: float) -> queue.Usage:
-        """Owners' GPU-hours as the queue needs them, from the usage ledger (accounting.py): fair share decayed
-        with the policy's half-life, and the GPU-hours of each quota's window."""
-        used: dict[str, float] = {}
-        windows = self.policy.gpu_hour_windows()
-        for seconds in set(windows.values()):
-            totals = self.gpu_hours_since(now - seconds, now)
-            used.update({key: totals.get(key, 0.0) for key, window in windows.items() if window == seconds})
-        return queue.Usage(shares=self.fair_share(now, self.policy.fair_share_half_life), used_gpu_hours=used)
-
-    def holdings(self) -> queue.Holdings:
-        """What each quota's subject holds now: from what the placed tasks hold (Held), not from every live job."""
-        return queue.Holdings(self.policy, ((self.jobs.live[job_id], gpus) for job_id, gpus in self.held.jobs()))
-
     def set_policy(self, policy: Policy) -> None:
         """A policy (re)loaded: new submissions are resolved against it, and every waiting job is tried again
         under its quotas (jobs keep the class they were given)."""
@@ -351,30 +340,6 @@ class Cluster(NodeEvents, SweepEvents):
             self.unfit_at.pop(job.id, None)
             self.holds.pop(job.id, None)
         self.usage.prune(now)
-
-    # ---- accounting ----------------------------------------------------------------------------
-
-    def fair_share(self, now: float, half_life: float) -> dict[str, float]:
-        """Owner -> decayed GPU-hours at now (each GPU-hour used at time t weighs 0.5 ** ((now - t) /
-        half_life)): the ledger's ended jobs and the live ones up to now. Owners who used nothing are absent.
-        Cheap enough for every scheduling pass: sums kept per half-life, plus one pass over the live jobs."""
-        live = ((job.owner, *accounting.accrued(job, now)) for job in self.jobs.live.values())
-        return self.usage.decayed(now, half_life, live)
-
-    def gpu_hours_since(self, since: float, now: float) -> dict[str, float]:
-        """User name, and "group:NAME" for each group -> GPU-hours used between since and now (running jobs
-        up to now; a job's use taken as spread evenly over its run). Asked on every scheduling pass for each
-        quota's window: the ledger keeps sums for each window (accounting.py)."""
-        return {key: seconds / 3600.0 for key, seconds in
-                self.usage.gpu_seconds_within(now - since, now, self._live_entries(now)).items()}
-
-    def usage_totals(self, since: float, now: float) -> dict[str, accounting.Totals]:
-        """User name, and "group:NAME" for each group -> what their jobs used between since and now."""
-        return self.usage.totals(since, now, self._live_entries(now))
-
-    def _live_entries(self, now: float) -> list[accounting.Entry]:
-        return [accounting.entry_of(job, now) for job in self.jobs.live.values()
-                if job.usage.started or any(t.running_since for t in job.tasks)]
 
     # ---- helpers -------------------------------------------------------------------------------
 

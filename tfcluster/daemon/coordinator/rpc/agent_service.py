@@ -14,7 +14,8 @@ from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc
 from tfcluster.codechunks import stream_archive
 from tfcluster.daemon.coordinator.core.access.trust import TokenRefused
 from tfcluster.daemon.coordinator.core.model.node_table import NameTaken
-from tfcluster.daemon.coordinator.rpc.coordinator import Coordinator, StreamEnded
+from tfcluster.daemon.coordinator.rpc.coordinator import Coordinator
+from tfcluster.daemon.coordinator.rpc.outbox import StreamEnded
 from tfcluster.daemon.logformat import fields
 from tfcluster.pki import PkiError
 
