@@ -12,7 +12,8 @@ import pytest
 from coresim import Sim, info, make_spec
 
 from tfcluster.daemon.coordinator.core.cluster import Cluster
-from tfcluster.daemon.coordinator.core.model.accounting import Entry, Ledger, Usage, decayed_gpu_hours
+from tfcluster.daemon.coordinator.core.model.accounting import Entry, Usage, decayed_gpu_hours
+from tfcluster.daemon.coordinator.core.model.ledger import Ledger
 from tfcluster.daemon.coordinator.store.api import MemoryStore, Put
 from tfcluster.daemon.coordinator.store.persistence import Persistence
 from tfcluster.daemon.coordinator.store.records import Writer, from_documents

@@ -20,7 +20,7 @@ from tfcluster import __version__, pki, security
 from tfcluster.auth import async_server_interceptors
 from tfcluster.daemon.coordinator.core.cluster import DEFAULT_TASK_GRACE_SECONDS
 from tfcluster.daemon.coordinator.core.node_events import DEFAULT_FORGET_LOST_SECONDS
-from tfcluster.daemon.coordinator.core.model import accounting
+from tfcluster.daemon.coordinator.core.model.ledger import DEFAULT_KEEP_USAGE_SECONDS
 from tfcluster.daemon.coordinator.core.model.task_uids import UidRange
 from tfcluster.daemon.coordinator.core.scheduling.policy import Policy, PolicyError, parse
 from tfcluster.daemon.coordinator.rpc.agent_service import AgentServicer, JoinServicer
@@ -56,7 +56,7 @@ class CoordinatorServer:
                  join_listen: str = "", token: str | None = None, keep_finished_jobs: int = 1000,
                  keep_finished_seconds: float = 7 * 86400.0, node_cert_seconds: float = pki.NODE_HOURS * 3600.0,
                  http_listen: str = "", task_uids: UidRange = UidRange(), store_url: str = "",
-                 keep_usage_seconds: float = accounting.DEFAULT_KEEP_USAGE_SECONDS,
+                 keep_usage_seconds: float = DEFAULT_KEEP_USAGE_SECONDS,
                  policy_path: Path | None = None, etcd_tls: EtcdTls | None = None,
                  max_code_bytes: int = DEFAULT_MAX_CODE_BYTES, code_store_bytes: int = DEFAULT_CODE_STORE_BYTES,
                  store: Store | None = None, max_heartbeats_per_second: float = 0.0,

@@ -24,7 +24,7 @@ from tfcluster.daemon.coordinator.core.lifecycle import checkpoint_copies
 from tfcluster.daemon.coordinator.core.lifecycle import transitions as lifecycle
 from tfcluster.daemon.coordinator.core.lifecycle.launch import launch_commands
 from tfcluster.daemon.coordinator.core.lifecycle.reconcile import reconcile_node
-from tfcluster.daemon.coordinator.core.model import accounting
+from tfcluster.daemon.coordinator.core.model import accounting, ledger
 from tfcluster.daemon.coordinator.core.model import task_uids as taskusers
 from tfcluster.daemon.coordinator.core.model.changelog import ChangeLog, UsageDropped, UsageRecorded
 from tfcluster.daemon.coordinator.core.model.held import Held
@@ -84,7 +84,7 @@ class Cluster(NodeEvents, SweepEvents, UsageQueries):
                  resend_after_seconds: float = RESEND_AFTER_SECONDS, keep_finished_jobs: int = KEEP_FINISHED_JOBS,
                  keep_finished_seconds: float = KEEP_FINISHED_SECONDS,
                  task_uids: taskusers.UidRange = taskusers.UidRange(),
-                 keep_usage_seconds: float = accounting.DEFAULT_KEEP_USAGE_SECONDS,
+                 keep_usage_seconds: float = ledger.DEFAULT_KEEP_USAGE_SECONDS,
                  heartbeat_interval_seconds: float = DEFAULT_HEARTBEAT_INTERVAL_SECONDS,
                  max_heartbeats_per_second: float = 0.0, task_grace_seconds: float = DEFAULT_TASK_GRACE_SECONDS,
                  startup_grace_seconds: float = 0.0, forget_lost_seconds: float = DEFAULT_FORGET_LOST_SECONDS):
@@ -94,7 +94,7 @@ class Cluster(NodeEvents, SweepEvents, UsageQueries):
         self.jobs = Jobs(task_uids, keep_finished_jobs, keep_finished_seconds, self.changes)
         self.held = Held()  # what the placed tasks hold on each node, kept as jobs change (settle)
         self.sweeps = Sweeps()
-        self.usage = accounting.Ledger(keep_usage_seconds, lambda entry, recorded: self.changes.append(
+        self.usage = ledger.Ledger(keep_usage_seconds, lambda entry, recorded: self.changes.append(
             UsageRecorded(entry) if recorded else UsageDropped(entry.job_id)))
         self.resend_after = resend_after_seconds
         self.task_grace = task_grace_seconds  # after its node is LOST, before a task counts as lost (_orphans)

@@ -1,6 +1,6 @@
 """What owners have used, as the cluster is asked it (core/cluster.py's Cluster): fair share and the GPU-hours of
 each quota's window for every scheduling pass, what each quota's subject holds now, and `tfcluster usage`'s
-totals. The ended jobs' part comes from the usage ledger (core/model/accounting.py), which keeps sums for what a
+totals. The ended jobs' part comes from the usage ledger (core/model/ledger.py), which keeps sums for what a
 pass asks; the live jobs' is added up to now.
 """
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 from tfcluster.daemon.coordinator.core.model import accounting
 from tfcluster.daemon.coordinator.core.model.held import Held
 from tfcluster.daemon.coordinator.core.model.job_table import Jobs
+from tfcluster.daemon.coordinator.core.model.ledger import Ledger
 from tfcluster.daemon.coordinator.core.scheduling import queue
 from tfcluster.daemon.coordinator.core.scheduling.policy import Policy
 
@@ -17,11 +18,11 @@ class UsageQueries:
     """The cluster's usage queries; they use its jobs, held, usage ledger and policy."""
     jobs: Jobs
     held: Held
-    usage: accounting.Ledger
+    usage: Ledger
     policy: Policy
 
     def queue_usage(self, now: float) -> queue.Usage:
-        """Owners' GPU-hours as the queue needs them, from the usage ledger (accounting.py): fair share decayed
+        """Owners' GPU-hours as the queue needs them, from the usage ledger (ledger.py): fair share decayed
         with the policy's half-life, and the GPU-hours of each quota's window."""
         used: dict[str, float] = {}
         windows = self.policy.gpu_hour_windows()
@@ -44,7 +45,7 @@ class UsageQueries:
     def gpu_hours_since(self, since: float, now: float) -> dict[str, float]:
         """User name, and "group:NAME" for each group -> GPU-hours used between since and now (running jobs
         up to now; a job's use taken as spread evenly over its run). Asked on every scheduling pass for each
-        quota's window: the ledger keeps sums for each window (accounting.py)."""
+        quota's window: the ledger keeps sums for each window (ledger.py)."""
         return {key: seconds / 3600.0 for key, seconds in
                 self.usage.gpu_seconds_within(now - since, now, self._live_entries(now)).items()}
 

@@ -47,7 +47,7 @@ class State:
     trust: Trust
     next_job_number: int = 1
     cluster_tag: int = 0  # chosen once for a state dir (migrate.py)
-    usage: list[Entry] = field(default_factory=list)  # the usage ledger (accounting.py)
+    usage: list[Entry] = field(default_factory=list)  # the usage ledger (ledger.py)
     sweeps: list[Sweep] = field(default_factory=list)  # oldest first
 
 
