@@ -68,6 +68,7 @@ bench: $(STAMP)
 	$(PY) bench/run.py
 	$(PY) bench/cli.py
 	$(PY) bench/queue_burst.py
+	$(PY) bench/usage_ledger.py
 	$(PY) bench/memwatch.py
 	$(PY) bench/scale.py
 	$(PY) bench/multihost.py

@@ -86,7 +86,8 @@ def test_every_kind_is_put_read_back_and_deleted(store):
             ("evaluation", "a-1-xyz1//shared/ckpt/ckpt-10"): '{"step":10}', ("node", "n1"): '{"state":"READY"}',
             ("token", "abc123"): '{"id":"abc123"}', ("removal", "n2"): '{"node":"n2"}',
             ("holder", "n1"): '{"node":"n1"}', ("counter", "next_job_number"): "7",
-            ("usage", "a-0-xyz1"): '{"gpu_seconds":3600.0}', ("sweep", "a-sweep1-xyz1"): '{"number":1}'}
+            ("usage", "a-0-xyz1"): '{"gpu_seconds":3600.0}', ("sweep", "a-sweep1-xyz1"): '{"number":1}',
+            ("usage_hour", "hour/1764950400/0123456789abcdef"): '{"jobs":40}'}
     assert {k for k, _ in docs} == set(KINDS)
     written = store.write([Put(kind, key, body) for (kind, key), body in docs.items()])
     assert bodies(store) == docs

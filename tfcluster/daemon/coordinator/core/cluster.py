@@ -335,11 +335,12 @@ class Cluster(NodeEvents, SweepEvents, UsageQueries):
 
     def prune(self, now: float) -> None:
         """Removes the oldest ended jobs beyond --keep-finished-jobs, and those ended longer ago than allowed, and
-        the usage ledger's entries older than --keep-usage-for."""
+        the usage ledger's entries older than --keep-usage-for; folds short jobs' entries into hours (ledger.py)."""
         for job in self.jobs.prune(now):
             self.unfit_at.pop(job.id, None)
             self.holds.pop(job.id, None)
         self.usage.prune(now)
+        self.usage.fold(now)
 
     # ---- helpers -------------------------------------------------------------------------------
 

@@ -20,7 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, Union
 
-KINDS = ("job", "task", "evaluation", "node", "token", "removal", "holder", "counter", "usage", "sweep")
+KINDS = ("job", "task", "evaluation", "node", "token", "removal", "holder", "counter", "usage", "usage_hour",
+         "sweep")
 
 
 @dataclass(frozen=True)

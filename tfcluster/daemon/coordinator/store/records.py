@@ -20,6 +20,7 @@ from tfcluster.daemon.coordinator.core.model.changelog import (Change, ChangeLog
                                                                UsageRecorded)
 from tfcluster.daemon.coordinator.core.access.trust import Holder, JoinToken, Removal, Trust
 from tfcluster.daemon.coordinator.core.model.job import Failure, Job, Record, Task
+from tfcluster.daemon.coordinator.core.model.ledger import is_hour_entry
 from tfcluster.daemon.coordinator.core.model.node import Drain, Node
 from tfcluster.daemon.coordinator.core.model.sweep import Sweep
 from tfcluster.daemon.coordinator.store.api import Delete, Document, Put, Revisions, Write
@@ -66,7 +67,7 @@ def from_documents(documents: list[Document]) -> State:
                  trust=trust_from_docs([(d.kind, d.body) for k in ("token", "removal", "holder")
                                         for d in by_kind.get(k, [])]),
                  next_job_number=counters.get(NEXT_JOB_NUMBER, 1), cluster_tag=counters.get(CLUSTER_TAG, 0),
-                 usage=[usage_from_doc(d.body) for d in by_kind.get("usage", [])],
+                 usage=[usage_from_doc(d.body) for k in ("usage", "usage_hour") for d in by_kind.get(k, [])],
                  sweeps=sorted((sweep_from_doc(d.body) for d in by_kind.get("sweep", [])), key=lambda s: s.number))
 
 
@@ -179,10 +180,11 @@ class Writer:
         elif isinstance(change, JobsNumbered):
             batch.next_job_number = max(batch.next_job_number, change.next_number)
         elif isinstance(change, UsageRecorded):
-            batch.put("usage", change.entry.job_id, dataclasses.asdict(change.entry),
-                      self._revision("usage", change.entry.job_id))
+            kind, doc = usage_doc(change.entry)
+            batch.put(kind, change.entry.job_id, doc, self._revision(kind, change.entry.job_id))
         elif isinstance(change, UsageDropped):
-            batch.delete("usage", change.job_id, self._revision("usage", change.job_id))
+            kind = usage_kind(change.job_id)
+            batch.delete(kind, change.job_id, self._revision(kind, change.job_id))
         return None
 
     def _remove(self, job: Job, batch: Batch) -> None:
@@ -362,6 +364,20 @@ def trust_from_docs(docs: list[tuple[str, str]]) -> Trust:
         else:
             trust.removals[doc["node"]] = Removal(**doc)
     return trust
+
+
+def usage_kind(key: str) -> str:
+    """Where a ledger entry is kept: a job's under "usage", an hour's (ledger.py folds short jobs) under
+    "usage_hour", which a release from before folding does not read (it sees less usage, and never misreads)."""
+    return "usage_hour" if is_hour_entry(key) else "usage"
+
+
+def usage_doc(entry: Entry) -> tuple[str, dict[str, Any]]:
+    """The entry's kind and document; a job's entry has no `jobs` (always 1), as a release before it wrote it."""
+    doc = dataclasses.asdict(entry)
+    if not is_hour_entry(entry.job_id):
+        del doc["jobs"]
+    return usage_kind(entry.job_id), doc
 
 
 def usage_from_doc(text: str) -> Entry:

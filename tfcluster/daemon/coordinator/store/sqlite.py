@@ -64,19 +64,27 @@ CREATE TABLE IF NOT EXISTS sweeps (
     doc TEXT NOT NULL,
     revision INTEGER NOT NULL DEFAULT 1
 );
+CREATE TABLE IF NOT EXISTS usage_hours (
+    key TEXT PRIMARY KEY,
+    doc TEXT NOT NULL,
+    revision INTEGER NOT NULL DEFAULT 1
+);
 CREATE TABLE IF NOT EXISTS store_revision (
     value INTEGER NOT NULL
 );
 """
-SWEEPS_TABLE = TABLES[TABLES.index("CREATE TABLE IF NOT EXISTS sweeps"):].partition(";")[0]
+# Tables that came without a new layout: a release before them opens the file as it was and ignores them.
+UNLAYERED_TABLES = [TABLES[TABLES.index(f"CREATE TABLE IF NOT EXISTS {name}"):].partition(";")[0]
+                    for name in ("sweeps", "usage_hours")]
 # table -> its key columns, and the column that holds the document
 KEY_COLUMNS = {"jobs": ("id",), "tasks": ("job_id", "key"), "evaluations": ("job_id", "checkpoint"),
                "nodes": ("name",), "counters": ("name",), "trust": ("kind", "key"), "usage": ("job_id",),
-               "sweeps": ("id",)}
+               "sweeps": ("id",), "usage_hours": ("key",)}
 TABLE_OF = {"job": "jobs", "task": "tasks", "evaluation": "evaluations", "node": "nodes", "counter": "counters",
-            "token": "trust", "removal": "trust", "holder": "trust", "usage": "usage", "sweep": "sweeps"}
+            "token": "trust", "removal": "trust", "holder": "trust", "usage": "usage", "sweep": "sweeps",
+            "usage_hour": "usage_hours"}
 KIND_OF = {"jobs": "job", "tasks": "task", "evaluations": "evaluation", "nodes": "node", "counters": "counter",
-           "usage": "usage", "sweeps": "sweep"}
+           "usage": "usage", "sweeps": "sweep", "usage_hours": "usage_hour"}
 
 
 def _row(w: Write) -> tuple[str, tuple]:
@@ -153,8 +161,8 @@ class SqliteStore:
             with self._transaction():
                 if version < LAYOUT_VERSION:
                     self._upgrade_layout(version)
-                # Sweeps came without a new layout: a release before them opens the file as it was, ignoring them.
-                self._db.execute(SWEEPS_TABLE)
+                for table in UNLAYERED_TABLES:  # sweeps, the usage ledger's hours
+                    self._db.execute(table)
 
     def _upgrade_layout(self, version: int) -> None:
         db = self._db

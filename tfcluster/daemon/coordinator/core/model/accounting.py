@@ -53,6 +53,7 @@ class Entry:
     gpu_seconds: float = 0.0
     cpu_seconds: float = 0.0
     peak_rss_bytes: int = 0
+    jobs: int = 1  # the jobs it sums: 1, or those of an hour's entry (ledger.py folds short jobs into one)
 
     def share_between(self, since: float, until: float) -> float:
         """The fraction of its usage inside [since, until], its usage taken as spread evenly over its run."""
@@ -74,7 +75,7 @@ class Totals:
         self.gpu_seconds += entry.gpu_seconds * share
         self.cpu_seconds += entry.cpu_seconds * share
         self.peak_rss_bytes = max(self.peak_rss_bytes, entry.peak_rss_bytes)
-        self.jobs += 1
+        self.jobs += entry.jobs
 
 
 def counted_under(entry: Entry) -> tuple[str, ...]:

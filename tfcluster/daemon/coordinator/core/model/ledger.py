@@ -1,12 +1,22 @@
 """The usage ledger: one entry per ended job, kept for --keep-usage-for whatever retention does with the job, and
 the sums kept over it for what every scheduling pass asks (fair share's decayed GPU-hours, each quota's window).
 Pure. What an entry holds, and a job's usage, are accounting.py.
+
+Short jobs are folded: once a job that ran for at most FOLD_RUN_SECONDS ended FOLD_AFTER_SECONDS ago, its entry
+joins its owner's (and groups') entry for the hour it ended in, which counts its jobs. A sweep of short trials, or
+tiny jobs at a hundred a second, would otherwise keep one entry per job for 90 days, in memory and in the store
+(9 million a day at a hundred a second: past etcd's default quota of 2 GB within a day). What folding changes:
+a folded job's usage counts as spread over the hour it ended in rather than over its own run, so a window that
+starts or ends inside that hour pro-rates it by the hour; totals over whole hours, job counts and peak memory
+are unchanged.
 """
 
 from __future__ import annotations
 
 import bisect
+import hashlib
 import heapq
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -15,6 +25,22 @@ from tfcluster.daemon.coordinator.core.model.accounting import (Entry, Totals, c
 
 DEFAULT_KEEP_USAGE_SECONDS = 90 * 86400.0
 _DECAY_CACHES = 4  # half-lives kept at once: a policy reload may change it; the old one's cache is dropped
+HOUR_SECONDS = 3600.0
+FOLD_AFTER_SECONDS = 3600.0  # an hour is folded once it ended this long ago: the last hour or two stay exact
+FOLD_RUN_SECONDS = 3600.0    # a job that ran longer keeps its own entry (such jobs are few: they hold resources)
+FOLD_EVERY_SECONDS = 10.0
+FOLD_MOST = 5_000            # entries folded in one pass at most: a large backlog goes in many small writes
+HOUR_KEY_PREFIX = "hour/"    # an hour's entry's key (Entry.job_id); a job id never holds a "/"
+
+
+def hour_key(owner: str, groups: tuple[str, ...], hour: float) -> str:
+    """The key of the entry that sums the owner's short jobs (with these groups) that ended in the hour."""
+    who = hashlib.sha256(json.dumps([owner, list(groups)]).encode()).hexdigest()[:16]
+    return f"{HOUR_KEY_PREFIX}{int(hour)}/{who}"
+
+
+def is_hour_entry(key: str) -> bool:
+    return key.startswith(HOUR_KEY_PREFIX)
 
 
 @dataclass
@@ -127,6 +153,9 @@ class Ledger:
         self._ends: list[float] = []
         self._decayed: dict[float, _Decayed] = {}  # half-life -> the sums for it
         self._windows: dict[float, _Window] = {}  # a quota's window (seconds) -> the sums for it
+        self._folded_through = 0.0  # the entries that ended before this were looked at for folding
+        self._folded_at = float("-inf")
+        self.fold_every = FOLD_EVERY_SECONDS
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -178,6 +207,63 @@ class Ledger:
             self.changed(entry, False)
         return dropped
 
+    def fold(self, now: float) -> int:
+        """Folds the entries of short jobs into their hours' entries, an hour once it ended FOLD_AFTER_SECONDS ago
+        (at most FOLD_MOST entries a pass, a pass every fold_every seconds); returns how many were folded. The
+        store is told of each entry dropped and each hour's entry recorded; the kept sums follow."""
+        if now - self._folded_at < self.fold_every:
+            return 0
+        self._folded_at = now
+        first = looked = bisect.bisect_left(self._ends, self._folded_through)
+        until = now - FOLD_AFTER_SECONDS
+        last, folding, kept = bisect.bisect_left(self._ends, until - until % HOUR_SECONDS), [], []
+        while looked < last and len(folding) < FOLD_MOST:
+            entry = self._ordered[looked]
+            short = entry.jobs == 1 and not is_hour_entry(entry.job_id) and entry.end - entry.start <= FOLD_RUN_SECONDS
+            (folding if short else kept).append(entry)
+            looked += 1
+        if looked > first:  # the next pass starts there (entries ending at that very time are looked at again)
+            self._folded_through = self._ends[looked - 1]
+        if not folding:
+            return 0
+        hours: dict[str, list[Entry]] = {}
+        for entry in folding:
+            hour = entry.end - entry.end % HOUR_SECONDS
+            hours.setdefault(hour_key(entry.owner, tuple(entry.groups), hour), []).append(entry)
+        replaced = [self._entries[key] for key in hours if key in self._entries]
+        summed = [_summed(key, entries, self._entries.get(key)) for key, entries in hours.items()]
+        # The entries looked at are side by side in the ordered lists: what stays of them goes back in one slice.
+        self._ordered[first:looked], self._ends[first:looked] = kept, [e.end for e in kept]
+        self._replace(folding, replaced, summed)
+        for entry in folding:
+            self.changed(entry, False)
+        for entry in summed:
+            self.changed(entry, True)
+        return len(folding)
+
+    def _replace(self, folded: list[Entry], replaced: list[Entry], summed: list[Entry]) -> None:
+        """The entries folded are out of the ordered lists already; the hours' entries replaced leave them and
+        those summed join them (a few: one per owner, groups and hour); the index and the kept sums follow."""
+        for entry in replaced:
+            at = bisect.bisect_left(self._ends, entry.end)
+            while self._ordered[at] is not entry:
+                at += 1
+            del self._ordered[at], self._ends[at]
+        for entry in summed:
+            at = bisect.bisect_right(self._ends, entry.end)
+            self._ordered.insert(at, entry)
+            self._ends.insert(at, entry.end)
+        for entry in (*folded, *replaced):
+            del self._entries[entry.job_id]
+        for entry in summed:
+            self._entries[entry.job_id] = entry
+        for sign, entries in ((-1.0, (*folded, *replaced)), (1.0, summed)):
+            for entry in entries:
+                for sums in self._decayed.values():
+                    sums.add(entry, sign)
+                for window in self._windows.values():
+                    (window.add if sign > 0 else window.remove)(entry)
+
     # ---- queries -------------------------------------------------------------------------------
 
     def totals(self, since: float, now: float, live: Iterable[Entry] = ()) -> dict[str, Totals]:
@@ -189,6 +275,8 @@ class Ledger:
             if entry.end < since or not (entry.start or entry.gpu_seconds or entry.cpu_seconds):
                 continue
             share = entry.share_between(since, now)
+            if not share:  # it ran before the window only (it ended as the window began)
+                continue
             for key in counted_under(entry):
                 totals.setdefault(key, Totals()).add(entry, share)
         return totals
@@ -229,3 +317,12 @@ class Ledger:
                 for key in counted_under(entry):
                     used[key] = used.get(key, 0.0) + entry.gpu_seconds * share
         return used
+
+
+def _summed(key: str, entries: list[Entry], kept: Entry | None) -> Entry:
+    """The hour's entry: what it summed already (kept), and the entries folded into it now."""
+    everything = entries + ([kept] if kept is not None else [])
+    hour = float(key.split("/")[1])
+    return Entry(key, entries[0].owner, tuple(entries[0].groups), hour, hour + HOUR_SECONDS,
+                 sum(e.gpu_seconds for e in everything), sum(e.cpu_seconds for e in everything),
+                 max(e.peak_rss_bytes for e in everything), sum(e.jobs for e in everything))
