@@ -78,7 +78,8 @@ def main() -> None:
                "folded_vs_one_per_job_bytes": round(folded["bytes"] / kept["bytes"], 3),
                "cpu_ms_per_job_folded": round(folded["cpu_ms_per_job"], 4),
                "cpu_ms_per_job_one_per_job": round(kept["cpu_ms_per_job"], 4),
-               "usage_7d_ms_folded": round(folded["usage_ms"], 1), "usage_7d_ms_one_per_job": round(kept["usage_ms"], 1),
+               "usage_7d_ms_folded": round(folded["usage_ms"], 1),
+               "usage_7d_ms_one_per_job": round(kept["usage_ms"], 1),
                "quota_window_built_ms_folded": round(folded["window_ms"], 1),
                "quota_window_built_ms_one_per_job": round(kept["window_ms"], 1)}
     show_and_save(results, "usage_ledger.json")

@@ -16,7 +16,8 @@ from tfcluster.daemon.coordinator.core.model.accounting import Entry, Usage, dec
 from tfcluster.daemon.coordinator.core.model.ledger import Ledger
 from tfcluster.daemon.coordinator.store.api import MemoryStore, Put
 from tfcluster.daemon.coordinator.store.persistence import Persistence
-from tfcluster.daemon.coordinator.store.records import Writer, from_documents
+from tfcluster.daemon.coordinator.store.documents import from_documents
+from tfcluster.daemon.coordinator.store.records import Writer
 from tfcluster.states import JobState
 
 HOUR, DAY = 3600.0, 86400.0

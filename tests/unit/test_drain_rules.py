@@ -12,7 +12,7 @@ from coresim import Sim, info, launches, make_spec, stops
 
 from tfcluster import views, wire
 from tfcluster.daemon.coordinator.core.model.node import HEALTH_CHECK, Drain
-from tfcluster.daemon.coordinator.store import records
+from tfcluster.daemon.coordinator.store import documents
 from tfcluster.render import render_status
 from tfcluster.states import DrainState, JobState
 
@@ -90,8 +90,8 @@ def test_the_drain_is_saved_with_the_node_and_outlives_its_agent_registering_aga
     drain(sim, "n1")
     node = sim.c.nodes["n1"]
     assert node.unsaved, "the store writes the drain"
-    assert records.node_from_doc(json.dumps(records.node_doc(node))).drain == node.drain
-    before = records.node_from_doc(json.dumps({"info": records.plain(node.info), "state": "READY"}))
+    assert documents.node_from_doc(json.dumps(documents.node_doc(node))).drain == node.drain
+    before = documents.node_from_doc(json.dumps({"info": documents.plain(node.info), "state": "READY"}))
     assert before.drain is None, "a node saved by an earlier release is not drained"
     sim.now += 1
     sim.c.register(info("n1", 1), [], "session-2", sim.now)

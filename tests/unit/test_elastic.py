@@ -13,7 +13,7 @@ from coresim import Sim, info, launches, make_spec, stops
 from tfcluster import layout, statuses, views, wire
 from tfcluster.commands import SyncCheckpoints
 from tfcluster.daemon.coordinator.core.model.elastic import at_size, resize
-from tfcluster.daemon.coordinator.store import records
+from tfcluster.daemon.coordinator.store import documents
 from tfcluster.daemon.coordinator.store.records import Writer
 from tfcluster.spec import DEFAULT_RESIZE_INTERVAL_SECONDS, SpecError
 from tfcluster.specfile import parse_spec
@@ -81,7 +81,7 @@ def test_a_range_reads_as_the_largest_size_with_its_bounds_and_survives_the_wire
     assert (role.count, role.min_count, role.max_count) == (4, 2, 4) and role.elastic
     assert spec.resize_interval_seconds == INTERVAL
     assert wire.spec_from_proto(wire.spec_to_proto(replace(spec, workdir="/work/job"))) == spec
-    assert records.spec_from_doc(json.loads(json.dumps(records.plain(spec)))) == spec
+    assert documents.spec_from_doc(json.loads(json.dumps(documents.plain(spec)))) == spec
     plain = parse_spec({"name": "p", "strategy": "multi_worker_mirrored", "roles": {"worker": {"count": 2}},
                         "command": ["x"]}, "test")
     assert not plain.role("worker").elastic and plain.resize_interval_seconds == DEFAULT_RESIZE_INTERVAL_SECONDS

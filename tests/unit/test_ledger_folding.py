@@ -14,7 +14,8 @@ from tfcluster.daemon.coordinator.core.model.changelog import ChangeLog, UsageDr
 from tfcluster.daemon.coordinator.core.model.ledger import (FOLD_MOST, HOUR_SECONDS, Ledger, hour_key,
                                                             is_hour_entry)
 from tfcluster.daemon.coordinator.store.api import MemoryStore
-from tfcluster.daemon.coordinator.store.records import Writer, from_documents
+from tfcluster.daemon.coordinator.store.documents import from_documents
+from tfcluster.daemon.coordinator.store.records import Writer
 
 HOUR, DAY = HOUR_SECONDS, 86400.0
 T0 = 1_764_892_800.0  # a whole hour

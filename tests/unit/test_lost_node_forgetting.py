@@ -11,7 +11,8 @@ from coresim import Sim, info, make_spec
 from tfcluster.daemon.coordinator.core.model.node import HEALTH_CHECK, Drain
 from tfcluster.daemon.coordinator.store.api import Put
 from tfcluster.daemon.coordinator.store.open import open_store
-from tfcluster.daemon.coordinator.store.records import Writer, dumps, node_doc
+from tfcluster.daemon.coordinator.store.documents import dumps, node_doc
+from tfcluster.daemon.coordinator.store.records import Writer
 from tfcluster.states import JobState, NodeState, TaskState
 from test_store import load, write
 

@@ -12,7 +12,7 @@ import pytest
 
 from tfcluster import views, wire
 from tfcluster.daemon.agent.main import SettingsError, configure
-from tfcluster.daemon.coordinator.store import records
+from tfcluster.daemon.coordinator.store import documents
 from tfcluster.render import render_status
 from tfcluster.daemon.coordinator.core.cluster import Unplaceable
 from tfcluster.daemon.coordinator.core.scheduling.placement import Unfit, place
@@ -122,10 +122,10 @@ def test_status_json_and_table_show_labels_and_the_store_keeps_them():
     unlabelled = [wire.node_status(sim.c.nodes["n2"], 0, sim.now)]
     assert "LABELS" not in render_status(unlabelled, []), "a cluster without labels keeps its table"
     node = sim.c.nodes["n1"]
-    assert records.node_from_doc(json.dumps(records.node_doc(node))).info == node.info
-    old = records.plain(node.info)
+    assert documents.node_from_doc(json.dumps(documents.node_doc(node))).info == node.info
+    old = documents.plain(node.info)
     del old["labels"]
-    assert records.node_from_doc(json.dumps({"info": old, "state": "READY"})).info.labels == ()
+    assert documents.node_from_doc(json.dumps({"info": old, "state": "READY"})).info.labels == ()
 
 
 def test_the_agent_refuses_a_bad_label_naming_the_flag(tmp_path: Path):

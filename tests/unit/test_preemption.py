@@ -15,7 +15,7 @@ from tfcluster import views, wire
 from tfcluster.commands import SyncCheckpoints
 from tfcluster.daemon.coordinator.core.model.job import describe_preemption
 from tfcluster.daemon.coordinator.core.scheduling import preemption
-from tfcluster.daemon.coordinator.store import records
+from tfcluster.daemon.coordinator.store import documents
 from tfcluster.render import render_status
 from tfcluster.states import JobState, TaskState
 
@@ -224,8 +224,8 @@ def test_status_json_the_table_and_the_store_keep_who_preempted_the_job_and_when
     sim = Sim(info("n1", 2))
     low = started(sim, "low", LOW, gpus=2)
     high, commands = submit(sim, "high", HIGH, gpus=2, owner="alice")
-    saved = records.job_from_docs(records.dumps(records.job_doc(low)),
-                                  [records.dumps(records.task_doc(t)) for t in low.tasks], [])
+    saved = documents.job_from_docs(documents.dumps(documents.job_doc(low)),
+                                  [documents.dumps(documents.task_doc(t)) for t in low.tasks], [])
     assert (saved.preempted_by, saved.held_for, saved.preempted_at) == (high.id, high.id, sim.now)
     sim.exit_stopped(low, commands)
     doc = views.job_doc(wire.job_status(low))

@@ -15,7 +15,8 @@ from tfcluster.daemon.coordinator.core.model import job as J
 from tfcluster.daemon.coordinator.core.model.node import Drain
 from tfcluster.daemon.coordinator.store import migrate
 from tfcluster.daemon.coordinator.store.open import open_store
-from tfcluster.daemon.coordinator.store.records import Batch, Writer, dumps, from_documents, plain
+from tfcluster.daemon.coordinator.store.documents import dumps, from_documents, plain
+from tfcluster.daemon.coordinator.store.records import Batch, Writer
 from tfcluster.model import Evaluation
 from tfcluster.states import JobState
 

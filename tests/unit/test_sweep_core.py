@@ -12,7 +12,8 @@ from tests.unit.coresim import Sim, info, launches, make_spec
 from tfcluster.daemon.coordinator.core.cluster import Cluster, Unplaceable
 from tfcluster.daemon.coordinator.store import migrate
 from tfcluster.daemon.coordinator.store.open import open_store
-from tfcluster.daemon.coordinator.store.records import Writer, from_documents
+from tfcluster.daemon.coordinator.store.documents import from_documents
+from tfcluster.daemon.coordinator.store.records import Writer
 from tfcluster.model import Evaluation
 from tfcluster.states import JobState, SweepState
 from tfcluster.sweepspec import SweepSpec

@@ -11,7 +11,7 @@ from coresim import Sim, info, launches, make_spec
 from tfcluster.daemon.coordinator.core.cluster import Cluster, Unplaceable
 from tfcluster.daemon.coordinator.core.model import task_uids as taskusers
 from tfcluster.daemon.coordinator.core.model.task_uids import UidRange, allocate, parse_range
-from tfcluster.daemon.coordinator.store.records import dumps, job_doc, job_from_docs, task_doc
+from tfcluster.daemon.coordinator.store.documents import dumps, job_doc, job_from_docs, task_doc
 
 
 def never(uid: int) -> bool:

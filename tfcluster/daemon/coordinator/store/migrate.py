@@ -19,8 +19,8 @@ from typing import Any
 
 from tfcluster import layout
 from tfcluster.daemon.coordinator.core.model.job import Failure, Job, Task
-from tfcluster.daemon.coordinator.store.records import (CLUSTER_TAG, NEXT_JOB_NUMBER, dumps, evaluation_key, job_doc,
-                                                  spec_from_doc, task_doc, task_key)
+from tfcluster.daemon.coordinator.store.documents import (CLUSTER_TAG, NEXT_JOB_NUMBER, dumps, evaluation_key,
+                                                            job_doc, spec_from_doc, task_doc, task_key)
 from tfcluster.daemon.coordinator.store.api import Delete, Document, Put, Store, Write
 from tfcluster.model import Evaluation, Gpu, TaskExit, is_training
 from tfcluster.roles.tfconfig import cluster_json

@@ -21,7 +21,8 @@ from tfcluster.daemon.coordinator.core.access.trust import Trust
 from tfcluster.daemon.coordinator.core.cluster import Cluster
 from tfcluster.daemon.coordinator.store import migrate
 from tfcluster.daemon.coordinator.store.api import Conflict, Store
-from tfcluster.daemon.coordinator.store.records import Writer, from_documents
+from tfcluster.daemon.coordinator.store.documents import from_documents
+from tfcluster.daemon.coordinator.store.records import Writer
 from tfcluster.states import TaskState
 
 log = logging.getLogger("tfcluster.coordinator")

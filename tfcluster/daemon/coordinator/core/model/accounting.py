@@ -15,8 +15,8 @@ the job itself. Queries take the live jobs as entries made up to now, so running
   count 0.5 ** ((now - t) / half_life). Kept per half-life as running sums anchored at one time, so a
   scheduling pass costs one pass over the live jobs, not one over the ledger;
 - each user's and group's GPU-hours in a rolling window (GPU-hour quotas, asked on every scheduling pass): kept
-  per window as sums that follow the window's start (ledger.py's _Window), so a pass costs the entries that straddle that
-  start, not one pass over every job that ended within the window (a million of them is a day of short jobs).
+  per window as sums that follow the window's start (ledger.py's _Window), so a pass costs the entries that
+  straddle that start, not one pass over every job that ended within the window (a day of short jobs: a million).
 """
 
 from __future__ import annotations

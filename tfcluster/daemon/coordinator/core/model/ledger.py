@@ -2,10 +2,11 @@
 the sums kept over it for what every scheduling pass asks (fair share's decayed GPU-hours, each quota's window).
 Pure. What an entry holds, and a job's usage, are accounting.py.
 
-Short jobs are folded: once a job that ran for at most FOLD_RUN_SECONDS ended FOLD_AFTER_SECONDS ago, its entry
-joins its owner's (and groups') entry for the hour it ended in, which counts its jobs. A sweep of short trials, or
-tiny jobs at a hundred a second, would otherwise keep one entry per job for 90 days, in memory and in the store
-(9 million a day at a hundred a second: past etcd's default quota of 2 GB within a day). What folding changes:
+Short jobs are folded: the entry of a job that ran for at most FOLD_RUN_SECONDS joins its owner's (and groups')
+entry for the hour it ended in, which counts its jobs, once that hour closed FOLD_AFTER_SECONDS ago. A sweep of
+short trials, or tiny jobs at a hundred a second, would otherwise keep one entry per job for 90 days, in memory
+and in the store (9 million a day at a hundred a second: past etcd's default quota of 2 GB within a day). What
+folding changes:
 a folded job's usage counts as spread over the hour it ended in rather than over its own run, so a window that
 starts or ends inside that hour pro-rates it by the hour; totals over whole hours, job counts and peak memory
 are unchanged.
