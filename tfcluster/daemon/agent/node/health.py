@@ -41,9 +41,14 @@ class HealthCheck:
         return failure
 
     def run(self, stopped: threading.Event) -> None:
-        """Checks again every interval until stopped (the first check ran before registering)."""
+        """Checks again every interval until stopped (the first check ran before registering). A check that
+        breaks in an unforeseen way is logged and tried again: a thread that died here would leave the node's
+        last verdict standing for good (a drain never lifted, or a sick node never drained)."""
         while not stopped.wait(self.interval):
-            self.check()
+            try:
+                self.check()
+            except Exception:
+                log.exception("the health check could not be run; trying again in %g s", self.interval)
 
     def _run(self) -> str:
         try:
