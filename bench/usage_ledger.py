@@ -57,7 +57,7 @@ def stream(jobs: int, rate: float, fold: bool) -> dict:
     totals = ledger.totals(now - WEEK, now)
     usage_ms = (time.process_time() - began) * 1000
     began = time.process_time()
-    Ledger.gpu_seconds_within(ledger, WEEK, now + 1)
+    ledger.gpu_seconds_within(WEEK, now + 1)
     window_ms = (time.process_time() - began) * 1000
     assert sum(t.jobs for k, t in totals.items() if not k.startswith("group:")) == jobs
     return {"entries": len(ledger), "bytes": held, "cpu_ms_per_job": cpu / jobs * 1000, "usage_ms": usage_ms,

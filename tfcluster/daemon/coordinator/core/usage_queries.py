@@ -26,8 +26,9 @@ class UsageQueries:
         with the policy's half-life, and the GPU-hours of each quota's window."""
         used: dict[str, float] = {}
         windows = self.policy.gpu_hour_windows()
+        live = self._live_entries(now) if windows else []
         for seconds in set(windows.values()):
-            totals = self.gpu_hours_since(now - seconds, now)
+            totals = self.gpu_hours_within(seconds, now, live)
             used.update({key: totals.get(key, 0.0) for key, window in windows.items() if window == seconds})
         return queue.Usage(shares=self.fair_share(now, self.policy.fair_share_half_life), used_gpu_hours=used)
 
@@ -44,10 +45,13 @@ class UsageQueries:
 
     def gpu_hours_since(self, since: float, now: float) -> dict[str, float]:
         """User name, and "group:NAME" for each group -> GPU-hours used between since and now (running jobs
-        up to now; a job's use taken as spread evenly over its run). Asked on every scheduling pass for each
-        quota's window: the ledger keeps sums for each window (ledger.py)."""
-        return {key: seconds / 3600.0 for key, seconds in
-                self.usage.gpu_seconds_within(now - since, now, self._live_entries(now)).items()}
+        up to now; a job's use taken as spread evenly over its run)."""
+        return self.gpu_hours_within(now - since, now, self._live_entries(now))
+
+    def gpu_hours_within(self, seconds: float, now: float, live: list[accounting.Entry]) -> dict[str, float]:
+        """gpu_hours_since for the window of the last `seconds`, the live jobs given as entries. Asked on every
+        scheduling pass for each quota's window, by its length: the ledger keeps sums for each (ledger.py)."""
+        return {key: used / 3600.0 for key, used in self.usage.gpu_seconds_within(seconds, now, live).items()}
 
     def usage_totals(self, since: float, now: float) -> dict[str, accounting.Totals]:
         """User name, and "group:NAME" for each group -> what their jobs used between since and now."""

@@ -134,10 +134,7 @@ class _Window:
     def gpu_seconds(self, now: float) -> dict[str, float]:
         """Key -> GPU-seconds of the window that ends at now (move_to its start first)."""
         used = dict(self._sums)
-        for entry in self._straddling.values():
-            share = entry.share_between(self.cutoff, now)
-            for key in counted_under(entry):
-                used[key] = used.get(key, 0.0) + entry.gpu_seconds * share
+        _add_gpu_seconds(used, self._straddling.values(), self.cutoff, now)
         return used
 
 
@@ -312,12 +309,17 @@ class Ledger:
             start = bisect.bisect_left(self._ends, now - seconds)
             window = self._windows[seconds] = _Window(seconds, now - seconds, self._ordered[start:])
         used = window.gpu_seconds(now)
-        for entry in live:
-            if entry.gpu_seconds and entry.end >= now - seconds:
-                share = entry.share_between(now - seconds, now)
-                for key in counted_under(entry):
-                    used[key] = used.get(key, 0.0) + entry.gpu_seconds * share
+        _add_gpu_seconds(used, live, now - seconds, now)
         return used
+
+
+def _add_gpu_seconds(used: dict[str, float], entries: Iterable[Entry], since: float, now: float) -> None:
+    """Adds to used each entry's GPU-seconds inside [since, now], under its owner and groups."""
+    for entry in entries:
+        if entry.gpu_seconds and entry.end >= since:
+            share = entry.share_between(since, now)
+            for key in counted_under(entry):
+                used[key] = used.get(key, 0.0) + entry.gpu_seconds * share
 
 
 def _summed(key: str, entries: list[Entry], kept: Entry | None) -> Entry:
