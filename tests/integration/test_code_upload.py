@@ -91,7 +91,7 @@ def test_an_archive_past_the_unpacked_cap_is_refused_once_uploaded_and_the_clust
     (tmp_path / "w" / "zeros.bin").unlink()
     again = cluster.cli("start", str(spec), check=True)
     assert re.search(r"code: 2 files, .*, uploaded", again.stderr), again.stderr
-    assert cluster.job(again.stdout.strip())["state"] in ("PENDING", "RUNNING", "SUCCEEDED")
+    assert cluster.job(again.stdout.strip())["state"] in ("PENDING", "STARTING", "RUNNING", "SUCCEEDED")
 
 
 def test_plan_sends_no_code(cluster, tmp_path):
