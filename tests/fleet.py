@@ -21,7 +21,7 @@ the whole fleet: making 5,000 keys would measure key generation, not the coordin
 It prints one JSON object per line on stdout: {"registered": n} as agents register (for the first time),
 {"registered_with": {address: n}} when it changes (how many agents' last registration was with each coordinator,
 looked at every 0.1 s), {"launch": [job, task, node, unix time]} for every launch received, and
-{"heartbeats": total} every second.
+{"heartbeats": total, "at": its monotonic time} every second.
 """
 
 from __future__ import annotations
@@ -349,7 +349,7 @@ async def main(address: str, first: int, count: int, exit_after: float, ca_dir: 
         if stats.registered != registered:
             registered = stats.registered
             emit(registered=registered)
-        emit(heartbeats=stats.heartbeats, errors=stats.errors)
+        emit(heartbeats=stats.heartbeats, errors=stats.errors, at=time.monotonic())
         if all(a.done() for a in agents):
             return
 
