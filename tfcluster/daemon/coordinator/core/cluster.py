@@ -104,6 +104,11 @@ class Cluster(NodeEvents, SweepEvents, UsageQueries):
         self.holds: dict[str, queue.Hold] = {}  # waiting job at the head of its class -> what it holds
         self.no_growth_at: dict[str, int] = {}  # elastic job -> capacity version at which it could not grow
         self.full_schedule_at = 0.0
+        # Set by the coordinator, which then runs one scheduling pass per batch of events (before each store write,
+        # store/persistence.py) instead of one per submission, registration and task report: under load one write
+        # carries many events, and a pass looks at every waiting job. Left unset, as in tests of the core, each of
+        # those events places what it can at once.
+        self.schedule_per_batch = False
         self.observer = Observer()  # the metrics, when the daemon serves them
 
     # ---- loading -------------------------------------------------------------------------------
@@ -145,7 +150,7 @@ class Cluster(NodeEvents, SweepEvents, UsageQueries):
             # checkpoints: both are told again.
             if (task is job.decisive_task() or task is job.evaluator()) and job.decisive_task().state == TaskState.RUNNING:
                 commands += checkpoint_copies.shipping(job)
-        return commands + self.schedule(now)
+        return commands + self._schedule_after_event(now)
 
     def heartbeat(self, name: str, session_id: str, now: float, progress: list[TaskProgress] = (),
                   condition: str = "", health_failure: str = "",
@@ -213,7 +218,7 @@ class Cluster(NodeEvents, SweepEvents, UsageQueries):
         except taskusers.RangeExhausted as e:
             raise Unplaceable(str(e)) from None
         job.priority, job.rank, job.preemptible = chosen.name, chosen.value, chosen.preemptible
-        return job, self.schedule(now)
+        return job, self._schedule_after_event(now)
 
     def schedule(self, now: float) -> list[Command]:
         """Places tasks that lost their node, then jobs that preempted others once what they freed is there, then
@@ -230,6 +235,11 @@ class Cluster(NodeEvents, SweepEvents, UsageQueries):
         if not repairs and all(self.unfit_at.get(j.id) == version for j in pending):
             return []
         return SchedulePass(self, now).run(repairs, pending)
+
+    def _schedule_after_event(self, now: float) -> list[Command]:
+        """The pass after a frequent event (a submission, a registration, a task's report), unless the caller runs
+        one per batch of events (schedule_per_batch)."""
+        return [] if self.schedule_per_batch else self.schedule(now)
 
     def set_policy(self, policy: Policy) -> None:
         """A policy (re)loaded: new submissions are resolved against it, and every waiting job is tried again
@@ -250,7 +260,7 @@ class Cluster(NodeEvents, SweepEvents, UsageQueries):
 
     def report(self, node_name: str, report: TaskReport, now: float) -> list[Command]:
         """Applies an agent's task report; a running attempt nobody wants is told to stop."""
-        return self._apply(node_name, report, now) + self.schedule(now)
+        return self._apply(node_name, report, now) + self._schedule_after_event(now)
 
     def _apply(self, node_name: str, report: TaskReport, now: float) -> list[Command]:
         a = report.attempt

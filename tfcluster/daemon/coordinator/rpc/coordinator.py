@@ -71,6 +71,8 @@ class Coordinator(Membership):
         self.persistence = Persistence(store, cluster, self._stored)
         self.store = store
         self.apply = self.persistence.apply  # something changed: the commands go out once it is stored
+        cluster.schedule_per_batch = True  # one scheduling pass per write, for every event the write carries
+        self.persistence.before_write = lambda: cluster.schedule(self.clock())
         self.outboxes: dict[str, Outbox] = collections.defaultdict(Outbox)
         self.streams: dict[str, asyncio.Task] = {}  # node -> the handler serving its current stream
         self.log_waiters: dict[int, LogWaiter] = {}

@@ -39,6 +39,9 @@ class Persistence:
         self.fenced: Conflict | None = None  # another coordinator wrote to the store: this one acts no more
         self.on_fenced: Callable[[], None] = lambda: None
         self.pending: list[Command] = []
+        # What the batch about to be written decides besides (the coordinator's scheduling pass, run once for all
+        # the events in the batch): its changes go into that batch and its commands out after it.
+        self.before_write: Callable[[], list[Command]] = list
         self.next_write: asyncio.Future | None = None
         self.wake = asyncio.Event()
         self.thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store")
@@ -113,6 +116,8 @@ class Persistence:
         """Writes what changed, then sends the commands those changes decided. When the write fails (a full
         disk) nothing is sent: the commands wait for a write that succeeds, so no agent acts on a decision
         a restart could forget; a client waiting for the write is told it failed."""
+        if not self.closing and not self.fenced:
+            self._decide_before_write()
         done, self.next_write = self.next_write, None
         commands, self.pending = self.pending, []
         error = self.fenced or await self._store(len(commands))
@@ -124,6 +129,12 @@ class Persistence:
         if done is not None and not done.done():
             done.set_exception(OSError(f"cannot store the change: {error}")) if error else done.set_result(None)
         return error is None
+
+    def _decide_before_write(self) -> None:
+        try:
+            self.pending.extend(self.before_write())
+        except Exception:  # a bug there must not keep what the events changed from being written
+            log.exception("deciding what the batch changes besides failed")
 
     async def _store(self, commands: int) -> Exception | None:
         """Writes the batch of what changed; the error when it could not be written."""
