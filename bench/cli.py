@@ -9,14 +9,15 @@ measured in the same run, on a local cluster (a real coordinator and two agents 
 - throughput: jobs of 2 tasks running `true`, submitted by one client on several threads at once (one thread
   alone waits a round trip per job, and would measure itself), from the first submission to the last job
   SUCCEEDED; the CPU each job costs, by process, beside the floor (its two `true` processes forked and run by
-  a bare loop, nothing recorded), and the rate that CPU allows on this machine's cores
+  a bare loop, nothing recorded), and the rate that CPU allows on this machine's cores; three rounds, the median
+  round's figures
 - sustained (only when named): the throughput's jobs, SUSTAINED_JOBS of them: what a long run of tiny jobs (a sweep)
   costs once the agents keep thousands of ended attempts
 - tf: a 2-worker MultiWorkerMirroredStrategy Keras program (TensorFlow's multi-worker tutorial, on synthetic
   data) under `tfcluster start --wait`, against the same program launched by hand with TF_CONFIG, rounds
   alternated (needs the tf extra)
 
-Usage: python bench/cli.py [--quick] [status|start|throughput|sustained|tf ...]   (all but sustained by default)
+Usage: python bench/cli.py [--quick] [--state-dir DIR] [status|start|throughput|sustained|tf ...]   (all but sustained by default)
 Prints a table and writes bench/cli.json.
 """
 
@@ -131,7 +132,17 @@ def spawn_floor_ms(jobs: int) -> float:
     return max(0.0, cpu(started, after) - cpu(before, started)) / jobs * 1000
 
 
-def throughput_figures(cluster: LocalCluster, jobs: int, name: str = "throughput") -> dict[str, str]:
+def filesystem_of(path: Path) -> str:
+    """The type of the filesystem path is on (the mount with the longest prefix of it)."""
+    resolved = str(path.resolve())
+    mounts = [p for p in psutil.disk_partitions(all=True)
+              if resolved == p.mountpoint or resolved.startswith(p.mountpoint.rstrip("/") + "/")]
+    return max(mounts, key=lambda p: len(p.mountpoint)).fstype if mounts else "unknown"
+
+
+def one_burst(cluster: LocalCluster, jobs: int) -> tuple[float, float, dict[str, float]]:
+    """Submits the jobs at once and watches each to its end: the jobs a second, the submissions a second, and the
+    CPU per job (ms) by process."""
     from tfcluster.specfile import parse_spec
     from tfcluster.states import ENDED_JOB_STATES, JobState
 
@@ -145,12 +156,22 @@ def throughput_figures(cluster: LocalCluster, jobs: int, name: str = "throughput
         ended = [next(j for j in client.watch(job_id, ENDED_JOB_STATES) if j.state in ENDED_JOB_STATES) for job_id in ids]
         cpu = {k: (v - cpu_before[k]) / jobs * 1000 for k, v in cpu_seconds(cluster).items()}
     failed = [j.id for j in ended if j.state != JobState.SUCCEEDED]
-    elapsed = max(j.finished for j in ended) - first
-    per_job, floor = sum(cpu.values()), spawn_floor_ms(jobs)
-    return {f"{name}_jobs": f"{jobs} of 2 tasks running `true` ({len(failed)} not SUCCEEDED)",
-            f"{name}_submit_only": f"{jobs / submitted:.0f} jobs/s",
-            f"{name}_jobs_per_second": f"{jobs / elapsed:.1f} jobs/s (first submission to last SUCCEEDED: "
-                                       f"{elapsed:.2f} s)",
+    if failed:
+        raise RuntimeError(f"{len(failed)} of {jobs} tiny jobs did not succeed, {failed[0]} first")
+    return jobs / (max(j.finished for j in ended) - first), jobs / submitted, cpu
+
+
+def throughput_figures(cluster: LocalCluster, jobs: int, rounds: int, name: str = "throughput") -> dict[str, str]:
+    """The tiny jobs in rounds on the same cluster, each figure the median round's. One round swings by a quarter
+    on a root filesystem that has just freed many inodes (docs/benchmarks.md, "Tiny jobs and the filesystem")."""
+    runs = [one_burst(cluster, jobs) for _ in range(rounds)]
+    rates = [rate for rate, _, _ in runs]
+    cpu = {k: statistics.median(c[k] for _, _, c in runs) for k in runs[0][2]}
+    per_job, floor = statistics.median(sum(c.values()) for _, _, c in runs), spawn_floor_ms(jobs)
+    return {f"{name}_jobs": f"{rounds} rounds of {jobs} jobs of 2 tasks running `true`",
+            f"{name}_submit_only": f"{statistics.median(s for _, s, _ in runs):.0f} jobs/s",
+            f"{name}_jobs_per_second": f"{statistics.median(rates):.1f} jobs/s (first submission to last SUCCEEDED; "
+                                       f"rounds {', '.join(f'{r:.1f}' for r in rates)})",
             f"{name}_cpu_per_job": f"{per_job:.1f} ms (" + ", ".join(f"{k} {v:.1f}" for k, v in cpu.items())
                                    + f"; {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f})",
             f"{name}_cpu_floor_two_bare_processes": f"{floor:.1f} ms per job",
@@ -203,6 +224,9 @@ def main() -> None:
     parser.add_argument("figures", nargs="*", choices=[*FIGURES, *NAMED_ONLY, []], metavar="FIGURE",
                         help=", ".join([*FIGURES, *NAMED_ONLY]))
     parser.add_argument("--quick", action="store_true", help="Fewer rounds and jobs: a smoke run.")
+    parser.add_argument("--state-dir", default="/var/tmp", type=Path,
+                        help="Where the cluster's state dirs go (the agents' attempt dirs): /var/tmp, on the root "
+                             "filesystem, by default; a tmpfs such as /dev/shm measures without the disk's.")
     options = parser.parse_args()
     figures = options.figures or FIGURES
     rounds = 5 if options.quick else 21
@@ -210,7 +234,8 @@ def main() -> None:
     # PYTHONDONTWRITEBYTECODE would compile every module at each command and measure the compiler.
     compileall.compile_dir(ROOT / "tfcluster", quiet=1)
     results: dict[str, str] = {}
-    with tempfile.TemporaryDirectory(prefix="tfcluster-bench-", dir="/var/tmp") as tmp:
+    results["state_dir_filesystem"] = f"{filesystem_of(options.state_dir)} ({options.state_dir})"
+    with tempfile.TemporaryDirectory(prefix="tfcluster-bench-", dir=options.state_dir) as tmp:
         os.chmod(tmp, 0o711)  # tasks run as their jobs' users: they must reach what is under it
         cluster = LocalCluster(root=Path(tmp))
         try:
@@ -222,9 +247,9 @@ def main() -> None:
             if "start" in figures:
                 results.update(start_figures(cluster, rounds))
             if "throughput" in figures:
-                results.update(throughput_figures(cluster, 20 if options.quick else 200))
+                results.update(throughput_figures(cluster, 20 if options.quick else 200, 1 if options.quick else 3))
             if "sustained" in figures:
-                results.update(throughput_figures(cluster, 500 if options.quick else SUSTAINED_JOBS, "sustained"))
+                results.update(throughput_figures(cluster, 500 if options.quick else SUSTAINED_JOBS, 1, "sustained"))
             if "tf" in figures:
                 results.update(tf_figures(cluster, 2 if options.quick else 6, 2 if options.quick else 5))
         finally:
