@@ -73,7 +73,26 @@ def pytest_unconfigure(config):
     for path in _made_scratch:
         shutil.rmtree(path, ignore_errors=True)
 
+import harness  # noqa: E402
 from harness import LocalCluster, running_cluster  # noqa: E402
+
+_DAEMONS_BEFORE = pytest.StashKey[int]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    item.stash[_DAEMONS_BEFORE] = len(harness.STARTED)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A test that failed shows the end of the log of every daemon it started (and of those still running): a
+    timing failure in CI is otherwise known by its assertion alone."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and report.when in ("call", "setup"):
+        for name, tail in harness.log_tails(item.stash.get(_DAEMONS_BEFORE, len(harness.STARTED))):
+            report.sections.append((f"end of the log of {name}", tail))
 
 
 @pytest.fixture

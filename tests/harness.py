@@ -90,6 +90,22 @@ def job_processes(job_id: str) -> list[psutil.Process]:
     return found
 
 
+# Every daemon started, in order: a failed test shows the end of the logs of those it started (conftest.py).
+STARTED: list["Daemon"] = []
+LOG_TAIL_LINES = 40
+
+
+def log_tails(started_since: int) -> list[tuple[str, str]]:
+    """(daemon, the last lines of its log) for each daemon started since STARTED had that many, and each earlier
+    one still running (a cluster shared by several tests)."""
+    shown: dict[Path, Daemon] = {}
+    for n, daemon in enumerate(STARTED):
+        if n >= started_since or daemon.alive:
+            shown[daemon.log_path] = daemon
+    return [(f"{daemon.name} ({path})", "\n".join(daemon.log().splitlines()[-LOG_TAIL_LINES:]))
+            for path, daemon in shown.items()]
+
+
 @dataclass
 class Daemon:
     name: str
@@ -111,6 +127,7 @@ class Daemon:
         self.proc = subprocess.Popen(argv, stdout=log, stderr=log, cwd=self.log_path.parent,
                                      stdin=subprocess.DEVNULL, start_new_session=True, env=environment)
         log.close()
+        STARTED.append(self)
         return self
 
     @property
