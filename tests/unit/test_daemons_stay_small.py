@@ -16,7 +16,7 @@ def modules_after(imports: str) -> set[str]:
 
 
 def test_daemons_and_cli_do_not_import_tensorflow():
-    loaded = modules_after("tfcluster.cli.cluster, tfcluster.cli.daemons, tfcluster.cli.jobs, tfcluster.cli.misc, "
+    loaded = modules_after("tfcluster.cli.cluster, tfcluster.cli.coordinator, tfcluster.cli.agent, tfcluster.cli.jobs, tfcluster.cli.misc, "
                            "tfcluster.daemon.agent.agent, tfcluster.daemon.coordinator.rpc.control_service, tfcluster.demo")
     assert sorted(m for m in ("tensorflow", "tf_keras", "keras", "numpy") if m in loaded) == []
 
@@ -60,7 +60,7 @@ def test_status_imports_only_what_it_shows():
     rich (its tables are plain columns: columns.py)."""
     loaded = modules_of_command("status")
     unwanted = ("pydantic", "tfcluster.spec", "tomllib", "tomli", "tfcluster.wire", "tfcluster.api.v1.agent_pb2",
-                "tfcluster.daemon", "aiohttp", "cryptography", "tfcluster.pki", "rich.live", "tfcluster.cli.daemons",
+                "tfcluster.daemon", "aiohttp", "cryptography", "tfcluster.pki", "rich.live", "tfcluster.cli.coordinator", "tfcluster.cli.agent",
                 "tfcluster.cli.cluster", "tfcluster.cli.node", "tfcluster.roles", "rich")
     assert sorted(m for m in loaded if m.startswith(unwanted)) == []
 

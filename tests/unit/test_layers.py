@@ -114,7 +114,8 @@ RULES = [
     (("tfcluster.cli",), ("tfcluster.client",), "the CLI talks to a cluster through the Python API (Cluster)"),
 ]
 # The CLI talks to a cluster through the Python API; only these commands run daemon code (inside the command).
-CLI_RUNS_DAEMONS = ("tfcluster.cli.daemons", "tfcluster.cli.node", "tfcluster.cli.misc")
+CLI_RUNS_DAEMONS = ("tfcluster.cli.coordinator", "tfcluster.cli.agent", "tfcluster.cli.daemon_flags", "tfcluster.cli.node",
+                    "tfcluster.cli.misc")
 
 
 def test_every_layer_imports_only_what_its_rule_allows():

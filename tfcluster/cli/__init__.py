@@ -18,11 +18,11 @@ grpc_settings.apply()  # before anything imports grpc
 # Each command's module under tfcluster.cli, in the order `tfcluster --help` lists them.
 COMMAND_MODULES = {
     "dashboard": "cluster", "ca": "cluster", "token": "cluster", "node": "cluster", "doctor": "cluster",
-    "up": "bringup", "down": "bringup", "gc": "node", "coordinator": "daemons", "agent": "daemons",
+    "up": "bringup", "down": "bringup", "gc": "node", "coordinator": "coordinator", "agent": "agent",
     "start": "jobs", "plan": "jobs", "status": "jobs", "stop": "jobs", "logs": "jobs", "tensorboard": "board",
     "sweep": "sweeps", "usage": "usage", "queue": "queue", "policy": "queue", "demo": "misc", "version": "misc",
 }
-MODULE_ORDER = ("bringup", "cluster", "node", "daemons", "jobs", "board", "sweeps", "usage", "queue", "misc")
+MODULE_ORDER = ("bringup", "cluster", "node", "coordinator", "agent", "jobs", "board", "sweeps", "usage", "queue", "misc")
 
 
 def load_commands(argv: list[str]):
