@@ -190,15 +190,6 @@ def test_user_stop_wins_over_a_pending_restart():
     assert job.state == JobState.STOPPED
 
 
-def test_cannot_ever_be_placed():
-    job = J.Job(id="j-1", spec=make_spec())
-    lifecycle.unplaceable(job, "no GPUs", never=True, now=4.0)
-    assert job.state == JobState.FAILED and job.ended and "cannot ever be placed: no GPUs" in job.message
-    job = J.Job(id="j-1", spec=make_spec())
-    lifecycle.unplaceable(job, "busy", never=False, now=4.0)
-    assert job.state == JobState.PENDING and job.message == "waiting for resources: busy"
-
-
 def test_failure_describe():
     def failure(**exit):
         return J.Failure(exit.pop("task", "worker:1"), exit.pop("node", "n2"), TaskExit(**exit), 0.0)

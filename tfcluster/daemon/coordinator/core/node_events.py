@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 
 from tfcluster.commands import Command
+from tfcluster.daemon.coordinator.core.lifecycle import back_to_queue
 from tfcluster.daemon.coordinator.core.lifecycle import transitions as lifecycle
 from tfcluster.daemon.coordinator.core.model.job import Job
 from tfcluster.daemon.coordinator.core.model.node import HEALTH_CHECK, Drain
@@ -125,7 +126,7 @@ class NodeEvents:
             why = f"requeued: node {name} was {drain.words()}"
             jobs = {job.id: job for job, _ in self.nodes.live_on(name)}
             for job in jobs.values():
-                commands += self.settle(job, lifecycle.requeue(job, why, now))
+                commands += self.settle(job, back_to_queue.requeue(job, why, now))
         return commands + self.schedule(now)
 
     def _health(self, name: str, failure: str, now: float) -> None:

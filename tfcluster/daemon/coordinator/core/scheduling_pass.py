@@ -13,6 +13,7 @@ import logging
 from typing import Protocol
 
 from tfcluster.commands import Command
+from tfcluster.daemon.coordinator.core.lifecycle import back_to_queue
 from tfcluster.daemon.coordinator.core.lifecycle import transitions as lifecycle
 from tfcluster.daemon.coordinator.core.model.job import Job
 from tfcluster.daemon.coordinator.core.model.job_table import Jobs
@@ -162,7 +163,7 @@ class SchedulePass:
             victims = preemption.choose_victims(job, preemption.candidates(job, takeable),
                                                 preemption.free_for(job, capacity, self.held))
             for victim in victims:
-                commands += self.cluster.settle(victim, lifecycle.preempt(victim, job, self.now))
+                commands += self.cluster.settle(victim, back_to_queue.preempt(victim, job, self.now))
                 takeable.remove(victim)
             if victims:
                 lowest = min((j.rank for j in takeable), default=None)
@@ -192,7 +193,7 @@ def grow_elastic(cluster: Scheduled, now: float) -> list[Command]:
         own = sum(len(t.gpus) for t in job.tasks if job.holds(t))  # given back by the group restart that grows it
         workers = elastic.grow_to(job, free, quotas.largest_size(job, holding=own))
         if workers:
-            commands += cluster.settle(job, lifecycle.grow(job, workers, now))
+            commands += cluster.settle(job, back_to_queue.grow(job, workers, now))
             free = quotas = None
         else:
             cluster.no_growth_at[job.id] = version

@@ -5,7 +5,7 @@ the waiting job's and whose class is preemptible; equal ranks never preempt, so 
 rank 0) nothing does. Which of them (choose_victims): the fewest jobs, and among sets as small the most
 recently started ones, and only a set whose resources, given back, really let the waiting job fit.
 
-The victims stop gracefully and go back to the queue (lifecycle.preempt). Until the job they stopped for is
+The victims stop gracefully and go back to the queue (lifecycle/back_to_queue.py, preempt). Until the job they stopped for is
 placed, what they held is kept for it (held_for on each victim; holdings and free_for): no third job, and no
 victim placed again, takes it while the victims' tasks save and exit.
 """
@@ -77,7 +77,7 @@ def _fits(waiting: Job, capacity: list[NodeCapacity], victims: Iterable[Job]) ->
 
 
 def held_by(jobs: Iterable[Job]) -> Holdings:
-    """What the jobs' tasks hold, or held when preempted (lifecycle.preempt unplaces the others): node -> GPUs,
+    """What the jobs' tasks hold, or held when preempted (back_to_queue.preempt unplaces the others): node -> GPUs,
     ports."""
     held: Holdings = {}
     for job in jobs:
