@@ -109,3 +109,59 @@ def test_the_probe_reads_the_env_files_up_wrote(tmp_path):
     assert remote.env_values(str(written)) == {"ETCD_NAME": "c1",
                                                "ETCD_INITIAL_CLUSTER": "c1=https://a:2380,c2=https://b:2380"}
     assert remote.env_values(str(tmp_path / "missing.env")) == {}
+
+
+class Etcd:
+    """etcd's answers to a membership change, one per try: None succeeds, an exception is raised."""
+
+    def __init__(self, *answers):
+        self.answers, self.tries = list(answers), 0
+
+    def __call__(self, step, path, body, timeout):
+        self.tries += 1
+        answer = self.answers.pop(0)
+        if answer is not None:
+            raise answer
+
+
+def change(monkeypatch, path, *answers):
+    """etcd_member against those answers, on a clock that moves a second per wait; (tries, error or None)."""
+    from tfcluster.bringup import remote
+
+    etcd, now = Etcd(*answers), [0.0]
+    monkeypatch.setattr(remote, "etcd_call", etcd)
+    try:
+        remote.etcd_member({"path": path, "body": {}}, clock=lambda: now[0],
+                           sleep=lambda seconds: now.__setitem__(0, now[0] + seconds))
+    except Exception as e:  # noqa: BLE001  the error the step fails with
+        return etcd.tries, e
+    return etcd.tries, None
+
+
+def test_a_membership_change_waits_out_the_election_that_follows_the_leaders_death(monkeypatch):
+    from tfcluster.bringup.remote import StepFailed
+
+    remove = "/v3/cluster/member/remove"
+    # The member asked timed out while the others elected a leader, then etcd said so, then it went through.
+    assert change(monkeypatch, remove, TimeoutError("The read operation timed out"),
+                  StepFailed("etcd at https://c4:2379: etcdserver: leader changed"), None) == (3, None)
+    # The try that timed out had removed it: the next one finds it gone, which is what was asked.
+    assert change(monkeypatch, remove, TimeoutError("timed out"),
+                  StepFailed("etcd at https://c4:2379: etcdserver: member not found")) == (2, None)
+    add = "/v3/cluster/member/add"
+    assert change(monkeypatch, add, TimeoutError("timed out"),
+                  StepFailed("etcd at https://c4:2379: etcdserver: Peer URLs already exists")) == (2, None)
+
+
+def test_a_membership_change_etcd_refuses_fails_at_once_and_one_it_never_answers_within_a_minute(monkeypatch):
+    from tfcluster.bringup.remote import MEMBER_CHANGE_SECONDS, StepFailed
+
+    refused = StepFailed("etcd at https://c4:2379: etcdserver: unhealthy cluster")
+    tries, error = change(monkeypatch, "/v3/cluster/member/add", refused)
+    assert (tries, error) == (1, refused)
+    # "member not found" on the first try is no earlier try's doing: the step fails with it.
+    gone = StepFailed("etcd at https://c4:2379: etcdserver: member not found")
+    assert change(monkeypatch, "/v3/cluster/member/remove", gone) == (1, gone)
+    silent = [TimeoutError("timed out")] * (MEMBER_CHANGE_SECONDS + 5)
+    tries, error = change(monkeypatch, "/v3/cluster/member/remove", *silent)
+    assert isinstance(error, TimeoutError) and tries == MEMBER_CHANGE_SECONDS + 1

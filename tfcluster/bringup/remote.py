@@ -108,10 +108,32 @@ def etcd_tls(step):
     return context
 
 
-def etcd_member(step):
+# A membership change waits this long for etcd to answer at all: right after the member that led died (the reason
+# to remove it), the others elect a new leader first, and a change asked meanwhile times out or is refused.
+MEMBER_CHANGE_SECONDS = 60
+# What etcd says while it has no leader; anything else it refuses (a change that would cost the quorum) is final.
+ELECTION_WORDS = ("leader changed", "no leader", "request timed out", "too many requests")
+# What etcd says when the change was made already, by an earlier try whose answer was lost.
+DONE_WORDS = {"/v3/cluster/member/remove": "member not found", "/v3/cluster/member/add": "peer urls already exists"}
+
+
+def etcd_member(step, clock=time.monotonic, sleep=time.sleep):
     """A change of etcd's membership made through this host's member (it needs the quorum: etcd refuses one
-    that would leave too few members started)."""
-    etcd_call(step, step["path"], step["body"], 10)
+    that would leave too few members started), tried again while etcd elects a leader or does not answer."""
+    deadline, tried = clock() + MEMBER_CHANGE_SECONDS, False
+    while True:
+        try:
+            etcd_call(step, step["path"], step["body"], 10)
+            return
+        except (OSError, StepFailed) as e:  # a timeout is an OSError
+            said, done = str(e).lower(), DONE_WORDS.get(step["path"])
+            if tried and done and done in said:
+                return
+            electing = isinstance(e, OSError) or any(words in said for words in ELECTION_WORDS)
+            if not electing or clock() >= deadline:
+                raise
+            tried = True
+        sleep(1)
 
 
 def env_values(path):
