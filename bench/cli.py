@@ -175,6 +175,7 @@ def throughput_figures(cluster: LocalCluster, jobs: int, rounds: int, name: str 
             f"{name}_cpu_per_job": f"{per_job:.1f} ms (" + ", ".join(f"{k} {v:.1f}" for k, v in cpu.items())
                                    + f"; {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f})",
             f"{name}_cpu_floor_two_bare_processes": f"{floor:.1f} ms per job",
+            f"{name}_cpu_vs_floor": round(per_job / floor, 1),
             f"{name}_cpu_bound": f"{os.cpu_count() * 1000 / per_job:.1f} jobs/s (the cores' time over the CPU per "
                                  f"job: the rate with nothing else running)"}
 

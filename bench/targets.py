@@ -27,6 +27,8 @@ TARGETS = (
            "the core's CPU per tiny job with hundreds waiting / the same jobs one at a time (no queue)"),
     Target("queue_burst.json", "burst_writes_vs_one_at_a_time", 1.5,
            "the job records written per tiny job with hundreds waiting / the same jobs one at a time (no queue)"),
+    Target("cli.json", "throughput_cpu_vs_floor", 30.0,
+           "the CPU per tiny job (2 tasks of `true`), every process's, / the same two processes forked by a bare loop"),
     Target("usage_ledger.json", "folded_vs_one_per_job_bytes", 0.25,
            "the usage ledger's bytes after 500,000 short jobs, short jobs folded into hours / one entry per job"),
     Target("queue_burst.json", "quota_burst_vs_burst", 2.0,
