@@ -157,3 +157,28 @@ def test_a_shim_keeps_all_the_output_and_ends_with_its_task_though_the_task_left
     status = ShimStatus.read(tmp_path)
     assert status.exit.exit_code == 5 and status.exit.log_tail[-1] == "last line"
     assert (tmp_path / layout.OUTPUT_FILE).read_bytes() == b"x" * 300000 + b"\nlast line\n"
+
+
+WARM_UP_CHECK = """
+import os, signal, sys, threading
+from tfcluster.daemon.agent.tasks import launcher
+sys.stdout.write("before ")
+sys.stdout.flush()
+launcher.warm_up()
+print("threads", threading.active_count(), "sigterm default", signal.getsignal(signal.SIGTERM) is signal.SIG_DFL,
+      "sigint default", signal.getsignal(signal.SIGINT) is signal.default_int_handler, "fds", len(os.listdir("/proc/self/fd")))
+"""
+
+
+def test_the_launchers_warm_up_runs_a_shim_and_leaves_the_launcher_as_it_found_it(tmp_path):
+    """The launcher runs one shim of `true` in itself before it forks any (launcher.warm_up): afterwards it must be
+    the process it was, single-threaded above all (it forks), with its own signal handlers and stdout, and nothing
+    of the scratch attempt left behind."""
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    fds = subprocess.run([sys.executable, "-c", "import os; print(len(os.listdir('/proc/self/fd')))"],
+                         capture_output=True, text=True, check=True, env=env).stdout.strip()
+    done = subprocess.run([sys.executable, "-c", WARM_UP_CHECK], capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""  # nothing failed: a failed warm-up says so there
+    assert done.stdout == f"before threads 1 sigterm default True sigint default True fds {fds}\n"
+    assert list(tmp_path.iterdir()) == []

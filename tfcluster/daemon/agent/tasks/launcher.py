@@ -250,13 +250,44 @@ def _reap() -> None:
             return
 
 
+def warm_up() -> None:
+    """Runs one shim here, of `true` in a scratch dir, before any is forked: what a shim's first run sets up once
+    (symbols bound on first call, the type and decoder caches, the subprocess module's first start) is then set
+    up in the pages every shim shares with the launcher, not copied and done again in each of them (0.3 ms of a
+    shim's 3.8 ms of CPU, measured). A warm-up that fails costs nothing but that."""
+    import tempfile
+
+    from tfcluster.daemon.agent.shim.runner import Runner
+    from tfcluster.daemon.agent.shim.taskfiles import LaunchFile
+    from tfcluster.model import Attempt
+
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
+    saved_stdout = os.dup(1)
+    try:
+        with tempfile.TemporaryDirectory(prefix="tfcluster-launcher-") as scratch, \
+                open(os.devnull, "w") as devnull:
+            LaunchFile(Attempt("warm-up", "worker", 0, 1), ("true",), {"PATH": os.defpath},
+                       workdir=scratch).write(Path(scratch))
+            os.dup2(devnull.fileno(), 1)  # the shim's own lines, for an agent that is not there
+            Runner(Path(scratch)).run()
+    except Exception as e:  # noqa: BLE001  never a reason for the launcher not to serve
+        print(f"the task launcher's warm-up failed: {e}", file=sys.stderr, flush=True)
+    finally:
+        os.dup2(saved_stdout, 1)
+        os.close(saved_stdout)
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+
+
 def main() -> int:
     if len(sys.argv) != 2:
         print("usage: python -m tfcluster.daemon.agent.tasks.launcher SOCKET_FD", file=sys.stderr)
         return 2
     import tfcluster.daemon.agent.shim.runner  # noqa: F401  imported once here, not in every shim
+    warm_up()
     # What is imported stays out of the collector's way: a shim's collections then leave the pages it shares
     # with the launcher unwritten, and unwritten pages are not copied.
+    gc.collect()
     gc.freeze()
     with socket.socket(fileno=int(sys.argv[1])) as sock:
         serve(sock)
