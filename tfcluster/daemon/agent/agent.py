@@ -204,14 +204,16 @@ class Agent:
             self.session.reconnect()  # the session starts again with the new certificate
 
     def stop(self, stop_tasks: bool = False, grace_seconds: float = 10.0) -> None:
+        # A restart, most likely: the coordinator waits longer for it before its tasks count lost. Said first: once
+        # _stop is set the stream's sender ends at its next wake-up, and a word queued after that is never sent.
+        if not stop_tasks:
+            self.session.leave()
         self._stop.set()
         self.logs.stopped.set()
         if self.peer_server is not None:
             self.peer_server.stop(1)
         if self.web is not None:
             self.web.stop()
-        if not stop_tasks:  # a restart, most likely: the coordinator waits longer for it before its tasks count lost
-            self.session.leave()
         self.session.cancel()
         if stop_tasks:
             self.supervisor.stop_all(grace_seconds)
