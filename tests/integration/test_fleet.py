@@ -171,3 +171,53 @@ def test_a_fleet_past_the_heartbeat_bound_beats_less_often_and_stays_ready(make_
     finally:
         kill_group(proc.pid)
         proc.wait()
+
+
+def test_an_agent_whose_stream_opens_after_the_pace_was_told_is_told_it_too(make_cluster):
+    """An agent is given the heartbeat interval when it registers; the cluster may stretch it before the agent's
+    stream opens, and the agents told the new one are those whose streams are open at the next tick. One whose
+    stream opens later is told as it opens (it failed once in CI: a third of a fleet registering at once kept
+    beating every second)."""
+    import asyncio
+
+    import fleet
+    from tfcluster import wire
+    from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc
+    from tfcluster.commands import SetPace
+
+    cluster = make_cluster(3.0, "--max-heartbeats-per-second", "2")
+    credentials = fleet.FleetCredentials(cluster.ca_dir)
+    told = "agents heartbeat every"
+
+    async def scenario() -> tuple[float, list]:
+        nodes = [fleet.node_info(i) for i in range(6)]
+        channels = [credentials.channel(cluster.address, node.name, []) for node in nodes]
+        try:
+            replies = [await agent_pb2_grpc.AgentServiceStub(channel).Register(
+                agent_pb2.RegisterRequest(node=wire.node_info_to_proto(node)), timeout=10)
+                for node, channel in zip(nodes, channels)]
+            # Six nodes at two heartbeats a second: stretched past the first one's interval, and told at the next
+            # tick to the streams open then, of which there are none.
+            deadline = time.monotonic() + 10
+            while told not in cluster.coordinator.log() and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+            call = agent_pb2_grpc.AgentServiceStub(channels[0]).Connect()
+            await call.write(agent_pb2.AgentMessage(open=agent_pb2.StreamOpen(node_name=nodes[0].name,
+                                                                              session_id=replies[0].session_id)))
+            commands = []
+            try:
+                while not any(isinstance(c, SetPace) for c in commands):
+                    message = await asyncio.wait_for(call.read(), 5)
+                    commands.append(wire.command_from_proto(message, nodes[0].name))
+            except asyncio.TimeoutError:
+                pass
+            call.cancel()
+            return replies[0].heartbeat_interval_seconds, commands
+        finally:
+            for channel in channels:
+                await channel.close()
+
+    registered_with, commands = asyncio.run(scenario())
+    assert told in cluster.coordinator.log()
+    paces = [c.heartbeat_interval_seconds for c in commands if isinstance(c, SetPace)]
+    assert registered_with == 1.0 and len(paces) == 1 and paces[0] > 1.0, (registered_with, commands)

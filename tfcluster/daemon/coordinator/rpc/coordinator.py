@@ -197,6 +197,11 @@ class Coordinator(Membership):
         outbox = self.outboxes[node]
         generation = outbox.take_over()
         self.send(self._revocations([node]))  # its peer port refuses what the cluster refuses
+        pace = self.cluster.nodes.pace
+        if pace.interval != pace.base_interval:
+            # Its registration may have been answered before the latest stretch, and the agents were told it
+            # (_tell_pace) before this stream opened: it is told now, twice at worst.
+            self.send([SetPace(node, pace.interval)])
         return outbox, generation
 
     def close_stream(self, node: str) -> None:
