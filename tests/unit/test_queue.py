@@ -253,6 +253,23 @@ def test_a_long_queue_of_look_alike_jobs_costs_one_search_a_pass(monkeypatch):
     assert all(j.state == JobState.PENDING for j in waiting[2:])
 
 
+def test_look_alike_jobs_of_other_owners_get_their_own_answers_in_one_pass():
+    """A pass answers a run of look-alike jobs once (queue.QueuePass.answered), but only for the same owner,
+    groups and class, and only while nothing was placed or held since: interleaved owners, one over its quota,
+    each get their own answer."""
+    sim = sim_with("[users.alice]\ngpus = 1\n", info("n1", 3))
+    blocker = submit(sim, "bob", gpus=3)
+    queued = [submit(sim, owner) for owner in ("alice", "alice", "carol", "alice", "carol", "dave")]
+    assert all(j.state == JobState.PENDING for j in queued)
+    finish(sim, blocker)  # three GPUs free: one pass over the queue
+    states = [(j.owner, j.state) for j in queued]
+    assert states == [("alice", JobState.STARTING), ("alice", JobState.PENDING), ("carol", JobState.STARTING),
+                      ("alice", JobState.PENDING), ("carol", JobState.STARTING), ("dave", JobState.PENDING)]
+    quota = "waiting: alice's quota of 1 GPU is in use (1 running + 1 asked)"
+    assert queued[1].message == quota and queued[3].message == quota
+    assert queued[5].message.startswith("waiting for resources: ")
+
+
 def test_a_waiting_jobs_new_reason_is_shown_and_not_written_for_every_waiting_job():
     """Why a job waits follows what is free (which task of its gang found no room): every task's exit changes it
     for the whole queue. Status shows the new reason at once; the store does not rewrite every waiting job for it

@@ -172,6 +172,11 @@ class QueuePass:
         # only shrinks during a pass (placed jobs take, holds are added), so a look-alike job further down does
         # not fit either: a queue of hundreds of equal jobs costs one search per pass, not hundreds.
         self.no_room: dict[tuple, str] = {}
+        # A look-alike's whole answer (same owner, groups, class and needs; never placed, avoiding no node) while
+        # nothing in this pass changed since it was given: a job taking, or a hold added, empties it. The queue
+        # of hundreds then costs a dict lookup a job at each task's exit, not its quota, size and wording.
+        self.answered: dict[tuple, Waiting] = {}
+        self.changes = 0  # how often what the answers depend on changed in this pass (took, _hold)
 
     def skip(self, job: Job) -> None:
         """A job not tried again this pass (nothing changed since it did not fit): what it holds stays held."""
@@ -183,10 +188,21 @@ class QueuePass:
         """Places the job on what is free and not held for a job ahead of it, or says why it waits (and, at
         the head of its class, holds what it waits for)."""
         self.holds.pop(job.id, None)
+        previous = {(t.type, t.index): (t.node, t.port) for t in job.tasks if t.node}
+        alike = None if previous or job.seen.failures_on else (job.owner, job.groups, job.rank, needs(job.spec))
+        answer = self.answered.get(alike) if alike is not None else None
+        if answer is not None:
+            return answer
+        changes = self.changes
+        answer = self._consider(job, previous)
+        if alike is not None and isinstance(answer, Waiting) and changes == self.changes:  # it took no hold
+            self.answered[alike] = answer
+        return answer
+
+    def _consider(self, job: Job, previous: dict[tuple[str, int], tuple[str, int]]) -> list[TaskPlacement] | Waiting:
         reason = quota_reason(job, self.holdings, self.usage.used_gpu_hours)
         if reason:
             return Waiting(reason, for_resources=False)
-        previous = {(t.type, t.index): (t.node, t.port) for t in job.tasks if t.node}
         result = self._place(job, previous)
         if not isinstance(result, Unfit):
             return result
@@ -216,12 +232,18 @@ class QueuePass:
 
     def took(self, job: Job, placement: list[TaskPlacement]) -> None:
         """The job was placed: what it took is no longer free for the jobs after it."""
+        self._changed()
         self.holdings.add(job, sum(len(p.gpus) for p in placement))
         for p in placement:
             for capacity in (self.free, self.view):
                 capacity[p.node] = capacity[p.node].taking(p)
 
+    def _changed(self) -> None:
+        self.changes += 1
+        self.answered.clear()
+
     def _hold(self, hold: Hold) -> None:
+        self._changed()
         self.held_ranks.add(hold.rank)
         self.holders.append(hold.job_id)
         for name in hold.gpus.keys() | hold.ports.keys():
