@@ -19,6 +19,7 @@ from tfcluster.commands import Launch
 from tfcluster.daemon.agent.shim.runner import DRAIN_SECONDS, process_start
 from tfcluster.daemon.agent.shim.taskfiles import LaunchFile, ShimStatus
 from tfcluster.daemon.agent.tasks import launcher as launcher_module
+from tfcluster.daemon.agent.tasks import launcher_process
 from tfcluster.daemon.agent.tasks.record import is_shim
 from tfcluster.daemon.agent.tasks.supervisor import Supervisor
 from tfcluster.model import Attempt, Phase
@@ -50,7 +51,7 @@ def test_a_forked_shim_runs_in_a_session_of_its_own_and_its_exit_is_seen_at_once
         reports.wait_for(running, Phase.RUNNING)
         pid = supervisor.current(running).shim_pid
         assert os.getsid(pid) == pid, "a session of its own"
-        assert psutil.Process(pid).name() == launcher_module.SHIM_NAME
+        assert psutil.Process(pid).name() == launcher_process.SHIM_NAME
         assert psutil.Process(pid).ppid() == supervisor.launcher.process.pid, "the launcher's child, not the agent's"
         assert is_shim(pid, supervisor.current(running).dir, process_start(pid))
     finally:
@@ -128,7 +129,7 @@ def test_a_shim_whose_answer_never_reached_the_agent_never_runs(tmp_path):
     LaunchFile(Attempt("lost-1", "worker", 0, 1), ("touch", str(marker)), {"PATH": os.environ["PATH"]}).write(tmp_path)
     script = (
         "import os, socket, sys\n"
-        "from tfcluster.daemon.agent.tasks import launcher\n"
+        "from tfcluster.daemon.agent.tasks import launcher_process as launcher\n"
         "ours, agent = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)\n"
         "agent.close()  # the agent died while the launcher forked\n"
         "out, err = os.open(os.devnull, os.O_WRONLY), os.open(os.devnull, os.O_WRONLY)\n"
@@ -161,7 +162,7 @@ def test_a_shim_keeps_all_the_output_and_ends_with_its_task_though_the_task_left
 
 WARM_UP_CHECK = """
 import os, signal, sys, threading
-from tfcluster.daemon.agent.tasks import launcher
+from tfcluster.daemon.agent.tasks import launcher_process as launcher
 sys.stdout.write("before ")
 sys.stdout.flush()
 launcher.warm_up()
@@ -182,3 +183,16 @@ def test_the_launchers_warm_up_runs_a_shim_and_leaves_the_launcher_as_it_found_i
     assert done.stderr == ""  # nothing failed: a failed warm-up says so there
     assert done.stdout == f"before threads 1 sigterm default True sigint default True fds {fds}\n"
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_launcher_imports_nothing_with_an_at_fork_hook():
+    """threading, logging and random each run a hook in every child the launcher forks, and each page such a hook
+    writes to is copied into the shim first (launcher_process.py): the launcher, its shim code imported and
+    warmed up, must have imported none of them."""
+    script = ("import sys\n"
+              "from tfcluster.daemon.agent.tasks import launcher_process\n"
+              "import tfcluster.daemon.agent.shim.runner\n"
+              "launcher_process.warm_up()\n"
+              "print(sorted(m for m in ('threading', 'logging', 'random', 'subprocess') if m in sys.modules))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "[]\n", "")

@@ -103,7 +103,7 @@ RULES = [
     (agent("tasks"), agent("session", "hooks", "peers", "node", "agent", "main"),
      "tasks never import the session, hooks, peers or the node's services"),
     (agent("code"), agent("session", "hooks", "peers", "node", "agent", "main", "tasks.supervisor", "tasks.start",
-                          "tasks.record", "tasks.launcher", "tasks.handback"),
+                          "tasks.record", "tasks.launcher", "tasks.launcher_process", "tasks.handback"),
      "code imports the shim and tasks' users alone"),
     (agent("hooks"), agent("session", "peers", "node", "agent", "main"), "hooks never import the session"),
     (agent("peers"), agent("session", "hooks", "node", "agent", "main"), "the peer port never imports the session"),

@@ -11,12 +11,13 @@ from harness import old_style_shim
 from tfcluster.daemon.agent import launcher, taskrunner
 from tfcluster.daemon.agent.shim import runner
 from tfcluster.daemon.agent.tasks import launcher as tasks_launcher
+from tfcluster.daemon.agent.tasks import launcher_process
 from tfcluster.daemon.agent.tasks.record import is_shim
 
 
 def test_the_old_names_are_the_new_ones():
     assert taskrunner.Runner is runner.Runner and taskrunner.main is runner.main
-    assert launcher.Launcher is tasks_launcher.Launcher and launcher.main is tasks_launcher.main
+    assert launcher.Launcher is tasks_launcher.Launcher and launcher.main is launcher_process.main
 
 
 def test_the_old_module_paths_still_run_as_programs():

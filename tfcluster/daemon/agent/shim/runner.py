@@ -22,16 +22,13 @@ import json
 import os
 import select
 import signal
-import subprocess
 import sys
-import threading
 import time
 from dataclasses import replace
 from pathlib import Path
 
 from tfcluster import layout
-from tfcluster.daemon.agent.shim import cgroups
-from tfcluster.daemon.agent.shim import isolation
+from tfcluster.daemon.agent.shim import cgroups, isolation, spawn
 from tfcluster.daemon.agent.shim.taskfiles import LaunchFile, ShimStatus, UsageFile, read_stop_grace
 from tfcluster.daemon.agent.shim.tasklog import DEFAULT_LIMIT_BYTES, LastLines, OutputWriter
 from tfcluster.daemon.agent.shim.treewatch import TreeWatch, Usage, exceeded_message
@@ -67,9 +64,12 @@ class Runner:
             raise FileNotFoundError(f"{attempt_dir / layout.LAUNCH_FILE}: no launch file")
         self.launch = launch
         self.last_lines = LastLines(TAIL_LINES)
-        self.stopping = threading.Event()
+        # Set by the SIGTERM handler, which runs in this (the main) thread. Threads are started only when needed (a
+        # task still running after WATCH_AFTER_SECONDS, a stop's escalation): a shim the launcher forks imports
+        # no threading, whose at-fork hook would otherwise run in each one.
+        self.stopping = False
         self.kill_at = float("inf")  # monotonic time of the SIGKILL, once a stop was asked for
-        self.child: subprocess.Popen | None = None
+        self.child: spawn.TaskProcess | None = None
         self.private_tmp = False  # /tmp is the job's own dir here
         self.cgroup = ""  # the task's cgroup it was started in, which keeps its memory limit; "": none does
         self.output_writable = True  # until writing the output failed (a full disk)
@@ -92,10 +92,8 @@ class Runner:
             with isolation.acting_as(uid, gid, groups):
                 isolation.check_workdir(self.launch.workdir, isolation.task_user(uid))
                 isolation.make_task_dirs(list(self.launch.task_dirs), isolation.task_user(uid))
-            with isolation.starting_as(uid, gid, groups):
-                self.child = subprocess.Popen(self.launch.command, cwd=self.launch.workdir or None,
-                                              env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                              stderr=subprocess.STDOUT, start_new_session=True)
+            with spawn.keeping_cwd(), isolation.starting_as(uid, gid, groups):
+                self.child = spawn.start(self.launch.command, self.launch.workdir, env)
         except (OSError, ValueError, isolation.StartRefused) as e:
             exit = self._start_failure(e, env)
             log.write(f"tfcluster: {exit.message}\n".encode())
@@ -109,7 +107,7 @@ class Runner:
         started = time.time()
         self.status(Phase.RUNNING, pid=pid, pgid=pid, started=started)
         print(json.dumps({"phase": Phase.RUNNING, "pid": pid}), flush=True)
-        if self.stopping.is_set():  # a stop that raced the start
+        if self.stopping:  # a stop that raced the start
             self._terminate()
         # With a cgroup the kernel keeps the limit; the watch measures all the same.
         watch = TreeWatch(pid, 0 if self.cgroup else self.launch.memory_bytes, self._publish)
@@ -117,7 +115,7 @@ class Runner:
         log.close()
         exit = self._exit(returncode, usage, watch.exceeded)
         self.status(Phase.EXITED, pid=pid, pgid=pid, started=started, finished=time.time(),
-                    stopped=self.stopping.is_set(), exit=exit)
+                    stopped=self.stopping, exit=exit)
         return 0
 
     def _exit(self, returncode: int, usage: Usage, exceeded: bool) -> TaskExit:
@@ -212,6 +210,8 @@ class Runner:
         return returncode, usage
 
     def _follow_with_thread(self, log: OutputWriter, watch: TreeWatch) -> tuple[int, Usage]:
+        import threading
+
         watch.start()
         pump = threading.Thread(target=self._copy_output, args=(log,), daemon=True)
         pump.start()
@@ -259,8 +259,8 @@ class Runner:
         self.last_lines.feed(data)
 
     def _on_term(self, signum, frame) -> None:
-        first = not self.stopping.is_set()
-        self.stopping.set()
+        first = not self.stopping
+        self.stopping = True
         if self.child is not None:
             self._terminate(first)
 
@@ -291,6 +291,8 @@ class Runner:
                     return
                 time.sleep(ESCALATION_POLL_SECONDS)
             kill_group(pgid, signal.SIGKILL)
+        import threading  # here, not at the top: see Runner.stopping
+
         threading.Thread(target=escalate, daemon=True).start()
 
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import os
 import resource
 import signal
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -62,11 +61,14 @@ class TreeWatch:
         self.exceeded = False  # the tree was killed for passing the limit
         self._members: dict[int, _Stat] = {}  # the tree as last sampled: pid -> its stat
         self._rescan_at = 0.0
-        self._done = threading.Event()
         self._published_at = 0.0
-        self._thread = threading.Thread(target=self._loop, name="tree-watch", daemon=True)
+        self._done = self._thread = None  # made by start(): a task that ends first costs no thread
 
     def start(self) -> None:
+        import threading  # here, not at the top: a shim whose task ended first needs none (runner.py)
+
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="tree-watch", daemon=True)
         self._thread.start()
 
     def _loop(self) -> None:
@@ -132,8 +134,8 @@ class TreeWatch:
     def finish(self) -> Usage:
         """Once the task was reaped, before its leftovers are killed: stops sampling and gives the attempt's
         figures, its reaped processes and the survivors of its tree included."""
-        self._done.set()
-        if self._thread.is_alive():
+        if self._thread is not None:
+            self._done.set()
             self._thread.join()
         survivors = [s for pid, s in _same(self._members).items() if pid != self.pid]
         reaped = resource.getrusage(resource.RUSAGE_CHILDREN)  # the shim's only child is the task
