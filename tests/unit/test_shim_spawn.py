@@ -79,3 +79,18 @@ def test_a_task_killed_by_a_signal_gives_its_negative_number_and_bad_input_a_val
     task.stdout.close()
     with pytest.raises(ValueError):
         spawn.start(["true"], "", {"PATH": os.environ["PATH"], "A=B": "x"})
+
+
+def test_a_shim_whose_own_dir_was_removed_still_starts_its_task_and_goes_back_to_it(tmp_path):
+    before = os.getcwd()
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    os.chdir(gone)
+    try:
+        own = os.stat(".")
+        gone.rmdir()
+        with spawn.keeping_cwd():
+            assert run(["pwd"], workdir=str(tmp_path)) == (0, f"{tmp_path}\n")
+        assert os.path.samestat(os.stat("."), own)
+    finally:
+        os.chdir(before)

@@ -1,14 +1,13 @@
 """What the per-task shim (shim/runner.py, root) does before it starts the task under the job's user.
 
-CPython's child setup (_posixsubprocess) changes the working directory before it drops privileges
-(setgroups, setregid, setreuid come after chdir), so the shim checks the working directory, and makes the
-dirs the spec names, as the task user first (`acting_as`), with root's rights put aside meanwhile.
-The task itself is started with the shim's real and effective IDs those of the task user (`starting_as`),
-not by asking CPython to switch them in the child: asked to, CPython forks (copying the shim's memory map,
-which the exec then throws away), where otherwise it uses vfork, which copies nothing; that was a fifth of
-a short task's CPU time in its shim. "No new privileges" is set in the shim itself: the child inherits it across exec, so no setuid program can
-give the task back what it gave up, and no preexec_fn is needed. The private /tmp is a mount namespace of
-the shim's own, with the job's tmp dir bind-mounted on /tmp, as systemd's PrivateTmp does.
+The shim checks the working directory, and makes the dirs the spec names, as the task user first
+(`acting_as`), with root's rights put aside meanwhile: a refusal then names the dir that stops the user. The
+task itself is started (shim/spawn.py: posix_spawn, a vfork and an exec) with the shim's real and effective IDs
+those of the task user (`starting_as`), which also enters the working directory as that user; nothing is asked
+of the child between the fork and the exec, so nothing of the shim's memory is copied for it. "No new
+privileges" is set in the shim itself: the child inherits it across exec, so no setuid program can give the
+task back what it gave up. The private /tmp is a mount namespace of the shim's own, with the job's tmp dir
+bind-mounted on /tmp, as systemd's PrivateTmp does.
 """
 
 from __future__ import annotations
