@@ -79,17 +79,16 @@ def _spawn_along_path(command: Sequence[str], env: Mapping[str, str], output: in
                (os.POSIX_SPAWN_DUP2, output, 1), (os.POSIX_SPAWN_DUP2, output, 2),
                *((os.POSIX_SPAWN_CLOSE, fd) for fd in _inheritable())]
     first: OSError | None = None
-    last: OSError | None = None
-    for path in places:
+    for path in places:  # never none: a PATH that is empty is the working dir
         try:
             os.stat(path)  # most places on a PATH do not hold the program: no spawn for those
             return os.posix_spawn(path, list(command), env, file_actions=actions, setsid=True,
                                   setsigdef=RESTORED_SIGNALS)
         except OSError as e:
-            last = e
             if first is None and e.errno not in NOT_THERE:
                 first = e
-    error = first or last or OSError(errno.ENOENT, "no such file or directory")
+            last = e
+    error = first or last
     raise OSError(error.errno, os.strerror(error.errno), program)
 
 

@@ -24,7 +24,6 @@ MAX_REPLY_BYTES = 1024
 SHIM_NAME = "tfcluster-shim"
 
 
-
 def serve(sock: socket.socket) -> None:
     """Forks a shim for each request until the agent's end closes."""
     wakeup_read, wakeup_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)

@@ -176,7 +176,6 @@ class QueuePass:
         # nothing in this pass changed since it was given: a job taking, or a hold added, empties it. The queue
         # of hundreds then costs a dict lookup a job at each task's exit, not its quota, size and wording.
         self.answered: dict[tuple, Waiting] = {}
-        self.changes = 0  # how often what the answers depend on changed in this pass (took, _hold)
 
     def skip(self, job: Job) -> None:
         """A job not tried again this pass (nothing changed since it did not fit): what it holds stays held."""
@@ -193,9 +192,8 @@ class QueuePass:
         answer = self.answered.get(alike) if alike is not None else None
         if answer is not None:
             return answer
-        changes = self.changes
         answer = self._consider(job, previous)
-        if alike is not None and isinstance(answer, Waiting) and changes == self.changes:  # it took no hold
+        if alike is not None and isinstance(answer, Waiting) and job.id not in self.holds:  # it took no hold
             self.answered[alike] = answer
         return answer
 
@@ -232,18 +230,14 @@ class QueuePass:
 
     def took(self, job: Job, placement: list[TaskPlacement]) -> None:
         """The job was placed: what it took is no longer free for the jobs after it."""
-        self._changed()
+        self.answered.clear()
         self.holdings.add(job, sum(len(p.gpus) for p in placement))
         for p in placement:
             for capacity in (self.free, self.view):
                 capacity[p.node] = capacity[p.node].taking(p)
 
-    def _changed(self) -> None:
-        self.changes += 1
-        self.answered.clear()
-
     def _hold(self, hold: Hold) -> None:
-        self._changed()
+        self.answered.clear()
         self.held_ranks.add(hold.rank)
         self.holders.append(hold.job_id)
         for name in hold.gpus.keys() | hold.ports.keys():
