@@ -1,5 +1,5 @@
 """The indexes Nodes and Jobs keep (nodes by name and address, idle capacity, the order nodes were heard in, what
-is placed where, live and ended jobs, request ids, task UIDs, job numbers), and what the placed tasks hold on each
+is placed where, live and ended jobs, the jobs a scheduling pass looks at, request ids, task UIDs, job numbers), and what the placed tasks hold on each
 node, always equal what they index recomputed from scratch, whatever happens: random registrations, heartbeats,
 reports, submissions, stops, silences, removals and retention, driven through the cluster's events."""
 
@@ -16,7 +16,7 @@ from tfcluster.daemon.coordinator.core.cluster import Cluster, Unplaceable
 from tfcluster.daemon.coordinator.core.model.node_table import NameTaken
 from tfcluster.daemon.coordinator.core.scheduling.placement import NodeCapacity
 from tfcluster.model import TaskProgress
-from tfcluster.states import NodeState, TaskState
+from tfcluster.states import JobState, NodeState, TaskState
 
 NODES = 12  # enough for the mass-silence rule (10 silent nodes) to come into play
 SPECS = [
@@ -78,6 +78,8 @@ def check_jobs(c: Cluster) -> None:
     assert len(live_uids) == len(set(live_uids)), "two live jobs never share a task UID"
     assert all(jobs.next_number > j.number for j in kept)
     assert set(c.unfit_at) <= set(jobs.live)
+    to_place = {j.id for j in kept if not j.ended and (j.state == JobState.PENDING or j.lost_tasks())}
+    assert set(jobs.to_place) == to_place, "the jobs a scheduling pass looks at: PENDING, or lost a task's node"
 
 
 class ClusterIndexes(RuleBasedStateMachine):

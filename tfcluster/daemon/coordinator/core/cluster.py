@@ -225,15 +225,18 @@ class Cluster(NodeEvents, SweepEvents, UsageQueries):
         the PENDING jobs that fit now in queue order (queue.py); those that wait for resources may preempt jobs of
         lower classes (preemption.py). A job that did not fit is tried again only once resources may have changed
         (or the policy did)."""
-        version = self.nodes.capacity_version
-        pending, repairs = [], []
-        for job in self.jobs.live.values():
-            if job.state == JobState.PENDING and job.not_before <= now:
-                pending.append(job)
-            elif lifecycle.unplaced_tasks(job, now) and self.unfit_at.get(job.id) != version:
+        version, unfit_at = self.nodes.capacity_version, self.unfit_at
+        pending, repairs, changed = [], [], False
+        for job in self.jobs.to_place.values():  # the PENDING jobs and those that lost a task's node
+            if job.state == JobState.PENDING:
+                if job.not_before <= now:
+                    pending.append(job)
+                    changed = changed or unfit_at.get(job.id) != version
+            elif unfit_at.get(job.id) != version and lifecycle.unplaced_tasks(job, now):
                 repairs.append(job)
-        if not repairs and all(self.unfit_at.get(j.id) == version for j in pending):
+        if not repairs and not changed:
             return []
+        repairs.sort(key=lambda job: job.number)  # the oldest first, as they were submitted
         return SchedulePass(self, now).run(repairs, pending)
 
     def _schedule_after_event(self, now: float) -> list[Command]:

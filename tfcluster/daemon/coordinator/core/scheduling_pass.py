@@ -90,7 +90,7 @@ class SchedulePass:
         """Jobs that preempted others go first, on what was kept for them; then the queue, in order, on what is
         kept for none; then the jobs that wait for resources may preempt."""
         cluster, commands = self.cluster, []
-        unfit = [job for job in pending if job.id in self.held]
+        unfit = sorted((job for job in pending if job.id in self.held), key=lambda job: job.number)
         for job in unfit[:]:
             commands += self._place_preemptor(job, unfit)
         kept = {n.name: n for n in preemption.free_for(None, self.capacity, self.held)}

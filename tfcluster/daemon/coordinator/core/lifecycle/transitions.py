@@ -71,9 +71,7 @@ def _put(job: Job, task: Task, p: TaskPlacement, node: NodeInfo) -> None:
 def unplaced_tasks(job: Job, now: float) -> list[Task]:
     """Tasks of a placed job that lost their node (or port) and wait for a new one (the evaluator), once
     their restart's backoff has passed."""
-    if job.state not in (JobState.STARTING, JobState.RUNNING) or now < job.not_before:
-        return []
-    return [t for t in job.tasks if t.state == TaskState.PENDING and not t.node]
+    return [] if now < job.not_before else job.lost_tasks()
 
 
 def launch_tasks(job: Job, tasks: list[Task], now: float) -> list[Command]:

@@ -19,6 +19,7 @@ from tfcluster.states import JobState, TaskState, check_transition
 
 MAX_EVALUATIONS_KEPT = 1000
 _PLACED = (JobState.STARTING, JobState.RUNNING, JobState.STOPPING)  # a job's tasks have their nodes
+_STARTED = (JobState.STARTING, JobState.RUNNING)
 
 
 class Record:
@@ -258,6 +259,18 @@ class Job(StateRecord):
         launched (a later wave, a restart in place, a restart's backoff), so no other task may have them."""
         placed = task.state == TaskState.PENDING and task.node and self.state in _PLACED
         return task.live or bool(placed)
+
+    def lost_tasks(self) -> list[Task]:
+        """Tasks of a started job that lost their node (or port) and wait for a new one; placed again once the
+        job's restart backoff has passed (transitions.unplaced_tasks)."""
+        if self.state not in _STARTED:
+            return []
+        return [t for t in self.tasks if t.state == TaskState.PENDING and not t.node]
+
+    def waits_for_placement(self) -> bool:
+        """Whether a scheduling pass has something to place for it: it is PENDING (queued, or in a restart's
+        backoff), or it lost a task's node (Jobs.to_place keeps the live ones that do)."""
+        return self.state == JobState.PENDING or bool(self.lost_tasks())
 
     def training_tasks(self) -> list[Task]:
         return [t for t in self.tasks if is_training(t.type)]

@@ -1,8 +1,8 @@
 """The cluster's jobs: every job kept, the live ones in order, the ended ones until retention lets them go. Pure.
 
 Jobs owns the registry and its indexes: the live jobs oldest first, the ended ones in the order they ended (and
-how many ended in each state), each submission's request id, the holder of each task UID, and the counter that
-numbers jobs. A job enters through add (loaded, or made by new), leaves the live ones through settle once it has
+how many ended in each state), the live ones a scheduling pass looks at, each submission's request id, the holder
+of each task UID, and the counter that numbers jobs. A job enters through add (loaded, or made by new), leaves the live ones through settle once it has
 ended, and leaves for good through prune; each of these changes every index with it, so none holds a job that is
 not kept.
 """
@@ -39,9 +39,13 @@ class Jobs(Registry[Job]):
         self._jobs: dict[str, Job] = {}
         super().__init__(self._jobs)
         self._live: dict[str, Job] = {}   # jobs not ended, oldest first
+        # The live jobs a scheduling pass looks at (Job.waits_for_placement): with hundreds running and hundreds
+        # waiting, a pass at each task's exit reads the waiting ones, not every live job.
+        self._to_place: dict[str, Job] = {}
         self._ended: dict[str, Job] = {}  # ended jobs, in the order they ended (retention removes from the front)
         self._ended_states: Counter[JobState] = Counter()  # how many of them ended in each state (it never changes)
         self.live: Mapping[str, Job] = MappingProxyType(self._live)
+        self.to_place: Mapping[str, Job] = MappingProxyType(self._to_place)
         self.ended: Mapping[str, Job] = MappingProxyType(self._ended)
         self._requests: dict[str, str] = {}  # a submission's client request id -> its job
         # task UID -> the kept jobs that have it: one, or ended ones and the job that took it over when the range
@@ -74,6 +78,8 @@ class Jobs(Registry[Job]):
         (self._ended if job.ended else self._live)[job.id] = job
         if job.ended:
             self._ended_states[job.state] += 1
+        else:
+            self._track_placement(job)
         if job.request_id:
             self._requests[job.request_id] = job.id
         self._next_number = max(self._next_number, job.number + 1)
@@ -105,6 +111,8 @@ class Jobs(Registry[Job]):
 
     def settle(self, job: Job) -> bool:
         """After a change to a job: True when it has just ended (it leaves the live jobs)."""
+        if job.id in self._live:
+            self._track_placement(job)
         if not job.ended or job.id not in self._live:
             return False
         del self._live[job.id]
@@ -112,6 +120,12 @@ class Jobs(Registry[Job]):
         self._ended_states[job.state] += 1
         self.changes.append(JobEnded(job))
         return True
+
+    def _track_placement(self, job: Job) -> None:
+        if job.waits_for_placement():
+            self._to_place[job.id] = job
+        else:
+            self._to_place.pop(job.id, None)
 
     def amended(self, job: Job) -> None:
         """An ended job changed once more (a late evaluation): the writer writes it again."""
@@ -147,3 +161,4 @@ class Jobs(Registry[Job]):
     def _hold_uid(self, job: Job) -> None:
         if job.uid:
             self._by_uid.setdefault(job.uid, {})[job.id] = job
+

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from operator import attrgetter
 
 from tfcluster.daemon.coordinator.core.model.elastic import at_size, is_elastic, sizes, smallest
 from tfcluster.daemon.coordinator.core.model.job import Job
@@ -38,8 +39,17 @@ NO_USAGE = Usage()
 
 
 def order(jobs: Iterable[Job], shares: Mapping[str, float]) -> list[Job]:
-    """Pending jobs in the order they are placed: class, then the owner's fair share, then age."""
-    return sorted(jobs, key=lambda j: (-j.rank, shares.get(j.owner, 0.0), j.number))
+    """Pending jobs in the order they are placed: class, then the owner's fair share, then age. Sorted by one key at
+    a time, the last sort deciding (each sort keeps the order of equal ones): asked at every pass of a queue of
+    hundreds, that reads each job's fields in C, not a tuple built in Python per job."""
+    ordered = sorted(jobs, key=_NUMBER)
+    if shares:
+        ordered.sort(key=lambda j: shares.get(j.owner, 0.0))
+    ordered.sort(key=_RANK, reverse=True)  # reversed, equal ranks keep their order
+    return ordered
+
+
+_NUMBER, _RANK = attrgetter("number"), attrgetter("rank")
 
 
 def gpus_asked(spec: JobSpec, exact: bool = False) -> int:
