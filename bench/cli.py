@@ -102,7 +102,9 @@ def start_figures(cluster: LocalCluster, rounds: int) -> dict[str, str]:
 
 def cpu_seconds(cluster: LocalCluster) -> dict[str, float]:
     """CPU used so far by the coordinator, the agents, and what the agents started (task launchers, shims and
-    the tasks, reaped by the launcher or still alive), and this process (the client)."""
+    the tasks, reaped by the launcher or still alive: a shim serves several attempts, so it may be neither),
+    and this process (the client). Each process counts itself and the children it reaped, so none is counted
+    twice."""
     def used(process: psutil.Process) -> float:
         try:
             times = process.cpu_times()
@@ -113,8 +115,15 @@ def cpu_seconds(cluster: LocalCluster) -> dict[str, float]:
     agents = [psutil.Process(agent.proc.pid) for agent in cluster.agents.values()]
     return {"coordinator": used(psutil.Process(cluster.coordinator.proc.pid)),
             "agents": sum(used(agent) for agent in agents),
-            "launchers_shims_tasks": sum(used(child) for agent in agents for child in agent.children()),
+            "launchers_shims_tasks": sum(used(child) for agent in agents for child in _descendants(agent)),
             "client": used(psutil.Process())}
+
+
+def _descendants(process: psutil.Process) -> list[psutil.Process]:
+    try:
+        return process.children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
 
 
 def spawn_floor_ms(jobs: int) -> float:

@@ -19,7 +19,7 @@ from tfcluster.commands import Launch
 from tfcluster.daemon.agent.shim.runner import DRAIN_SECONDS, process_start
 from tfcluster.daemon.agent.shim.taskfiles import LaunchFile, ShimStatus
 from tfcluster.daemon.agent.tasks import launcher as launcher_module
-from tfcluster.daemon.agent.tasks import launcher_process
+from tfcluster.daemon.agent.tasks import forked_shim
 from tfcluster.daemon.agent.tasks.record import is_shim
 from tfcluster.daemon.agent.tasks.supervisor import Supervisor
 from tfcluster.model import Attempt, Phase
@@ -51,7 +51,7 @@ def test_a_forked_shim_runs_in_a_session_of_its_own_and_its_exit_is_seen_at_once
         reports.wait_for(running, Phase.RUNNING)
         pid = supervisor.current(running).shim_pid
         assert os.getsid(pid) == pid, "a session of its own"
-        assert psutil.Process(pid).name() == launcher_process.SHIM_NAME
+        assert psutil.Process(pid).name() == forked_shim.SHIM_NAME
         assert psutil.Process(pid).ppid() == supervisor.launcher.process.pid, "the launcher's child, not the agent's"
         assert is_shim(pid, supervisor.current(running).dir, process_start(pid))
     finally:
@@ -133,7 +133,7 @@ def test_a_shim_whose_answer_never_reached_the_agent_never_runs(tmp_path):
         "ours, agent = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)\n"
         "agent.close()  # the agent died while the launcher forked\n"
         "out, err = os.open(os.devnull, os.O_WRONLY), os.open(os.devnull, os.O_WRONLY)\n"
-        "launcher._answer(ours, os.fsencode(sys.argv[1]), [out, err])\n"
+        "launcher._answer(ours, os.fsencode(sys.argv[1]), [out, err], launcher.Shims())\n"
         "pid, status = os.wait()\n"
         "print(os.waitstatus_to_exitcode(status))\n")
     result = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=60)

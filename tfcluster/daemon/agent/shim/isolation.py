@@ -53,6 +53,18 @@ def private_tmp(directory: str) -> str:
     return ""
 
 
+def mount_namespace() -> int:
+    """A descriptor of this process's mount namespace, to come back to after private_tmp (a shim that runs another
+    task next: enter_mount_namespace)."""
+    return os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+
+
+def enter_mount_namespace(namespace: int) -> None:
+    """Back in the namespace of mount_namespace (the private /tmp goes with its last process). The working
+    directory is then that namespace's root. Must run before the process has threads."""
+    _check(_libc.setns(namespace, CLONE_NEWNS), "setns(CLONE_NEWNS)")
+
+
 @contextlib.contextmanager
 def acting_as(uid: int | None, gid: int | None, groups: list[int] | None = None):
     """Within: file access is checked, and files are made, as uid:gid with the task's supplementary groups

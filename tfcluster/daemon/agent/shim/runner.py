@@ -1,5 +1,6 @@
-"""The per-task shim: forked by the agent's launcher (launcher.py) with this module already imported, or
-started as `python -m tfcluster.daemon.agent.shim.runner ATTEMPT_DIR` when the launcher cannot serve.
+"""The per-task shim: forked by the agent's launcher (launcher.py) with this module already imported (a forked shim
+whose task ended cleanly runs the next attempt it is given: tasks/forked_shim.py), or started as
+`python -m tfcluster.daemon.agent.shim.runner ATTEMPT_DIR` when the launcher cannot serve.
 
 It starts the task in its own process group, copies its output into the attempt's output files (within
 the attempt's limit: the head and the newest bytes, tasklog.py), carries out stops (the job's stop signal,
@@ -71,6 +72,7 @@ class Runner:
         self.kill_at = float("inf")  # monotonic time of the SIGKILL, once a stop was asked for
         self.child: spawn.TaskProcess | None = None
         self.private_tmp = False  # /tmp is the job's own dir here
+        self.host_mounts = -1  # with a private /tmp: the mount namespace the shim came from (leave_private_tmp)
         self.cgroup = ""  # the task's cgroup it was started in, which keeps its memory limit; "": none does
         self.output_writable = True  # until writing the output failed (a full disk)
         self.started = process_start(os.getpid())
@@ -159,7 +161,7 @@ class Runner:
             isolation.no_new_privileges()
         tmp = self.launch.private_tmp
         if tmp:
-            why = self.launch.private_tmp_unavailable or isolation.private_tmp(tmp)
+            why = self.launch.private_tmp_unavailable or self._enter_private_tmp(tmp)
             if why:
                 log.write(f"tfcluster: this job has no private /tmp on this node ({why}); its temporary files "
                           f"go to TMPDIR={tmp}, and fixed /tmp paths are shared with other jobs\n".encode())
@@ -168,6 +170,31 @@ class Runner:
                 if env.get("TMPDIR") == tmp:  # unless the spec set its own
                     env["TMPDIR"] = "/tmp"
         return env
+
+    def _enter_private_tmp(self, tmp: str) -> str:
+        try:
+            self.host_mounts = isolation.mount_namespace()
+        except OSError as e:  # no /proc: the private /tmp works all the same, and this shim runs no other task
+            print(f"cannot keep the shim's mount namespace: {e}", file=sys.stderr, flush=True)
+        return isolation.private_tmp(tmp)
+
+    def leave_private_tmp(self) -> bool:
+        """Back in the mount namespace the shim came from, its private /tmp left behind; False when it cannot
+        come back (it then runs no other task)."""
+        if not self.private_tmp and self.host_mounts == -1:
+            return True
+        try:
+            if self.host_mounts == -1:
+                return False
+            isolation.enter_mount_namespace(self.host_mounts)
+            return True
+        except OSError as e:
+            print(f"cannot leave the task's private /tmp: {e}", file=sys.stderr, flush=True)
+            return False
+        finally:
+            if self.host_mounts != -1:
+                os.close(self.host_mounts)
+                self.host_mounts = -1
 
     def _start_failure(self, error: Exception, env: dict[str, str]) -> TaskExit:
         """Why the task did not start, and whether a restart could change that (permanent: it cannot)."""
@@ -207,6 +234,7 @@ class Runner:
             self._copy_output(log, deadline=time.monotonic() + DRAIN_SECONDS)
         finally:
             os.close(exited)
+            self.child.stdout.close()  # held open past the drain: let go of it (a shim may run another task)
         return returncode, usage
 
     def _follow_with_thread(self, log: OutputWriter, watch: TreeWatch) -> tuple[int, Usage]:
@@ -222,7 +250,7 @@ class Runner:
 
     def _ended(self, watch: TreeWatch) -> Usage:
         """The task exited: what its tree used, read before what it left in its group is killed."""
-        usage = watch.finish()
+        usage = watch.finish(self.child.rusage)
         (self.dir / layout.USAGE_FILE).unlink(missing_ok=True)  # the running figures: the exit has the final ones
         kill_group(self.child.pid, signal.SIGKILL)
         return usage

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import resource
 import signal
 from collections.abc import Mapping, Sequence
 from typing import BinaryIO
@@ -30,16 +31,18 @@ NOT_THERE = (errno.ENOENT, errno.ENOTDIR)  # the exec goes on to the next place 
 
 
 class TaskProcess:
-    """The task started: its pid, the read end of its output, and its returncode once waited for (negative: the
-    signal that ended it, as Popen gives it)."""
+    """The task started: its pid, the read end of its output, and once waited for, its returncode (negative: the
+    signal that ended it, as Popen gives it) and what it used, with every descendant it reaped (wait4's: the
+    task's alone, where the shim's RUSAGE_CHILDREN would add every task a reused shim ran before)."""
 
     def __init__(self, pid: int, stdout: BinaryIO):
         self.pid, self.stdout = pid, stdout
         self.returncode: int | None = None
+        self.rusage: resource.struct_rusage | None = None
 
     def wait(self) -> int:
         if self.returncode is None:
-            _, status = os.waitpid(self.pid, 0)
+            _, status, self.rusage = os.wait4(self.pid, 0)
             self.returncode = os.waitstatus_to_exitcode(status)
         return self.returncode
 

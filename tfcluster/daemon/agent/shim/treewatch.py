@@ -13,7 +13,7 @@ pages). Finding the tree's members means reading every process's stat on the nod
 seconds, and at every sample once the tree holds half its limit; in between, the members known are read.
 
 CPU seconds count every process of the tree: the live ones (with the children they reaped), and at the end the
-task with every descendant reaped below it (the shim's RUSAGE_CHILDREN) plus those still alive when it ended,
+task with every descendant reaped below it (what wait4 says of the task) plus those still alive when it ended,
 sampled just before the shim kills them.
 """
 
@@ -131,16 +131,17 @@ class TreeWatch:
     def usage(self) -> Usage:
         return Usage(round(self.cpu, 3), self.rss, self.peak)
 
-    def finish(self) -> Usage:
-        """Once the task was reaped, before its leftovers are killed: stops sampling and gives the attempt's
-        figures, its reaped processes and the survivors of its tree included."""
+    def finish(self, reaped: resource.struct_rusage | None) -> Usage:
+        """Once the task was reaped (reaped: what wait4 said it and the descendants it reaped used), before its
+        leftovers are killed: stops sampling and gives the attempt's figures, the survivors of its tree
+        included."""
         if self._thread is not None:
             self._done.set()
             self._thread.join()
         survivors = [s for pid, s in _same(self._members).items() if pid != self.pid]
-        reaped = resource.getrusage(resource.RUSAGE_CHILDREN)  # the shim's only child is the task
-        self.cpu = max(self.cpu, reaped.ru_utime + reaped.ru_stime + sum(s.cpu for s in survivors))
-        self.peak = max(self.peak, reaped.ru_maxrss * 1024, sum(s.rss for s in survivors))
+        cpu, peak = (reaped.ru_utime + reaped.ru_stime, reaped.ru_maxrss * 1024) if reaped is not None else (0.0, 0)
+        self.cpu = max(self.cpu, cpu + sum(s.cpu for s in survivors))
+        self.peak = max(self.peak, peak, sum(s.rss for s in survivors))
         self.rss = 0
         return self.usage()
 

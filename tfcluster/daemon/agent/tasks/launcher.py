@@ -5,11 +5,14 @@ A shim started as a fresh interpreter spends about 100 ms of CPU importing befor
 from the launcher it starts in about a millisecond. The launcher is a small single-threaded process the agent
 starts (the agent has threads, so it never forks itself). It is the agent's helper, nothing more:
 
-- Each request (on a socket pair with the agent) carries an attempt dir and the two descriptors the shim's
-  stdout and stderr go to. The launcher forks; the child leaves the launcher behind (a session of its own, the
-  agent's descriptors as 0-2, nothing else open, default signal handling) and runs the shim exactly as
-  `python -m tfcluster.daemon.agent.shim.runner DIR` would. The launcher answers with the shim's pid and a pidfd
-  of it, opened before the launcher can reap it, so the agent waits on the very process it asked for.
+- Each request (on a socket pair with the agent) carries an attempt dir, whether its task runs with no new
+  privileges, and the two descriptors the shim's stdout and stderr go to. The launcher hands it to a shim it
+  forked before that is free again, or forks; the child leaves the launcher behind (a session of its own, the
+  agent's descriptors as 0-2, nothing else open but its channel to the launcher, default signal handling) and
+  runs the shim exactly as `python -m tfcluster.daemon.agent.shim.runner DIR` would (forked_shim.py). The
+  launcher answers with the shim's pid and a pidfd of it, opened before the launcher can reap it.
+- The attempt has ended when the shim prints forked_shim.DONE_LINE, or its stdout ends (it exited). Once the
+  agent has recorded the end, it closes that stdout (ForkedShim.release), and the shim may run another attempt.
 - The launcher reaps its children as they exit. It ends when the agent's end of the socket closes (the agent
   exited or died); the shims live on, as a shim whose agent died always has, and a new agent adopts them.
 - An agent whose launcher died starts another one, and spawns shims itself when none will start (Launcher).
@@ -19,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import os
-import select
 import socket
 import subprocess
 import sys
@@ -27,6 +29,7 @@ import threading
 from pathlib import Path
 from typing import IO
 
+from tfcluster.daemon.agent.tasks.forked_shim import DONE_LINE, encode
 from tfcluster.daemon.agent.tasks.launcher_process import MAX_REPLY_BYTES
 
 log = logging.getLogger("tfcluster.agent")
@@ -39,19 +42,24 @@ ANSWER_TIMEOUT_SECONDS = 10.0
 # ---- the agent's side ------------------------------------------------------------------------------
 
 class ForkedShim:
-    """A shim the launcher forked: what the supervisor needs of it, as of a subprocess.Popen (pid, stdout,
-    wait), though it is not the agent's child: its exit is seen through its pidfd."""
+    """A shim the launcher forked (or one it forked before, free again): what the supervisor needs of it, as of a
+    subprocess.Popen (pid, stdout, wait), though it is not the agent's child. The attempt has ended when the shim
+    says so on its stdout (it may run another one once released) or its stdout ends (it exited)."""
 
     def __init__(self, pid: int, pidfd: int, stdout: IO[bytes]):
         self.pid = pid
         self.stdout = stdout
-        self._pidfd = pidfd
+        os.close(pidfd)  # the end of its stdout says it is gone: nothing else holds that pipe's writing end
 
     def wait(self) -> None:
-        try:
-            select.select([self._pidfd], [], [])
-        finally:
-            os.close(self._pidfd)
+        for line in self.stdout:
+            if line.rstrip() == DONE_LINE:
+                return
+
+    def release(self) -> None:
+        """The attempt's end is recorded (no stop for it can reach this pid any more: supervisor.py): the shim
+        may run another attempt. It waits for this end of its output to close."""
+        self.stdout.close()
 
 
 class Launcher:
@@ -63,26 +71,28 @@ class Launcher:
         self.sock: socket.socket | None = None
         self.unavailable = ""  # why no launcher can ever serve on this system ("": one can)
 
-    def spawn(self, attempt_dir: Path, stderr_fd: int) -> ForkedShim:
-        """Forks a shim for attempt_dir, its stderr to stderr_fd. Raises OSError when no launcher serves (the
-        caller then starts the shim itself)."""
+    def spawn(self, attempt_dir: Path, stderr_fd: int, no_new_privileges: bool = False) -> ForkedShim:
+        """A shim for attempt_dir, its stderr to stderr_fd; no_new_privileges: its task runs with none (under a
+        user of its own), and a shim that set that for good may run it. Raises OSError when no launcher serves
+        (the caller then starts the shim itself)."""
+        request = encode(attempt_dir, no_new_privileges)
         with self.lock:
             if self.unavailable:
                 raise OSError(self.unavailable)
             try:
-                return self._spawn(attempt_dir, stderr_fd)
+                return self._spawn(request, stderr_fd)
             except OSError as e:  # it died (or was never started): once more with a new one
                 if self.process is not None:
                     log.warning("the task launcher is gone (%s); starting another", e)
                 self._stop()
-            return self._spawn(attempt_dir, stderr_fd)
+            return self._spawn(request, stderr_fd)
 
-    def _spawn(self, attempt_dir: Path, stderr_fd: int) -> ForkedShim:
+    def _spawn(self, request: bytes, stderr_fd: int) -> ForkedShim:
         if self.sock is None:
             self._start()
         read_end, write_end = os.pipe2(os.O_CLOEXEC)
         try:
-            socket.send_fds(self.sock, [os.fsencode(attempt_dir)], [write_end, stderr_fd])
+            socket.send_fds(self.sock, [request], [write_end, stderr_fd])
             reply, fds, _, _ = socket.recv_fds(self.sock, MAX_REPLY_BYTES, 1)
         except OSError:
             os.close(read_end)

@@ -1,5 +1,6 @@
 """The agent's task launcher, as a process of its own (`python -m tfcluster.daemon.agent.tasks.launcher_process
-FD`; the agent's side is launcher.py): forks a shim for each request on the socket it was given.
+FD`; the agent's side is launcher.py): starts a shim for each request on the socket it was given, on a shim it
+forked before that is free again (forked_shim.py) or on one it forks now.
 
 It imports the shim's code and as little else as it can, threading, logging and random above all: each of
 those runs an at-fork hook in every child, and in a forked shim each page such a hook writes to is copied
@@ -15,52 +16,116 @@ import select
 import signal
 import socket
 import sys
-import traceback
+import time
 from pathlib import Path
 
-MAX_REQUEST_BYTES = 64 << 10  # an attempt dir's path
+from tfcluster.daemon.agent.tasks import forked_shim
+
+MAX_REQUEST_BYTES = forked_shim.MAX_REQUEST_BYTES
 MAX_FDS = 2
 MAX_REPLY_BYTES = 1024
-SHIM_NAME = "tfcluster-shim"
+MAX_FREE_SHIMS = 8  # kept free at most: a burst of tasks leaves no crowd of idle shims behind
+FREE_SECONDS = 30.0  # a shim free this long ends: a node between jobs keeps none
+
+
+class Shims:
+    """The shims this launcher forked that may run another attempt: a channel to each, and which are free."""
+
+    def __init__(self) -> None:
+        self.channels: dict[int, tuple[int, socket.socket]] = {}  # channel fd -> (shim pid, channel)
+        self.free: list[tuple[int, bool, float]] = []  # (channel fd, no new privileges, free since), oldest first
+
+    def add(self, pid: int, channel: socket.socket) -> None:
+        self.channels[channel.fileno()] = (pid, channel)
+
+    def heard(self, fd: int) -> None:
+        """A shim said it is free, or ended (the end of its channel)."""
+        try:
+            message = self.channels[fd][1].recv(64)
+        except OSError:
+            message = b""
+        if not message.startswith(b"free "):
+            self.drop(fd)
+            return
+        self.free.append((fd, message == b"free 1", time.monotonic()))
+        if len(self.free) > MAX_FREE_SHIMS:
+            self.drop(self.free[0][0])
+
+    def take(self, no_new_privileges: bool) -> tuple[int, socket.socket] | None:
+        """The shim freed last that may run a task of this kind (one with no new privileges for good runs only
+        tasks that set them too), taken off the free ones. What shims said meanwhile is heard first: one freed
+        just before the request came is not passed over for a fork."""
+        self.hear(0)
+        for n in range(len(self.free) - 1, -1, -1):
+            fd, restricted, _ = self.free[n]
+            if no_new_privileges or not restricted:
+                del self.free[n]
+                return self.channels[fd]
+        return None
+
+    def hear(self, timeout_ms: int, *others: int) -> set[int]:
+        """Waits up to timeout_ms (-1: for ever) for the shims' channels and the `others`: hears the shims that
+        spoke, and returns those of the others that are ready."""
+        poller = select.poll()
+        for fd in (*others, *self.channels):
+            poller.register(fd, select.POLLIN)
+        try:
+            ready = {fd for fd, _ in poller.poll(timeout_ms)}
+        except InterruptedError:
+            ready = set()
+        others = ready - self.channels.keys()
+        for fd in sorted(ready - others):
+            if fd in self.channels:  # not dropped meanwhile, to keep the free ones few
+                self.heard(fd)
+        return others
+
+    def expire(self, now: float) -> float | None:
+        """Ends the shims free for FREE_SECONDS; the seconds until the next one is due (None: none is free)."""
+        while self.free and now - self.free[0][2] >= FREE_SECONDS:
+            self.drop(self.free[0][0])
+        return FREE_SECONDS - (now - self.free[0][2]) if self.free else None
+
+    def drop(self, fd: int) -> None:
+        """Closes the channel: a free shim then ends, a busy one ends after its attempt."""
+        self.free = [f for f in self.free if f[0] != fd]
+        _, channel = self.channels.pop(fd)
+        channel.close()
 
 
 def serve(sock: socket.socket) -> None:
-    """Forks a shim for each request until the agent's end closes."""
+    """Starts a shim for each request until the agent's end closes."""
     wakeup_read, wakeup_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(wakeup_write)
-    signal.signal(signal.SIGCHLD, lambda signum, frame: None)  # wakes select through the wakeup fd
+    signal.signal(signal.SIGCHLD, lambda signum, frame: None)  # wakes the poll through the wakeup fd
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    shims = Shims()
     while True:
-        try:
-            ready, _, _ = select.select([sock, wakeup_read], [], [])
-        except InterruptedError:
-            ready = []
+        due = shims.expire(time.monotonic())
+        ready = shims.hear(-1 if due is None else int(due * 1000) + 1, sock.fileno(), wakeup_read)
         if wakeup_read in ready:
             while _drained(wakeup_read):
                 pass
         _reap()
-        if sock in ready:
+        if sock.fileno() in ready:
             try:
                 message, fds, _, _ = socket.recv_fds(sock, MAX_REQUEST_BYTES, MAX_FDS)
             except OSError:
                 return
             if not message:
                 return  # the agent is gone
-            _answer(sock, message, fds)
+            _answer(sock, message, fds, shims)
 
 
-def _answer(sock: socket.socket, attempt_dir: bytes, fds: list[int]) -> None:
-    """Forks the shim, and lets it run only once the agent has been sent its pid and pidfd: a launcher that dies
+def _answer(sock: socket.socket, message: bytes, fds: list[int], shims: Shims) -> None:
+    """Starts the shim, and lets it run only once the agent has been sent its pid and pidfd: a launcher that dies
     in between leaves no shim the agent does not know of (it would start another one for the same attempt)."""
     go_read = go_write = -1
     try:
         if len(fds) != MAX_FDS:
             raise OSError(f"expected {MAX_FDS} descriptors with the request, got {len(fds)}")
         go_read, go_write = os.pipe2(os.O_CLOEXEC)
-        pid = os.fork()
-        if pid == 0:
-            os.close(go_write)  # or the child's own copy would keep it waiting for a "go" that never comes
-            _run_shim(os.fsdecode(attempt_dir), *fds, go=go_read)
+        request = forked_shim.Request(message, [*fds, go_read])
+        pid = _hand_to_free(shims, request, message) or _fork(shims, request, go_write)
         pidfd = os.pidfd_open(pid)  # before any reaping: pid is still this child, at worst a zombie
     except OSError as e:
         reply, pidfd = f"cannot fork a shim: {e}".encode(), os.open(os.devnull, os.O_RDONLY)
@@ -81,37 +146,40 @@ def _answer(sock: socket.socket, attempt_dir: bytes, fds: list[int]) -> None:
         try:
             if told:
                 os.write(go_write, b"go")
+        except OSError:  # the shim is gone already: the agent sees its output end
+            pass
         finally:
-            os.close(go_write)  # unsent, the child reads no "go" and ends before it runs anything
+            os.close(go_write)  # unsent, the shim reads no "go" and ends before it runs anything
 
 
-def _run_shim(attempt_dir: str, stdout_fd: int, stderr_fd: int, go: int) -> None:
-    """In the forked child: becomes the shim of attempt_dir, as a fresh `python -m ...taskrunner DIR` would be."""
-    code = 1
+def _hand_to_free(shims: Shims, request: forked_shim.Request, message: bytes) -> int:
+    """The pid of a free shim that took the request; 0 when none did."""
+    while True:
+        free = shims.take(request.no_new_privileges)
+        if free is None:
+            return 0
+        pid, channel = free
+        try:
+            socket.send_fds(channel, [message], request.fds)
+            return pid
+        except OSError:  # it ended meanwhile
+            shims.drop(channel.fileno())
+
+
+def _fork(shims: Shims, request: forked_shim.Request, go_write: int) -> int:
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
-        if os.read(go, 2) != b"go":
-            os._exit(code)
-        signal.set_wakeup_fd(-1)
-        for signum in (signal.SIGCHLD, signal.SIGINT):
-            signal.signal(signum, signal.SIG_DFL)
-        os.setsid()
-        devnull = os.open(os.devnull, os.O_RDONLY)
-        for fd, target in ((devnull, 0), (stdout_fd, 1), (stderr_fd, 2)):
-            os.dup2(fd, target)
-        os.closerange(3, os.sysconf("SC_OPEN_MAX"))  # the launcher's socket and pipes are not the shim's
-        with open("/proc/self/comm", "w") as comm:  # what ps and top show: its command line is the launcher's
-            comm.write(SHIM_NAME)
-        from tfcluster.daemon.agent.shim.runner import Runner
-        code = Runner(Path(attempt_dir)).run()
-    except BaseException:  # whatever happens, this child never returns into the launcher's loop
-        traceback.print_exc()
+        pid = os.fork()
+        if pid == 0:
+            os.close(go_write)  # or the child's own copy would keep it waiting for a "go" that never comes
+            forked_shim.run_shims(request, theirs.fileno())
+    except BaseException:
+        ours.close()
+        raise
     finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:
-                pass
-        os._exit(code)
+        theirs.close()
+    shims.add(pid, ours)
+    return pid
 
 
 def _drained(fd: int) -> bool:

@@ -105,7 +105,7 @@ class TaskStarter:
         start = Start(record, order)
         for step in self.steps:
             step(start)
-        return self._start_shim(record)
+        return self._start_shim(record, no_new_privileges=start.user.switches)
 
     def _check_order(self, start: Start) -> None:
         order = start.order
@@ -197,13 +197,15 @@ class TaskStarter:
                         e, extra=fields(a))
             return ""
 
-    def _start_shim(self, record: TaskRecord) -> ForkedShim | subprocess.Popen:
-        """Forked by the launcher (a millisecond), or, when it cannot serve, a fresh interpreter (100 ms of CPU)."""
+    def _start_shim(self, record: TaskRecord, no_new_privileges: bool) -> ForkedShim | subprocess.Popen:
+        """Forked by the launcher (a millisecond), or one it forked before, free again (forked_shim.py); when it
+        cannot serve, a fresh interpreter (100 ms of CPU). no_new_privileges: the task runs with none (the launch
+        file names its user)."""
         shim_log = os.open(record.dir / layout.SHIM_LOG_FILE, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC,
                            0o600)
         try:
             try:
-                return self.launcher.spawn(record.dir, shim_log)
+                return self.launcher.spawn(record.dir, shim_log, no_new_privileges)
             except OSError as e:  # where none can ever serve, the launcher said so once, when the agent started
                 log.log(logging.DEBUG if self.launcher.unavailable else logging.WARNING,
                         "%s: the task launcher cannot start its shim (%s); starting it directly", record.name, e,

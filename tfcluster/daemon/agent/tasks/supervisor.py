@@ -1,8 +1,9 @@
 """Starts, stops and watches a node's tasks, each through its own shim (shim/runner.py), forked by the
 launcher (launcher.py). A launch is recorded at once and started on a thread of its own (tasks/start.py).
 
-Exits are seen at once: a thread waits on each shim's pidfd (or on the shim itself, when the agent had to start
-it as its own child), also for shims adopted after an agent restart. Every change becomes a report for the
+Exits are seen at once: the thread of each attempt reads its shim's stdout to the line that says the attempt
+ended, or to its end (or waits for the shim itself, when the agent had to start it as its own child); one waits
+on the pidfd of each shim adopted after an agent restart. Every change becomes a report for the
 coordinator through on_report. Task files live in one directory per attempt (layout.attempt_dir).
 """
 
@@ -119,6 +120,12 @@ class Supervisor:
                              daemon=True).start()
         self._watch(record, shim)
         self._collect(record)
+        # Its end is recorded, under the lock every signal to its shim is sent under: a forked shim may now run
+        # another attempt (launcher.py), and no stop of this one reaches it there.
+        if isinstance(shim, ForkedShim):
+            shim.release()
+        else:
+            shim.stdout.close()
 
     def _start(self, record: TaskRecord, order: Launch) -> ForkedShim | subprocess.Popen | None:
         """The attempt's shim, started; None when the attempt could not start (it has ended, saying why). A stop
@@ -178,7 +185,6 @@ class Supervisor:
         if running:
             log.info("%s running as pid %d", record.name, record.pid, extra=fields(record.attempt))
             self.on_report(record)
-        shim.stdout.close()
         shim.wait()
 
     def _collect(self, record: TaskRecord) -> None:
@@ -269,8 +275,9 @@ class Supervisor:
         if self._finish(record, Phase.EXITED, TaskExit(message="stopped before it started"),
                         before_shim=True):
             return
-        if not _signal(record.shim_pid, signal.SIGTERM):
-            self._kill_now(record)
+        with self.lock:  # an attempt recorded as ended may have freed its shim for another: it is not signalled
+            if not record.exited.is_set() and not _signal(record.shim_pid, signal.SIGTERM):
+                self._kill_now(record)
 
     def _stop_shim(self, record: TaskRecord) -> None:
         try:
