@@ -9,6 +9,8 @@ each of those is undone or rules the shim out:
 - the task's private /tmp: the shim enters the mount namespace it came from again (Runner.leave_private_tmp);
 - its working dir: the shim enters its own again;
 - "no new privileges", which cannot be undone: the launcher gives such a shim only tasks that set it too;
+- the task's cgroup, which the shim steps into to start the task: what the shim allocated meanwhile stays charged
+  there and would keep the cgroup, removed at the task's end, alive in the kernel; such a shim ends with its task;
 - threads (the watch of a task that ran past a tenth of a second, a stop's escalation): a shim that ever started
   one forks no more and serves no other attempt (a threaded process is never reused: its threads' state is not
   this attempt's alone);
@@ -132,7 +134,7 @@ def _run_attempt(request: Request, home: int, last: bool) -> bool:
         request.close()
     runner = Runner(Path(request.attempt_dir))
     runner.run()
-    clean = runner.leave_private_tmp()
+    clean = runner.leave_private_tmp() and not runner.cgroup
     os.fchdir(home)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if last or not clean or "threading" in sys.modules:
