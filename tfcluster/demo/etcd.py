@@ -8,6 +8,7 @@ certificate their CA signed (etcd's --client-cert-auth and --peer-client-cert-au
 from __future__ import annotations
 
 import json
+import random
 import shutil
 import signal
 import socket
@@ -26,20 +27,38 @@ def etcd_binary() -> str | None:
 
 
 _handed_out: set[tuple[str, int]] = set()
+# Ports handed out are taken from here, below the agents' ranges of the demo and the tests (20000 and up) and below
+# the kernel's ephemeral ports (32768-60999 by default), which every outgoing connection takes its own port from:
+# a port the kernel handed out as free could be some client's before the server given it had bound it.
+QUIET_PORTS = (10000, 20000)
+EPHEMERAL_PORTS = Path("/proc/sys/net/ipv4/ip_local_port_range")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A port nothing listens on now and that this process has not handed out before. The kernel may give the
     same free port to two binds in a row (3 pairs in 20,000 on a test machine), and two servers given it would
     both listen: gRPC binds with SO_REUSEPORT, so a coordinator's port and its join port would share the
-    connections, and a client would find ControlService missing on every other one."""
+    connections, and a client would find ControlService missing on every other one. Taken at random among
+    QUIET_PORTS, unless the kernel's ephemeral ports cover them."""
+    quiet = not _ephemeral_overlaps(*QUIET_PORTS)
     while True:
         with socket.socket() as s:
-            s.bind((host, 0))
+            try:
+                s.bind((host, random.randrange(*QUIET_PORTS) if quiet else 0))
+            except OSError:  # taken: another one
+                continue
             port = s.getsockname()[1]
         if (host, port) not in _handed_out:
             _handed_out.add((host, port))
             return port
+
+
+def _ephemeral_overlaps(low: int, high: int) -> bool:
+    try:
+        first, last = (int(n) for n in EPHEMERAL_PORTS.read_text().split())
+    except (OSError, ValueError):
+        return False  # the default then: 32768-60999
+    return first < high and low <= last
 
 
 @dataclass(frozen=True)
