@@ -181,20 +181,17 @@ class Runner:
     def leave_private_tmp(self) -> bool:
         """Back in the mount namespace the shim came from, its private /tmp left behind; False when it cannot
         come back (it then runs no other task)."""
-        if not self.private_tmp and self.host_mounts == -1:
-            return True
+        namespace, self.host_mounts = self.host_mounts, -1
+        if namespace == -1:  # it never kept one: back only if it never left
+            return not self.private_tmp
         try:
-            if self.host_mounts == -1:
-                return False
-            isolation.enter_mount_namespace(self.host_mounts)
+            isolation.enter_mount_namespace(namespace)
             return True
         except OSError as e:
             print(f"cannot leave the task's private /tmp: {e}", file=sys.stderr, flush=True)
             return False
         finally:
-            if self.host_mounts != -1:
-                os.close(self.host_mounts)
-                self.host_mounts = -1
+            os.close(namespace)
 
     def _start_failure(self, error: Exception, env: dict[str, str]) -> TaskExit:
         """Why the task did not start, and whether a restart could change that (permanent: it cannot)."""

@@ -12,8 +12,7 @@ each of those is undone or rules the shim out:
 - the task's cgroup, which the shim steps into to start the task: what the shim allocated meanwhile stays charged
   there and would keep the cgroup, removed at the task's end, alive in the kernel; such a shim ends with its task;
 - threads (the watch of a task that ran past a tenth of a second, a stop's escalation): a shim that ever started
-  one forks no more and serves no other attempt (a threaded process is never reused: its threads' state is not
-  this attempt's alone);
+  one serves no other attempt (its threads' state is not this attempt's alone);
 - its signal handlers and descriptors: set again for each attempt.
 
 The agent, not the shim, says when an attempt is over for good: the shim writes its status, prints DONE_LINE and
@@ -47,6 +46,7 @@ class Request:
     privileges (a task under a user of its own does)."""
 
     def __init__(self, message: bytes, fds: list[int]):
+        self.message = message  # as it came: what the launcher hands a free shim
         attempt_dir, _, flags = message.partition(b"\0")
         self.attempt_dir = os.fsdecode(attempt_dir)
         self.no_new_privileges = flags == b"1"
@@ -86,7 +86,7 @@ def run_shims(request: Request, channel: int) -> None:
                     break
         code = 0
     except NoGo:
-        pass  # it ends as it came, having run nothing
+        code = 1  # it ran nothing: the agent never heard of it
     except BaseException:  # whatever happens, this child never returns into the launcher's loop
         traceback.print_exc()
     finally:

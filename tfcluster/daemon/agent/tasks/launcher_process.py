@@ -125,7 +125,7 @@ def _answer(sock: socket.socket, message: bytes, fds: list[int], shims: Shims) -
             raise OSError(f"expected {MAX_FDS} descriptors with the request, got {len(fds)}")
         go_read, go_write = os.pipe2(os.O_CLOEXEC)
         request = forked_shim.Request(message, [*fds, go_read])
-        pid = _hand_to_free(shims, request, message) or _fork(shims, request, go_write)
+        pid = _hand_to_free(shims, request) or _fork(shims, request, go_write)
         pidfd = os.pidfd_open(pid)  # before any reaping: pid is still this child, at worst a zombie
     except OSError as e:
         reply, pidfd = f"cannot fork a shim: {e}".encode(), os.open(os.devnull, os.O_RDONLY)
@@ -144,15 +144,14 @@ def _answer(sock: socket.socket, message: bytes, fds: list[int], shims: Shims) -
         os.close(pidfd)
     if go_write != -1:
         try:
-            if told:
-                os.write(go_write, b"go")
-        except OSError:  # the shim is gone already: the agent sees its output end
-            pass
+            with contextlib.suppress(OSError):  # a shim gone already: the agent sees its output end
+                if told:
+                    os.write(go_write, b"go")
         finally:
             os.close(go_write)  # unsent, the shim reads no "go" and ends before it runs anything
 
 
-def _hand_to_free(shims: Shims, request: forked_shim.Request, message: bytes) -> int:
+def _hand_to_free(shims: Shims, request: forked_shim.Request) -> int:
     """The pid of a free shim that took the request; 0 when none did."""
     while True:
         free = shims.take(request.no_new_privileges)
@@ -160,7 +159,7 @@ def _hand_to_free(shims: Shims, request: forked_shim.Request, message: bytes) ->
             return 0
         pid, channel = free
         try:
-            socket.send_fds(channel, [message], request.fds)
+            socket.send_fds(channel, [request.message], request.fds)
             return pid
         except OSError:  # it ended meanwhile
             shims.drop(channel.fileno())
