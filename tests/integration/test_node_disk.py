@@ -60,8 +60,10 @@ def test_the_agent_removes_an_ended_jobs_files_and_never_a_running_ones(make_clu
     cluster.agents["a"].kill()
     cluster.start_agent("a", extra=["--retain-for", "0s"])
     wait_until(lambda: not (jobs / done).exists(), 30, what=f"{done}'s files to be removed")
+    # The pass logs what it removed once all of it is gone, a moment after the directory went.
+    wait_until(lambda: f"retention: removed {jobs / done}" in cluster.agents["a"].log(), 10,
+               what="the removal in the agent's log")
     assert (jobs / busy).is_dir() and not (jobs / busy / layout.ENDED_MARKER).exists()
-    assert f"retention: removed {jobs / done}" in cluster.agents["a"].log()
     assert cluster.job(busy)["state"] == "RUNNING"
     cluster.cli("stop", busy, "--now", check=True)
 
