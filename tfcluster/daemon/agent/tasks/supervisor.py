@@ -34,6 +34,7 @@ from tfcluster.daemon.agent.shim.taskfiles import (ShimStatus, TaskFileError, Us
 from tfcluster.daemon.agent.shim.runner import group_alive, kill_group
 from tfcluster.daemon.agent.tasks.record import TaskKey, TaskRecord, exit_of, is_shim, newest_checkpoint
 from tfcluster.daemon.agent.tasks.start import StartError, TaskStarter
+from tfcluster.daemon.agent.tasks.threads import AttemptThreads
 from tfcluster.daemon.agent.tasks.users import JOB_READABLE_FILE_MODE, TaskUsers
 from tfcluster.daemon.logformat import fields
 from tfcluster.model import Attempt, TaskExit, TaskProgress
@@ -60,6 +61,7 @@ class Supervisor:
         self.on_forget: Callable[[list[TaskRecord], list[TaskRecord]], None] = lambda forgotten, kept: None
         self.lock = threading.Lock()
         self.tasks: dict[TaskKey, TaskRecord] = {}
+        self.threads = AttemptThreads()  # each attempt's, from its start to its report (threads.py)
         # Dirs, files, code, environment and shim of each attempt (tasks/start.py), on the attempt's own thread.
         self.starter = TaskStarter(state_dir, launch_refusal, log_limit_bytes, task_users or TaskUsers(),
                                    environments or Environments(state_dir))
@@ -106,7 +108,7 @@ class Supervisor:
             if order.environment:
                 record.detail, record.detail_since = "building environment", time.monotonic()
             self.tasks[key] = record
-        threading.Thread(target=self._run, args=(record, order), name=f"task-{record.name}", daemon=True).start()
+        self.threads.run(lambda: self._run(record, order), name=f"task-{record.name}")
 
     def _run(self, record: TaskRecord, order: Launch) -> None:
         """One attempt, top to bottom, on a thread of its own (the agent's message loop goes on at once): prepared
