@@ -102,7 +102,7 @@ def job_doc(job: Job, spec_doc: dict[str, Any] | None = None) -> dict[str, Any]:
     doc["spec"] = plain(job.spec) if spec_doc is None else spec_doc
     doc["last_failure"] = plain(job.last_failure) if job.last_failure else None
     doc["tasks"] = [t.key for t in job.tasks]
-    doc["usage"] = dataclasses.asdict(job.usage)
+    doc["usage"] = plain(job.usage)
     return doc
 
 
