@@ -17,6 +17,12 @@ LEADER_METADATA = "tfcluster-leader"
 STANDBY = "this coordinator is a standby"
 
 
+# A leader whose lease ran out on its own clock (paused, or cut off from etcd) answers a registration so: another
+# coordinator may lead by now, and a node registered here could be told nothing this one can store.
+LEASE_RAN_OUT = ("this coordinator's leader lease ran out (was it paused, or cut off from etcd?): it takes no "
+                 "registration until etcd renews the lease; another coordinator may lead")
+
+
 def standby_message(leader: str) -> str:
     return f"{STANDBY}; the leader is at {leader}" if leader else \
         f"{STANDBY}; no coordinator leads at the moment (an election is under way)"
@@ -62,6 +68,10 @@ def leader_hint(error: grpc.RpcError) -> str:
 
 def is_standby(error: grpc.RpcError) -> bool:
     return hasattr(error, "details") and (error.details() or "").startswith(STANDBY)
+
+
+def is_lease_ran_out(error: grpc.RpcError) -> bool:
+    return hasattr(error, "details") and error.details() == LEASE_RAN_OUT
 
 
 def says_of(current: str, answer: grpc.RpcError | None) -> bool | None:

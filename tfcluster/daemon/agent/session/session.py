@@ -24,7 +24,7 @@ from tfcluster import wire
 from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc
 from tfcluster.daemon.agent.session.liveness import STAMP_EVERY_SECONDS, Liveness
 from tfcluster.daemon.agent.session.pulse import Pulse
-from tfcluster.leaders import Coordinators, is_standby, leader_hint
+from tfcluster.leaders import Coordinators, is_lease_ran_out, is_standby, leader_hint
 from tfcluster.model import NodeInfo, TaskProgress
 from tfcluster.security import Credentials
 
@@ -120,7 +120,7 @@ class Session:
                     self.on_refused(self.refused)
                     break
                 why = "no longer leads" if stalled else e.details() if code == grpc.StatusCode.ALREADY_EXISTS or \
-                    is_standby(e) else f"unreachable ({code.name if code else e})"
+                    is_standby(e) or is_lease_ran_out(e) else f"unreachable ({code.name if code else e})"
                 self.trouble = f"coordinator {self.coordinator}: {why}"
                 hinted = bool(leader_hint(e))
                 followed = 1 if self.connected.is_set() else followed + 1  # a stream that served: anew

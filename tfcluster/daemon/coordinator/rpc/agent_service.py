@@ -17,6 +17,7 @@ from tfcluster.daemon.coordinator.core.model.node_table import NameTaken
 from tfcluster.daemon.coordinator.rpc.coordinator import Coordinator
 from tfcluster.daemon.coordinator.rpc.outbox import StreamEnded
 from tfcluster.daemon.logformat import fields
+from tfcluster.leaders import LEASE_RAN_OUT
 from tfcluster.pki import PkiError
 
 log = logging.getLogger("tfcluster.coordinator")
@@ -29,6 +30,8 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         self.c = coordinator
 
     async def Register(self, request, context):
+        if not self.c.acting():  # it would register the node in memory alone: the agent tries the next coordinator
+            await context.abort(grpc.StatusCode.UNAVAILABLE, LEASE_RAN_OUT)
         try:
             session = self.c.register(request, security.caller())
         except NameTaken as e:
