@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import socket
 
-from tfcluster.demo.etcd import EPHEMERAL_PORTS, QUIET_PORTS, free_port
+from tfcluster.demo.etcd import QUIET_PORTS, ephemeral_ports, free_port
 
 
 def test_ports_handed_out_are_free_distinct_and_none_an_outgoing_connection_could_take():
-    first, last = (int(n) for n in EPHEMERAL_PORTS.read_text().split())
+    first, last = ephemeral_ports()
     ports = [free_port() for _ in range(200)]
     assert len(set(ports)) == len(ports)
     if last < QUIET_PORTS[0] or first >= QUIET_PORTS[1]:

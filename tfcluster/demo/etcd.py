@@ -7,6 +7,7 @@ certificate their CA signed (etcd's --client-cert-auth and --peer-client-cert-au
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import shutil
@@ -53,11 +54,18 @@ def free_port(host: str = "127.0.0.1") -> int:
             return port
 
 
-def _ephemeral_overlaps(low: int, high: int) -> bool:
+@functools.cache
+def ephemeral_ports() -> tuple[int, int]:
+    """The first and last of the kernel's ephemeral ports (read once: a process hands out ports by the hundred)."""
     try:
         first, last = (int(n) for n in EPHEMERAL_PORTS.read_text().split())
+        return first, last
     except (OSError, ValueError):
-        return False  # the default then: 32768-60999
+        return 32768, 60999  # the kernel's default
+
+
+def _ephemeral_overlaps(low: int, high: int) -> bool:
+    first, last = ephemeral_ports()
     return first < high and low <= last
 
 
