@@ -163,6 +163,29 @@ def test_the_launcher_keeps_few_shims_free_and_not_for_long():
     theirs[-1].close()
 
 
+def test_a_burst_s_extra_free_shims_end_soon_and_the_first_few_stay():
+    shims = launcher_process.Shims()
+    theirs = []
+    for pid in range(launcher_process.KEPT_FREE_SHIMS + 3):
+        ours, their_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        shims.add(1000 + pid, ours)
+        their_end.send(b"free 0")
+        shims.heard(ours.fileno())
+        theirs.append(their_end)
+    freed = time.monotonic()
+    due = shims.expire(freed + launcher_process.BURST_FREE_SECONDS - 0.5)
+    assert len(shims.free) == launcher_process.KEPT_FREE_SHIMS + 3, "none is due yet"
+    assert 0 < due <= 0.5
+    due = shims.expire(freed + launcher_process.BURST_FREE_SECONDS + 0.5)
+    assert len(shims.free) == launcher_process.KEPT_FREE_SHIMS, "those past the kept ones ended"
+    for their_end in theirs[:3]:  # the oldest went: the end of their channels
+        assert their_end.recv(64) == b""
+    assert due > launcher_process.FREE_SECONDS - launcher_process.BURST_FREE_SECONDS - 1, "the rest stay for long"
+    assert shims.take(no_new_privileges=False)[0] == 1000 + launcher_process.KEPT_FREE_SHIMS + 2, "the newest"
+    for their_end in theirs:
+        their_end.close()
+
+
 def test_the_supervisor_runs_short_attempts_one_after_another_in_one_shim(tmp_path):
     reports = Reports()
     supervisor = Supervisor(tmp_path, reports)
