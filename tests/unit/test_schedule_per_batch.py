@@ -127,3 +127,48 @@ def test_a_pass_that_fails_leaves_the_events_written(caplog):
     # The next write's pass places it.
     sent = run_writes(cluster, store, lambda: cluster.schedule(NOW), [lambda: []])
     assert {c.attempt.job_id for c in sent[0] if isinstance(c, Launch)} == {jobs[0].id}
+
+
+class CountingStore(MemoryStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes = 0
+
+    def write(self, writes):
+        self.writes += 1
+        return super().write(writes)
+
+
+def test_changes_that_follow_a_write_closely_wait_to_share_the_next_one(monkeypatch):
+    """Group commit: a change soon after a write waits GATHER_SECONDS for the changes behind it (one batch, one
+    pass); a change on a quiet coordinator is written at once."""
+    from tfcluster.daemon.coordinator.store import persistence as module
+    monkeypatch.setattr(module, "BUSY_SECONDS", 5.0)  # wide, so that a slow test machine does not change the case
+    monkeypatch.setattr(module, "GATHER_SECONDS", 0.3)
+    cluster, store = batched_cluster(), CountingStore()
+    spec = make_spec(worker=1)
+
+    async def scenario() -> list[float]:
+        persistence = Persistence(store, cluster, lambda commands: None)
+        persistence.before_write = lambda: cluster.schedule(NOW)
+        writer = asyncio.create_task(persistence.run())
+        loop = asyncio.get_running_loop()
+        try:
+            first = loop.time()
+            await persistence.apply(cluster.submit(spec, NOW)[1])  # quiet: written without waiting
+            quiet = loop.time() - first
+            assert store.writes == 1
+            second = persistence.apply(cluster.submit(spec, NOW)[1])
+            await asyncio.sleep(0.1)  # another change while the first waits for company
+            third = persistence.apply(cluster.submit(spec, NOW)[1])
+            await asyncio.gather(second, third)
+            assert second is third and store.writes == 2, "the two changes went into one write"
+            return [quiet]
+        finally:
+            persistence.closing = True
+            persistence.wake.set()
+            await writer
+            persistence.thread.shutdown()
+
+    [quiet] = asyncio.run(scenario())
+    assert quiet < module.GATHER_SECONDS, "the first change did not wait for company"

@@ -28,6 +28,12 @@ from tfcluster.states import TaskState
 log = logging.getLogger("tfcluster.coordinator")
 
 WRITE_RETRY_SECONDS = 1.0
+# Group commit: a write that follows the last one closely waits GATHER_SECONDS for more changes to join its batch.
+# Every batch costs the same besides its changes (the scheduling pass, a transaction, the hand-over to the store's
+# thread and back): under a stream of tiny jobs the wait made a third fewer batches and cut the CPU of each job by
+# 8% (bench/cli.py's throughput, alternated runs). A change on a quiet coordinator waits for nothing.
+BUSY_SECONDS = 0.02
+GATHER_SECONDS = 0.002
 PENDING_LIMIT = 100_000  # commands waiting for a write that succeeds
 
 
@@ -89,9 +95,13 @@ class Persistence:
         return self.next_write
 
     async def run(self) -> None:
+        last_write = float("-inf")
         while not self.closing and not self.fenced:
             await self.wake.wait()
+            if time.monotonic() - last_write < BUSY_SECONDS:
+                await asyncio.sleep(GATHER_SECONDS)  # what comes meanwhile goes into this batch
             self.wake.clear()
+            last_write = time.monotonic()
             try:
                 written = await self.write()
             except Exception:  # a bug here must not stop every later write
