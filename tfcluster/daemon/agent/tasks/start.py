@@ -101,8 +101,8 @@ class TaskStarter:
         self.code: TaskCode | None = None  # fetches jobs' code and makes tasks' working dirs over it (code/task_code.py)
         self.nccl_interface = ""  # the interface of the node's advertise address: NCCL_SOCKET_IFNAME of GPU tasks
         # What every task inherits of the agent's environment, read once: a daemon's environment is its unit's and
-        # does not change while it runs, and reading os.environ decodes each variable again (a tenth of the agent's
-        # CPU for each tiny task, measured).
+        # does not change while it runs, and reading os.environ decodes each variable again (43 µs a task with 35
+        # variables, measured).
         self.inherited_env = inherited_environment()
         # What an attempt's start does before its shim, in order, each a method below: the way the agent's per-task
         # hooks are listed (hooks/api.py), so the whole start reads here, top to bottom.
