@@ -142,15 +142,22 @@ def test_a_jobs_private_tmp_stays_with_it_when_its_shim_runs_the_next_job(tmp_pa
     assert third.exit.exit_code == 0 and output(attempts / "c") == "host\n"
 
 
-def test_the_launcher_keeps_few_shims_free_and_not_for_long():
+def freed_shims(count: int) -> tuple[launcher_process.Shims, list[socket.socket]]:
+    """The launcher's side of count shims (pids 1000...) that each said they are free, oldest first, and the
+    shims' ends of their channels."""
     shims = launcher_process.Shims()
     theirs = []
-    for pid in range(launcher_process.MAX_FREE_SHIMS + 2):
+    for pid in range(count):
         ours, their_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         shims.add(1000 + pid, ours)
         their_end.send(b"free 0")
         shims.heard(ours.fileno())
         theirs.append(their_end)
+    return shims, theirs
+
+
+def test_the_launcher_keeps_few_shims_free_and_not_for_long():
+    shims, theirs = freed_shims(launcher_process.MAX_FREE_SHIMS + 2)
     assert len(shims.free) == launcher_process.MAX_FREE_SHIMS
     for their_end in theirs[:2]:  # the two freed first were told to end: the end of their channel
         assert their_end.recv(64) == b""
@@ -164,14 +171,7 @@ def test_the_launcher_keeps_few_shims_free_and_not_for_long():
 
 
 def test_a_burst_s_extra_free_shims_end_soon_and_the_first_few_stay():
-    shims = launcher_process.Shims()
-    theirs = []
-    for pid in range(launcher_process.KEPT_FREE_SHIMS + 3):
-        ours, their_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        shims.add(1000 + pid, ours)
-        their_end.send(b"free 0")
-        shims.heard(ours.fileno())
-        theirs.append(their_end)
+    shims, theirs = freed_shims(launcher_process.KEPT_FREE_SHIMS + 3)
     freed = time.monotonic()
     due = shims.expire(freed + launcher_process.BURST_FREE_SECONDS - 0.5)
     assert len(shims.free) == launcher_process.KEPT_FREE_SHIMS + 3, "none is due yet"
