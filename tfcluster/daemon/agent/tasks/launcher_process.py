@@ -25,9 +25,10 @@ MAX_REQUEST_BYTES = forked_shim.MAX_REQUEST_BYTES
 MAX_FDS = 2
 MAX_REPLY_BYTES = 1024
 # Free shims are kept in two tiers. A burst of tiny tasks (a sweep) comes in waves: the shims one wave freed run the
-# next, where each one ended would have to be forked again (about 3 ms of CPU each, 8% of a tiny job's: with 8 kept,
-# a tenth of the attempts of bench/cli.py's throughput needed a fork, with 64 a twentieth). Past the first few they
-# are kept only a few seconds, so a burst leaves no crowd of idle shims behind (3 MB of its own memory each).
+# next, where each one ended would have to be forked again (about 3 ms of CPU each). With 8 kept, a tenth of the
+# attempts of bench/cli.py's throughput needed a fork, with 64 a twentieth, and each job took 8% less CPU
+# (alternated runs). Past the first few they are kept only a few seconds, so a burst leaves no crowd of idle shims
+# behind (3 MB of its own memory each).
 MAX_FREE_SHIMS = 64  # kept free at most
 KEPT_FREE_SHIMS = 8  # kept free for FREE_SECONDS; the others for BURST_FREE_SECONDS
 FREE_SECONDS = 30.0  # a shim free this long ends: a node between jobs keeps none
