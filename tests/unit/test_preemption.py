@@ -234,3 +234,17 @@ def test_status_json_the_table_and_the_store_keep_who_preempted_the_job_and_when
     untouched = views.job_doc(wire.job_status(high))
     assert untouched["preempted_by"] is None and untouched["preempted_at"] is None
     assert "0 (+1 preempted)" in render_status([], [wire.job_status(low)])
+
+
+def test_a_preemptor_placed_by_a_pass_that_freed_more_than_it_needs_is_placed_once():
+    """Both victims' tasks end in one store batch (one pass for both): the preemptor takes what was kept for it, and
+    the queue after it does not place it again on what the other task freed."""
+    sim = Sim(info("n1", 1), info("n2", 1))
+    low = started(sim, "low", LOW, workers=2)  # a worker and its GPU on each node
+    high, commands = submit(sim, "high", HIGH, gpus=1)
+    assert {s.attempt.job_id for s in stops(commands)} == {low.id}
+    sim.c.schedule_per_batch = True  # as the coordinator runs it: one pass for every event of a write
+    sim.exit_stopped(low, commands)
+    placed = sim.c.schedule(sim.now)
+    assert [a.attempt.job_id for a in launches(placed)] == [high.id]
+    assert high.state == JobState.STARTING and low.state == JobState.PENDING

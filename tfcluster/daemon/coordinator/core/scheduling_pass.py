@@ -91,13 +91,16 @@ class SchedulePass:
         kept for none; then the jobs that wait for resources may preempt."""
         cluster, commands = self.cluster, []
         unfit = sorted((job for job in pending if job.id in self.held), key=lambda job: job.number)
+        # The queue is the jobs nothing was kept for, taken before the preemptors are placed: a preemptor placed
+        # now leaves self.held, and must not be placed a second time where the same pass freed more.
+        queued = [job for job in pending if job.id not in self.held]
         for job in unfit[:]:
             commands += self._place_preemptor(job, unfit)
         kept = {n.name: n for n in preemption.free_for(None, self.capacity, self.held)}
         usage = cluster.queue_usage(self.now) if cluster.policy.source else queue.NO_USAGE
         turn = queue.QueuePass(kept, cluster.holds, cluster.holdings(), usage,
                                cluster.nodes.idle)
-        for job in queue.order([j for j in pending if j.id not in self.held], usage.shares):
+        for job in queue.order(queued, usage.shares):
             if cluster.unfit_at.get(job.id) == self.version:
                 turn.skip(job)
                 continue
