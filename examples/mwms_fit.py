@@ -20,7 +20,7 @@ with strategy.scope():
     model = digits.compile_model(digits.make_model())
 
 model.fit(digits.train_dataset(global_batch), epochs=EPOCHS, steps_per_epoch=digits.steps_per_epoch(global_batch),
-          callbacks=[keras.callbacks.BackupAndRestore(os.path.join(task.checkpoint_dir, "backup")),
-                     digits.SaveEveryEpoch(model)],
+          callbacks=[digits.SaveEveryEpoch(model),  # before the backup: see its docstring
+                     keras.callbacks.BackupAndRestore(os.path.join(task.checkpoint_dir, "backup"))],
           verbose=2)
 digits.write_metrics(model, task.strategy, EPOCHS, strategy.num_replicas_in_sync)

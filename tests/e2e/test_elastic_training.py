@@ -23,7 +23,7 @@ EPOCHS = 8
 
 
 def epochs_saved(log: str) -> list[int]:
-    """The epochs the chief said it saved (the demo's SaveEveryEpoch, after BackupAndRestore's backup)."""
+    """The epochs the chief said it saved (the demo's SaveEveryEpoch, just before BackupAndRestore's backup)."""
     return [int(n) for n in re.findall(r"^saved .* \(epoch (\d+)\)$", log, re.MULTILINE)]
 
 

@@ -94,7 +94,11 @@ def resume(model: keras.Model) -> int:
 
 class SaveEveryEpoch(keras.callbacks.Callback):
     """Saves a checkpoint the evaluator follows after each epoch (the `checkpoint` state file is written
-    last, so a reader never sees a half-written one); paces steps when STEP_PAUSE_SECONDS is set."""
+    last, so a reader never sees a half-written one); paces steps when STEP_PAUSE_SECONDS is set.
+
+    List it before BackupAndRestore: a task killed between the two then repeats the epoch and saves its
+    checkpoint again, where the other order would leave a backup that counts the epoch done and no checkpoint
+    of it (the resumed run trains nothing more, and the evaluator's final checkpoint is the one before)."""
 
     def __new__(cls, model: keras.Model):
         # ParameterServerStrategy refuses any callback with a batch-level hook, so the step hook exists only on the
@@ -106,13 +110,20 @@ class SaveEveryEpoch(keras.callbacks.Callback):
     def __init__(self, model: keras.Model):
         super().__init__()
         self.manager = checkpoint_manager(model, model.optimizer.iterations)
+        self.epochs_ended = 0  # in this run
+
+    def on_epoch_begin(self, epoch, logs=None):
+        # EPOCH_PAUSE_SECONDS stretches a run so that it can be watched, or disturbed on purpose. The pause comes
+        # between epochs, after every callback of the one that ended (its backup too), so that a stop during it
+        # loses nothing.
+        if self.epochs_ended:
+            time.sleep(float(os.environ.get("EPOCH_PAUSE_SECONDS", "0")))
 
     def on_epoch_end(self, epoch, logs=None):
         path = self.manager.save(checkpoint_number=epoch + 1)
+        self.epochs_ended += 1
         if task.is_chief:
             print(f"saved {path} (epoch {epoch + 1})", flush=True)
-        # EPOCH_PAUSE_SECONDS stretches a run so that it can be watched, or disturbed on purpose.
-        time.sleep(float(os.environ.get("EPOCH_PAUSE_SECONDS", "0")))
 
 
 class _PacedSaveEveryEpoch(SaveEveryEpoch):

@@ -26,8 +26,8 @@ def main() -> None:
     started = time.time()
     model.fit(digits.train_dataset(global_batch), epochs=epochs,
               steps_per_epoch=digits.steps_per_epoch(global_batch),
-              callbacks=[keras.callbacks.BackupAndRestore(os.path.join(task.checkpoint_dir, "backup")),
-                         digits.SaveEveryEpoch(model)],
+              callbacks=[digits.SaveEveryEpoch(model),  # before the backup: see its docstring
+                         keras.callbacks.BackupAndRestore(os.path.join(task.checkpoint_dir, "backup"))],
               verbose=2)
     print(f"{task.type}:{task.index} trained {epochs} epochs in {time.time() - started:.1f} s", flush=True)
     digits.write_metrics(model, task.strategy, epochs, strategy.num_replicas_in_sync)
