@@ -115,9 +115,12 @@ class Coordinators:
 
     def failed(self, error: grpc.RpcError | None = None) -> bool:
         """The current address did not serve: the next one to try is the leader it named, else the next in
-        the list. True when the caller moved to another address."""
+        the list. True when the caller moved to another address. One that names itself has just won an election
+        and serves in a moment: it is kept."""
         hint = leader_hint(error) if error is not None else ""
-        if hint and hint != self.current:
+        if hint == self.current:
+            return False
+        if hint:
             if hint in self.addresses:
                 self.index, self.hinted = self.addresses.index(hint), ""
             else:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import grpc
 
-from tfcluster.leaders import LEADER_METADATA, leads_elsewhere, says_of, standby_message
+from tfcluster.leaders import LEADER_METADATA, Coordinators, leads_elsewhere, says_of, standby_message
 
 CURRENT = "10.0.0.1:7070"
 
@@ -52,3 +52,11 @@ def test_what_one_other_coordinator_says_of_the_current_one():
     assert says_of(CURRENT, standby("")) is None, "an election: the current one itself is asked"
     assert says_of(CURRENT, Answer(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")) is None
     assert says_of(CURRENT, Answer(grpc.StatusCode.UNAVAILABLE, "failed to connect to all addresses")) is None
+
+
+def test_a_standby_that_names_itself_has_just_won_and_is_kept_while_one_naming_another_is_left():
+    coordinators = Coordinators(f"{CURRENT},10.0.0.2:7070,10.0.0.3:7070")
+    assert not coordinators.failed(standby(CURRENT)) and coordinators.current == CURRENT  # it serves in a moment
+    assert coordinators.failed(standby("10.0.0.3:7070")) and coordinators.current == "10.0.0.3:7070"
+    assert coordinators.failed(Answer(grpc.StatusCode.UNAVAILABLE, "unreachable")) and \
+        coordinators.current == CURRENT  # no word of a leader: the next in the list
