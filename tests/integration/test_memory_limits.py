@@ -79,8 +79,8 @@ def test_a_memory_hog_is_killed_with_its_limit_and_peak_soon_after_it_crosses(tm
     assert exit.message == f"worker:1 exceeded its memory limit of 200 MiB (peak {peak / MIB:.1f} MiB)".replace(
         ".0 MiB", " MiB")
     # The hog's lines only: on a loaded machine the interpreter may write others (a MemoryError's, say).
-    samples = [(int(rss), float(t)) for word, rss, t in (line.split() for line in exit.log_tail
-                                                          if len(line.split()) == 3 and line.startswith("rss "))]
+    lines = [line.split() for line in exit.log_tail]
+    samples = [(int(f[1]), float(f[2])) for f in lines if len(f) == 3 and f[0] == "rss"]
     assert samples, f"the hog said nothing of its memory: {exit.log_tail}"
     above = [t for rss, t in samples if rss > 200 * MIB]
     # The kill may come between an allocation and its line: then the hog crossed after its last line.

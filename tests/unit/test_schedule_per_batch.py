@@ -148,7 +148,7 @@ def test_changes_that_follow_a_write_closely_wait_to_share_the_next_one(monkeypa
     cluster, store = batched_cluster(), CountingStore()
     spec = make_spec(worker=1)
 
-    async def scenario() -> list[float]:
+    async def scenario() -> float:
         persistence = Persistence(store, cluster, lambda commands: None)
         persistence.before_write = lambda: cluster.schedule(NOW)
         writer = asyncio.create_task(persistence.run())
@@ -163,12 +163,12 @@ def test_changes_that_follow_a_write_closely_wait_to_share_the_next_one(monkeypa
             third = persistence.apply(cluster.submit(spec, NOW)[1])
             await asyncio.gather(second, third)
             assert second is third and store.writes == 2, "the two changes went into one write"
-            return [quiet]
+            return quiet
         finally:
             persistence.closing = True
             persistence.wake.set()
             await writer
             persistence.thread.shutdown()
 
-    [quiet] = asyncio.run(scenario())
+    quiet = asyncio.run(scenario())
     assert quiet < module.GATHER_SECONDS, "the first change did not wait for company"
