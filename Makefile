@@ -67,6 +67,7 @@ bench: $(STAMP)
 	@mkdir -p build && touch build/bench-started
 	$(PY) bench/run.py
 	$(PY) bench/cli.py
+	$(PY) bench/job_dirs.py
 	$(PY) bench/queue_burst.py
 	$(PY) bench/usage_ledger.py
 	$(PY) bench/memwatch.py

@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 from harness import PYTHON, LocalCluster, free_port, wait_until  # noqa: E402
-from report import show_and_save  # noqa: E402  (bench/, the folder of the script run)
+from report import filesystem_of, show_and_save  # noqa: E402  (bench/, the folder of the script run)
 
 FLOOR = [PYTHON, "-c", "import grpc, typer"]
 FIGURES = ("status", "start", "throughput", "tf")
@@ -139,14 +139,6 @@ def spawn_floor_ms(jobs: int) -> float:
     def cpu(a, b) -> float:
         return b.ru_utime + b.ru_stime - a.ru_utime - a.ru_stime
     return max(0.0, cpu(started, after) - cpu(before, started)) / jobs * 1000
-
-
-def filesystem_of(path: Path) -> str:
-    """The type of the filesystem path is on (the mount with the longest prefix of it)."""
-    resolved = str(path.resolve())
-    mounts = [p for p in psutil.disk_partitions(all=True)
-              if resolved == p.mountpoint or resolved.startswith(p.mountpoint.rstrip("/") + "/")]
-    return max(mounts, key=lambda p: len(p.mountpoint)).fstype if mounts else "unknown"
 
 
 def one_burst(cluster: LocalCluster, jobs: int) -> tuple[float, float, dict[str, float]]:
