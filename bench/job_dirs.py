@@ -69,10 +69,10 @@ def main() -> None:
     figures: dict[str, list[float]] = {"marked": [], "unmarked": []}
     with tempfile.TemporaryDirectory(prefix="tfcluster-bench-dirs-", dir=options.state_dir) as tmp:
         marked, unmarked = Path(tmp) / "marked", Path(tmp) / "unmarked"
-        users.make_state_dir(marked)
-        users.make_dir(unmarked, users.STATE_DIR_MODE)
-        users.make_dir(layout.jobs_dir(unmarked), users.STATE_DIR_MODE)
-        has_mark = users.spread_subdirs(layout.jobs_dir(marked))
+        for state in (marked, unmarked):
+            users.make_dir(state, users.STATE_DIR_MODE)
+            users.make_dir(layout.jobs_dir(state), users.STATE_DIR_MODE)
+        has_mark = users.spread_subdirs(layout.jobs_dir(marked))  # as make_state_dir marks an agent's
         for number in range(options.rounds + 1):  # alternated; the first round of each only fills what the next removes
             for name, state in (("unmarked", unmarked), ("marked", marked)):
                 cost = one_round(state, options.jobs, user, number)
