@@ -72,6 +72,11 @@ def setup(level: str = "info", fmt: str = "text", stream: TextIO | None = None) 
     if fmt not in FORMATS:
         raise ValueError(f"--log-format: expected one of {', '.join(FORMATS)}, got {fmt!r}")
     stream = stream or sys.stderr
+    # A line names no source file, function, thread or process (FIELDS are what it shows), yet logging looks each
+    # of them up for every record, walking the caller's frames, unless told not to (the logging HOWTO's
+    # "Optimization" section): 13-14 µs a line without the lookups against 16-20 with them, measured in a thread.
+    logging._srcfile = None
+    logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
     handler = logging.StreamHandler(stream)
     handler.setFormatter(LineFormatter(json_lines=fmt == "json", journald=writes_to_journal(stream)))
     root = logging.getLogger()
