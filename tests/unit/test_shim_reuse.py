@@ -91,6 +91,33 @@ def test_a_shim_that_ran_a_thread_serves_no_other_attempt(tmp_path, launcher):
     assert not psutil.pid_exists(first.shim_pid) or psutil.Process(first.shim_pid).status() == psutil.STATUS_ZOMBIE
 
 
+def test_an_interpreter_that_imports_threading_at_startup_still_uses_its_shims_again(tmp_path, monkeypatch):
+    """A sitecustomize (or a .pth file) that imports logging has threading imported in every process, the launcher
+    and its shims too: that alone says nothing of an attempt's threads. The free shim runs the next attempt; one
+    whose task was watched from a thread still serves no other."""
+    site, started = tmp_path / "site", tmp_path / "started"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        f"import logging, os\nwith open({str(started)!r}, 'a') as f:\n    f.write(f'{{os.getpid()}}\\n')\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])))
+    launcher = Launcher()
+    try:
+        attempts = tmp_path / "attempts"
+        attempts.mkdir()
+        first = run(launcher, attempts / "a", "exit 3")
+        assert str(launcher.process.pid) in started.read_text().split(), "the site hook ran in the launcher"
+        second = run(launcher, attempts / "b", "true")
+        assert second.shim_pid == first.shim_pid, "the free shim ran the second attempt"
+        watched = run(launcher, attempts / "c", "sleep 0.4")
+        assert watched.shim_pid == first.shim_pid
+        after = run(launcher, attempts / "d", "true")
+        assert after.shim_pid != watched.shim_pid, "a shim that ran a thread serves no other attempt"
+        assert (first.exit.exit_code, second.exit.exit_code, watched.exit.exit_code, after.exit.exit_code) == \
+            (3, 0, 0, 0)
+    finally:
+        launcher.close()
+
+
 def test_free_shims_end_with_their_launcher(tmp_path, launcher):
     shim = run(launcher, tmp_path / "a", "true").shim_pid
     assert psutil.Process(shim).status() != psutil.STATUS_ZOMBIE, "free, waiting for another attempt"

@@ -29,7 +29,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from tfcluster import layout
-from tfcluster.daemon.agent.shim import cgroups, isolation, spawn
+from tfcluster.daemon.agent.shim import cgroups, isolation, spawn, threads
 from tfcluster.daemon.agent.shim.taskfiles import LaunchFile, ShimStatus, UsageFile, read_stop_grace
 from tfcluster.daemon.agent.shim.tasklog import DEFAULT_LIMIT_BYTES, LastLines, OutputWriter
 from tfcluster.daemon.agent.shim.treewatch import TreeWatch, Usage, exceeded_message
@@ -235,11 +235,8 @@ class Runner:
         return returncode, usage
 
     def _follow_with_thread(self, log: OutputWriter, watch: TreeWatch) -> tuple[int, Usage]:
-        import threading
-
         watch.start()
-        pump = threading.Thread(target=self._copy_output, args=(log,), daemon=True)
-        pump.start()
+        pump = threads.start(self._copy_output, "output", log)
         returncode = self.child.wait()
         usage = self._ended(watch)
         pump.join(timeout=DRAIN_SECONDS)
@@ -316,9 +313,7 @@ class Runner:
                     return
                 time.sleep(ESCALATION_POLL_SECONDS)
             kill_group(pgid, signal.SIGKILL)
-        import threading  # here, not at the top: see Runner.stopping
-
-        threading.Thread(target=escalate, daemon=True).start()
+        threads.start(escalate, "stop-escalation")
 
 
 def process_start(pid: int) -> int:

@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from tfcluster.daemon.agent.shim import threads
 from tfcluster.model import size_text
 
 SAMPLE_SECONDS = 1.0        # at least this often
@@ -68,8 +69,7 @@ class TreeWatch:
         import threading  # here, not at the top: a shim whose task ended first needs none (runner.py)
 
         self._done = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="tree-watch", daemon=True)
-        self._thread.start()
+        self._thread = threads.start(self._loop, "tree-watch")
 
     def _loop(self) -> None:
         # At the start the tree is the task alone: reading every process on the node (the rescan) and handing

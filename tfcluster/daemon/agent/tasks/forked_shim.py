@@ -32,6 +32,8 @@ import sys
 import traceback
 from pathlib import Path
 
+from tfcluster.daemon.agent.shim import threads
+
 DONE_LINE = b'{"done": true}'  # the attempt's end is recorded: the agent may collect it (and then release the shim)
 SHIM_NAME = "tfcluster-shim"
 CHANNEL_FD = 3  # the shim's end of its channel to the launcher: the first descriptor past stdin, stdout, stderr
@@ -132,12 +134,13 @@ def _run_attempt(request: Request, home: int, last: bool) -> bool:
         os.dup2(stderr, 2)
     finally:
         request.close()
+    threading_before = "threading" in sys.modules  # imported at startup by the interpreter's site hooks, if at all
     runner = Runner(Path(request.attempt_dir))
     runner.run()
-    clean = runner.leave_private_tmp() and not runner.cgroup
+    clean = runner.leave_private_tmp() and not runner.cgroup and not _ran_threads(threading_before)
     os.fchdir(home)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    if last or not clean or "threading" in sys.modules:
+    if last or not clean:
         return False
     try:
         sys.stdout.buffer.write(DONE_LINE + b"\n")
@@ -149,6 +152,15 @@ def _run_attempt(request: Request, home: int, last: bool) -> bool:
         _redirect(os.devnull, fd)  # the attempt's pipe and log are the attempt's alone
     return released
 
+
+def _ran_threads(threading_before: bool) -> bool:
+    """Whether the attempt started a thread: through the shim's own (shim/threads.py), or any other way as far as
+    can be told: threading imported meanwhile, or a thread besides this one still alive (a fork leaves the child
+    only the thread that forked)."""
+    threading = sys.modules.get("threading")
+    if threads.ever_started() or (threading is not None and not threading_before):
+        return True
+    return threading is not None and threading.active_count() > 1
 
 def _released(timeout: float) -> bool:
     """Whether the agent closed its end of the attempt's output (fd 1) within the timeout."""
