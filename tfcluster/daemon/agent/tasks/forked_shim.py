@@ -162,6 +162,7 @@ def _ran_threads(threading_before: bool) -> bool:
         return True
     return threading is not None and threading.active_count() > 1
 
+
 def _released(timeout: float) -> bool:
     """Whether the agent closed its end of the attempt's output (fd 1) within the timeout."""
     poller = select.poll()
