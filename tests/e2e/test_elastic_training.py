@@ -38,8 +38,8 @@ def test_elastic_keras_job_grows_then_shrinks_and_resumes_each_time_after_its_la
 
     checkpoints = tmp_path / "ckpt"
     spec = tmp_path / "elastic.toml"
-    # tf-keras MWMS workers swallow SIGTERM: the grow's stop ends them at the grace's SIGKILL, during the pause
-    # after an epoch, and BackupAndRestore resumes after the last epoch it backed up.
+    # tf-keras MWMS workers swallow SIGTERM: the grow's stop ends them at the grace's SIGKILL, mostly during the
+    # pause after an epoch, and BackupAndRestore resumes after the last epoch it backed up.
     spec.write_text(textwrap.dedent(f"""
         name = "elastic-digits"
         strategy = "multi_worker_mirrored"
@@ -72,9 +72,14 @@ def test_elastic_keras_job_grows_then_shrinks_and_resumes_each_time_after_its_la
     assert job["restarts"] == 0 and job["preemptions"] == 0
     assert {t["node"] for t in job["tasks"]} == {"a", "b"}
     runs = [chief_log(attempt) for attempt in (1, 2, 3)]  # at 2, at 3, at 2 again
+    repeated = []
     for before, after in zip(runs, runs[1:]):
-        assert epochs_begun(after)[0] == max(epochs_saved(before)) + 1, f"resumed at the wrong epoch:\n{after}"
+        last, resumed = max(epochs_saved(before)), epochs_begun(after)[0]
+        # The epoch after the last one backed up. A stop that lands between an epoch's checkpoint and its backup
+        # (SaveEveryEpoch's docstring) makes the next run train that one epoch again, and nothing earlier.
+        assert resumed in (last + 1, last), f"resumed at epoch {resumed} after saving {last}:\n{after}"
+        repeated += [last] if resumed == last else []
     saved = [epoch for run in runs for epoch in epochs_saved(run)]
-    assert sorted(saved) == list(range(1, EPOCHS + 1)), f"an epoch saved twice or never: {saved}"
+    assert sorted(saved) == sorted(list(range(1, EPOCHS + 1)) + repeated), f"an epoch lost or trained twice: {saved}"
     metrics = json.loads((checkpoints / "metrics.json").read_text())
     assert metrics["replicas"] == 2, "it finished training with the 2 workers left, in one synchronous group"
