@@ -77,6 +77,7 @@ bench: $(STAMP)
 	$(PY) bench/code_shipping.py
 	$(PY) bench/etcdstore.py
 	$(PY) bench/failover.py
+	$(PY) bench/standby_down.py
 	$(PY) bench/connections.py
 	$(PY) bench/streams.py
 	$(PY) bench/agent_restart.py

@@ -29,6 +29,8 @@ TARGETS = (
            "the job records written per tiny job with hundreds waiting / the same jobs one at a time (no queue)"),
     Target("cli.json", "throughput_cpu_vs_floor", 16.0,
            "the CPU per tiny job (2 tasks of `true`), every process's, / the same two processes forked by a bare loop"),
+    Target("standby_down.json", "leader_down_vs_up", 1.3,
+           "the leader's cores with its only standby down / with it up, every agent heartbeating"),
     Target("usage_ledger.json", "folded_vs_one_per_job_bytes", 0.25,
            "the usage ledger's bytes after 500,000 short jobs, short jobs folded into hours / one entry per job"),
     Target("queue_burst.json", "quota_burst_vs_burst", 2.0,

@@ -212,6 +212,19 @@ def test_a_standby_that_dies_costs_the_agent_nothing_and_the_other_still_tells(c
     wait_until(lambda: not leader.streaming.is_set(), 5, interval=0.02, what="the agent to end its stream")
 
 
+def test_a_leader_whose_standbys_are_all_down_is_not_asked_every_pulse_and_is_kept(cluster):
+    # As in a cluster of two coordinators whose standby is down: every watch fails at once, every pulse. Asking the
+    # leader then could not change the verdict (only another coordinator's word leaves it), and would give it a
+    # health check per agent per pulse for as long as the standbys are down.
+    leader, standbys, session, leader_address = cluster
+    both_held(standbys)
+    for standby in standbys:
+        standby.stop()
+    time.sleep(10 * PULSE)
+    assert leader.checks == 0, f"the leader was asked {leader.checks} times in 10 pulses though no other could tell"
+    assert leader.streaming.is_set() and leader.registrations == 1, "the agent left a leader no other denied"
+
+
 def test_a_certificate_holder_cannot_hold_more_watches_than_its_share_and_the_agents_watch_stays(cluster, tmp_path):
     leader, standbys, session, leader_address = cluster
     standby = standbys[0]

@@ -10,12 +10,14 @@ agent keeps a connection to each, and whichever wins serves it over that connect
 
 A watch that ends without telling (the coordinator no longer answers, names no leader while an election is
 under way, or serves too) is answered by another standby holding a watch, which names the same leader for as
-long as it holds it. Without one, the others are asked with the health check, and the coordinator serving the
-stream only when none of them can tell: it is kept if it answers in time, and left otherwise only if the others
-say it no longer leads (leaders.leads_elsewhere). So a leader merely behind (thousands of agents registering) is
-not given a call per agent per pulse on top of its load, and is kept. A watch is opened again a pulse after the last
-one opened (PULSE_SECONDS, or the heartbeat interval once the coordinator stretched that): a coordinator before
-0.8.1 refuses a watch at once, as any call, and is then asked every pulse, as agents before 0.8.1 asked it.
+long as it holds it. Without one, the others are asked with the health check. The coordinator serving the stream
+is asked only when none of them tells on its own and, together, they say it no longer leads (one serves, or a
+standby names another leader or none: leaders.leads_elsewhere): it is then left if it gives no answer in time.
+So a leader merely behind (thousands of agents registering) is not given a call per agent per pulse on top of its
+load, and is kept; nor is a leader whose only standby is down (its watch fails at once, every pulse). A watch is
+opened again a pulse after the last one opened (PULSE_SECONDS, or the heartbeat interval once the coordinator
+stretched that): a coordinator before 0.8.1 refuses a watch at once, as any call, and is then asked every pulse,
+as agents before 0.8.1 asked it.
 """
 
 from __future__ import annotations
@@ -141,7 +143,7 @@ class Pulse:
 
     def _ask_around(self, watched: str, answer: Answer) -> bool:
         """Whether the coordinator at current still leads, when the watched one's answer did not tell: the others
-        are asked, and current itself only when none of them can tell."""
+        are asked, and current itself only when they say, together, that another leads or none does."""
         answers = [answer]
         for address in self.others:
             if address != watched:
@@ -149,10 +151,12 @@ class Pulse:
                 verdict = self._says(answers[-1])
                 if verdict is not None:
                     return verdict
+        if not leads_elsewhere(self.current, answers):
+            # Current is kept whatever it would answer: asking it anyway gave a leader a health check per agent per
+            # pulse for as long as its only standby was down.
+            return True
         own = self._check(self.current)
-        if own is None or own.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
-            return True  # it answers in time (or fails at once: then its stream ends by itself)
-        return not leads_elsewhere(self.current, answers)
+        return own is None or own.code() != grpc.StatusCode.DEADLINE_EXCEEDED  # else it gave no pulse in time
 
     def _check(self, address: str) -> Answer:
         try:
