@@ -287,12 +287,11 @@ def table(results: dict) -> None:
             print(f"N={size}: {r['error']} (load average {r['load_average']})")
 
 
-def main(sizes: tuple[int, ...]) -> None:
-    if etcd_binary() is None:
-        print("skipped: no etcd binary (apt-get install etcd-server)")
-        return
+def each_size(sizes: tuple[int, ...], measure, prefix: str) -> dict[int, dict]:
+    """measure(size, root, etcd, ca_dir) for each size, on one CA and one three-member etcd; a size that fails says
+    why in its result, and the next still runs."""
     results = {}
-    with tempfile.TemporaryDirectory(prefix="tfcluster-failover-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
         root = Path(tmp)
         pki.init_ca(root / "ca", [])
         etcd = EtcdCluster(root / "etcd").start_all()
@@ -307,6 +306,14 @@ def main(sizes: tuple[int, ...]) -> None:
                 print(f"N={size}: {json.dumps(result)}", flush=True)
         finally:
             etcd.stop_all()
+    return results
+
+
+def main(sizes: tuple[int, ...]) -> None:
+    if etcd_binary() is None:
+        print("skipped: no etcd binary (apt-get install etcd-server)")
+        return
+    results = each_size(sizes, measure, "tfcluster-failover-")
     print()
     table(results)
     (Path(__file__).resolve().parent / "failover.json").write_text(json.dumps(results, indent=2) + "\n")

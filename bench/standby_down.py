@@ -14,14 +14,12 @@ from __future__ import annotations
 
 import json
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from failover import AGENTS_PER_PROCESS, READY_TIMEOUT_SECONDS, SETTLE_SECONDS, WINDOW_SECONDS, Coordinators, \
-    CpuMeter, all_ready, cpu_groups, lost_nodes, wait  # bench/failover.py: puts tests/ on the path
+    CpuMeter, all_ready, cpu_groups, each_size, lost_nodes, wait  # bench/failover.py: puts tests/ on the path
 from scale import FLEET_NICE, Fleet
-from tfcluster import pki  # noqa: E402
 from tfcluster.demo.etcd import EtcdCluster, etcd_binary  # noqa: E402
 
 SIZES = (2000,)
@@ -62,20 +60,7 @@ def main(sizes: tuple[int, ...]) -> None:
     if etcd_binary() is None:
         print("skipped: no etcd binary (apt-get install etcd-server)")
         return
-    results = {}
-    with tempfile.TemporaryDirectory(prefix="tfcluster-standby-down-") as tmp:
-        root = Path(tmp)
-        pki.init_ca(root / "ca", [])
-        etcd = EtcdCluster(root / "etcd").start_all()
-        try:
-            for size in sizes:
-                try:
-                    results[size] = measure(size, root, etcd, root / "ca")
-                except RuntimeError as e:  # said in the table and the json, and the other sizes still run
-                    results[size] = {"error": str(e)}
-                print(f"N={size}: {json.dumps(results[size])}", flush=True)
-        finally:
-            etcd.stop_all()
+    results = each_size(sizes, measure, "tfcluster-standby-down-")
     print()
     print("agents  leader cores standby up | down (ratio)  fleet cores up | down  all READY after  lost")
     for size, r in results.items():
