@@ -78,6 +78,16 @@ def test_an_evaluator_that_exits_after_the_final_evaluation_is_not_stopped():
     assert job.evaluator().state == TaskState.SUCCEEDED
 
 
+def test_an_evaluator_that_exits_by_itself_as_its_stop_is_sent_is_not_said_to_be_stopped():
+    sim, job = start()
+    finish_training(sim, job)
+    report(sim, job, "ckpt-3", 120)
+    assert keys(tick(sim, EVALUATOR_EXIT_SECONDS + 1)) == ["evaluator:0"]
+    sim.exit(job, "evaluator:0", 0)  # it was unloading TensorFlow: exit 0 before the SIGTERM arrived
+    assert job.state == JobState.SUCCEEDED and job.message == "final evaluation done"
+    assert job.evaluator().state == TaskState.SUCCEEDED
+
+
 def test_a_final_checkpoint_evaluated_before_training_ended_counts():
     sim, job = start()
     report(sim, job, "ckpt-3", 120)  # the newest checkpoint, evaluated while the chief was still exiting

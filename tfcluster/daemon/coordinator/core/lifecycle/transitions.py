@@ -182,6 +182,8 @@ def _after_task_end(job: Job, task: Task, now: float) -> list[Command]:
         if decision.scope != restart.NOTHING:
             return _carry_out(job, decision, failure, now)
     if job.state == JobState.STOPPING:
+        if job.final_evaluation_until and task.type == EVALUATOR and task.state == TaskState.SUCCEEDED:
+            job.message = "final evaluation done"  # it exited by itself as its stop was on the way: not stopped
         return _finish_if_quiet(job, now)
     if job.final_evaluation_until:
         if task.type != EVALUATOR:  # training is over: a ps, worker or tf.data service server ending changes nothing
