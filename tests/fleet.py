@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import asyncio
+import gc
 import json
 import random
 import resource
@@ -50,6 +51,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
 from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc  # noqa: E402
 from tfcluster.commands import Launch, SetPace, Stop  # noqa: E402
 from tfcluster.daemon.agent.session.pulse import PULSE_SECONDS, PULSE_TIMEOUT_SECONDS  # noqa: E402
+from tfcluster.daemon.coordinator.process import freeze_survivors  # noqa: E402
 from tfcluster.leaders import Coordinators, leader_hint, leads_elsewhere, says_of  # noqa: E402
 from tfcluster.model import Attempt, Gpu, NodeInfo, Phase, TaskExit, TaskProgress, TaskReport  # noqa: E402
 
@@ -365,6 +367,9 @@ if __name__ == "__main__":
     args = parser.parse_args()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    # As the coordinator (daemon/coordinator/process.py): what outlives a full collection is frozen, so the
+    # collector does not rescan hundreds of agents' channels and calls on every one.
+    gc.callbacks.append(freeze_survivors)
     try:
         asyncio.run(main(args.coordinator, args.first, args.count, args.exit_after, args.ca_dir))
     except KeyboardInterrupt:
