@@ -69,3 +69,25 @@ def test_watchers_are_bounded():
         await first.aclose()
 
     asyncio.run(scenario())
+
+
+def test_a_follower_cancelled_as_its_job_changes_ends_and_gives_its_place_back():
+    """A client that goes away just as something is stored: its call is cancelled while the flag is set. Before
+    Python 3.12 asyncio.wait_for swallowed that cancellation, and the follower waited on until its job ended,
+    holding its caller's place (one of --max-streams-per-caller)."""
+    async def scenario():
+        watchers, jobs = Watchers(refresh_seconds=60), {"j": Job()}
+
+        async def client():
+            async for _ in follow(watchers, jobs):
+                pass
+        following = asyncio.create_task(client())
+        await asyncio.sleep(0.01)
+        watchers.changed()
+        following.cancel()
+        await asyncio.sleep(0.1)
+        done, left = following.done(), len(watchers)
+        following.cancel()
+        return done, left
+
+    assert asyncio.run(scenario()) == (True, 0)
