@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tfcluster.commands import Command, Probe, ProbeAnswer
+from tfcluster.daemon.coordinator.rpc.watchers import until_set
 
 
 @dataclass
@@ -41,10 +42,7 @@ class Probes:
         try:
             if ask:
                 send([make(probe_id) for make in ask.values()])
-                try:
-                    await asyncio.wait_for(round_.done.wait(), seconds)
-                except asyncio.TimeoutError:
-                    pass
+                await until_set(round_.done, seconds)
             return dict(round_.answers)
         finally:
             del self._rounds[probe_id]

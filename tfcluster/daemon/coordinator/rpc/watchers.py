@@ -56,15 +56,15 @@ class Watchers:
                     last = current
                 if over:
                     return
-                await _until_set(flag, self.refresh_seconds)
+                await until_set(flag, self.refresh_seconds)
         finally:
             self.flags.discard(flag)
 
 
-async def _until_set(flag: asyncio.Event, seconds: float) -> None:
-    """Waits until flag is set or seconds have passed. Not asyncio.wait_for: before Python 3.12 it swallows a
-    cancellation that comes as the flag is set, and the follower of a client gone then waited on (its call's place
-    held: rpc/stream_limits.py) until the job ended."""
+async def until_set(flag: asyncio.Event, seconds: float) -> None:
+    """Waits until flag is set or seconds have passed (a watcher's next change, a probe round's answers). Not
+    asyncio.wait_for: before Python 3.12 it swallows a cancellation that comes as the flag is set, and the follower
+    of a client gone then waited on (its call's place held: rpc/stream_limits.py) until the job ended."""
     waiting = asyncio.ensure_future(flag.wait())
     try:
         await asyncio.wait((waiting,), timeout=seconds)
