@@ -8,7 +8,8 @@ For N = 100, 1,000 and 5,000 it measures:
 - how many nodes each leader declared lost meanwhile, and the agents' failed calls by gRPC status code;
 - GetStatus latency p50/p99 on the new leader in a window after all are back;
 - etcd's write rate from one member's /metrics: keys put or deleted per second, bytes written to its WAL per
-  second and raft proposals per second, at registration, during steady heartbeating and during the failover.
+  second and raft proposals per second, at registration, during steady heartbeating (once every agent is READY and
+  its pulse holds a watch on each standby) and during the failover.
   Heartbeats write nothing: the steady rate of keys written is expected to be 0, and so is nearly that of raft
   proposals (a standby reads the leader key every POLL_SECONDS; the leader's lease renewals are not proposals);
 - how many times a leader lost its lease during the run (a renewal that came too late: leadership.py).
@@ -210,6 +211,12 @@ def measure(size: int, root: Path, etcd: EtcdCluster, ca_dir: Path) -> dict:
                      f"{size} agents READY", lambda: progress(coordinators, leader, fleet))
         registration = {**Counters(member).since(start), "cores": _named(cpu.cores(), leader),
                         "nodes_lost": lost_nodes(coordinators, leader), "agent_errors": fleet.error_counts()}
+        # Steady means every agent's pulse holds its watch on each standby too: each agent opens its first watches
+        # up to a heartbeat interval after it registered (stretched to seconds at 5,000), each over a new TLS
+        # connection, and a window opened before they are all held measured those handshakes, not a steady cluster.
+        watches = size * (COORDINATORS - 1)
+        held = wait(lambda: fleet.total(fleet.watches_held) >= watches, READY_TIMEOUT_SECONDS,
+                    f"{watches} pulse watches held", lambda: f"{fleet.total(fleet.watches_held)} held")
         time.sleep(SETTLE_SECONDS)
         steady_start, beats = Counters(member), fleet.total(fleet.heartbeats)
         steady_cpu = CpuMeter(cpu_groups(coordinators, etcd, fleet))
@@ -217,7 +224,8 @@ def measure(size: int, root: Path, etcd: EtcdCluster, ca_dir: Path) -> dict:
         steady = {**Counters(member).since(steady_start), "cores": _named(steady_cpu.cores(), leader)}
         steady["heartbeats_per_second"] = round((fleet.total(fleet.heartbeats) - beats) / steady["seconds"])
         result = failover(coordinators, leader, fleet, size, etcd)
-        result.update(ready_seconds=round(ready, 2), status_before=before, registration=registration,
+        result.update(ready_seconds=round(ready, 2), watches_held_after_ready_seconds=round(held, 2),
+                      status_before=before, registration=registration,
                       steady=steady, lease_ttl_seconds=TTL_SECONDS, leaderships_lost=leaderships_lost(coordinators))
         result["served_vs_ttl"] = round(result["served_seconds"] / TTL_SECONDS, 2)
         result["back_vs_ready"] = round(result["back_seconds"] / ready, 2)

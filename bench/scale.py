@@ -56,6 +56,7 @@ class Fleet:
         self.registered_with: dict[int, dict[str, int]] = {}  # process -> coordinator -> its agents registered last there
         self.errors: dict[int, dict[str, int]] = {}  # process -> gRPC status code -> failed calls of its agents
         self.heartbeats: dict[int, int] = {}
+        self.watches_held: dict[int, int] = {}  # process -> the pulse watches standbys hold open for its agents
         self.launches: dict[str, list[float]] = {}  # job id -> times its launches arrived
         self.procs = []
         per = -(-size // -(-size // per_process))  # spread evenly over ceil(size / per_process) processes
@@ -80,6 +81,7 @@ class Fleet:
                     self.registered[i] = event["registered"]
                 elif "heartbeats" in event:
                     self.heartbeats[i] = event["heartbeats"]
+                    self.watches_held[i] = event.get("watches_held", 0)
                     self.errors[i] = event.get("errors", {})
                 elif "registered_with" in event:
                     self.registered_with[i] = event["registered_with"]

@@ -21,7 +21,8 @@ the whole fleet: making 5,000 keys would measure key generation, not the coordin
 It prints one JSON object per line on stdout: {"registered": n} as agents register (for the first time),
 {"registered_with": {address: n}} when it changes (how many agents' last registration was with each coordinator,
 looked at every 0.1 s), {"launch": [job, task, node, unix time]} for every launch received, and
-{"heartbeats": total, "at": its monotonic time} every second.
+{"heartbeats": total, "watches_held": n, "at": its monotonic time} every second (watches_held: the pulse's watches
+a standby holds open, at most one per agent per other coordinator; a cluster is steady once all are held).
 """
 
 from __future__ import annotations
@@ -118,6 +119,7 @@ class Stats:
     def __init__(self) -> None:
         self.registered = 0
         self.heartbeats = 0
+        self.watches_held = 0  # watches a standby holds open for the agents' pulses
         self.errors: dict[str, int] = {}
         self.registered_with: dict[str, int] = {}  # coordinator address -> agents whose last registration was there
 
@@ -165,7 +167,7 @@ async def fake_agent(addresses: str, index: int, stats: Stats, exit_after: float
                 grpc.aio.insecure_channel(address, options=options)
         return channels[address]
 
-    pulse = Pulse(coordinators, channel) if coordinators.several else None
+    pulse = Pulse(coordinators, channel, stats) if coordinators.several else None
     while True:
         address = coordinators.current
         last.this_try = False
@@ -195,8 +197,9 @@ class Pulse:
     channels kept open, for the moment the one serving the stream no longer leads; asks the others when a watch ends
     without telling, and that one itself only when none can."""
 
-    def __init__(self, coordinators: Coordinators, channel) -> None:
+    def __init__(self, coordinators: Coordinators, channel, stats: Stats) -> None:
         self.coordinators, self.channel = coordinators, channel  # channel(address): the agent's kept one
+        self.stats = stats
         self.left = ""  # the coordinator last left because it no longer led
 
     async def until_stalled(self, channel, call, interval: list[float]) -> grpc.RpcError | None:
@@ -236,6 +239,7 @@ class Pulse:
             await call.initial_metadata()
             if not call.done():
                 held.add(address)
+                self.stats.watches_held += 1
             async for _ in call:
                 return None  # it serves
             return grpc.aio.AioRpcError(grpc.StatusCode.OK, grpc.aio.Metadata(), grpc.aio.Metadata(),
@@ -243,7 +247,9 @@ class Pulse:
         except grpc.RpcError as e:
             return e
         finally:
-            held.discard(address)
+            if address in held:
+                held.discard(address)
+                self.stats.watches_held -= 1
             call.cancel()
 
     def _says(self, current: str, answer) -> bool | None:
@@ -352,7 +358,7 @@ async def main(address: str, first: int, count: int, exit_after: float, ca_dir: 
         if stats.registered != registered:
             registered = stats.registered
             emit(registered=registered)
-        emit(heartbeats=stats.heartbeats, errors=stats.errors, at=time.monotonic())
+        emit(heartbeats=stats.heartbeats, watches_held=stats.watches_held, errors=stats.errors, at=time.monotonic())
         if all(a.done() for a in agents):
             return
 
