@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 from tfcluster.model import Attempt
+from tfcluster.states import Phase
 
 
 class Reports:
@@ -12,11 +13,13 @@ class Reports:
 
     def __init__(self) -> None:
         self.seen: list[tuple[Attempt, str]] = []
+        self.pids: list[tuple[Attempt, int]] = []  # the pid each report carried, in the same order
         self.changed = threading.Condition()
 
     def __call__(self, record) -> None:
         with self.changed:
             self.seen.append((record.attempt, record.phase))
+            self.pids.append((record.attempt, record.pid))
             self.changed.notify_all()
 
     def wait_for(self, attempt: Attempt, phase: str, timeout: float = 30) -> None:
@@ -27,3 +30,13 @@ class Reports:
         """The phases reported for this attempt."""
         with self.changed:
             return [phase for a, phase in self.seen if a == attempt]
+
+    def ran(self, attempt: Attempt) -> list[str]:
+        """The phases reported for this attempt, a task's single report of an end that carries its pid (a task
+        that ended within moments of its start) read as it is meant: RUNNING, then that end."""
+        phases = self.of(attempt)
+        with self.changed:
+            pids = [pid for a, pid in self.pids if a == attempt]
+        if len(phases) == 1 and phases[0] != Phase.RUNNING and pids[0]:
+            return [Phase.RUNNING, phases[0]]
+        return phases

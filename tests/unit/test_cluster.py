@@ -11,6 +11,7 @@ from coresim import PORTS, Sim, gpus, info, keys, launches, make_spec, report, s
 from tfcluster import __version__
 from tfcluster.commands import ExpectFiles, FinishTraining, Launch, ShipCheckpoints, Stop, SyncCheckpoints
 from tfcluster.daemon.coordinator.core.cluster import Unplaceable
+from tfcluster.daemon.coordinator.core.model.observer import Observer
 from tfcluster.daemon.coordinator.core.lifecycle.checkpoint_copies import SYNC_DEADLINE_SECONDS
 from tfcluster.model import Attempt, NodeInfo, TaskProgress
 from tfcluster.states import JobState, NodeState, TaskState
@@ -117,6 +118,34 @@ def test_all_exit_zero_succeeds_and_frees_resources():
     assert job.state == JobState.SUCCEEDED and job.finished == sim.now
     assert all(t.state == TaskState.SUCCEEDED for t in job.tasks)
     assert sim.free() == {"n1": ([0, 1], []), "n2": ([0, 1], []), "n3": ([], [])}
+
+
+def test_a_task_reported_once_by_an_exit_that_carries_its_pid_ran_then_ended():
+    # An agent reports a task that ended within moments of its start once: by its exit, with the pid it ran as.
+    started = []
+
+    class Watching(Observer):
+        def started(self, job, waited_seconds):
+            started.append(job.id)
+
+    sim = three_nodes()
+    sim.c.observer = Watching()
+    job, _ = sim.submit(mwms(roles={"worker": {"count": 2}}))
+    assert sim.exit(job, "worker:0", 0, pid=4242) == []
+    w0 = job.task("worker", 0)
+    assert w0.state == TaskState.SUCCEEDED and w0.pid == 4242
+    assert job.state == JobState.STARTING and started == []  # worker 1 is still launching
+    sim.exit(job, "worker:1", 0, pid=4243)
+    assert job.state == JobState.SUCCEEDED and started == [job.id], "it ran: every task came up"
+    assert sim.free() == {"n1": ([0, 1], []), "n2": ([0, 1], []), "n3": ([], [])}
+
+
+def test_an_exit_without_a_pid_of_a_launching_task_never_ran():
+    sim = three_nodes()
+    job, _ = sim.submit(mwms(roles={"worker": {"count": 2}}))
+    sim.exit(job, "worker:0", None, message="cannot start: no such file")
+    assert job.task("worker", 0).pid == 0 and job.task("worker", 0).running_since == 0.0
+    assert job.state != JobState.RUNNING
 
 
 @pytest.mark.parametrize("roles, order", [

@@ -42,7 +42,7 @@ def test_a_forked_shim_runs_in_a_session_of_its_own_and_its_exit_is_seen_at_once
         attempt = launch(supervisor, "fork-1", "sh", "-c", "exit 3")
         reports.wait_for(attempt, Phase.EXITED)
         record = supervisor.current(attempt)
-        assert record.exit.exit_code == 3 and (attempt, Phase.RUNNING) in reports.seen
+        assert record.exit.exit_code == 3 and reports.ran(attempt) == [Phase.RUNNING, Phase.EXITED]
         shim = supervisor.launcher.process
         assert shim is not None, "the launcher forked it"
         status = ShimStatus.read(record.dir)
@@ -57,6 +57,39 @@ def test_a_forked_shim_runs_in_a_session_of_its_own_and_its_exit_is_seen_at_once
     finally:
         supervisor.stop_all(0)
         supervisor.launcher.close()
+
+
+def test_a_task_of_milliseconds_is_reported_once_and_one_that_runs_on_is_reported_running_before_its_end(tmp_path):
+    reports = Reports()
+    supervisor = Supervisor(tmp_path, reports)
+    try:
+        attempt = launch(supervisor, "runs-on", "sleep", "1")
+        reports.wait_for(attempt, Phase.RUNNING)
+        assert reports.of(attempt) == [Phase.RUNNING], "reported running while it runs, not at its end"
+        reports.wait_for(attempt, Phase.EXITED)
+        assert reports.of(attempt) == [Phase.RUNNING, Phase.EXITED]
+        assert reports.pids == [(attempt, supervisor.current(attempt).pid)] * 2
+    finally:
+        supervisor.stop_all(0)
+        supervisor.launcher.close()
+
+
+def test_said_more_sees_the_end_in_the_buffer_in_the_pipe_or_within_its_time():
+    read_end, write_end = os.pipe()
+    with os.fdopen(read_end, "rb") as stdout:
+        os.write(write_end, b'{"phase": "RUNNING", "pid": 7}\n' + forked_shim.DONE_LINE + b"\n")
+        stdout.readline()
+        assert launcher_module.said_more(stdout, 0), "read into the buffer with the RUNNING line"
+        stdout.readline()
+        began = time.monotonic()
+        assert not launcher_module.said_more(stdout, 0.05), "nothing more: it waited its time"
+        assert time.monotonic() - began >= 0.04
+        os.write(write_end, forked_shim.DONE_LINE + b"\n")
+        assert launcher_module.said_more(stdout, 10), "in the pipe"
+        assert stdout.readline().rstrip() == forked_shim.DONE_LINE, "the peek took nothing away"
+        os.close(write_end)
+        assert launcher_module.said_more(stdout, 10), "its end (the shim exited) says the attempt is over too"
+        assert os.get_blocking(stdout.fileno()), "left blocking, as the shim's watch reads it"
 
 
 def test_shims_outlive_their_launcher_and_a_new_agent_adopts_them(tmp_path):

@@ -224,7 +224,7 @@ def test_the_supervisor_runs_short_attempts_one_after_another_in_one_shim(tmp_pa
                                      1.0, uid=TASK_UID, gid=TASK_UID))
             reports.wait_for(attempt, Phase.EXITED)
             record = supervisor.current(attempt)
-            assert record.exit.exit_code == n and reports.of(attempt) == [Phase.RUNNING, Phase.EXITED]
+            assert record.exit.exit_code == n and reports.ran(attempt) == [Phase.RUNNING, Phase.EXITED]
             pids.append(ShimStatus.read(record.dir).shim_pid)
             settled(pids[-1])
         assert len(set(pids)) == 1, "released once collected, the shim ran the next one"

@@ -168,4 +168,4 @@ def test_many_launches_start_side_by_side_and_each_reports_its_exit(supervisor, 
     for i, launch in enumerate(launches):
         reports.wait_for(launch.attempt, Phase.EXITED)
         assert supervisor.current(launch.attempt).exit.exit_code == i % 3
-        assert reports.of(launch.attempt) == [Phase.RUNNING, Phase.EXITED]
+        assert reports.ran(launch.attempt) == [Phase.RUNNING, Phase.EXITED]

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import socket
 import subprocess
 import sys
@@ -60,6 +61,18 @@ class ForkedShim:
         """The attempt's end is recorded (no stop for it can reach this pid any more: supervisor.py): the shim
         may run another attempt. It waits for this end of its output to close."""
         self.stdout.close()
+
+
+def said_more(stdout: IO[bytes], timeout: float) -> bool:
+    """Whether a shim whose RUNNING line was read writes more within the timeout (only its attempt's end comes
+    next): read into the buffer along with that line already, or in the pipe."""
+    os.set_blocking(stdout.fileno(), False)  # a peek at an empty buffer reads the pipe: it must not wait
+    try:
+        if stdout.peek(1):
+            return True
+    finally:
+        os.set_blocking(stdout.fileno(), True)
+    return bool(select.select([stdout], [], [], timeout)[0])
 
 
 class Launcher:

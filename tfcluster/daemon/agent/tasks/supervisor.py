@@ -28,7 +28,7 @@ from tfcluster.daemon.agent.code.environments import Environments, EnvironmentPr
 from tfcluster.daemon.agent.code.task_code import TaskCode
 from tfcluster.daemon.agent.shim.tasklog import DEFAULT_LIMIT_BYTES, total_bytes
 from tfcluster.daemon.agent.tasks import reattach
-from tfcluster.daemon.agent.tasks.launcher import ForkedShim
+from tfcluster.daemon.agent.tasks.launcher import ForkedShim, said_more
 from tfcluster.daemon.agent.shim.taskfiles import (ShimStatus, TaskFileError, UsageFile, write_json_atomic,
                                               write_stop)
 from tfcluster.daemon.agent.shim.runner import group_alive, kill_group
@@ -47,6 +47,7 @@ FINISHED_KEPT_SECONDS = 3600.0
 FINISHED_KEPT = 5_000  # within what a registration may report (wire.MAX_TASKS_PER_NODE), with the running ones
 LISTEN_POLL_SECONDS = 0.1
 ADOPTED_POLL_SECONDS = 0.5
+QUICK_END_SECONDS = 0.02  # a task that ends this soon after its start is reported once, by its exit
 
 
 class Supervisor:
@@ -186,7 +187,10 @@ class Supervisor:
                     record.phase = Phase.RUNNING
         if running:
             log.info("%s running as pid %d", record.name, record.pid, extra=fields(record.attempt))
-            self.on_report(record)
+            if not said_more(shim.stdout, QUICK_END_SECONDS):
+                self.on_report(record)
+            # else the task has ended already (a task of milliseconds): its exit, which carries its pid, is the one
+            # report, and the coordinator takes it as "ran, then ended" (core/cluster.py).
         shim.wait()
 
     def _collect(self, record: TaskRecord) -> None:

@@ -28,7 +28,7 @@ from tfcluster.daemon.coordinator.core.model import accounting, ledger
 from tfcluster.daemon.coordinator.core.model import task_uids as taskusers
 from tfcluster.daemon.coordinator.core.model.changelog import ChangeLog, UsageDropped, UsageRecorded
 from tfcluster.daemon.coordinator.core.model.held import Held
-from tfcluster.daemon.coordinator.core.model.job import Job
+from tfcluster.daemon.coordinator.core.model.job import Job, Task
 from tfcluster.daemon.coordinator.core.model.job_table import KEEP_FINISHED_JOBS, KEEP_FINISHED_SECONDS, Jobs
 from tfcluster.daemon.coordinator.core.node_events import DEFAULT_FORGET_LOST_SECONDS, NodeEvents
 from tfcluster.daemon.coordinator.core.model.node import Node
@@ -276,16 +276,22 @@ class Cluster(NodeEvents, SweepEvents, UsageQueries):
                 return [_stop_unwanted(node_name, a, job)]
             return []
         if report.phase == Phase.RUNNING:
-            was = job.state
-            commands = self.settle(job, lifecycle.running(job, task, report.pid, report.listening, now))
-            if was != JobState.RUNNING and job.state == JobState.RUNNING and not job.restarts and not job.preemptions:
-                self.observer.started(job, max(0.0, now - job.created))
-            return commands
+            return self._running(job, task, report, now)
+        # A task that ended within moments of its start is reported once, its exit carrying the pid it ran as:
+        # it ran, then it ended.
+        commands = self._running(job, task, report, now) if report.pid and task.state == TaskState.LAUNCHING else []
         exit = report.exit or TaskExit(message="ended without a report of how")
         if exit.busy_port:
             self.nodes.port_busy(node_name, exit.busy_port, now + BUSY_PORT_AVOID_SECONDS)
         self.nodes.resources_changed()
-        return self.settle(job, lifecycle.ended(job, task, exit, now))
+        return commands + self.settle(job, lifecycle.ended(job, task, exit, now))
+
+    def _running(self, job: Job, task: Task, report: TaskReport, now: float) -> list[Command]:
+        was = job.state
+        commands = self.settle(job, lifecycle.running(job, task, report.pid, report.listening, now))
+        if was != JobState.RUNNING and job.state == JobState.RUNNING and not job.restarts and not job.preemptions:
+            self.observer.started(job, max(0.0, now - job.created))
+        return commands
 
     def stop(self, job_id: str, now: float, graceful: bool = True) -> list[Command]:
         job = self.jobs[job_id]
