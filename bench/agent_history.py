@@ -58,7 +58,7 @@ def keep(agent: Agent, directory: Path, number: int, ended_at: float | None) -> 
         record.exit = TaskExit(exit_code=1, message="it failed", log_tail=TAIL)
         record.exited.set()
         agent._each_hook(record, "on_exit")
-    agent.supervisor.tasks[record.key] = record
+    agent.supervisor.keep(record)
     return record
 
 
@@ -78,7 +78,7 @@ def forget(agent: Agent, directory: Path, numbers: range) -> None:
                             phase=Phase.EXITED, exit=TaskExit(exit_code=0), finished_at=long_ago)
         record.exited.set()
         agent._each_hook(record, "on_exit")
-        agent.supervisor.tasks[record.key] = record
+        agent.supervisor.keep(record)
         if number % 1000 == 999:
             agent.supervisor.snapshot()
     agent.supervisor.snapshot()

@@ -36,7 +36,7 @@ def keep(agent, tmp_path, number: int, ended_at: float | None, message: str = "i
         record.phase, record.finished_at = Phase.EXITED, ended_at
         record.exit = TaskExit(exit_code=1, message=message, log_tail=CHATTY_TAIL)
         record.exited.set()
-    agent.supervisor.tasks[record.key] = record
+    agent.supervisor.keep(record)
     return record
 
 
@@ -65,7 +65,7 @@ def test_a_node_that_kept_hundreds_of_chatty_exits_still_registers_and_reports_e
 def test_the_supervisor_keeps_the_newest_ended_attempts_and_every_running_one(agent, tmp_path, monkeypatch):
     monkeypatch.setattr(supervisor_module, "FINISHED_KEPT", 5)
     forgotten = []
-    agent.supervisor.on_forget = lambda gone, kept: forgotten.extend(gone)
+    agent.supervisor.on_forget = forgotten.extend
     now = time.time()
     running = keep(agent, tmp_path, 0, None)
     for n in (4, 1, 8, 2, 6, 3, 7, 5):  # kept in another order than they ended
@@ -74,6 +74,23 @@ def test_the_supervisor_keeps_the_newest_ended_attempts_and_every_running_one(ag
     assert sorted(r.attempt.job_id for r in kept) == ["job-0", "job-4", "job-5", "job-6", "job-7", "job-8"]
     assert running in kept and sorted(r.attempt.job_id for r in forgotten) == ["job-1", "job-2", "job-3"]
     assert agent.supervisor.snapshot() == kept and len(forgotten) == 3
+
+
+def test_a_relaunched_task_is_kept_once_by_its_newest_attempt_and_its_job_goes_with_it(agent, tmp_path,
+                                                                                   monkeypatch):
+    """Ended attempts are forgotten from the oldest without a pass over them all: the bookkeeping must follow a
+    task relaunched here (its older attempt is no longer kept, nor counted) and an older attempt ending late."""
+    monkeypatch.setattr(supervisor_module, "FINISHED_KEPT", 1)
+    supervisor = agent.supervisor
+    first = keep(agent, tmp_path, 1, None)
+    second = TaskRecord(Attempt("job-1", "worker", 0, 2), tmp_path / "attempt-1b", phase=Phase.RUNNING, pid=7)
+    supervisor.keep(second)
+    assert supervisor.snapshot() == [second] and list(supervisor.kept.ended) == [] and supervisor.keeps_job("job-1")
+    supervisor._finish(first, Phase.EXITED, TaskExit(signal=9))  # the replaced attempt's late end: not kept
+    assert list(supervisor.kept.ended) == []
+    supervisor._finish(second, Phase.EXITED, TaskExit(exit_code=0))
+    other = keep(agent, tmp_path, 2, time.time() + 1)
+    assert supervisor.snapshot() == [other] and not supervisor.keeps_job("job-1") and supervisor.keeps_job("job-2")
 
 
 def test_the_code_a_node_serves_for_a_job_goes_with_its_last_attempt_here(agent, tmp_path):
@@ -88,7 +105,7 @@ def test_the_code_a_node_serves_for_a_job_goes_with_its_last_attempt_here(agent,
         serving.serve_to(record.attempt.job_id, "n2")
         agent.expected[record.attempt.job_id] = None
     second_task = TaskRecord(Attempt("job-2", "worker", 1, 1), tmp_path / "attempt-2b", phase=Phase.RUNNING, pid=7)
-    agent.supervisor.tasks[second_task.key] = second_task  # job-2 still runs here
+    agent.supervisor.keep(second_task)  # job-2 still runs here
     agent.supervisor.snapshot()
     assert set(serving.jobs) == set(serving.fetchers) == {"job-2", "job-3"}
     assert set(agent.expected) == {"job-1", "job-2", "job-3"}

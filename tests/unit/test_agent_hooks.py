@@ -124,7 +124,7 @@ def test_an_ended_attempt_is_polled_until_every_hook_is_finished_with_it_and_aga
     for record in ended:
         record.exited.set()
     for record in [running, *ended]:
-        agent.supervisor.tasks[record.key] = record
+        agent.supervisor.keep(record)
     agent.on_register()
     first.done = {r.attempt for r in ended}
     second.done = {ended[0].attempt}  # still has work for the other one
@@ -173,7 +173,7 @@ def test_what_the_hooks_keep_for_an_attempt_goes_once_the_supervisor_forgets_it(
                             exit=TaskExit(exit_code=0), summary_dir=str(directory / "summaries"), finished_at=finished)
         record.events_path.write_bytes(evaluation("ckpt-1", 1))
         record.exited.set()
-        agent.supervisor.tasks[record.key] = record
+        agent.supervisor.keep(record)
         agent._each_hook(record, "on_exit")
         records.append(record)
     assert len(events.offsets) == len(summaries.summaries.reporting) == len(uploads.tasks) == len(uploads.job_bytes) == 31

@@ -308,7 +308,7 @@ class Agent:
             except Exception:  # one hook's failure on one task must not stop the others, nor its exit report
                 log.exception("%s: %s failed", record.name, type(hook).__name__)
 
-    def _forget(self, forgotten: list[TaskRecord], kept: list[TaskRecord]) -> None:
+    def _forget(self, forgotten: list[TaskRecord]) -> None:
         """The supervisor no longer keeps these ended attempts: what the hooks keep for them goes, and the code this
         node serves its peers for their jobs once it keeps no attempt of them (a peer then fetches it elsewhere).
         What it expects of a job's checkpoint files stays: it comes before the job's next task is launched here,
@@ -316,7 +316,8 @@ class Agent:
         for record in forgotten:
             self._each_hook(record, "on_forget")
         if self.supervisor.code is not None:
-            self.supervisor.code.serving.forget({r.attempt.job_id for r in forgotten} - {r.attempt.job_id for r in kept})
+            gone = {r.attempt.job_id for r in forgotten}
+            self.supervisor.code.serving.forget({job_id for job_id in gone if not self.supervisor.keeps_job(job_id)})
 
     def _jobs_in_use(self) -> set[str]:
         """Jobs whose files retention must leave alone: a task runs, a hook works on its files (checkpoints being

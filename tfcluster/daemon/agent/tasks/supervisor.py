@@ -28,6 +28,7 @@ from tfcluster.daemon.agent.code.environments import Environments, EnvironmentPr
 from tfcluster.daemon.agent.code.task_code import TaskCode
 from tfcluster.daemon.agent.shim.tasklog import DEFAULT_LIMIT_BYTES, total_bytes
 from tfcluster.daemon.agent.tasks import reattach
+from tfcluster.daemon.agent.tasks.kept import KeptAttempts
 from tfcluster.daemon.agent.tasks.launcher import ForkedShim, said_more
 from tfcluster.daemon.agent.shim.taskfiles import (ShimStatus, TaskFileError, UsageFile, write_json_atomic,
                                               write_stop)
@@ -56,12 +57,13 @@ class Supervisor:
                  task_users: TaskUsers | None = None, environments: Environments | None = None):
         self.state_dir = state_dir
         self.on_report = on_report
-        # Told of each attempt the supervisor no longer keeps (ended FINISHED_KEPT_SECONDS ago, or beyond the newest
-        # FINISHED_KEPT ended): what others keep for it goes too, or an agent that runs for months would keep
+        # Told of the attempts the supervisor no longer keeps (ended FINISHED_KEPT_SECONDS ago, or beyond the newest
+        # FINISHED_KEPT ended): what others keep for them goes too, or an agent that runs for months would keep
         # something of every task it ever ran.
-        self.on_forget: Callable[[list[TaskRecord], list[TaskRecord]], None] = lambda forgotten, kept: None
+        self.on_forget: Callable[[list[TaskRecord]], None] = lambda forgotten: None
         self.lock = threading.Lock()
-        self.tasks: dict[TaskKey, TaskRecord] = {}
+        self.kept = KeptAttempts()  # under self.lock
+        self.tasks: dict[TaskKey, TaskRecord] = self.kept.tasks  # the newest attempt of each task kept
         self.threads = AttemptThreads()  # each attempt's, from its start to its report (threads.py)
         # Dirs, files, code, environment and shim of each attempt (tasks/start.py), on the attempt's own thread.
         self.starter = TaskStarter(state_dir, launch_refusal, log_limit_bytes, task_users or TaskUsers(),
@@ -108,7 +110,7 @@ class Supervisor:
                                 checkpoint_dir=order.env.get(layout.CHECKPOINT_DIR, ""))
             if order.environment:
                 record.detail, record.detail_since = "building environment", time.monotonic()
-            self.tasks[key] = record
+            self.kept.keep(record)
         self.threads.run(lambda: self._run(record, order), name=f"task-{record.name}")
 
     def _run(self, record: TaskRecord, order: Launch) -> None:
@@ -252,6 +254,7 @@ class Supervisor:
             check_transition(record.name, Phase(record.phase), phase)
             record.phase, record.exit, record.finished_at = phase, exit, time.time()
             record.exited.set()
+            self.kept.ended_now(record)
         self._release_code(record)
         log.info("%s ended: %s", record.name, exit.describe(), extra=fields(record.attempt))
         self.on_report(record)
@@ -323,7 +326,7 @@ class Supervisor:
                         kill_group(record.pid, signal.SIGKILL)
                     continue
                 record.phase = Phase.RUNNING
-                self.tasks[record.key] = record
+                self.keep(record)
                 threading.Thread(target=self._watch_adopted, args=(record,), name=f"watch-{record.name}",
                                  daemon=True).start()
                 found += 1
@@ -333,7 +336,7 @@ class Supervisor:
                 record.phase, record.exit = status.phase, exit_of(status, record.checkpoint_dir, record.uid)
                 record.finished_at = status.finished
                 record.exited.set()
-                self.tasks[record.key] = record
+                self.keep(record)
         return found
 
     def _watch_adopted(self, record: TaskRecord) -> None:
@@ -356,19 +359,24 @@ class Supervisor:
 
     # ---- views -----------------------------------------------------------------------------------
 
-    def snapshot(self) -> list[TaskRecord]:
-        now = time.time()
+    def keep(self, record: TaskRecord) -> None:
+        """Keeps the record as its task's newest attempt: one adopted, or found ended, after a restart."""
         with self.lock:
-            ended = [(r.finished_at, k) for k, r in self.tasks.items() if r.exited.is_set()]
-            if len(ended) > FINISHED_KEPT:  # past the cap, the oldest go: in the order they ended
-                ended.sort()
-            gone = [k for n, (finished, k) in enumerate(ended)
-                    if now - finished > FINISHED_KEPT_SECONDS or len(ended) - n > FINISHED_KEPT]
-            forgotten = [self.tasks.pop(k) for k in gone]
+            self.kept.keep(record)
+
+    def snapshot(self) -> list[TaskRecord]:
+        """Every attempt kept; first forgets the oldest ended ones past FINISHED_KEPT or FINISHED_KEPT_SECONDS."""
+        with self.lock:
+            forgotten = self.kept.forget(time.time(), FINISHED_KEPT, FINISHED_KEPT_SECONDS)
             records = list(self.tasks.values())
         if forgotten:
-            self.on_forget(forgotten, records)
+            self.on_forget(forgotten)
         return records
+
+    def keeps_job(self, job_id: str) -> bool:
+        """Whether an attempt of the job, running or ended, is kept here."""
+        with self.lock:
+            return job_id in self.kept.jobs
 
     def running_jobs(self) -> set[str]:
         """The jobs with a task on this node that has not ended."""
