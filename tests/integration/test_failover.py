@@ -87,11 +87,16 @@ def test_a_paused_leader_steps_down_without_writing_and_the_new_view_stands(ha, 
     assert "registered" not in after_resume and "submitted" not in after_resume
     assert ha.leader() == new, "the new leader's view stands"
     with ha.channel(address=old) as channel:  # the old leader answers as a standby, naming the new one
-        with pytest.raises(grpc.RpcError) as refused:
-            ControlServiceStub(channel).GetStatus(GetStatusRequest(), timeout=10)
-    assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
-    assert dict(refused.value.trailing_metadata())["tfcluster-leader"] == new
-    assert refused.value.details() == f"this coordinator is a standby; the leader is at {new}"
+        def named_refusal() -> grpc.RpcError | None:
+            """Its refusal, once it names a leader: it does when its campaign has read the key, moments after it
+            stands by again (until then it says no coordinator leads, and a client asks again)."""
+            with pytest.raises(grpc.RpcError) as refused:
+                ControlServiceStub(channel).GetStatus(GetStatusRequest(), timeout=10)
+            return refused.value if dict(refused.value.trailing_metadata()).get("tfcluster-leader") else None
+        refused = wait_until(named_refusal, 10, what="the old leader to name a leader")
+    assert refused.code() == grpc.StatusCode.UNAVAILABLE
+    assert dict(refused.trailing_metadata())["tfcluster-leader"] == new
+    assert refused.details() == f"this coordinator is a standby; the leader is at {new}"
     job = ha.wait_job(job_id, timeout=60)
     assert job["state"] == "SUCCEEDED" and job["restarts"] == 0, f"{job['last_failure']}\n{new_leader_log(ha, new)}"
     assert all(t["attempt"] == 1 for t in job["tasks"]) and launches.read_text().count("launched") == 2
