@@ -68,6 +68,7 @@ bench: $(STAMP)
 	$(PY) bench/run.py
 	$(PY) bench/cli.py
 	$(PY) bench/job_dirs.py
+	$(PY) bench/handoff.py
 	$(PY) bench/queue_burst.py
 	$(PY) bench/usage_ledger.py
 	$(PY) bench/memwatch.py
