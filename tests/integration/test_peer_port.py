@@ -84,6 +84,32 @@ def test_received_files_and_the_dirs_made_for_them_go_to_the_jobs_task_user(ca, 
     assert os.lstat(tmp_path / "state" / "jobs" / "other-4" / "checkpoints" / "ckpt-1.index").st_uid == os.geteuid()
 
 
+def test_files_that_come_before_the_coordinators_word_wait_for_it_and_a_job_never_expected_is_refused(
+        ca, serve, tmp_path):
+    """The coordinator tells the receiver to expect a job's files and the sender to send them at once, on two
+    streams: the sender may be first. Its transfer waits for the word; one for a job never named is refused."""
+    told: dict[str, Expectation] = {}
+    address, _ = serve(expects=told.get, limits=Limits(expect_wait_seconds=1.5))
+    directory, names = source(tmp_path, size=1000)
+    timer = threading.Timer(0.4, lambda: told.setdefault(JOB, Expectation("a")))
+    timer.start()
+    try:
+        began = time.monotonic()
+        size, _ = put_files(Peer(address, "b"), JOB, directory, names, node(ca, "a"))
+        assert size == 1000 + len(b"index") and time.monotonic() - began >= 0.35
+    finally:
+        timer.cancel()
+    assert (tmp_path / "state" / "jobs" / JOB / "checkpoints" / "ckpt-1.index").read_bytes() == b"index"
+    began = time.monotonic()
+    with pytest.raises(ShipError) as info:
+        put_files(Peer(address, "b"), "never-7-abc", directory, names, node(ca, "a"))
+    assert "has not told this node" in str(info.value) and "waited 1.5 s" in str(info.value)
+    assert 1.4 <= time.monotonic() - began < 10
+    assert not (tmp_path / "state" / "jobs" / "never-7-abc").exists()
+    told["other-4-abc"] = Expectation("a")  # the port still takes what it was told of
+    assert put_files(Peer(address, "b"), "other-4-abc", directory, names, node(ca, "a"))[0] == 1000 + len(b"index")
+
+
 def _stalled(release: threading.Event, first: agent_pb2.FileChunk | None = None):
     if first is not None:
         yield first

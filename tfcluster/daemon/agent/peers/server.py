@@ -40,6 +40,7 @@ CHUNK_BYTES = 1024 * 1024
 DEFAULT_QUOTA_BYTES = 64 * 1024 ** 3  # `--peer-quota 64G`
 FILE_THREADS = 4
 START_SECONDS = 30.0
+EXPECT_POLL_SECONDS = 0.05  # how often a sender that came first looks again for the coordinator's word
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,9 @@ class Limits:
     idle_seconds: float = 10.0  # a sender that streams a file never pauses this long between 1 MiB chunks
     per_sender: int = 8
     total: int = 32
+    # The coordinator tells this node to expect a job's files and the sender to send them in one breath, on two
+    # streams: the sender can be here first. Its files wait this long for the coordinator's word before refusal.
+    expect_wait_seconds: float = 2.0
 
 
 class RevokedNodes:
@@ -135,7 +139,7 @@ class PeerServicer(agent_pb2_grpc.AgentPeerServiceServicer):
             while True:
                 chunk = await self._next(chunks, deadline)
                 if incoming is None:
-                    expected = self._expected(chunk.job_id, who)
+                    expected = await self._expected(chunk.job_id, who)
                     incoming = await self._run(chunk.job_id, open_incoming, self.state_dir, chunk.job_id,
                                                self.quota, owner(expected.uid, expected.gid))
                 if chunk.commit:
@@ -163,14 +167,21 @@ class PeerServicer(agent_pb2_grpc.AgentPeerServiceServicer):
                 f"the transfer took longer than {self.limits.deadline_seconds:g} s"
             raise Refused(grpc.StatusCode.DEADLINE_EXCEEDED, f"{why}; ended") from None
 
-    def _expected(self, job_id: str, who: Identity | None) -> Expectation:
-        """What the coordinator told of the job, once the caller is the sender it named."""
+    async def _expected(self, job_id: str, who: Identity | None) -> Expectation:
+        """What the coordinator told of the job, once the caller is the sender it named; waited for a while
+        (Limits.expect_wait_seconds), as the coordinator's word may still be on its way."""
         if not JOB_ID_RE.fullmatch(job_id):
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"job_id: not a job id: {job_id[:100]!r}")
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + self.limits.expect_wait_seconds
         expected = self.expects(job_id)
+        while expected is None and loop.time() < give_up:
+            await asyncio.sleep(EXPECT_POLL_SECONDS)
+            expected = self.expects(job_id)
         if expected is None:
-            raise Refused(grpc.StatusCode.PERMISSION_DENIED, f"{job_id}: the coordinator has not told this node to "
-                                                             f"expect files of that job")
+            raise Refused(grpc.StatusCode.PERMISSION_DENIED,
+                          f"{job_id}: the coordinator has not told this node to expect files of that job (waited "
+                          f"{self.limits.expect_wait_seconds:g} s for it)")
         if expected.sender and who is not None and who.name != expected.sender:
             raise Refused(grpc.StatusCode.PERMISSION_DENIED,
                           f"{job_id}: the coordinator named node {expected.sender} as the sender of this job's "
