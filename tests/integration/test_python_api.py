@@ -12,12 +12,14 @@ from harness import LocalCluster, free_port, wait_until
 from tfcluster import Cluster, ClusterError, InvalidRequest, NotFound, PermissionDenied, Unreachable
 from tfcluster.statuses import JobStatus
 
-# A task of the job reports an evaluation through its events file, as the built-in evaluator does.
+# A task of the job reports an evaluation through its events file, as the built-in evaluator does, then stays a
+# second: a task of milliseconds is reported once, by its exit, and a watcher would never see its job RUNNING.
 REPORT = ('import json, os, time\n'
           'print("hello from", os.environ["TFCLUSTER_TASK_TYPE"], flush=True)\n'
           'with open(os.environ["TFCLUSTER_EVENTS_FILE"], "a") as f:\n'
           '    f.write(json.dumps({"kind": "evaluation", "checkpoint": "ckpt-7", "step": 7, "time": time.time(),\n'
-          '                        "metrics": {"loss": 0.25, "accuracy": 0.9}}) + "\\n")\n')
+          '                        "metrics": {"loss": 0.25, "accuracy": 0.9}}) + "\\n")\n'
+          'time.sleep(1.0)\n')
 
 
 @pytest.fixture(scope="module")
