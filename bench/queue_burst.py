@@ -7,6 +7,9 @@ but a port. Every launch reports RUNNING and then exit 0, the oldest launch firs
   over them (bench/cli.py's throughput figure submits this way, over the wire);
 - floor: the same jobs submitted one at a time, each run to its end before the next: no queue, the same
   submissions, placements, launches, reports and ends;
+- a long queue: the coordinator's periodic tick (every 0.2 s) with WAITING jobs in the queue, beside the same
+  cluster's tick with none waiting: two nodes whose ports RUNNING jobs hold, and jobs that wait for them. Time
+  alone changes nothing for a job that only waits, so the tick should cost about the same (its floor);
 - burst under a quota: the burst again, under a policy with a GPU-hour quota on the jobs' owner, with the usage
   ledger holding LEDGER ended GPU jobs inside the quota's window (a day of short trials). Each scheduling pass
   asks how much of the quota is used: against the burst without a policy.
@@ -34,6 +37,7 @@ from tfcluster.commands import Launch  # noqa: E402
 from tfcluster.daemon.coordinator.core.cluster import Cluster  # noqa: E402
 from tfcluster.daemon.coordinator.core.model.accounting import Entry  # noqa: E402
 from tfcluster.daemon.coordinator.core.scheduling import policy  # noqa: E402
+from tfcluster.daemon.coordinator.rpc.coordinator import TICK_SECONDS  # noqa: E402
 from tfcluster.daemon.coordinator.store.records import Writer  # noqa: E402
 from tfcluster.model import NodeInfo, TaskExit, TaskReport  # noqa: E402
 from tfcluster.specfile import parse_spec  # noqa: E402
@@ -43,6 +47,8 @@ NODES = ("n1", "n2")
 PORTS = (20000, 20099)
 OWNER = "alice"
 QUOTA = '[users.alice]\ngpu_hours = 1e9\nwindow = "7d"\n'
+WAITING = 10_000
+TICKS = 50
 SPEC = parse_spec({"name": "tiny", "strategy": "multi_worker_mirrored", "command": ["true"], "workdir": "/",
                    "roles": {"worker": {"count": 2}}}, "bench")
 
@@ -106,18 +112,43 @@ def run(jobs: int, burst: bool, ledger: int = 0) -> tuple[float, float]:
     return took / jobs * 1000, core.job_writes / jobs
 
 
+def tick_ms(waiting: int) -> float:
+    """CPU per tick (ms) of a core whose ports 100 RUNNING jobs hold, with that many more jobs waiting for them."""
+    core = Core()
+    for _ in range(len(NODES) * (PORTS[1] - PORTS[0] + 1) // 2):
+        core.submit()
+    for launch in core.launches:
+        report = TaskReport(launch.attempt, "RUNNING", pid=1, listening=True)
+        core._keep(core.cluster.report(launch.node, report, core.now))
+    core.cluster.schedule_per_batch = True  # as the daemon: a pass per batch of submissions, here one for all
+    for _ in range(waiting):
+        core.submit()
+    core._keep(core.cluster.schedule(core.now))
+    if len(core.cluster.jobs.to_place) != waiting:
+        raise SystemExit(f"{len(core.cluster.jobs.to_place)} jobs wait, not {waiting}")
+    began = time.process_time()
+    for _ in range(TICKS):
+        core.now += 0.2
+        core._keep(core.cluster.tick(core.now))
+    return (time.process_time() - began) / TICKS * 1000
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=600, help="Jobs in the burst (default 600: 500 of them wait).")
     parser.add_argument("--ledger", type=int, default=100_000,
                         help="Ended GPU jobs in the quota's window, for the burst under a quota (default 100,000).")
+    parser.add_argument("--waiting", type=int, default=WAITING,
+                        help=f"Jobs waiting in the queue, for the tick (default {WAITING:,}).")
     options = parser.parse_args()
     run(50, burst=True)  # warm: imports, the first allocations
-    burst, floor, quota = [], [], []
+    burst, floor, quota, long_queue, no_queue = [], [], [], [], []
     for _ in range(3):  # alternated, so all meet the same machine
         burst.append(run(options.jobs, burst=True))
         floor.append(run(options.jobs, burst=False))
         quota.append(run(options.jobs, burst=True, ledger=options.ledger))
+        long_queue.append(tick_ms(options.waiting))
+        no_queue.append(tick_ms(0))
     (burst_cpu, burst_writes), (floor_cpu, floor_writes) = min(burst), min(floor)
     quota_cpu = min(quota)[0]
     results = {"jobs": options.jobs, "burst_cpu_ms_per_job": round(burst_cpu, 3),
@@ -128,7 +159,12 @@ def main() -> None:
                "burst_writes_vs_one_at_a_time": round(burst_writes / floor_writes, 2),
                "ledger_entries_in_quota_window": options.ledger,
                "burst_under_quota_cpu_ms_per_job": round(quota_cpu, 3),
-               "quota_burst_vs_burst": round(quota_cpu / burst_cpu, 2)}
+               "quota_burst_vs_burst": round(quota_cpu / burst_cpu, 2),
+               "waiting_jobs": options.waiting,
+               "tick_with_queue_cpu_ms": round(min(long_queue), 2),
+               "tick_floor_no_queue_cpu_ms": round(min(no_queue), 2),
+               "tick_with_queue_vs_none": round(min(long_queue) / min(no_queue), 1),
+               "tick_with_queue_cores": round(min(long_queue) / 1000 / TICK_SECONDS, 3)}
     show_and_save(results, "queue_burst.json")
 
 

@@ -27,6 +27,8 @@ TARGETS = (
            "the core's CPU per tiny job with hundreds waiting / the same jobs one at a time (no queue)"),
     Target("queue_burst.json", "burst_writes_vs_one_at_a_time", 1.5,
            "the job records written per tiny job with hundreds waiting / the same jobs one at a time (no queue)"),
+    Target("queue_burst.json", "tick_with_queue_vs_none", 20.0,
+           "the coordinator's tick with 10,000 jobs waiting in the queue / the same cluster's tick with none waiting"),
     Target("cli.json", "throughput_cpu_vs_floor", 16.0,
            "the CPU per tiny job (2 tasks of `true`), every process's, / the same two processes forked by a bare loop"),
     Target("standby_down.json", "leader_down_vs_up", 1.3,

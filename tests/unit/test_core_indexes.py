@@ -80,6 +80,10 @@ def check_jobs(c: Cluster) -> None:
     assert set(c.unfit_at) <= set(jobs.live)
     to_place = {j.id for j in kept if not j.ended and (j.state == JobState.PENDING or j.lost_tasks())}
     assert set(jobs.to_place) == to_place, "the jobs a scheduling pass looks at: PENDING, or lost a task's node"
+    only_queued = {j.id for j in kept if j.state == JobState.PENDING and not j.syncing and
+                   not j.final_evaluation_until and all(not t.node for t in j.tasks)}
+    ticking = {j.id for j in kept if not j.ended} - only_queued
+    assert set(jobs.ticking) == ticking, "the jobs the tick looks at: every live one but those only queued"
 
 
 class ClusterIndexes(RuleBasedStateMachine):

@@ -323,7 +323,7 @@ class Cluster(NodeEvents, SweepEvents, UsageQueries):
         """Periodic work: node liveness, deadlines, answers that never came, jobs whose backoff has passed,
         and retention of ended jobs and of nodes long lost."""
         commands = self.expire(now)
-        for job in list(self.jobs.live.values()):
+        for job in list(self.jobs.ticking.values()):  # the live jobs but those that only wait in the queue
             try:
                 commands += self.settle(job, lifecycle.tick(job, now) + self._orphans(job, now))
                 commands += self._resend(job, now)

@@ -93,7 +93,12 @@ class SchedulePass:
         unfit = sorted((job for job in pending if job.id in self.held), key=lambda job: job.number)
         # The queue is the jobs nothing was kept for, taken before the preemptors are placed: a preemptor placed
         # now leaves self.held, and must not be placed a second time where the same pass freed more.
-        queued = [job for job in pending if job.id not in self.held]
+        # A job that did not fit at this capacity version and holds nothing is passed over without a word (what
+        # skip() does for it is nothing), so it is left out before ordering: a pass then orders and walks the
+        # jobs new to the queue and the holders, not the thousands that wait as they did.
+        version, unfit_at, holds = self.version, cluster.unfit_at, cluster.holds
+        queued = [job for job in pending if job.id not in self.held and
+                  (unfit_at.get(job.id) != version or job.id in holds)]
         for job in unfit[:]:
             commands += self._place_preemptor(job, unfit)
         kept = {n.name: n for n in preemption.free_for(None, self.capacity, self.held)}
@@ -101,7 +106,7 @@ class SchedulePass:
         turn = queue.QueuePass(kept, cluster.holds, cluster.holdings(), usage,
                                cluster.nodes.idle)
         for job in queue.order(queued, usage.shares):
-            if cluster.unfit_at.get(job.id) == self.version:
+            if unfit_at.get(job.id) == version:
                 turn.skip(job)
                 continue
             # A job is tried again only once the capacity version moved, and then every job behind it is too: what
@@ -182,7 +187,9 @@ def grow_elastic(cluster: Scheduled, now: float) -> list[Command]:
     again once the capacity changed."""
     version, waiting, free, quotas, commands = cluster.nodes.capacity_version, None, None, None, []
     live = cluster.jobs.live.values()
-    for job in [j for j in live if j.state == JobState.RUNNING and j.spec.role(WORKER).elastic]:
+    # Read among the jobs the tick looks at (every running one is), not the thousands that may wait.
+    running = [j for j in cluster.jobs.ticking.values() if j.state == JobState.RUNNING]
+    for job in [j for j in running if j.spec.role(WORKER).elastic]:
         if cluster.no_growth_at.get(job.id) == version:
             continue
         if waiting is None:

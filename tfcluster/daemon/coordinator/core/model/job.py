@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import ClassVar
 
 from tfcluster import strategies
@@ -20,6 +21,7 @@ from tfcluster.states import JobState, TaskState, check_transition
 MAX_EVALUATIONS_KEPT = 1000
 _PLACED = (JobState.STARTING, JobState.RUNNING, JobState.STOPPING)  # a job's tasks have their nodes
 _STARTED = (JobState.STARTING, JobState.RUNNING)
+_NODE = attrgetter("node")
 
 
 class Record:
@@ -271,6 +273,13 @@ class Job(StateRecord):
         """Whether a scheduling pass has something to place for it: it is PENDING (queued, or in a restart's
         backoff), or it lost a task's node (Jobs.to_place keeps the live ones that do)."""
         return self.state == JobState.PENDING or bool(self.lost_tasks())
+
+    def waits_in_queue(self) -> bool:
+        """PENDING and nowhere yet: no task on a node, no checkpoint copy or final evaluation under way. Time alone
+        changes nothing for such a job (when its restart's backoff has passed is the scheduling pass's to see), so
+        the coordinator's tick passes it by (Jobs.ticking)."""
+        return self.state == JobState.PENDING and not self.syncing and not self.final_evaluation_until and \
+            not any(map(_NODE, self.tasks))
 
     def training_tasks(self) -> list[Task]:
         return [t for t in self.tasks if is_training(t.type)]

@@ -1,8 +1,8 @@
 """The cluster's jobs: every job kept, the live ones in order, the ended ones until retention lets them go. Pure.
 
 Jobs owns the registry and its indexes: the live jobs oldest first, the ended ones in the order they ended (and
-how many ended in each state), the live ones a scheduling pass looks at, each submission's request id, the holder
-of each task UID, and the counter that numbers jobs. A job enters through add (loaded, or made by new), leaves the live ones through settle once it has
+how many ended in each state), the live ones a scheduling pass looks at and those the tick looks at, each
+submission's request id, the holder of each task UID, and the counter that numbers jobs. A job enters through add (loaded, or made by new), leaves the live ones through settle once it has
 ended, and leaves for good through prune; each of these changes every index with it, so none holds a job that is
 not kept.
 """
@@ -42,10 +42,14 @@ class Jobs(Registry[Job]):
         # The live jobs a scheduling pass looks at (Job.waits_for_placement): with hundreds running and hundreds
         # waiting, a pass at each task's exit reads the waiting ones, not every live job.
         self._to_place: dict[str, Job] = {}
+        # The live jobs the coordinator's tick looks at: all but those that only wait in the queue (Job.waits_in_queue),
+        # for which time alone changes nothing. A queue of 10,000 cost 7 µs a job at each tick, 0.4 of a core.
+        self._ticking: dict[str, Job] = {}
         self._ended: dict[str, Job] = {}  # ended jobs, in the order they ended (retention removes from the front)
         self._ended_states: Counter[JobState] = Counter()  # how many of them ended in each state (it never changes)
         self.live: Mapping[str, Job] = MappingProxyType(self._live)
         self.to_place: Mapping[str, Job] = MappingProxyType(self._to_place)
+        self.ticking: Mapping[str, Job] = MappingProxyType(self._ticking)
         self.ended: Mapping[str, Job] = MappingProxyType(self._ended)
         self._requests: dict[str, str] = {}  # a submission's client request id -> its job
         # task UID -> the kept jobs that have it: one, or ended ones and the job that took it over when the range
@@ -126,6 +130,10 @@ class Jobs(Registry[Job]):
             self._to_place[job.id] = job
         else:
             self._to_place.pop(job.id, None)
+        if job.ended or job.waits_in_queue():
+            self._ticking.pop(job.id, None)
+        else:
+            self._ticking[job.id] = job
 
     def amended(self, job: Job) -> None:
         """An ended job changed once more (a late evaluation): the writer writes it again."""
