@@ -188,8 +188,8 @@ def grow_elastic(cluster: Scheduled, now: float) -> list[Command]:
     version, waiting, free, quotas, commands = cluster.nodes.capacity_version, None, None, None, []
     live = cluster.jobs.live.values()
     # Read among the jobs the tick looks at (every running one is), not the thousands that may wait.
-    running = [j for j in cluster.jobs.ticking.values() if j.state == JobState.RUNNING]
-    for job in [j for j in running if j.spec.role(WORKER).elastic]:
+    for job in [j for j in cluster.jobs.ticking.values()
+                if j.state == JobState.RUNNING and j.spec.role(WORKER).elastic]:
         if cluster.no_growth_at.get(job.id) == version:
             continue
         if waiting is None:

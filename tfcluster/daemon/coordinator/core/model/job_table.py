@@ -2,9 +2,9 @@
 
 Jobs owns the registry and its indexes: the live jobs oldest first, the ended ones in the order they ended (and
 how many ended in each state), the live ones a scheduling pass looks at and those the tick looks at, each
-submission's request id, the holder of each task UID, and the counter that numbers jobs. A job enters through add (loaded, or made by new), leaves the live ones through settle once it has
-ended, and leaves for good through prune; each of these changes every index with it, so none holds a job that is
-not kept.
+submission's request id, the holder of each task UID, and the counter that numbers jobs. A job enters through add
+(loaded, or made by new), leaves the live ones through settle once it has ended, and leaves for good through
+prune; each of these changes every index with it, so none holds a job that is not kept.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ class Jobs(Registry[Job]):
         if job.ended:
             self._ended_states[job.state] += 1
         else:
-            self._track_placement(job)
+            self._track_live(job)
         if job.request_id:
             self._requests[job.request_id] = job.id
         self._next_number = max(self._next_number, job.number + 1)
@@ -116,7 +116,7 @@ class Jobs(Registry[Job]):
     def settle(self, job: Job) -> bool:
         """After a change to a job: True when it has just ended (it leaves the live jobs)."""
         if job.id in self._live:
-            self._track_placement(job)
+            self._track_live(job)
         if not job.ended or job.id not in self._live:
             return False
         del self._live[job.id]
@@ -125,7 +125,8 @@ class Jobs(Registry[Job]):
         self.changes.append(JobEnded(job))
         return True
 
-    def _track_placement(self, job: Job) -> None:
+    def _track_live(self, job: Job) -> None:
+        """The live job in the indexes a scheduling pass and the tick read, or out of them."""
         if job.waits_for_placement():
             self._to_place[job.id] = job
         else:
