@@ -16,7 +16,8 @@ import pytest
 
 from harness import LocalCluster
 from tfcluster import layout
-from tfcluster.daemon.agent.tasks.users import FS_IOC_GETFLAGS, FS_TOPDIR_FL, make_state_dir, spread_subdirs
+from tfcluster.daemon.agent.tasks.users import (FS_IOC_GETFLAGS, FS_TOPDIR_FL, TaskUser, make_state_dir,
+                                                prepare_job, spread_subdirs)
 
 TMPFS = Path("/dev/shm")
 
@@ -48,6 +49,17 @@ def test_the_jobs_dir_is_marked_and_keeps_its_other_flags(tmp_path):
     make_state_dir(state)  # an agent's restart: the mark stays, and nothing else of the dir's flags changes
     assert inode_flags(jobs) == flags
     assert oct(jobs.stat().st_mode & 0o777) == "0o711"
+
+
+def test_a_jobs_dir_removed_by_hand_is_made_again_for_the_next_job(tmp_path):
+    """A task's start makes its job's dir in the jobs dir the agent made when it started; an operator who removed
+    that dir meanwhile gets it back, as the agent makes it, with the job's dirs in it."""
+    state = tmp_path / "state"
+    make_state_dir(state)
+    shutil.rmtree(layout.jobs_dir(state))
+    paths = prepare_job(state, "job-1", TaskUser(None, None))
+    assert paths.home.is_dir() and paths.tmp.is_dir() and paths.checkpoints.is_dir()
+    assert oct(layout.jobs_dir(state).stat().st_mode & 0o777) == "0o711"
 
 
 def test_a_filesystem_without_the_mark_makes_the_state_dir_all_the_same():

@@ -13,6 +13,7 @@ from tfcluster import wire
 from tfcluster.api.v1 import agent_pb2
 from tfcluster.commands import SetPace, ShipCheckpoints, SyncCheckpoints
 from tfcluster.daemon.agent.agent import Agent, AgentConfig
+from tfcluster.daemon.agent.hooks import events as events_hook
 from tfcluster.daemon.agent.hooks.api import TaskHook
 from tfcluster.daemon.agent.hooks.copies import CopiesHook
 from tfcluster.daemon.agent.hooks.events import EventsHook
@@ -88,8 +89,8 @@ def test_an_ended_attempts_events_file_is_read_once_a_registration(tmp_path, mon
     record.exited.set()
     hook.on_exit(record)
     opened = []
-    real_open = open
-    monkeypatch.setattr("builtins.open", lambda path, *a, **k: opened.append(path) or real_open(path, *a, **k))
+    real_read = events_hook.read_bytes
+    monkeypatch.setattr(events_hook, "read_bytes", lambda path, *a: opened.append(path) or real_read(path, *a))
     hook.on_poll(record)
     hook.on_poll(record)
     assert opened == [] and len(messages) == 1

@@ -6,14 +6,14 @@ from __future__ import annotations
 import json
 import os
 import time
-from pathlib import Path
 
 import pytest
 
 from tfcluster import layout
+from tfcluster.daemon.agent.shim import taskfiles
 from tfcluster.daemon.agent.tasks.supervisor import FINISHED_KEPT_SECONDS, Supervisor
 from tfcluster.daemon.agent.shim.taskfiles import (FORMAT, LaunchFile, ShimStatus, TaskFileError, UsageFile, read_stop_grace,
-                                              write_stop)
+                                              write_json_atomic, write_stop)
 from tfcluster.model import Attempt, Phase, TaskExit, TaskReport
 
 ATTEMPT = Attempt("job-1", "worker", 1, 3)
@@ -131,8 +131,8 @@ def test_a_restarted_agent_reads_no_more_than_the_status_of_an_attempt_that_ende
         (directory / layout.STATUS_FILE).write_text(json.dumps({**STATUS_0_3["exited"], "finished": finished}))
     (layout.job_dir(tmp_path, "old-1") / layout.ENDED_MARKER).write_text("{}")
     read = []
-    real_read_text = Path.read_text
-    monkeypatch.setattr(Path, "read_text", lambda path, *a, **k: read.append(path) or real_read_text(path, *a, **k))
+    real_read_bytes = taskfiles.read_bytes
+    monkeypatch.setattr(taskfiles, "read_bytes", lambda path, *a: read.append(path) or real_read_bytes(path, *a))
     supervisor = Supervisor(tmp_path, lambda record: None)
     assert supervisor.adopt_running() == 0
     assert [r.attempt.job_id for r in supervisor.snapshot()] == ["recent-2"]
@@ -178,3 +178,27 @@ def test_a_start_no_restart_would_mend_reads_back_as_such(tmp_path):
     assert ShimStatus.read(tmp_path) == status
     (tmp_path / layout.STATUS_FILE).write_text(json.dumps(STATUS_0_3["never_ran"]))
     assert not ShimStatus.read(tmp_path).exit.permanent, "a file of an earlier release says nothing of it: retried"
+
+
+def test_a_file_is_read_whole_from_where_the_reader_asks(tmp_path, monkeypatch):
+    """Read on its descriptor, a read at a time: a file longer than one read comes whole, from the offset asked."""
+    monkeypatch.setattr(taskfiles, "READ_BYTES", 7)
+    path = tmp_path / "events.jsonl"
+    path.write_bytes(b"0123456789" * 3)
+    assert taskfiles.read_bytes(path) == b"0123456789" * 3
+    assert taskfiles.read_bytes(path, 25) == b"56789"
+    assert taskfiles.read_bytes(path, 30) == b""
+
+
+def test_a_written_task_file_is_whole_and_replaces_the_old_one(tmp_path):
+    big = {"env": {f"VAR_{i}": "x" * 1000 for i in range(300)}}  # 300 KB: more than one write may take
+    write_json_atomic(tmp_path / layout.LAUNCH_FILE, {"old": True})
+    write_json_atomic(tmp_path / layout.LAUNCH_FILE, big, durable=False)
+    assert json.loads((tmp_path / layout.LAUNCH_FILE).read_bytes()) == big
+    assert [p.name for p in tmp_path.iterdir()] == [layout.LAUNCH_FILE]  # no temporary file left behind
+
+
+def test_a_status_file_that_is_not_utf8_is_named_as_not_json(tmp_path):
+    (tmp_path / layout.STATUS_FILE).write_bytes(b'{"phase": "\xff\xfe"}')
+    with pytest.raises(TaskFileError, match=f"{layout.STATUS_FILE}: not JSON"):
+        ShimStatus.read(tmp_path)

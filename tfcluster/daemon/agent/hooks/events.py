@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 from tfcluster import wire
 from tfcluster.daemon.agent.hooks.api import Send, TaskHook, remember
+from tfcluster.daemon.agent.shim.taskfiles import read_bytes
 from tfcluster.daemon.logformat import fields
 from tfcluster.model import Attempt, Evaluation
 
@@ -58,9 +59,7 @@ class EventsHook(TaskHook):
         key = record.attempt
         with self.lock:
             try:
-                with open(record.events_path, "rb") as f:
-                    f.seek(self.offsets.get(key, 0))
-                    data = f.read()
+                data = read_bytes(record.events_path, self.offsets.get(key, 0))
             except OSError:
                 return  # nothing reported (yet)
             complete = data[:data.rfind(b"\n") + 1]  # a line still being written waits for the next poll

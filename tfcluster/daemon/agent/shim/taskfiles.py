@@ -21,6 +21,8 @@ from typing import Any, ClassVar
 from tfcluster import layout
 from tfcluster.model import DEFAULT_STOP_SIGNAL, STOP_SIGNALS, Attempt, TaskExit
 from tfcluster.states import ENDED_PHASES, Phase
+
+READ_BYTES = 1 << 20  # a read's size: a task file is a few KB, an events file may have grown to MBs
 FORMAT = 1  # what this release writes; 0: the files of 0.3, which had no `format` field
 DEFAULT_STOP_GRACE_SECONDS = 30.0
 
@@ -35,22 +37,45 @@ def write_json_atomic(path: Path, data: dict, mode: int = 0o600, group: int = -1
     job reads its control file). Durable: on disk before it replaces the old file, so it survives a power
     loss too; what is only ever read back within the same boot needs no fsync (see _TaskFile.durable)."""
     tmp = path.with_suffix(f".tmp{os.getpid()}")
-    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode), "w") as f:
+    # On the descriptor itself: a file object would also ask whether it is a terminal and where it stands (four
+    # system calls more, each of which hands the interpreter to the agent's other threads, for each task's files).
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    try:
         if group != -1:
-            os.fchown(f.fileno(), -1, group)
-        os.fchmod(f.fileno(), mode)
-        f.write(json.dumps(data))  # in one piece: json.dump encodes in Python, chunk by chunk
-        f.flush()
+            os.fchown(fd, -1, group)
+        os.fchmod(fd, mode)
+        _write_all(fd, json.dumps(data).encode())  # in one piece: json.dump encodes in Python, chunk by chunk
         if durable:
-            os.fsync(f.fileno())
+            os.fsync(fd)
+    finally:
+        os.close(fd)
     os.replace(tmp, path)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def read_bytes(path: Path, offset: int = 0) -> bytes:
+    """The file's bytes from offset to its end, read on its descriptor (see write_json_atomic)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = []
+        while chunk := os.pread(fd, READ_BYTES, offset):
+            chunks.append(chunk)
+            offset += len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 class _Fields:
     """One file's JSON object, read field by field: a missing optional field takes its default, a field of the
     wrong type raises TaskFileError naming the file and the field."""
 
-    def __init__(self, path: Path, text: str):
+    def __init__(self, path: Path, text: str | bytes):
         self.path = path
         try:
             self.doc = json.loads(text)
@@ -85,7 +110,7 @@ def _tuple(kinds: type | tuple[type, ...]) -> tuple[type, ...]:
 
 def _read(path: Path) -> _Fields | None:
     try:
-        text = path.read_text()
+        text = read_bytes(path)  # json.loads takes bytes: bytes that are not UTF-8 are "not JSON" (_Fields)
     except FileNotFoundError:
         return None
     except OSError as e:

@@ -183,8 +183,9 @@ class TaskStarter:
         record, order, user, paths, env, workdir = (start.record, start.order, start.user, start.paths, start.env,
                                                     start.workdir)
         # Dirs the spec names are made by the task's user (in the shim), never by root here.
+        checkpoints = str(paths.checkpoints)  # compared as text first: making Paths costs more than the rest here
         task_dirs = [env[name] for name in (layout.CHECKPOINT_DIR, layout.MODEL_DIR)
-                     if env.get(name) and Path(env[name]) != paths.checkpoints]
+                     if env.get(name) and env[name] != checkpoints and Path(env[name]) != paths.checkpoints]
         create_file(record.events_path, PRIVATE_FILE_MODE, *user.owner(private=True))
         private_tmp = self.task_users.agent_is_root and self.task_users.private_tmp
         LaunchFile(record.attempt, order.command, env, workdir, order.port, order.stop_grace_seconds,

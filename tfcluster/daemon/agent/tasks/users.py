@@ -202,9 +202,12 @@ def spread_subdirs(directory: Path) -> bool:
 
 def prepare_job(state_dir: Path, job_id: str, user: TaskUser) -> JobPaths:
     """The job's dirs on this node, made (or set right) before one of its tasks starts."""
-    make_dir(layout.jobs_dir(state_dir), STATE_DIR_MODE)
     job = layout.job_dir(state_dir, job_id)
-    make_dir(job, JOB_DIR_MODE, *user.owner(private=False))
+    try:
+        make_dir(job, JOB_DIR_MODE, *user.owner(private=False))
+    except FileNotFoundError:  # the jobs dir itself was removed (by hand) since the agent made it: made again
+        make_dir(layout.jobs_dir(state_dir), STATE_DIR_MODE)
+        make_dir(job, JOB_DIR_MODE, *user.owner(private=False))
     paths = JobPaths(job / HOME_NAME, job / TMP_NAME, Path(layout.host_checkpoint_dir(str(state_dir), job_id)))
     for private in (paths.home, paths.tmp, paths.checkpoints):
         make_dir(private, PRIVATE_DIR_MODE, *user.owner(private=True))
