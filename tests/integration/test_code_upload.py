@@ -61,8 +61,8 @@ def test_sent_once_without_what_git_ignores(cluster, tmp_path):
     (tmp_path / "w" / "train.py").touch()  # packed again: the same bytes, the same archive
     again = cluster.cli("start", str(spec), check=True, env={"XDG_CACHE_HOME": str(tmp_path / "cache")})
     assert f"{line.group(2)}..., already on the cluster" in again.stderr
-    job = cluster.job(again.stdout.strip())
-    assert job["state"] in ("PENDING", "RUNNING", "SUCCEEDED")
+    # The job the cached archive names runs to its end (queried at once it may still be launching).
+    assert cluster.wait_job(again.stdout.strip())["state"] == "SUCCEEDED"
 
 
 def test_an_over_cap_tree_is_refused_with_its_largest_files(cluster, tmp_path):
