@@ -75,10 +75,10 @@ class _Fields:
     """One file's JSON object, read field by field: a missing optional field takes its default, a field of the
     wrong type raises TaskFileError naming the file and the field."""
 
-    def __init__(self, path: Path, text: str | bytes):
+    def __init__(self, path: Path, content: str | bytes):
         self.path = path
         try:
-            self.doc = json.loads(text)
+            self.doc = json.loads(content)
         except ValueError as e:
             raise TaskFileError(f"{path}: not JSON ({e})") from None
         if not isinstance(self.doc, dict):
@@ -110,12 +110,12 @@ def _tuple(kinds: type | tuple[type, ...]) -> tuple[type, ...]:
 
 def _read(path: Path) -> _Fields | None:
     try:
-        text = read_bytes(path)  # json.loads takes bytes: bytes that are not UTF-8 are "not JSON" (_Fields)
+        content = read_bytes(path)  # json.loads takes bytes: bytes that are not UTF-8 are "not JSON" (_Fields)
     except FileNotFoundError:
         return None
     except OSError as e:
         raise TaskFileError(f"{path}: unreadable ({e.strerror or e})") from None
-    return _Fields(path, text)
+    return _Fields(path, content)
 
 
 class _TaskFile:
