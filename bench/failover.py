@@ -13,6 +13,9 @@ For N = 100, 1,000 and 5,000 it measures:
   Heartbeats write nothing: the steady rate of keys written is expected to be 0, and so is nearly that of raft
   proposals (a standby reads the leader key every POLL_SECONDS; the leader's lease renewals are not proposals);
 - how many times a leader lost its lease during the run (a renewal that came too late: leadership.py).
+- the cores each group of processes used in the failover and in the window after it: after it, the fake agents
+  keep redialling the dead leader's address (their transport's reconnect backoff, and their pulse's watch of it),
+  which costs this machine more than their heartbeats do; real agents pay that on hosts of their own.
 
 Floors, measured or fixed in the same run: the time to a serving standby against the lease TTL (no lease-based
 failover is faster); the time until all are READY again against the time the same fleet took to become READY at
@@ -264,16 +267,18 @@ def failover(coordinators: Coordinators, leader: int, fleet: Fleet, size: int, e
                    "nodes_lost": lost_nodes(coordinators, new),
                    "agent_errors": {code: n - errors.get(code, 0) for code, n in fleet.error_counts().items()}}
     time.sleep(SETTLE_SECONDS)
+    cpu = CpuMeter(cpu_groups(coordinators, etcd, fleet))
     after = percentiles(status_latencies(coordinators, new, WINDOW_SECONDS))
     return {"served_seconds": round(served, 2), "all_registered_seconds": round(registered, 2),
-            "back_seconds": failed_over["seconds"], "status_after": after, "failover": failed_over}
+            "back_seconds": failed_over["seconds"], "status_after": after, "failover": failed_over,
+            "cores_after": _named(cpu.cores(), new)}
 
 
 def table(results: dict) -> None:
     rows = [("agents", "READY s", "standby serves s (vs TTL)", "all READY again s (vs start)",
              "status p50/p99 ms after (p99 vs before)", "etcd keys/s reg | steady | failover",
              "WAL KB/s reg | steady | failover", "steady cores leader/standbys", "failover cores leader/etcd/fleet",
-             "lost reg | failover", "load avg")]
+             "fleet cores steady | after", "lost reg | failover", "load avg")]
     for size, r in results.items():
         if "error" in r:
             continue
@@ -286,6 +291,7 @@ def table(results: dict) -> None:
                      " | ".join(f"{p['wal_bytes_per_second'] / 1000:.1f}" for p in phases),
                      f"{r['steady']['cores']['leader']} / {r['steady']['cores']['standbys']}",
                      f"{cores['leader']} / {cores['etcd']} / {cores['fleet']}",
+                     f"{r['steady']['cores']['fleet']} | {r['cores_after']['fleet']}",
                      f"{r['registration']['nodes_lost']} | {r['failover']['nodes_lost']}", r["load_average"]))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
