@@ -142,31 +142,42 @@ def test_no_new_privileges_never_reach_a_task_that_runs_without_them(tmp_path, l
     assert again.shim_pid in (restricted.shim_pid, free.shim_pid), "a free shim ran it"
 
 
+# A shim whose task outlives WATCH_AFTER_SECONDS (shim/runner.py) starts a thread to watch the task's tree, and then
+# serves no other attempt. Under load (CI runs tests beside TensorFlow jobs) a task that enters a private /tmp can
+# take that long, and the next task gets a fresh shim, which proves nothing about a shim used again: the three are
+# run again.
+REUSE_TRIES = 5
+
+
 @as_root
 def test_a_jobs_private_tmp_stays_with_it_when_its_shim_runs_the_next_job(tmp_path, launcher):
     """One shim runs a task of job A (its /tmp is A's dir), then one of job B, then one with no private /tmp: B must
-    see none of A's files, and the last one the host's /tmp."""
-    dirs = {}
-    for job in ("a", "b"):
-        dirs[job] = tmp_path / f"tmp-{job}"
-        dirs[job].mkdir()
-        os.chown(dirs[job], TASK_UID, TASK_UID)
-    attempts = tmp_path / "attempts"
-    attempts.mkdir()
+    see none of A's files, and the last one the host's /tmp. Whichever shims ran them, each try must hold."""
     user = {"uid": TASK_UID, "gid": TASK_UID}
-    first = run(launcher, attempts / "a", "echo secret > /tmp/of-a; ls /tmp", True, private_tmp=str(dirs["a"]),
-                **user)
-    second = run(launcher, attempts / "b", "ls -a /tmp; cat /tmp/of-a", True, private_tmp=str(dirs["b"]), **user)
-    host = tempfile.mkdtemp(dir="/tmp")  # the host's /tmp (tmp_path may lie elsewhere)
-    try:
-        third = run(launcher, attempts / "c", f"test -d {host} && echo host", True, **user)
-    finally:
-        os.rmdir(host)
-    assert first.shim_pid == second.shim_pid == third.shim_pid, "one shim ran all three"
-    assert (dirs["a"] / "of-a").read_text() == "secret\n" and output(attempts / "a") == "of-a\n"
-    assert second.exit.exit_code != 0 and "secret" not in output(attempts / "b")
-    assert output(attempts / "b").split()[:2] == [".", ".."] and "of-a" not in output(attempts / "b").split()
-    assert third.exit.exit_code == 0 and output(attempts / "c") == "host\n"
+    for n in range(REUSE_TRIES):
+        dirs = {}
+        for job in ("a", "b"):
+            dirs[job] = tmp_path / f"tmp-{job}-{n}"
+            dirs[job].mkdir()
+            os.chown(dirs[job], TASK_UID, TASK_UID)
+        attempts = tmp_path / f"attempts-{n}"
+        attempts.mkdir()
+        first = run(launcher, attempts / "a", "echo secret > /tmp/of-a; ls /tmp", True, private_tmp=str(dirs["a"]),
+                    **user)
+        second = run(launcher, attempts / "b", "ls -a /tmp; cat /tmp/of-a", True, private_tmp=str(dirs["b"]),
+                     **user)
+        host = tempfile.mkdtemp(dir="/tmp")  # the host's /tmp (tmp_path may lie elsewhere)
+        try:
+            third = run(launcher, attempts / "c", f"test -d {host} && echo host", True, **user)
+        finally:
+            os.rmdir(host)
+        assert (dirs["a"] / "of-a").read_text() == "secret\n" and output(attempts / "a") == "of-a\n"
+        assert second.exit.exit_code != 0 and "secret" not in output(attempts / "b")
+        assert output(attempts / "b").split()[:2] == [".", ".."] and "of-a" not in output(attempts / "b").split()
+        assert third.exit.exit_code == 0 and output(attempts / "c") == "host\n"
+        if first.shim_pid == second.shim_pid == third.shim_pid:
+            return
+    pytest.fail(f"no shim ran all three tasks in {REUSE_TRIES} tries")
 
 
 def freed_shims(count: int) -> tuple[launcher_process.Shims, list[socket.socket]]:
