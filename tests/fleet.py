@@ -52,8 +52,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
 from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc  # noqa: E402
 from tfcluster.commands import Launch, SetPace, Stop  # noqa: E402
 from tfcluster.daemon.agent.session.pulse import PULSE_SECONDS, PULSE_TIMEOUT_SECONDS  # noqa: E402
+from tfcluster.daemon.agent.session.session import REST_SECONDS  # noqa: E402
 from tfcluster.daemon.coordinator.process import freeze_survivors  # noqa: E402
-from tfcluster.leaders import Coordinators, leader_hint, leads_elsewhere, says_of  # noqa: E402
+from tfcluster.leaders import Coordinators, leader_hint, leads_elsewhere, says_of, unreachable  # noqa: E402
 from tfcluster.model import Attempt, Gpu, NodeInfo, Phase, TaskExit, TaskProgress, TaskReport  # noqa: E402
 
 GPUS_PER_NODE = 8
@@ -159,20 +160,14 @@ async def fake_agent(addresses: str, index: int, stats: Stats, exit_after: float
     backoff = 0.5
     last = Registration()
     failures = 0  # failed tries in a row since a registration
-    channels: dict[str, grpc.aio.Channel] = {}  # one kept per coordinator, as the real agent's (session.Channels)
-
-    def channel(address: str) -> grpc.aio.Channel:
-        if address not in channels:
-            channels[address] = credentials.channel(address, info.name, options) if credentials else \
-                grpc.aio.insecure_channel(address, options=options)
-        return channels[address]
-
-    pulse = Pulse(coordinators, channel, stats) if coordinators.several else None
+    channels = KeptChannels(lambda address: credentials.channel(address, info.name, options) if credentials else
+                            grpc.aio.insecure_channel(address, options=options))
+    pulse = Pulse(coordinators, channels, stats) if coordinators.several else None
     while True:
         address = coordinators.current
         last.this_try = False
         try:
-            await _session(channel(address), address, info, running, stats, exit_after, last, pulse)
+            await _session(channels.get(address), address, info, running, stats, exit_after, last, pulse)
             backoff = 0.5
         except Stalled as stalled:  # as the real agent: the leader a standby named (else the next) at once
             stats.errors["STALLED"] = stats.errors.get("STALLED", 0) + 1
@@ -180,6 +175,8 @@ async def fake_agent(addresses: str, index: int, stats: Stats, exit_after: float
             backoff = 0.5
         except grpc.RpcError as e:
             stats.errors[e.code().name] = stats.errors.get(e.code().name, 0) + 1
+            if unreachable(e) and coordinators.several:
+                channels.rest(address)
             # As the real agent (tfcluster/daemon/agent/session/session.py): a lost stream or a standby's refusal moves it
             # to the leader named or the next coordinator, with the backoff started again; the leader a standby
             # named at the first failure is asked at once.
@@ -192,13 +189,49 @@ async def fake_agent(addresses: str, index: int, stats: Stats, exit_after: float
             backoff = min(backoff * 2, 2.0)
 
 
+class KeptChannels:
+    """As the real agent's (tfcluster/daemon/agent/session/session.py, Channels): one channel kept per coordinator;
+    one that could not be reached rests, its channel closed, and takes a TCP connection before it is watched again."""
+
+    def __init__(self, make) -> None:
+        self.make = make  # address -> a new channel
+        self.channels: dict[str, grpc.aio.Channel] = {}
+        self.resting_until: dict[str, float] = {}
+
+    def get(self, address: str) -> grpc.aio.Channel:
+        if address not in self.channels:
+            self.channels[address] = self.make(address)
+        return self.channels[address]
+
+    def rest(self, address: str) -> None:
+        self.resting_until[address] = time.monotonic() + REST_SECONDS * random.uniform(0.5, 1.5)
+        if address in self.channels:
+            asyncio.ensure_future(self.channels.pop(address).close())
+
+    def rest_left(self, address: str) -> float:
+        return max(0.0, self.resting_until.get(address, 0.0) - time.monotonic())
+
+    async def reachable(self, address: str, timeout: float) -> bool:
+        if address not in self.resting_until:
+            return True
+        host, _, port = address.rpartition(":")
+        try:
+            _, writer = await asyncio.wait_for(asyncio.open_connection(host.strip("[]"), int(port)), timeout)
+            writer.close()
+        except (OSError, ValueError, asyncio.TimeoutError):
+            self.rest(address)
+            return False
+        del self.resting_until[address]
+        return True
+
+
 class Pulse:
     """As the real agent's (tfcluster/daemon/agent/session/pulse.py): watches every other coordinator at once, over
     channels kept open, for the moment the one serving the stream no longer leads; asks the others when a watch ends
     without telling, and that one itself only when none can."""
 
-    def __init__(self, coordinators: Coordinators, channel, stats: Stats) -> None:
-        self.coordinators, self.channel = coordinators, channel  # channel(address): the agent's kept one
+    def __init__(self, coordinators: Coordinators, channels: KeptChannels, stats: Stats) -> None:
+        self.coordinators, self.channels = coordinators, channels
         self.stats = stats
         self.left = ""  # the coordinator last left because it no longer led
 
@@ -229,12 +262,18 @@ class Pulse:
                              held: set[str]):
         await asyncio.sleep(random.uniform(0, max(PULSE_SECONDS, interval[0])))  # agents do not start in step
         while True:
+            await asyncio.sleep(self.channels.rest_left(address))
+            if not await self.channels.reachable(address, PULSE_TIMEOUT_SECONDS):
+                continue
             opened = time.monotonic()
-            await answers.put((address, await self._watch(address, current, held)))
+            answer = await self._watch(address, current, held)
+            if unreachable(answer):
+                self.channels.rest(address)
+            await answers.put((address, answer))
             await asyncio.sleep(max(0.0, max(PULSE_SECONDS, interval[0]) - (time.monotonic() - opened)))
 
     async def _watch(self, address: str, current: str, held: set[str]) -> grpc.RpcError | None:
-        call = health_pb2_grpc.HealthStub(self.channel(address)).Watch(health_pb2.HealthCheckRequest(service=current))
+        call = health_pb2_grpc.HealthStub(self.channels.get(address)).Watch(health_pb2.HealthCheckRequest(service=current))
         try:
             await call.initial_metadata()
             if not call.done():
@@ -259,8 +298,11 @@ class Pulse:
     async def _ask_around(self, channel, current: str, others: list[str], watched: str, answer) -> bool:
         answers = [answer]
         for address in others:
-            if address != watched:
-                answers.append(await self._check(self.channel(address)))
+            if address != watched and not self.channels.rest_left(address) and \
+                    await self.channels.reachable(address, PULSE_TIMEOUT_SECONDS):
+                answers.append(await self._check(self.channels.get(address)))
+                if unreachable(answers[-1]):
+                    self.channels.rest(address)
                 verdict = self._says(current, answers[-1])
                 if verdict is not None:
                     return verdict

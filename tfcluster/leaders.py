@@ -74,6 +74,13 @@ def is_lease_ran_out(error: grpc.RpcError) -> bool:
     return hasattr(error, "details") and error.details() == LEASE_RAN_OUT
 
 
+def unreachable(answer: grpc.RpcError | None) -> bool:
+    """Whether a call's error says the coordinator was not reached (no connection, or the one open broke), rather
+    than answered: a standby's refusal, a lease that ran out and a call that ended without a word all answer."""
+    return answer is not None and hasattr(answer, "code") and answer.code() == grpc.StatusCode.UNAVAILABLE and \
+        not is_standby(answer) and not is_lease_ran_out(answer) and not leader_hint(answer)
+
+
 def says_of(current: str, answer: grpc.RpcError | None) -> bool | None:
     """What another coordinator's answer to a health check says of the coordinator at current, on its own: True,
     it still leads (a standby names it); False, it no longer does (a standby names another leader); None, the

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import socket
+import struct
 import threading
 import time
 from collections import Counter
@@ -25,6 +27,7 @@ from tfcluster.leaders import leader_hint
 from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc
 from tfcluster.credentials import Credentials
 from tfcluster.daemon.agent.session import pulse as pulse_module
+from tfcluster.daemon.agent.session import session as session_module
 from tfcluster.daemon.agent.session.liveness import Liveness
 from tfcluster.daemon.agent.session.session import Session
 from tfcluster.daemon.coordinator.ha.standby import WATCH_METHOD, WATCHES_PER_CALLER, Refusal
@@ -210,6 +213,58 @@ def test_a_standby_that_dies_costs_the_agent_nothing_and_the_other_still_tells(c
     assert standbys[1].refusal.calls["/grpc.health.v1.Health/Check"] == 0
     standbys[1].named = f"127.0.0.1:{free_port()}"
     wait_until(lambda: not leader.streaming.is_set(), 5, interval=0.02, what="the agent to end its stream")
+
+
+class Doorman:
+    """Takes each connection on a port and closes it at once, counting them: a coordinator the agent cannot reach,
+    whose every try is seen."""
+
+    def __init__(self, address: str):
+        host, port = address.rsplit(":", 1)
+        self.socket = socket.create_server((host, int(port)))
+        self.accepted = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                connection, _ = self.socket.accept()
+            except OSError:
+                return  # closed
+            self.accepted += 1
+            connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # reset: no TIME_WAIT
+            connection.close()
+
+    def close(self) -> None:
+        self.socket.shutdown(socket.SHUT_RDWR)  # wakes the accept, which holds the port until it returns
+        self.socket.close()
+
+
+def test_a_standby_that_cannot_be_reached_rests_and_is_watched_again_once_back(cluster, tmp_path, monkeypatch):
+    # A crashed coordinator: thousands of agents trying it every pulse, and gRPC redialling each channel on which a
+    # call failed, cost the hosts they share (docs/ha.md). It is tried again after a rest, and watched once back.
+    leader, standbys, session, leader_address = cluster
+    monkeypatch.setattr(session_module, "REST_SECONDS", 1.0)  # 0.5-1.5 s here; 30 s in an agent
+    both_held(standbys)
+    down = standbys[0]
+    down.stop()
+    doorman = Doorman(down.address)
+    try:
+        time.sleep(15 * PULSE)
+        tries = doorman.accepted
+    finally:
+        doorman.close()
+    assert 1 <= tries <= 8, f"the agent tried the standby it could not reach {tries} times in 15 pulses"
+    assert leader.streaming.is_set() and leader.registrations == 1 and leader.checks == 0
+    credentials = Credentials.from_dir(tmp_path / "ca", pki.SERVER_CERT, pki.SERVER_KEY).server()
+    back = Standby(down.address, credentials)
+    back.named = leader_address
+    try:
+        wait_until(lambda: back.refusal.calls[WATCH_METHOD] >= 1, 10, what="the agent to watch the standby once back")
+        back.named = f"127.0.0.1:{free_port()}"  # and it tells, as before
+        wait_until(lambda: not leader.streaming.is_set(), 5, interval=0.02, what="the agent to end its stream")
+    finally:
+        back.stop()
 
 
 def test_a_leader_whose_standbys_are_all_down_is_not_asked_every_pulse_and_is_kept(cluster):

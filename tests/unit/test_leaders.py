@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import grpc
 
-from tfcluster.leaders import LEADER_METADATA, Coordinators, leads_elsewhere, says_of, standby_message
+from tfcluster.leaders import LEASE_RAN_OUT, LEADER_METADATA, Coordinators, leads_elsewhere, says_of, standby_message, \
+    unreachable
 
 CURRENT = "10.0.0.1:7070"
 
@@ -52,6 +53,16 @@ def test_what_one_other_coordinator_says_of_the_current_one():
     assert says_of(CURRENT, standby("")) is None, "an election: the current one itself is asked"
     assert says_of(CURRENT, Answer(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")) is None
     assert says_of(CURRENT, Answer(grpc.StatusCode.UNAVAILABLE, "failed to connect to all addresses")) is None
+
+
+def test_only_a_coordinator_not_reached_at_all_is_unreachable():
+    # Such a one rests from the pulse (session.Channels.rest); a coordinator that answered anything does not.
+    assert unreachable(Answer(grpc.StatusCode.UNAVAILABLE, "failed to connect to all addresses"))
+    assert unreachable(Answer(grpc.StatusCode.UNAVAILABLE, "Socket closed")), "the connection open broke"
+    assert not unreachable(standby(CURRENT)) and not unreachable(standby("")), "a standby's refusal answers"
+    assert not unreachable(Answer(grpc.StatusCode.UNAVAILABLE, LEASE_RAN_OUT)), "a leader whose lease ran out"
+    assert not unreachable(Answer(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")), "slow, not gone"
+    assert not unreachable(None), "it serves"
 
 
 def test_a_standby_that_names_itself_has_just_won_and_is_kept_while_one_naming_another_is_left():

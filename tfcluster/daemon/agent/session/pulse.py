@@ -18,6 +18,11 @@ load, and is kept; nor is a leader whose only standby is down (its watch fails a
 opened again a pulse after the last one opened (PULSE_SECONDS, or the heartbeat interval once the coordinator
 stretched that): a coordinator before 0.8.1 refuses a watch at once, as any call, and is then asked every pulse,
 as agents before 0.8.1 asked it.
+
+A coordinator that could not be reached (the leader just killed, a standby down) tells nothing, and rests: its
+channel is closed, it is neither watched nor asked for about session.REST_SECONDS, and after that only once it
+takes a TCP connection again (session.Channels). Watched every pulse, a dead leader cost 5,000 agents sharing a
+2-core host most of it after a failover, in gRPC's redials of those channels (docs/ha.md, Limits).
 """
 
 from __future__ import annotations
@@ -28,11 +33,12 @@ import random
 import threading
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tfcluster.leaders import leader_hint, leads_elsewhere, says_of
+from tfcluster.leaders import leader_hint, leads_elsewhere, says_of, unreachable
 
 log = logging.getLogger("tfcluster.agent")
 
@@ -42,16 +48,29 @@ PULSE_TIMEOUT_SECONDS = 3.0  # how long a coordinator asked with the health chec
 Answer = grpc.RpcError | None  # a coordinator's answer: None when it serves, else its refusal or error
 
 
-class Pulse:
-    """The pulse of one session stream, ended with it (which cancels its open watches). `channel(address)` gives
-    the agent's kept channel to a coordinator; `interval()` the heartbeat interval now; `on_stalled(answer)` is
-    called once, with the answer that told, when the coordinator at `current` no longer leads. `left`: the
-    coordinator the agent last left because it no longer led."""
+class Channels(Protocol):
+    """The agent's kept channels (session.Channels)."""
 
-    def __init__(self, current: str, others: list[str], channel: Callable[[str], grpc.Channel],
+    def get(self, address: str) -> grpc.Channel: ...
+
+    def rest(self, address: str) -> None: ...
+
+    def rest_left(self, address: str) -> float: ...
+
+    def reachable(self, address: str, timeout: float) -> bool: ...
+
+
+class Pulse:
+    """The pulse of one session stream, ended with it (which cancels its open watches). `channels.get(address)`
+    gives the agent's kept channel to a coordinator; `interval()` the heartbeat interval now; `on_stalled(answer)` is
+    called once, with the answer that told, when the coordinator at `current` no longer leads. `left`: the
+    coordinator the agent last left because it no longer led. A coordinator that could not be reached is neither
+    watched nor asked until its rest is over (session.Channels.rest)."""
+
+    def __init__(self, current: str, others: list[str], channels: Channels,
                  interval: Callable[[], float], on_stalled: Callable[[Answer], None], left: str = ""):
         self.current, self.others, self.left = current, others, left
-        self.channel, self.interval, self.on_stalled = channel, interval, on_stalled
+        self.channels, self.interval, self.on_stalled = channels, interval, on_stalled
         self.ended = threading.Event()
         self._answers: queue.Queue = queue.Queue()  # (address, answer) as each watch ends; None: ended
         self._lock = threading.Lock()
@@ -79,10 +98,16 @@ class Pulse:
         if self.ended.wait(random.uniform(0, max(PULSE_SECONDS, self.interval()))):
             return
         while not self.ended.is_set():
+            if self.ended.wait(self.channels.rest_left(address)):
+                return
+            if not self.channels.reachable(address, PULSE_TIMEOUT_SECONDS):
+                continue  # resting again: a refusal to connect tells nothing of the leader
             opened = time.monotonic()
             answer = self._watch(address)
             if self.ended.is_set():
                 return
+            if unreachable(answer):
+                self.channels.rest(address)
             self._answers.put((address, answer))
             if self.ended.wait(max(0.0, max(PULSE_SECONDS, self.interval()) - (time.monotonic() - opened))):
                 return
@@ -90,7 +115,7 @@ class Pulse:
     def _watch(self, address: str) -> Answer:
         """Open until the coordinator at address says something: its refusal (or error, or the call's end
         without a word), or None when it serves (a leader answers a watch at once)."""
-        call = health_pb2_grpc.HealthStub(self.channel(address)).Watch(
+        call = health_pb2_grpc.HealthStub(self.channels.get(address)).Watch(
             health_pb2.HealthCheckRequest(service=self.current))
         with self._lock:
             if self.ended.is_set():
@@ -146,8 +171,11 @@ class Pulse:
         are asked, and current itself only when they say, together, that another leads or none does."""
         answers = [answer]
         for address in self.others:
-            if address != watched:
+            if address != watched and not self.channels.rest_left(address) and \
+                    self.channels.reachable(address, PULSE_TIMEOUT_SECONDS):
                 answers.append(self._check(address))
+                if unreachable(answers[-1]):
+                    self.channels.rest(address)
                 verdict = self._says(answers[-1])
                 if verdict is not None:
                     return verdict
@@ -160,7 +188,7 @@ class Pulse:
 
     def _check(self, address: str) -> Answer:
         try:
-            health_pb2_grpc.HealthStub(self.channel(address)).Check(health_pb2.HealthCheckRequest(),
+            health_pb2_grpc.HealthStub(self.channels.get(address)).Check(health_pb2.HealthCheckRequest(),
                                                                     timeout=PULSE_TIMEOUT_SECONDS)
             return None
         except grpc.RpcError as e:

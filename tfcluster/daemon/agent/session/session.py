@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import queue
 import random
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -24,7 +25,7 @@ from tfcluster import wire
 from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc
 from tfcluster.daemon.agent.session.liveness import STAMP_EVERY_SECONDS, Liveness
 from tfcluster.daemon.agent.session.pulse import Pulse
-from tfcluster.leaders import Coordinators, is_lease_ran_out, is_standby, leader_hint
+from tfcluster.leaders import Coordinators, is_lease_ran_out, is_standby, leader_hint, unreachable
 from tfcluster.model import NodeInfo, TaskProgress
 from tfcluster.security import Credentials
 
@@ -39,6 +40,10 @@ LEAVE_FLUSH_SECONDS = 0.1
 # Another agent holds this node's name: wait this long for it to turn out to be this node's own old
 # registration (it expires), then give up.
 NAME_CONFLICT_PATIENCE_SECONDS = 20.0
+# How long a coordinator that could not be reached is left alone by the pulse (jittered by half either way), its
+# channel closed meanwhile: a crashed coordinator comes back as a standby, which matters only at the next
+# failover, while thousands of agents asking it again every pulse cost the hosts they share (docs/ha.md).
+REST_SECONDS = 30.0
 REFUSALS = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
 # The transport's own reconnect backoff would otherwise grow to two minutes during a long coordinator
 # outage, and the agent would come back after its node had been declared lost.
@@ -123,6 +128,8 @@ class Session:
                     is_standby(e) or is_lease_ran_out(e) else f"unreachable ({code.name if code else e})"
                 self.trouble = f"coordinator {self.coordinator}: {why}"
                 hinted = bool(leader_hint(e))
+                if not stalled and unreachable(e) and self.coordinators.several:
+                    self.channels.rest(self.coordinator)  # the next stream's pulse leaves it alone a while
                 followed = 1 if self.connected.is_set() else followed + 1  # a stream that served: anew
                 if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) and \
                         self.coordinators.failed(e):  # another coordinator may lead
@@ -203,7 +210,7 @@ class Session:
             self._stalled.set()
             call.cancel()
         others = [a for a in self.coordinators.addresses if a != current]
-        return Pulse(current, others, self.channels.get, lambda: self.interval, stalled, self._left).start()
+        return Pulse(current, others, self.channels, lambda: self.interval, stalled, self._left).start()
 
     def _heartbeat(self, session_id: str) -> agent_pb2.AgentMessage:
         owner = self.owner
@@ -238,12 +245,15 @@ class Channels:
     connection (the new leader serves on the server that refused a moment before:
     tfcluster/daemon/coordinator/rpc/listener.py); thousands of agents moving at once no longer make thousands of
     handshakes (docs/ha.md). A channel made with credentials since replaced (the certificate was renewed) is made
-    again."""
+    again. A coordinator that could not be reached rests: its channel is closed, as gRPC redials a channel on which
+    a call failed every BACKOFF_MAX_SECONDS for as long as it lives (its client idle timeout works only once:
+    grpc/grpc#38454), and the pulse leaves it alone until the rest is over."""
 
     def __init__(self, owner: Owner):
         self.owner = owner
         self.lock = threading.Lock()
         self.channels: dict[str, tuple[Credentials, grpc.Channel]] = {}
+        self.resting_until: dict[str, float] = {}  # address -> monotonic time
 
     def get(self, address: str) -> grpc.Channel:
         credentials = self.owner.credentials
@@ -254,6 +264,36 @@ class Channels:
                     kept[1].close()
                 kept = self.channels[address] = (credentials, credentials.channel(address, CHANNEL_OPTIONS))
             return kept[1]
+
+    def rest(self, address: str) -> None:
+        """The coordinator at address could not be reached: closes its channel, and starts its rest."""
+        with self.lock:
+            kept = self.channels.pop(address, None)
+            self.resting_until[address] = time.monotonic() + REST_SECONDS * random.uniform(0.5, 1.5)
+        if kept is not None:
+            kept[1].close()
+
+    def rest_left(self, address: str) -> float:
+        """Seconds until the coordinator at address has rested; 0 when it is not resting."""
+        with self.lock:
+            return max(0.0, self.resting_until.get(address, 0.0) - time.monotonic())
+
+    def reachable(self, address: str, timeout: float) -> bool:
+        """After its rest, whether the coordinator at address takes a TCP connection, before a channel is made for
+        it again (a TLS context and gRPC's connection machinery, which cost the agent's host far more than a
+        refused connect); rests it again when not."""
+        with self.lock:
+            if address not in self.resting_until:
+                return True
+        host, _, port = address.rpartition(":")
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+        except (OSError, ValueError):
+            self.rest(address)
+            return False
+        with self.lock:
+            self.resting_until.pop(address, None)
+        return True
 
     def close(self) -> None:
         with self.lock:
