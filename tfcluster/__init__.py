@@ -4,7 +4,7 @@ The Python API: `from tfcluster import Cluster` (cluster.py), its errors (errors
 (statuses.py). They are imported on first use, so that importing the package costs a command nothing.
 """
 
-__version__ = "0.8.1"
+__version__ = "0.8.2"
 
 _API = {"Cluster": "cluster", "Job": "cluster", "Sweep": "cluster", "ClusterError": "errors", "InvalidRequest": "errors",
         "NotFound": "errors", "PermissionDenied": "errors", "NotAuthenticated": "errors", "Unreachable": "errors",
