@@ -52,7 +52,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
 from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc  # noqa: E402
 from tfcluster.commands import Launch, SetPace, Stop  # noqa: E402
 from tfcluster.daemon.agent.session.pulse import PULSE_SECONDS, PULSE_TIMEOUT_SECONDS  # noqa: E402
-from tfcluster.daemon.agent.session.session import REST_SECONDS  # noqa: E402
+from tfcluster.daemon.agent.session.session import REST_FIRST_SECONDS, REST_SECONDS  # noqa: E402
 from tfcluster.daemon.coordinator.process import freeze_survivors  # noqa: E402
 from tfcluster.leaders import Coordinators, leader_hint, leads_elsewhere, says_of, unreachable  # noqa: E402
 from tfcluster.model import Attempt, Gpu, NodeInfo, Phase, TaskExit, TaskProgress, TaskReport  # noqa: E402
@@ -197,6 +197,7 @@ class KeptChannels:
         self.make = make  # address -> a new channel
         self.channels: dict[str, grpc.aio.Channel] = {}
         self.resting_until: dict[str, float] = {}
+        self.failed_tries: dict[str, int] = {}
 
     def get(self, address: str) -> grpc.aio.Channel:
         if address not in self.channels:
@@ -204,7 +205,9 @@ class KeptChannels:
         return self.channels[address]
 
     def rest(self, address: str) -> None:
-        self.resting_until[address] = time.monotonic() + REST_SECONDS * random.uniform(0.5, 1.5)
+        tries = self.failed_tries[address] = self.failed_tries.get(address, 0) + 1
+        rest = min(REST_SECONDS, REST_FIRST_SECONDS * 2 ** (tries - 1)) * random.uniform(0.5, 1.5)
+        self.resting_until[address] = time.monotonic() + rest
         if address in self.channels:
             asyncio.ensure_future(self.channels.pop(address).close())
 
@@ -223,6 +226,9 @@ class KeptChannels:
             return False
         del self.resting_until[address]
         return True
+
+    def reached(self, address: str) -> None:
+        self.failed_tries.pop(address, None)
 
 
 class Pulse:
@@ -269,6 +275,8 @@ class Pulse:
             answer = await self._watch(address, current, held)
             if unreachable(answer):
                 self.channels.rest(address)
+            else:
+                self.channels.reached(address)
             await answers.put((address, answer))
             await asyncio.sleep(max(0.0, max(PULSE_SECONDS, interval[0]) - (time.monotonic() - opened)))
 

@@ -20,8 +20,8 @@ stretched that): a coordinator before 0.8.1 refuses a watch at once, as any call
 as agents before 0.8.1 asked it.
 
 A coordinator that could not be reached (the leader just killed, a standby down) tells nothing, and rests: its
-channel is closed, it is neither watched nor asked for about session.REST_SECONDS, and after that only once it
-takes a TCP connection again (session.Channels). Watched every pulse, a dead leader cost 5,000 agents sharing a
+channel is closed, it is neither watched nor asked for a rest that doubles at each failed try up to
+session.REST_SECONDS, and after that only once it takes a TCP connection again (session.Channels). Watched every pulse, a dead leader cost 5,000 agents sharing a
 2-core host most of it after a failover, in gRPC's redials of those channels (docs/ha.md, Limits).
 """
 
@@ -58,6 +58,8 @@ class Channels(Protocol):
     def rest_left(self, address: str) -> float: ...
 
     def reachable(self, address: str, timeout: float) -> bool: ...
+
+    def reached(self, address: str) -> None: ...
 
 
 class Pulse:
@@ -108,6 +110,8 @@ class Pulse:
                 return
             if unreachable(answer):
                 self.channels.rest(address)
+            else:
+                self.channels.reached(address)
             self._answers.put((address, answer))
             if self.ended.wait(max(0.0, max(PULSE_SECONDS, self.interval()) - (time.monotonic() - opened))):
                 return

@@ -40,9 +40,10 @@ LEAVE_FLUSH_SECONDS = 0.1
 # Another agent holds this node's name: wait this long for it to turn out to be this node's own old
 # registration (it expires), then give up.
 NAME_CONFLICT_PATIENCE_SECONDS = 20.0
-# How long a coordinator that could not be reached is left alone by the pulse (jittered by half either way), its
-# channel closed meanwhile: a crashed coordinator comes back as a standby, which matters only at the next
-# failover, while thousands of agents asking it again every pulse cost the hosts they share (docs/ha.md).
+# How long a coordinator that could not be reached is left alone by the pulse, its channel closed meanwhile: the
+# first rest, doubled at each try that fails in a row up to the last (each jittered by half either way). One still
+# starting is watched again within seconds; a crashed one costs an agent a refused TCP connect now and then.
+REST_FIRST_SECONDS = 2.0
 REST_SECONDS = 30.0
 REFUSALS = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
 # The transport's own reconnect backoff would otherwise grow to two minutes during a long coordinator
@@ -247,13 +248,15 @@ class Channels:
     handshakes (docs/ha.md). A channel made with credentials since replaced (the certificate was renewed) is made
     again. A coordinator that could not be reached rests: its channel is closed, as gRPC redials a channel on which
     a call failed every BACKOFF_MAX_SECONDS for as long as it lives (its client idle timeout works only once:
-    grpc/grpc#38454), and the pulse leaves it alone until the rest is over."""
+    grpc/grpc#38454), and the pulse leaves it alone until the rest is over, then asks for a TCP connection
+    before it makes a channel again."""
 
     def __init__(self, owner: Owner):
         self.owner = owner
         self.lock = threading.Lock()
         self.channels: dict[str, tuple[Credentials, grpc.Channel]] = {}
         self.resting_until: dict[str, float] = {}  # address -> monotonic time
+        self.failed_tries: dict[str, int] = {}  # address -> tries that could not reach it, in a row
 
     def get(self, address: str) -> grpc.Channel:
         credentials = self.owner.credentials
@@ -269,7 +272,9 @@ class Channels:
         """The coordinator at address could not be reached: closes its channel, and starts its rest."""
         with self.lock:
             kept = self.channels.pop(address, None)
-            self.resting_until[address] = time.monotonic() + REST_SECONDS * random.uniform(0.5, 1.5)
+            tries = self.failed_tries[address] = self.failed_tries.get(address, 0) + 1
+            rest = min(REST_SECONDS, REST_FIRST_SECONDS * 2 ** (tries - 1)) * random.uniform(0.5, 1.5)
+            self.resting_until[address] = time.monotonic() + rest
         if kept is not None:
             kept[1].close()
 
@@ -292,8 +297,13 @@ class Channels:
             self.rest(address)
             return False
         with self.lock:
-            self.resting_until.pop(address, None)
+            self.resting_until.pop(address, None)  # its tries in a row count on until it answers (reached)
         return True
+
+    def reached(self, address: str) -> None:
+        """The coordinator at address answered: its next failure rests it for the first rest again."""
+        with self.lock:
+            self.failed_tries.pop(address, None)
 
     def close(self) -> None:
         with self.lock:
