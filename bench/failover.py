@@ -14,8 +14,9 @@ For N = 100, 1,000 and 5,000 it measures:
   proposals (a standby reads the leader key every POLL_SECONDS; the leader's lease renewals are not proposals);
 - how many times a leader lost its lease during the run (a renewal that came too late: leadership.py).
 - the cores each group of processes used in the failover and in the window after it: after it, the fake agents
-  take about ten times the cores they took before the kill, mostly in gRPC's own threads (docs/ha.md, Limits,
-  says what was ruled out); real agents would pay their share on hosts of their own.
+  took about ten times the cores they took before the kill while their pulses and gRPC kept dialling the dead
+  leader; since agents rest a coordinator they cannot reach, two to three times (docs/ha.md, Limits). Real
+  agents pay their share on hosts of their own.
 
 Floors, measured or fixed in the same run: the time to a serving standby against the lease TTL (no lease-based
 failover is faster); the time until all are READY again against the time the same fleet took to become READY at
