@@ -206,7 +206,7 @@ class KeptChannels:
 
     def rest(self, address: str) -> None:
         tries = self.failed_tries[address] = self.failed_tries.get(address, 0) + 1
-        rest = min(REST_SECONDS, REST_FIRST_SECONDS * 2 ** (tries - 1)) * random.uniform(0.5, 1.5)
+        rest = min(REST_SECONDS, REST_FIRST_SECONDS * 2 ** min(tries - 1, 16)) * random.uniform(0.5, 1.5)
         self.resting_until[address] = time.monotonic() + rest
         if address in self.channels:
             asyncio.ensure_future(self.channels.pop(address).close())

@@ -273,7 +273,7 @@ class Channels:
         with self.lock:
             kept = self.channels.pop(address, None)
             tries = self.failed_tries[address] = self.failed_tries.get(address, 0) + 1
-            rest = min(REST_SECONDS, REST_FIRST_SECONDS * 2 ** (tries - 1)) * random.uniform(0.5, 1.5)
+            rest = min(REST_SECONDS, REST_FIRST_SECONDS * 2 ** min(tries - 1, 16)) * random.uniform(0.5, 1.5)
             self.resting_until[address] = time.monotonic() + rest
         if kept is not None:
             kept[1].close()
