@@ -281,7 +281,8 @@ class Pulse:
             await asyncio.sleep(max(0.0, max(PULSE_SECONDS, interval[0]) - (time.monotonic() - opened)))
 
     async def _watch(self, address: str, current: str, held: set[str]) -> grpc.RpcError | None:
-        call = health_pb2_grpc.HealthStub(self.channels.get(address)).Watch(health_pb2.HealthCheckRequest(service=current))
+        call = health_pb2_grpc.HealthStub(self.channels.get(address)).Watch(
+            health_pb2.HealthCheckRequest(service=current))
         try:
             await call.initial_metadata()
             if not call.done():

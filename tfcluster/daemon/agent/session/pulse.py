@@ -21,8 +21,9 @@ as agents before 0.8.1 asked it.
 
 A coordinator that could not be reached (the leader just killed, a standby down) tells nothing, and rests: its
 channel is closed, it is neither watched nor asked for a rest that doubles at each failed try up to
-session.REST_SECONDS, and after that only once it takes a TCP connection again (session.Channels). Watched every pulse, a dead leader cost 5,000 agents sharing a
-2-core host most of it after a failover, in gRPC's redials of those channels (docs/ha.md, Limits).
+session.REST_SECONDS, and after that only once it takes a TCP connection again (session.Channels). Watched every
+pulse, a dead leader cost 5,000 agents sharing a 2-core host most of it after a failover, in gRPC's redials of
+those channels (docs/ha.md, Limits).
 """
 
 from __future__ import annotations
@@ -193,7 +194,7 @@ class Pulse:
     def _check(self, address: str) -> Answer:
         try:
             health_pb2_grpc.HealthStub(self.channels.get(address)).Check(health_pb2.HealthCheckRequest(),
-                                                                    timeout=PULSE_TIMEOUT_SECONDS)
+                                                                         timeout=PULSE_TIMEOUT_SECONDS)
             return None
         except grpc.RpcError as e:
             return e
