@@ -193,14 +193,20 @@ def test_a_shim_keeps_all_the_output_and_ends_with_its_task_though_the_task_left
     assert (tmp_path / layout.OUTPUT_FILE).read_bytes() == b"x" * 300000 + b"\nlast line\n"
 
 
+# The check installs handlers of its own first: what the process inherited (a shell that starts a job with `&`
+# ignores SIGINT, and Python then installs no handler of its own) must not decide the outcome.
 WARM_UP_CHECK = """
 import os, signal, sys, threading
 from tfcluster.daemon.agent.tasks import launcher_process as launcher
+def on_term(*_): pass
+def on_int(*_): pass
+signal.signal(signal.SIGTERM, on_term)
+signal.signal(signal.SIGINT, on_int)
 sys.stdout.write("before ")
 sys.stdout.flush()
 launcher.warm_up()
-print("threads", threading.active_count(), "sigterm default", signal.getsignal(signal.SIGTERM) is signal.SIG_DFL,
-      "sigint default", signal.getsignal(signal.SIGINT) is signal.default_int_handler, "fds", len(os.listdir("/proc/self/fd")))
+print("threads", threading.active_count(), "sigterm kept", signal.getsignal(signal.SIGTERM) is on_term,
+      "sigint kept", signal.getsignal(signal.SIGINT) is on_int, "fds", len(os.listdir("/proc/self/fd")))
 """
 
 
@@ -214,7 +220,7 @@ def test_the_launchers_warm_up_runs_a_shim_and_leaves_the_launcher_as_it_found_i
     done = subprocess.run([sys.executable, "-c", WARM_UP_CHECK], capture_output=True, text=True, env=env, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stderr == ""  # nothing failed: a failed warm-up says so there
-    assert done.stdout == f"before threads 1 sigterm default True sigint default True fds {fds}\n"
+    assert done.stdout == f"before threads 1 sigterm kept True sigint kept True fds {fds}\n"
     assert list(tmp_path.iterdir()) == []
 
 
