@@ -12,7 +12,10 @@ For N = 100, 1,000 and 5,000 it measures:
   its pulse holds a watch on each standby) and during the failover.
   Heartbeats write nothing: the steady rate of keys written is expected to be 0, and so is nearly that of raft
   proposals (a standby reads the leader key every POLL_SECONDS; the leader's lease renewals are not proposals);
-- how many times a leader lost its lease during the run (a renewal that came too late: leadership.py).
+- how many times a leader lost its lease during the run (a renewal that came too late: leadership.py);
+- where the seconds after the kill went, agent by agent (bench/failover_timeline.py): when agents noticed the
+  loss, sent the registration that succeeded, were registered by the new leader (its log, so the coordinators log
+  at info, as they do by default) and read the answer, and how many a standby refused first.
 - the cores each group of processes used in the failover and in the window after it: after it, the fake agents
   took about ten times the cores they took before the kill while their pulses and gRPC kept dialling the dead
   leader; since agents rest a coordinator they cannot reach, two to three times (docs/ha.md, Limits). Real
@@ -39,6 +42,7 @@ from pathlib import Path
 import grpc
 import psutil
 
+import failover_timeline
 from scale import FLEET_NICE, Fleet, _cpu  # bench/scale.py: puts tests/ and the repository on the path
 from harness import Daemon, free_port, scrape, value  # noqa: E402
 from tfcluster import pki  # noqa: E402
@@ -91,7 +95,7 @@ class Coordinators:
         self.daemons = [Daemon(f"coordinator{i}", [
             "coordinator", "--listen", address, "--join-listen", f"127.0.0.1:{free_port()}",
             "--state-dir", str(root / f"c{i}"), "--tls-dir", str(ca_dir), "--store", store_url, "--etcd-insecure",
-            "--log-level", "warning"], root / f"coordinator{i}.log").start()
+            "--log-level", "info"], root / f"coordinator{i}.log").start()
             for i, address in enumerate(self.addresses)]
         credentials = Credentials.from_dir(ca_dir / "admin")
         self.channels = [credentials.channel(address) for address in self.addresses]
@@ -209,7 +213,9 @@ def measure(size: int, root: Path, etcd: EtcdCluster, ca_dir: Path) -> dict:
     try:
         leader = coordinators.wait_serving(list(range(COORDINATORS)), 60)
         start = Counters(member)
-        fleet = Fleet(",".join(coordinators.addresses), size, ca_dir, AGENTS_PER_PROCESS, nice=FLEET_NICE)
+        (root / f"timeline{size}").mkdir()
+        fleet = Fleet(",".join(coordinators.addresses), size, ca_dir, AGENTS_PER_PROCESS, nice=FLEET_NICE,
+                      timeline_dir=root / f"timeline{size}")
         cpu = CpuMeter(cpu_groups(coordinators, etcd, fleet))
         ready = wait(lambda: all_ready(coordinators, leader, fleet, size), READY_TIMEOUT_SECONDS,
                      f"{size} agents READY", lambda: progress(coordinators, leader, fleet))
@@ -254,6 +260,7 @@ def failover(coordinators: Coordinators, leader: int, fleet: Fleet, size: int, e
     member = etcd.members[0].endpoint
     standbys = [i for i in range(COORDINATORS) if i != leader]
     killed_at, errors = Counters(member), fleet.error_counts()
+    killed = time.time()
     coordinators.daemons[leader].kill()
     cpu = CpuMeter(cpu_groups(coordinators, etcd, fleet))
     new = coordinators.wait_serving(standbys, 30)
@@ -267,12 +274,13 @@ def failover(coordinators: Coordinators, leader: int, fleet: Fleet, size: int, e
     failed_over = {**Counters(member).since(killed_at), "cores": _named(cpu.cores(), new),
                    "nodes_lost": lost_nodes(coordinators, new),
                    "agent_errors": {code: n - errors.get(code, 0) for code, n in fleet.error_counts().items()}}
+    timeline = failover_timeline.phases(fleet.timeline_dir, coordinators.daemons[new].log(), address, killed)
     time.sleep(SETTLE_SECONDS)
     cpu = CpuMeter(cpu_groups(coordinators, etcd, fleet))
     after = percentiles(status_latencies(coordinators, new, WINDOW_SECONDS))
     return {"served_seconds": round(served, 2), "all_registered_seconds": round(registered, 2),
             "back_seconds": failed_over["seconds"], "status_after": after, "failover": failed_over,
-            "cores_after": _named(cpu.cores(), new)}
+            "timeline": timeline, "cores_after": _named(cpu.cores(), new)}
 
 
 def table(results: dict) -> None:
@@ -300,6 +308,8 @@ def table(results: dict) -> None:
     for size, r in results.items():
         if "error" in r:
             print(f"N={size}: {r['error']} (load average {r['load_average']})")
+        elif r.get("timeline"):
+            print(f"N={size} after the kill, p50/p90/last agent: {failover_timeline.shown(r['timeline'])}")
 
 
 def each_size(sizes: tuple[int, ...], measure, prefix: str) -> dict[int, dict]:

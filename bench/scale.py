@@ -47,10 +47,11 @@ FLEET_NICE = 10
 
 class Fleet:
     """Client processes of fake agents, and what they report on stdout. address: HOST:PORT[,HOST:PORT...];
-    ca_dir None: plain text, to a coordinator run with --insecure (no token) or a bare server without TLS."""
+    ca_dir None: plain text, to a coordinator run with --insecure (no token) or a bare server without TLS;
+    timeline_dir: where each process writes its agents' timeline (tests/fleet.py --timeline), a file each."""
 
     def __init__(self, address: str, size: int, ca_dir: Path | None, per_process: int = AGENTS_PER_CLIENT,
-                 nice: int = 0):
+                 nice: int = 0, timeline_dir: Path | None = None):
         self.lock = threading.Lock()
         self.registered: dict[int, int] = {}
         self.registered_with: dict[int, dict[str, int]] = {}  # process -> coordinator -> its agents registered last there
@@ -59,6 +60,7 @@ class Fleet:
         self.watches_held: dict[int, int] = {}  # process -> the pulse watches standbys hold open for its agents
         self.launches: dict[str, list[float]] = {}  # job id -> times its launches arrived
         self.procs = []
+        self.timeline_dir = timeline_dir
         per = -(-size // -(-size // per_process))  # spread evenly over ceil(size / per_process) processes
         for first in range(0, size, per):
             # Niced by nice(1) rather than in the forked child: Python code between fork and exec in this
@@ -66,7 +68,8 @@ class Fleet:
             proc = subprocess.Popen([*(["nice", "-n", str(nice)] if nice else []), sys.executable,
                                      str(ROOT / "tests" / "fleet.py"), address, str(first),
                                      str(min(per, size - first)), "--exit-after", "0.5",
-                                     *(["--ca-dir", str(ca_dir)] if ca_dir else [])],
+                                     *(["--ca-dir", str(ca_dir)] if ca_dir else []),
+                                     *(["--timeline", str(timeline_dir / f"{first}.tsv")] if timeline_dir else [])],
                                     stdout=subprocess.PIPE, text=True, start_new_session=True)
             if nice:
                 lower_group_priority(proc.pid, nice)

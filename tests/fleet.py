@@ -23,11 +23,17 @@ It prints one JSON object per line on stdout: {"registered": n} as agents regist
 looked at every 0.1 s), {"launch": [job, task, node, unix time]} for every launch received, and
 {"heartbeats": total, "watches_held": n, "at": its monotonic time} every second (watches_held: the pulse's watches
 a standby holds open, at most one per agent per other coordinator; a cluster is steady once all are held).
+
+With --timeline FILE it also writes a line to FILE for each registration call sent, each registration, and each
+failed call (tab-separated: wall-clock time, node, register | registered | refused | failed | stalled, the
+coordinator's address, and the leader a refusal named or the failed call's status code): bench/failover.py reads
+them to show where the time after a failover goes.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import asyncio
 import gc
@@ -38,6 +44,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -117,7 +124,8 @@ class Registration:
 
 
 class Stats:
-    def __init__(self) -> None:
+    def __init__(self, timeline: TextIO | None = None) -> None:
+        self.timeline = timeline  # --timeline: every agent's registrations and failed calls, a line each
         self.registered = 0
         self.heartbeats = 0
         self.watches_held = 0  # watches a standby holds open for the agents' pulses
@@ -129,6 +137,12 @@ class Stats:
         if old:
             self.registered_with[old] -= 1
         self.registered_with[new] = self.registered_with.get(new, 0) + 1
+
+    def event(self, node: str, what: str, address: str, detail: str = "") -> None:
+        """A line of the timeline: wall-clock time, node, what happened (register: the call is sent; registered;
+        refused: a standby named the leader in detail; failed: the call's status code in detail), coordinator."""
+        if self.timeline is not None:
+            self.timeline.write(f"{time.time():.3f}\t{node}\t{what}\t{address}\t{detail}\n")
 
 
 def emit(**fields) -> None:
@@ -171,10 +185,12 @@ async def fake_agent(addresses: str, index: int, stats: Stats, exit_after: float
             backoff = 0.5
         except Stalled as stalled:  # as the real agent: the leader a standby named (else the next) at once
             stats.errors["STALLED"] = stats.errors.get("STALLED", 0) + 1
+            stats.event(info.name, "stalled", address, leader_hint(stalled.args[0]))
             coordinators.failed(stalled.args[0])
             backoff = 0.5
         except grpc.RpcError as e:
             stats.errors[e.code().name] = stats.errors.get(e.code().name, 0) + 1
+            stats.event(info.name, "refused" if leader_hint(e) else "failed", address, leader_hint(e) or e.code().name)
             if unreachable(e) and coordinators.several:
                 channels.rest(address)
             # As the real agent (tfcluster/daemon/agent/session/session.py): a lost stream or a standby's refusal moves it
@@ -333,6 +349,7 @@ async def _session(channel, address: str, info: NodeInfo, running: dict, stats: 
                    last: Registration, pulse: Pulse | None) -> None:
     stub = agent_pb2_grpc.AgentServiceStub(channel)
     tasks = [wire.task_report_to_proto(TaskReport(a, Phase.RUNNING, pid=1)) for a in running]
+    stats.event(info.name, "register", address)
     reply = await stub.Register(agent_pb2.RegisterRequest(node=wire.node_info_to_proto(info), tasks=tasks),
                                 timeout=10)
     if not last.address:
@@ -341,6 +358,7 @@ async def _session(channel, address: str, info: NodeInfo, running: dict, stats: 
         stats.moved(last.address, address)
         last.address = address
     last.this_try = True
+    stats.event(info.name, "registered", address)
     call = stub.Connect()
     lock = asyncio.Lock()  # one write at a time on the stream
 
@@ -391,8 +409,9 @@ async def _session(channel, address: str, info: NodeInfo, running: dict, stats: 
         raise Stalled(pulsing.result())
 
 
-async def main(address: str, first: int, count: int, exit_after: float, ca_dir: Path | None) -> None:
-    stats = Stats()
+async def main(address: str, first: int, count: int, exit_after: float, ca_dir: Path | None,
+               timeline: TextIO | None) -> None:
+    stats = Stats(timeline)
     credentials = FleetCredentials(ca_dir) if ca_dir else None
     agents = [asyncio.create_task(fake_agent(address, first + i, stats, exit_after, credentials))
               for i in range(count)]
@@ -421,6 +440,7 @@ if __name__ == "__main__":
     parser.add_argument("count", type=int)
     parser.add_argument("--exit-after", type=float, default=1.0, help="seconds a launched task 'runs'")
     parser.add_argument("--ca-dir", type=Path, help="the cluster CA: connect over mutual TLS")
+    parser.add_argument("--timeline", type=Path, help="a file to write each agent's registrations and failed calls to")
     args = parser.parse_args()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
@@ -428,6 +448,7 @@ if __name__ == "__main__":
     # collector does not rescan hundreds of agents' channels and calls on every one.
     gc.callbacks.append(freeze_survivors)
     try:
-        asyncio.run(main(args.coordinator, args.first, args.count, args.exit_after, args.ca_dir))
+        with open(args.timeline, "a", buffering=1) if args.timeline else contextlib.nullcontext() as timeline:
+            asyncio.run(main(args.coordinator, args.first, args.count, args.exit_after, args.ca_dir, timeline))
     except KeyboardInterrupt:
         pass

@@ -20,10 +20,10 @@ from tfcluster.security import Credentials
 AGENTS = 300
 
 
-def start_fleet(address: str, count: int, cluster) -> tuple[subprocess.Popen, list[dict]]:
+def start_fleet(address: str, count: int, cluster, *options: str) -> tuple[subprocess.Popen, list[dict]]:
     """tests/fleet.py with count agents given address; the events it prints, as they come."""
     proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "fleet.py"), address, "0", str(count),
-                             "--exit-after", "0.5", "--ca-dir", str(cluster.ca_dir)],
+                             "--exit-after", "0.5", "--ca-dir", str(cluster.ca_dir), *options],
                             stdout=subprocess.PIPE, text=True, start_new_session=True)
     events: list[dict] = []
 
@@ -104,7 +104,8 @@ def test_a_job_reaches_its_fake_agents_and_succeeds(fleet, tmp_path):
 def test_fake_agents_given_several_coordinators_pass_over_one_that_does_not_answer(make_cluster, tmp_path):
     cluster = make_cluster()
     silent = f"127.0.0.1:{free_port()}"  # nothing listens there
-    proc, events = start_fleet(f"{silent},{cluster.address}", 20, cluster)
+    timeline = tmp_path / "timeline.tsv"
+    proc, events = start_fleet(f"{silent},{cluster.address}", 20, cluster, "--timeline", str(timeline))
     try:
         wait_until(lambda: summary(cluster)["nodes_by_state"].get("READY") == 20, 60, interval=0.2,
                    what="20 fake agents READY")
@@ -113,6 +114,17 @@ def test_fake_agents_given_several_coordinators_pass_over_one_that_does_not_answ
     finally:
         kill_group(proc.pid)
         proc.wait()
+    # Its timeline (what bench/failover.py reads) says the same, agent by agent: a registration call to the silent
+    # address that failed, then one to the coordinator and the registration, in this order.
+    steps: dict[str, list[tuple[str, str, str]]] = {}
+    for line in timeline.read_text().splitlines():
+        at, node, what, address, detail = line.split("\t")
+        assert abs(float(at) - time.time()) < 120
+        steps.setdefault(node, []).append((what, address, detail))
+    assert sorted(steps) == [f"fleet-{i:05d}" for i in range(20)]
+    for node, seen in steps.items():
+        assert seen[:2] == [("register", silent, ""), ("failed", silent, "UNAVAILABLE")], node
+        assert seen[-2:] == [("register", cluster.address, ""), ("registered", cluster.address, "")], node
 
 
 def test_fake_agents_leave_a_coordinator_that_gives_no_pulse(make_cluster, tmp_path):
