@@ -213,7 +213,6 @@ def measure(size: int, root: Path, etcd: EtcdCluster, ca_dir: Path) -> dict:
     try:
         leader = coordinators.wait_serving(list(range(COORDINATORS)), 60)
         start = Counters(member)
-        (root / f"timeline{size}").mkdir()
         fleet = Fleet(",".join(coordinators.addresses), size, ca_dir, AGENTS_PER_PROCESS, nice=FLEET_NICE,
                       timeline_dir=root / f"timeline{size}")
         cpu = CpuMeter(cpu_groups(coordinators, etcd, fleet))

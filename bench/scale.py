@@ -61,6 +61,8 @@ class Fleet:
         self.launches: dict[str, list[float]] = {}  # job id -> times its launches arrived
         self.procs = []
         self.timeline_dir = timeline_dir
+        if timeline_dir is not None:
+            timeline_dir.mkdir(parents=True, exist_ok=True)
         per = -(-size // -(-size // per_process))  # spread evenly over ceil(size / per_process) processes
         for first in range(0, size, per):
             # Niced by nice(1) rather than in the forked child: Python code between fork and exec in this
