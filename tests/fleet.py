@@ -58,10 +58,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
 
 from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc  # noqa: E402
 from tfcluster.commands import Launch, SetPace, Stop  # noqa: E402
+from tfcluster.daemon.agent.session.new_leader import SEARCH_SECONDS, STILL_NAMED_SECONDS  # noqa: E402
 from tfcluster.daemon.agent.session.pulse import PULSE_SECONDS, PULSE_TIMEOUT_SECONDS  # noqa: E402
 from tfcluster.daemon.agent.session.session import REST_FIRST_SECONDS, REST_SECONDS  # noqa: E402
 from tfcluster.daemon.coordinator.process import freeze_survivors  # noqa: E402
-from tfcluster.leaders import Coordinators, leader_hint, leads_elsewhere, says_of, unreachable  # noqa: E402
+from tfcluster.leaders import Coordinators, is_standby, leader_hint, leads_elsewhere, says_of, unreachable  # noqa: E402
 from tfcluster.model import Attempt, Gpu, NodeInfo, Phase, TaskExit, TaskProgress, TaskReport  # noqa: E402
 
 GPUS_PER_NODE = 8
@@ -193,10 +194,17 @@ async def fake_agent(addresses: str, index: int, stats: Stats, exit_after: float
             stats.event(info.name, "refused" if leader_hint(e) else "failed", address, leader_hint(e) or e.code().name)
             if unreachable(e) and coordinators.several:
                 channels.rest(address)
-            # As the real agent (tfcluster/daemon/agent/session/session.py): a lost stream or a standby's refusal moves it
-            # to the leader named or the next coordinator, with the backoff started again; the leader a standby
+            # As the real agent (tfcluster/daemon/agent/session/session.py): a coordinator it could not reach, at the
+            # first failure, sends it to the leader the others name; else a lost stream or a standby's refusal moves
+            # it to the leader named or the next coordinator, with the backoff started again; the leader a standby
             # named at the first failure is asked at once.
             failures = 1 if last.this_try else failures + 1
+            if unreachable(e) and pulse is not None and failures == 1:
+                leader = await pulse.find_leader(address)
+                if leader:
+                    coordinators.follow(leader)
+                    backoff = 0.5
+                    continue
             if e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) and coordinators.failed(e):
                 backoff = 0.5
                 if leader_hint(e) and failures == 1:
@@ -314,6 +322,60 @@ class Pulse:
             if address in held:
                 held.discard(address)
                 self.stats.watches_held -= 1
+            call.cancel()
+
+    async def find_leader(self, left: str) -> str:
+        """As the real agent's (tfcluster/daemon/agent/session/new_leader.py): the coordinator at left could not be
+        reached; every other one is watched at once, and the first leader one names (or one that leads) is returned."""
+        asked = [a for a in self.coordinators.addresses if a != left and not self.channels.rest_left(a)]
+        searches = [asyncio.create_task(self._named_by(a, left)) for a in asked]
+        try:
+            for search in asyncio.as_completed(searches, timeout=SEARCH_SECONDS):
+                leader = await search
+                if leader:
+                    return leader
+        except asyncio.TimeoutError:
+            pass
+        finally:
+            for search in searches:
+                search.cancel()
+        return ""
+
+    async def _named_by(self, address: str, left: str) -> str:
+        service, asked_since = left, time.monotonic()
+        while True:
+            until = asked_since + (SEARCH_SECONDS if not service else STILL_NAMED_SECONDS)
+            if time.monotonic() >= until or not await self.channels.reachable(address, PULSE_TIMEOUT_SECONDS):
+                return ""
+            answer = await self._watch_once(self.channels.get(address), service, until - time.monotonic())
+            if answer is None:
+                return address
+            if unreachable(answer):
+                self.channels.rest(address)
+                return ""
+            self.channels.reached(address)
+            named = leader_hint(answer)
+            if named and (named != left or not service):
+                return named
+            if is_standby(answer) and not named:
+                service = ""
+            elif answer.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                return ""
+            else:
+                await asyncio.sleep(PULSE_SECONDS)
+
+    @staticmethod
+    async def _watch_once(channel, service: str, timeout: float) -> grpc.RpcError | None:
+        request = health_pb2.HealthCheckRequest(service=service)
+        call = health_pb2_grpc.HealthStub(channel).Watch(request, timeout=timeout)
+        try:
+            async for _ in call:
+                return None
+            return grpc.aio.AioRpcError(grpc.StatusCode.OK, grpc.aio.Metadata(), grpc.aio.Metadata(),
+                                        "ended without a word")
+        except grpc.RpcError as e:
+            return e
+        finally:
             call.cancel()
 
     def _says(self, current: str, answer) -> bool | None:

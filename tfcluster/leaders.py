@@ -128,10 +128,7 @@ class Coordinators:
         if hint == self.current:
             return False
         if hint:
-            if hint in self.addresses:
-                self.index, self.hinted = self.addresses.index(hint), ""
-            else:
-                self.hinted = hint
+            self.follow(hint)
             return True
         if self.hinted:
             self.hinted = ""
@@ -140,3 +137,10 @@ class Coordinators:
             self.index = (self.index + 1) % len(self.addresses)
             return True
         return False
+
+    def follow(self, leader: str) -> None:
+        """The leader is at this address (a standby named it, or it serves): the next one to try."""
+        if leader in self.addresses:
+            self.index, self.hinted = self.addresses.index(leader), ""
+        else:
+            self.hinted = leader

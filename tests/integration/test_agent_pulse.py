@@ -26,6 +26,7 @@ from tfcluster import pki
 from tfcluster.leaders import leader_hint
 from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc
 from tfcluster.credentials import Credentials
+from tfcluster.daemon.agent.session import new_leader
 from tfcluster.daemon.agent.session import pulse as pulse_module
 from tfcluster.daemon.agent.session import session as session_module
 from tfcluster.daemon.agent.session.liveness import Liveness
@@ -120,6 +121,7 @@ def cluster(tmp_path, monkeypatch):
     server_credentials = Credentials.from_dir(tmp_path / "ca", pki.SERVER_CERT, pki.SERVER_KEY).server()
     leader_address = f"127.0.0.1:{free_port()}"
     leader, server = serve_leader(leader_address, server_credentials)
+    leader.server = server  # for the tests that kill it
     standbys = [Standby(f"127.0.0.1:{free_port()}", server_credentials) for _ in range(2)]
     for standby in standbys:
         standby.named = leader_address
@@ -303,3 +305,47 @@ def test_a_certificate_holder_cannot_hold_more_watches_than_its_share_and_the_ag
         for call in held:
             call.cancel()
         channel.close()
+
+
+REGISTER_METHOD = "/tfcluster.v1.AgentService/Register"
+
+
+def test_an_agent_whose_leader_dies_registers_once_with_the_one_the_standbys_name_as_they_name_it(cluster, tmp_path):
+    leader, standbys, session, leader_address = cluster
+    both_held(standbys)
+    registrations = [s.refusal.calls[REGISTER_METHOD] for s in standbys]  # the first one's, before the leader's
+    leader.server.stop(0)  # killed: the agent's stream breaks; the standbys name it until its lease runs out
+    time.sleep(4 * PULSE)
+    assert not leader.streaming.is_set()
+    for standby in standbys:
+        standby.named = ""  # the lease ran out: an election is under way
+    time.sleep(4 * PULSE)
+    new_address = f"127.0.0.1:{free_port()}"  # a leader the agent was not given
+    new_leader, server = serve_leader(new_address, Credentials.from_dir(tmp_path / "ca", pki.SERVER_CERT,
+                                                                         pki.SERVER_KEY).server())
+    try:
+        named = time.monotonic()
+        standbys[1].named = new_address
+        wait_until(new_leader.streaming.is_set, 5, interval=0.02, what="the agent's stream with the new leader")
+        assert new_leader.registered_at[0] - named < 2 * PULSE, "the agent heard of the new leader late"
+        assert new_leader.registrations == 1
+        # The standbys were asked with watches, over the connections kept, not with registrations.
+        assert [s.refusal.calls[REGISTER_METHOD] for s in standbys] == registrations, "registered with a standby"
+        standbys[0].named = new_address
+    finally:
+        server.stop(0)
+
+
+def test_an_agent_whose_connection_broke_while_the_standbys_still_name_its_leader_goes_back_to_it(
+        cluster, tmp_path, monkeypatch):
+    leader, standbys, session, leader_address = cluster
+    monkeypatch.setattr(new_leader, "STILL_NAMED_SECONDS", 6 * PULSE)
+    both_held(standbys)
+    leader.server.stop(0)  # restarted at once at the same address: the standbys name it all along
+    again, server = serve_leader(leader_address, Credentials.from_dir(tmp_path / "ca", pki.SERVER_CERT,
+                                                                       pki.SERVER_KEY).server())
+    try:
+        wait_until(again.streaming.is_set, 6 * PULSE + 5, interval=0.02, what="the agent back with its leader")
+        assert again.registrations == 1
+    finally:
+        server.stop(0)

@@ -7,7 +7,8 @@ keep running under their shims, and the new agent reattaches to them). The loops
 
 - "connection": while connected, the heartbeat generator of the stream (it wakes at least every
   STAMP_EVERY_SECONDS); while not, the reconnect loop (each try: a register call of at most 10 s, then a
-  backoff of at most 3 s). One stamp for both, since exactly one of them runs at a time.
+  backoff of at most 3 s, or a search for the leader of at most 10 s: new_leader.py). One stamp for both, since
+  exactly one of them runs at a time.
 - "events": the loop that forwards the tasks' evaluation results.
 
 Both wait on the supervisor's lock now and then, so a deadlock there stops the beats too. The beats are

@@ -49,6 +49,17 @@ PULSE_TIMEOUT_SECONDS = 3.0  # how long a coordinator asked with the health chec
 Answer = grpc.RpcError | None  # a coordinator's answer: None when it serves, else its refusal or error
 
 
+def heard(watch) -> Answer:
+    """What a watch of the health check says once it ends: None when its coordinator serves (a leader answers at
+    once), else its refusal, its error, or the call itself when it ended without a word (no answer)."""
+    try:
+        for _ in watch:
+            return None
+        return watch
+    except grpc.RpcError as e:
+        return e
+
+
 class Channels(Protocol):
     """The agent's kept channels (session.Channels)."""
 
@@ -128,15 +139,11 @@ class Pulse:
                 return call
             self._open.add(call)
         try:
-            call.initial_metadata()  # a standby sends its headers once it holds the watch
+            call.initial_metadata()  # a standby sends its headers once it holds the watch (this waits, never raises)
             if call.is_active():
                 with self._lock:
                     self._held.add(address)
-            for _ in call:
-                return None
-            return call  # ended without a word: no answer
-        except grpc.RpcError as e:
-            return e
+            return heard(call)
         finally:
             call.cancel()
             with self._lock:

@@ -24,6 +24,7 @@ import grpc
 from tfcluster import wire
 from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc
 from tfcluster.daemon.agent.session.liveness import STAMP_EVERY_SECONDS, Liveness
+from tfcluster.daemon.agent.session.new_leader import find_leader
 from tfcluster.daemon.agent.session.pulse import Pulse
 from tfcluster.leaders import Coordinators, is_lease_ran_out, is_standby, leader_hint, unreachable
 from tfcluster.model import NodeInfo, TaskProgress
@@ -129,9 +130,12 @@ class Session:
                     is_standby(e) or is_lease_ran_out(e) else f"unreachable ({code.name if code else e})"
                 self.trouble = f"coordinator {self.coordinator}: {why}"
                 hinted = bool(leader_hint(e))
+                followed = 1 if self.connected.is_set() else followed + 1  # a stream that served: anew
                 if not stalled and unreachable(e) and self.coordinators.several:
                     self.channels.rest(self.coordinator)  # the next stream's pulse leaves it alone a while
-                followed = 1 if self.connected.is_set() else followed + 1  # a stream that served: anew
+                    if followed == 1 and self._go_to_named_leader():
+                        backoff = BACKOFF_START_SECONDS
+                        continue
                 if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) and \
                         self.coordinators.failed(e):  # another coordinator may lead
                     log.warning("%s; trying the coordinator at %s", self.trouble, self.coordinator)
@@ -146,6 +150,17 @@ class Session:
                 break
             backoff = min(backoff * 2, BACKOFF_MAX_SECONDS)
         self.channels.close()
+
+    def _go_to_named_leader(self) -> bool:
+        """The coordinator could not be reached: whether the others named the leader, now the one to try
+        (new_leader.py). Once per loss, so that coordinators naming each other cannot keep the agent from its
+        backoff."""
+        others = [a for a in self.coordinators.addresses if a != self.coordinator]
+        leader = find_leader(self.coordinator, others, self.channels, self.stopped)
+        if leader:
+            log.warning("%s; the leader is at %s", self.trouble, leader)
+            self.coordinators.follow(leader)
+        return bool(leader)
 
     def reconnect(self) -> None:
         """Ends the stream so that the session starts again at once (with a renewed certificate)."""
