@@ -70,6 +70,9 @@ GPUS_PER_NODE = 8
 RECONNECT = [("grpc.initial_reconnect_backoff_ms", 500), ("grpc.max_reconnect_backoff_ms", 2000)]
 
 
+AIO_BROKEN_WRITE = "Internal error from Core"  # grpc.aio's details of a stream whose write failed (connection_lost)
+
+
 def node_info(index: int) -> NodeInfo:
     """Node `fleet-<index>`: 8 GPUs, an address of its own in 10.0.0.0/8 (never dialled: tasks are fake)."""
     name = f"fleet-{index:05d}"
@@ -192,25 +195,35 @@ async def fake_agent(addresses: str, index: int, stats: Stats, exit_after: float
         except grpc.RpcError as e:
             stats.errors[e.code().name] = stats.errors.get(e.code().name, 0) + 1
             stats.event(info.name, "refused" if leader_hint(e) else "failed", address, leader_hint(e) or e.code().name)
-            if unreachable(e) and coordinators.several:
+            lost = connection_lost(e)
+            if lost and coordinators.several:
                 channels.rest(address)
             # As the real agent (tfcluster/daemon/agent/session/session.py): a coordinator it could not reach, at the
             # first failure, sends it to the leader the others name; else a lost stream or a standby's refusal moves
             # it to the leader named or the next coordinator, with the backoff started again; the leader a standby
             # named at the first failure is asked at once.
             failures = 1 if last.this_try else failures + 1
-            if unreachable(e) and pulse is not None and failures == 1:
+            if lost and pulse is not None and failures == 1:
                 leader = await pulse.find_leader(address)
                 if leader:
                     coordinators.follow(leader)
                     backoff = 0.5
                     continue
-            if e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) and coordinators.failed(e):
+            if (lost or e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)) and \
+                    coordinators.failed(e):
                 backoff = 0.5
                 if leader_hint(e) and failures == 1:
                     continue
             await asyncio.sleep(backoff * random.uniform(0.5, 1.5))
             backoff = min(backoff * 2, 2.0)
+
+
+def connection_lost(e: grpc.RpcError) -> bool:
+    """Whether the agent's call ended because its coordinator could not be reached (leaders.unreachable) or, as grpc.aio
+    says it, because the connection broke while the fake agent wrote on its stream: INTERNAL "Internal error from Core"
+    (the real agent's synchronous stack reads UNAVAILABLE there). About 3 in 100 fake agents read that when a leader is
+    killed, and took the path of a refused agent instead of searching for the new leader."""
+    return unreachable(e) or (e.code() == grpc.StatusCode.INTERNAL and e.details() == AIO_BROKEN_WRITE)
 
 
 class KeptChannels:
