@@ -191,6 +191,7 @@ async def fake_agent(addresses: str, index: int, stats: Stats, exit_after: float
             stats.errors["STALLED"] = stats.errors.get("STALLED", 0) + 1
             stats.event(info.name, "stalled", address, leader_hint(stalled.args[0]))
             coordinators.failed(stalled.args[0])
+            pulse.drop_kept()
             backoff = 0.5
         except grpc.RpcError as e:
             stats.errors[e.code().name] = stats.errors.get(e.code().name, 0) + 1
@@ -209,6 +210,8 @@ async def fake_agent(addresses: str, index: int, stats: Stats, exit_after: float
                     coordinators.follow(leader)
                     backoff = 0.5
                     continue
+            if pulse is not None:
+                pulse.drop_kept()  # no search: the watches the stream's pulse held are not needed
             if (lost or e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)) and \
                     coordinators.failed(e):
                 backoff = 0.5
@@ -277,19 +280,23 @@ class Pulse:
         self.coordinators, self.channels = coordinators, channels
         self.stats = stats
         self.left = ""  # the coordinator last left because it no longer led
+        # The watches held when the stream ended, by address: kept for the search (new_leader.py), which reads their
+        # answers instead of cancelling them and opening the same watch again; cancelled by the next stream's pulse.
+        self.kept: dict[str, asyncio.Task] = {}
 
     async def until_stalled(self, channel, call, interval: list[float]) -> grpc.RpcError | None:
         """Cancels the stream's call and returns the answer that said its coordinator no longer leads."""
+        self.drop_kept()
         current = self.coordinators.current
         others = [a for a in self.coordinators.addresses if a != current]
         answers: asyncio.Queue = asyncio.Queue()
-        held: set[str] = set()  # as the real agent's: coordinators holding a watch, standbys that name current
+        held: dict[str, asyncio.Task] = {}  # as the real agent's: coordinators holding a watch, standbys naming current
         watching = [asyncio.create_task(self._keep_watching(a, current, answers, interval, held)) for a in others]
         try:
             while True:
                 address, answer = await answers.get()
                 verdict = self._says(current, answer)
-                if verdict is None and held - {address}:
+                if verdict is None and set(held) - {address}:
                     verdict = True
                 if verdict is None:
                     verdict = await self._ask_around(channel, current, others, address, answer)
@@ -300,16 +307,28 @@ class Pulse:
         finally:
             for task in watching:
                 task.cancel()
+            self.kept = dict(held)
+
+    def drop_kept(self) -> None:
+        for watch in self.kept.values():
+            watch.cancel()
+        self.kept = {}
 
     async def _keep_watching(self, address: str, current: str, answers: asyncio.Queue, interval: list[float],
-                             held: set[str]):
+                             held: dict[str, asyncio.Task]):
         await asyncio.sleep(random.uniform(0, max(PULSE_SECONDS, interval[0])))  # agents do not start in step
         while True:
             await asyncio.sleep(self.channels.rest_left(address))
             if not await self.channels.reachable(address, PULSE_TIMEOUT_SECONDS):
                 continue
             opened = time.monotonic()
-            answer = await self._watch(address, current, held)
+            watch = asyncio.create_task(self._watch(address, current, held))
+            try:
+                answer = await asyncio.shield(watch)  # a held watch outlives the stream's pulse (kept)
+            except asyncio.CancelledError:
+                if held.get(address) is not watch:
+                    watch.cancel()
+                raise
             if unreachable(answer):
                 self.channels.rest(address)
             else:
@@ -317,13 +336,13 @@ class Pulse:
             await answers.put((address, answer))
             await asyncio.sleep(max(0.0, max(PULSE_SECONDS, interval[0]) - (time.monotonic() - opened)))
 
-    async def _watch(self, address: str, current: str, held: set[str]) -> grpc.RpcError | None:
+    async def _watch(self, address: str, current: str, held: dict[str, asyncio.Task]) -> grpc.RpcError | None:
         call = health_pb2_grpc.HealthStub(self.channels.get(address)).Watch(
             health_pb2.HealthCheckRequest(service=current))
         try:
             await call.initial_metadata()
             if not call.done():
-                held.add(address)
+                held[address] = asyncio.current_task()
                 self.stats.watches_held += 1
             async for _ in call:
                 return None  # it serves
@@ -332,8 +351,8 @@ class Pulse:
         except grpc.RpcError as e:
             return e
         finally:
-            if address in held:
-                held.discard(address)
+            if held.get(address) is asyncio.current_task():
+                del held[address]
                 self.stats.watches_held -= 1
             call.cancel()
 
@@ -341,7 +360,8 @@ class Pulse:
         """As the real agent's (tfcluster/daemon/agent/session/new_leader.py): the coordinator at left could not be
         reached; every other one is watched at once, and the first leader one names (or one that leads) is returned."""
         asked = [a for a in self.coordinators.addresses if a != left and not self.channels.rest_left(a)]
-        searches = [asyncio.create_task(self._named_by(a, left)) for a in asked]
+        kept, self.kept = self.kept, {}
+        searches = [asyncio.create_task(self._named_by(a, left, kept.pop(a, None))) for a in asked]
         try:
             for search in asyncio.as_completed(searches, timeout=SEARCH_SECONDS):
                 leader = await search
@@ -352,15 +372,20 @@ class Pulse:
         finally:
             for search in searches:
                 search.cancel()
+            for watch in kept.values():
+                watch.cancel()
         return ""
 
-    async def _named_by(self, address: str, left: str) -> str:
+    async def _named_by(self, address: str, left: str, kept: asyncio.Task | None) -> str:
         service, asked_since = left, time.monotonic()
         while True:
             until = asked_since + (SEARCH_SECONDS if not service else STILL_NAMED_SECONDS)
-            if time.monotonic() >= until or not await self.channels.reachable(address, PULSE_TIMEOUT_SECONDS):
+            if kept is not None:  # the pulse's watch, naming left: its answer, not a new one's
+                answer, kept = await self._answer_of(kept, until - time.monotonic()), None
+            elif time.monotonic() >= until or not await self.channels.reachable(address, PULSE_TIMEOUT_SECONDS):
                 return ""
-            answer = await self._watch_once(self.channels.get(address), service, until - time.monotonic())
+            else:
+                answer = await self._watch_once(self.channels.get(address), service, until - time.monotonic())
             if answer is None:
                 return address
             if unreachable(answer):
@@ -376,6 +401,14 @@ class Pulse:
                 return ""
             else:
                 await asyncio.sleep(PULSE_SECONDS)
+
+    @staticmethod
+    async def _answer_of(watch: asyncio.Task, timeout: float) -> grpc.RpcError | None:
+        try:
+            return await asyncio.wait_for(watch, timeout)
+        except asyncio.TimeoutError:
+            return grpc.aio.AioRpcError(grpc.StatusCode.DEADLINE_EXCEEDED, grpc.aio.Metadata(), grpc.aio.Metadata(),
+                                        "still named")
 
     @staticmethod
     async def _watch_once(channel, service: str, timeout: float) -> grpc.RpcError | None:

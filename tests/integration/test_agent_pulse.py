@@ -314,9 +314,13 @@ def test_an_agent_whose_leader_dies_registers_once_with_the_one_the_standbys_nam
     leader, standbys, session, leader_address = cluster
     both_held(standbys)
     registrations = [s.refusal.calls[REGISTER_METHOD] for s in standbys]  # the first one's, before the leader's
+    watches = [s.refusal.calls[WATCH_METHOD] for s in standbys]
     leader.server.stop(0)  # killed: the agent's stream breaks; the standbys name it until its lease runs out
     time.sleep(4 * PULSE)
     assert not leader.streaming.is_set()
+    # The search reads the watches the stream's pulse held on the standbys: it opens none while they hold those.
+    assert [s.refusal.calls[WATCH_METHOD] for s in standbys] == watches, "the held watches were opened again"
+    assert [s.refusal._watchers for s in standbys] == [1, 1], "a standby no longer holds the agent's watch"
     for standby in standbys:
         standby.named = ""  # the lease ran out: an election is under way
     time.sleep(4 * PULSE)

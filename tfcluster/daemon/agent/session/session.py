@@ -25,7 +25,7 @@ from tfcluster import wire
 from tfcluster.api.v1 import agent_pb2, agent_pb2_grpc
 from tfcluster.daemon.agent.session.liveness import STAMP_EVERY_SECONDS, Liveness
 from tfcluster.daemon.agent.session.new_leader import find_leader
-from tfcluster.daemon.agent.session.pulse import Pulse
+from tfcluster.daemon.agent.session.pulse import HeldWatch, Pulse
 from tfcluster.leaders import Coordinators, is_lease_ran_out, is_standby, leader_hint, unreachable
 from tfcluster.model import NodeInfo, TaskProgress
 from tfcluster.security import Credentials
@@ -86,6 +86,7 @@ class Session:
         self._stalled = threading.Event()  # the stream was ended: its coordinator no longer leads
         self._stalled_by: grpc.RpcError | None = None  # the answer that said so (a standby's names the leader)
         self._left = ""  # the coordinator this session last left because it no longer led
+        self._kept: dict[str, HeldWatch] = {}  # the watches the last stream's pulse held, for a search (pulse.end)
         self.channels = Channels(owner)  # one kept channel to each coordinator: the session's and the pulse's
         self.interval = 1.0  # seconds between heartbeats: as the registration, or a later Pace, says
 
@@ -146,6 +147,7 @@ class Session:
                     log.warning("coordinator %s: %s; retrying in %.1f s", self.coordinator, why, backoff)
             finally:
                 self.connected.clear()
+                self._drop_kept()
             if self.stopped.wait(backoff * random.uniform(0.5, 1.5)):
                 break
             backoff = min(backoff * 2, BACKOFF_MAX_SECONDS)
@@ -156,11 +158,18 @@ class Session:
         (new_leader.py). Once per loss, so that coordinators naming each other cannot keep the agent from its
         backoff."""
         others = [a for a in self.coordinators.addresses if a != self.coordinator]
-        leader = find_leader(self.coordinator, others, self.channels, self.stopped)
+        kept, self._kept = self._kept, {}
+        leader = find_leader(self.coordinator, others, self.channels, self.stopped, kept)
         if leader:
             log.warning("%s; the leader is at %s", self.trouble, leader)
             self.coordinators.follow(leader)
         return bool(leader)
+
+    def _drop_kept(self) -> None:
+        """The watches the last stream's pulse held, not needed by a search: cancelled."""
+        kept, self._kept = self._kept, {}
+        for held in kept.values():
+            held.cancel()
 
     def reconnect(self) -> None:
         """Ends the stream so that the session starts again at once (with a renewed certificate)."""
@@ -211,7 +220,7 @@ class Session:
             self.outbound.put(_END)
             self._call = None
             if pulse is not None:
-                pulse.end()
+                self._kept = pulse.end()
 
     def set_pace(self, interval: float) -> None:
         """The coordinator stretched the heartbeats (its cluster grew past its bound): from the next one on."""
