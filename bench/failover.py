@@ -14,8 +14,9 @@ For N = 100, 1,000 and 5,000 it measures:
   proposals (a standby reads the leader key every POLL_SECONDS; the leader's lease renewals are not proposals);
 - how many times a leader lost its lease during the run (a renewal that came too late: leadership.py);
 - where the seconds after the kill went, agent by agent (bench/failover_timeline.py): when agents noticed the
-  loss, sent the registration that succeeded, were registered by the new leader (its log, so the coordinators log
-  at info, as they do by default) and read the answer, and how many a standby refused first.
+  loss, found the new leader (their search named it), sent the registration that succeeded, were registered by the
+  new leader (its log, so the coordinators log at info, as they do by default) and read the answer, and how many a
+  standby refused first.
 - the cores each group of processes used in the failover and in the window after it: after it, the fake agents
   took about ten times the cores they took before the kill while their pulses and gRPC kept dialling the dead
   leader; since agents rest a coordinator they cannot reach, two to three times (docs/ha.md, Limits). Real

@@ -4,6 +4,7 @@ Each fake agent writes when it sent a registration, when it registered, and each
 (tests/fleet.py --timeline); the new leader's log has a line for each node it registered. From them, for every
 agent, in seconds after the kill:
 - noticed: its first failed call (the stream to the killed leader ended, or a try before it got that far);
+- found: when its search for the new leader (the other coordinators asked who leads) named one;
 - sent: its last registration call to the new leader, the one that succeeded;
 - leader registered: the new leader's log line for it (the node is READY again from here);
 - agent registered: when the agent had the answer (its own process may be slow to read it);
@@ -19,7 +20,7 @@ from pathlib import Path
 
 REGISTERED_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) INFO tfcluster\.coordinator: "
                              r"node (\S+) registered: ")
-PHASES = ("noticed", "sent", "leader_registered", "agent_registered")
+PHASES = ("noticed", "found", "sent", "leader_registered", "agent_registered")
 
 
 def read_timelines(folder: Path, since: float) -> dict[str, list[tuple[float, str, str, str]]]:
@@ -62,8 +63,10 @@ def phases(folder: Path, leader_log: str, leader: str, killed: float) -> dict:
         done = registered[-1]
         failed = [at for at, what, _, _ in timeline if what in ("failed", "refused", "stalled")]
         sent = [at for at, what, address, _ in timeline if what == "register" and address == leader and at <= done]
+        found = [at for at, what, _, detail in timeline if what == "found" and detail and at <= done]
         detoured += any(what == "refused" and at <= done for at, what, _, _ in timeline)
-        for phase, at in (("noticed", failed[0] if failed else None), ("sent", sent[-1] if sent else None),
+        for phase, at in (("noticed", failed[0] if failed else None),
+                          ("found", found[-1] if found else None), ("sent", sent[-1] if sent else None),
                           ("leader_registered", by_leader.get(node)), ("agent_registered", done)):
             if at is not None:
                 seen[phase].append(at - killed)

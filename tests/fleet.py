@@ -25,9 +25,9 @@ looked at every 0.1 s), {"launch": [job, task, node, unix time]} for every launc
 a standby holds open, at most one per agent per other coordinator; a cluster is steady once all are held).
 
 With --timeline FILE it also writes a line to FILE for each registration call sent, each registration, and each
-failed call (tab-separated: wall-clock time, node, register | registered | refused | failed | stalled, the
-coordinator's address, and the leader a refusal named or the failed call's status code): bench/failover.py reads
-them to show where the time after a failover goes.
+failed call, and the end of each search for a new leader (tab-separated: wall-clock time, node, register |
+registered | refused | failed | stalled | found, the coordinator's address, and the leader a refusal or the search
+named or the failed call's status code): bench/failover.py reads them to show where the time after a failover goes.
 """
 
 from __future__ import annotations
@@ -206,6 +206,7 @@ async def fake_agent(addresses: str, index: int, stats: Stats, exit_after: float
             failures = 1 if last.this_try else failures + 1
             if lost and pulse is not None and failures == 1:
                 leader = await pulse.find_leader(address)
+                stats.event(info.name, "found", address, leader)
                 if leader:
                     coordinators.follow(leader)
                     backoff = 0.5

@@ -33,9 +33,11 @@ def test_each_agents_phases_after_the_kill_and_the_detours_are_read_from_its_tim
         (killed - 6, "fleet-00000", "failed", NEW, "UNAVAILABLE"),  # before the kill: not counted
         (killed - 5, "fleet-00000", "registered", OLD, ""),
         (killed + 1.0, "fleet-00000", "failed", OLD, "UNAVAILABLE"),
+        (killed + 1.4, "fleet-00000", "found", OLD, NEW),  # its search named the new leader
         (killed + 1.5, "fleet-00000", "register", NEW, ""),
         (killed + 2.0, "fleet-00000", "registered", NEW, ""),
         (killed + 0.5, "fleet-00001", "failed", OLD, "UNAVAILABLE"),
+        (killed + 0.6, "fleet-00001", "found", OLD, ""),  # a search that named none: not when it found the leader
         (killed + 0.8, "fleet-00001", "register", NEW, ""),  # too early: the new leader does not serve yet
         (killed + 0.9, "fleet-00001", "failed", NEW, "UNAVAILABLE"),
         (killed + 1.0, "fleet-00001", "register", OTHER, ""),
@@ -44,8 +46,8 @@ def test_each_agents_phases_after_the_kill_and_the_detours_are_read_from_its_tim
         (killed + 6.0, "fleet-00001", "registered", NEW, ""),
         (killed + 0.7, "fleet-00002", "failed", OLD, "UNAVAILABLE"),  # never back: not among the agents
     ]
-    (tmp_path / "0.tsv").write_text("".join("\t".join([f"{at:.3f}", *rest]) + "\n" for at, *rest in lines[:6]))
-    (tmp_path / "500.tsv").write_text("".join("\t".join([f"{at:.3f}", *rest]) + "\n" for at, *rest in lines[6:]))
+    (tmp_path / "0.tsv").write_text("".join("\t".join([f"{at:.3f}", *rest]) + "\n" for at, *rest in lines[:7]))
+    (tmp_path / "500.tsv").write_text("".join("\t".join([f"{at:.3f}", *rest]) + "\n" for at, *rest in lines[7:]))
     log = "\n".join([leader_log_line(killed - 30, "fleet-00000"), "WARNING something else",
                      leader_log_line(killed + 1.8, "fleet-00000"), leader_log_line(killed + 4.25, "fleet-00001")])
 
@@ -53,8 +55,10 @@ def test_each_agents_phases_after_the_kill_and_the_detours_are_read_from_its_tim
 
     assert found["agents"] == 2 and found["detoured"] == 1
     assert found["noticed"] == {"p50": 1.0, "p90": 1.0, "last": 1.0}
+    assert found["found"] == {"p50": 1.4, "p90": 1.4, "last": 1.4}  # one agent's search named the leader
     assert found["sent"] == {"p50": 3.5, "p90": 3.5, "last": 3.5}
     assert found["leader_registered"] == {"p50": 4.25, "p90": 4.25, "last": 4.25}
     assert found["agent_registered"] == {"p50": 6.0, "p90": 6.0, "last": 6.0}
-    assert timeline.shown(found) == ("noticed 1.0/1.0/1.0 | sent 3.5/3.5/3.5 | leader registered 4.25/4.25/4.25 | "
-                                     "agent registered 6.0/6.0/6.0 s; 1 of 2 agents refused by a standby first")
+    assert timeline.shown(found) == ("noticed 1.0/1.0/1.0 | found 1.4/1.4/1.4 | sent 3.5/3.5/3.5 | "
+                                     "leader registered 4.25/4.25/4.25 | agent registered 6.0/6.0/6.0 s; "
+                                     "1 of 2 agents refused by a standby first")
