@@ -559,8 +559,8 @@ if __name__ == "__main__":
     gc.callbacks.append(freeze_survivors)
     # The young generation collected far less often than Python's default (700 more objects made than freed): at a
     # failover each process's 500 agents make and drop calls, tasks and messages by the hundred thousand, nearly all
-    # freed by their reference counts within a turn of the loop. With the default, `perf` found 15% of the fake agents' CPU
-    # in the collector in the 14 s after a leader's kill at 5,000 agents; with this, 3-4% (docs/ha.md).
+    # freed by their reference counts within a turn of the loop. With the default, `perf` found 15% of the fake
+    # agents' CPU in the collector in the 14 s after a leader's kill at 5,000 agents; with this, 3% (docs/ha.md).
     gc.set_threshold(YOUNG_ALLOCATIONS_PER_COLLECTION, 10, 10)
     try:
         with open(args.timeline, "a", buffering=1) if args.timeline else contextlib.nullcontext() as timeline:
