@@ -70,7 +70,11 @@ GPUS_PER_NODE = 8
 RECONNECT = [("grpc.initial_reconnect_backoff_ms", 500), ("grpc.max_reconnect_backoff_ms", 2000)]
 
 
-YOUNG_ALLOCATIONS_PER_COLLECTION = 50_000  # see __main__
+# The young generation collected far less often than Python's default (700 more objects made than freed): at a
+# failover each process's 500 agents make and drop calls, tasks and messages by the hundred thousand, nearly all
+# freed by their reference counts within a turn of the loop. With the default, `perf` found 15% of the fake agents'
+# CPU in the collector in the 14 s after a leader's kill at 5,000 agents; with this, 3% (docs/ha.md).
+YOUNG_ALLOCATIONS_PER_COLLECTION = 50_000
 AIO_BROKEN_WRITE = "Internal error from Core"  # grpc.aio's details of a stream whose write failed (connection_lost)
 
 
@@ -223,6 +227,12 @@ async def fake_agent(addresses: str, index: int, stats: Stats, exit_after: float
             backoff = min(backoff * 2, 2.0)
 
 
+def status(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
+    """An answer no call gave (a watch that ended without a word, one still naming the coordinator left), as calls'
+    answers are read: a watch's answer is None (it serves) or an error."""
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
+
+
 def connection_lost(e: grpc.RpcError) -> bool:
     """Whether the agent's call ended because its coordinator could not be reached (leaders.unreachable) or, as grpc.aio
     says it, because the connection broke while the fake agent wrote on its stream: INTERNAL "Internal error from Core"
@@ -348,8 +358,7 @@ class Pulse:
                 self.stats.watches_held += 1
             async for _ in call:
                 return None  # it serves
-            return grpc.aio.AioRpcError(grpc.StatusCode.OK, grpc.aio.Metadata(), grpc.aio.Metadata(),
-                                        "ended without a word")
+            return status(grpc.StatusCode.OK, "ended without a word")
         except grpc.RpcError as e:
             return e
         finally:
@@ -409,8 +418,7 @@ class Pulse:
         try:
             return await asyncio.wait_for(watch, timeout)
         except asyncio.TimeoutError:
-            return grpc.aio.AioRpcError(grpc.StatusCode.DEADLINE_EXCEEDED, grpc.aio.Metadata(), grpc.aio.Metadata(),
-                                        "still named")
+            return status(grpc.StatusCode.DEADLINE_EXCEEDED, "still named")
 
     @staticmethod
     async def _watch_once(channel, service: str, timeout: float) -> grpc.RpcError | None:
@@ -419,8 +427,7 @@ class Pulse:
         try:
             async for _ in call:
                 return None
-            return grpc.aio.AioRpcError(grpc.StatusCode.OK, grpc.aio.Metadata(), grpc.aio.Metadata(),
-                                        "ended without a word")
+            return status(grpc.StatusCode.OK, "ended without a word")
         except grpc.RpcError as e:
             return e
         finally:
@@ -557,10 +564,6 @@ if __name__ == "__main__":
     # As the coordinator (daemon/coordinator/process.py): what outlives a full collection is frozen, so the
     # collector does not rescan hundreds of agents' channels and calls on every one.
     gc.callbacks.append(freeze_survivors)
-    # The young generation collected far less often than Python's default (700 more objects made than freed): at a
-    # failover each process's 500 agents make and drop calls, tasks and messages by the hundred thousand, nearly all
-    # freed by their reference counts within a turn of the loop. With the default, `perf` found 15% of the fake
-    # agents' CPU in the collector in the 14 s after a leader's kill at 5,000 agents; with this, 3% (docs/ha.md).
     gc.set_threshold(YOUNG_ALLOCATIONS_PER_COLLECTION, 10, 10)
     try:
         with open(args.timeline, "a", buffering=1) if args.timeline else contextlib.nullcontext() as timeline:

@@ -168,8 +168,7 @@ class Pulse:
                 held.answer.set_result(answer)
             return answer
         finally:
-            if held is None or not held.answer.done():
-                call.cancel()
+            call.cancel()  # a no-op once it ended; ends one left open by an error
             with self._lock:
                 self._open.discard(call)
                 if held is not None and self._held.get(address) is held:
