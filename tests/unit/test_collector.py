@@ -69,3 +69,24 @@ def test_frozen_objects_that_became_garbage_are_reclaimed_at_the_thaw(thawed, mo
 
     assert asyncio.run(run())() is None
     assert freeze_survivors not in gc.callbacks, "a cancelled keeper must take its callback away"
+
+
+def test_the_young_generation_is_collected_less_often_while_the_keeper_runs(thawed):
+    before = gc.get_threshold()
+
+    async def run() -> tuple[tuple[int, ...], int]:
+        keeper = asyncio.create_task(keep_long_lived_objects_out_of_the_collector())
+        await asyncio.sleep(0)
+        collections = gc.get_stats()[0]["collections"]
+        kept = [Node() for _ in range(5000)]  # 5,000 new containers: seven young collections at the default
+        young_collections = gc.get_stats()[0]["collections"] - collections
+        during = gc.get_threshold()
+        keeper.cancel()
+        await asyncio.gather(keeper, return_exceptions=True)
+        del kept
+        return during, young_collections
+
+    during, young_collections = asyncio.run(run())
+    assert during == (process.YOUNG_OBJECTS_PER_COLLECTION, *before[1:])
+    assert young_collections == 0, "the young generation was collected while fewer objects than its threshold"
+    assert gc.get_threshold() == before, "a cancelled keeper must give the collector its thresholds back"

@@ -13,6 +13,11 @@ from tfcluster.daemon.coordinator.grpc_server import CoordinatorServer
 from tfcluster.daemon.notify import Notifier
 
 THAW_EVERY_SECONDS = 3600.0
+# Python collects its youngest generation after every 700 net new container objects. Nearly all a call makes
+# (its messages, tasks and futures) dies by its reference count before the turn of the loop ends; what stays
+# (nodes, streams, jobs) would be scanned again and again for nothing. Once per 50,000 keeps the young
+# generation a few megabytes at most and took the collector off the profile of a 5,000-agent failover.
+YOUNG_OBJECTS_PER_COLLECTION = 50_000
 STATUS_EVERY_SECONDS = 5.0  # how fresh the line in `systemctl status` is, watchdog or not
 
 
@@ -34,8 +39,11 @@ def freeze_survivors(phase: str, info: dict) -> None:
 
 
 async def keep_long_lived_objects_out_of_the_collector() -> None:
-    """Freezes the survivors of every full collection (freeze_survivors); once an hour thaws them and collects
-    once, so that frozen objects that have since become cyclic garbage are reclaimed after all."""
+    """Collects the young generation less often (YOUNG_OBJECTS_PER_COLLECTION) and freezes the survivors of
+    every full collection (freeze_survivors); once an hour thaws them and collects once, so that frozen objects
+    that have since become cyclic garbage are reclaimed after all."""
+    thresholds = gc.get_threshold()
+    gc.set_threshold(YOUNG_OBJECTS_PER_COLLECTION, *thresholds[1:])
     gc.callbacks.append(freeze_survivors)
     try:
         while True:
@@ -44,6 +52,7 @@ async def keep_long_lived_objects_out_of_the_collector() -> None:
             gc.collect()  # a full collection: freeze_survivors freezes what is still alive
     finally:
         gc.callbacks.remove(freeze_survivors)
+        gc.set_threshold(*thresholds)
 
 
 async def report_to_systemd(server: CoordinatorServer, notifier: Notifier) -> None:
