@@ -61,7 +61,7 @@ from tfcluster.commands import Launch, SetPace, Stop  # noqa: E402
 from tfcluster.daemon.agent.session.new_leader import SEARCH_SECONDS, STILL_NAMED_SECONDS  # noqa: E402
 from tfcluster.daemon.agent.session.pulse import PULSE_SECONDS, PULSE_TIMEOUT_SECONDS  # noqa: E402
 from tfcluster.daemon.agent.session.session import REST_FIRST_SECONDS, REST_SECONDS  # noqa: E402
-from tfcluster.daemon.coordinator.process import freeze_survivors  # noqa: E402
+from tfcluster.daemon.coordinator.process import YOUNG_OBJECTS_PER_COLLECTION, freeze_survivors  # noqa: E402
 from tfcluster.leaders import Coordinators, is_standby, leader_hint, leads_elsewhere, says_of, unreachable  # noqa: E402
 from tfcluster.model import Attempt, Gpu, NodeInfo, Phase, TaskExit, TaskProgress, TaskReport  # noqa: E402
 
@@ -70,11 +70,6 @@ GPUS_PER_NODE = 8
 RECONNECT = [("grpc.initial_reconnect_backoff_ms", 500), ("grpc.max_reconnect_backoff_ms", 2000)]
 
 
-# The young generation collected far less often than Python's default (700 more objects made than freed): at a
-# failover each process's 500 agents make and drop calls, tasks and messages by the hundred thousand, nearly all
-# freed by their reference counts within a turn of the loop. With the default, `perf` found 15% of the fake agents'
-# CPU in the collector in the 14 s after a leader's kill at 5,000 agents; with this, 3% (docs/ha.md).
-YOUNG_ALLOCATIONS_PER_COLLECTION = 50_000
 AIO_BROKEN_WRITE = "Internal error from Core"  # grpc.aio's details of a stream whose write failed (connection_lost)
 
 
@@ -562,9 +557,13 @@ if __name__ == "__main__":
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     # As the coordinator (daemon/coordinator/process.py): what outlives a full collection is frozen, so the
-    # collector does not rescan hundreds of agents' channels and calls on every one.
+    # collector does not rescan hundreds of agents' channels and calls on every one, and the young generation is
+    # collected far less often: at a failover each process's 500 agents make and drop calls, tasks and messages by
+    # the hundred thousand, nearly all freed by their reference counts. With Python's default, `perf` found 15% of
+    # the fake agents' CPU in the collector in the 14 s after a leader's kill at 5,000 agents; with this, 3%
+    # (docs/ha.md).
     gc.callbacks.append(freeze_survivors)
-    gc.set_threshold(YOUNG_ALLOCATIONS_PER_COLLECTION, 10, 10)
+    gc.set_threshold(YOUNG_OBJECTS_PER_COLLECTION, *gc.get_threshold()[1:])
     try:
         with open(args.timeline, "a", buffering=1) if args.timeline else contextlib.nullcontext() as timeline:
             asyncio.run(main(args.coordinator, args.first, args.count, args.exit_after, args.ca_dir, timeline))
